@@ -1,0 +1,33 @@
+"""Entry point: compose the Hydra config -> typed config -> validate -> run -> teardown.
+
+    python main.py                                  # the embedded default, on CPU
+    python main.py model=qwen3_4b cluster=one_node_8gpu recipe=qwen3_4b_grpo
+    python main.py --cfg job                        # print the composed config
+
+Exit status: 0 completed, 2 configuration error (nothing was started), other non-zero: the run failed
+(result.json in the run directory names the phase).
+"""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from slime.config import register_configs
+from slime.runtime.launch import EXIT_CONFIG_ERROR, execute
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(dcfg: DictConfig) -> float | None:
+    return execute(dcfg)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit as exc:
+        # Hydra reports compose-time errors (misspelled key, bad type, unknown option) with status 1;
+        # `execute` never exits with 1, so 1 can only mean a configuration error.
+        sys.exit(EXIT_CONFIG_ERROR if exc.code == 1 else exc.code)

@@ -1,0 +1,60 @@
+"""Token log-probs and entropy from logits (REFERENCE §3.4).
+
+Alignment: the logits at sequence position i predict token i+1. For a sequence of
+P prompt tokens followed by R response tokens, response token j (0-based, absolute
+position P+j) is scored by the logits at position P−1+j, i.e. rows
+``logits[response_logits_slice(P, R)]`` pair with targets ``tokens[P : P+R]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def response_logits_slice(prompt_length: int, response_length: int) -> slice:
+    """Rows of a [P+R, V] logits tensor that score the R response tokens: [P−1, P−1+R)."""
+    if prompt_length < 1:
+        raise ValueError(
+            f"prompt_length must be >= 1 (the first response token needs a predecessor), got {prompt_length}"
+        )
+    if response_length < 0:
+        raise ValueError(f"response_length must be >= 0, got {response_length}")
+    return slice(prompt_length - 1, prompt_length - 1 + response_length)
+
+
+def log_probs_and_entropy(
+    logits: Tensor,
+    target_ids: Tensor,
+    *,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each target under softmax(logits / T), and optionally the entropy.
+
+    Computed in float32 at least (bf16/fp16 are upcast; fp64 stays fp64).
+
+    Args:
+        logits: Tensor[S, V], already aligned with the targets (see module docstring).
+        target_ids: Tensor[S] of int64 token ids.
+        temperature: T > 0, the rollout sampling temperature.
+        with_entropy: also return H = logsumexp(z/T) − Σ_v softmax(z/T)_v·z_v/T.
+
+    Returns:
+        (log_probs Tensor[S] in nats, entropy Tensor[S] in nats or None), in the compute dtype.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.dim() != 2 or target_ids.dim() != 1 or logits.shape[0] != target_ids.shape[0]:
+        raise ValueError(
+            f"expected logits [S, V] and target_ids [S], got {tuple(logits.shape)} and {tuple(target_ids.shape)}"
+        )
+    dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
+    z = logits.to(dtype) / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, target_ids.long().unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return log_probs, None
+    probs = torch.softmax(z, dim=-1)
+    entropy = lse - (probs * z).sum(dim=-1)
+    return log_probs, entropy

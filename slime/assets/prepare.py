@@ -1,0 +1,29 @@
+"""Create what the config says is made on first use: the tiny model and synthetic prompt files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from slime.assets.tiny_model import create_tiny_model
+from slime.config.hooks import load_callable
+from slime.config.schema import RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+def prepare_assets(cfg: RunConfig) -> list[str]:
+    """Build missing generated assets; return the paths created (empty when all existed)."""
+    created = []
+    if cfg.model.create_if_missing and not (Path(cfg.model.hf_checkpoint) / "config.json").exists():
+        created.append(str(create_tiny_model(cfg.model)))
+    files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
+    if cfg.eval.interval:
+        files.append(("eval.generator", cfg.eval.prompt_data, cfg.eval.generator))
+    for key, path, generator in files:
+        if generator is not None and path is not None and not Path(path).exists():
+            load_callable(generator, key=key)(path)
+            created.append(path)
+    for path in created:
+        logger.info("created %s", path)
+    return created

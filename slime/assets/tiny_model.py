@@ -1,0 +1,63 @@
+"""Deterministic creation of a small randomly initialised HF model of a configured shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slime.assets.tokenizer import build_tokenizer, vocabulary
+from slime.config.schema import ModelConfig
+
+
+def hf_config_dict(model: ModelConfig, *, eos_token_id: int, pad_token_id: int) -> dict:
+    """The transformers `config.json` fields for `model` (Qwen3 architecture)."""
+    if model.architecture != "qwen3":
+        raise ValueError(f"model.architecture={model.architecture!r}: only 'qwen3' models can be created by code")
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.ffn_hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.num_query_groups,
+        "head_dim": model.kv_channels,
+        "rms_norm_eps": model.norm_epsilon,
+        "rope_theta": model.rotary_base,
+        "max_position_embeddings": model.max_position_embeddings,
+        "tie_word_embeddings": model.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "bos_token_id": eos_token_id,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
+    }
+
+
+def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) -> Path:
+    """Write tokenizer + randomly initialised weights (seeded by `model.init_seed`) to `save_dir`.
+
+    The same config and seed give bit-identical safetensors on every machine. Written to a temporary
+    sibling directory first and renamed, so an interrupted creation never leaves a half model behind.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    save_dir = Path(save_dir or model.hf_checkpoint)
+    if len(vocabulary()) > model.vocab_size:
+        raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's {len(vocabulary())} tokens")
+    tmp_dir = save_dir.with_name(save_dir.name + ".tmp")
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(tmp_dir)
+    config_fields = hf_config_dict(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    (tmp_dir / "config.json").write_text(json.dumps(config_fields, indent=2))
+    hf_config = AutoConfig.from_pretrained(str(tmp_dir))
+    with torch.random.fork_rng():
+        torch.manual_seed(model.init_seed)
+        net = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    net.generation_config.eos_token_id = tokenizer.eos_token_id
+    net.generation_config.pad_token_id = tokenizer.pad_token_id
+    net.save_pretrained(str(tmp_dir), safe_serialization=True)
+    tmp_dir.rename(save_dir)
+    return save_dir

@@ -1,0 +1,71 @@
+"""Values derived from the config, computed in exactly one place and printed at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from slime.config.schema import RunConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Derived:
+    """Resource and batch arithmetic of a run. GPU counts mean CPU bundles when cluster.device=cpu."""
+
+    actor_gpus: int
+    critic_gpus: int
+    rollout_gpus: int
+    total_gpus: int  # what the placement group reserves
+    num_engines: int
+    dp_size: int  # data-parallel ranks of the actor
+    samples_per_rollout: int  # B_p · n
+    global_batch_size: int  # G, samples per optimizer step (all DP ranks)
+    samples_per_dp_rank: int  # G / dp, per optimizer step
+    num_optimizer_steps: int  # num_rollout · K
+    over_sampling_batch_size: int  # groups per refill
+    precision: str  # fp32 | bf16
+
+    def table(self) -> list[tuple[str, str]]:
+        return [(f.name, str(getattr(self, f.name))) for f in dataclasses.fields(self)]
+
+
+def derive(cfg: RunConfig) -> Derived:
+    """Compute the derived values; tolerant of invalid configs (validation reports those)."""
+    c, r, t, p = cfg.cluster, cfg.rollout, cfg.train, cfg.parallelism
+    actor = c.actor.num_nodes * c.actor.num_gpus_per_node
+    critic = c.critic.num_nodes * c.critic.num_gpus_per_node
+    rollout = actor if c.colocate else c.rollout.num_gpus
+    total = max(actor + critic, rollout) if c.colocate else actor + critic + rollout
+    model_parallel = max(p.tp * p.pp * p.cp, 1)
+    dp = max(actor // model_parallel, 1)
+    samples = r.batch_size * r.n_samples_per_prompt
+    k = max(t.num_steps_per_rollout, 1)
+    g = t.global_batch_size if t.global_batch_size is not None else samples // k
+    precision = t.precision if t.precision != "auto" else ("bf16" if c.device == "cuda" else "fp32")
+    return Derived(
+        actor_gpus=actor,
+        critic_gpus=critic,
+        rollout_gpus=rollout,
+        total_gpus=total,
+        num_engines=rollout // max(c.rollout.num_gpus_per_engine, 1),
+        dp_size=dp,
+        samples_per_rollout=samples,
+        global_batch_size=g,
+        samples_per_dp_rank=g // dp,
+        num_optimizer_steps=t.num_rollout * k,
+        over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
+        precision=precision,
+    )
+
+
+def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
+    """Write derived defaults back into the config, so the saved config.yaml is complete."""
+    cfg.train.global_batch_size = derived.global_batch_size
+    cfg.train.precision = derived.precision
+    cfg.rollout.over_sampling_batch_size = derived.over_sampling_batch_size
+    if cfg.eval.temperature is None:
+        cfg.eval.temperature = cfg.rollout.temperature
+    if cfg.eval.max_response_len is None:
+        cfg.eval.max_response_len = cfg.rollout.max_response_len
+    if cfg.checkpoint.save is None:
+        cfg.checkpoint.save = f"{cfg.paths.output_dir}/checkpoints"
+    return cfg

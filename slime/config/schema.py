@@ -1,0 +1,257 @@
+"""Typed schemas for every config group (DESIGN.md §4, key names of §9).
+
+Each dataclass is registered in Hydra's ConfigStore (see `store.py`) and is the schema its YAML options
+extend, so a misspelled key or a wrongly typed value fails at compose time. `OmegaConf.to_object`
+turns the composed config into these objects once, in `main.py`; nothing below reads a DictConfig.
+
+Units are stated per field: "samples" are responses, "prompts" are groups of n samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Architecture of the policy plus its HF checkpoint directory.
+
+    When `hf_checkpoint/config.json` exists, the architecture fields are checked against it.
+    `create_if_missing` builds a randomly initialised model of this shape (and the offline tokenizer)
+    at `hf_checkpoint` on first use: for tiny models only.
+    """
+
+    name: str = MISSING
+    hf_checkpoint: str = MISSING
+    create_if_missing: bool = False
+    init_seed: int = 0
+    architecture: str = "qwen3"
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    ffn_hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_query_groups: int = MISSING
+    kv_channels: int = MISSING
+    vocab_size: int = MISSING
+    norm_epsilon: float = 1e-6
+    rotary_base: float = 1_000_000.0
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 40960
+
+
+@dataclass(kw_only=True)
+class ParallelismConfig:
+    """How training is split. DP = world / (tp·pp·cp), derived."""
+
+    backend: str = "fsdp"  # fsdp | megatron
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sequence_parallel: bool = False
+    micro_batch_size: int = 8  # samples per forward/backward on one DP rank
+    gradient_checkpointing: bool = False
+    megatron: dict[str, Any] = field(default_factory=dict)  # extra megatron-core config fields
+
+
+@dataclass(kw_only=True)
+class DeviceGroupConfig:
+    """GPUs (CPU bundles when cluster.device=cpu) of one role."""
+
+    num_nodes: int = 1
+    num_gpus_per_node: int = 1
+
+
+@dataclass(kw_only=True)
+class RolloutResourcesConfig:
+    num_gpus: int = 1  # total over all engines; ignored (= actor GPUs) when colocated
+    num_gpus_per_engine: int = 1
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    """The machines a run may use and how roles are placed on them."""
+
+    device: str = "cpu"  # cuda | cpu
+    ray_address: Optional[str] = None  # join an existing Ray cluster; None starts one locally
+    num_nodes: int = 1  # capacity of the cluster
+    num_gpus_per_node: int = 2  # capacity per node (CPU bundles when device=cpu)
+    host: str = "127.0.0.1"  # address engines and the router bind to
+    colocate: bool = False
+    actor: DeviceGroupConfig = field(default_factory=DeviceGroupConfig)
+    critic: DeviceGroupConfig = field(default_factory=lambda: DeviceGroupConfig(num_nodes=1, num_gpus_per_node=0))
+    rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)
+
+
+@dataclass(kw_only=True)
+class RouterConfig:
+    """sglang-router: launched by the rollout manager unless `address` is given."""
+
+    address: Optional[str] = None
+    policy: str = "round_robin"
+    request_timeout_secs: int = 14400
+    startup_timeout_s: float = 60.0
+    extra_args: dict[str, Any] = field(default_factory=dict)  # further launch_router flags, by name
+
+
+@dataclass(kw_only=True)
+class HFEngineConfig:
+    """The built-in transformers server (`rollout.engine=hf`)."""
+
+    max_batch_size: int = 256  # sequences decoded together
+    batch_wait_ms: float = 5.0  # how long the batcher waits for more requests
+    dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
+    num_threads: int = 1  # torch threads per CPU engine
+    startup_timeout_s: float = 120.0
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    engine: str = "hf"  # hf | sglang
+    batch_size: int = MISSING  # prompts (groups) per rollout step: B_p
+    n_samples_per_prompt: int = 1  # n
+    over_sampling_batch_size: Optional[int] = None  # groups per refill; default batch_size
+    max_response_len: int = 1024  # tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    concurrency: int = 512  # in-flight requests per engine
+    function: str = "slime.rollout.default.generate_rollout"  # rollout function import path
+    rm_type: Optional[str] = None  # built-in reward (slime.rollout.rewards)
+    custom_rm_path: Optional[str] = None  # import path of `async def rm(sample) -> float | dict`
+    reward_key: Optional[str] = None  # picks the scalar from dict rewards
+    seed: int = 42
+    router: RouterConfig = field(default_factory=RouterConfig)
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    sglang: dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs fields
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    prompt_data: Optional[str] = None  # .jsonl or .parquet
+    input_key: str = "prompt"
+    label_key: Optional[str] = "label"
+    metadata_key: Optional[str] = "metadata"
+    apply_chat_template: bool = True
+    shuffle: bool = True
+    # `_target_` node of a function(path) that writes the prompt file when it is missing (synthetic tasks)
+    generator: Optional[Any] = None
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    num_rollout: int = MISSING  # rollout steps in the run
+    global_batch_size: Optional[int] = None  # samples per optimizer step over all DP ranks: G
+    num_steps_per_rollout: int = 1  # optimizer steps per rollout step: K
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    lr_warmup_steps: int = 0  # optimizer steps
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # max global grad norm; 0 disables clipping
+    precision: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16
+    num_threads: int = 1  # torch threads per CPU train actor
+
+
+@dataclass(kw_only=True)
+class AlgoConfig:
+    """Loss and advantage knobs; formulas in REFERENCE.md §3."""
+
+    name: str = MISSING
+    advantage_estimator: str = "grpo"
+    eps_clip: float = 0.2
+    eps_clip_high: Optional[float] = None  # defaults to eps_clip
+    eps_clip_c: Optional[float] = None  # dual clip, > 1
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "k1"  # k1 | k2 | k3 | low_var_kl
+    kl_coef: float = 0.0  # KL in the reward
+    entropy_coef: float = 0.0
+    normalize_advantages: bool = False
+    disable_rewards_normalization: bool = False
+    disable_grpo_std_normalization: bool = False
+    calculate_per_token_loss: bool = False
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    interval: Optional[int] = None  # rollout steps between evals; None disables eval
+    prompt_data: Optional[str] = None
+    name: str = "eval"
+    n_samples_per_prompt: int = 1
+    temperature: Optional[float] = None  # default: rollout.temperature
+    max_response_len: Optional[int] = None  # default: rollout.max_response_len
+    skip_eval_before_train: bool = False
+    generator: Optional[Any] = None  # like data.generator
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    load: Optional[str] = None  # resume from this checkpoint root
+    ref_load: Optional[str] = None  # reference model (HF dir)
+    save: Optional[str] = None  # default: <run dir>/checkpoints
+    save_interval: Optional[int] = None  # rollout steps; None saves only at the end
+    ckpt_step: Optional[int] = None  # rollout id to load; default: latest
+    save_hf: bool = True  # also export safetensors + config + tokenizer
+    no_save_optim: bool = False
+
+
+@dataclass(kw_only=True)
+class WandbConfig:
+    mode: str = "auto"  # online | offline | disabled | auto (offline without an API key)
+    project: str = "slime"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress: bool = True  # live progress display on the console
+    plot: bool = True  # reward curve PNG at the end of the run
+    log_samples: int = 4  # samples per rollout written to samples.jsonl
+
+
+@dataclass(kw_only=True)
+class PathsConfig:
+    root_dir: str = MISSING  # the project checkout
+    cache_dir: str = MISSING  # generated models and data
+    output_dir: str = MISSING  # this run's directory (Hydra's output dir)
+
+
+@dataclass(kw_only=True)
+class DebugConfig:
+    log_level: str = "INFO"
+    ray_log_to_driver: bool = True
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The whole run: one field per config group plus the global seed."""
+
+    model: ModelConfig = MISSING
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    algo: AlgoConfig = MISSING
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    rollout: RolloutConfig = MISSING
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = MISSING
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    seed: int = 1234

@@ -1,0 +1,139 @@
+"""The default rollout function: concurrent `/generate` calls through the router, rewards per sample.
+
+A rollout function is `fn(ctx: RolloutContext, rollout_id: int, *, evaluation: bool) -> RolloutOutput`
+(configured by `rollout.function`). This one (REFERENCE.md §6.1-6.2): pull groups from the data source
+until `batch_size` groups are kept, generate every sample of a group concurrently under a semaphore of
+concurrency × engines, reward each sample when its generation ends, return the groups sorted by index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+import aiohttp
+
+from slime.rollout.data_source import DataSource
+from slime.rollout.rewards import compute_reward
+from slime.types import Sample, SampleStatus
+
+RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutContext:
+    """What a rollout function may use; built by the rollout manager."""
+
+    router_url: str
+    tokenizer: Any
+    data_source: DataSource
+    batch_size: int  # groups to keep
+    over_sampling_batch_size: int  # groups per refill
+    sampling_params: dict[str, Any]  # SGLang sampling params; max_new_tokens is the response budget
+    max_in_flight: int  # concurrency × number of engines
+    rm_type: str | None
+    custom_rm_path: str | None
+    keep_group: Callable[[list[Sample]], bool] = lambda group: True
+
+
+@dataclasses.dataclass
+class RolloutOutput:
+    groups: list[list[Sample]]
+    metrics: dict[str, float]
+
+
+async def _post_generate(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
+    for attempt in range(RETRIES):
+        try:
+            async with session.post(f"{url}/generate", json=payload) as resp:
+                if resp.status < 500:
+                    body = await resp.text()
+                    if resp.status != 200:
+                        raise RuntimeError(f"POST {url}/generate -> {resp.status}: {body[:500]}")
+                    return json.loads(body)
+                error = f"{resp.status}: {(await resp.text())[:200]}"
+        except aiohttp.ClientConnectionError as exc:
+            error = repr(exc)
+        await asyncio.sleep(min(2**attempt * 0.2, 5))
+    raise RuntimeError(f"POST {url}/generate failed {RETRIES} times, last error {error}")
+
+
+async def generate_sample(ctx: RolloutContext, session: aiohttp.ClientSession, sample: Sample) -> Sample:
+    """Generate the response of one PENDING/ABORTED sample and record tokens, log-probs, status."""
+    if not sample.tokens:
+        sample.tokens = ctx.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+    budget = ctx.sampling_params["max_new_tokens"] - sample.response_length
+    if budget <= 0:
+        sample.status = SampleStatus.TRUNCATED
+        return sample
+    payload = {"input_ids": sample.tokens, "sampling_params": {**ctx.sampling_params, "max_new_tokens": budget},
+               "return_logprob": True}
+    out = await _post_generate(session, ctx.router_url, payload)
+    meta = out["meta_info"]
+    logprobs = meta["output_token_logprobs"]
+    sample.append_response([int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs], out["text"])
+    sample.weight_versions.append(str(meta.get("weight_version")))
+    sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])
+    sample.check_alignment()
+    return sample
+
+
+async def _generate_group(ctx, session, semaphore, group: list[Sample]) -> list[Sample]:
+    async def one(sample: Sample) -> Sample:
+        async with semaphore:
+            await generate_sample(ctx, session, sample)
+        if sample.status != SampleStatus.ABORTED and sample.reward is None:
+            sample.reward = await compute_reward(sample, rm_type=ctx.rm_type, custom_rm_path=ctx.custom_rm_path)
+        return sample
+
+    return list(await asyncio.gather(*(one(s) for s in group)))
+
+
+async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], int]:
+    semaphore = asyncio.Semaphore(ctx.max_in_flight)
+    connector = aiohttp.TCPConnector(limit=ctx.max_in_flight)
+    kept: list[list[Sample]] = []
+    dropped = 0
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        pending: set[asyncio.Task] = set()
+        leftovers: list[list[Sample]] = []
+        while len(kept) < ctx.batch_size:
+            if len(kept) + len(pending) < ctx.batch_size:  # slime: (submitted - dropped) < batch_size
+                for group in ctx.data_source.get_groups(ctx.over_sampling_batch_size):
+                    pending.add(asyncio.create_task(_generate_group(ctx, session, semaphore, group)))
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = task.result()
+                if len(kept) >= ctx.batch_size:
+                    leftovers.append(group)
+                elif ctx.keep_group(group):
+                    kept.append(group)
+                else:
+                    dropped += 1
+        # Over-sampled groups still running are finished and returned to the buffer: nothing is lost.
+        leftovers.extend(await asyncio.gather(*pending))
+        ctx.data_source.add_groups([_reset(g) for g in leftovers])
+    kept.sort(key=lambda g: g[0].index)
+    return kept, dropped
+
+
+def _reset(group: list[Sample]) -> list[Sample]:
+    fresh = []
+    for s in group:
+        fresh.append(dataclasses.replace(s, tokens=[], response="", response_length=0, loss_mask=None,
+                                         rollout_log_probs=None, reward=None, status=SampleStatus.PENDING,
+                                         weight_versions=[]))
+    return fresh
+
+
+def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool = False) -> RolloutOutput:
+    """Run one rollout step synchronously (an event loop per call); see the module docstring."""
+    start = time.perf_counter()
+    groups, dropped = asyncio.run(_run(ctx))
+    metrics = {"perf/rollout_time": time.perf_counter() - start}
+    if dropped:
+        metrics["rollout/dynamic_filter/drop"] = float(dropped)
+    return RolloutOutput(groups=groups, metrics=metrics)

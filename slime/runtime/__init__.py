@@ -1,0 +1,1 @@
+"""The driver: Ray start-up, placement, actor groups and the training loop."""

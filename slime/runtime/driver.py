@@ -1,0 +1,115 @@
+"""The synchronous RL loop (REFERENCE.md §2.2) over Ray actors.
+
+    initial weight push -> [eval at 0] -> for each rollout id:
+        rollout + rewards -> train (log-probs, advantages, K optimizer steps) -> save if due
+        -> weight sync -> eval if due -> log
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from slime.config.derive import Derived
+from slime.config.schema import RunConfig
+from slime.runtime.placement import create_placement
+from slime.runtime.ray_session import ray_session
+from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
+from slime.runtime.train_group import TrainGroup
+from slime.sync.disk import DiskWeightSync
+from slime.tracking.tracker import Tracker
+from slime.train.base import TrainSetup
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunState:
+    """What result.json reports: the phase reached, progress and the last metrics."""
+
+    phase: str = "config"
+    rollouts_completed: int = 0
+    start_rollout: int = 0
+    last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    reward_curve: str | None = None
+
+
+def _due(rollout_id: int, interval: int | None) -> bool:
+    return interval is not None and (rollout_id + 1) % interval == 0
+
+
+def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[str, Any], run_name: str) -> None:
+    """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
+    run_dir = Path(cfg.paths.output_dir)
+    state.phase = "startup"
+    with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver):
+        placement = create_placement(derived, device=cfg.cluster.device, colocate=cfg.cluster.colocate,
+                                     gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine)
+        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
+            RolloutSetup.from_run_config(cfg, derived), placement.rollout)
+        train_group = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor)
+        tracker = None
+        exit_code = 1
+        try:
+            engines_ready = manager.start.remote()
+            state.start_rollout = start = train_group.init()
+            ray.get(engines_ready)
+            if start > 0:
+                ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
+            tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
+                              total_rollouts=cfg.train.num_rollout, start_rollout=start)
+            _loop(cfg, state, start, manager, train_group, tracker, DiskWeightSync(run_dir / "weights"))
+            exit_code = 0
+        finally:
+            state_phase = state.phase
+            state.phase = "teardown"
+            if tracker is not None:
+                curve = tracker.finish(exit_code)
+                state.reward_curve = str(curve) if curve else None
+            try:
+                ray.get(manager.shutdown.remote(), timeout=60)
+            except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
+                logger.warning("rollout manager shutdown failed: %s", exc)
+            train_group.shutdown()
+            state.phase = state_phase if exit_code else "done"
+
+
+def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: TrainGroup, tracker: Tracker,
+          sync: DiskWeightSync) -> None:
+    k = cfg.train.num_steps_per_rollout
+    state.phase = "weight_sync"
+    tracker.progress.phase("initial weight push...")
+    sync.push(train_group, manager, weight_version=start)  # engines hold the run's weights before rollout 0
+    if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
+        state.phase = "eval"
+        tracker.log(ray.get(manager.evaluate.remote(0)), eval=0)
+    for rollout_id in range(start, cfg.train.num_rollout):
+        step_start = time.perf_counter()
+        state.phase = "rollout"
+        batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
+        state.phase = "train"
+        train_start = time.perf_counter()
+        metrics.update(train_group.train(rollout_id, batches))
+        metrics["perf/train_time"] = time.perf_counter() - train_start
+        if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
+            state.phase = "save"
+            save_start = time.perf_counter()
+            train_group.save_checkpoint(rollout_id, cfg.checkpoint.save)
+            ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+            metrics["perf/save_model_time"] = time.perf_counter() - save_start
+        state.phase = "weight_sync"
+        metrics["perf/update_weights_time"] = sync.push(train_group, manager, weight_version=rollout_id + 1)
+        metrics["perf/step_time"] = time.perf_counter() - step_start
+        tracker.log(metrics, rollout=rollout_id, train=rollout_id * k)
+        tracker.log_samples(preview)
+        tracker.progress.step_done(rollout_id, metrics)
+        if _due(rollout_id, cfg.eval.interval):
+            state.phase = "eval"
+            tracker.log(ray.get(manager.evaluate.remote(rollout_id + 1)), eval=rollout_id + 1)
+        state.rollouts_completed += 1
+        state.last_metrics = metrics

@@ -1,0 +1,80 @@
+"""From Hydra's DictConfig to a finished run: typed config, validation, assets, run, result.json.
+
+Exit status (run mode): 0 completed; 2 configuration error (raised before anything started);
+3 failure during the run; 130 interrupted. result.json is written at the end of every run that got
+past validation, failed ones included, and names the phase that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
+
+EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+logger = logging.getLogger("slime")
+
+
+def _run_name() -> str:
+    hydra_cfg = HydraConfig.get()
+    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("seed=", "paths.", "hydra."))]
+    return "_".join(overrides) or hydra_cfg.job.name
+
+
+def execute(dcfg: DictConfig) -> float | None:
+    """Run one job. In multirun mode errors propagate to the launcher instead of exiting."""
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        cfg = to_run_config(dcfg)
+        derived = validate(cfg)
+    except (ConfigError, OmegaConfBaseException) as exc:
+        if multirun:
+            raise
+        print(f"Configuration error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
+    cfg = fill_derived(cfg, derived)
+    logging.getLogger().setLevel(cfg.debug.log_level)
+    run_dir = Path(cfg.paths.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{to_yaml(cfg)}")
+    print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in derived.table()))
+
+    # Heavy imports (torch, ray, transformers) only once the config is known to be good.
+    from slime.assets.prepare import prepare_assets
+    from slime.runtime.driver import RunState, run
+
+    state = RunState(phase="prepare")
+    started = time.time()
+    status, error, code = "completed", None, EXIT_OK
+    try:
+        prepare_assets(cfg)
+        run(cfg, derived, state, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)), run_name=_run_name())
+    except KeyboardInterrupt:
+        status, error, code = "interrupted", "KeyboardInterrupt", EXIT_INTERRUPTED
+    except Exception as exc:  # the run failed: record where, then exit non-zero
+        status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
+        traceback.print_exc()
+    result = {"status": status, "phase": state.phase if status != "completed" else "done", "error": error,
+              "start_rollout": state.start_rollout, "rollouts_completed": state.rollouts_completed,
+              "num_rollout": cfg.train.num_rollout, "elapsed_s": round(time.time() - started, 2),
+              "final_metrics": state.last_metrics, "reward_curve": state.reward_curve, "run_dir": str(run_dir)}
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir}")
+    if multirun:
+        if code != EXIT_OK:
+            raise RuntimeError(f"run failed in phase {state.phase}: {error}")
+        return state.last_metrics.get("rollout/raw_reward")
+    if code != EXIT_OK:
+        sys.exit(code)
+    return state.last_metrics.get("rollout/raw_reward")

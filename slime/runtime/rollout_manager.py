@@ -1,0 +1,233 @@
+"""The rollout manager: one CPU actor owning the router, the engines, the data sources and rewards.
+
+It runs the configured rollout function, post-processes rewards (group normalisation, REFERENCE.md
+§3.1) and returns the step's samples already split into one `TrainBatch` per data-parallel rank. It
+also brackets weight updates (pause -> flush -> update -> continue) on every engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from slime.algo import group_normalize, pass_at_k
+from slime.config.derive import Derived
+from slime.config.hooks import load_callable
+from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
+from slime.engine.base import get_engine_class
+from slime.engine.router import Router
+from slime.rollout.data_source import DataSource, PromptDataset
+from slime.rollout.default import RolloutContext
+from slime.runtime.placement import Placement
+from slime.types import Sample, SampleStatus, TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutSetup:
+    rollout: RolloutConfig
+    data: DataConfig
+    eval: EvalConfig
+    algo: AlgoConfig
+    model_path: str
+    host: str
+    device: str
+    seed: int
+    log_dir: str
+    dp_size: int
+    global_batch_size: int  # G
+    num_steps_per_rollout: int  # K
+
+    @classmethod
+    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> "RolloutSetup":
+        return cls(rollout=cfg.rollout, data=cfg.data, eval=cfg.eval, algo=cfg.algo, model_path=cfg.model.hf_checkpoint,
+                   host=cfg.cluster.host, device=cfg.cluster.device, seed=cfg.seed, log_dir=cfg.paths.output_dir,
+                   dp_size=derived.dp_size, global_batch_size=derived.global_batch_size,
+                   num_steps_per_rollout=cfg.train.num_steps_per_rollout)
+
+
+class RolloutManager:
+    def __init__(self, setup: RolloutSetup, engine_placements: list[Placement]):
+        from transformers import AutoTokenizer
+
+        self.setup = setup
+        self.engine_placements = engine_placements
+        self.tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
+        r, d = setup.rollout, setup.data
+        dataset = PromptDataset(d.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key, label_key=d.label_key,
+                                metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template)
+        self.data_source = DataSource(dataset, n_samples_per_prompt=r.n_samples_per_prompt, shuffle=d.shuffle,
+                                      seed=r.seed)
+        self.eval_source = None
+        if setup.eval.interval:
+            e = setup.eval
+            eval_set = PromptDataset(e.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key,
+                                     label_key=d.label_key, metadata_key=d.metadata_key,
+                                     apply_chat_template=d.apply_chat_template)
+            self.eval_source = DataSource(eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False,
+                                          seed=r.seed)
+        self.rollout_fn = load_callable(r.function, key="rollout.function")
+        self.router: Router | None = None
+        self.engines: list[Any] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> str:
+        """Launch (or join) the router, start every engine and register it; return the router URL."""
+        r, s = self.setup.rollout, self.setup
+        log_dir = Path(s.log_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        if r.router.address:
+            self.router = Router.connect(r.router.address)
+        else:
+            self.router = Router.launch(host=s.host, cfg=r.router, log_path=str(log_dir / "router.log"))
+        engine_cls = ray.remote(get_engine_class(r.engine))
+        for rank, placement in enumerate(self.engine_placements):
+            options = placement.actor_options(fraction=0.2)
+            self.engines.append(engine_cls.options(**options).remote(
+                model_path=s.model_path, rank=rank, host=s.host, seed=s.seed + rank, device=s.device, cfg=r.hf,
+                log_dir=str(log_dir)))
+        urls = ray.get([engine.start.remote() for engine in self.engines])
+        for url in urls:
+            self.router.add_worker(url)
+        return self.router.url
+
+    def shutdown(self) -> None:
+        for engine in self.engines:
+            try:
+                url = ray.get(engine.url.remote())  # noqa: F841 - engine may be gone already
+                if self.router is not None:
+                    self.router.remove_worker(url)
+            except Exception as exc:  # teardown continues past a dead engine
+                logger.warning("engine deregistration failed: %s", exc)
+        for engine in self.engines:
+            try:
+                ray.get(engine.shutdown.remote())
+            except Exception as exc:
+                logger.warning("engine shutdown failed: %s", exc)
+        self.engines = []
+        if self.router is not None:
+            self.router.shutdown()
+            self.router = None
+
+    # ---- rollout -----------------------------------------------------------------------------
+    def _context(self, *, evaluation: bool) -> RolloutContext:
+        r, e = self.setup.rollout, self.setup.eval
+        source = self.eval_source if evaluation else self.data_source
+        max_new = e.max_response_len if evaluation else r.max_response_len
+        sampling = {"temperature": e.temperature if evaluation else r.temperature, "top_p": r.top_p, "top_k": r.top_k,
+                    "max_new_tokens": max_new, "stop": list(r.stop), "stop_token_ids": list(r.stop_token_ids),
+                    "skip_special_tokens": r.skip_special_tokens, "no_stop_trim": True,
+                    "spaces_between_special_tokens": False}
+        batch = len(source.dataset) if evaluation else r.batch_size
+        return RolloutContext(router_url=self.router.url, tokenizer=self.tokenizer, data_source=source,
+                              batch_size=batch, over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
+                              sampling_params=sampling, max_in_flight=r.concurrency * len(self.engines),
+                              rm_type=r.rm_type, custom_rm_path=r.custom_rm_path)
+
+    def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
+        """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""
+        out = self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
+        groups = out.groups
+        if len(groups) != self.setup.rollout.batch_size:
+            raise RuntimeError(f"the rollout function returned {len(groups)} groups, expected rollout.batch_size="
+                               f"{self.setup.rollout.batch_size}")
+        samples = [s for g in groups for s in g]
+        raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
+        rewards = self._post_process(raw)
+        metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
+        preview = [dict(s.to_dict(), rollout_step=rollout_id) for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]]
+        return self._split(samples, raw.tolist(), rewards.tolist()), metrics, preview
+
+    def _post_process(self, raw: torch.Tensor) -> torch.Tensor:
+        a, n = self.setup.algo, self.setup.rollout.n_samples_per_prompt
+        if a.disable_rewards_normalization:
+            return raw
+        return group_normalize(raw, n, subtract_mean=True, divide_std=not a.disable_grpo_std_normalization and n > 1)
+
+    def _split(self, samples: list[Sample], raw: list[float], rewards: list[float]) -> list[TrainBatch]:
+        """K steps of G consecutive samples; step samples dealt round-robin to the DP ranks."""
+        g, k, dp = self.setup.global_batch_size, self.setup.num_steps_per_rollout, self.setup.dp_size
+        if len(samples) != g * k:
+            raise RuntimeError(f"{len(samples)} samples cannot fill {k} steps of {g}: nothing may be dropped")
+        per_rank: list[list[tuple[int, int]]] = [[] for _ in range(dp)]  # (sample position, step)
+        masked = []
+        for step in range(k):
+            chunk = range(step * g, (step + 1) * g)
+            masked.append(sum(sum(samples[i].loss_mask) for i in chunk))
+            for j, i in enumerate(chunk):
+                per_rank[j % dp].append((i, step))
+        batches = []
+        for entries in per_rank:
+            pick = [samples[i] for i, _ in entries]
+            batches.append(TrainBatch(
+                tokens=[s.tokens for s in pick], response_lengths=[s.response_length for s in pick],
+                loss_masks=[list(s.loss_mask) if not s.remove_sample else [0] * s.response_length for s in pick],
+                rewards=[rewards[i] for i, _ in entries], raw_rewards=[raw[i] for i, _ in entries],
+                rollout_log_probs=[s.rollout_log_probs for s in pick], truncated=[s.status == SampleStatus.TRUNCATED for s in pick],
+                sample_indices=[s.index for s in pick], step_ids=[step for _, step in entries],
+                num_trajectories_per_step=g, masked_tokens_per_step=masked))
+        return batches
+
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Mean reward, truncation ratio and pass@k over the eval prompts (`eval/<name>...`)."""
+        if self.eval_source is None:
+            return {}
+        self.eval_source.sample_offset, self.eval_source.epoch_id = 0, 0
+        out = self.rollout_fn(self._context(evaluation=True), rollout_id, evaluation=True)
+        name, n = self.setup.eval.name, self.setup.eval.n_samples_per_prompt
+        samples = [s for g in out.groups for s in g]
+        rewards = [s.scalar_reward(self.setup.rollout.reward_key) for s in samples]
+        metrics = {f"eval/{name}": statistics.fmean(rewards),
+                   f"eval/{name}-truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples)}
+        k = 1
+        while k <= n:
+            metrics[f"eval/{name}-pass@{k}"] = statistics.fmean(
+                pass_at_k(n, sum(s.reward == 1 for s in g), k) for g in out.groups)
+            k *= 2
+        return metrics
+
+    # ---- weights and state -------------------------------------------------------------------
+    def update_weights_from_disk(self, path: str, weight_version: int) -> None:
+        """pause -> flush -> load -> continue on every engine (REFERENCE.md §8)."""
+        ray.get([e.pause_generation.remote() for e in self.engines])
+        ray.get([e.flush_cache.remote() for e in self.engines])
+        ray.get([e.update_weights_from_disk.remote(path, str(weight_version)) for e in self.engines])
+        ray.get([e.continue_generation.remote() for e in self.engines])
+
+    def save(self, rollout_id: int, root: str) -> None:
+        target = Path(root) / "rollout"
+        target.mkdir(parents=True, exist_ok=True)
+        torch.save(self.data_source.state_dict(), target / f"global_dataset_state_dict_{rollout_id}.pt")
+
+    def load(self, rollout_id: int, root: str) -> None:
+        path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
+        self.data_source.load_state_dict(torch.load(path, weights_only=False))
+
+
+def rollout_metrics(groups: list[list[Sample]], raw: torch.Tensor, n: int) -> dict[str, float]:
+    """Rollout-side metrics of REFERENCE.md §3.13 over the kept samples."""
+    samples = [s for g in groups for s in g]
+    lengths = [s.effective_response_length for s in samples]
+    metrics = {
+        "rollout/raw_reward": float(raw.mean()),
+        "rollout/response_len/mean": statistics.fmean(lengths),
+        "rollout/response_len/median": float(statistics.median(lengths)),
+        "rollout/response_len/max": float(max(lengths)),
+        "rollout/response_len/min": float(min(lengths)),
+        "rollout/truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
+    }
+    if n > 1:
+        grouped = raw.view(-1, n)
+        zero_std = grouped.std(dim=1) <= 1e-6
+        for value in sorted({round(float(v), 1) for v in grouped[zero_std, 0]}):
+            metrics[f"rollout/zero_std/count_{value}"] = float((grouped[zero_std, 0].round(decimals=1) == value).sum())
+    return metrics

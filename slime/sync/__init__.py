@@ -1,0 +1,1 @@
+"""Weight synchronisation from the trainer to the rollout engines."""

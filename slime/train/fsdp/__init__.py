@@ -1,0 +1,1 @@
+"""torch + transformers training backend (`parallelism.backend=fsdp`)."""

@@ -1,0 +1,108 @@
+"""Checkpoints of the fsdp backend (REFERENCE.md §9.3 layout, HF weights inside).
+
+    <root>/latest_checkpointed_iteration.txt      the last complete rollout id
+    <root>/iter_0000007/model/                    HF safetensors + config + tokenizer
+    <root>/iter_0000007/optimizer.pt              AdamW + LR scheduler + step counter (full state)
+    <root>/iter_0000007/rng_rank<r>.pt            torch RNG states per rank
+
+Full (unsharded) state dicts through torch.distributed.checkpoint.state_dict work for a plain module
+and for FSDP2 alike; rank 0 writes. The tracker file is written last, after a barrier, so an
+interrupted save never becomes the one a resume picks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from slime.train.fsdp import parallel
+
+TRACKER = "latest_checkpointed_iteration.txt"
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def iter_dir(root: Path, rollout_id: int) -> Path:
+    return root / f"iter_{rollout_id:07d}"
+
+
+def save_hf(backend, path: Path) -> None:
+    """HF directory (safetensors, config, tokenizer files copied from the source checkpoint)."""
+    state = get_model_state_dict(backend.model, options=_FULL)
+    if backend.rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        unwrapped = backend.model
+        unwrapped.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+        _copy_tokenizer(Path(backend.setup.model.hf_checkpoint), path)
+    parallel.barrier(backend.world_size)
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "vocab.json", "merges.txt", "generation_config.json"):
+        if (src / name).exists() and not (dst / name).exists():
+            shutil.copy2(src / name, dst / name)
+
+
+def save(backend, root: Path, rollout_id: int) -> None:
+    target = iter_dir(root, rollout_id)
+    save_hf(backend, target / "model")
+    if not backend.setup.checkpoint.no_save_optim:
+        optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=_FULL)
+        if backend.rank == 0:
+            torch.save({"optimizer": optim_state, "scheduler": backend.scheduler.state_dict(),
+                        "global_step": backend.global_step}, target / "optimizer.pt")
+    torch.save({"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
+               target / f"rng_rank{backend.rank}.pt")
+    parallel.barrier(backend.world_size)
+    if backend.rank == 0:
+        tmp = root / (TRACKER + ".tmp")
+        tmp.write_text(str(rollout_id))
+        tmp.replace(root / TRACKER)
+
+
+def latest_rollout_id(root: Path) -> int | None:
+    tracker = root / TRACKER
+    return int(tracker.read_text().strip()) if tracker.exists() else None
+
+
+def load(backend, root: str, ckpt_step: int | None) -> int:
+    """Restore model (+ optimizer, scheduler, RNG when saved); return the next rollout id.
+
+    Without a tracker (or an explicit ckpt_step) the directory is treated as an HF model to fine-tune
+    from, as slime does: weights only, rollout 0.
+    """
+    root_path = Path(root)
+    rollout_id = ckpt_step if ckpt_step is not None else latest_rollout_id(root_path)
+    source = iter_dir(root_path, rollout_id) / "model" if rollout_id is not None else root_path
+    if not (source / "config.json").exists():
+        raise FileNotFoundError(f"checkpoint.load={root}: no HF model at {source}")
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    set_model_state_dict(backend.model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
+    if rollout_id is None:
+        return 0
+    target = iter_dir(root_path, rollout_id)
+    if (target / "optimizer.pt").exists():
+        saved = torch.load(target / "optimizer.pt", weights_only=False)
+        set_optimizer_state_dict(backend.model, backend.optimizer, saved["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        backend.scheduler.load_state_dict(saved["scheduler"])
+        backend.global_step = saved["global_step"]
+    rng_file = target / f"rng_rank{backend.rank}.pt"
+    if rng_file.exists():
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["cpu"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return rollout_id + 1

@@ -1,0 +1,51 @@
+"""Shared fixtures: composing the real config tree (shrunk to CPU) and the tiny model on disk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from slime.config import register_configs, to_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def compose_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
+    """Compose conf/config.yaml with `overrides` (as the CLI would) and return the DictConfig."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[f"paths.output_dir={output_dir}", *overrides])
+
+
+def typed_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
+    return to_run_config(compose_config(overrides, output_dir))
+
+
+def group_options() -> list[tuple[str, str]]:
+    """(group, option) for every YAML option file of every config group, recipes included."""
+    pairs = []
+    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir()):
+        for option in sorted(group_dir.glob("*.yaml")):
+            pairs.append((group_dir.name, option.stem))
+    return pairs
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The embedded tiny model, created by code in a temporary directory."""
+    from slime.assets.tiny_model import create_tiny_model
+    from slime.config.schema import ModelConfig
+
+    fields = yaml.safe_load((CONF / "model" / "tiny_qwen3.yaml").read_text())
+    fields["hf_checkpoint"] = str(tmp_path_factory.mktemp("models") / "tiny_qwen3")
+    return create_tiny_model(ModelConfig(**fields))
