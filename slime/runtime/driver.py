@@ -94,7 +94,8 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
         state.phase = "train"
         train_start = time.perf_counter()
-        metrics.update(train_group.train(rollout_id, batches))
+        trained = train_group.train(rollout_id, batches)
+        metrics.update(trained["perf"])
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
             state.phase = "save"
@@ -105,7 +106,10 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         state.phase = "weight_sync"
         metrics["perf/update_weights_time"] = sync.push(train_group, manager, weight_version=rollout_id + 1)
         metrics["perf/step_time"] = time.perf_counter() - step_start
-        tracker.log(metrics, rollout=rollout_id, train=rollout_id * k)
+        for step_id, step_metrics in enumerate(trained["steps"]):
+            tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
+        tracker.log(metrics, rollout=rollout_id)
+        metrics.update(trained["steps"][-1])
         tracker.log_samples(preview)
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):

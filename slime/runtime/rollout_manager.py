@@ -16,7 +16,7 @@ from typing import Any
 import ray
 import torch
 
-from slime.algo import group_normalize, pass_at_k
+from slime.algo import pass_at_k
 from slime.config.derive import Derived
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
@@ -24,6 +24,7 @@ from slime.engine.base import get_engine_class
 from slime.engine.router import Router
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
+from slime.rollout.postprocess import post_process_rewards, rollout_metrics, split_for_data_parallel
 from slime.runtime.placement import Placement
 from slime.types import Sample, SampleStatus, TrainBatch
 
@@ -76,6 +77,7 @@ class RolloutManager:
         self.rollout_fn = load_callable(r.function, key="rollout.function")
         self.router: Router | None = None
         self.engines: list[Any] = []
+        self.engine_urls: list[str] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -93,19 +95,18 @@ class RolloutManager:
             self.engines.append(engine_cls.options(**options).remote(
                 model_path=s.model_path, rank=rank, host=s.host, seed=s.seed + rank, device=s.device, cfg=r.hf,
                 log_dir=str(log_dir)))
-        urls = ray.get([engine.start.remote() for engine in self.engines])
-        for url in urls:
+        self.engine_urls = ray.get([engine.start.remote() for engine in self.engines])
+        for url in self.engine_urls:
             self.router.add_worker(url)
         return self.router.url
 
     def shutdown(self) -> None:
-        for engine in self.engines:
+        for url in self.engine_urls:
             try:
-                url = ray.get(engine.url.remote())  # noqa: F841 - engine may be gone already
                 if self.router is not None:
                     self.router.remove_worker(url)
-            except Exception as exc:  # teardown continues past a dead engine
-                logger.warning("engine deregistration failed: %s", exc)
+            except Exception as exc:  # teardown continues past a dead router
+                logger.warning("deregistering %s failed: %s", url, exc)
         for engine in self.engines:
             try:
                 ray.get(engine.shutdown.remote())
@@ -140,40 +141,13 @@ class RolloutManager:
                                f"{self.setup.rollout.batch_size}")
         samples = [s for g in groups for s in g]
         raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
-        rewards = self._post_process(raw)
+        rewards = post_process_rewards(raw, self.setup.algo, self.setup.rollout.n_samples_per_prompt)
         metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
         preview = [dict(s.to_dict(), rollout_step=rollout_id) for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]]
-        return self._split(samples, raw.tolist(), rewards.tolist()), metrics, preview
-
-    def _post_process(self, raw: torch.Tensor) -> torch.Tensor:
-        a, n = self.setup.algo, self.setup.rollout.n_samples_per_prompt
-        if a.disable_rewards_normalization:
-            return raw
-        return group_normalize(raw, n, subtract_mean=True, divide_std=not a.disable_grpo_std_normalization and n > 1)
-
-    def _split(self, samples: list[Sample], raw: list[float], rewards: list[float]) -> list[TrainBatch]:
-        """K steps of G consecutive samples; step samples dealt round-robin to the DP ranks."""
-        g, k, dp = self.setup.global_batch_size, self.setup.num_steps_per_rollout, self.setup.dp_size
-        if len(samples) != g * k:
-            raise RuntimeError(f"{len(samples)} samples cannot fill {k} steps of {g}: nothing may be dropped")
-        per_rank: list[list[tuple[int, int]]] = [[] for _ in range(dp)]  # (sample position, step)
-        masked = []
-        for step in range(k):
-            chunk = range(step * g, (step + 1) * g)
-            masked.append(sum(sum(samples[i].loss_mask) for i in chunk))
-            for j, i in enumerate(chunk):
-                per_rank[j % dp].append((i, step))
-        batches = []
-        for entries in per_rank:
-            pick = [samples[i] for i, _ in entries]
-            batches.append(TrainBatch(
-                tokens=[s.tokens for s in pick], response_lengths=[s.response_length for s in pick],
-                loss_masks=[list(s.loss_mask) if not s.remove_sample else [0] * s.response_length for s in pick],
-                rewards=[rewards[i] for i, _ in entries], raw_rewards=[raw[i] for i, _ in entries],
-                rollout_log_probs=[s.rollout_log_probs for s in pick], truncated=[s.status == SampleStatus.TRUNCATED for s in pick],
-                sample_indices=[s.index for s in pick], step_ids=[step for _, step in entries],
-                num_trajectories_per_step=g, masked_tokens_per_step=masked))
-        return batches
+        s = self.setup
+        batches = split_for_data_parallel(samples, raw.tolist(), rewards.tolist(), global_batch_size=s.global_batch_size,
+                                          num_steps=s.num_steps_per_rollout, dp_size=s.dp_size)
+        return batches, metrics, preview
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Mean reward, truncation ratio and pass@k over the eval prompts (`eval/<name>...`)."""
@@ -211,23 +185,3 @@ class RolloutManager:
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
         self.data_source.load_state_dict(torch.load(path, weights_only=False))
-
-
-def rollout_metrics(groups: list[list[Sample]], raw: torch.Tensor, n: int) -> dict[str, float]:
-    """Rollout-side metrics of REFERENCE.md §3.13 over the kept samples."""
-    samples = [s for g in groups for s in g]
-    lengths = [s.effective_response_length for s in samples]
-    metrics = {
-        "rollout/raw_reward": float(raw.mean()),
-        "rollout/response_len/mean": statistics.fmean(lengths),
-        "rollout/response_len/median": float(statistics.median(lengths)),
-        "rollout/response_len/max": float(max(lengths)),
-        "rollout/response_len/min": float(min(lengths)),
-        "rollout/truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
-    }
-    if n > 1:
-        grouped = raw.view(-1, n)
-        zero_std = grouped.std(dim=1) <= 1e-6
-        for value in sorted({round(float(v), 1) for v in grouped[zero_std, 0]}):
-            metrics[f"rollout/zero_std/count_{value}"] = float((grouped[zero_std, 0].round(decimals=1) == value).sum())
-    return metrics

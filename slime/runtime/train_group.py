@@ -40,7 +40,8 @@ class TrainGroup:
             raise RuntimeError(f"training ranks disagree on the start rollout: {starts}")
         return starts[0]
 
-    def train(self, rollout_id: int, batches: list[TrainBatch]) -> dict[str, float]:
+    def train(self, rollout_id: int, batches: list[TrainBatch]) -> dict:
+        """Rank 0's result (step metrics are identical on every rank after the all-reduce)."""
         if len(batches) != len(self.actors):
             raise RuntimeError(f"{len(batches)} batches for {len(self.actors)} data-parallel ranks")
         return ray.get([a.train.remote(rollout_id, b) for a, b in zip(self.actors, batches)])[0]

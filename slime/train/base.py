@@ -55,8 +55,12 @@ class TrainBackend(abc.ABC):
         """Build the model and optimizer, load checkpoints; return the first rollout id to run."""
 
     @abc.abstractmethod
-    def train(self, rollout_id: int, batch: TrainBatch) -> dict[str, float]:
-        """Compute log-probs and advantages, run K optimizer steps; return `train/*` and `rollout/*` metrics."""
+    def train(self, rollout_id: int, batch: TrainBatch) -> dict:
+        """Compute log-probs and advantages, run K optimizer steps.
+
+        Returns {"steps": [one `train/*` metrics dict per optimizer step], "perf": {timer: seconds}};
+        step metrics are already reduced over all data-parallel ranks.
+        """
 
     @abc.abstractmethod
     def save_hf(self, path: str) -> None:

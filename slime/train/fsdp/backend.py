@@ -90,8 +90,8 @@ class FSDPBackend(TrainBackend):
         return len(set(batch.step_ids)) == 1 and not needs_ref(self.setup.algo)
 
     # ---- training --------------------------------------------------------------------------
-    def train(self, rollout_id: int, batch: TrainBatch) -> dict[str, float]:
-        s, timings = self.setup, {}
+    def train(self, rollout_id: int, batch: TrainBatch) -> dict:
+        timings = {}
         self.model.train()
         start = time.perf_counter()
         old = None if self._reuse_old_log_probs(batch) else self._forward_only(self.model, batch)
@@ -103,14 +103,10 @@ class FSDPBackend(TrainBackend):
             timings["perf/ref_log_probs_time"] = time.perf_counter() - start
         advantages = self._advantages(batch)
         start = time.perf_counter()
-        metrics: dict[str, float] = {}
-        step_results = [self._optimizer_step(batch, indices, step, old, ref, advantages)
-                        for step, indices in enumerate(batching.step_indices(batch))]
+        steps = [self._optimizer_step(batch, indices, step, old, ref, advantages)
+                 for step, indices in enumerate(batching.step_indices(batch))]
         timings["perf/actor_train_time"] = time.perf_counter() - start
-        for key in step_results[0]:  # step-level values: the mean over the K steps of this rollout
-            metrics[key] = sum(r[key] for r in step_results) / len(step_results)
-        metrics.update(timings)
-        return metrics
+        return {"steps": steps, "perf": timings}
 
     def _advantages(self, batch: TrainBatch) -> list[torch.Tensor]:
         """GRPO: each sample's (already group-normalised) reward on every response token."""

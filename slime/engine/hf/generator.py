@@ -1,0 +1,244 @@
+"""Batched autoregressive generation on a transformers causal LM, with SGLang's output semantics.
+
+One `Generator.generate(requests)` call runs one static batch: prompts are left-padded, the prefill
+uses an attention mask and per-row position ids, decoding reuses a `DynamicCache`, and finished rows
+are dropped from the cache and the batch as soon as they finish (they cost no further compute).
+
+Output semantics (as SGLang):
+- `output_ids` / `output_logprobs` hold every generated token, including a matched EOS / stop token
+  (slime trains on it). The text excludes the matched stop token or stop string unless `no_stop_trim`.
+- `finish_reason` is `{"type": "stop", "matched": <token id | stop string>}`,
+  `{"type": "length", "length": <max_new_tokens>}` or `{"type": "abort", "message": ...}`. The length
+  check comes first, so a stop token sampled as the last allowed token reports "length".
+- Log-probs are natural-log probabilities of the sampled token under softmax(logits / T) (T = 1 for
+  greedy), before top-k/top-p/min-p truncation (see `sampling.py`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+from slime.engine.hf.sampling import LogitsSampler, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationError(ValueError):
+    """A request that cannot be served as given (the server answers HTTP 400)."""
+
+
+@dataclass
+class GenerationRequest:
+    """One sequence to generate. `aborted` may be set from another thread; it is checked every step."""
+
+    input_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    rid: str = ""
+    aborted: bool = False
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int]
+    output_logprobs: list[float]  # natural log, one per output id
+    text: str
+    finish_reason: dict[str, Any]
+
+
+def _as_id_set(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+class Generator:
+    """Serves `GenerationRequest`s on `model` (already on its device, in eval mode).
+
+    Args:
+        model: a transformers `*ForCausalLM`.
+        tokenizer: its tokenizer (decoding text and stop strings).
+        seed: seed of the shared `torch.Generator` used by rows without `sampling_seed`.
+        context_length: max prompt + output tokens; default `model.config.max_position_embeddings`.
+    """
+
+    def __init__(self, model, tokenizer, *, seed: int = 0, context_length: Optional[int] = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(seed))
+        config = model.config
+        self.vocab_size = int(config.vocab_size)
+        self.context_length = int(context_length or getattr(config, "max_position_embeddings", 1 << 30))
+        gen_config = getattr(model, "generation_config", None)
+        self.eos_token_ids = (
+            _as_id_set(getattr(config, "eos_token_id", None))
+            | _as_id_set(getattr(gen_config, "eos_token_id", None))
+            | _as_id_set(getattr(tokenizer, "eos_token_id", None))
+        )
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = min(self.eos_token_ids) if self.eos_token_ids else 0
+        self.pad_token_id = int(pad)
+        # transformers >= 5.2x renamed `past_key_values` to `cache` (the old name warns).
+        forward_params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+
+    # ---------------------------------------------------------------- validation
+    def validate(self, req: GenerationRequest) -> None:
+        """Raise GenerationError for an empty, out-of-vocabulary or too long prompt."""
+        ids = req.input_ids
+        if not ids:
+            raise GenerationError("input_ids is empty")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise GenerationError(f"input_ids contain a token id outside [0, {self.vocab_size})")
+        if len(ids) >= self.context_length:
+            raise GenerationError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+
+    def max_new_tokens(self, req: GenerationRequest) -> int:
+        """The request's token budget, capped so that prompt + output fits the context length."""
+        room = self.context_length - len(req.input_ids)
+        wanted = req.params.max_new_tokens
+        return room if wanted is None else min(int(wanted), room)
+
+    def _stop_ids(self, params: SamplingParams) -> set[int]:
+        if params.ignore_eos:
+            return set()
+        return set(params.stop_token_ids) | self.eos_token_ids
+
+    # ---------------------------------------------------------------- generation
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generate for all requests as one batch; returns results in request order."""
+        for req in requests:
+            self.validate(req)
+        n = len(requests)
+        out_ids: list[list[int]] = [[] for _ in range(n)]
+        out_lps: list[list[float]] = [[] for _ in range(n)]
+        budgets = [self.max_new_tokens(r) for r in requests]
+        stop_ids = [self._stop_ids(r.params) for r in requests]
+        reasons: list[Optional[dict]] = [None] * n
+        live: list[int] = []
+        for i, req in enumerate(requests):
+            if req.aborted:
+                reasons[i] = {"type": "abort", "message": "Abort before prefill"}
+            elif budgets[i] <= 0:
+                reasons[i] = {"type": "length", "length": 0}
+            else:
+                live.append(i)
+        if live:
+            self._decode_loop(requests, live, budgets, stop_ids, out_ids, out_lps, reasons)
+        results = []
+        for i, req in enumerate(requests):
+            text = self._final_text(req.params, out_ids[i], reasons[i])
+            results.append(GenerationResult(out_ids[i], out_lps[i], text, reasons[i]))
+        return results
+
+    def _decode_loop(self, requests, live, budgets, stop_ids, out_ids, out_lps, reasons) -> None:
+        device = self.device
+        prompts = [requests[i].input_ids for i in live]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(live), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(live), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        next_pos = mask.sum(-1)  # position of each row's first new token
+        sampler = LogitsSampler(
+            [requests[i].params for i in live],
+            prompts,
+            vocab_size=self.vocab_size,
+            device=device,
+            stop_ids_per_row=[sorted(stop_ids[i]) for i in live],
+            generator=self.generator,
+        )
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids,
+            use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache},
+        )
+        logits = out.logits[:, -1, :]
+        step = 0
+        while True:
+            tokens, logprobs = sampler.step(logits, step)
+            step += 1
+            token_list, lp_list = tokens.tolist(), logprobs.tolist()
+            keep: list[int] = []
+            for row, i in enumerate(live):
+                out_ids[i].append(token_list[row])
+                out_lps[i].append(lp_list[row])
+                reasons[i] = self._check_finish(requests[i], out_ids[i], budgets[i], stop_ids[i])
+                if reasons[i] is None:
+                    keep.append(row)
+            if not keep:
+                return
+            if len(keep) < len(live):
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                mask, next_pos, tokens = mask[index], next_pos[index], tokens[index]
+                sampler.select(keep)
+                live = [live[row] for row in keep]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            out = self.model(
+                input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
+                use_cache=True, **{self._cache_kwarg: cache},
+            )
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+
+    def _check_finish(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]) -> Optional[dict]:
+        """SGLang's order: abort, length, (nothing before min_new_tokens), stop token, stop string."""
+        if req.aborted:
+            return {"type": "abort", "message": "Aborted by request"}
+        if len(ids) >= budget:
+            return {"type": "length", "length": budget}
+        params = req.params
+        if len(ids) < params.min_new_tokens:
+            return None
+        if ids[-1] in stop_ids:
+            return {"type": "stop", "matched": ids[-1]}
+        if params.stop:
+            window = max(len(s) for s in params.stop) + 1  # every token decodes to >= 1 character
+            tail = self.decode(ids[-window:], skip_special_tokens=False, spaces_between_special_tokens=True)
+            for s in params.stop:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+        return None
+
+    def _final_text(self, params: SamplingParams, ids: list[int], reason: dict) -> str:
+        matched = reason.get("matched") if reason.get("type") == "stop" else None
+        trim = not params.no_stop_trim
+        if trim and isinstance(matched, int):
+            ids = ids[:-1]
+        text = self.decode(ids, params.skip_special_tokens, params.spaces_between_special_tokens)
+        if trim and isinstance(matched, str):
+            pos = text.find(matched)
+            if pos != -1:
+                text = text[:pos]
+        return text
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
+        ids = list(ids)
+        if not ids:
+            return ""
+        try:
+            return self.tokenizer.decode(
+                ids, skip_special_tokens=skip_special_tokens,
+                spaces_between_special_tokens=spaces_between_special_tokens,
+            )
+        except TypeError:  # tokenizers without the spacing option
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

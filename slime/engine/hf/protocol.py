@@ -1,0 +1,95 @@
+"""SGLang's `/generate` wire format: request body → `GenerationRequest`s, results → response dicts.
+
+Request: `{input_ids: [int] | [[int]], text?: str | [str], sampling_params: {...} | [{...}],
+return_logprob?: bool | [bool], return_text_in_logprobs?: bool, rid?: str | [str], ...}`. Any other
+top-level key (the router adds model, stream, log_metrics, return_hidden_states, background, no_logs,
+return_bytes, return_entropy, ...) is ignored; `stream: true` is refused (no streaming here).
+A list input is a batch and is answered with a list, in order.
+
+Response per item: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
+"completion_tokens", "cached_tokens": 0, "weight_version", "queue_time" (s), "e2e_latency" (s),
+"output_token_logprobs": [[logprob, token_id, token_text | None], ...] (only with return_logprob)}}`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from slime.engine.hf.generator import GenerationError, GenerationRequest
+from slime.engine.hf.sampling import SamplingParams
+
+
+@dataclass
+class GenerateCall:
+    """A parsed `/generate` body: one entry per input, plus whether the input was a batch."""
+
+    requests: list[GenerationRequest]
+    return_logprob: list[bool]
+    text_in_logprobs: list[bool]
+    batch: bool
+
+
+def _per_item(value: Any, n: int, name: str, batch: bool) -> list:
+    """Broadcast a scalar/dict field to n items, or check a per-item list of a batch."""
+    if batch and isinstance(value, list):
+        if len(value) != n:
+            raise GenerationError(f"{name} has {len(value)} entries for {n} inputs")
+        return value
+    return [value] * n
+
+
+def parse_generate(body: dict, encode: Callable[[str], list[int]]) -> GenerateCall:
+    """Validate and split a body; `encode(text) -> ids` tokenises `text` inputs. Raises ValueError."""
+    if body.get("stream"):
+        raise GenerationError("stream=true is not supported by the hf engine")
+    input_ids, text = body.get("input_ids"), body.get("text")
+    if input_ids is not None:
+        batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = input_ids if batch else [input_ids]
+    elif text is not None:
+        batch = isinstance(text, list)
+        prompts = [encode(str(t)) for t in (text if batch else [text])]
+    else:
+        raise GenerationError("Either text or input_ids should be provided.")
+    n = len(prompts)
+    params = _per_item(body.get("sampling_params") or {}, n, "sampling_params", batch)
+    logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", batch)
+    text_lp = _per_item(body.get("return_text_in_logprobs", False), n, "return_text_in_logprobs", batch)
+    rids = _per_item(body.get("rid"), n, "rid", batch)
+    requests = []
+    for prompt, sp, rid in zip(prompts, params, rids):
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            raise GenerationError("input_ids must be a list of ints or a list of lists of ints")
+        if not isinstance(sp, dict):
+            raise GenerationError("sampling_params must be a JSON object")
+        rid = rid if rid is not None else uuid.uuid4().hex
+        requests.append(GenerationRequest(prompt, SamplingParams.from_dict(sp), rid))
+    return GenerateCall(requests, [bool(x) for x in logprob], [bool(x) for x in text_lp], batch)
+
+
+def generate_response(call: GenerateCall, completions: list, decode_token: Callable[[int], str], arrived: float):
+    """Response body (a dict, or a list for a batch). `arrived` is the request's `time.perf_counter()`."""
+    out = []
+    for i, (req, done) in enumerate(zip(call.requests, completions)):
+        res = done.result
+        meta = {
+            "id": req.rid,
+            "finish_reason": res.finish_reason,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(res.output_ids),
+            "cached_tokens": 0,
+            "weight_version": done.weight_version,
+            "queue_time": done.queue_time_s,
+            "e2e_latency": time.perf_counter() - arrived,
+        }
+        if call.return_logprob[i]:
+            with_text = call.text_in_logprobs[i]
+            meta["output_token_logprobs"] = [
+                [lp, tid, decode_token(tid) if with_text else None]
+                for lp, tid in zip(res.output_logprobs, res.output_ids)
+            ]
+        out.append({"text": res.text, "output_ids": res.output_ids, "meta_info": meta})
+    return out if call.batch else out[0]

@@ -1,0 +1,224 @@
+"""The HF engine's dynamic batcher: an asyncio request queue feeding `Generator.generate` batches.
+
+- `submit()` validates and enqueues requests and awaits their results; it never blocks on pause
+  (paused requests simply stay queued until `resume()`).
+- One worker task takes up to `max_batch_size` queued requests, waiting at most `batch_wait_s`
+  after the first, and runs the batch in a single-thread executor under `lock`.
+- Every other operation that touches the model (weight loads, memory release/resume, the health
+  generation) goes through `run_exclusive()`: same executor, same lock, so none of them ever lands
+  in the middle of a batch.
+- Abort marks requests; queued ones resolve at once with finish_reason type "abort", running ones
+  stop at the next decode step and return their partial output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from slime.engine.hf.generator import GenerationError, GenerationRequest, GenerationResult, Generator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Completion:
+    """One finished request: the result, the weight version it ran on, its queueing delay (s)."""
+
+    result: GenerationResult
+    weight_version: str
+    queue_time_s: float = 0.0
+
+
+@dataclass(eq=False)
+class _Pending:
+    req: GenerationRequest
+    future: asyncio.Future
+    enqueued_at: float = field(default_factory=time.perf_counter)
+
+
+class Scheduler:
+    """Owns the queue, the pause state and the lock that serialises all model access.
+
+    Args:
+        generator: the model wrapper that runs one batch.
+        max_batch_size: most sequences decoded together.
+        batch_wait_s: how long (seconds) to wait for more requests after the first of a batch.
+        weight_version: initial version string stamped on responses.
+    """
+
+    def __init__(self, generator: Generator, *, max_batch_size: int, batch_wait_s: float, weight_version: str):
+        self.generator = generator
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.batch_wait_s = max(0.0, float(batch_wait_s))
+        self.weight_version = str(weight_version)
+        self.lock = threading.Lock()
+        self.paused = False
+        self.released_tags: set[str] = set()
+        self.num_finished = 0  # requests resolved with a result since start (any finish reason)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._queue: deque[_Pending] = deque()
+        self._running: list[_Pending] = []
+        self._wakeup: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start the worker task (call from the running event loop)."""
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._worker())
+
+    async def stop(self) -> None:
+        """Abort everything, stop the worker and the executor (does not wait for a running step)."""
+        self.abort(abort_all=True)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------- requests
+    async def submit(self, reqs: list[GenerationRequest]) -> list[Completion]:
+        """Enqueue `reqs` and wait for all of them. Raises GenerationError (HTTP 400) for bad input."""
+        for req in reqs:
+            self.generator.validate(req)
+        self._check_not_released()
+        loop = asyncio.get_running_loop()
+        pending = [_Pending(req, loop.create_future()) for req in reqs]
+        self._queue.extend(pending)
+        self._wakeup.set()
+        return list(await asyncio.gather(*(p.future for p in pending)))
+
+    def abort(self, *, rid: Any = None, abort_all: bool = False) -> int:
+        """Mark matching queued/running requests aborted; resolve the queued ones now. Returns the count."""
+        count = 0
+        for p in list(self._queue) + self._running:
+            if abort_all or (rid is not None and p.req.rid == rid):
+                p.req.aborted = True
+                count += 1
+        if count:
+            kept = deque()
+            for p in self._queue:
+                if p.req.aborted:
+                    self._resolve_aborted(p)
+                else:
+                    kept.append(p)
+            self._queue = kept
+        return count
+
+    async def pause(self, mode: str = "abort", drain_timeout_s: float = 60.0) -> None:
+        """Stop starting batches. Mode "abort" (SGLang's default) also aborts everything queued or
+        running and waits (at most `drain_timeout_s` seconds) until the running batch has returned;
+        other modes ("retract", "in_place") keep queued requests and let the running batch finish."""
+        self.paused = True
+        if mode == "abort":
+            self.abort(abort_all=True)
+            deadline = time.monotonic() + drain_timeout_s
+            while self._running and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+
+    def resume(self) -> None:
+        """Undo `pause()`: queued requests (including those sent while paused) are served."""
+        self.paused = False
+        self._wakeup.set()
+
+    @property
+    def is_busy(self) -> bool:
+        """True while a batch is running (the state in which SGLang refuses to flush its cache)."""
+        return bool(self._running)
+
+    def loads(self) -> dict[str, int]:
+        """Request counts: running = in the batch being decoded; waiting = queued (incl. held by pause)."""
+        running, waiting = len(self._running), len(self._queue)
+        return {"num_running_reqs": running, "num_waiting_reqs": waiting, "num_total_reqs": running + waiting}
+
+    # ---------------------------------------------------------------- exclusive model access
+    async def run_exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the model thread under the generation lock (never mid-batch)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._locked, fn, *args)
+
+    def _locked(self, fn, *args):
+        with self.lock:
+            return fn(*args)
+
+    # ---------------------------------------------------------------- worker
+    def _check_not_released(self) -> None:
+        if self.released_tags:
+            raise GenerationError(
+                f"memory is released ({sorted(self.released_tags)}); call /resume_memory_occupation first"
+            )
+
+    def _resolve_aborted(self, p: _Pending) -> None:
+        if not p.future.done():
+            result = GenerationResult([], [], "", {"type": "abort", "message": "Abort in waiting queue"})
+            p.future.set_result(Completion(result, self.weight_version, time.perf_counter() - p.enqueued_at))
+            self.num_finished += 1
+
+    async def _next_batch(self) -> list[_Pending]:
+        while self.paused or not self._queue:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        batch = [self._queue.popleft()]
+        deadline = time.monotonic() + self.batch_wait_s
+        while len(batch) < self.max_batch_size:
+            if self._queue:
+                batch.append(self._queue.popleft())
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.paused:
+                break
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    def _generate_batch(self, reqs: list[GenerationRequest]) -> tuple[str, list[GenerationResult]]:
+        with self.lock:
+            self._check_not_released()
+            return self.weight_version, self.generator.generate(reqs)
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            live = []
+            for p in batch:
+                if p.req.aborted:
+                    self._resolve_aborted(p)
+                elif not p.future.done():
+                    live.append(p)
+            if self.paused:  # paused while the batch was being collected: put it back
+                self._queue.extendleft(reversed(live))
+                continue
+            if not live:
+                continue
+            self._running = live
+            started = time.perf_counter()
+            try:
+                version, results = await loop.run_in_executor(
+                    self._executor, self._generate_batch, [p.req for p in live]
+                )
+            except Exception as exc:  # noqa: BLE001 - every waiter must learn about the failure
+                if not isinstance(exc, GenerationError):
+                    logger.exception("batch of %d requests failed", len(live))
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+            else:
+                for p, result in zip(live, results):
+                    if not p.future.done():
+                        p.future.set_result(Completion(result, version, started - p.enqueued_at))
+                        self.num_finished += 1
+                logger.debug("batch of %d done in %.3f s", len(live), time.perf_counter() - started)
+            finally:
+                self._running = []

@@ -1,0 +1,370 @@
+"""The built-in engine server: a transformers model behind SGLang's HTTP contract (REFERENCE §7.2).
+
+Run: `python -m slime.engine.hf.server --model-path P --host 127.0.0.1 --port 0 --port-file F ...`.
+With `--port 0` an ephemeral port is bound and then written to `--port-file` (tmp file + rename),
+so the parent never guesses ports. Logs go to stderr; SIGTERM/SIGINT exit cleanly (status 0).
+
+Endpoints (SGLang names and payloads; errors are `{"error": {"message": ...}}` with HTTP 400):
+  POST /generate                       single or batch (`protocol.py`); unknown top-level keys are
+                                       ignored, unknown `sampling_params` keys are a 400 naming the key
+  GET  /health, /health_generate       200; the latter after a real 1-token generation (503 if not)
+  GET  /server_info, /get_server_info  launch arguments and state
+  GET  /model_info, /get_model_info    model_path, architectures, weight_version, ...
+  GET|POST /flush_cache                200 when no batch is running, else 400 (callers retry)
+  GET  /get_weight_version             {"weight_version"}
+  POST /pause_generation {mode?}       "abort" (default, as SGLang): abort in-flight, hold new ones
+  POST /continue_generation
+  POST /abort_request {rid | abort_all}
+  POST /release_memory_occupation {tags?}, /resume_memory_occupation {tags?}
+  POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?}
+  GET  /v1/loads, /get_load            request counts; shape documented on `HFServer.v1_loads`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from slime.engine.hf.generator import GenerationError, GenerationRequest, Generator
+from slime.engine.hf.protocol import generate_response, parse_generate
+from slime.engine.hf.sampling import SamplingParams
+from slime.engine.hf.scheduler import Scheduler
+from slime.engine.hf.weights import WeightLoadError, load_weights_strict, read_safetensors_dir
+
+logger = logging.getLogger("slime.engine.hf.server")
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU_MEMORY_TYPE_* names
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+class _DropMalformedRequestErrors(logging.Filter):
+    """sglang-router probes each worker with an HTTP/2 (h2c) preface first; aiohttp speaks HTTP/1
+    only and would log every probe as an error with a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import BadHttpMessage
+
+        return not (record.exc_info and isinstance(record.exc_info[1], BadHttpMessage))
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler):
+    """ValueError (bad request: GenerationError, SamplingParamsError, ...) → 400; anything else → 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except ValueError as exc:
+        return _error(str(exc))
+    except Exception as exc:  # noqa: BLE001 - report and keep serving
+        logger.exception("%s %s failed", request.method, request.path)
+        return _error(f"internal error: {exc!r}", status=500)
+
+
+async def _json_body(request: web.Request) -> dict:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as exc:
+        raise GenerationError(f"request body is not valid JSON: {exc}") from exc
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise GenerationError("request body must be a JSON object")
+    return body
+
+
+def load_model(model_path: str, device: str, dtype: str):
+    """(model, tokenizer) from an HF dir; dtype auto = bf16 on cuda, fp32 on cpu."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = _DTYPES.get(dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, name))
+    model = model.to(device).eval()
+    model.requires_grad_(False)
+    return model, AutoTokenizer.from_pretrained(model_path)
+
+
+class HFServer:
+    """Holds the model, generator and scheduler, and implements the HTTP handlers."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.model, self.tokenizer = load_model(args.model_path, args.device, args.dtype)
+        self.dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        self.generator = Generator(self.model, self.tokenizer, seed=args.seed, context_length=args.context_length)
+        self.scheduler = Scheduler(
+            self.generator, max_batch_size=args.max_batch_size,
+            batch_wait_s=args.batch_wait_ms / 1000.0, weight_version=args.weight_version,
+        )
+        self.port: int | None = None
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/generate", self.generate),
+            web.get("/health", self.health),
+            web.get("/health_generate", self.health_generate),
+            web.get("/server_info", self.server_info),
+            web.get("/get_server_info", self.server_info),
+            web.get("/model_info", self.model_info),
+            web.get("/get_model_info", self.model_info),
+            web.get("/flush_cache", self.flush_cache),
+            web.post("/flush_cache", self.flush_cache),
+            web.get("/get_weight_version", self.get_weight_version),
+            web.post("/pause_generation", self.pause_generation),
+            web.post("/continue_generation", self.continue_generation),
+            web.post("/abort_request", self.abort_request),
+            web.post("/release_memory_occupation", self.release_memory),
+            web.post("/resume_memory_occupation", self.resume_memory),
+            web.post("/update_weights_from_disk", self.update_weights_from_disk),
+            web.get("/v1/loads", self.v1_loads),
+            web.get("/get_load", self.get_load),
+        ]
+
+    # ---------------------------------------------------------------- generation
+    async def generate(self, request: web.Request) -> web.Response:
+        arrived = time.perf_counter()
+        body = await _json_body(request)
+        logger.debug("POST /generate %s", body)
+        call = parse_generate(body, self.tokenizer.encode)  # ValueError → 400 (middleware)
+        completions = await self.scheduler.submit(call.requests)
+        decode_token = lambda tid: self.generator.decode([tid], skip_special_tokens=False)  # noqa: E731
+        return web.json_response(generate_response(call, completions, decode_token, arrived))
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        if self.scheduler.released_tags:
+            return _error(f"memory released: {sorted(self.scheduler.released_tags)}", status=503)
+        req = GenerationRequest([self.generator.pad_token_id], SamplingParams(max_new_tokens=1, temperature=0.0), "health")
+        try:
+            await asyncio.wait_for(self.scheduler.run_exclusive(self.generator.generate, [req]), timeout=60)
+        except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
+            return _error(f"health generation failed: {exc!r}", status=503)
+        return web.Response(text="")
+
+    # ---------------------------------------------------------------- info
+    async def server_info(self, request: web.Request) -> web.Response:
+        a = self.args
+        return web.json_response({
+            "engine": "hf", "version": "slime-hf-engine",
+            "model_path": a.model_path, "tokenizer_path": a.model_path, "served_model_name": a.model_path,
+            "host": a.host, "port": self.port, "seed": a.seed, "random_seed": a.seed,
+            "device": a.device, "dtype": self.dtype, "max_batch_size": a.max_batch_size,
+            "batch_wait_ms": a.batch_wait_ms, "num_threads": a.num_threads,
+            "context_length": self.generator.context_length, "tp_size": 1, "dp_size": 1,
+            "weight_version": self.scheduler.weight_version,
+            "device_memory_allocated_bytes": _device_memory_allocated(self.args.device),
+            "internal_states": [{
+                "paused": self.scheduler.paused, "released_tags": sorted(self.scheduler.released_tags),
+                "num_finished_reqs": self.scheduler.num_finished, **self.scheduler.loads(),
+            }],
+        })
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        config = self.model.config
+        return web.json_response({
+            "model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
+            "is_generation": True, "preferred_sampling_params": None,
+            "weight_version": self.scheduler.weight_version,
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": list(getattr(config, "architectures", None) or []),
+        })
+
+    async def get_weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.scheduler.weight_version})
+
+    async def v1_loads(self, request: web.Request) -> web.Response:
+        """`{"loads": [{"dp_rank": 0, "num_running_reqs", "num_waiting_reqs", "num_total_reqs"}]}`:
+        one entry per data-parallel rank (always one here); waiting includes requests held by a pause."""
+        return web.json_response({"loads": [{"dp_rank": 0, **self.scheduler.loads()}]})
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        loads = self.scheduler.loads()
+        return web.json_response([{"dp_rank": 0, "num_reqs": loads["num_total_reqs"],
+                                   "num_waiting_reqs": loads["num_waiting_reqs"], "num_tokens": 0}])
+
+    # ---------------------------------------------------------------- control
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.scheduler.is_busy:
+            return web.Response(status=400, text="Cache not flushed: there are running requests.")
+        await self.scheduler.run_exclusive(_empty_device_cache, self.args.device)
+        return web.Response(text="Cache flushed.")
+
+    async def pause_generation(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        await self.scheduler.pause(mode=str(body.get("mode") or "abort"))
+        return web.json_response({})
+
+    async def continue_generation(self, request: web.Request) -> web.Response:
+        self.scheduler.resume()
+        return web.json_response({})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        n = self.scheduler.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
+        return web.json_response({"num_aborted": n})
+
+    async def release_memory(self, request: web.Request) -> web.Response:
+        tags = _parse_tags((await _json_body(request)).get("tags"))
+        await self.scheduler.run_exclusive(self._release, tags)
+        return web.json_response({"success": True, "released_tags": sorted(self.scheduler.released_tags)})
+
+    async def resume_memory(self, request: web.Request) -> web.Response:
+        tags = _parse_tags((await _json_body(request)).get("tags"))
+        await self.scheduler.run_exclusive(self._resume, tags)
+        return web.json_response({"success": True, "released_tags": sorted(self.scheduler.released_tags)})
+
+    def _release(self, tags: list[str]) -> None:
+        """On CUDA, releasing "weights" moves them to host memory; elsewhere tags are only tracked."""
+        if "weights" in tags and "weights" not in self.scheduler.released_tags and self.args.device.startswith("cuda"):
+            self.model.to("cpu")
+        self.scheduler.released_tags.update(tags)
+        _empty_device_cache(self.args.device)
+
+    def _resume(self, tags: list[str]) -> None:
+        if "weights" in tags and "weights" in self.scheduler.released_tags and self.args.device.startswith("cuda"):
+            self.model.to(self.args.device)
+        self.scheduler.released_tags.difference_update(tags)
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            model_path = body.get("model_path")
+            if not model_path:
+                raise WeightLoadError("model_path is required")
+            if body.get("load_format") not in (None, "auto", "safetensors"):
+                raise WeightLoadError(f"load_format={body['load_format']!r} is not supported (auto | safetensors)")
+            if body.get("abort_all_requests"):
+                self.scheduler.abort(abort_all=True)
+            version = body.get("weight_version")
+            count = await self.scheduler.run_exclusive(self._load_from_disk, str(model_path), version)
+        except (WeightLoadError, GenerationError) as exc:
+            logger.warning("update_weights_from_disk failed: %s", exc)
+            return web.json_response({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
+        message = f"Succeeded to update model weights ({count} tensors from {model_path})."
+        logger.info("%s weight_version=%s", message, self.scheduler.weight_version)
+        return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+    def _load_from_disk(self, model_path: str, version: Any) -> int:
+        count = load_weights_strict(self.model, read_safetensors_dir(model_path))
+        if version is not None:
+            self.scheduler.weight_version = str(version)
+        return count
+
+
+def _parse_tags(tags: Any) -> list[str]:
+    if tags is None:
+        return list(MEMORY_TAGS)
+    if isinstance(tags, str):
+        tags = [tags]
+    if not isinstance(tags, list):
+        raise GenerationError(f"tags must be a list of strings, got {tags!r}")
+    unknown = [t for t in tags if t not in MEMORY_TAGS]
+    if unknown:
+        raise GenerationError(f"unknown memory tags {unknown}; valid: {list(MEMORY_TAGS)}")
+    return list(tags)
+
+
+def _device_memory_allocated(device: str) -> int:
+    """Bytes held by torch's CUDA allocator on the current device (0 on CPU)."""
+    import torch
+
+    return int(torch.cuda.memory_allocated()) if device.startswith("cuda") and torch.cuda.is_available() else 0
+
+
+def _empty_device_cache(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Write `port` to `path` atomically (a reader sees nothing or the whole number)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    server = HFServer(args)
+    app = web.Application(client_max_size=1 << 30, middlewares=[_errors_as_json])
+    app.add_routes(server.routes())
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    server.port = int(runner.addresses[0][1])  # the real port when --port 0
+    server.scheduler.start()
+    if args.port_file:
+        write_port_file(args.port_file, server.port)
+    logger.info("hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s)",
+                args.model_path, args.host, server.port, args.device, server.dtype, args.weight_version)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logger.info("shutting down")
+    await server.scheduler.stop()
+    await runner.cleanup()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 binds an ephemeral port")
+    p.add_argument("--port-file", default=None, help="where to write the bound port")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
+    p.add_argument("--max-batch-size", type=int, default=256, help="sequences decoded together")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="ms to wait for more requests after the first")
+    p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--context-length", type=int, default=None, help="tokens; default max_position_embeddings")
+    p.add_argument("--weight-version", default="0")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s [hf-engine pid=%(process)d] %(name)s: %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(_DropMalformedRequestErrors())
+    import torch
+
+    torch.set_num_threads(max(1, args.num_threads))
+    asyncio.run(serve(args))
+    logger.info("stopped")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the ~1 s interpreter teardown of torch/transformers; nothing is left to save
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Strict loading of HF-named safetensors into a live transformers model (disk weight sync, §8.3).
+
+Every `*.safetensors` file of the directory is read (an index json, if any, is not needed). The set
+of tensor names must equal the model's own checkpoint names: missing names, unexpected names and
+shape mismatches are all reported together and nothing is copied, so a failed update leaves the old
+weights intact. Tied aliases (e.g. `lm_head.weight` when embeddings are tied) are optional; when
+present they are shape-checked but not copied (the primary tensor wins).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+_MAX_LISTED = 8  # names listed per category in an error message
+
+
+class WeightLoadError(ValueError):
+    """The checkpoint does not match the model; the message names the offending tensors."""
+
+
+def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of all `*.safetensors` files under `path` (CPU tensors, file dtype)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise WeightLoadError(f"model_path {str(path)!r} is not a directory")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"no *.safetensors files in {str(path)!r}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        for name, tensor in load_file(str(file), device="cpu").items():
+            if name in tensors:
+                raise WeightLoadError(f"tensor {name!r} appears in more than one file under {str(path)!r}")
+            tensors[name] = tensor
+    return tensors
+
+
+def _short(names) -> str:
+    names = sorted(names)
+    extra = f" (+{len(names) - _MAX_LISTED} more)" if len(names) > _MAX_LISTED else ""
+    return ", ".join(names[:_MAX_LISTED]) + extra
+
+
+@torch.no_grad()
+def load_weights_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> int:
+    """Check `tensors` against `model.state_dict()` names/shapes, then copy them in. Returns the count copied.
+
+    Values are cast to each parameter's dtype and moved to its device.
+    """
+    state = model.state_dict()
+    primary = {name for name, _ in model.named_parameters()}  # tied duplicates removed
+    all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    primary |= {name for name in state if name not in all_params}  # persistent buffers
+    aliases = set(state) - primary
+
+    missing = primary - set(tensors)
+    unexpected = set(tensors) - set(state)
+    mismatched = [
+        f"{name}: checkpoint {tuple(t.shape)} vs model {tuple(state[name].shape)}"
+        for name, t in tensors.items()
+        if name in state and tuple(t.shape) != tuple(state[name].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_short(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_short(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches: {'; '.join(sorted(mismatched)[:_MAX_LISTED])}")
+    if problems:
+        raise WeightLoadError("checkpoint does not match the model: " + " | ".join(problems))
+
+    copied = 0
+    for name, tensor in tensors.items():
+        if name in aliases:
+            continue
+        target = state[name]
+        target.copy_(tensor.to(dtype=target.dtype))
+        copied += 1
+    return copied

@@ -1,0 +1,70 @@
+"""From a rollout's groups to training data: reward post-processing, per-rank batches, metrics."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from slime.algo import group_normalize
+from slime.config.schema import AlgoConfig
+from slime.types import Sample, SampleStatus, TrainBatch
+
+
+def post_process_rewards(raw: torch.Tensor, algo: AlgoConfig, n_samples_per_prompt: int) -> torch.Tensor:
+    """Group normalisation (REFERENCE.md §3.1): mean-centre per group, divide by std unless disabled or n = 1."""
+    if algo.disable_rewards_normalization:
+        return raw
+    n = n_samples_per_prompt
+    return group_normalize(raw, n, subtract_mean=True, divide_std=not algo.disable_grpo_std_normalization and n > 1)
+
+
+def split_for_data_parallel(samples: list[Sample], raw: list[float], rewards: list[float], *, global_batch_size: int,
+                            num_steps: int, dp_size: int) -> list[TrainBatch]:
+    """K steps of G consecutive samples; each step's samples dealt round-robin to the DP ranks.
+
+    Asserts that nothing is dropped (slime silently drops a trailing partial step).
+    """
+    g, k, dp = global_batch_size, num_steps, dp_size
+    if len(samples) != g * k:
+        raise RuntimeError(f"{len(samples)} samples cannot fill {k} steps of {g}: nothing may be dropped")
+    per_rank: list[list[tuple[int, int]]] = [[] for _ in range(dp)]  # (sample position, step)
+    masked = []
+    for step in range(k):
+        chunk = range(step * g, (step + 1) * g)
+        masked.append(sum(sum(samples[i].loss_mask) for i in chunk if not samples[i].remove_sample))
+        for j, i in enumerate(chunk):
+            per_rank[j % dp].append((i, step))
+    has_engine_log_probs = all(s.rollout_log_probs is not None for s in samples)
+    batches = []
+    for entries in per_rank:
+        pick = [samples[i] for i, _ in entries]
+        batches.append(TrainBatch(
+            tokens=[s.tokens for s in pick], response_lengths=[s.response_length for s in pick],
+            loss_masks=[[0] * s.response_length if s.remove_sample else list(s.loss_mask) for s in pick],
+            rewards=[rewards[i] for i, _ in entries], raw_rewards=[raw[i] for i, _ in entries],
+            rollout_log_probs=[s.rollout_log_probs for s in pick] if has_engine_log_probs else None,
+            truncated=[s.status == SampleStatus.TRUNCATED for s in pick],
+            sample_indices=[s.index for s in pick], step_ids=[step for _, step in entries],
+            num_trajectories_per_step=g, masked_tokens_per_step=masked))
+    return batches
+
+
+def rollout_metrics(groups: list[list[Sample]], raw: torch.Tensor, n: int) -> dict[str, float]:
+    """Rollout-side metrics of REFERENCE.md §3.13 over the kept samples."""
+    samples = [s for g in groups for s in g]
+    lengths = [s.effective_response_length for s in samples]
+    metrics = {
+        "rollout/raw_reward": float(raw.mean()),
+        "rollout/response_len/mean": statistics.fmean(lengths),
+        "rollout/response_len/median": float(statistics.median(lengths)),
+        "rollout/response_len/max": float(max(lengths)),
+        "rollout/response_len/min": float(min(lengths)),
+        "rollout/truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
+    }
+    if n > 1:
+        grouped = raw.view(-1, n)
+        zero_std = grouped.std(dim=1) <= 1e-6
+        for value in sorted({round(float(v), 1) for v in grouped[zero_std, 0]}):
+            metrics[f"rollout/zero_std/count_{value}"] = float((grouped[zero_std, 0].round(decimals=1) == value).sum())
+    return metrics
