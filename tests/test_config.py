@@ -57,11 +57,11 @@ def test_default_derived_values():
     cfg = typed_config([])
     d = validate(cfg)
     assert (d.actor_gpus, d.rollout_gpus, d.num_engines, d.dp_size, d.total_gpus) == (1, 1, 1, 1, 2)
-    assert (d.samples_per_rollout, d.global_batch_size, d.precision) == (128, 128, "fp32")
+    assert (d.samples_per_rollout, d.global_batch_size, d.precision) == (256, 128, "fp32")
 
 
 def test_dp2_recipe_and_derived_global_batch():
-    cfg = typed_config(["recipe=embedded_dp2", "train.global_batch_size=null", "train.num_steps_per_rollout=2"])
+    cfg = typed_config(["recipe=embedded_dp2", "train.global_batch_size=null", "train.num_steps_per_rollout=4"])
     d = derive(cfg)
     assert (d.dp_size, d.global_batch_size, d.samples_per_dp_rank, d.total_gpus) == (2, 64, 32, 3)
 
@@ -74,7 +74,7 @@ def problems_for(overrides: list[str]) -> dict[str, str]:
 
 def test_batch_arithmetic_names_both_sides_and_the_fix():
     found = problems_for(["train.global_batch_size=100"])
-    assert "16 × 8 = 128" in found["train.global_batch_size"] and "100 × 1 = 100" in found["train.global_batch_size"]
+    assert "32 × 8 = 256" in found["train.global_batch_size"] and "100 × 2 = 200" in found["train.global_batch_size"]
     assert "train.global_batch_size=128" in found["train.global_batch_size"]
 
 
@@ -136,4 +136,4 @@ def test_cfg_job_prints_composed_config():
     proc = subprocess.run([sys.executable, "main.py", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
-    assert printed["rollout"]["batch_size"] == 16 and printed["model"]["name"] == "tiny_qwen3"
+    assert printed["rollout"]["batch_size"] == 32 and printed["model"]["name"] == "tiny_qwen3"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from slime.assets.tiny_model import create_tiny_model
+from slime.assets.tiny_model import create_tiny_model, is_current
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
 
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 def prepare_assets(cfg: RunConfig) -> list[str]:
     """Build missing generated assets; return the paths created (empty when all existed)."""
     created = []
-    if cfg.model.create_if_missing and not (Path(cfg.model.hf_checkpoint) / "config.json").exists():
+    if cfg.model.create_if_missing and not is_current(cfg.model, cfg.model.hf_checkpoint):
         created.append(str(create_tiny_model(cfg.model)))
     files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
     if cfg.eval.interval:

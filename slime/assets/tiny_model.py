@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from slime.assets.tokenizer import build_tokenizer, vocabulary
@@ -28,11 +29,31 @@ def hf_config_dict(model: ModelConfig, *, eos_token_id: int, pad_token_id: int) 
         "max_position_embeddings": model.max_position_embeddings,
         "tie_word_embeddings": model.tie_word_embeddings,
         "hidden_act": "silu",
+        "initializer_range": model.init_std,
+        "slime_init_seed": model.init_seed,
         "attention_bias": False,
         "bos_token_id": eos_token_id,
         "eos_token_id": eos_token_id,
         "pad_token_id": pad_token_id,
     }
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """`config.json` of an HF checkpoint, with `rope_theta` lifted out of transformers 5's `rope_parameters`."""
+    fields = json.loads((Path(path) / "config.json").read_text())
+    rope = fields.get("rope_parameters") or {}
+    if "rope_theta" not in fields and "rope_theta" in rope:
+        fields["rope_theta"] = rope["rope_theta"]
+    return fields
+
+
+def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
+    """True when `save_dir` holds a model generated from exactly this config (shape, init std and seed)."""
+    if not (Path(save_dir) / "config.json").exists() or not (Path(save_dir) / "model.safetensors").exists():
+        return False
+    actual = read_hf_config(save_dir)
+    expected = hf_config_dict(model, eos_token_id=actual.get("eos_token_id"), pad_token_id=actual.get("pad_token_id"))
+    return all(actual.get(key) == value for key, value in expected.items() if key != "architectures")
 
 
 def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) -> Path:
@@ -48,7 +69,8 @@ def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) ->
     if len(vocabulary()) > model.vocab_size:
         raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's {len(vocabulary())} tokens")
     tmp_dir = save_dir.with_name(save_dir.name + ".tmp")
-    tmp_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir(parents=True)
     tokenizer = build_tokenizer(tmp_dir)
     config_fields = hf_config_dict(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     (tmp_dir / "config.json").write_text(json.dumps(config_fields, indent=2))
@@ -59,5 +81,6 @@ def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) ->
     net.generation_config.eos_token_id = tokenizer.eos_token_id
     net.generation_config.pad_token_id = tokenizer.pad_token_id
     net.save_pretrained(str(tmp_dir), safe_serialization=True)
+    shutil.rmtree(save_dir, ignore_errors=True)  # a stale generated model (other shape or seed)
     tmp_dir.rename(save_dir)
     return save_dir

@@ -28,7 +28,8 @@ class ModelConfig:
     name: str = MISSING
     hf_checkpoint: str = MISSING
     create_if_missing: bool = False
-    init_seed: int = 0
+    init_seed: int = 0  # seed of the random initialisation (create_if_missing only)
+    init_std: float = 0.02  # std of the normal initialisation, HF's initializer_range (create_if_missing only)
     architecture: str = "qwen3"
     num_layers: int = MISSING
     hidden_size: int = MISSING

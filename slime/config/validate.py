@@ -7,7 +7,6 @@ turns a `ConfigError` into exit status 2.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -235,16 +234,17 @@ def _strip_slice(path: str) -> str:
 
 
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
-    from slime.assets.tiny_model import hf_config_dict
+    from slime.assets.tiny_model import hf_config_dict, read_hf_config
 
     m = cfg.model
+    if m.create_if_missing:
+        return  # generated from these very fields before the run starts (slime.assets.prepare)
     config_file = Path(m.hf_checkpoint) / "config.json"
     if not config_file.exists():
-        if not m.create_if_missing:
-            yield Problem("model.hf_checkpoint", m.hf_checkpoint, "no config.json there",
-                          "download the HF checkpoint to that directory or set model.hf_checkpoint=<dir>")
+        yield Problem("model.hf_checkpoint", m.hf_checkpoint, "no config.json there",
+                      "download the HF checkpoint to that directory or set model.hf_checkpoint=<dir>")
         return
-    actual = json.loads(config_file.read_text())
+    actual = read_hf_config(m.hf_checkpoint)
     expected = hf_config_dict(m, eos_token_id=0, pad_token_id=0) if m.architecture == "qwen3" else {}
     names = {"hidden_size": "hidden_size", "intermediate_size": "ffn_hidden_size", "num_hidden_layers": "num_layers",
              "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_query_groups",

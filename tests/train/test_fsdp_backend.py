@@ -95,7 +95,7 @@ def test_first_step_invariants_and_update(tiny_model_dir, tmp_path):
 def test_grpo_step_raises_probability_of_rewarded_response(tiny_model_dir):
     """One sample with advantage +1 and one with -1 on the same prompt: the first becomes likelier."""
     setup = make_setup(tiny_model_dir, ["train.lr=1e-2", "rollout.batch_size=1", "rollout.n_samples_per_prompt=2",
-                                        "train.global_batch_size=2"])
+                                        "train.global_batch_size=2", "train.num_steps_per_rollout=1"])
     prompt = [1, 5, 11, 12, 13, 34, 62, 2, 1, 6]
     good, bad = Sample(index=0, tokens=prompt + [30], response_length=1, loss_mask=[1], reward=1.0), \
         Sample(index=1, tokens=prompt + [40], response_length=1, loss_mask=[1], reward=0.0)

@@ -1,0 +1,116 @@
+"""The real thing on CPU: main.py with Ray, the router, engines and trainers, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+# Processes a run starts: Ray's daemons and workers, the router, the engine servers.
+RUN_PROCESS_MARKERS = ("gcs_server", "raylet", "ray::", "sglang_router", "slime.engine.hf.server", "default_worker.py")
+
+
+def run_processes() -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if any(marker in cmdline for marker in RUN_PROCESS_MARKERS):
+            found.append(f"{proc.pid}: {cmdline[:120]}")
+    return found
+
+
+def assert_no_run_processes(timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while run_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert run_processes() == []
+
+
+def main_py(run_dir: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def rewards(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["rollout/raw_reward"] for r in records if "rollout/raw_reward" in r]
+
+
+def test_embedded_default_learns(tmp_path):
+    """`python main.py` as shipped: learns the digit task, leaves every artifact, no process behind."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = main_py(run_dir)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    curve = rewards(run_dir)
+    assert len(curve) == 60
+    last3, first = sum(curve[-3:]) / 3, curve[0]
+    assert last3 >= 0.8 and last3 - first >= 0.5, curve
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = set().union(*records)
+    assert {"rollout/step", "rollout/raw_reward", "train/pg_loss", "train/grad_norm", "train/step"} <= keys
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["rollouts_completed"] == 60
+    assert (run_dir / "config.yaml").exists() and (run_dir / "reward_curve.png").stat().st_size > 10_000
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert "Derived values" in proc.stdout
+    assert_no_run_processes()
+    print(f"embedded default: {elapsed:.1f}s wall, first {first:.3f}, last3 {last3:.3f}")
+
+
+def test_data_parallel_run_and_resume(tmp_path):
+    """Two training ranks over gloo; then a rerun with checkpoint.load continues at the next rollout."""
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    proc = main_py(first_dir, "recipe=embedded_dp2", "train.num_rollout=3", "checkpoint.save_interval=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = first_dir / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (ckpt / "iter_0000001" / "model" / "model.safetensors").exists()
+    assert (ckpt / "rollout" / "global_dataset_state_dict_2.pt").exists()
+    proc = main_py(second_dir, "recipe=embedded_dp2", "train.num_rollout=5", f"checkpoint.load={ckpt}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(l)["rollout/step"] for l in (second_dir / "metrics.jsonl").read_text().splitlines()
+             if "rollout/raw_reward" in l]
+    assert steps == [3, 4]
+    result = json.loads((second_dir / "result.json").read_text())
+    assert (result["start_rollout"], result["rollouts_completed"]) == (3, 2)
+    assert_no_run_processes()
+
+
+def test_failure_during_startup_writes_result_and_cleans_up(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no prompt key here", "label": "1"}\n')
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, f"data.prompt_data={bad}", "data.generator=null", "train.num_rollout=2")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["phase"] == "startup"
+    assert "data.input_key" in result["error"]
+    assert_no_run_processes()
+
+
+def test_interrupt_stops_everything(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().count("rollout/raw_reward") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted" and result["rollouts_completed"] >= 2
+    assert_no_run_processes()
