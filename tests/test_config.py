@@ -137,3 +137,15 @@ def test_cfg_job_prints_composed_config():
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
     assert printed["rollout"]["batch_size"] == 32 and printed["model"]["name"] == "tiny_qwen3"
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel"),
+    (["+parallelism.megatron.recompute_granularity=full"], "parallelism.megatron"),
+    (["+rollout.sglang.mem_fraction_static=0.7"], "rollout.sglang"),
+    (["cluster.critic.num_gpus_per_node=1", "cluster.num_gpus_per_node=3"], "cluster.critic.num_gpus_per_node"),
+    (["algo.kl_coef=0.01"], "algo.kl_coef"),
+    (["parallelism.tp=2", "cluster.actor.num_gpus_per_node=2", "cluster.num_gpus_per_node=3"], "parallelism.tp"),
+])
+def test_options_the_chosen_parts_cannot_honour_are_rejected(overrides, key):
+    assert key in problems_for(overrides)

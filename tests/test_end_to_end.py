@@ -114,3 +114,19 @@ def test_interrupt_stops_everything(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted" and result["rollouts_completed"] >= 2
     assert_no_run_processes()
+
+
+def test_multirun_sweeps_recipes_by_glob(tmp_path):
+    """`--multirun 'recipe=glob(...)'` finds recipes/ through conf/recipe; jobs run one after another in one
+    process, each with its own Ray session (the second would reuse the first's without a shutdown)."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "main.py", "--multirun", "recipe=glob(embedded_*)", "train.num_rollout=1",
+                           "logger.progress=false", f"hydra.sweep.dir={sweep_dir}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {json.loads((d / "result.json").read_text())["run_dir"]: d for d in sorted(sweep_dir.iterdir()) if d.is_dir()}
+    assert len(results) == 2
+    eval_records = [json.loads(l) for d in results.values() for l in (d / "metrics.jsonl").read_text().splitlines()
+                    if "eval/step" in l]
+    assert eval_records and "eval/digit_task" in eval_records[0] and "eval/digit_task-pass@1" in eval_records[0]
+    assert_no_run_processes()

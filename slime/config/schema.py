@@ -204,7 +204,7 @@ class CheckpointConfig:
     save: Optional[str] = None  # default: <run dir>/checkpoints
     save_interval: Optional[int] = None  # rollout steps; None saves only at the end
     ckpt_step: Optional[int] = None  # rollout id to load; default: latest
-    save_hf: bool = True  # also export safetensors + config + tokenizer
+    save_hf: bool = True  # also export safetensors + config + tokenizer (fsdp checkpoints are HF already)
     no_save_optim: bool = False
 
 

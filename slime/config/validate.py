@@ -163,6 +163,23 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             if getattr(p, key) != 1:
                 yield Problem(f"parallelism.{key}", getattr(p, key), "the fsdp backend is data-parallel only",
                               f"set parallelism.{key}=1 or parallelism=megatron")
+        if p.sequence_parallel:
+            yield Problem("parallelism.sequence_parallel", True, "sequence parallelism needs tensor parallelism (megatron)",
+                          "set parallelism.sequence_parallel=false")
+        if p.megatron:
+            yield Problem("parallelism.megatron", dict(p.megatron), "megatron-core fields do nothing with the fsdp backend",
+                          "remove them or set parallelism.backend=megatron")
+    if cfg.rollout.engine == "hf":
+        if c.rollout.num_gpus_per_engine != 1:
+            yield Problem("cluster.rollout.num_gpus_per_engine", c.rollout.num_gpus_per_engine,
+                          "the built-in hf engine runs on one device", "set cluster.rollout.num_gpus_per_engine=1")
+        if cfg.rollout.sglang:
+            yield Problem("rollout.sglang", dict(cfg.rollout.sglang), "SGLang server args do nothing with rollout.engine=hf",
+                          "remove them or use the sglang engine")
+    if derived.critic_gpus and cfg.algo.advantage_estimator != "ppo":
+        yield Problem("cluster.critic.num_gpus_per_node", c.critic.num_gpus_per_node,
+                      f"only ppo trains a critic; algo.advantage_estimator={cfg.algo.advantage_estimator!r} would leave "
+                      "these GPUs idle", "set cluster.critic.num_gpus_per_node=0")
     g = cfg.train.global_batch_size
     if g is not None and derived.dp_size >= 1 and g % derived.dp_size:
         yield Problem("train.global_batch_size", g, f"must split evenly over {derived.dp_size} data-parallel ranks",
@@ -194,6 +211,9 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
                       "set algo.kl_coef=0 or algo.use_kl_loss=false")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1:
         yield Problem("algo.eps_clip_c", a.eps_clip_c, "the dual-clip constant must be > 1", "set algo.eps_clip_c=3.0 or null")
+    if a.kl_coef != 0 and a.advantage_estimator == "grpo":
+        yield Problem("algo.kl_coef", a.kl_coef, "KL in the reward shapes ppo and reinforce++ rewards; grpo ignores it",
+                      "set algo.kl_coef=0 and use algo.use_kl_loss=true with algo.kl_loss_coef instead")
     if a.eps_clip <= 0:
         yield Problem("algo.eps_clip", a.eps_clip, "must be > 0", "set algo.eps_clip=0.2")
 

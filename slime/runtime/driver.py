@@ -63,7 +63,9 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
             tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
                               total_rollouts=cfg.train.num_rollout, start_rollout=start)
-            _loop(cfg, state, start, manager, train_group, tracker, DiskWeightSync(run_dir / "weights"))
+            sync = DiskWeightSync(run_dir / "weights")
+            _loop(cfg, state, start, manager, train_group, tracker, sync)
+            sync.close()
             exit_code = 0
         finally:
             state_phase = state.phase

@@ -28,3 +28,8 @@ class DiskWeightSync:
         if not self.keep:
             shutil.rmtree(path, ignore_errors=True)
         return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Remove the sync directory when nothing in it is kept."""
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -15,7 +15,8 @@ from torch import nn
 
 
 def init_process_group(*, device: str, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
-    if world_size == 1 or dist.is_initialized():
+    """gloo on CPU (only when there are several ranks), nccl on CUDA (always: FSDP2 needs a group)."""
+    if dist.is_initialized() or (world_size == 1 and device != "cuda"):
         return
     dist.init_process_group(
         backend="nccl" if device == "cuda" else "gloo",
@@ -27,11 +28,12 @@ def init_process_group(*, device: str, rank: int, world_size: int, master_addr: 
 
 
 def uses_fsdp(device: str, world_size: int) -> bool:
-    return device == "cuda" and world_size > 1
+    """FSDP2 on every CUDA run (one rank included, so a single GPU exercises the same path)."""
+    return device == "cuda"
 
 
 def apply_data_parallel(model: nn.Module, *, device: str, world_size: int) -> nn.Module:
-    """Shard every decoder layer and the root with FSDP2 on multi-GPU; leave the model as is otherwise."""
+    """Shard every decoder layer and the root with FSDP2 on CUDA; leave the model as is on CPU."""
     if not uses_fsdp(device, world_size):
         return model
     from torch.distributed.fsdp import fully_shard
@@ -61,13 +63,13 @@ def sum_gradients(model: nn.Module, *, device: str, world_size: int) -> None:
 
 
 def all_reduce_sum(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
-    if world_size > 1:
+    if world_size > 1 and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def barrier(world_size: int) -> None:
-    if world_size > 1:
+    if world_size > 1 and dist.is_initialized():
         dist.barrier()
 
 
