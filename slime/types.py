@@ -46,6 +46,7 @@ class Sample:
     session_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     # input
     prompt: str | list[dict[str, Any]] = ""
+    messages: list[dict[str, Any]] | None = None  # the chat messages the prompt was rendered from
     tokens: list[int] = dataclasses.field(default_factory=list)
     label: str | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -139,6 +140,8 @@ class TrainBatch:
     step_ids: list[int]
     num_trajectories_per_step: int  # G: samples per optimizer step over all ranks
     masked_tokens_per_step: list[int]  # Σ loss_mask per optimizer step over all ranks
+    values: list[list[float]] | None = None  # PPO: the critic's values per response token
+    returns: list[list[float]] | None = None  # PPO: the actor's returns per response token, for the critic
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -152,4 +155,5 @@ class TrainBatch:
             rollout_log_probs=pick(self.rollout_log_probs), truncated=pick(self.truncated),
             sample_indices=pick(self.sample_indices), step_ids=pick(self.step_ids),
             num_trajectories_per_step=self.num_trajectories_per_step, masked_tokens_per_step=self.masked_tokens_per_step,
+            values=pick(self.values), returns=pick(self.returns),
         )

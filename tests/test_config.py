@@ -56,7 +56,7 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
 def test_default_derived_values():
     cfg = typed_config([])
     d = validate(cfg)
-    assert (d.actor_gpus, d.rollout_gpus, d.num_engines, d.dp_size, d.total_gpus) == (1, 1, 1, 1, 2)
+    assert (d.actor_gpus, d.critic_gpus, d.rollout_gpus, d.num_engines, d.dp_size, d.total_gpus) == (1, 0, 1, 1, 1, 2)
     assert (d.samples_per_rollout, d.global_batch_size, d.precision) == (256, 128, "fp32")
 
 
@@ -79,8 +79,8 @@ def test_batch_arithmetic_names_both_sides_and_the_fix():
 
 
 def test_gpu_counts_that_do_not_fit():
-    found = problems_for(["cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus=2"])
-    assert "needs 4 GPU(s)" in found["cluster.actor.num_gpus_per_node"]
+    found = problems_for(["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"])
+    assert "needs 5 GPU(s)" in found["cluster.actor.num_gpus_per_node"]
     found = problems_for(["cluster.rollout.num_gpus=3", "cluster.rollout.num_gpus_per_engine=2", "cluster.num_gpus_per_node=8"])
     assert "not a multiple" in found["cluster.rollout.num_gpus"]
 
@@ -117,7 +117,7 @@ def test_all_problems_reported_together():
 @pytest.mark.parametrize("overrides,key", [
     (["rollout.batchsize=3"], "batchsize"),
     (["train.global_batch_size=100"], "train.global_batch_size"),
-    (["cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus=2"], "cluster.actor.num_gpus_per_node"),
+    (["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"], "cluster.actor.num_gpus_per_node"),
     (["checkpoint.load=/definitely/not/here"], "checkpoint.load"),
     (["data.prompt_data=/definitely/not/here.jsonl", "data.generator=null"], "data.prompt_data"),
     (["algo.use_kl_loss=true", "checkpoint.ref_load=null"], "algo.use_kl_loss"),
@@ -143,9 +143,9 @@ def test_cfg_job_prints_composed_config():
     (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel"),
     (["+parallelism.megatron.recompute_granularity=full"], "parallelism.megatron"),
     (["+rollout.sglang.mem_fraction_static=0.7"], "rollout.sglang"),
-    (["cluster.critic.num_gpus_per_node=1", "cluster.num_gpus_per_node=3"], "cluster.critic.num_gpus_per_node"),
+    (["cluster.critic.num_gpus_per_node=1"], "cluster.critic.num_gpus_per_node"),
     (["algo.kl_coef=0.01"], "algo.kl_coef"),
-    (["parallelism.tp=2", "cluster.actor.num_gpus_per_node=2", "cluster.num_gpus_per_node=3"], "parallelism.tp"),
+    (["parallelism.tp=2", "cluster.actor.num_gpus_per_node=2"], "parallelism.tp"),
 ])
 def test_options_the_chosen_parts_cannot_honour_are_rejected(overrides, key):
     assert key in problems_for(overrides)

@@ -28,11 +28,21 @@ class Derived:
         return [(f.name, str(getattr(self, f.name))) for f in dataclasses.fields(self)]
 
 
+def critic_gpus(cfg: RunConfig) -> int:
+    """GPUs of PPO's own critic group: 0 without ppo or when it shares the actor's GPUs."""
+    c = cfg.cluster
+    if cfg.algo.advantage_estimator != "ppo" or c.critic.colocate_with_actor:
+        return 0
+    nodes = c.critic.num_nodes if c.critic.num_nodes is not None else c.actor.num_nodes
+    per_node = c.critic.num_gpus_per_node if c.critic.num_gpus_per_node is not None else c.actor.num_gpus_per_node
+    return nodes * per_node
+
+
 def derive(cfg: RunConfig) -> Derived:
     """Compute the derived values; tolerant of invalid configs (validation reports those)."""
     c, r, t, p = cfg.cluster, cfg.rollout, cfg.train, cfg.parallelism
     actor = c.actor.num_nodes * c.actor.num_gpus_per_node
-    critic = c.critic.num_nodes * c.critic.num_gpus_per_node
+    critic = critic_gpus(cfg)
     rollout = actor if c.colocate else c.rollout.num_gpus
     total = max(actor + critic, rollout) if c.colocate else actor + critic + rollout
     model_parallel = max(p.tp * p.pp * p.cp, 1)

@@ -75,6 +75,15 @@ class RolloutResourcesConfig:
 
 
 @dataclass(kw_only=True)
+class CriticResourcesConfig:
+    """PPO's critic: its own GPUs (None = as many as the actor, like slime) or the actor's GPUs."""
+
+    num_nodes: Optional[int] = None
+    num_gpus_per_node: Optional[int] = None
+    colocate_with_actor: bool = False
+
+
+@dataclass(kw_only=True)
 class ClusterConfig:
     """The machines a run may use and how roles are placed on them."""
 
@@ -85,7 +94,7 @@ class ClusterConfig:
     host: str = "127.0.0.1"  # address engines and the router bind to
     colocate: bool = False
     actor: DeviceGroupConfig = field(default_factory=DeviceGroupConfig)
-    critic: DeviceGroupConfig = field(default_factory=lambda: DeviceGroupConfig(num_nodes=1, num_gpus_per_node=0))
+    critic: CriticResourcesConfig = field(default_factory=CriticResourcesConfig)
     rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)
 
 
@@ -125,7 +134,7 @@ class RolloutConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
     concurrency: int = 512  # in-flight requests per engine
-    function: str = "slime.rollout.default.generate_rollout"  # rollout function import path
+    function: Optional[str] = None  # rollout function import path; None: the algorithm's default
     rm_type: Optional[str] = None  # built-in reward (slime.rollout.rewards)
     custom_rm_path: Optional[str] = None  # import path of `async def rm(sample) -> float | dict`
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
@@ -148,6 +157,16 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
+class CriticTrainConfig:
+    """Role overrides for PPO's critic (the seeds' --critic-lr/--critic-load/--critic-save)."""
+
+    lr: Optional[float] = None  # default: train.lr
+    lr_warmup_steps: Optional[int] = None  # default: train.lr_warmup_steps
+    load: Optional[str] = None  # critic checkpoint root; default: value head on the policy checkpoint
+    save: Optional[str] = None  # default: <checkpoint.save>/critic
+
+
+@dataclass(kw_only=True)
 class TrainConfig:
     num_rollout: int = MISSING  # rollout steps in the run
     global_batch_size: Optional[int] = None  # samples per optimizer step over all DP ranks: G
@@ -163,6 +182,7 @@ class TrainConfig:
     clip_grad: float = 1.0  # max global grad norm; 0 disables clipping
     precision: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16
     num_threads: int = 1  # torch threads per CPU train actor
+    critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
 
 
 @dataclass(kw_only=True)
@@ -170,19 +190,33 @@ class AlgoConfig:
     """Loss and advantage knobs; formulas in REFERENCE.md §3."""
 
     name: str = MISSING
+    # grpo | gspo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | ppo | sft
     advantage_estimator: str = "grpo"
     eps_clip: float = 0.2
-    eps_clip_high: Optional[float] = None  # defaults to eps_clip
+    eps_clip_high: Optional[float] = None  # defaults to eps_clip; > eps_clip is DAPO's clip-higher
     eps_clip_c: Optional[float] = None  # dual clip, > 1
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
-    kl_loss_type: str = "k1"  # k1 | k2 | k3 | low_var_kl
-    kl_coef: float = 0.0  # KL in the reward
+    kl_loss_type: str = "k1"  # k1 | k2 | k3 | low_var_kl; also the estimator of KL in the reward
+    kl_coef: float = 0.0  # KL in the reward (ppo, reinforce_plus_plus*); exclusive with use_kl_loss
     entropy_coef: float = 0.0
-    normalize_advantages: bool = False
-    disable_rewards_normalization: bool = False
-    disable_grpo_std_normalization: bool = False
-    calculate_per_token_loss: bool = False
+    gamma: float = 1.0  # discount (ppo, reinforce_plus_plus)
+    lambd: float = 1.0  # GAE lambda (ppo)
+    normalize_advantages: bool = False  # whiten over every masked token of the step, all ranks
+    disable_rewards_normalization: bool = False  # no group mean/std step at all
+    disable_grpo_std_normalization: bool = False  # group mean only (Dr.GRPO)
+    calculate_per_token_loss: bool = False  # per-token instead of per-sample reduction
+    pg_loss_constant_length: Optional[int] = None  # Dr.GRPO: pg-loss token sums / this constant (tokens)
+    use_tis: bool = False  # truncated importance sampling trainer vs engine
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    tis_mode: str = "truncate"  # truncate | icepop
+    use_rollout_logprobs: bool = False  # engine log-probs as the old policy (exclusive with use_tis)
+    value_clip: float = 0.2  # ppo critic
+    num_critic_only_steps: int = 0  # ppo: rollout steps at the start that train the critic only
+    dynamic_filter: Optional[str] = None  # group filter import path, e.g. DAPO's zero-std filter
+    overlong_buffer_len: Optional[int] = None  # DAPO soft overlong penalty window (tokens)
+    overlong_penalty_factor: float = 1.0
 
 
 @dataclass(kw_only=True)

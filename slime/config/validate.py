@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from slime.config.derive import Derived, derive
+from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
 
 BACKENDS = ("fsdp",)  # megatron arrives with its own issue
 ENGINES = ("hf",)  # sglang arrives with its own issue
-ADVANTAGE_ESTIMATORS = ("grpo",)
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "sft")
+KL_IN_REWARD = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+TIS_MODES = ("truncate", "icepop")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
@@ -66,6 +69,7 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     yield from _one_of("algo.advantage_estimator", cfg.algo.advantage_estimator, ADVANTAGE_ESTIMATORS)
     yield from _one_of("algo.kl_loss_type", cfg.algo.kl_loss_type, KL_TYPES)
+    yield from _one_of("algo.tis_mode", cfg.algo.tis_mode, TIS_MODES)
     yield from _one_of("cluster.device", cfg.cluster.device, DEVICES)
     yield from _one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from _one_of("train.precision", cfg.train.precision, PRECISIONS)
@@ -176,10 +180,7 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
         if cfg.rollout.sglang:
             yield Problem("rollout.sglang", dict(cfg.rollout.sglang), "SGLang server args do nothing with rollout.engine=hf",
                           "remove them or use the sglang engine")
-    if derived.critic_gpus and cfg.algo.advantage_estimator != "ppo":
-        yield Problem("cluster.critic.num_gpus_per_node", c.critic.num_gpus_per_node,
-                      f"only ppo trains a critic; algo.advantage_estimator={cfg.algo.advantage_estimator!r} would leave "
-                      "these GPUs idle", "set cluster.critic.num_gpus_per_node=0")
+    yield from check_critic_resources(cfg, derived)
     g = cfg.train.global_batch_size
     if g is not None and derived.dp_size >= 1 and g % derived.dp_size:
         yield Problem("train.global_batch_size", g, f"must split evenly over {derived.dp_size} data-parallel ranks",
@@ -189,6 +190,24 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
         if local < min(derived.total_gpus, c.num_gpus_per_node):
             yield Problem("cluster.device", c.device, f"this machine has {local} CUDA device(s) and no Ray cluster was given",
                           "set cluster=local_cpu, or cluster.ray_address=<head address> to join a GPU cluster")
+
+
+def check_critic_resources(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
+    c = cfg.cluster.critic
+    if cfg.algo.advantage_estimator != "ppo":
+        if c.num_gpus_per_node:
+            yield Problem("cluster.critic.num_gpus_per_node", c.num_gpus_per_node,
+                          f"only ppo trains a critic; algo.advantage_estimator={cfg.algo.advantage_estimator!r} would leave "
+                          "these GPUs idle", "set cluster.critic.num_gpus_per_node=null")
+        return
+    if not c.colocate_with_actor and derived.critic_gpus == 0:
+        yield Problem("cluster.critic.num_gpus_per_node", c.num_gpus_per_node, "ppo needs a critic but it has no GPUs",
+                      "set cluster.critic.num_gpus_per_node=null (as many as the actor) or "
+                      "cluster.critic.colocate_with_actor=true")
+    elif derived.critic_gpus and derived.critic_gpus != derived.actor_gpus:
+        yield Problem("cluster.critic.num_gpus_per_node", c.num_gpus_per_node,
+                      f"the critic must mirror the actor's {derived.actor_gpus} GPU(s) (same data-parallel layout)",
+                      "set cluster.critic.num_nodes/num_gpus_per_node=null")
 
 
 def _local_cuda_count() -> int:
@@ -211,9 +230,45 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
                       "set algo.kl_coef=0 or algo.use_kl_loss=false")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1:
         yield Problem("algo.eps_clip_c", a.eps_clip_c, "the dual-clip constant must be > 1", "set algo.eps_clip_c=3.0 or null")
-    if a.kl_coef != 0 and a.advantage_estimator == "grpo":
-        yield Problem("algo.kl_coef", a.kl_coef, "KL in the reward shapes ppo and reinforce++ rewards; grpo ignores it",
+    if a.kl_coef != 0 and a.advantage_estimator not in KL_IN_REWARD:
+        yield Problem("algo.kl_coef", a.kl_coef,
+                      f"KL in the reward shapes {', '.join(KL_IN_REWARD)} rewards; {a.advantage_estimator} ignores it",
                       "set algo.kl_coef=0 and use algo.use_kl_loss=true with algo.kl_loss_coef instead")
+    if a.kl_coef != 0 and cfg.checkpoint.ref_load is None:
+        yield Problem("algo.kl_coef", a.kl_coef, "KL in the reward needs a reference model but checkpoint.ref_load is null",
+                      "set checkpoint.ref_load=<HF dir of the reference model>")
+    if a.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline") and not a.normalize_advantages:
+        yield Problem("algo.normalize_advantages", False, f"{a.advantage_estimator} requires advantage whitening",
+                      "set algo.normalize_advantages=true")
+    if a.use_tis and a.use_rollout_logprobs:
+        yield Problem("algo.use_tis", True, "TIS and algo.use_rollout_logprobs are mutually exclusive",
+                      "set algo.use_tis=false or algo.use_rollout_logprobs=false")
+    if a.advantage_estimator == "sft":
+        for key in ("use_tis", "use_rollout_logprobs"):
+            if getattr(a, key):
+                yield Problem(f"algo.{key}", True, "sft samples have no engine log-probs", f"set algo.{key}=false")
+    if a.advantage_estimator == "sft" and cfg.eval.interval:
+        yield Problem("eval.interval", cfg.eval.interval, "sft has nothing to generate or reward at eval time",
+                      "set eval=none")
+    if a.advantage_estimator == "rloo" and cfg.rollout.n_samples_per_prompt < 2:
+        yield Problem("rollout.n_samples_per_prompt", cfg.rollout.n_samples_per_prompt,
+                      "rloo's leave-one-out baseline needs at least 2 samples per prompt", "set it to 2 or more")
+    if a.tis_clip_low > a.tis_clip:
+        yield Problem("algo.tis_clip_low", a.tis_clip_low, f"must be <= algo.tis_clip={a.tis_clip}", "lower algo.tis_clip_low")
+    if a.num_critic_only_steps and a.advantage_estimator != "ppo":
+        yield Problem("algo.num_critic_only_steps", a.num_critic_only_steps, "only ppo has a critic",
+                      "set algo.num_critic_only_steps=0")
+    if a.pg_loss_constant_length is not None and a.pg_loss_constant_length <= 0:
+        yield Problem("algo.pg_loss_constant_length", a.pg_loss_constant_length, "must be > 0 tokens",
+                      "set it to rollout.max_response_len or null")
+    if a.overlong_buffer_len is not None and not 0 < a.overlong_buffer_len < cfg.rollout.max_response_len:
+        yield Problem("algo.overlong_buffer_len", a.overlong_buffer_len,
+                      f"must be in (0, rollout.max_response_len={cfg.rollout.max_response_len})", "pick a smaller window or null")
+    if a.dynamic_filter is not None:
+        try:
+            load_callable(a.dynamic_filter, key="algo.dynamic_filter")
+        except ValueError as exc:
+            yield Problem("algo.dynamic_filter", a.dynamic_filter, str(exc), "give an importable module.function")
     if a.eps_clip <= 0:
         yield Problem("algo.eps_clip", a.eps_clip, "must be > 0", "set algo.eps_clip=0.2")
 
@@ -222,6 +277,8 @@ def check_rewards(cfg: RunConfig) -> Iterator[Problem]:
     from slime.rollout.rewards import REWARD_TYPES
 
     r = cfg.rollout
+    if cfg.algo.advantage_estimator == "sft":
+        return  # sft trains on the data's responses: no reward
     if r.custom_rm_path is None and r.rm_type is None:
         yield Problem("rollout.rm_type", None, "no reward: neither rollout.rm_type nor rollout.custom_rm_path is set",
                       f"set rollout.rm_type=<one of {', '.join(REWARD_TYPES)}> or rollout.custom_rm_path=<module.fn>")
@@ -235,6 +292,7 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
     candidates = [
         ("checkpoint.load", cfg.checkpoint.load, None),
         ("checkpoint.ref_load", cfg.checkpoint.ref_load, None),
+        ("train.critic.load", cfg.train.critic.load, None),
         ("data.prompt_data", cfg.data.prompt_data, cfg.data.generator),
         ("eval.prompt_data", cfg.eval.prompt_data if cfg.eval.interval else None, cfg.eval.generator),
     ]

@@ -55,17 +55,18 @@ class PromptDataset:
             if input_key not in row:
                 raise KeyError(f"{path} row {row_no}: no key {input_key!r} (data.input_key); keys are {sorted(row)}")
             prompt = row[input_key]
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             if apply_chat_template:
-                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
                 prompt = tokenizer.apply_chat_template(
                     [{k: v for k, v in m.items() if k != "step_loss_mask"} for m in messages],
                     tokenize=False, add_generation_prompt=True,
                 )
-            elif not isinstance(prompt, str):
-                raise ValueError(f"{path} row {row_no}: a chat-message prompt needs data.apply_chat_template=true")
+            elif isinstance(prompt, str):
+                messages = None  # used verbatim
             label = row.get(label_key) if label_key else None
             metadata = dict(row.get(metadata_key) or {}) if metadata_key else {}
-            self.samples.append(Sample(prompt=prompt, label=None if label is None else str(label), metadata=metadata))
+            self.samples.append(Sample(prompt=prompt, messages=messages, label=None if label is None else str(label),
+                                       metadata=metadata))
         if not self.samples:
             raise ValueError(f"{path}: no prompts")
 

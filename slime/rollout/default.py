@@ -36,7 +36,8 @@ class RolloutContext:
     max_in_flight: int  # concurrency × number of engines
     rm_type: str | None
     custom_rm_path: str | None
-    keep_group: Callable[[list[Sample]], bool] = lambda group: True
+    dynamic_filter: Callable[[list[Sample]], Any] | None = None  # group -> bool | FilterResult
+    max_filter_drops: int = 0  # past this many drops in one step, groups are kept regardless (no endless loop)
 
 
 @dataclasses.dataclass
@@ -64,6 +65,9 @@ async def _post_generate(session: aiohttp.ClientSession, url: str, payload: dict
 async def generate_sample(ctx: RolloutContext, session: aiohttp.ClientSession, sample: Sample) -> Sample:
     """Generate the response of one PENDING/ABORTED sample and record tokens, log-probs, status."""
     if not sample.tokens:
+        if not isinstance(sample.prompt, str):
+            raise ValueError(f"sample {sample.index}: the prompt is a list of chat messages; generation needs text "
+                             "(set data.apply_chat_template=true)")
         sample.tokens = ctx.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
     budget = ctx.sampling_params["max_new_tokens"] - sample.response_length
     if budget <= 0:
@@ -92,11 +96,27 @@ async def _generate_group(ctx, session, semaphore, group: list[Sample]) -> list[
     return list(await asyncio.gather(*(one(s) for s in group)))
 
 
-async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], int]:
+def _filter(ctx: RolloutContext, group: list[Sample], drops: dict[str, int]) -> bool:
+    """Apply the dynamic filter; count drops by reason. Keeps everything past `max_filter_drops`."""
+    if ctx.dynamic_filter is None:
+        return True
+    result = ctx.dynamic_filter(group)
+    keep, reason = (result, None) if isinstance(result, bool) else (result.keep, result.reason)
+    if keep:
+        return True
+    if sum(drops.values()) >= ctx.max_filter_drops:
+        drops["forced_keep"] = drops.get("forced_keep", 0) + 1
+        return True
+    key = f"drop_{reason}" if reason else "drop"
+    drops[key] = drops.get(key, 0) + 1
+    return False
+
+
+async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], dict[str, int]]:
     semaphore = asyncio.Semaphore(ctx.max_in_flight)
     connector = aiohttp.TCPConnector(limit=ctx.max_in_flight)
     kept: list[list[Sample]] = []
-    dropped = 0
+    drops: dict[str, int] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         pending: set[asyncio.Task] = set()
         leftovers: list[list[Sample]] = []
@@ -109,15 +129,13 @@ async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], int]:
                 group = task.result()
                 if len(kept) >= ctx.batch_size:
                     leftovers.append(group)
-                elif ctx.keep_group(group):
+                elif _filter(ctx, group, drops):
                     kept.append(group)
-                else:
-                    dropped += 1
         # Over-sampled groups still running are finished and returned to the buffer: nothing is lost.
         leftovers.extend(await asyncio.gather(*pending))
         ctx.data_source.add_groups([_reset(g) for g in leftovers])
     kept.sort(key=lambda g: g[0].index)
-    return kept, dropped
+    return kept, drops
 
 
 def _reset(group: list[Sample]) -> list[Sample]:
@@ -132,8 +150,7 @@ def _reset(group: list[Sample]) -> list[Sample]:
 def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool = False) -> RolloutOutput:
     """Run one rollout step synchronously (an event loop per call); see the module docstring."""
     start = time.perf_counter()
-    groups, dropped = asyncio.run(_run(ctx))
+    groups, drops = asyncio.run(_run(ctx))
     metrics = {"perf/rollout_time": time.perf_counter() - start}
-    if dropped:
-        metrics["rollout/dynamic_filter/drop"] = float(dropped)
+    metrics.update({f"rollout/dynamic_filter/{reason}": float(count) for reason, count in drops.items()})
     return RolloutOutput(groups=groups, metrics=metrics)

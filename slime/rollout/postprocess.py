@@ -6,17 +6,34 @@ import statistics
 
 import torch
 
-from slime.algo import group_normalize
+from slime.algo import group_normalize, rloo_advantages
 from slime.config.schema import AlgoConfig
 from slime.types import Sample, SampleStatus, TrainBatch
 
 
+RAW_REWARD_ESTIMATORS = ("reinforce_plus_plus", "ppo", "sft")  # their trainers shape the raw reward themselves
+
+
 def post_process_rewards(raw: torch.Tensor, algo: AlgoConfig, n_samples_per_prompt: int) -> torch.Tensor:
-    """Group normalisation (REFERENCE.md §3.1): mean-centre per group, divide by std unless disabled or n = 1."""
-    if algo.disable_rewards_normalization:
+    """Per-sample rewards the trainer turns into advantages (REFERENCE.md §3.1-3.2).
+
+    grpo/gspo: group mean-centred, divided by the group std unless disabled or n = 1;
+    reinforce_plus_plus_baseline: mean-centred only; rloo: leave-one-out baseline;
+    reinforce_plus_plus, ppo, sft: raw. Tensor[N] in, Tensor[N] out; groups are n consecutive samples.
+    """
+    estimator, n = algo.advantage_estimator, n_samples_per_prompt
+    if algo.disable_rewards_normalization or estimator in RAW_REWARD_ESTIMATORS:
         return raw
-    n = n_samples_per_prompt
-    return group_normalize(raw, n, subtract_mean=True, divide_std=not algo.disable_grpo_std_normalization and n > 1)
+    if estimator == "rloo":
+        return rloo_advantages(raw, n)
+    divide_std = estimator != "reinforce_plus_plus_baseline" and not algo.disable_grpo_std_normalization and n > 1
+    return group_normalize(raw, n, subtract_mean=True, divide_std=divide_std)
+
+
+def overlong_penalty(response_lengths: list[int], *, max_response_len: int, buffer_len: int, factor: float) -> list[float]:
+    """DAPO's soft overlong punishment: 0 up to max − buffer tokens, then falling linearly to −factor at max."""
+    expected = max_response_len - buffer_len
+    return [-factor * min(max(length - expected, 0) / buffer_len, 1.0) for length in response_lengths]
 
 
 def split_for_data_parallel(samples: list[Sample], raw: list[float], rewards: list[float], *, global_batch_size: int,

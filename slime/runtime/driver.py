@@ -48,23 +48,29 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[
     run_dir = Path(cfg.paths.output_dir)
     state.phase = "startup"
     with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver):
+        ppo = cfg.algo.advantage_estimator == "ppo"
         placement = create_placement(derived, device=cfg.cluster.device, colocate=cfg.cluster.colocate,
-                                     gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine)
+                                     gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine,
+                                     critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             RolloutSetup.from_run_config(cfg, derived), placement.rollout)
         train_group = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor)
+        critic = TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, role="critic") if ppo else None
         tracker = None
         exit_code = 1
         try:
             engines_ready = manager.start.remote()
             state.start_rollout = start = train_group.init()
+            if critic is not None and critic.init() != start:
+                raise RuntimeError("the critic checkpoint is not at the actor's rollout step: set train.critic.load "
+                                   "to the critic saved with checkpoint.load")
             ray.get(engines_ready)
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
             tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
                               total_rollouts=cfg.train.num_rollout, start_rollout=start)
             sync = DiskWeightSync(run_dir / "weights")
-            _loop(cfg, state, start, manager, train_group, tracker, sync)
+            _loop(cfg, state, start, manager, train_group, critic, tracker, sync)
             sync.close()
             exit_code = 0
         finally:
@@ -78,11 +84,13 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[
             except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
                 logger.warning("rollout manager shutdown failed: %s", exc)
             train_group.shutdown()
+            if critic is not None:
+                critic.shutdown()
             state.phase = state_phase if exit_code else "done"
 
 
-def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: TrainGroup, tracker: Tracker,
-          sync: DiskWeightSync) -> None:
+def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: TrainGroup, critic: TrainGroup | None,
+          tracker: Tracker, sync: DiskWeightSync) -> None:
     k = cfg.train.num_steps_per_rollout
     state.phase = "weight_sync"
     tracker.progress.phase("initial weight push...")
@@ -96,13 +104,15 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
         state.phase = "train"
         train_start = time.perf_counter()
-        trained = train_group.train(rollout_id, batches)
-        metrics.update(trained["perf"])
+        trained = _train(cfg, rollout_id, batches, train_group, critic)
+        metrics.update(trained["rollout_side"])
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
             state.phase = "save"
             save_start = time.perf_counter()
             train_group.save_checkpoint(rollout_id, cfg.checkpoint.save)
+            if critic is not None:
+                critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
             ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
         state.phase = "weight_sync"
@@ -111,7 +121,8 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         for step_id, step_metrics in enumerate(trained["steps"]):
             tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
         tracker.log(metrics, rollout=rollout_id)
-        metrics.update(trained["steps"][-1])
+        if trained["steps"]:
+            metrics.update(trained["steps"][-1])
         tracker.log_samples(preview)
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
@@ -119,3 +130,26 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
             tracker.log(ray.get(manager.evaluate.remote(rollout_id + 1)), eval=rollout_id + 1)
         state.rollouts_completed += 1
         state.last_metrics = metrics
+
+
+def _train(cfg: RunConfig, rollout_id: int, batches, actor: TrainGroup, critic: TrainGroup | None) -> dict:
+    """One rollout step of training. PPO: critic values -> actor (GAE, returns) -> critic on the returns.
+
+    Returns {"steps": [merged actor + critic metrics per optimizer step], "rollout_side": perf and
+    rollout-column metrics}.
+    """
+    if critic is not None:
+        for batch, values in zip(batches, critic.compute_values(batches)):
+            batch.values = values
+    update_actor = rollout_id >= cfg.algo.num_critic_only_steps
+    results = actor.train(rollout_id, batches, update=update_actor)
+    steps = [dict(step) for step in results[0]["steps"]]
+    side = {**results[0]["perf"], **results[0]["rollout"]}
+    if critic is not None:
+        for batch, result in zip(batches, results):
+            batch.returns = result["returns"]
+        critic_results = critic.train(rollout_id, batches)
+        critic_steps = critic_results[0]["steps"]
+        steps = [{**(steps[i] if i < len(steps) else {}), **critic_steps[i]} for i in range(len(critic_steps))]
+        side.update(critic_results[0]["perf"])
+    return {"steps": steps, "rollout_side": side}

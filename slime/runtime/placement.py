@@ -45,10 +45,12 @@ def _ip_key(ip: str) -> tuple:
 class RunPlacement:
     group: PlacementGroup
     actor: list[Placement]
+    critic: list[Placement]  # PPO's critic: its own bundles, or the actor's when colocated with it
     rollout: list[Placement]  # the first bundle of each engine
 
 
-def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_engine: int, timeout_s: float = 120) -> RunPlacement:
+def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_engine: int, critic_with_actor: bool,
+                     timeout_s: float = 120) -> RunPlacement:
     """Reserve the bundles (strategy PACK), probe each bundle's (node IP, GPU id), sort, and assign roles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
@@ -65,6 +67,7 @@ def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_
     order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][0]), located[i][1], i))
     places = [Placement(group, i, device) for i in order]
     actor = places[: derived.actor_gpus]
+    critic = actor if critic_with_actor else places[derived.actor_gpus : derived.actor_gpus + derived.critic_gpus]
     rollout_start = 0 if colocate else derived.actor_gpus + derived.critic_gpus
     rollout_places = places[rollout_start : rollout_start + derived.rollout_gpus]
-    return RunPlacement(group=group, actor=actor, rollout=rollout_places[::gpus_per_engine])
+    return RunPlacement(group=group, actor=actor, critic=critic, rollout=rollout_places[::gpus_per_engine])

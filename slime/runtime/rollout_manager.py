@@ -24,11 +24,18 @@ from slime.engine.base import get_engine_class
 from slime.engine.router import Router
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
-from slime.rollout.postprocess import post_process_rewards, rollout_metrics, split_for_data_parallel
+from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
 from slime.runtime.placement import Placement
 from slime.types import Sample, SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
+
+MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
+
+
+def default_rollout_function(algo: AlgoConfig) -> str:
+    """rollout.function=null: SFT reads its responses from the data; every other algorithm generates."""
+    return "slime.rollout.sft.generate_rollout" if algo.advantage_estimator == "sft" else "slime.rollout.default.generate_rollout"
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -74,7 +81,9 @@ class RolloutManager:
                                      apply_chat_template=d.apply_chat_template)
             self.eval_source = DataSource(eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False,
                                           seed=r.seed)
-        self.rollout_fn = load_callable(r.function, key="rollout.function")
+        self.rollout_fn = load_callable(r.function or default_rollout_function(setup.algo), key="rollout.function")
+        self.dynamic_filter = (load_callable(setup.algo.dynamic_filter, key="algo.dynamic_filter")
+                               if setup.algo.dynamic_filter else None)
         self.router: Router | None = None
         self.engines: list[Any] = []
         self.engine_urls: list[str] = []
@@ -130,7 +139,9 @@ class RolloutManager:
         return RolloutContext(router_url=self.router.url, tokenizer=self.tokenizer, data_source=source,
                               batch_size=batch, over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
                               sampling_params=sampling, max_in_flight=r.concurrency * len(self.engines),
-                              rm_type=r.rm_type, custom_rm_path=r.custom_rm_path)
+                              rm_type=r.rm_type, custom_rm_path=r.custom_rm_path,
+                              dynamic_filter=None if evaluation else self.dynamic_filter,
+                              max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch)
 
     def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
         """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""
@@ -140,9 +151,19 @@ class RolloutManager:
             raise RuntimeError(f"the rollout function returned {len(groups)} groups, expected rollout.batch_size="
                                f"{self.setup.rollout.batch_size}")
         samples = [s for g in groups for s in g]
+        a = self.setup.algo
         raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
-        rewards = post_process_rewards(raw, self.setup.algo, self.setup.rollout.n_samples_per_prompt)
         metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
+        shaped = raw
+        if a.overlong_buffer_len:
+            penalty = torch.tensor(overlong_penalty([s.response_length for s in samples],
+                                                    max_response_len=self.setup.rollout.max_response_len,
+                                                    buffer_len=a.overlong_buffer_len, factor=a.overlong_penalty_factor),
+                                   dtype=torch.float64)
+            shaped = raw + penalty
+            metrics["rollout/overlong_penalty"] = float(penalty.mean())
+        rewards = post_process_rewards(shaped, a, self.setup.rollout.n_samples_per_prompt)
+        metrics["rollout/rewards"] = float(rewards.mean())
         preview = [dict(s.to_dict(), rollout_step=rollout_id) for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]]
         s = self.setup
         batches = split_for_data_parallel(samples, raw.tolist(), rewards.tolist(), global_batch_size=s.global_batch_size,

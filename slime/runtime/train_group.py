@@ -22,8 +22,10 @@ def _rendezvous_address() -> tuple[str, int]:
 
 
 class TrainGroup:
-    def __init__(self, setup: TrainSetup, placements: list[Placement]):
-        actor_cls = ray.remote(get_backend_class(setup.parallelism.backend))
+    """One role's ranks (actor or critic); calls go to every rank and return every rank's result."""
+
+    def __init__(self, setup: TrainSetup, placements: list[Placement], role: str = "actor"):
+        actor_cls = ray.remote(get_backend_class(setup.parallelism.backend, role))
         first = placements[0]
         addr, port = ray.get(_rendezvous_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=first.group, placement_group_bundle_index=first.bundle_index)).remote())
@@ -40,11 +42,19 @@ class TrainGroup:
             raise RuntimeError(f"training ranks disagree on the start rollout: {starts}")
         return starts[0]
 
-    def train(self, rollout_id: int, batches: list[TrainBatch]) -> dict:
-        """Rank 0's result (step metrics are identical on every rank after the all-reduce)."""
+    def _per_rank(self, batches: list[TrainBatch]) -> None:
         if len(batches) != len(self.actors):
             raise RuntimeError(f"{len(batches)} batches for {len(self.actors)} data-parallel ranks")
-        return ray.get([a.train.remote(rollout_id, b) for a, b in zip(self.actors, batches)])[0]
+
+    def train(self, rollout_id: int, batches: list[TrainBatch], **kwargs) -> list[dict]:
+        """Every rank's result, in rank order (step metrics are identical on all ranks after the all-reduce)."""
+        self._per_rank(batches)
+        return ray.get([a.train.remote(rollout_id, b, **kwargs) for a, b in zip(self.actors, batches)])
+
+    def compute_values(self, batches: list[TrainBatch]) -> list[list[list[float]]]:
+        """Critic only: per rank, per sample, the value of every response token."""
+        self._per_rank(batches)
+        return ray.get([a.compute_values.remote(b) for a, b in zip(self.actors, batches)])
 
     def save_hf(self, path: str) -> None:
         ray.get([a.save_hf.remote(path) for a in self.actors])

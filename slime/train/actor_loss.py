@@ -2,7 +2,7 @@
 
 loss = pg_loss − entropy_coef·entropy_loss + kl_loss_coef·kl_loss (REFERENCE.md §3.8), each term
 reduced with step-level token weights, so summing micro-batch values over micro-batches and ranks
-gives the step value exactly.
+gives the step value exactly. SFT replaces pg_loss by the masked negative log-likelihood.
 """
 
 from __future__ import annotations
@@ -10,17 +10,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from slime.algo import approx_kl, ppo_clip_loss, reduce
+from slime.algo import approx_kl, gspo_log_ratio, ppo_clip_loss, reduce, sft_loss, tis_weights
 from slime.config.schema import AlgoConfig
 
 
 def reduction_mode(algo: AlgoConfig) -> str:
     """per_token with calculate_per_token_loss, else per_sample (REFERENCE.md §3.11)."""
     return "per_token" if algo.calculate_per_token_loss else "per_sample"
-
-
-def needs_entropy(algo: AlgoConfig) -> bool:
-    return algo.entropy_coef != 0
 
 
 def needs_ref(algo: AlgoConfig) -> bool:
@@ -33,34 +29,46 @@ def actor_loss(
     old_log_probs: Tensor,
     advantages: Tensor,
     weights: Tensor,
+    pg_weights: Tensor,
     algo: AlgoConfig,
+    loss_mask: Tensor,
+    response_lengths: list[int],
     entropy: Tensor | None = None,
     ref_log_probs: Tensor | None = None,
     rollout_log_probs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """All per-token inputs are flat Tensor[T] over this micro-batch's response tokens.
 
-    Returns the scalar loss (with gradient) and detached scalar metrics named as in REFERENCE.md §3.13
-    (without the `train/` prefix), each already weighted so it sums across micro-batches and ranks.
+    `weights` reduce every term; `pg_weights` reduce the policy-gradient term only (they differ for
+    Dr.GRPO's constant-length reducer). Returns the scalar loss (with gradient) and detached scalar
+    metrics named as in REFERENCE.md §3.13 without the `train/` prefix, each a partial sum of the
+    step value.
     """
-    pg = ppo_clip_loss(
-        log_probs, old_log_probs, advantages,
-        eps_clip=algo.eps_clip, eps_clip_high=algo.eps_clip_high, eps_clip_c=algo.eps_clip_c,
-    )
-    pg_loss = reduce(pg["loss"], weights)
+    metrics: dict[str, Tensor] = {}
+    if algo.advantage_estimator == "sft":
+        pg_loss = reduce(sft_loss(log_probs), pg_weights)
+    else:
+        log_ratio = (gspo_log_ratio(log_probs, old_log_probs, loss_mask, response_lengths)
+                     if algo.advantage_estimator == "gspo" else None)
+        pg = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=algo.eps_clip,
+                           eps_clip_high=algo.eps_clip_high, eps_clip_c=algo.eps_clip_c, log_ratio=log_ratio)
+        per_token = pg["loss"]
+        if algo.use_tis:
+            tis = tis_weights(old_log_probs, rollout_log_probs, clip_low=algo.tis_clip_low, clip_high=algo.tis_clip,
+                              mode=algo.tis_mode)
+            per_token = per_token * tis["weights"]
+            metrics.update(tis=reduce(tis["ratio"], weights), tis_clipfrac=reduce(tis["clipfrac"], weights),
+                           tis_abs=reduce(tis["abs"], weights), ois=reduce(pg["ratio"], weights))
+        pg_loss = reduce(per_token, pg_weights)
+        metrics.update(pg_clipfrac=reduce(pg["clipfrac"], weights), ppo_kl=reduce(pg["ppo_kl"], weights))
+    metrics["pg_loss"] = pg_loss.detach()
     loss = pg_loss
-    metrics = {
-        "pg_loss": pg_loss.detach(),
-        "pg_clipfrac": reduce(pg["clipfrac"], weights),
-        "ppo_kl": reduce(pg["ppo_kl"], weights),
-    }
-    if entropy is not None:
-        entropy_loss = reduce(entropy, weights)
-        loss = loss - algo.entropy_coef * entropy_loss
+    if entropy is not None:  # always logged; a gradient only with entropy_coef != 0
+        entropy_loss = reduce(entropy if algo.entropy_coef else entropy.detach(), weights)
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * entropy_loss
         metrics["entropy_loss"] = entropy_loss.detach()
     if algo.use_kl_loss:
-        if ref_log_probs is None:
-            raise ValueError("algo.use_kl_loss needs reference log-probs")
         kl_loss = reduce(approx_kl(log_probs, ref_log_probs, algo.kl_loss_type), weights)
         loss = loss + algo.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()

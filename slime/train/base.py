@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+from pathlib import Path
 
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
 from slime.config.derive import Derived
@@ -40,8 +41,27 @@ class TrainSetup:
         )
 
 
-class TrainBackend(abc.ABC):
-    """One training rank. All ranks of a group receive the same calls in the same order."""
+    @classmethod
+    def for_critic(cls, cfg: RunConfig, derived: Derived) -> "TrainSetup":
+        """The critic's setup: the actor's, with train.critic's lr/warm-up/load/save overrides."""
+        c = cfg.train.critic
+        train = dataclasses.replace(cfg.train, lr=c.lr if c.lr is not None else cfg.train.lr,
+                                    lr_warmup_steps=c.lr_warmup_steps if c.lr_warmup_steps is not None
+                                    else cfg.train.lr_warmup_steps)
+        load = c.load
+        if load is None and cfg.checkpoint.load is not None and (Path(cfg.checkpoint.load) / "critic").exists():
+            load = f"{cfg.checkpoint.load}/critic"  # resuming a run whose critic was saved beside the actor
+        checkpoint = dataclasses.replace(cfg.checkpoint, load=load, save=cls.for_critic_save_root(cfg), ref_load=None)
+        setup = cls.from_run_config(cfg, derived)
+        return dataclasses.replace(setup, train=train, checkpoint=checkpoint)
+
+    @staticmethod
+    def for_critic_save_root(cfg: RunConfig) -> str:
+        return cfg.train.critic.save if cfg.train.critic.save is not None else f"{cfg.checkpoint.save}/critic"
+
+
+class DistributedRank:
+    """One rank of a training group (actor or critic): its setup and torch.distributed rendezvous."""
 
     def __init__(self, setup: TrainSetup, *, rank: int, world_size: int, master_addr: str, master_port: int):
         self.setup = setup
@@ -49,6 +69,10 @@ class TrainBackend(abc.ABC):
         self.world_size = world_size
         self.master_addr = master_addr
         self.master_port = master_port
+
+
+class TrainBackend(DistributedRank, abc.ABC):
+    """One actor training rank. All ranks of a group receive the same calls in the same order."""
 
     @abc.abstractmethod
     def init(self) -> int:
@@ -80,12 +104,15 @@ class TrainBackend(abc.ABC):
         """Release process groups and other resources."""
 
 
-_BACKENDS = {"fsdp": "slime.train.fsdp.backend:FSDPBackend"}
+_BACKENDS = {
+    ("fsdp", "actor"): "slime.train.fsdp.backend:FSDPBackend",
+    ("fsdp", "critic"): "slime.train.fsdp.critic:FSDPCritic",
+}
 
 
-def get_backend_class(name: str) -> type[TrainBackend]:
-    """The backend class for `parallelism.backend`; imported lazily so optional deps stay optional."""
-    if name not in _BACKENDS:
-        raise ValueError(f"parallelism.backend={name!r} is not available; choose one of {sorted(_BACKENDS)}")
-    module_name, attr = _BACKENDS[name].split(":")
+def get_backend_class(name: str, role: str = "actor") -> type:
+    """The class for `parallelism.backend` and role (actor | critic); imported lazily (optional deps)."""
+    if (name, role) not in _BACKENDS:
+        raise ValueError(f"parallelism.backend={name!r} has no {role}; available: {sorted(_BACKENDS)}")
+    module_name, attr = _BACKENDS[(name, role)].split(":")
     return getattr(importlib.import_module(module_name), attr)

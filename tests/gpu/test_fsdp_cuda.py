@@ -28,13 +28,13 @@ def test_fsdp2_bf16_training_on_cuda(tiny_model_dir, tmp_path):
 
     cpu = FSDPBackend(base, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)
     cpu.init()
-    cpu_log_probs = torch.cat(cpu._forward_only(cpu.model, batch))
+    cpu_log_probs = cpu._forward_only(cpu.model, batch)
 
     gpu_setup = dataclasses.replace(base, device="cuda", precision="bf16")
     gpu = FSDPBackend(gpu_setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
     gpu.init()
     assert type(gpu.model).__name__.startswith("FSDP")
-    gpu_log_probs = torch.cat(gpu._forward_only(gpu.model, batch)).cpu()
+    gpu_log_probs = gpu._forward_only(gpu.model, batch).cpu()
     # bf16 matmuls against the fp32 CPU reference: same policy, small rounding differences
     assert (gpu_log_probs - cpu_log_probs).abs().mean() < 0.02
 
@@ -58,3 +58,22 @@ def test_fsdp2_bf16_training_on_cuda(tiny_model_dir, tmp_path):
         if name in full:
             torch.testing.assert_close(tensor, full[name].float(), rtol=0, atol=0)
     gpu.shutdown()
+
+
+def test_fsdp2_critic_on_cuda(tiny_model_dir):
+    from slime.train.fsdp.critic import FSDPCritic
+
+    base = make_setup(tiny_model_dir, ["algo=ppo", "train.lr=1e-2"])
+    setup = dataclasses.replace(base, device="cuda", precision="bf16")
+    critic = FSDPCritic(setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
+    critic.init()
+    batch = batches_for(make_samples(8, seed=4), dp=1, k=2)[0]
+    values = critic.compute_values(batch)
+    assert all(v == 0.0 for sample in values for v in sample)  # zero-initialised value head
+    batch.values = values
+    batch.returns = [[1.0] * len(v) for v in values]
+    steps = critic.train(0, batch)["steps"]
+    assert steps[0]["train/value_loss"] > steps[1]["train/value_loss"] > 0  # moving towards the returns
+    after = critic.compute_values(batch)
+    assert sum(v for sample in after for v in sample) > 0
+    critic.shutdown()

@@ -1,171 +1,146 @@
-"""The fsdp training backend: a transformers causal LM, AdamW, data parallel over ranks.
+"""The fsdp actor: a transformers causal LM trained with the policy losses of `slime.algo`.
 
-One instance is one training rank. Per rollout step (`train`): old and reference log-probs
-(forward-only, skipped when the reuse rule of REFERENCE.md §3.4 holds), advantages, then K optimizer
-steps over micro-batches, with gradients summed over ranks and clipped by global norm.
+Per rollout step (`train`): old and reference log-probs (forward-only; the old pass is skipped when
+the reuse rule of REFERENCE.md §3.4 holds), advantages and returns for the configured estimator,
+then K optimizer steps over micro-batches, gradients summed over ranks and clipped by global norm.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
-from pathlib import Path
 
 import torch
 
-from slime.algo import broadcast_to_tokens, token_weights, whiten
+from slime.algo import log_probs_and_entropy, reduce
 from slime.train import batching
-from slime.train.actor_loss import actor_loss, needs_entropy, needs_ref, reduction_mode, sum_metrics
+from slime.train.actor_loss import actor_loss, needs_ref
+from slime.train.advantages import compute_advantages
 from slime.train.base import TrainBackend
 from slime.train.fsdp import checkpoint, parallel
-from slime.train.schedule import lr_factor
+from slime.train.fsdp.rank import FSDPRank
 from slime.types import TrainBatch
 
-logger = logging.getLogger(__name__)
 
-
-class FSDPBackend(TrainBackend):
+class FSDPBackend(FSDPRank, TrainBackend):
     def init(self) -> int:
         s = self.setup
-        if s.device == "cpu":
-            torch.set_num_threads(s.train.num_threads)
-        parallel.init_process_group(device=s.device, rank=self.rank, world_size=self.world_size,
-                                    master_addr=self.master_addr, master_port=self.master_port)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
-        torch.manual_seed(s.seed + self.rank)
-        self.model = self._load_model(s.model.hf_checkpoint)
-        if s.parallelism.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.model = parallel.apply_data_parallel(self.model, device=s.device, world_size=self.world_size)
+        self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         self.ref_model = self._load_model(s.checkpoint.ref_load).eval() if needs_ref(s.algo) else None
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=s.train.lr, betas=(s.train.adam_beta1, s.train.adam_beta2),
-            eps=s.train.adam_eps, weight_decay=s.train.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(
-            step, total_steps=s.num_optimizer_steps, warmup_steps=s.train.lr_warmup_steps,
-            style=s.train.lr_decay_style, lr=s.train.lr, min_lr=s.train.min_lr))
-        self.pad_id = self.model.config.pad_token_id or 0
-        self.global_step = 0
-        start = 0
         if s.checkpoint.load is not None:
-            start = checkpoint.load(self, s.checkpoint.load, s.checkpoint.ckpt_step)
-        return start
+            return checkpoint.load(self, s.checkpoint.load, s.checkpoint.ckpt_step)
+        return 0
 
     def _load_model(self, path: str):
         from transformers import AutoModelForCausalLM
 
-        dtype = torch.float32  # fp32 master weights; bf16 compute comes from autocast
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        # fp32 master weights; bf16 compute comes from autocast
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
         return model.to(self.device)
-
-    def _autocast(self):
-        if self.setup.precision == "bf16" and self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     # ---- log-probs -------------------------------------------------------------------------
     def _forward(self, model, batch: TrainBatch, indices: list[int], *, with_entropy: bool):
         """Flat (log_probs, entropy|None) over the response tokens of `indices`; grad if enabled."""
-        from slime.algo import log_probs_and_entropy
-
-        input_ids, attention_mask = batching.pad_right([batch.tokens[i] for i in indices], self.pad_id, self.device)
-        with self._autocast():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        rows, targets = batching.response_rows(logits, input_ids, batch, indices)
+        rows, targets = self._response_rows(model, batch, indices)
         return log_probs_and_entropy(rows.float(), targets, temperature=self.setup.temperature, with_entropy=with_entropy)
 
     @torch.no_grad()
-    def _forward_only(self, model, batch: TrainBatch) -> list[torch.Tensor]:
-        """Per-sample log-prob tensors of the whole batch, forward-only."""
-        out: list[torch.Tensor] = []
-        for mb in batching.micro_batches(list(range(len(batch))), self.setup.parallelism.micro_batch_size):
-            log_probs, _ = self._forward(model, batch, mb, with_entropy=False)
-            out.extend(torch.split(log_probs, [batch.response_lengths[i] for i in mb]))
-        return out
+    def _forward_only(self, model, batch: TrainBatch) -> torch.Tensor:
+        """Flat log-probs of every response token of the batch (in batch order), forward-only.
+
+        Uses the training pass's exact micro-batches, so at the first step the recomputed log-probs
+        equal these bit for bit (ppo_kl and kl_loss are exactly 0), whatever the padding.
+        """
+        micro = [mb for step in batching.step_indices(batch)
+                 for mb in batching.micro_batches(step, self.setup.parallelism.micro_batch_size)]
+        parts = {i: lp for mb in micro for i, lp in zip(mb, torch.split(
+            self._forward(model, batch, mb, with_entropy=False)[0], [batch.response_lengths[i] for i in mb]))}
+        return torch.cat([parts[i] for i in range(len(batch))])
 
     def _reuse_old_log_probs(self, batch: TrainBatch) -> bool:
-        """REFERENCE.md §3.4: one step per rollout and nothing else needs ℓ_old -> ℓ_old := stopgrad(ℓ)."""
-        return len(set(batch.step_ids)) == 1 and not needs_ref(self.setup.algo)
+        """REFERENCE.md §3.4: nothing but the loss needs ℓ_old -> ℓ_old := stopgrad(ℓ)."""
+        a = self.setup.algo
+        return (len(set(batch.step_ids)) == 1 and not needs_ref(a) and not a.use_tis
+                and a.advantage_estimator not in ("gspo", "ppo"))
 
     # ---- training --------------------------------------------------------------------------
-    def train(self, rollout_id: int, batch: TrainBatch) -> dict:
-        timings = {}
+    def train(self, rollout_id: int, batch: TrainBatch, update: bool = True) -> dict:
+        """K optimizer steps (none when `update` is False: PPO's critic-only warm-up).
+
+        Returns {"steps": [metrics per optimizer step], "perf": timings, "rollout": per-trajectory means
+        of the training columns, "returns": per-sample returns (ppo) or None}.
+        """
+        s, perf = self.setup, {}
         self.model.train()
+        device = self.device
+        everything = list(range(len(batch)))
+        mask = batching.flat(batch.loss_masks, everything, dtype=torch.float32, device=device)
+        rollout_lp = (batching.flat(batch.rollout_log_probs, everything, dtype=torch.float32, device=device)
+                      if batch.rollout_log_probs is not None else None)
+        if s.algo.use_tis and rollout_lp is None:
+            raise ValueError("algo.use_tis needs engine log-probs on every sample; the rollout produced none")
         start = time.perf_counter()
-        old = None if self._reuse_old_log_probs(batch) else self._forward_only(self.model, batch)
-        timings["perf/log_probs_time"] = time.perf_counter() - start
+        if s.algo.use_rollout_logprobs:
+            old = rollout_lp
+        else:
+            old = None if self._reuse_old_log_probs(batch) else self._forward_only(self.model, batch)
+        perf["perf/log_probs_time"] = time.perf_counter() - start
         ref = None
         if self.ref_model is not None:
             start = time.perf_counter()
             ref = self._forward_only(self.ref_model, batch)
-            timings["perf/ref_log_probs_time"] = time.perf_counter() - start
-        advantages = self._advantages(batch)
+            perf["perf/ref_log_probs_time"] = time.perf_counter() - start
+        values = (batching.flat(batch.values, everything, dtype=torch.float32, device=device)
+                  if batch.values is not None else None)
+        advantages, returns, kl = compute_advantages(
+            s.algo, rewards=torch.tensor(batch.rewards, dtype=torch.float32, device=device),
+            response_lengths=batch.response_lengths, loss_mask=mask, old_log_probs=old, ref_log_probs=ref,
+            values=values, all_reduce=lambda t: parallel.all_reduce_sum(t, self.world_size))
+        columns = {"advantages": advantages, "kl": kl, "log_probs": old, "ref_log_probs": ref, "returns": returns,
+                   "values": values, "rollout_log_probs": rollout_lp}
+        rollout_metrics = self._column_means(batch, columns, mask)
+        offsets = _offsets(batch.response_lengths)
+        pick = lambda flat, mb: None if flat is None else torch.cat([flat[offsets[i]:offsets[i + 1]] for i in mb])  # noqa: E731
         start = time.perf_counter()
-        steps = [self._optimizer_step(batch, indices, step, old, ref, advantages)
-                 for step, indices in enumerate(batching.step_indices(batch))]
-        timings["perf/actor_train_time"] = time.perf_counter() - start
-        return {"steps": steps, "perf": timings}
+        steps = []
+        if update:
+            for step, indices in enumerate(batching.step_indices(batch)):
+                def micro_loss(mb, weights, step=step):
+                    log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=True)
+                    mb_mask = pick(mask, mb)
+                    pg_weights = weights
+                    if s.algo.pg_loss_constant_length is not None:
+                        pg_weights = self._weights(batch, mb, step, mb_mask, "constant",
+                                                   constant_length=float(s.algo.pg_loss_constant_length))
+                    return actor_loss(
+                        log_probs=log_probs, old_log_probs=log_probs.detach() if old is None else pick(old, mb),
+                        advantages=pick(advantages, mb), weights=weights, pg_weights=pg_weights, algo=s.algo,
+                        loss_mask=mb_mask, response_lengths=[batch.response_lengths[i] for i in mb], entropy=entropy,
+                        ref_log_probs=pick(ref, mb), rollout_log_probs=pick(rollout_lp, mb))
 
-    def _advantages(self, batch: TrainBatch) -> list[torch.Tensor]:
-        """GRPO: each sample's (already group-normalised) reward on every response token."""
-        rewards = torch.tensor(batch.rewards, dtype=torch.float32, device=self.device)
-        flat = broadcast_to_tokens(rewards, batch.response_lengths)
-        if self.setup.algo.normalize_advantages:
-            mask = batching.flat(batch.loss_masks, list(range(len(batch))), dtype=torch.float32, device=self.device)
-            flat = whiten(flat, mask, all_reduce=lambda t: parallel.all_reduce_sum(t, self.world_size))
-        return list(torch.split(flat, batch.response_lengths))
+                metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
+                metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
+                steps.append(metrics)
+        perf["perf/actor_train_time"] = time.perf_counter() - start
+        per_sample_returns = None
+        if returns is not None:
+            per_sample_returns = [returns[offsets[i]:offsets[i + 1]].tolist() for i in everything]
+        return {"steps": steps, "perf": perf, "rollout": rollout_metrics, "returns": per_sample_returns}
 
-    def _optimizer_step(self, batch, indices, step, old, ref, advantages) -> dict[str, float]:
-        s = self.setup
-        self.optimizer.zero_grad(set_to_none=True)
-        scale = parallel.loss_scale(s.device, self.world_size)
-        totals: dict[str, torch.Tensor] = {}
-        for mb in batching.micro_batches(indices, s.parallelism.micro_batch_size):
-            lengths = [batch.response_lengths[i] for i in mb]
-            log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=needs_entropy(s.algo))
-            mask = batching.flat(batch.loss_masks, mb, dtype=torch.float32, device=self.device)
-            weights = token_weights(
-                mask, lengths, mode=reduction_mode(s.algo), num_trajectories=batch.num_trajectories_per_step,
-                total_masked_tokens=float(batch.masked_tokens_per_step[step]),
-            )
-            pick = lambda per_sample: torch.cat([per_sample[i] for i in mb])  # noqa: E731
-            rollout_lp = (batching.flat(batch.rollout_log_probs, mb, dtype=torch.float32, device=self.device)
-                          if batch.rollout_log_probs is not None else None)
-            loss, mb_metrics = actor_loss(
-                log_probs=log_probs, old_log_probs=log_probs.detach() if old is None else pick(old),
-                advantages=pick(advantages), weights=weights, algo=s.algo, entropy=entropy,
-                ref_log_probs=None if ref is None else pick(ref), rollout_log_probs=rollout_lp,
-            )
-            (loss * scale).backward()
-            sum_metrics(totals, mb_metrics)
-        parallel.sum_gradients(self.model, device=s.device, world_size=self.world_size)
-        grad_norm = self._clip_gradients()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.global_step += 1
-        names = sorted(totals)
-        reduced = parallel.all_reduce_sum(torch.stack([totals[k].float() for k in names]), self.world_size)
-        metrics = {f"train/{k}": float(v) for k, v in zip(names, reduced)}
-        metrics["train/grad_norm"] = grad_norm
-        metrics["train/lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
-        metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
-        return metrics
+    def _column_means(self, batch: TrainBatch, columns: dict, mask: torch.Tensor) -> dict[str, float]:
+        """`rollout/<column>`: mean over trajectories of each sample's masked token mean, all ranks."""
+        from slime.algo import token_weights
 
-    def _clip_gradients(self) -> float:
-        max_norm = self.setup.train.clip_grad if self.setup.train.clip_grad > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
-            norm = norm.full_tensor()
-        return float(norm)
+        weights = token_weights(mask, batch.response_lengths, mode="per_sample", num_trajectories=1)
+        names = [k for k, v in columns.items() if v is not None]
+        sums = torch.stack([reduce(columns[k].float(), weights) for k in names] + [torch.tensor(float(len(batch)),
+                                                                                                device=self.device)])
+        sums = parallel.all_reduce_sum(sums, self.world_size)
+        count = float(sums[-1])
+        return {f"rollout/{k}": float(v) / count for k, v in zip(names, sums[:-1])}
 
-    # ---- weights and checkpoints -------------------------------------------------------------
-    def save_hf(self, path: str) -> None:
-        checkpoint.save_hf(self, Path(path))
 
-    def save_checkpoint(self, rollout_id: int, root: str) -> None:
-        checkpoint.save(self, Path(root), rollout_id)
-
-    def shutdown(self) -> None:
-        parallel.destroy()
+def _offsets(lengths: list[int]) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out

@@ -86,10 +86,9 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
     source = iter_dir(root_path, rollout_id) / "model" if rollout_id is not None else root_path
     if not (source / "config.json").exists():
         raise FileNotFoundError(f"checkpoint.load={root}: no HF model at {source}")
-    from transformers import AutoModelForCausalLM
-
-    loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    loaded = backend._load_model(str(source))  # the role's own model class (causal LM or value model)
     set_model_state_dict(backend.model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
+    del loaded
     if rollout_id is None:
         return 0
     target = iter_dir(root_path, rollout_id)

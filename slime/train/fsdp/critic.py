@@ -1,0 +1,73 @@
+"""PPO's critic for the fsdp backend: the policy checkpoint with a one-output token head (the value).
+
+The value of response token j is read at the position that predicts it (P−1+j), like the actor's
+log-probs, and is never temperature-scaled. A critic started from the policy checkpoint gets a
+zero-initialised head, so its first values are 0 and GAE starts from plain discounted rewards.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from slime.algo import clipped_value_loss, reduce
+from slime.train import batching
+from slime.train.fsdp import checkpoint
+from slime.train.fsdp.rank import FSDPRank
+from slime.types import TrainBatch
+
+
+class FSDPCritic(FSDPRank):
+    def init(self) -> int:
+        s = self.setup
+        self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
+        if s.checkpoint.load is not None:
+            return checkpoint.load(self, s.checkpoint.load, s.checkpoint.ckpt_step)
+        with torch.no_grad():
+            self.model.score.weight.zero_()
+            self.model.score.bias.zero_()
+        return 0
+
+    def _load_model(self, path: str):
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)  # no dropout on values
+        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
+                                                                attn_implementation="sdpa")
+        return model.to(self.device)
+
+    def _values(self, batch: TrainBatch, indices: list[int]) -> torch.Tensor:
+        rows, _ = self._response_rows(self.model, batch, indices)
+        return rows[:, 0].float()
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch) -> list[list[float]]:
+        """Per-sample values of every response token (the old values of this rollout step)."""
+        self.model.eval()
+        out: list[list[float]] = []
+        for mb in batching.micro_batches(list(range(len(batch))), self.setup.parallelism.micro_batch_size):
+            values = self._values(batch, mb)
+            out.extend(v.tolist() for v in torch.split(values, [batch.response_lengths[i] for i in mb]))
+        return out
+
+    def train(self, rollout_id: int, batch: TrainBatch) -> dict:
+        """K optimizer steps on the clipped value loss against the actor's returns (REFERENCE.md §3.10)."""
+        if batch.values is None or batch.returns is None:
+            raise ValueError("the critic trains on batches carrying old values and returns")
+        self.model.train()
+        start = time.perf_counter()
+        steps = []
+        for step, indices in enumerate(batching.step_indices(batch)):
+            def micro_loss(mb, weights):
+                values = self._values(batch, mb)
+                flat = lambda column: batching.flat(column, mb, dtype=torch.float32, device=self.device)  # noqa: E731
+                out = clipped_value_loss(values, flat(batch.values), flat(batch.returns), value_clip=self.setup.algo.value_clip)
+                loss = reduce(out["loss"], weights)
+                return loss, {"value_loss": loss.detach(), "value_clipfrac": reduce(out["clipfrac"], weights)}
+
+            metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/critic-")
+            for name in ("value_loss", "value_clipfrac"):
+                metrics[f"train/{name}"] = metrics.pop(f"train/critic-{name}")
+            steps.append(metrics)
+        return {"steps": steps, "perf": {"perf/critic_train_time": time.perf_counter() - start}}

@@ -1,0 +1,107 @@
+"""What the fsdp actor and critic share: one training rank's model, optimizer, schedule and step loop.
+
+A subclass provides `_load_model(path)` and a micro-batch loss; `_optimizer_step` runs the
+micro-batches of one optimizer step, sums gradients over data-parallel ranks, clips by global norm
+and steps, and returns the step's metrics already reduced over ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from slime.algo import token_weights
+from slime.train import batching
+from slime.train.actor_loss import reduction_mode, sum_metrics
+from slime.train.base import DistributedRank
+from slime.train.fsdp import checkpoint, parallel
+from slime.train.schedule import lr_factor
+from slime.types import TrainBatch
+
+MicroBatchLoss = Callable[[list[int], torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class FSDPRank(DistributedRank):
+    def _load_model(self, path: str):
+        raise NotImplementedError
+
+    def _build(self, *, init_path: str, lr: float, warmup_steps: int) -> None:
+        """Process group, model (data parallel applied), AdamW and the LR schedule."""
+        s = self.setup
+        if s.device == "cpu":
+            torch.set_num_threads(s.train.num_threads)
+        parallel.init_process_group(device=s.device, rank=self.rank, world_size=self.world_size,
+                                    master_addr=self.master_addr, master_port=self.master_port)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
+        torch.manual_seed(s.seed + self.rank)
+        self.model = self._load_model(init_path)
+        if s.parallelism.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model = parallel.apply_data_parallel(self.model, device=s.device, world_size=self.world_size)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, betas=(s.train.adam_beta1, s.train.adam_beta2),
+            eps=s.train.adam_eps, weight_decay=s.train.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(
+            step, total_steps=s.num_optimizer_steps, warmup_steps=warmup_steps,
+            style=s.train.lr_decay_style, lr=lr, min_lr=s.train.min_lr))
+        self.pad_id = self.model.config.pad_token_id or 0
+        self.global_step = 0
+
+    def _autocast(self):
+        if self.setup.precision == "bf16" and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _response_rows(self, model, batch: TrainBatch, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows Tensor[T, C], targets Tensor[T]): the model's outputs that score each response token."""
+        input_ids, attention_mask = batching.pad_right([batch.tokens[i] for i in indices], self.pad_id, self.device)
+        with self._autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return batching.response_rows(logits, input_ids, batch, indices)
+
+    def _weights(self, batch: TrainBatch, mb: list[int], step: int, mask: torch.Tensor, mode: str,
+                 constant_length: float | None = None) -> torch.Tensor:
+        return token_weights(mask, [batch.response_lengths[i] for i in mb], mode=mode,
+                             num_trajectories=batch.num_trajectories_per_step,
+                             total_masked_tokens=float(batch.masked_tokens_per_step[step]), constant_length=constant_length)
+
+    def _optimizer_step(self, batch: TrainBatch, indices: list[int], step: int, micro_loss: MicroBatchLoss,
+                        prefix: str) -> dict[str, float]:
+        """One optimizer step over `indices`; `micro_loss(mb, weights)` returns (loss, weighted metrics)."""
+        s = self.setup
+        self.optimizer.zero_grad(set_to_none=True)
+        scale = parallel.loss_scale(s.device, self.world_size)
+        totals: dict[str, torch.Tensor] = {}
+        for mb in batching.micro_batches(indices, s.parallelism.micro_batch_size):
+            mask = batching.flat(batch.loss_masks, mb, dtype=torch.float32, device=self.device)
+            loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)))
+            (loss * scale).backward()
+            sum_metrics(totals, mb_metrics)
+        parallel.sum_gradients(self.model, device=s.device, world_size=self.world_size)
+        max_norm = s.train.clip_grad if s.train.clip_grad > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.global_step += 1
+        names = sorted(totals)
+        reduced = parallel.all_reduce_sum(torch.stack([totals[k].float() for k in names]), self.world_size)
+        metrics = {f"{prefix}{k}": float(v) for k, v in zip(names, reduced)}
+        metrics[f"{prefix}grad_norm"] = float(grad_norm)
+        metrics[f"{prefix}lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
+        return metrics
+
+    # ---- weights and checkpoints -------------------------------------------------------------
+    def save_hf(self, path: str) -> None:
+        checkpoint.save_hf(self, Path(path))
+
+    def save_checkpoint(self, rollout_id: int, root: str) -> None:
+        checkpoint.save(self, Path(root), rollout_id)
+
+    def shutdown(self) -> None:
+        parallel.destroy()

@@ -1,0 +1,133 @@
+"""Every algo option end to end on the embedded default, the first-step invariants, and bad combinations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import CONF, ROOT
+from tests.test_end_to_end import assert_no_run_processes, main_py
+
+pytestmark = pytest.mark.slow
+
+ALGO_OPTIONS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
+POLICY_METRICS = {"train/pg_loss", "train/entropy_loss", "train/pg_clipfrac", "train/ppo_kl", "train/kl_loss", "train/grad_norm",
+                  "train/train_rollout_logprob_abs_diff", "rollout/raw_reward", "rollout/advantages"}
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("algo", ALGO_OPTIONS)
+def test_every_algo_runs_and_its_first_step_is_on_policy(algo, tmp_path):
+    """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, f"algo={algo}", "train.num_rollout=3", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = records(run_dir)
+    steps = [r for r in logged if "train/step" in r]
+    assert [r["train/step"] for r in steps] == list(range(6))  # 3 rollouts × K = 2
+    first = steps[0]
+    assert first["train/kl_loss"] == 0.0
+    keys = set().union(*logged)
+    if algo == "sft":
+        assert {"train/pg_loss", "train/kl_loss", "train/grad_norm"} <= keys
+        assert steps[-1]["train/pg_loss"] < first["train/pg_loss"]  # the NLL goes down
+    else:
+        assert first["train/ppo_kl"] == 0.0 and first["train/pg_clipfrac"] == 0.0
+        assert POLICY_METRICS <= keys
+        assert max(r["train/ppo_kl"] != 0.0 for r in steps[1:])  # later steps are off-policy
+    if algo == "ppo":
+        assert {"train/value_loss", "train/value_clipfrac", "rollout/values", "rollout/returns"} <= keys
+    if algo == "dapo":
+        assert any(k.startswith("rollout/dynamic_filter/drop_zero_std") for k in keys)
+    assert_no_run_processes()
+
+
+def test_ppo_learns_and_its_value_loss_falls(tmp_path):
+    """The full embedded run with algo=ppo. Rewards start near 0 (nothing for the critic to predict), so the
+    value loss first rises with the rewards, then falls as the critic catches up with the policy."""
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, "algo=ppo")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logged = records(run_dir)
+    rewards = [r["rollout/raw_reward"] for r in logged if "rollout/raw_reward" in r]
+    assert sum(rewards[-3:]) / 3 >= 0.8
+    losses = [r["train/value_loss"] for r in logged if "train/value_loss" in r]
+    assert len(losses) == 120
+    windows = [sum(losses[i : i + 10]) / 10 for i in range(0, 120, 10)]  # 5 rollouts each
+    peak = max(range(len(windows)), key=windows.__getitem__)
+    assert peak < len(windows) - 3, windows
+    assert windows[-1] < 0.35 * windows[peak], windows
+
+
+def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):
+    data = tmp_path / "chats.jsonl"
+    rows = []
+    for d in range(10):
+        rows.append({"messages": [
+            {"role": "user", "content": f"what comes after {d} ?"},
+            {"role": "assistant", "content": "no", "step_loss_mask": 0},
+            {"role": "user", "content": f"what comes after {(d + 1) % 10} ?"},
+            {"role": "assistant", "content": str((d + 2) % 10)},
+        ]})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, "algo=sft", "data=jsonl", f"data.prompt_data={data}", "data.input_key=messages",
+                   "data.label_key=null", "rollout.batch_size=8", "train.global_batch_size=32", "train.num_rollout=10",
+                   "train.lr=3e-3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [r["train/pg_loss"] for r in records(run_dir) if "train/pg_loss" in r]
+    assert losses[-1] < 0.5 * losses[0], losses
+    lengths = [r["rollout/response_len/mean"] for r in records(run_dir) if "rollout/response_len/mean" in r]
+    assert set(lengths) == {2.0}  # only "<digit> <|im_end|>" of the last turn is trained
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["algo.use_kl_loss=true", "algo.kl_coef=0.1", "algo=ppo"], "algo.kl_coef"),
+    (["algo=reinforce_plus_plus", "algo.normalize_advantages=false"], "algo.normalize_advantages"),
+    (["algo.eps_clip_c=1.0"], "algo.eps_clip_c"),
+    (["algo=ppo", "cluster.critic.num_gpus_per_node=0"], "cluster.critic.num_gpus_per_node"),
+    (["algo=sft", "algo.use_tis=true"], "algo.use_tis"),
+    (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis"),
+])
+def test_invalid_algorithm_combinations_exit_2(overrides, key, tmp_path):
+    proc = subprocess.run([sys.executable, "main.py", *overrides, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert key in proc.stderr
+
+
+def test_ppo_critic_roles_colocation_and_critic_only_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, "algo=ppo", "train.num_rollout=3", "algo.num_critic_only_steps=2",
+                   "cluster.critic.colocate_with_actor=true", "train.critic.lr=1e-2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in records(run_dir) if "train/step" in r]
+    assert [r["train/step"] for r in steps] == list(range(6))
+    assert all("train/pg_loss" not in r for r in steps[:4])  # rollouts 0 and 1: the critic alone trains
+    assert all("train/pg_loss" in r for r in steps[4:])
+    assert all(r["train/critic-lr-pg_0"] == 1e-2 and r["train/value_loss"] >= 0 for r in steps)
+    critic_ckpt = run_dir / "checkpoints" / "critic"
+    assert (critic_ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (critic_ckpt / "iter_0000002" / "model" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("knob,expected", [
+    ("algo.use_tis=true", {"train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois"}),
+    ("algo.use_rollout_logprobs=true", {"train/train_rollout_logprob_abs_diff"}),
+])
+def test_engine_log_prob_knobs(knob, expected, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, knob, "train.num_rollout=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in records(run_dir) if "train/step" in r]
+    assert expected <= set().union(*steps)
+    # the engine and the trainer compute the same policy: mismatch only at float rounding
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in steps)
+    if knob == "algo.use_tis=true":
+        assert all(abs(r["train/tis"] - 1) < 1e-3 and r["train/tis_clipfrac"] == 0.0 for r in steps)
