@@ -41,14 +41,14 @@ def group_options() -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """The embedded tiny model, created by code in a temporary directory."""
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Path of the embedded tiny model (config, tokenizer, safetensors), created by code in a temporary directory."""
     from slime.assets.tiny_model import create_tiny_model
     from slime.config.schema import ModelConfig
 
     fields = yaml.safe_load((CONF / "model" / "tiny_qwen3.yaml").read_text())
     fields["hf_checkpoint"] = str(tmp_path_factory.mktemp("models") / "tiny_qwen3")
-    return create_tiny_model(ModelConfig(**fields))
+    return str(create_tiny_model(ModelConfig(**fields)))
 
 
 def pytest_collection_modifyitems(config, items):
