@@ -131,7 +131,8 @@ async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], dict[str, int]]
                     leftovers.append(group)
                 elif _filter(ctx, group, drops):
                     kept.append(group)
-        # Over-sampled groups still running are finished and returned to the buffer: nothing is lost.
+        # Over-sampled groups still in flight are finished, reset and returned to the buffer, so no prompt is
+        # lost; the next step regenerates them with the new policy.
         leftovers.extend(await asyncio.gather(*pending))
         ctx.data_source.add_groups([_reset(g) for g in leftovers])
     kept.sort(key=lambda g: g[0].index)
