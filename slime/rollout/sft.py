@@ -167,10 +167,11 @@ def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool =
     """The SFT rollout: `ctx.batch_size` groups from the data source, each sample made an SFT sample.
 
     No generation and no engine calls. Evaluation is not defined for SFT data (there is no reward to
-    report), so `evaluation=True` raises NotImplementedError: leave eval off in SFT runs.
+    report), so `evaluation=True` is refused with a ValueError; config validation already rejects
+    eval with algo=sft (exit 2), so this only guards direct callers.
     """
     if evaluation:
-        raise NotImplementedError(
+        raise ValueError(
             "the SFT rollout function has no evaluation mode (there is nothing to generate or reward); "
             "disable evaluation for SFT runs"
         )

@@ -228,7 +228,7 @@ def test_generate_rollout_string_prompts_through_prompt_dataset(tok, tmp_path):
     out = generate_rollout(_ctx(tok, source, 3), 1)
     _check_groups(tok, out.groups, 3, 2)
     assert [g[0].label for g in out.groups] == ["4", "1", "2"] and source.epoch_id == 1
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="no evaluation mode"):
         generate_rollout(_ctx(tok, source, 1), 2, evaluation=True)
 
 

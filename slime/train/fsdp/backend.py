@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from slime.algo import log_probs_and_entropy, reduce
+from slime.algo import log_probs_and_entropy, reduce, token_weights
 from slime.train import batching
 from slime.train.actor_loss import actor_loss, needs_ref
 from slime.train.advantages import compute_advantages
@@ -104,9 +104,8 @@ class FSDPBackend(FSDPRank, TrainBackend):
         steps = []
         if update:
             for step, indices in enumerate(batching.step_indices(batch)):
-                def micro_loss(mb, weights, step=step):
+                def micro_loss(mb, weights, mb_mask, step=step):
                     log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=True)
-                    mb_mask = pick(mask, mb)
                     pg_weights = weights
                     if s.algo.pg_loss_constant_length is not None:
                         pg_weights = self._weights(batch, mb, step, mb_mask, "constant",
@@ -128,8 +127,6 @@ class FSDPBackend(FSDPRank, TrainBackend):
 
     def _column_means(self, batch: TrainBatch, columns: dict, mask: torch.Tensor) -> dict[str, float]:
         """`rollout/<column>`: mean over trajectories of each sample's masked token mean, all ranks."""
-        from slime.algo import token_weights
-
         weights = token_weights(mask, batch.response_lengths, mode="per_sample", num_trajectories=1)
         names = [k for k, v in columns.items() if v is not None]
         sums = torch.stack([reduce(columns[k].float(), weights) for k in names] + [torch.tensor(float(len(batch)),

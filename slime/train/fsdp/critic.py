@@ -59,7 +59,7 @@ class FSDPCritic(FSDPRank):
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch)):
-            def micro_loss(mb, weights):
+            def micro_loss(mb, weights, _mask):  # the weights already carry the mask
                 values = self._values(batch, mb)
                 flat = lambda column: batching.flat(column, mb, dtype=torch.float32, device=self.device)  # noqa: E731
                 out = clipped_value_loss(values, flat(batch.values), flat(batch.returns), value_clip=self.setup.algo.value_clip)

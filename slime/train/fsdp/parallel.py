@@ -27,14 +27,14 @@ def init_process_group(*, device: str, rank: int, world_size: int, master_addr: 
     )
 
 
-def uses_fsdp(device: str, world_size: int) -> bool:
+def uses_fsdp(device: str) -> bool:
     """FSDP2 on every CUDA run (one rank included, so a single GPU exercises the same path)."""
     return device == "cuda"
 
 
-def apply_data_parallel(model: nn.Module, *, device: str, world_size: int) -> nn.Module:
+def apply_data_parallel(model: nn.Module, *, device: str) -> nn.Module:
     """Shard every decoder layer and the root with FSDP2 on CUDA; leave the model as is on CPU."""
-    if not uses_fsdp(device, world_size):
+    if not uses_fsdp(device):
         return model
     from torch.distributed.fsdp import fully_shard
 
@@ -46,12 +46,12 @@ def apply_data_parallel(model: nn.Module, *, device: str, world_size: int) -> nn
 
 def loss_scale(device: str, world_size: int) -> float:
     """FSDP2 divides reduced gradients by the world size; undo it so gradients are sums."""
-    return float(world_size) if uses_fsdp(device, world_size) else 1.0
+    return float(world_size) if uses_fsdp(device) else 1.0
 
 
 def sum_gradients(model: nn.Module, *, device: str, world_size: int) -> None:
     """All-reduce (SUM) replicated gradients in one flat buffer; FSDP2 has already reduced its own."""
-    if world_size == 1 or uses_fsdp(device, world_size):
+    if world_size == 1 or uses_fsdp(device):
         return
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])

@@ -21,7 +21,8 @@ from slime.train.fsdp import checkpoint, parallel
 from slime.train.schedule import lr_factor
 from slime.types import TrainBatch
 
-MicroBatchLoss = Callable[[list[int], torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+# (micro-batch sample indices, token weights Tensor[T], loss mask Tensor[T]) -> (loss, weighted metrics)
+MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 class FSDPRank(DistributedRank):
@@ -40,7 +41,7 @@ class FSDPRank(DistributedRank):
         self.model = self._load_model(init_path)
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.model = parallel.apply_data_parallel(self.model, device=s.device, world_size=self.world_size)
+        self.model = parallel.apply_data_parallel(self.model, device=s.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=(s.train.adam_beta1, s.train.adam_beta2),
             eps=s.train.adam_eps, weight_decay=s.train.weight_decay,
@@ -71,14 +72,14 @@ class FSDPRank(DistributedRank):
 
     def _optimizer_step(self, batch: TrainBatch, indices: list[int], step: int, micro_loss: MicroBatchLoss,
                         prefix: str) -> dict[str, float]:
-        """One optimizer step over `indices`; `micro_loss(mb, weights)` returns (loss, weighted metrics)."""
+        """One optimizer step over `indices`; `micro_loss(mb, weights, mask)` returns (loss, weighted metrics)."""
         s = self.setup
         self.optimizer.zero_grad(set_to_none=True)
         scale = parallel.loss_scale(s.device, self.world_size)
         totals: dict[str, torch.Tensor] = {}
         for mb in batching.micro_batches(indices, s.parallelism.micro_batch_size):
             mask = batching.flat(batch.loss_masks, mb, dtype=torch.float32, device=self.device)
-            loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)))
+            loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
             (loss * scale).backward()
             sum_metrics(totals, mb_metrics)
         parallel.sum_gradients(self.model, device=s.device, world_size=self.world_size)
