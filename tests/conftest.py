@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
@@ -17,6 +18,25 @@ CONF = ROOT / "conf"
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# Inherited by every process the tests start (runs, Ray, routers, engines): leftovers are found by it,
+# and runs of other sessions on the same machine are not mistaken for ours.
+TEST_SESSION_VAR = "SLIME_TEST_SESSION"
+os.environ[TEST_SESSION_VAR] = str(os.getpid())
+
+
+def session_processes() -> list[str]:
+    """Live processes (not zombies) started by this test session, as 'pid: command line'."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["pid"] == os.getpid():
+            continue
+        try:
+            if proc.environ().get(TEST_SESSION_VAR) != os.environ[TEST_SESSION_VAR]:
+                continue
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            continue
+        found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])[:120]}")
+    return found
 
 
 def compose_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):

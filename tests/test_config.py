@@ -149,3 +149,21 @@ def test_cfg_job_prints_composed_config():
 ])
 def test_options_the_chosen_parts_cannot_honour_are_rejected(overrides, key):
     assert key in problems_for(overrides)
+
+
+def test_deterministic_engine_batching():
+    """rollout.deterministic: the hf engine decodes requests one at a time (derived, saved in config.yaml)."""
+    assert derive(typed_config([])).hf_max_batch_size == 1  # the embedded default is deterministic
+    assert derive(typed_config(["rollout.deterministic=false"])).hf_max_batch_size == 256
+    assert derive(typed_config(["rollout.deterministic=false", "rollout.hf.max_batch_size=8"])).hf_max_batch_size == 8
+    found = problems_for(["rollout.hf.max_batch_size=8"])
+    assert "rollout.deterministic=false" in found["rollout.hf.max_batch_size"]
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["debug.signal_at=nowhere"], "debug.signal_at"),
+    (["debug.signal_at=train:x"], "debug.signal_at"),
+    (["debug.signal_at=train:1", "debug.signal=SIGKILL"], "debug.signal"),
+])
+def test_signal_injection_is_validated(overrides, key):
+    assert key in problems_for(overrides)

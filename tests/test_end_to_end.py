@@ -9,31 +9,18 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, session_processes
 
 pytestmark = pytest.mark.slow
 
-# Processes a run starts: Ray's daemons and workers, the router, the engine servers.
-RUN_PROCESS_MARKERS = ("gcs_server", "raylet", "ray::", "sglang_router", "slime.engine.hf.server", "default_worker.py")
-
-
-def run_processes() -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if any(marker in cmdline for marker in RUN_PROCESS_MARKERS):
-            found.append(f"{proc.pid}: {cmdline[:120]}")
-    return found
-
-
 def assert_no_run_processes(timeout_s: float = 20.0) -> None:
+    """Nothing a test started (Ray daemons and workers, the router, engines) is still alive."""
     deadline = time.monotonic() + timeout_s
-    while run_processes() and time.monotonic() < deadline:
+    while session_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert run_processes() == []
+    assert session_processes() == []
 
 
 def main_py(run_dir: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -6,6 +6,8 @@ import dataclasses
 
 from slime.config.schema import RunConfig
 
+HF_DEFAULT_MAX_BATCH_SIZE = 256
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Derived:
@@ -22,6 +24,7 @@ class Derived:
     samples_per_dp_rank: int  # G / dp, per optimizer step
     num_optimizer_steps: int  # num_rollout · K
     over_sampling_batch_size: int  # groups per refill
+    hf_max_batch_size: int  # sequences the hf engine decodes together (1: batch-invariant, deterministic)
     precision: str  # fp32 | bf16
 
     def table(self) -> list[tuple[str, str]]:
@@ -63,6 +66,7 @@ def derive(cfg: RunConfig) -> Derived:
         samples_per_dp_rank=g // dp,
         num_optimizer_steps=t.num_rollout * k,
         over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
+        hf_max_batch_size=r.hf.max_batch_size or (1 if r.deterministic else HF_DEFAULT_MAX_BATCH_SIZE),
         precision=precision,
     )
 
@@ -72,6 +76,7 @@ def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
     cfg.train.global_batch_size = derived.global_batch_size
     cfg.train.precision = derived.precision
     cfg.rollout.over_sampling_batch_size = derived.over_sampling_batch_size
+    cfg.rollout.hf.max_batch_size = derived.hf_max_batch_size
     if cfg.eval.temperature is None:
         cfg.eval.temperature = cfg.rollout.temperature
     if cfg.eval.max_response_len is None:

@@ -113,7 +113,7 @@ class RouterConfig:
 class HFEngineConfig:
     """The built-in transformers server (`rollout.engine=hf`)."""
 
-    max_batch_size: int = 256  # sequences decoded together
+    max_batch_size: Optional[int] = None  # sequences decoded together; None: 256, or 1 with rollout.deterministic
     batch_wait_ms: float = 5.0  # how long the batcher waits for more requests
     dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
     num_threads: int = 1  # torch threads per CPU engine
@@ -138,7 +138,11 @@ class RolloutConfig:
     rm_type: Optional[str] = None  # built-in reward (slime.rollout.rewards)
     custom_rm_path: Optional[str] = None  # import path of `async def rm(sample) -> float | dict`
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
-    seed: int = 42
+    seed: int = 42  # data shuffling (the seeds' --rollout-seed)
+    # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
+    # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
+    # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
+    deterministic: bool = False
     router: RouterConfig = field(default_factory=RouterConfig)
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     sglang: dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs fields
@@ -271,6 +275,15 @@ class PathsConfig:
 class DebugConfig:
     log_level: str = "INFO"
     ray_log_to_driver: bool = True
+    # Fault injection for the signal path: send `signal` to the driver when it enters this phase
+    # ("PHASE" or "PHASE:ROLLOUT_ID"; the initial weight push and eval are rollout -1). Phases: RUN_PHASES.
+    signal_at: Optional[str] = None
+    signal: str = "SIGINT"  # SIGINT | SIGTERM
+    signal_delay_s: float = 0.0  # seconds after entering the phase
+
+
+# The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.
+RUN_PHASES = ("prepare", "startup", "weight_sync", "eval", "rollout", "train", "save", "teardown")
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from slime.config.derive import Derived, derive
 from slime.config.hooks import load_callable
-from slime.config.schema import RunConfig
+from slime.config.schema import RUN_PHASES, RunConfig
 
 BACKENDS = ("fsdp",)  # megatron arrives with its own issue
 ENGINES = ("hf",)  # sglang arrives with its own issue
@@ -24,6 +24,7 @@ DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
+SIGNALS = ("SIGINT", "SIGTERM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,18 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
 
 
+def check_debug(cfg: RunConfig) -> Iterator[Problem]:
+    d = cfg.debug
+    yield from _one_of("debug.signal", d.signal, SIGNALS)
+    if d.signal_delay_s < 0:
+        yield Problem("debug.signal_delay_s", d.signal_delay_s, "must be >= 0", "set debug.signal_delay_s=0")
+    if d.signal_at is not None:
+        phase, _, rollout_id = d.signal_at.partition(":")
+        if phase not in RUN_PHASES or (rollout_id and not rollout_id.lstrip("-").isdigit()):
+            yield Problem("debug.signal_at", d.signal_at, f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of "
+                          f"{list(RUN_PHASES)}", "set debug.signal_at=rollout:1, or null")
+
+
 def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
     yield from _positive(
         cfg,
@@ -87,6 +100,12 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "rollout.temperature", cfg.rollout.temperature,
             "must be > 0 (log-probs are taken from logits / temperature)", "set rollout.temperature=1.0",
+        )
+    if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
+        yield Problem(
+            "rollout.hf.max_batch_size", cfg.rollout.hf.max_batch_size,
+            "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
+            "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
         )
     if not 0 < cfg.rollout.top_p <= 1:
         yield Problem("rollout.top_p", cfg.rollout.top_p, "must be in (0, 1]", "set rollout.top_p=1.0")
@@ -336,8 +355,8 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
 
 def collect_problems(cfg: RunConfig) -> list[Problem]:
     derived = derive(cfg)
-    checks = [check_choices(cfg), check_ranges(cfg), check_batch_arithmetic(cfg), check_cluster(cfg, derived),
-              check_algo(cfg), check_rewards(cfg), check_paths(cfg)]
+    checks = [check_choices(cfg), check_debug(cfg), check_ranges(cfg), check_batch_arithmetic(cfg),
+              check_cluster(cfg, derived), check_algo(cfg), check_rewards(cfg), check_paths(cfg)]
     return [problem for check in checks for problem in check]
 
 

@@ -4,12 +4,18 @@ A rollout function is `fn(ctx: RolloutContext, rollout_id: int, *, evaluation: b
 (configured by `rollout.function`). This one (REFERENCE.md §6.1-6.2): pull groups from the data source
 until `batch_size` groups are kept, generate every sample of a group concurrently under a semaphore of
 concurrency × engines, reward each sample when its generation ends, return the groups sorted by index.
+
+With `ctx.sampling_seed` set (rollout.deterministic), every request carries SGLang's per-request
+`sampling_seed`, derived from that seed, the sample index and the tokens generated so far, and groups
+are judged (dynamic filter, batch full) in submission order rather than completion order, so which
+groups are kept does not depend on timing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import time
 from typing import Any, Callable
@@ -38,12 +44,19 @@ class RolloutContext:
     custom_rm_path: str | None
     dynamic_filter: Callable[[list[Sample]], Any] | None = None  # group -> bool | FilterResult
     max_filter_drops: int = 0  # past this many drops in one step, groups are kept regardless (no endless loop)
+    sampling_seed: int | None = None  # base of per-request seeds (rollout.deterministic); None: engine's RNG
 
 
 @dataclasses.dataclass
 class RolloutOutput:
     groups: list[list[Sample]]
     metrics: dict[str, float]
+
+
+def request_seed(base: int, sample: Sample) -> int:
+    """SGLang `sampling_seed` of `sample`'s next request: a 31-bit hash of (base, index, tokens so far)."""
+    digest = hashlib.blake2b(f"{base}:{sample.index}:{sample.response_length}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 async def _post_generate(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
@@ -73,8 +86,10 @@ async def generate_sample(ctx: RolloutContext, session: aiohttp.ClientSession, s
     if budget <= 0:
         sample.status = SampleStatus.TRUNCATED
         return sample
-    payload = {"input_ids": sample.tokens, "sampling_params": {**ctx.sampling_params, "max_new_tokens": budget},
-               "return_logprob": True}
+    params = {**ctx.sampling_params, "max_new_tokens": budget}
+    if ctx.sampling_seed is not None:
+        params["sampling_seed"] = request_seed(ctx.sampling_seed, sample)
+    payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True}
     out = await _post_generate(session, ctx.router_url, payload)
     meta = out["meta_info"]
     logprobs = meta["output_token_logprobs"]
@@ -118,13 +133,19 @@ async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], dict[str, int]]
     kept: list[list[Sample]] = []
     drops: dict[str, int] = {}
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        pending: set[asyncio.Task] = set()
+        pending: list[asyncio.Task] = []  # in submission order
         leftovers: list[list[Sample]] = []
         while len(kept) < ctx.batch_size:
             if len(kept) + len(pending) < ctx.batch_size:  # slime: (submitted - dropped) < batch_size
                 for group in ctx.data_source.get_groups(ctx.over_sampling_batch_size):
-                    pending.add(asyncio.create_task(_generate_group(ctx, session, semaphore, group)))
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    pending.append(asyncio.create_task(_generate_group(ctx, session, semaphore, group)))
+            if ctx.sampling_seed is not None:  # deterministic: the oldest group first, whenever it finishes
+                await asyncio.wait(pending[:1])
+                done = pending[:1]
+            else:
+                finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done = [t for t in pending if t in finished]
+            pending = [t for t in pending if t not in done]
             for task in done:
                 group = task.result()
                 if len(kept) >= ctx.batch_size:
@@ -134,6 +155,7 @@ async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], dict[str, int]]
         # Over-sampled groups still in flight are finished, reset and returned to the buffer, so no prompt is
         # lost; the next step regenerates them with the new policy.
         leftovers.extend(await asyncio.gather(*pending))
+        leftovers.sort(key=lambda g: g[0].index)
         ctx.data_source.add_groups([_reset(g) for g in leftovers])
     kept.sort(key=lambda g: g[0].index)
     return kept, drops

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import ray
 
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
+from slime.runtime.interrupts import Interrupts
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
@@ -30,24 +33,44 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class RunState:
-    """What result.json reports: the phase reached, progress and the last metrics."""
+    """What result.json reports: the phase reached, progress and the last metrics.
+
+    `signal_at` (from `debug.signal_at`/`debug.signal`) is fault injection for tests of the signal
+    path: on entering that phase (of that rollout id, when given) a thread sends the signal to this
+    process, so it arrives while the phase is under way, as a user's Ctrl-C would.
+    """
 
     phase: str = "config"
     rollouts_completed: int = 0
     start_rollout: int = 0
     last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     reward_curve: str | None = None
+    signal_at: tuple[str, int | None, int, float] | None = None  # (phase, rollout id | None, signal, delay s)
+
+    def enter(self, phase: str, rollout_id: int | None = None) -> None:
+        self.phase = phase
+        logger.debug("phase %s (rollout %s)", phase, rollout_id)
+        if self.signal_at is None:
+            return
+        target, target_id, signum, delay_s = self.signal_at
+        if phase == target and (target_id is None or target_id == rollout_id):
+            self.signal_at = None
+            timer = threading.Timer(delay_s, os.kill, args=(os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
 
 
 def _due(rollout_id: int, interval: int | None) -> bool:
     return interval is not None and (rollout_id + 1) % interval == 0
 
 
-def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[str, Any], run_name: str) -> None:
+def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupts, *, config_dict: dict[str, Any],
+        run_name: str) -> None:
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     run_dir = Path(cfg.paths.output_dir)
-    state.phase = "startup"
+    state.enter("startup")
     with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver):
+        interrupts.reinstall()  # ray.init replaced the SIGTERM handler
         ppo = cfg.algo.advantage_estimator == "ppo"
         placement = create_placement(derived, device=cfg.cluster.device, colocate=cfg.cluster.colocate,
                                      gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine,
@@ -74,8 +97,9 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[
             sync.close()
             exit_code = 0
         finally:
+            interrupts.begin_teardown()
             state_phase = state.phase
-            state.phase = "teardown"
+            state.enter("teardown")
             if tracker is not None:
                 curve = tracker.finish(exit_code)
                 state.reward_curve = str(curve) if curve else None
@@ -92,30 +116,30 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, *, config_dict: dict[
 def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: TrainGroup, critic: TrainGroup | None,
           tracker: Tracker, sync: DiskWeightSync) -> None:
     k = cfg.train.num_steps_per_rollout
-    state.phase = "weight_sync"
+    state.enter("weight_sync", start - 1)
     tracker.progress.phase("initial weight push...")
     sync.push(train_group, manager, weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
-        state.phase = "eval"
+        state.enter("eval", start - 1)
         tracker.log(ray.get(manager.evaluate.remote(0)), eval=0)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
-        state.phase = "rollout"
+        state.enter("rollout", rollout_id)
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
-        state.phase = "train"
+        state.enter("train", rollout_id)
         train_start = time.perf_counter()
         trained = _train(cfg, rollout_id, batches, train_group, critic)
         metrics.update(trained["rollout_side"])
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
-            state.phase = "save"
+            state.enter("save", rollout_id)
             save_start = time.perf_counter()
             train_group.save_checkpoint(rollout_id, cfg.checkpoint.save)
             if critic is not None:
                 critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
             ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
-        state.phase = "weight_sync"
+        state.enter("weight_sync", rollout_id)
         metrics["perf/update_weights_time"] = sync.push(train_group, manager, weight_version=rollout_id + 1)
         metrics["perf/step_time"] = time.perf_counter() - step_start
         for step_id, step_metrics in enumerate(trained["steps"]):
@@ -126,7 +150,7 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         tracker.log_samples(preview)
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
-            state.phase = "eval"
+            state.enter("eval", rollout_id)
             tracker.log(ray.get(manager.evaluate.remote(rollout_id + 1)), eval=rollout_id + 1)
         state.rollouts_completed += 1
         state.last_metrics = metrics

@@ -1,7 +1,7 @@
 """From Hydra's DictConfig to a finished run: typed config, validation, assets, run, result.json.
 
 Exit status (run mode): 0 completed; 2 configuration error (raised before anything started);
-3 failure during the run; 130 interrupted. result.json is written at the end of every run that got
+3 failure during the run; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. result.json is written at the end of every run that got
 past validation, failed ones included, and names the phase that failed.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 import traceback
@@ -21,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
 
-EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
 logger = logging.getLogger("slime")
 
 
@@ -53,28 +54,48 @@ def execute(dcfg: DictConfig) -> float | None:
     # Heavy imports (torch, ray, transformers) only once the config is known to be good.
     from slime.assets.prepare import prepare_assets
     from slime.runtime.driver import RunState, run
+    from slime.runtime.interrupts import Interrupts, RunInterrupted
 
-    state = RunState(phase="prepare")
+    state = RunState(phase="prepare", signal_at=_signal_at(cfg.debug))
     started = time.time()
+
+    def write_result(status: str, error: str | None) -> dict:
+        result = {"status": status, "phase": state.phase if status != "completed" else "done", "error": error,
+                  "start_rollout": state.start_rollout, "rollouts_completed": state.rollouts_completed,
+                  "num_rollout": cfg.train.num_rollout, "elapsed_s": round(time.time() - started, 2),
+                  "final_metrics": state.last_metrics, "reward_curve": state.reward_curve, "run_dir": str(run_dir)}
+        (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
+        print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir}", flush=True)
+        return result
+
+    def forced(signum: int) -> None:
+        write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
+
     status, error, code = "completed", None, EXIT_OK
-    try:
-        prepare_assets(cfg)
-        run(cfg, derived, state, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)), run_name=_run_name())
-    except KeyboardInterrupt:
-        status, error, code = "interrupted", "KeyboardInterrupt", EXIT_INTERRUPTED
-    except Exception as exc:  # the run failed: record where, then exit non-zero
-        status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
-        traceback.print_exc()
-    result = {"status": status, "phase": state.phase if status != "completed" else "done", "error": error,
-              "start_rollout": state.start_rollout, "rollouts_completed": state.rollouts_completed,
-              "num_rollout": cfg.train.num_rollout, "elapsed_s": round(time.time() - started, 2),
-              "final_metrics": state.last_metrics, "reward_curve": state.reward_curve, "run_dir": str(run_dir)}
-    (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
-    print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir}")
+    with Interrupts(on_force=forced) as interrupts:
+        try:
+            prepare_assets(cfg)
+            run(cfg, derived, state, interrupts, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
+                run_name=_run_name())
+        except RunInterrupted as exc:
+            status, error, code = "interrupted", str(exc), exc.exit_code
+        except Exception as exc:  # the run failed: record where, then exit non-zero
+            status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
+            traceback.print_exc()
+        interrupts.begin_teardown()  # a signal while the result is written forces, and still writes it
+        write_result(status, error)
     if multirun:
         if code != EXIT_OK:
-            raise RuntimeError(f"run failed in phase {state.phase}: {error}")
+            raise RuntimeError(f"run {status} in phase {state.phase}: {error}")
         return state.last_metrics.get("rollout/raw_reward")
     if code != EXIT_OK:
         sys.exit(code)
     return state.last_metrics.get("rollout/raw_reward")
+
+
+def _signal_at(debug) -> tuple[str, int | None, int, float] | None:
+    """`debug.signal_at` ("PHASE" or "PHASE:ROLLOUT_ID"), `signal`, `signal_delay_s` as (phase, id, signum, s)."""
+    if not debug.signal_at:
+        return None
+    phase, _, rollout_id = debug.signal_at.partition(":")
+    return phase, int(rollout_id) if rollout_id else None, int(getattr(signal, debug.signal)), debug.signal_delay_s

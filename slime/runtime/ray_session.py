@@ -13,8 +13,10 @@ from slime.config.schema import ClusterConfig
 logger = logging.getLogger(__name__)
 
 # Workers read these at import time, so they travel in the runtime env (REFERENCE.md §10.1).
+# Ray starts workers at nice 15 by default; here the workers are the run, and on a shared machine any
+# normal-priority process would starve them (a busy 2-core box slowed a run twenty-fold).
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+              "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1", "RAY_worker_niceness": "0"}
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from slime.types import Sample, SampleStatus, TrainBatch
 logger = logging.getLogger(__name__)
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
+EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
 
 
 def default_rollout_function(algo: AlgoConfig) -> str:
@@ -141,7 +142,13 @@ class RolloutManager:
                               sampling_params=sampling, max_in_flight=r.concurrency * len(self.engines),
                               rm_type=r.rm_type, custom_rm_path=r.custom_rm_path,
                               dynamic_filter=None if evaluation else self.dynamic_filter,
-                              max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch)
+                              max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
+                              sampling_seed=self._sampling_seed(evaluation))
+
+    def _sampling_seed(self, evaluation: bool) -> int | None:
+        if not self.setup.rollout.deterministic:
+            return None
+        return self.setup.seed + (EVAL_SEED_OFFSET if evaluation else 0)
 
     def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
         """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""

@@ -64,11 +64,10 @@ class HFEngine(HTTPEngine):
             "--seed", str(self.seed),
             "--device", self.device,
             "--dtype", cfg.dtype,
-            "--max-batch-size", str(cfg.max_batch_size),
             "--batch-wait-ms", str(cfg.batch_wait_ms),
             "--num-threads", str(cfg.num_threads),
             "--weight-version", self.weight_version,
-        ]
+        ] + (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
 
     def _launch(self, port_file: str) -> subprocess.Popen:
         threads = str(max(1, self.cfg.num_threads))

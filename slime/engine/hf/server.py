@@ -341,7 +341,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
-    p.add_argument("--max-batch-size", type=int, default=256, help="sequences decoded together")
+    p.add_argument("--max-batch-size", type=int, default=256,
+                   help="sequences decoded together; 1: each output independent of concurrent requests")
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="ms to wait for more requests after the first")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--context-length", type=int, default=None, help="tokens; default max_position_embeddings")

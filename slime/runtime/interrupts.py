@@ -1,0 +1,103 @@
+"""Ctrl-C and SIGTERM for a run: a graceful teardown first, a forced one on a second signal.
+
+`Interrupts` owns the driver's SIGINT/SIGTERM handlers for the life of a run:
+
+- installed explicitly, whatever the parent left (a shell starts background jobs with SIGINT
+  ignored, and `ray.init` replaces the SIGTERM handler with a bare `sys.exit`), so a signal always
+  reaches the run; `reinstall()` puts them back after a library replaced them;
+- while the run works, a signal raises `RunInterrupted` (a `KeyboardInterrupt`) in the main thread,
+  so the driver's `finally` blocks tear everything down and `result.json` records the phase;
+- once teardown has begun (`begin_teardown()`, or after the first signal), a further signal does not abort it half-way: it
+  kills every process the run started (all descendants of this process), calls `on_force` (which
+  writes `result.json`), and exits with 128 + the signal number at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+import psutil
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the driver; `exit_code` is 128 + the signal number (130, 143)."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(signal.Signals(self.signum).name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def kill_descendants() -> int:
+    """SIGKILL every process below this one (Ray daemons and workers, the router, engines); the count."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=10)
+    return len(children)
+
+
+class Interrupts:
+    """The run's signal policy (see the module docstring). Use as a context manager in the main thread.
+
+    Args:
+        on_force: called with the signal number before a forced exit (write what must survive).
+    """
+
+    def __init__(self, on_force: Callable[[int], None]):
+        self.on_force = on_force
+        self._tearing_down = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "Interrupts":
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("signal handlers can only be installed from the main thread")
+        self._previous = {sig: signal.getsignal(sig) for sig in HANDLED}
+        self.reinstall()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def reinstall(self) -> None:
+        """(Re)install the handlers; call after anything that may have replaced them (ray.init)."""
+        for sig in HANDLED:
+            signal.signal(sig, self._handle)
+
+    def begin_teardown(self) -> None:
+        """From here on a signal forces the exit instead of interrupting the teardown."""
+        self._tearing_down = True
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if not self._tearing_down:
+            _say(f"\n{name} received: stopping the run (again to force)")
+            self._tearing_down = True  # a second signal, even before teardown proper, forces
+            raise RunInterrupted(signum)
+        _say(f"\n{name} received during teardown: killing every process of the run")
+        try:
+            kill_descendants()
+            self.on_force(signum)
+        finally:
+            with contextlib.suppress(OSError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(128 + signum)
+
+
+def _say(message: str) -> None:
+    """To stderr, unless it is gone (a closed terminal or pipe must not stop the teardown)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,98 @@
+"""Ctrl-C and SIGTERM: the handler policy in a bare process, then real runs signalled in every phase."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_end_to_end import assert_no_run_processes, main_py
+
+POLICY_SCRIPT = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    from pathlib import Path
+    from slime.runtime.interrupts import Interrupts, RunInterrupted
+
+    out = Path(sys.argv[1])
+    # Started the way a shell starts a background job: SIGINT ignored. The run must still hear it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with Interrupts(on_force=lambda signum: (out / "forced").write_text(str(signum))) as interrupts:
+        try:
+            os.kill(os.getpid(), int(sys.argv[2]))
+            time.sleep(5)
+        except RunInterrupted as exc:
+            (out / "first").write_text(str(exc.exit_code))
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        (out / "child").write_text(str(child.pid))
+        interrupts.begin_teardown()
+        (out / "tearing_down").write_text("")
+        time.sleep(60)  # a "teardown" that would hang: the second signal must cut it short
+""")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_interrupts_second_forces_and_kills_children(sig, code, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", POLICY_SCRIPT, str(tmp_path), str(int(sig))], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "tearing_down").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, "the first signal killed the process instead of raising RunInterrupted"
+        time.sleep(0.05)
+    assert (tmp_path / "first").read_text() == str(code)
+    child = int((tmp_path / "child").read_text())
+    assert psutil.pid_exists(child)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == code
+    assert (tmp_path / "forced").read_text() == str(int(sig))
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+# ---------------------------------------------------------------- real runs (Ray, router, engine, trainer)
+
+PHASE_CASES = [
+    ("startup", 0.0, "SIGINT", 130),  # before Ray starts
+    ("startup", 4.0, "SIGINT", 130),  # while Ray, the router, the engine and the trainer come up
+    ("rollout:1", 0.0, "SIGINT", 130),
+    ("train:1", 0.0, "SIGINT", 130),
+    ("save:1", 0.0, "SIGINT", 130),
+    ("weight_sync:1", 0.0, "SIGINT", 130),
+    ("train:0", 0.0, "SIGTERM", 143),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_at,delay,sig,code", PHASE_CASES)
+def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, tmp_path):
+    """The signal arrives from another thread while the phase's work is under way, as a Ctrl-C does."""
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, f"debug.signal_at={signal_at}", f"debug.signal={sig}", f"debug.signal_delay_s={delay}",
+                   "train.num_rollout=4", "checkpoint.save_interval=2", timeout=300)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted" and result["error"] == sig
+    assert result["phase"] == signal_at.partition(":")[0]
+    if signal_at != "startup":
+        rollout_id = int(signal_at.partition(":")[2])
+        assert result["rollouts_completed"] == rollout_id  # the interrupted rollout is not counted
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+def test_second_ctrl_c_during_teardown_leaves_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false",
+                             "debug.signal_at=rollout:1", "train.num_rollout=4"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # read to the end: a closed pipe would fail the run's own prints
+        if "SIGINT received: stopping the run" in line:
+            proc.send_signal(signal.SIGINT)  # while the engines, router and Ray are being shut down
+    assert proc.wait(timeout=120) == 130
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted" and "forced" in result["error"]
+    assert_no_run_processes(timeout_s=5)
