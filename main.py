@@ -27,8 +27,8 @@ def main(dcfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C before the run started (while composing or validating): nothing to undo
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # a run's RunInterrupted carries 130 or 143; before the run: plain Ctrl-C
+        sys.exit(getattr(exc, "exit_code", 130))
     except SystemExit as exc:
         # Hydra reports compose-time errors (misspelled key, bad type, unknown option) with status 1;
         # `execute` never exits with 1, so 1 can only mean a configuration error.

@@ -26,11 +26,11 @@ def records(run_dir):
 def test_every_algo_runs_and_its_first_step_is_on_policy(algo, tmp_path):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, f"algo={algo}", "train.num_rollout=3", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001")
+    proc = main_py(run_dir, f"algo={algo}", "train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001")
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     steps = [r for r in logged if "train/step" in r]
-    assert [r["train/step"] for r in steps] == list(range(6))  # 3 rollouts × K = 2
+    assert [r["train/step"] for r in steps] == list(range(4))  # 2 rollouts × K = 2
     first = steps[0]
     assert first["train/kl_loss"] == 0.0
     keys = set().union(*logged)
@@ -55,14 +55,17 @@ def test_ppo_learns_and_its_value_loss_falls(tmp_path):
     proc = main_py(run_dir, "algo=ppo")
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
+    # Spread over seeds 1-5 and 1234 (deterministic runs): last-3 mean reward 0.882-0.975; the value loss
+    # (windows of 5 rollouts) peaks in window 1-5 of 12 at 2.1-5.3x the first window, and ends at
+    # 0.19-0.26x its peak. The bounds below hold on every one of those seeds with a margin.
     rewards = [r["rollout/raw_reward"] for r in logged if "rollout/raw_reward" in r]
     assert sum(rewards[-3:]) / 3 >= 0.8
     losses = [r["train/value_loss"] for r in logged if "train/value_loss" in r]
     assert len(losses) == 120
     windows = [sum(losses[i : i + 10]) / 10 for i in range(0, 120, 10)]  # 5 rollouts each
     peak = max(range(len(windows)), key=windows.__getitem__)
-    assert peak < len(windows) - 3, windows
-    assert windows[-1] < 0.35 * windows[peak], windows
+    assert peak < 8 and windows[peak] > 1.5 * windows[0], windows  # rises with the rewards
+    assert windows[-1] < 0.4 * windows[peak], windows  # then falls as the critic catches up
 
 
 def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):

@@ -1,7 +1,8 @@
 """rollout.deterministic (the embedded default): same config and seed, same run, whatever the load.
 
-Two runs start at once, so each is the other's background load and their requests interleave
-differently; they must log the same metrics (timings aside) and end with bit-identical weights.
+Two runs (and a third with another seed) start at once, so each is the others' background load and
+their requests interleave differently; the two must log the same metrics (timings aside) and end
+with bit-identical weights, and the third must differ.
 """
 
 from __future__ import annotations
@@ -38,18 +39,27 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(ckpt / f"iter_{step:07d}" / "model" / "model.safetensors")
 
 
-@pytest.mark.parametrize("overrides", [
-    ["train.num_rollout=4"],
-    # over-sampling with the zero-std filter: which groups are kept must not depend on completion order
-    ["train.num_rollout=3", "algo=dapo", "rollout.over_sampling_batch_size=48", "cluster.rollout.num_gpus=2"],
-], ids=["grpo", "dapo_oversampling_2_engines"])
-def test_same_seed_same_run(overrides, tmp_path):
-    runs = [tmp_path / "a", tmp_path / "b"]
-    procs = [_start(run_dir, overrides) for run_dir in runs]
+def _finish(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, stderr[-3000:]
-    first, second = (_metrics(run_dir) for run_dir in runs)
+
+
+def _responses(run_dir: Path) -> list[str]:
+    return [json.loads(line)["response"] for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.num_rollout=3"],
+    # over-sampling with the zero-std filter: which groups are kept must not depend on completion order,
+    # nor on which of two engines served a request
+    ["train.num_rollout=2", "algo=dapo", "rollout.batch_size=8", "rollout.over_sampling_batch_size=12",
+     "train.global_batch_size=32", "cluster.rollout.num_gpus=2"],
+], ids=["grpo", "dapo_oversampling_2_engines"])
+def test_same_seed_same_run(overrides, tmp_path):
+    runs = [tmp_path / "a", tmp_path / "b", tmp_path / "other_seed"]
+    _finish([_start(runs[0], overrides), _start(runs[1], overrides), _start(runs[2], [*overrides, "seed=1"])])
+    first, second = (_metrics(run_dir) for run_dir in runs[:2])
     rewards = [r["rollout/raw_reward"] for r in first if "rollout/raw_reward" in r]
     assert len(rewards) == int(overrides[0].split("=")[1])
     assert rewards == [r["rollout/raw_reward"] for r in second if "rollout/raw_reward" in r]
@@ -57,18 +67,9 @@ def test_same_seed_same_run(overrides, tmp_path):
     weights = [_final_weights(run_dir) for run_dir in runs]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    # not vacuous: the seed reaches the sampling, so another seed gives another run
+    assert _responses(runs[0]) == _responses(runs[1]) != _responses(runs[2])
+    assert not all(torch.equal(weights[0][name], weights[2][name]) for name in weights[0])
     if "algo=dapo" in overrides:
         assert any(k.startswith("rollout/dynamic_filter/drop") for r in first for k in r)
     assert_no_run_processes()
-
-
-def test_a_different_seed_gives_a_different_run(tmp_path):
-    """The check above is not vacuous: the seed reaches the sampling."""
-    runs = [tmp_path / "a", tmp_path / "b"]
-    procs = [_start(run_dir, ["train.num_rollout=2", f"seed={seed}"]) for run_dir, seed in zip(runs, (1, 2))]
-    for proc in procs:
-        _, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-3000:]
-    responses = [[json.loads(line)["response"] for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-                 for run_dir in runs]
-    assert responses[0] != responses[1]

@@ -43,7 +43,8 @@ def test_embedded_default_learns(tmp_path):
     curve = rewards(run_dir)
     assert len(curve) == 60
     last3, first = sum(curve[-3:]) / 3, curve[0]
-    assert last3 >= 0.8 and last3 - first >= 0.5, curve
+    # Over seeds 1-5 and 1234 (deterministic runs): first 0.012-0.020, last-3 mean 0.954-0.974.
+    assert first <= 0.1 and last3 >= 0.8, curve
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*records)
     assert {"rollout/step", "rollout/raw_reward", "train/pg_loss", "train/grad_norm", "train/step"} <= keys

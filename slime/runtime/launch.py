@@ -1,8 +1,9 @@
 """From Hydra's DictConfig to a finished run: typed config, validation, assets, run, result.json.
 
 Exit status (run mode): 0 completed; 2 configuration error (raised before anything started);
-3 failure during the run; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. result.json is written at the end of every run that got
-past validation, failed ones included, and names the phase that failed.
+3 failure during the run; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. result.json is written
+at the end of every run that got past validation, failed or interrupted ones included, and names the
+phase that failed.
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ def execute(dcfg: DictConfig) -> float | None:
     print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{to_yaml(cfg)}")
     print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in derived.table()))
 
+    result, code, interrupted = _run_with_result(cfg, derived, run_dir)
+    if multirun:
+        if interrupted is not None:  # Ctrl-C stops the whole sweep, not just this job
+            raise interrupted
+        if code != EXIT_OK:
+            raise RuntimeError(f"run {result['status']} in phase {result['phase']}: {result['error']}")
+    elif code != EXIT_OK:
+        sys.exit(code)
+    return result["final_metrics"].get("rollout/raw_reward")
+
+
+def _run_with_result(cfg, derived, run_dir: Path):
+    """Run under the signal policy and write result.json whatever happens (a forced exit included).
+
+    Returns (the result.json dict, the exit code, the RunInterrupted if a signal stopped the run).
+    """
     # Heavy imports (torch, ray, transformers) only once the config is known to be good.
     from slime.assets.prepare import prepare_assets
     from slime.runtime.driver import RunState, run
@@ -71,26 +88,20 @@ def execute(dcfg: DictConfig) -> float | None:
     def forced(signum: int) -> None:
         write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
 
-    status, error, code = "completed", None, EXIT_OK
+    status, error, code, interrupted = "completed", None, EXIT_OK, None
     with Interrupts(on_force=forced) as interrupts:
         try:
             prepare_assets(cfg)
             run(cfg, derived, state, interrupts, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
                 run_name=_run_name())
         except RunInterrupted as exc:
-            status, error, code = "interrupted", str(exc), exc.exit_code
+            status, error, code, interrupted = "interrupted", str(exc), exc.exit_code, exc
         except Exception as exc:  # the run failed: record where, then exit non-zero
             status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
             traceback.print_exc()
         interrupts.begin_teardown()  # a signal while the result is written forces, and still writes it
-        write_result(status, error)
-    if multirun:
-        if code != EXIT_OK:
-            raise RuntimeError(f"run {status} in phase {state.phase}: {error}")
-        return state.last_metrics.get("rollout/raw_reward")
-    if code != EXIT_OK:
-        sys.exit(code)
-    return state.last_metrics.get("rollout/raw_reward")
+        result = write_result(status, error)
+    return result, code, interrupted
 
 
 def _signal_at(debug) -> tuple[str, int | None, int, float] | None:
