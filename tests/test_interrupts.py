@@ -25,10 +25,13 @@ POLICY_SCRIPT = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with Interrupts(on_force=lambda signum: (out / "forced").write_text(str(signum))) as interrupts:
         try:
-            os.kill(os.getpid(), int(sys.argv[2]))
-            time.sleep(5)
-        except RunInterrupted as exc:
-            (out / "first").write_text(str(exc.exit_code))
+            try:
+                os.kill(os.getpid(), int(sys.argv[2]))
+                time.sleep(5)
+            except RunInterrupted:
+                raise KeyboardInterrupt  # what ray.get raises when a signal cuts its wait
+        except KeyboardInterrupt as exc:
+            (out / "first").write_text(str(interrupts.interrupted(exc).exit_code))
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         (out / "child").write_text(str(child.pid))
         interrupts.begin_teardown()
@@ -58,7 +61,7 @@ def test_first_signal_interrupts_second_forces_and_kills_children(sig, code, tmp
 PHASE_CASES = [
     ("startup", 0.0, "SIGINT", 130),  # before Ray starts
     ("startup", 4.0, "SIGINT", 130),  # while Ray, the router, the engine and the trainer come up
-    ("rollout:1", 0.0, "SIGINT", 130),
+    ("rollout:1", 0.3, "SIGINT", 130),  # while the driver waits in ray.get (which re-raises a bare KeyboardInterrupt)
     ("train:1", 0.0, "SIGINT", 130),
     ("save:1", 0.0, "SIGINT", 130),
     ("weight_sync:1", 0.0, "SIGINT", 130),

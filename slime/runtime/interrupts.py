@@ -6,7 +6,9 @@
   ignored, and `ray.init` replaces the SIGTERM handler with a bare `sys.exit`), so a signal always
   reaches the run; `reinstall()` puts them back after a library replaced them;
 - while the run works, a signal raises `RunInterrupted` (a `KeyboardInterrupt`) in the main thread,
-  so the driver's `finally` blocks tear everything down and `result.json` records the phase;
+  so the driver's `finally` blocks tear everything down and `result.json` records the phase. Code
+  that waits in native code (`ray.get`) may turn it into a plain `KeyboardInterrupt`: `interrupted()`
+  rebuilds the `RunInterrupted` from the signal recorded here;
 - once teardown has begun (`begin_teardown()`, or after the first signal), a further signal does not abort it half-way: it
   kills every process the run started (all descendants of this process), calls `on_force` (which
   writes `result.json`), and exits with 128 + the signal number at once.
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -57,6 +60,7 @@ class Interrupts:
 
     def __init__(self, on_force: Callable[[int], None]):
         self.on_force = on_force
+        self.received: int | None = None  # the first signal's number
         self._tearing_down = False
         self._previous: dict[int, object] = {}
 
@@ -76,6 +80,12 @@ class Interrupts:
         for sig in HANDLED:
             signal.signal(sig, self._handle)
 
+    def interrupted(self, exc: KeyboardInterrupt) -> RunInterrupted:
+        """The `RunInterrupted` behind `exc` (SIGINT when no signal was recorded: a Ctrl-C from Python)."""
+        if isinstance(exc, RunInterrupted):
+            return exc
+        return RunInterrupted(self.received or signal.SIGINT)
+
     def begin_teardown(self) -> None:
         """From here on a signal forces the exit instead of interrupting the teardown."""
         self._tearing_down = True
@@ -83,6 +93,7 @@ class Interrupts:
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if not self._tearing_down:
+            self.received = signum
             _say(f"\n{name} received: stopping the run (again to force)")
             self._tearing_down = True  # a second signal, even before teardown proper, forces
             raise RunInterrupted(signum)
@@ -91,10 +102,18 @@ class Interrupts:
             kill_descendants()
             self.on_force(signum)
         finally:
-            with contextlib.suppress(OSError):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(128 + signum)
+            exit_now(128 + signum)
+
+
+def exit_now(code: int) -> None:
+    """Flush and leave without interpreter finalisation. After a signal cut `ray.init` short, Ray's
+    half-built core worker can crash the interpreter's exit (SIGSEGV instead of 130), so an
+    interrupted run that has torn down and written its result ends here."""
+    logging.shutdown()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _say(message: str) -> None:

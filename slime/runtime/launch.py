@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
+from slime.runtime.interrupts import exit_now
 
 EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
 logger = logging.getLogger("slime")
@@ -58,6 +59,8 @@ def execute(dcfg: DictConfig) -> float | None:
             raise interrupted
         if code != EXIT_OK:
             raise RuntimeError(f"run {result['status']} in phase {result['phase']}: {result['error']}")
+    elif interrupted is not None:
+        exit_now(code)
     elif code != EXIT_OK:
         sys.exit(code)
     return result["final_metrics"].get("rollout/raw_reward")
@@ -71,7 +74,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
     # Heavy imports (torch, ray, transformers) only once the config is known to be good.
     from slime.assets.prepare import prepare_assets
     from slime.runtime.driver import RunState, run
-    from slime.runtime.interrupts import Interrupts, RunInterrupted
+    from slime.runtime.interrupts import Interrupts
 
     state = RunState(phase="prepare", signal_at=_signal_at(cfg.debug))
     started = time.time()
@@ -94,8 +97,9 @@ def _run_with_result(cfg, derived, run_dir: Path):
             prepare_assets(cfg)
             run(cfg, derived, state, interrupts, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
                 run_name=_run_name())
-        except RunInterrupted as exc:
-            status, error, code, interrupted = "interrupted", str(exc), exc.exit_code, exc
+        except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
+            interrupted = interrupts.interrupted(exc)
+            status, error, code = "interrupted", str(interrupted), interrupted.exit_code
         except Exception as exc:  # the run failed: record where, then exit non-zero
             status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
             traceback.print_exc()
