@@ -9,9 +9,9 @@
   so the driver's `finally` blocks tear everything down and `result.json` records the phase. Code
   that waits in native code (`ray.get`) may turn it into a plain `KeyboardInterrupt`: `interrupted()`
   rebuilds the `RunInterrupted` from the signal recorded here;
-- once teardown has begun (`begin_teardown()`, or after the first signal), a further signal does not abort it half-way: it
-  kills every process the run started (all descendants of this process), calls `on_force` (which
-  writes `result.json`), and exits with 128 + the signal number at once.
+- once teardown has begun (`begin_teardown()`, or after the first signal), a further signal does
+  not abort it half-way: it kills every process the run started (all descendants of this process),
+  calls `on_force` (which writes `result.json`), and exits with 128 + the signal number at once.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
-from slime.runtime.interrupts import exit_now
+from slime.runtime.interrupts import Interrupts, exit_now
 
 EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
 logger = logging.getLogger("slime")
@@ -74,7 +74,6 @@ def _run_with_result(cfg, derived, run_dir: Path):
     # Heavy imports (torch, ray, transformers) only once the config is known to be good.
     from slime.assets.prepare import prepare_assets
     from slime.runtime.driver import RunState, run
-    from slime.runtime.interrupts import Interrupts
 
     state = RunState(phase="prepare", signal_at=_signal_at(cfg.debug))
     started = time.time()
