@@ -75,7 +75,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
     from slime.assets.prepare import prepare_assets
     from slime.runtime.driver import RunState, run
 
-    state = RunState(phase="prepare", signal_at=_signal_at(cfg.debug))
+    state = RunState(signal_at=_signal_at(cfg.debug))
     started = time.time()
 
     def write_result(status: str, error: str | None) -> dict:
@@ -93,6 +93,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
     status, error, code, interrupted = "completed", None, EXIT_OK, None
     with Interrupts(on_force=forced) as interrupts:
         try:
+            state.enter("prepare")
             prepare_assets(cfg)
             run(cfg, derived, state, interrupts, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
                 run_name=_run_name())
