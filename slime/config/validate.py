@@ -101,12 +101,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
             "rollout.temperature", cfg.rollout.temperature,
             "must be > 0 (log-probs are taken from logits / temperature)", "set rollout.temperature=1.0",
         )
-    if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
-        yield Problem(
-            "rollout.hf.max_batch_size", cfg.rollout.hf.max_batch_size,
-            "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
-            "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
-        )
     if not 0 < cfg.rollout.top_p <= 1:
         yield Problem("rollout.top_p", cfg.rollout.top_p, "must be in (0, 1]", "set rollout.top_p=1.0")
     if cfg.train.clip_grad < 0:
@@ -148,7 +142,8 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
-    c, p = cfg.cluster, cfg.parallelism
+    """GPU arithmetic: every role's devices fit the cluster and split into engines and DP ranks."""
+    c = cfg.cluster
     for key in ("cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.actor.num_nodes",
                 "cluster.actor.num_gpus_per_node", "cluster.rollout.num_gpus_per_engine"):
         if _get(cfg, key) < 1:
@@ -177,6 +172,21 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             "lower cluster.actor.num_gpus_per_node / cluster.rollout.num_gpus, set cluster.colocate=true, "
             "or pick a larger cluster=...",
         )
+    yield from check_critic_resources(cfg, derived)
+    g = cfg.train.global_batch_size
+    if g is not None and derived.dp_size >= 1 and g % derived.dp_size:
+        yield Problem("train.global_batch_size", g, f"must split evenly over {derived.dp_size} data-parallel ranks",
+                      f"use a multiple of {derived.dp_size}")
+    if c.device == "cuda" and c.ray_address is None:
+        local = _local_cuda_count()
+        if local < min(derived.total_gpus, c.num_gpus_per_node):
+            yield Problem("cluster.device", c.device, f"this machine has {local} CUDA device(s) and no Ray cluster was given",
+                          "set cluster=local_cpu, or cluster.ray_address=<head address> to join a GPU cluster")
+
+
+def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
+    """Options the chosen backend and engine cannot honour are rejected, not ignored."""
+    c, p = cfg.cluster, cfg.parallelism
     model_parallel = p.tp * p.pp * p.cp
     if derived.actor_gpus % model_parallel:
         yield Problem("parallelism.tp", p.tp, f"actor GPUs ({derived.actor_gpus}) are not divisible by tp·pp·cp = {model_parallel}",
@@ -193,22 +203,18 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             yield Problem("parallelism.megatron", dict(p.megatron), "megatron-core fields do nothing with the fsdp backend",
                           "remove them or set parallelism.backend=megatron")
     if cfg.rollout.engine == "hf":
+        if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
+            yield Problem(
+                "rollout.hf.max_batch_size", cfg.rollout.hf.max_batch_size,
+                "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
+                "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
+            )
         if c.rollout.num_gpus_per_engine != 1:
             yield Problem("cluster.rollout.num_gpus_per_engine", c.rollout.num_gpus_per_engine,
                           "the built-in hf engine runs on one device", "set cluster.rollout.num_gpus_per_engine=1")
         if cfg.rollout.sglang:
             yield Problem("rollout.sglang", dict(cfg.rollout.sglang), "SGLang server args do nothing with rollout.engine=hf",
                           "remove them or use the sglang engine")
-    yield from check_critic_resources(cfg, derived)
-    g = cfg.train.global_batch_size
-    if g is not None and derived.dp_size >= 1 and g % derived.dp_size:
-        yield Problem("train.global_batch_size", g, f"must split evenly over {derived.dp_size} data-parallel ranks",
-                      f"use a multiple of {derived.dp_size}")
-    if c.device == "cuda" and c.ray_address is None:
-        local = _local_cuda_count()
-        if local < min(derived.total_gpus, c.num_gpus_per_node):
-            yield Problem("cluster.device", c.device, f"this machine has {local} CUDA device(s) and no Ray cluster was given",
-                          "set cluster=local_cpu, or cluster.ray_address=<head address> to join a GPU cluster")
 
 
 def check_critic_resources(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
@@ -356,7 +362,8 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
 def collect_problems(cfg: RunConfig) -> list[Problem]:
     derived = derive(cfg)
     checks = [check_choices(cfg), check_debug(cfg), check_ranges(cfg), check_batch_arithmetic(cfg),
-              check_cluster(cfg, derived), check_algo(cfg), check_rewards(cfg), check_paths(cfg)]
+              check_cluster(cfg, derived), check_parts_honour_options(cfg, derived), check_algo(cfg),
+              check_rewards(cfg), check_paths(cfg)]
     return [problem for check in checks for problem in check]
 
 
