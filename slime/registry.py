@@ -1,0 +1,96 @@
+"""One registry per seam: the names a config may choose, each mapped to an import path.
+
+    TRAIN_BACKENDS   parallelism.backend        "fsdp" -> {"actor": class path, "critic": class path}
+    ENGINES          rollout.engine             "hf" -> engine class path
+    WEIGHT_SYNC      rollout.weight_sync.mode   "disk" -> weight-sync class path
+    REWARD_TYPES     rollout.rm_type            "exact_match" -> reward function path
+    ROLLOUT_FUNCTIONS rollout.function          "default" -> rollout function path
+
+Entries are import paths (`package.module.attr`), resolved on first use through the one loader of user
+code (`slime.config.hooks.load_callable`), so importing this module costs nothing and validation can
+list every name without importing torch, Ray or an engine. Validation, `python main.py --help` and
+error messages take their names from here; a later issue adds a backend or an engine with one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+
+class Registry:
+    """Names -> import paths for one seam, chosen by the config key `key`.
+
+    A value is an import path string, or a dict of role -> import path (train backends: actor, critic).
+    """
+
+    def __init__(self, key: str, entries: dict[str, Any], *, what: str):
+        self.key = key
+        self.what = what
+        self._entries = dict(entries)
+
+    def register(self, name: str, target: Any) -> None:
+        """Add (or replace) `name`; `target` is an import path or a role -> import path dict."""
+        self._entries[name] = target
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def target(self, name: str, role: str | None = None) -> str:
+        """The import path registered for `name` (and `role`); ValueError naming the choices otherwise."""
+        if name not in self._entries:
+            raise ValueError(self.unknown_message(name))
+        entry = self._entries[name]
+        if role is None:
+            return entry
+        if role not in entry:
+            raise ValueError(f"{self.key}={name!r} has no {role} {self.what}; it provides {sorted(entry)}")
+        return entry[role]
+
+    def load(self, name: str, role: str | None = None) -> Any:
+        """Import and return the registered object."""
+        from slime.config.hooks import load_callable
+
+        return load_callable(self.target(name, role), key=self.key)
+
+    def roles(self, name: str) -> list[str]:
+        entry = self._entries.get(name)
+        return sorted(entry) if isinstance(entry, dict) else []
+
+    def unknown_message(self, name: object) -> str:
+        close = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.5)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        return f"unknown {self.what} {name!r}{hint}; registered: {', '.join(self.names())}"
+
+
+TRAIN_BACKENDS = Registry("parallelism.backend", {
+    "fsdp": {"actor": "slime.train.fsdp.backend.FSDPBackend", "critic": "slime.train.fsdp.critic.FSDPCritic"},
+}, what="training backend")
+
+ENGINES = Registry("rollout.engine", {
+    "hf": "slime.engine.hf.engine.HFEngine",
+}, what="rollout engine")
+
+WEIGHT_SYNC = Registry("rollout.weight_sync.mode", {
+    "disk": "slime.sync.disk.DiskWeightSync",
+}, what="weight-sync mode")
+
+REWARD_TYPES = Registry("rollout.rm_type", {
+    "exact_match": "slime.rollout.rewards.exact_match",
+    "first_word": "slime.rollout.rewards.first_word",
+}, what="reward type")
+
+ROLLOUT_FUNCTIONS = Registry("rollout.function", {
+    "default": "slime.rollout.default.generate_rollout",
+    "sft": "slime.rollout.sft.generate_rollout",
+}, what="rollout function")
+
+ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS)
+
+
+def listing() -> str:
+    """One line per seam: the config key and its registered names (for `--help`)."""
+    return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in ALL)
