@@ -140,8 +140,6 @@ class TrainBatch:
     step_ids: list[int]
     num_trajectories_per_step: int  # G: samples per optimizer step over all ranks
     masked_tokens_per_step: list[int]  # Σ loss_mask per optimizer step over all ranks
-    values: list[list[float]] | None = None  # PPO: the critic's values per response token
-    returns: list[list[float]] | None = None  # PPO: the actor's returns per response token, for the critic
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -155,5 +153,4 @@ class TrainBatch:
             rollout_log_probs=pick(self.rollout_log_probs), truncated=pick(self.truncated),
             sample_indices=pick(self.sample_indices), step_ids=pick(self.step_ids),
             num_trajectories_per_step=self.num_trajectories_per_step, masked_tokens_per_step=self.masked_tokens_per_step,
-            values=pick(self.values), returns=pick(self.returns),
         )

@@ -121,6 +121,15 @@ class HFEngineConfig:
 
 
 @dataclass(kw_only=True)
+class WeightSyncConfig:
+    """How new weights reach the engines (REFERENCE.md §8)."""
+
+    mode: str = "disk"  # a name of slime.registry.WEIGHT_SYNC
+    bucket_mb: int = 512  # MiB of HF-named tensors per transfer bucket
+    keep: bool = False  # disk: keep every pushed weight_v<N> directory
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     engine: str = "hf"  # hf | sglang
     batch_size: int = MISSING  # prompts (groups) per rollout step: B_p
@@ -145,6 +154,7 @@ class RolloutConfig:
     deterministic: bool = False
     router: RouterConfig = field(default_factory=RouterConfig)
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     sglang: dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs fields
 
 
@@ -242,7 +252,7 @@ class CheckpointConfig:
     save: Optional[str] = None  # default: <run dir>/checkpoints
     save_interval: Optional[int] = None  # rollout steps; None saves only at the end
     ckpt_step: Optional[int] = None  # rollout id to load; default: latest
-    save_hf: bool = True  # also export safetensors + config + tokenizer (fsdp checkpoints are HF already)
+    save_hf: Optional[str] = None  # HF export dir written at every save; "{rollout_id}" is filled in
     no_save_optim: bool = False
 
 

@@ -1,27 +1,36 @@
-"""`HTTPEngine`: what every engine backend shares (launch, readiness, SGLang control calls, shutdown).
+"""`EngineServer`: the contract every rollout engine kind (hf, sglang, vllm) implements.
 
-A backend subclasses it and implements `_launch(port_file) -> subprocess.Popen` (use
-`slime.engine.process.launch_process`). The child must bind its own port and write it to
-`port_file`; `start()` then polls GET /health_generate until it answers 200. This is a plain class
-(no Ray import): the rollout manager wraps it in an actor, the GPU tier drives it directly.
+An engine is one inference server process that speaks SGLang's HTTP API. The framework, not the
+server, owns its placement and its ports:
 
-Also the engine registry: `ENGINES` maps `rollout.engine` names to classes; `get_engine_class(name)`.
+1. `EngineLaunch` says where and as what the engine runs (rank, model, host, seed, device, the
+   physical GPU ids of its `cluster.rollout.num_gpus_per_engine` bundles, log dir); the kind's own
+   typed config (`rollout.hf`, `rollout.sglang`, ...) says how. Nothing else reaches the engine.
+2. `start()` reserves `num_ports` ports on this node (`slime.engine.ports`), builds the command line
+   with `command(ports)` from the launch and the kind's config only, starts it in its own process
+   group (dies with its parent), and polls GET `health_path` on the server's URL until 200;
+   a crash or a timeout raises `EngineStartupError` with the tail of the server log.
+3. Control calls go through `client` (`EngineClient`, plain HTTP), so the weight-sync classes and
+   the rollout manager drive any engine kind alike. `shutdown()` stops the process tree.
+
+A kind subclasses `EngineServer`, implements `command(ports)` (and `env()` if it needs more than the
+GPU and thread variables), and is registered by name in `slime.registry.ENGINES`. Plain class, no
+Ray import: the rollout manager wraps it in an actor, the GPU tier drives it directly.
 """
 
 from __future__ import annotations
 
-import importlib
+import abc
+import dataclasses
 import logging
-import os
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, ClassVar, Optional
 
-from slime.engine import http_client
-from slime.engine.http_client import EngineHTTPError
-from slime.engine.process import http_url, log_tail, terminate_process
+from slime.engine.client import EngineClient
+from slime.engine.ports import PortLease, reserve_ports
+from slime.engine.process import child_env, http_url, launch_process, log_tail, terminate_process
 
 logger = logging.getLogger(__name__)
 
@@ -30,233 +39,132 @@ class EngineStartupError(RuntimeError):
     """The server exited or did not become healthy in time; the message carries its log tail."""
 
 
-class HTTPEngine:
-    """One inference server process spoken to over SGLang's HTTP API.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineLaunch:
+    """Where and as what one engine runs; the same fields for every engine kind."""
 
-    Args:
-        rank: engine index (names the log file `<log_dir>/engine_<rank>.log`).
-        host: address the server binds to and is reached at.
-        log_dir: directory for the server's stdout/stderr log.
-        startup_timeout_s: seconds from launch until /health_generate must answer 200.
-        request_timeout_s: default timeout (seconds) of control calls.
-        shutdown_grace_s: seconds between SIGTERM and SIGKILL in `shutdown()`.
-    """
+    rank: int  # engine index: names the log `<log_dir>/engine_<rank>.log`
+    model_path: str  # HF checkpoint dir (architecture, tokenizer; weights are pushed before rollout 0)
+    host: str  # address the server binds to and is reached at
+    seed: int  # the server's sampling seed
+    device: str  # cpu | cuda
+    log_dir: str
+    gpu_ids: tuple[str, ...] = ()  # physical GPU ids of the engine's bundles (cuda); empty on cpu
+    weight_version: str = "0"  # reported until the first weight update
+    startup_timeout_s: float = 600.0  # launch until health answers 200
+    shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL
 
-    name = "base"
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        host: str,
-        log_dir: str,
-        startup_timeout_s: float = 120.0,
-        request_timeout_s: float = 60.0,
-        shutdown_grace_s: float = 10.0,
-    ):
-        self.rank = int(rank)
-        self.host = host
-        self.log_path = Path(log_dir) / f"engine_{self.rank}.log"
-        self.startup_timeout_s = float(startup_timeout_s)
-        self.request_timeout_s = float(request_timeout_s)
-        self.shutdown_grace_s = float(shutdown_grace_s)
+class EngineServer(abc.ABC):
+    """One server process of an engine kind; see the module docstring for the contract."""
+
+    num_ports: ClassVar[int] = 1  # ports reserved per server; ports[0] serves HTTP
+    health_path: ClassVar[str] = "/health_generate"
+    kind: ClassVar[str] = "base"  # the registry name (rollout.engine)
+
+    def __init__(self, launch: EngineLaunch, config: Any):
+        self.launch_spec = launch
+        self.config = config
+        self.log_path = Path(launch.log_dir) / f"engine_{launch.rank}.log"
         self.process: Optional[subprocess.Popen] = None
-        self.port: Optional[int] = None
-        self._port_dir: Optional[str] = None
+        self.lease: Optional[PortLease] = None
         self._launched_at = 0.0
 
     # ---------------------------------------------------------------- to implement
-    def _launch(self, port_file: str) -> subprocess.Popen:
-        """Start the server so that it binds a port on `self.host` and writes it to `port_file`."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def command(self, ports: list[int]) -> list[str]:
+        """The server's command line; it must serve HTTP on `launch_spec.host:ports[0]`."""
+
+    def env(self) -> dict[str, str]:
+        """Extra environment of the server process: its GPUs (cuda)."""
+        if self.launch_spec.device == "cuda" and self.launch_spec.gpu_ids:
+            return {"CUDA_VISIBLE_DEVICES": ",".join(self.launch_spec.gpu_ids)}
+        return {}
 
     # ---------------------------------------------------------------- lifecycle
+    @property
+    def rank(self) -> int:
+        return self.launch_spec.rank
+
+    @property
+    def url(self) -> str:
+        if self.lease is None:
+            raise RuntimeError(f"engine {self.rank} has no port yet: call start()")
+        return http_url(self.launch_spec.host, self.lease.ports[0])
+
+    @property
+    def client(self) -> EngineClient:
+        return EngineClient(self.url)
+
     def start(self) -> str:
         """Launch and wait until healthy; returns the URL. Raises EngineStartupError on failure."""
         self.launch()
         return self.wait_until_ready()
 
     def launch(self) -> None:
-        """Start the process without waiting (call `wait_until_ready()` next): lets callers start
-        several engines in parallel."""
-        if self.process is not None and self.process.poll() is None:
+        """Reserve ports and start the process without waiting (then `wait_until_ready()`), so that
+        callers can start several engines in parallel."""
+        if self.is_running():
             raise RuntimeError(f"engine {self.rank} is already running (pid {self.process.pid})")
-        self.port = None
-        self._port_dir = tempfile.mkdtemp(prefix=f"slime_engine_{self.rank}_")
+        self.lease = reserve_ports(self.launch_spec.host, self.num_ports)
         self._launched_at = time.monotonic()
-        self.process = self._launch(os.path.join(self._port_dir, "port"))
-        logger.info("engine %d (%s) launched, pid %d, log %s", self.rank, self.name, self.process.pid, self.log_path)
+        self.process = launch_process(self.command(list(self.lease.ports)), log_path=self.log_path,
+                                      env=child_env(self.env()))
+        logger.info("engine %d (%s) launched, pid %d, ports %s, log %s", self.rank, self.kind, self.process.pid,
+                    self.lease.ports, self.log_path)
 
     def wait_until_ready(self) -> str:
-        """Read the port file, then poll GET /health_generate (every 0.2-2 s) until 200."""
-        deadline = self._launched_at + self.startup_timeout_s
-        port_file = os.path.join(self._port_dir, "port")
+        """Poll GET `health_path` (every 0.2-2 s) until 200, the process dies, or the timeout passes."""
+        deadline = self._launched_at + self.launch_spec.startup_timeout_s
+        interval = 0.2
         try:
-            while self.port is None:
-                self._check_alive("before writing its port file")
-                try:
-                    text = Path(port_file).read_text().strip()
-                    self.port = int(text) if text else None
-                except (FileNotFoundError, ValueError):
-                    pass
-                if self.port is None:
-                    self._check_deadline(deadline, "to write its port file")
-                    time.sleep(0.05)
-            interval = 0.2
             while True:
-                self._check_alive("before becoming healthy")
-                if self.is_healthy(timeout=max(1.0, min(30.0, deadline - time.monotonic()))):
+                self._check_alive()
+                if self.client.is_healthy(self.health_path, timeout=max(1.0, min(30.0, deadline - time.monotonic()))):
                     break
-                self._check_deadline(deadline, "to answer GET /health_generate with 200")
+                if time.monotonic() > deadline:
+                    raise EngineStartupError(
+                        f"engine {self.rank} took longer than {self.launch_spec.startup_timeout_s:.0f} s to answer "
+                        f"GET {self.health_path} with 200 at {self.url}; last log lines of {self.log_path}:\n"
+                        f"{log_tail(self.log_path)}")
                 time.sleep(interval)
                 interval = min(2.0, interval * 1.5)
         except BaseException:
             self.shutdown()
             raise
-        finally:
-            _remove_dir(self._port_dir)
         logger.info("engine %d ready at %s after %.1f s", self.rank, self.url, time.monotonic() - self._launched_at)
         return self.url
 
-    def _check_alive(self, when: str) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def _check_alive(self) -> None:
+        if not self.is_running():
             code = None if self.process is None else self.process.returncode
             raise EngineStartupError(
-                f"engine {self.rank} exited with status {code} {when}; last log lines of {self.log_path}:\n"
-                f"{log_tail(self.log_path)}"
-            )
-
-    def _check_deadline(self, deadline: float, what: str) -> None:
-        if time.monotonic() > deadline:
-            raise EngineStartupError(
-                f"engine {self.rank} took longer than {self.startup_timeout_s:.0f} s {what}; last log lines of "
-                f"{self.log_path}:\n{log_tail(self.log_path)}"
-            )
-
-    @property
-    def url(self) -> str:
-        if self.port is None:
-            raise RuntimeError(f"engine {self.rank} has no port yet: call start()")
-        return http_url(self.host, self.port)
+                f"engine {self.rank} exited with status {code} before becoming healthy; last log lines of "
+                f"{self.log_path}:\n{log_tail(self.log_path)}")
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def pid(self) -> Optional[int]:
+        return None if self.process is None else self.process.pid
+
     def shutdown(self) -> None:
-        """SIGTERM the server's process group, SIGKILL after the grace period. Idempotent."""
+        """SIGTERM the server's process group, SIGKILL after the grace period, free the ports. Idempotent."""
         proc, self.process = self.process, None
         if proc is not None:
-            terminate_process(proc, grace_s=self.shutdown_grace_s)
+            terminate_process(proc, grace_s=self.launch_spec.shutdown_grace_s)
             logger.info("engine %d stopped (status %s)", self.rank, proc.returncode)
-
-    # ---------------------------------------------------------------- SGLang control calls
-    def _get(self, path: str, timeout: Optional[float] = None) -> Any:
-        return http_client.get(self.url + path, timeout=timeout or self.request_timeout_s)
-
-    def _post(self, path: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
-        return http_client.post(self.url + path, payload, timeout=timeout or self.request_timeout_s)
-
-    def is_healthy(self, timeout: float = 10.0) -> bool:
-        """True iff GET /health_generate answers 200 within `timeout` seconds."""
-        try:
-            status, _ = http_client.request("GET", self.url + "/health_generate", timeout=timeout)
-        except EngineHTTPError:
-            return False
-        return status == 200
-
-    def flush_cache(self, max_attempts: int = 60, interval_s: float = 1.0) -> None:
-        """GET /flush_cache, retried while non-200 (SGLang refuses while requests run)."""
-        status, last = None, None
-        for _ in range(max(1, max_attempts)):
-            status, last = http_client.request("GET", self.url + "/flush_cache", timeout=self.request_timeout_s)
-            if status == 200:
-                return
-            time.sleep(interval_s)
-        raise EngineHTTPError("GET", self.url + "/flush_cache", status, f"still failing after {max_attempts} tries: {last}")
-
-    def pause_generation(self, mode: Optional[str] = None) -> None:
-        """POST /pause_generation; SGLang's default mode aborts in-flight requests, new ones wait."""
-        self._post("/pause_generation", {} if mode is None else {"mode": mode})
-
-    def continue_generation(self) -> None:
-        self._post("/continue_generation", {})
-
-    def update_weights_from_disk(
-        self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None,
-        timeout: float = 600.0,
-    ) -> dict:
-        """POST /update_weights_from_disk; raises EngineHTTPError unless it reports success."""
-        payload: dict[str, Any] = {"model_path": str(path)}
-        if weight_version is not None:
-            payload["weight_version"] = str(weight_version)
-        if load_format is not None:
-            payload["load_format"] = load_format
-        url = self.url + "/update_weights_from_disk"
-        status, body = http_client.request("POST", url, payload, timeout=timeout)
-        if status != 200 or not (isinstance(body, dict) and body.get("success")):
-            raise EngineHTTPError("POST", url, status, str(body))
-        return body
-
-    def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
-        """POST /release_memory_occupation (all tags when None: weights, kv_cache, cuda_graph)."""
-        self._post("/release_memory_occupation", {} if tags is None else {"tags": list(tags)})
-
-    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
-        self._post("/resume_memory_occupation", {} if tags is None else {"tags": list(tags)})
-
-    def abort_all(self) -> None:
-        self._post("/abort_request", {"abort_all": True})
-
-    def get_weight_version(self) -> str:
-        return str(self._get("/get_weight_version")["weight_version"])
-
-    def loads(self) -> dict:
-        """GET /v1/loads (engine-specific shape; the hf engine's is documented in its server)."""
-        return self._get("/v1/loads?include=core")
+        if self.lease is not None:
+            self.lease.release()
 
     def __repr__(self) -> str:
-        where = http_url(self.host, self.port) if self.port else "not started"
+        where = self.url if self.lease else "not started"
         return f"{type(self).__name__}(rank={self.rank}, {where})"
 
 
-def _remove_dir(path: Optional[str]) -> None:
-    if not path:
-        return
-    for name in os.listdir(path) if os.path.isdir(path) else []:
-        try:
-            os.remove(os.path.join(path, name))
-        except OSError:
-            pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
+def get_engine_class(name: str) -> type[EngineServer]:
+    """The engine class registered as `rollout.engine=<name>`; ValueError naming the choices otherwise."""
+    from slime.registry import ENGINES
 
-
-# -------------------------------------------------------------------- registry
-ENGINES: dict[str, type[HTTPEngine]] = {}
-# Built-in backends, imported on first use so that `import slime.engine.base` stays light.
-_BUILTIN_MODULES = {"hf": "slime.engine.hf.engine"}
-
-
-def register_engine(name: str) -> Callable[[type[HTTPEngine]], type[HTTPEngine]]:
-    """Class decorator: make an HTTPEngine subclass selectable as `rollout.engine=<name>`."""
-
-    def deco(cls: type[HTTPEngine]) -> type[HTTPEngine]:
-        if not issubclass(cls, HTTPEngine):
-            raise TypeError(f"{cls!r} is not an HTTPEngine")
-        ENGINES[name] = cls
-        cls.name = name
-        return cls
-
-    return deco
-
-
-def get_engine_class(name: str) -> type[HTTPEngine]:
-    """The engine class registered as `name`; a clear ValueError for unknown names."""
-    if name not in ENGINES and name in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[name])
-    if name not in ENGINES:
-        known = sorted(set(ENGINES) | set(_BUILTIN_MODULES))
-        raise ValueError(f"unknown rollout engine {name!r}: choose one of {known} (rollout.engine=<name>)")
-    return ENGINES[name]
+    return ENGINES.load(name)

@@ -24,9 +24,11 @@ from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
-from slime.sync.disk import DiskWeightSync
+from slime.sync.base import SyncContext
 from slime.tracking.tracker import Tracker
+from slime.train.actor_loss import needs_old_log_probs, needs_ref
 from slime.train.base import TrainSetup
+from slime.train.layout import RankLayout
 
 logger = logging.getLogger(__name__)
 
@@ -77,24 +79,26 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
                                      critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             RolloutSetup.from_run_config(cfg, derived), placement.rollout)
-        train_group = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor)
-        critic = TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, role="critic") if ppo else None
+        layout = train_layout(cfg, derived)
+        actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
+        critic = (TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
+                  if ppo else None)
         tracker = None
         exit_code = 1
         try:
             engines_ready = manager.start.remote()
-            state.start_rollout = start = train_group.init()
+            state.start_rollout = start = actor.init()
             if critic is not None and critic.init() != start:
                 raise RuntimeError("the critic checkpoint is not at the actor's rollout step: set train.critic.load "
                                    "to the critic saved with checkpoint.load")
             ray.get(engines_ready)
+            actor.connect_weight_sync(cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()),
+                                      _sync_context(cfg, run_dir))
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
             tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
                               total_rollouts=cfg.train.num_rollout, start_rollout=start)
-            sync = DiskWeightSync(run_dir / "weights")
-            _loop(cfg, state, start, manager, train_group, critic, tracker, sync)
-            sync.close()
+            _loop(cfg, state, start, manager, actor, critic, tracker)
             exit_code = 0
         finally:
             interrupts.begin_teardown()
@@ -107,18 +111,31 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
                 ray.get(manager.shutdown.remote(), timeout=60)
             except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
                 logger.warning("rollout manager shutdown failed: %s", exc)
-            train_group.shutdown()
+            actor.shutdown()
             if critic is not None:
                 critic.shutdown()
             state.phase = state_phase if exit_code else "done"
 
 
-def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: TrainGroup, critic: TrainGroup | None,
-          tracker: Tracker, sync: DiskWeightSync) -> None:
+def train_layout(cfg: RunConfig, derived: Derived) -> RankLayout:
+    """The training group's rank layout (the critic mirrors the actor's)."""
+    p = cfg.parallelism
+    return RankLayout.for_world(derived.actor_gpus, tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep, etp=p.etp)
+
+
+def _sync_context(cfg: RunConfig, run_dir: Path) -> SyncContext:
+    w = cfg.rollout.weight_sync
+    return SyncContext(source_checkpoint=cfg.model.hf_checkpoint, work_dir=str(run_dir), bucket_bytes=w.bucket_mb << 20,
+                       keep=w.keep)
+
+
+def _loop(cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGroup, critic: TrainGroup | None,
+          tracker: Tracker) -> None:
+    """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
     k = cfg.train.num_steps_per_rollout
     state.enter("weight_sync", start - 1)
     tracker.progress.phase("initial weight push...")
-    sync.push(train_group, manager, weight_version=start)  # engines hold the run's weights before rollout 0
+    actor.update_weights(weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
         state.enter("eval", start - 1)
         tracker.log(ray.get(manager.evaluate.remote(0)), eval=0)
@@ -128,25 +145,21 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
         state.enter("train", rollout_id)
         train_start = time.perf_counter()
-        trained = _train(cfg, rollout_id, batches, train_group, critic)
-        metrics.update(trained["rollout_side"])
+        steps = train_step(cfg, rollout_id, batches, actor, critic, metrics)
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
             state.enter("save", rollout_id)
             save_start = time.perf_counter()
-            train_group.save_checkpoint(rollout_id, cfg.checkpoint.save)
-            if critic is not None:
-                critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
-            ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+            _save(cfg, rollout_id, manager, actor, critic)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
         state.enter("weight_sync", rollout_id)
-        metrics["perf/update_weights_time"] = sync.push(train_group, manager, weight_version=rollout_id + 1)
+        metrics.update(actor.update_weights(weight_version=rollout_id + 1))
         metrics["perf/step_time"] = time.perf_counter() - step_start
-        for step_id, step_metrics in enumerate(trained["steps"]):
+        for step_id, step_metrics in enumerate(steps):
             tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
         tracker.log(metrics, rollout=rollout_id)
-        if trained["steps"]:
-            metrics.update(trained["steps"][-1])
+        if steps:
+            metrics.update(steps[-1])
         tracker.log_samples(preview)
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
@@ -156,24 +169,38 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, train_group: Tra
         state.last_metrics = metrics
 
 
-def _train(cfg: RunConfig, rollout_id: int, batches, actor: TrainGroup, critic: TrainGroup | None) -> dict:
-    """One rollout step of training. PPO: critic values -> actor (GAE, returns) -> critic on the returns.
+def train_step(cfg: RunConfig, rollout_id: int, batches, actor: TrainGroup, critic: TrainGroup | None,
+               metrics: dict[str, float]) -> list[dict[str, float]]:
+    """REFERENCE.md §2.2 step 5 on the training groups; adds rollout-side and perf metrics to `metrics`.
 
-    Returns {"steps": [merged actor + critic metrics per optimizer step], "rollout_side": perf and
-    rollout-column metrics}.
+    Returns the merged actor (+ critic) `train/*` metrics of every optimizer step.
     """
-    if critic is not None:
-        for batch, values in zip(batches, critic.compute_values(batches)):
-            batch.values = values
-    update_actor = rollout_id >= cfg.algo.num_critic_only_steps
-    results = actor.train(rollout_id, batches, update=update_actor)
-    steps = [dict(step) for step in results[0]["steps"]]
-    side = {**results[0]["perf"], **results[0]["rollout"]}
-    if critic is not None:
-        for batch, result in zip(batches, results):
-            batch.returns = result["returns"]
-        critic_results = critic.train(rollout_id, batches)
-        critic_steps = critic_results[0]["steps"]
+    actor.load_batch(rollout_id, batches)
+    if critic is not None:  # PPO: the critic's old values feed the actor's GAE
+        critic.load_batch(rollout_id, batches)
+        actor.set_column("values", critic.compute_values())
+    if needs_ref(cfg.algo):
+        metrics.update(actor.compute_log_probs("ref"))
+    if needs_old_log_probs(cfg.algo, cfg.train.num_steps_per_rollout):
+        metrics.update(actor.compute_log_probs("old"))
+    metrics.update(actor.compute_advantages())
+    result = actor.train(update=rollout_id >= cfg.algo.num_critic_only_steps)
+    metrics.update(result["perf"])
+    steps = [dict(step) for step in result["steps"]]
+    if critic is not None:  # then the critic learns the actor's returns
+        critic.set_column("returns", actor.get_column("returns"))
+        critic_result = critic.train()
+        metrics.update(critic_result["perf"])
+        critic_steps = critic_result["steps"]
         steps = [{**(steps[i] if i < len(steps) else {}), **critic_steps[i]} for i in range(len(critic_steps))]
-        side.update(critic_results[0]["perf"])
-    return {"steps": steps, "rollout_side": side}
+    return steps
+
+
+def _save(cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None) -> None:
+    """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one."""
+    actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
+    if critic is not None:
+        critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
+    ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+    if cfg.checkpoint.save_hf:
+        actor.save_hf(cfg.checkpoint.save_hf.format(rollout_id=rollout_id))

@@ -18,17 +18,34 @@ from slime.config.derive import Derived
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where one actor goes: a bundle of the run's placement group."""
+    """Where one actor goes: a bundle of the run's placement group, and that bundle's GPU."""
 
     group: PlacementGroup
     bundle_index: int
     device: str  # cuda | cpu
+    gpu_id: str | None = None  # the physical GPU id Ray assigned to the bundle (cuda)
 
     def actor_options(self, *, fraction: float) -> dict:
-        """Ray options for an actor taking `fraction` of this bundle's device (colocation-friendly)."""
+        """Ray options for an actor taking `fraction` (1.0: all) of this bundle's device."""
         resources = {"num_gpus": fraction, "num_cpus": fraction} if self.device == "cuda" else {"num_cpus": fraction}
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=self.bundle_index)
         return {**resources, "scheduling_strategy": strategy}
+
+
+@dataclasses.dataclass(frozen=True)
+class EnginePlacement:
+    """An engine's `cluster.rollout.num_gpus_per_engine` consecutive bundles: its actor lives on the first,
+    its server process uses the GPUs of all of them."""
+
+    bundles: tuple[Placement, ...]
+
+    @property
+    def first(self) -> Placement:
+        return self.bundles[0]
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        return tuple(b.gpu_id for b in self.bundles if b.gpu_id is not None)
 
 
 @ray.remote(num_cpus=0)
@@ -46,7 +63,7 @@ class RunPlacement:
     group: PlacementGroup
     actor: list[Placement]
     critic: list[Placement]  # PPO's critic: its own bundles, or the actor's when colocated with it
-    rollout: list[Placement]  # the first bundle of each engine
+    rollout: list[EnginePlacement]  # one entry per engine
 
 
 def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_engine: int, critic_with_actor: bool,
@@ -58,16 +75,19 @@ def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_
     if not ready:
         raise TimeoutError(f"placement group of {derived.total_gpus} {bundle} bundles not ready after {timeout_s}s: "
                            f"cluster resources are {ray.cluster_resources()}")
+    probe_gpus = {"num_gpus": 0.01} if device == "cuda" else {}  # a GPU share makes Ray report the bundle's GPU id
     probes = [
-        _probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
+        _probe.options(**probe_gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
                                                                             placement_group_bundle_index=i)).remote()
         for i in range(derived.total_gpus)
     ]
     located = ray.get(probes)
     order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][0]), located[i][1], i))
-    places = [Placement(group, i, device) for i in order]
+    places = [Placement(group, i, device, located[i][1][0] if located[i][1] else None) for i in order]
     actor = places[: derived.actor_gpus]
     critic = actor if critic_with_actor else places[derived.actor_gpus : derived.actor_gpus + derived.critic_gpus]
     rollout_start = 0 if colocate else derived.actor_gpus + derived.critic_gpus
     rollout_places = places[rollout_start : rollout_start + derived.rollout_gpus]
-    return RunPlacement(group=group, actor=actor, critic=critic, rollout=rollout_places[::gpus_per_engine])
+    engines = [EnginePlacement(tuple(rollout_places[i : i + gpus_per_engine]))
+               for i in range(0, len(rollout_places), gpus_per_engine)]
+    return RunPlacement(group=group, actor=actor, critic=critic, rollout=engines)

@@ -20,12 +20,12 @@ from slime.algo import pass_at_k
 from slime.config.derive import Derived
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
-from slime.engine.base import get_engine_class
+from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
 from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
-from slime.runtime.placement import Placement
+from slime.runtime.placement import EnginePlacement
 from slime.types import Sample, SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class RolloutSetup:
     model_path: str
     host: str
     device: str
+    colocate: bool  # engines share the trainer's GPUs (fractional actors)
     seed: int
     log_dir: str
     dp_size: int
@@ -57,13 +58,13 @@ class RolloutSetup:
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> "RolloutSetup":
         return cls(rollout=cfg.rollout, data=cfg.data, eval=cfg.eval, algo=cfg.algo, model_path=cfg.model.hf_checkpoint,
-                   host=cfg.cluster.host, device=cfg.cluster.device, seed=cfg.seed, log_dir=cfg.paths.output_dir,
+                   host=cfg.cluster.host, device=cfg.cluster.device, colocate=cfg.cluster.colocate, seed=cfg.seed, log_dir=cfg.paths.output_dir,
                    dp_size=derived.dp_size, global_batch_size=derived.global_batch_size,
                    num_steps_per_rollout=cfg.train.num_steps_per_rollout)
 
 
 class RolloutManager:
-    def __init__(self, setup: RolloutSetup, engine_placements: list[Placement]):
+    def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
         from transformers import AutoTokenizer
 
         self.setup = setup
@@ -100,15 +101,24 @@ class RolloutManager:
         else:
             self.router = Router.launch(host=s.host, cfg=r.router, log_path=str(log_dir / "router.log"))
         engine_cls = ray.remote(get_engine_class(r.engine))
+        engine_config = getattr(r, r.engine)  # the kind's own typed config: rollout.hf, rollout.sglang, ...
+        # An engine's server uses every GPU of its bundles: Ray must not narrow CUDA_VISIBLE_DEVICES to one.
+        env = {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}} if s.device == "cuda" else {}
         for rank, placement in enumerate(self.engine_placements):
-            options = placement.actor_options(fraction=0.2)
-            self.engines.append(engine_cls.options(**options).remote(
-                model_path=s.model_path, rank=rank, host=s.host, seed=s.seed + rank, device=s.device, cfg=r.hf,
-                log_dir=str(log_dir)))
-        self.engine_urls = ray.get([engine.start.remote() for engine in self.engines])
+            launch = EngineLaunch(rank=rank, model_path=s.model_path, host=s.host, seed=s.seed + rank, device=s.device,
+                                  log_dir=str(log_dir), gpu_ids=placement.gpu_ids,
+                                  startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0))
+            options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
+            self.engines.append(engine_cls.options(**options, **env).remote(launch, engine_config))
+        ray.get([engine.launch.remote() for engine in self.engines])  # all start, then all are waited for
+        self.engine_urls = ray.get([engine.wait_until_ready.remote() for engine in self.engines])
         for url in self.engine_urls:
             self.router.add_worker(url)
         return self.router.url
+
+    def urls(self) -> list[str]:
+        """The URL of every engine, in engine rank order (what weight sync pushes to)."""
+        return list(self.engine_urls)
 
     def shutdown(self) -> None:
         for url in self.engine_urls:
@@ -196,13 +206,6 @@ class RolloutManager:
         return metrics
 
     # ---- weights and state -------------------------------------------------------------------
-    def update_weights_from_disk(self, path: str, weight_version: int) -> None:
-        """pause -> flush -> load -> continue on every engine (REFERENCE.md §8)."""
-        ray.get([e.pause_generation.remote() for e in self.engines])
-        ray.get([e.flush_cache.remote() for e in self.engines])
-        ray.get([e.update_weights_from_disk.remote(path, str(weight_version)) for e in self.engines])
-        ray.get([e.continue_generation.remote() for e in self.engines])
-
     def save(self, rollout_id: int, root: str) -> None:
         target = Path(root) / "rollout"
         target.mkdir(parents=True, exist_ok=True)

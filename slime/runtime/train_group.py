@@ -1,14 +1,21 @@
-"""A group of training ranks: one Ray actor per rank wrapping the configured backend class."""
+"""A group of training ranks: one Ray actor per rank wrapping the configured backend class.
+
+The group's `RankLayout` decides who gets what: data-parallel shard d goes to every rank whose
+`dp_rank` is d (its whole model-parallel group), and each per-shard result is read from the rank that
+owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order.
+"""
 
 from __future__ import annotations
 
 import socket
+from typing import Any, Sequence
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.runtime.placement import Placement
 from slime.train.base import TrainSetup, get_backend_class
+from slime.train.layout import RankLayout
 from slime.types import TrainBatch
 
 
@@ -22,45 +29,80 @@ def _rendezvous_address() -> tuple[str, int]:
 
 
 class TrainGroup:
-    """One role's ranks (actor or critic); calls go to every rank and return every rank's result."""
+    """One role's ranks (actor or critic)."""
 
-    def __init__(self, setup: TrainSetup, placements: list[Placement], role: str = "actor"):
+    def __init__(self, setup: TrainSetup, placements: list[Placement], layout: RankLayout, *, role: str = "actor",
+                 fraction: float = 0.4):
+        if layout.world_size != len(placements):
+            raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
+        self.layout = layout
         actor_cls = ray.remote(get_backend_class(setup.parallelism.backend, role))
         first = placements[0]
         addr, port = ray.get(_rendezvous_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=first.group, placement_group_bundle_index=first.bundle_index)).remote())
         self.actors = [
-            actor_cls.options(**place.actor_options(fraction=0.4)).remote(
-                setup, rank=rank, world_size=len(placements), master_addr=addr, master_port=port)
+            actor_cls.options(**place.actor_options(fraction=fraction)).remote(
+                setup, rank=rank, layout=layout, master_addr=addr, master_port=port)
             for rank, place in enumerate(placements)
         ]
 
+    # ---- dispatch ----------------------------------------------------------------------------
+    def _all(self, method: str, *args, **kwargs) -> list[Any]:
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+
+    def _per_shard(self, method: str, per_shard: Sequence[Any], *args) -> list[Any]:
+        """Call `method(*args, per_shard[dp_rank])` on every rank; return every rank's result."""
+        if len(per_shard) != self.layout.dp:
+            raise RuntimeError(f"{len(per_shard)} shards for {self.layout.dp} data-parallel ranks")
+        return ray.get([getattr(a, method).remote(*args, per_shard[self.layout.shard_of(rank)])
+                        for rank, a in enumerate(self.actors)])
+
+    def _owned(self, results: list[Any]) -> list[Any]:
+        """Per shard, the result of the rank that owns it."""
+        return [results[rank] for rank in self.layout.owners()]
+
+    # ---- the interface, group-wide -----------------------------------------------------------
     def init(self) -> int:
         """Build models on every rank; return the first rollout id (identical on all ranks)."""
-        starts = ray.get([a.init.remote() for a in self.actors])
+        starts = self._all("init")
         if len(set(starts)) != 1:
             raise RuntimeError(f"training ranks disagree on the start rollout: {starts}")
         return starts[0]
 
-    def _per_rank(self, batches: list[TrainBatch]) -> None:
-        if len(batches) != len(self.actors):
-            raise RuntimeError(f"{len(batches)} batches for {len(self.actors)} data-parallel ranks")
+    def load_batch(self, rollout_id: int, batches: list[TrainBatch]) -> None:
+        self._per_shard("load_batch", batches, rollout_id)
 
-    def train(self, rollout_id: int, batches: list[TrainBatch], **kwargs) -> list[dict]:
-        """Every rank's result, in rank order (step metrics are identical on all ranks after the all-reduce)."""
-        self._per_rank(batches)
-        return ray.get([a.train.remote(rollout_id, b, **kwargs) for a, b in zip(self.actors, batches)])
+    def compute_log_probs(self, which: str) -> dict[str, float]:
+        return self._owned(self._all("compute_log_probs", which))[0]
 
-    def compute_values(self, batches: list[TrainBatch]) -> list[list[list[float]]]:
-        """Critic only: per rank, per sample, the value of every response token."""
-        self._per_rank(batches)
-        return ray.get([a.compute_values.remote(b) for a, b in zip(self.actors, batches)])
+    def compute_values(self) -> list[list[list[float]]]:
+        """Critic: per shard, per sample, the value of every response token."""
+        return self._owned(self._all("compute_values"))
+
+    def compute_advantages(self) -> dict[str, float]:
+        return self._owned(self._all("compute_advantages"))[0]
+
+    def set_column(self, name: str, per_shard: list[list[list[float]]]) -> None:
+        self._per_shard("set_column", per_shard, name)
+
+    def get_column(self, name: str) -> list[list[list[float]]]:
+        return self._owned(self._all("get_column", name))
+
+    def train(self, *, update: bool = True) -> dict:
+        """{"steps": [...], "perf": {...}} of the first shard's owner (step metrics are reduced over ranks)."""
+        return self._owned(self._all("train", update=update))[0]
+
+    def connect_weight_sync(self, mode: str, engine_urls: list[str], context) -> None:
+        self._all("connect_weight_sync", mode, engine_urls, context)
+
+    def update_weights(self, weight_version: int) -> dict[str, float]:
+        return self._all("update_weights", weight_version)[0]
 
     def save_hf(self, path: str) -> None:
-        ray.get([a.save_hf.remote(path) for a in self.actors])
+        self._all("save_hf", path)
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
-        ray.get([a.save_checkpoint.remote(rollout_id, root) for a in self.actors])
+        self._all("save_checkpoint", rollout_id, root)
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -1,35 +1,39 @@
-"""Disk weight sync (REFERENCE.md §8.3): the trainer writes an HF dir, every engine reloads from it.
+"""Disk weight sync (REFERENCE.md §8.3): HF safetensors in a directory, every engine reloads from it.
 
-    <root>/weight_v000003/   safetensors + config, deleted after the engines loaded it unless `keep`
+    <work_dir>/weights/weight_v000003/   safetensors + index + config, deleted after the engines
+                                         loaded it unless `rollout.weight_sync.keep`
+
+The directory must be visible to every engine's node (a shared filesystem on multi-node clusters).
 """
 
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
+from typing import Iterable
 
-import ray
+from slime.sync.base import WeightSync
+from slime.sync.hf_files import Bucket, write_hf_dir
 
 
-class DiskWeightSync:
-    """Pushes weights with version numbers that increase by one per push."""
+class DiskWeightSync(WeightSync):
+    mode = "disk"
 
-    def __init__(self, root: str | Path, *, keep: bool = False):
-        self.root = Path(root)
-        self.keep = keep
+    @property
+    def root(self) -> Path:
+        return Path(self.context.work_dir) / "weights"
 
-    def push(self, train_group, rollout_manager, weight_version: int) -> float:
-        """Write, load on every engine, clean up; return seconds taken."""
-        start = time.perf_counter()
-        path = self.root / f"weight_v{weight_version:06d}"
-        train_group.save_hf(str(path))
-        ray.get(rollout_manager.update_weights_from_disk.remote(str(path), weight_version))
-        if not self.keep:
-            shutil.rmtree(path, ignore_errors=True)
-        return time.perf_counter() - start
+    def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
+        path = self.root / f"weight_v{int(weight_version):06d}"
+        written = write_hf_dir(buckets, path, source_checkpoint=self.context.source_checkpoint)
+        try:
+            for engine in self.engines:
+                engine.update_weights_from_disk(str(path), weight_version=weight_version)
+        finally:
+            if not self.context.keep:
+                shutil.rmtree(path, ignore_errors=True)
+        return written
 
     def close(self) -> None:
-        """Remove the sync directory when nothing in it is kept."""
-        if not self.keep:
+        if not self.context.keep:
             shutil.rmtree(self.root, ignore_errors=True)

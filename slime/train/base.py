@@ -1,18 +1,38 @@
-"""The interface every training backend implements, its typed setup, and the backend registry.
+"""`TrainBackend`: the interface every training backend implements (fsdp today, megatron next), actor
+and critic alike, and `TrainSetup`, the typed sub-config a training rank receives.
 
-Backends are plain Python classes; the runtime wraps them in Ray actors (one per training rank), and
-GPU tests drive them directly. Nothing here imports Ray.
+Backends are plain Python classes: the runtime wraps one per training rank in a Ray actor and sends
+every rank of a group the same calls in the same order; GPU tests drive them directly.
+
+One rollout step, as the driver calls it (REFERENCE.md §2.2 step 5):
+
+    load_batch(rollout_id, shard)       every rank of data-parallel shard d receives shard d
+    compute_values()                    critic: per-sample values            -> actor.set_column("values")
+    compute_log_probs("ref" | "old")    actor: forward-only passes, kept on the rank as columns
+    compute_advantages()                actor: advantages / returns (+ rollout-side column means)
+    train(update=...)                   K optimizer steps on the shard
+    get_column("returns")               actor -> critic.set_column("returns"); critic.train()
+
+Results are read from the rank that owns them (`RankLayout.owner_of`). Then the weights leave
+through `export_weights(bucket_bytes)`, an iterator of buckets of HF-named tensors that every rank
+runs collectively; the source rank hands it to the weight-sync object (`update_weights`) or writes an
+HF directory (`save_hf`). `save_checkpoint`/`load_checkpoint` keep the full training state;
+`offload`/`onload` free and retake accelerator memory for colocated engines.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-import importlib
 from pathlib import Path
+from typing import Any, Iterator, Sequence
 
-from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
+import torch
+
 from slime.config.derive import Derived
+from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
+from slime.sync.hf_files import Bucket, write_hf_dir
+from slime.train.layout import RankLayout
 from slime.types import TrainBatch
 
 
@@ -40,7 +60,6 @@ class TrainSetup:
             max_response_len=cfg.rollout.max_response_len, seed=cfg.seed, num_optimizer_steps=derived.num_optimizer_steps,
         )
 
-
     @classmethod
     def for_critic(cls, cfg: RunConfig, derived: Derived) -> "TrainSetup":
         """The critic's setup: the actor's, with train.critic's lr/warm-up/load/save overrides."""
@@ -60,40 +79,127 @@ class TrainSetup:
         return cfg.train.critic.save if cfg.train.critic.save is not None else f"{cfg.checkpoint.save}/critic"
 
 
-class DistributedRank:
-    """One rank of a training group (actor or critic): its setup and torch.distributed rendezvous."""
+class TrainBackend(abc.ABC):
+    """One training rank of one role; see the module docstring for the call sequence.
 
-    def __init__(self, setup: TrainSetup, *, rank: int, world_size: int, master_addr: str, master_port: int):
+    Args:
+        setup: the role's typed setup.
+        rank: this rank's index in the group (0 .. layout.world_size - 1).
+        layout: the group's parallel sizes; `layout.coords(rank)` places this rank.
+        master_addr, master_port: torch.distributed rendezvous of the group (rank 0's node).
+    """
+
+    role = "actor"
+
+    def __init__(self, setup: TrainSetup, *, rank: int, layout: RankLayout, master_addr: str, master_port: int):
         self.setup = setup
         self.rank = rank
-        self.world_size = world_size
+        self.layout = layout
+        self.coords = layout.coords(rank)
         self.master_addr = master_addr
         self.master_port = master_port
+        self.rollout_id: int | None = None
+        self.batch: TrainBatch | None = None
+        self.columns: dict[str, torch.Tensor] = {}  # flat per-response-token columns of the loaded batch
+        self.weight_sync = None
 
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
 
-class TrainBackend(DistributedRank, abc.ABC):
-    """One actor training rank. All ranks of a group receive the same calls in the same order."""
-
+    # ---- build, load, save -------------------------------------------------------------------
     @abc.abstractmethod
     def init(self) -> int:
-        """Build the model and optimizer, load checkpoints; return the first rollout id to run."""
+        """Build the model (and optimizer), load `checkpoint.load` if set; return the first rollout id."""
 
     @abc.abstractmethod
-    def train(self, rollout_id: int, batch: TrainBatch) -> dict:
-        """Compute log-probs and advantages, run K optimizer steps.
-
-        Returns {"steps": [one `train/*` metrics dict per optimizer step], "perf": {timer: seconds}};
-        step metrics are already reduced over all data-parallel ranks.
-        """
-
-    @abc.abstractmethod
-    def save_hf(self, path: str) -> None:
-        """Write HF-named safetensors + config (+ tokenizer) to `path`; collective, rank 0 writes."""
+    def load_checkpoint(self, root: str, ckpt_step: int | None) -> int:
+        """Restore the training state saved under `root` (latest, or `ckpt_step`); return the next rollout id."""
 
     @abc.abstractmethod
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         """Save model, optimizer, scheduler and RNG for `rollout_id` under `root`; collective."""
 
+    # ---- one rollout step --------------------------------------------------------------------
+    def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
+        """Hold this rank's data-parallel shard for the calls of one rollout step."""
+        self.rollout_id, self.batch, self.columns = rollout_id, batch, {}
+
+    def compute_log_probs(self, which: str) -> dict[str, float]:
+        """Actor: forward-only log-probs of the response tokens, kept as column `<which>_log_probs`;
+        `which` is "old" (the current policy) or "ref" (the reference model). Returns `perf/*` seconds."""
+        raise NotImplementedError(f"{type(self).__name__} ({self.role}) computes no log-probs")
+
+    def compute_values(self) -> list[list[float]]:
+        """Critic: per sample of the shard, the value of every response token (old values)."""
+        raise NotImplementedError(f"{type(self).__name__} ({self.role}) computes no values")
+
+    def compute_advantages(self) -> dict[str, float]:
+        """Actor: advantages and returns from the loaded columns; returns `rollout/<column>` means over
+        every shard (the same on all ranks)."""
+        raise NotImplementedError(f"{type(self).__name__} ({self.role}) computes no advantages")
+
+    @abc.abstractmethod
+    def train(self, *, update: bool = True) -> dict[str, Any]:
+        """K optimizer steps on the loaded shard (none when `update` is False: PPO's critic-only warm-up).
+
+        Returns {"steps": [one `train/*` metrics dict per optimizer step, reduced over all ranks],
+        "perf": {timer: seconds}}.
+        """
+
+    def set_column(self, name: str, per_sample: list[list[float]]) -> None:
+        """Set a per-token column of the loaded shard from per-sample lists (e.g. the critic's values)."""
+        self.columns[name] = torch.tensor([v for sample in per_sample for v in sample], dtype=torch.float32,
+                                          device=self.device)
+
+    def get_column(self, name: str) -> list[list[float]] | None:
+        """A per-token column of the loaded shard as per-sample lists (None if not computed)."""
+        column = self.columns.get(name)
+        if column is None:
+            return None
+        return [part.tolist() for part in torch.split(column.detach().cpu(), self.batch.response_lengths)]
+
+    # ---- weights out -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The full model as buckets of (HF name, tensor) of about `bucket_bytes` each; every rank runs
+        it (it may gather collectively); the source rank's buckets are the ones used."""
+
+    def connect_weight_sync(self, mode: str, engine_urls: Sequence[str], context) -> None:
+        """Build the `rollout.weight_sync.mode` object on the source rank (others hold none)."""
+        if self.weight_sync is not None:
+            self.weight_sync.close()
+            self.weight_sync = None
+        if self.layout.is_source(self.rank):
+            from slime.engine.client import EngineClient
+            from slime.registry import WEIGHT_SYNC
+
+            self.weight_sync = WEIGHT_SYNC.load(mode)([EngineClient(url) for url in engine_urls], context)
+
+    def update_weights(self, weight_version: int) -> dict[str, float]:
+        """Push the current weights to every engine (collective); `perf/*` timings from the source rank."""
+        buckets = self.export_weights(self.weight_sync.context.bucket_bytes if self.weight_sync else 1 << 29)
+        if self.weight_sync is None:
+            for _ in buckets:  # take part in the gathers
+                pass
+            return {}
+        return self.weight_sync.push(buckets, weight_version=weight_version)
+
+    def save_hf(self, path: str) -> None:
+        """HF directory (safetensors + index + config + tokenizer) at `path`; collective, the source rank writes."""
+        buckets = self.export_weights(1 << 29)
+        if self.layout.is_source(self.rank):
+            write_hf_dir(buckets, path, source_checkpoint=self.setup.model.hf_checkpoint)
+        else:
+            for _ in buckets:
+                pass
+
+    def close_weight_sync(self) -> None:
+        if self.weight_sync is not None:
+            self.weight_sync.close()
+            self.weight_sync = None
+
+    # ---- memory and teardown -----------------------------------------------------------------
     def offload(self) -> None:
         """Free accelerator memory for a colocated engine (no-op on CPU)."""
 
@@ -102,17 +208,11 @@ class TrainBackend(DistributedRank, abc.ABC):
 
     def shutdown(self) -> None:
         """Release process groups and other resources."""
+        self.close_weight_sync()
 
 
-_BACKENDS = {
-    ("fsdp", "actor"): "slime.train.fsdp.backend:FSDPBackend",
-    ("fsdp", "critic"): "slime.train.fsdp.critic:FSDPCritic",
-}
+def get_backend_class(name: str, role: str = "actor") -> type[TrainBackend]:
+    """The class registered for `parallelism.backend=<name>` and `role` (actor | critic)."""
+    from slime.registry import TRAIN_BACKENDS
 
-
-def get_backend_class(name: str, role: str = "actor") -> type:
-    """The class for `parallelism.backend` and role (actor | critic); imported lazily (optional deps)."""
-    if (name, role) not in _BACKENDS:
-        raise ValueError(f"parallelism.backend={name!r} has no {role}; available: {sorted(_BACKENDS)}")
-    module_name, attr = _BACKENDS[(name, role)].split(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return TRAIN_BACKENDS.load(name, role)

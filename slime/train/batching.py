@@ -51,3 +51,18 @@ def response_rows(logits: Tensor, input_ids: Tensor, batch: TrainBatch, indices:
 def flat(values: list[list[float]] | list[list[int]], indices: list[int], *, dtype, device) -> Tensor:
     """Concatenate per-sample token lists of `indices` into one flat Tensor[T]."""
     return torch.tensor([v for i in indices for v in values[i]], dtype=dtype, device=device)
+
+
+def offsets(lengths: list[int]) -> list[int]:
+    """Start of each sample's tokens in a flat column, plus the total: [0, l0, l0+l1, ...]."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def pick(column: Tensor | None, starts: list[int], indices: list[int]) -> Tensor | None:
+    """The tokens of samples `indices` from a flat per-token column (None stays None)."""
+    if column is None:
+        return None
+    return torch.cat([column[starts[i]:starts[i + 1]] for i in indices])

@@ -1,9 +1,11 @@
-"""HTTPEngine lifecycle, process helpers, the engine registry and router flag conversion (fast, no model)."""
+"""EngineServer lifecycle (reserved ports, health polling, log tail), process helpers, the engine
+registry, port reservation and router flag conversion (fast, no model)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,21 +14,39 @@ import time
 import psutil
 import pytest
 
-from slime.engine.base import ENGINES, EngineStartupError, HTTPEngine, get_engine_class
+from slime.engine.base import EngineLaunch, EngineServer, EngineStartupError, get_engine_class
 from slime.engine.hf.engine import HFEngine
+from slime.engine.ports import reserve_ports
 from slime.engine.process import child_env, launch_process
 from slime.engine.router import router_flags
 
+# A stand-in server: answers /health_generate with 200 after `delay` seconds, on the port it is given.
+_HEALTH_SERVER = textwrap.dedent("""
+    import http.server, sys, time
+    port, delay = int(sys.argv[1]), float(sys.argv[2])
+    start = time.monotonic()
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.path == "/health_generate" and time.monotonic() - start > delay
+            self.send_response(200 if ok else 503); self.end_headers()
+        def log_message(self, *a): pass
+    print("serving on", port, flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
 
-class _CommandEngine(HTTPEngine):
-    """An engine whose 'server' is an arbitrary command (port file ignored)."""
 
-    def __init__(self, cmd, **kw):
-        super().__init__(rank=7, host="127.0.0.1", **kw)
-        self.cmd = cmd
+class _CommandEngine(EngineServer):
+    """An engine whose server is an arbitrary command built from the reserved ports."""
 
-    def _launch(self, port_file):
-        return launch_process(self.cmd, log_path=self.log_path)
+    kind = "command"
+
+    def __init__(self, make_cmd, log_dir, timeout_s=20.0):
+        super().__init__(EngineLaunch(rank=7, model_path="unused", host="127.0.0.1", seed=0, device="cpu",
+                                      log_dir=str(log_dir), startup_timeout_s=timeout_s, shutdown_grace_s=2), None)
+        self.make_cmd = make_cmd
+
+    def command(self, ports):
+        return self.make_cmd(ports)
 
 
 def _gone(pid: int) -> bool:
@@ -37,9 +57,9 @@ def _gone(pid: int) -> bool:
 
 
 def test_registry():
-    assert get_engine_class("hf") is HFEngine and ENGINES["hf"] is HFEngine
-    with pytest.raises(ValueError, match="unknown rollout engine 'vllm'.*hf"):
-        get_engine_class("vllm")
+    assert get_engine_class("hf") is HFEngine
+    with pytest.raises(ValueError, match="unknown rollout engine 'hff' \\(did you mean hf\\?\\); registered: hf"):
+        get_engine_class("hff")
 
 
 def test_router_flags():
@@ -50,19 +70,84 @@ def test_router_flags():
         router_flags({"port": 5})
 
 
+def test_reserved_ports_are_distinct_bindable_and_released(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLIME_PORT_LOCK_DIR", str(tmp_path))
+    first = reserve_ports("127.0.0.1", 3)
+    second = reserve_ports("127.0.0.1", 3)  # the same process, another lease: never the same ports
+    assert len(set(first.ports) | set(second.ports)) == 6
+    assert all(15000 <= p < 32768 for p in first.ports)
+    with socket.socket() as sock:  # a reserved port is free for its server to bind
+        sock.bind(("127.0.0.1", first.ports[0]))
+    # A port some other process holds open is never handed out.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        held = busy.getsockname()[1]
+        lease = reserve_ports("127.0.0.1", 1, first=held, last=held + 1)
+        assert lease.ports == [held + 1]
+        assert held not in lease.ports
+        lease.release()
+    port = first.ports[0]
+    with pytest.raises(RuntimeError, match="only 0 of 1 ports free"):
+        reserve_ports("127.0.0.1", 1, first=port, last=port)  # still leased
+    first.release()
+    again = reserve_ports("127.0.0.1", 1, first=port, last=port)  # released: free again
+    assert again.ports == [port]
+    again.release()
+    second.release()
+
+
+def test_reservation_holds_across_processes(tmp_path):
+    """A port leased by one process is skipped by another until that process exits."""
+    env = child_env({"SLIME_PORT_LOCK_DIR": str(tmp_path)})
+    code = "from slime.engine.ports import reserve_ports; import sys, time; " \
+           "l = reserve_ports('127.0.0.1', 1, first=int(sys.argv[1]), last=int(sys.argv[1]) + 5); " \
+           "print(l.ports[0], flush=True); time.sleep(30)"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = 20000 + probe.getsockname()[1] % 10000
+    holder = subprocess.Popen([sys.executable, "-c", code, str(base)], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        held = int(holder.stdout.readline())
+        os.environ["SLIME_PORT_LOCK_DIR"] = str(tmp_path)
+        lease = reserve_ports("127.0.0.1", 1, first=held, last=held + 5)
+        assert lease.ports[0] != held
+        lease.release()
+    finally:
+        os.environ.pop("SLIME_PORT_LOCK_DIR", None)
+        holder.kill()
+        holder.wait()
+
+
+def test_server_gets_the_reserved_port_and_health_is_polled(tmp_path):
+    engine = _CommandEngine(lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "0.5"], tmp_path)
+    started = time.monotonic()
+    url = engine.start()
+    try:
+        assert url == f"http://127.0.0.1:{engine.lease.ports[0]}"
+        assert time.monotonic() - started >= 0.5  # 503 until then: polled, not assumed
+        assert engine.client.is_healthy()
+        assert f"serving on {engine.lease.ports[0]}" in (tmp_path / "engine_7.log").read_text()
+    finally:
+        pid = engine.pid
+        engine.shutdown()
+    assert _gone(pid) and engine.lease._handles == []
+
+
 def test_startup_failure_raises_with_log_tail(tmp_path):
-    engine = _CommandEngine([sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"],
-                            log_dir=str(tmp_path), startup_timeout_s=20)
+    engine = _CommandEngine(lambda ports: [sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"],
+                            tmp_path)
     with pytest.raises(EngineStartupError, match=r"(?s)status 3.*boom: no such model"):
         engine.start()
     assert engine.process is None and (tmp_path / "engine_7.log").exists()
 
 
 def test_startup_timeout_kills_the_process(tmp_path):
-    engine = _CommandEngine(["sleep", "30"], log_dir=str(tmp_path), startup_timeout_s=0.5, shutdown_grace_s=2)
+    engine = _CommandEngine(lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "60"], tmp_path,
+                            timeout_s=1.0)
     engine.launch()
-    pid = engine.process.pid
-    with pytest.raises(EngineStartupError, match="port file"):
+    pid = engine.pid
+    with pytest.raises(EngineStartupError, match=r"(?s)longer than 1 s to answer GET /health_generate.*serving on"):
         engine.wait_until_ready()
     assert _gone(pid)
     engine.shutdown()  # idempotent

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from slime.config.schema import HFEngineConfig, RouterConfig
 from slime.engine import http_client
-from slime.engine.base import get_engine_class
+from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
 
@@ -34,8 +34,8 @@ def cluster(tiny_model_dir, tmp_path_factory):
     cfg = HFEngineConfig(max_batch_size=8, batch_wait_ms=5.0, num_threads=1, startup_timeout_s=90)
     engine_cls = get_engine_class("hf")
     engines = [
-        engine_cls(model_path=tiny_model_dir, rank=i, host="127.0.0.1", seed=100 + i, device="cpu", cfg=cfg,
-                   log_dir=str(log_dir))
+        engine_cls(EngineLaunch(rank=i, model_path=tiny_model_dir, host="127.0.0.1", seed=100 + i, device="cpu",
+                                log_dir=str(log_dir), startup_timeout_s=90), cfg)
         for i in range(2)
     ]
     try:
@@ -132,7 +132,7 @@ def test_batch_text_and_info_endpoints(cluster):
     ]
     assert http_client.request("GET", url + "/health")[0] == 200
     assert http_client.request("POST", url + "/flush_cache")[0] == 200
-    assert cluster.engines[0].is_healthy()
+    assert cluster.engines[0].client.is_healthy()
 
 
 def _in_thread(fn):
@@ -169,13 +169,13 @@ def test_update_weights_from_disk(cluster, tmp_path):
     # An update never lands mid-batch: it waits for the running generation, which keeps version "0".
     running, box = _in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True))
     _wait_for(lambda: http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1)
-    engine.update_weights_from_disk(_perturbed_copy(cluster.model_dir, tmp_path / "v1"), weight_version="1")
+    engine.client.update_weights_from_disk(_perturbed_copy(cluster.model_dir, tmp_path / "v1"), weight_version="1")
     running.join(20)
     meta = box["result"]["meta_info"]
     assert meta["weight_version"] == "0" and meta["finish_reason"] == {"type": "length", "length": 480}
     after = _generate(engine.url)
     _check_response(after, weight_version="1")
-    assert engine.get_weight_version() == "1"
+    assert engine.client.get_weight_version() == "1"
     assert after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
     assert after["output_ids"] != before["output_ids"]
 
@@ -185,9 +185,9 @@ def test_update_weights_from_disk(cluster, tmp_path):
                                            {"model_path": path, "weight_version": "2"})
         assert status == 400 and resp["success"] is False and kind in resp["message"]
         with pytest.raises(EngineHTTPError, match=kind):
-            engine.update_weights_from_disk(path, weight_version="2")
+            engine.client.update_weights_from_disk(path, weight_version="2")
     again = _generate(engine.url)  # the failed loads changed nothing
-    assert again["output_ids"] == after["output_ids"] and engine.get_weight_version() == "1"
+    assert again["output_ids"] == after["output_ids"] and engine.client.get_weight_version() == "1"
 
 
 def test_pause_aborts_running_and_holds_new_requests(cluster):
@@ -196,7 +196,7 @@ def test_pause_aborts_running_and_holds_new_requests(cluster):
     long_params = {"max_new_tokens": 480, "temperature": 1.0, "ignore_eos": True}
     running, running_box = _in_thread(lambda: _generate(engine.url, **long_params))
     _wait_for(lambda: loads()["num_running_reqs"] == 1)
-    engine.pause_generation()  # SGLang's default mode: in-flight requests are aborted
+    engine.client.pause_generation()  # SGLang's default mode: in-flight requests are aborted
     running.join(20)
     aborted = running_box["result"]["meta_info"]
     assert aborted["finish_reason"]["type"] == "abort"
@@ -207,8 +207,8 @@ def test_pause_aborts_running_and_holds_new_requests(cluster):
     _wait_for(lambda: loads()["num_waiting_reqs"] == 1)
     time.sleep(0.3)
     assert held.is_alive() and "result" not in held_box
-    engine.flush_cache(max_attempts=1)  # a request held by the pause holds no cache
-    engine.continue_generation()
+    engine.client.flush_cache(max_attempts=1)  # a request held by the pause holds no cache
+    engine.client.continue_generation()
     held.join(20)
     assert held_box["result"]["meta_info"]["finish_reason"]["type"] == "length"
 
@@ -217,7 +217,7 @@ def test_abort_request(cluster):
     engine = cluster.engines[0]
     thread, box = _in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True))
     _wait_for(lambda: http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1)
-    engine.abort_all()
+    engine.client.abort_all()
     thread.join(20)
     assert box["result"]["meta_info"]["finish_reason"]["type"] == "abort"
     assert box["result"]["meta_info"]["completion_tokens"] < 480
@@ -225,16 +225,16 @@ def test_abort_request(cluster):
 
 def test_release_and_resume_memory(cluster):
     engine = cluster.engines[1]
-    engine.release_memory()
+    engine.client.release_memory()
     status, resp = http_client.request("POST", engine.url + "/generate", {"input_ids": PROMPT})
     assert status == 400 and "released" in resp["error"]["message"]
-    assert not engine.is_healthy()
-    engine.resume_memory(["weights"])
+    assert not engine.client.is_healthy()
+    engine.client.resume_memory(["weights"])
     assert http_client.get(engine.url + "/server_info")["internal_states"][0]["released_tags"] == ["cuda_graph", "kv_cache"]
     assert http_client.request("POST", engine.url + "/generate", {"input_ids": PROMPT})[0] == 400
-    engine.resume_memory(["kv_cache", "cuda_graph"])
+    engine.client.resume_memory(["kv_cache", "cuda_graph"])
     _check_response(_generate(engine.url))
-    assert engine.is_healthy()
+    assert engine.client.is_healthy()
     status, _ = http_client.request("POST", engine.url + "/release_memory_occupation", {"tags": ["bogus"]})
     assert status == 400
 

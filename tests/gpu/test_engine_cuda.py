@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from slime.engine import http_client
+from slime.engine.base import EngineLaunch
 from slime.engine.hf.engine import HFEngine
 from slime.engine.hf.generator import GenerationRequest, Generator
 from slime.engine.hf.sampling import SamplingParams
@@ -38,8 +39,9 @@ def test_server_releases_memory_and_reloads_weights_on_cuda(tiny_model_dir, tmp_
     from safetensors.torch import load_file, save_file
 
     cfg = SimpleNamespace(max_batch_size=64, batch_wait_ms=5.0, dtype="bfloat16", num_threads=4, startup_timeout_s=180)
-    engine = HFEngine(model_path=str(tiny_model_dir), rank=0, host="127.0.0.1", seed=1, device="cuda", cfg=cfg,
-                      log_dir=str(tmp_path / "logs"))
+    launch = EngineLaunch(rank=0, model_path=str(tiny_model_dir), host="127.0.0.1", seed=1, device="cuda",
+                          log_dir=str(tmp_path / "logs"), startup_timeout_s=180)
+    engine = HFEngine(launch, cfg)
     body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True}
     try:
         engine.start()
@@ -47,19 +49,19 @@ def test_server_releases_memory_and_reloads_weights_on_cuda(tiny_model_dir, tmp_
         first = http_client.post(engine.url + "/generate", body)
         assert info()["dtype"] in ("bfloat16", "torch.bfloat16")
         held = info()["device_memory_allocated_bytes"]
-        engine.release_memory()
+        engine.client.release_memory()
         assert info()["device_memory_allocated_bytes"] < held
         assert http_client.request("POST", engine.url + "/generate", body)[0] == 400
-        engine.resume_memory()
+        engine.client.resume_memory()
         assert http_client.post(engine.url + "/generate", body)["output_ids"] == first["output_ids"]
         new_dir = tmp_path / "weights_v1"
         new_dir.mkdir()
         weights = load_file(f"{tiny_model_dir}/model.safetensors")
         save_file({k: v + 0.3 * torch.randn_like(v) for k, v in weights.items()}, str(new_dir / "model.safetensors"))
-        engine.pause_generation()
-        engine.flush_cache()
-        engine.update_weights_from_disk(str(new_dir), weight_version="1")
-        engine.continue_generation()
+        engine.client.pause_generation()
+        engine.client.flush_cache()
+        engine.client.update_weights_from_disk(str(new_dir), weight_version="1")
+        engine.client.continue_generation()
         after = http_client.post(engine.url + "/generate", body)
         assert after["meta_info"]["weight_version"] == "1" and after["output_ids"] != first["output_ids"]
     finally:

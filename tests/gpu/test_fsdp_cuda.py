@@ -8,8 +8,7 @@ import socket
 import pytest
 import torch
 
-from slime.train.fsdp.backend import FSDPBackend
-from tests.train.test_fsdp_backend import batches_for, make_samples, make_setup
+from tests.train.test_fsdp_backend import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
 
 pytestmark = pytest.mark.gpu
 
@@ -26,25 +25,23 @@ def test_fsdp2_bf16_training_on_cuda(tiny_model_dir, tmp_path):
     samples = make_samples(16, seed=3)
     batch = batches_for(samples, dp=1, k=2)[0]
 
-    cpu = FSDPBackend(base, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)
-    cpu.init()
-    cpu_log_probs = cpu._forward_only(cpu.model, batch)
+    cpu = make_backend(base)
+    cpu_log_probs = log_probs(cpu, batch).clone()
 
     gpu_setup = dataclasses.replace(base, device="cuda", precision="bf16")
-    gpu = FSDPBackend(gpu_setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
-    gpu.init()
+    gpu = make_backend(gpu_setup, port=free_port())
     assert type(gpu.model).__name__.startswith("FSDP")
-    gpu_log_probs = gpu._forward_only(gpu.model, batch).cpu()
+    gpu_log_probs = log_probs(gpu, batch).cpu()
     # bf16 matmuls against the fp32 CPU reference: same policy, small rounding differences
     assert (gpu_log_probs - cpu_log_probs).abs().mean() < 0.02
 
-    steps = gpu.train(0, batch)["steps"]
+    steps = train_rollout(gpu, batch)["steps"]
     assert steps[0]["train/ppo_kl"] == 0.0 and steps[0]["train/pg_clipfrac"] == 0.0
     assert abs(steps[0]["train/kl_loss"]) < 1e-3  # actor (FSDP2) vs ref (plain module), both bf16 autocast
     assert steps[1]["train/kl_loss"] > steps[0]["train/kl_loss"]
     assert all(torch.isfinite(torch.tensor(s["train/grad_norm"])) for s in steps)
 
-    cpu_steps = cpu.train(0, batch)["steps"]
+    cpu_steps = train_rollout(cpu, batch)["steps"]
     assert steps[0]["train/grad_norm"] == pytest.approx(cpu_steps[0]["train/grad_norm"], rel=0.05)
 
     gpu.save_hf(str(tmp_path / "hf"))
@@ -65,15 +62,14 @@ def test_fsdp2_critic_on_cuda(tiny_model_dir):
 
     base = make_setup(tiny_model_dir, ["algo=ppo", "train.lr=1e-2"])
     setup = dataclasses.replace(base, device="cuda", precision="bf16")
-    critic = FSDPCritic(setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
-    critic.init()
+    critic = make_backend(setup, port=free_port(), cls=FSDPCritic)
     batch = batches_for(make_samples(8, seed=4), dp=1, k=2)[0]
-    values = critic.compute_values(batch)
+    critic.load_batch(0, batch)
+    values = critic.compute_values()
     assert all(v == 0.0 for sample in values for v in sample)  # zero-initialised value head
-    batch.values = values
-    batch.returns = [[1.0] * len(v) for v in values]
-    steps = critic.train(0, batch)["steps"]
+    critic.set_column("returns", [[1.0] * len(v) for v in values])
+    steps = critic.train()["steps"]
     assert steps[0]["train/value_loss"] > steps[1]["train/value_loss"] > 0  # moving towards the returns
-    after = critic.compute_values(batch)
+    after = critic.compute_values()
     assert sum(v for sample in after for v in sample) > 0
     critic.shutdown()

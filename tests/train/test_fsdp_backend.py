@@ -10,9 +10,11 @@ import torch.multiprocessing as mp
 
 from slime.config import fill_derived, validate
 from slime.rollout.postprocess import split_for_data_parallel
+from slime.train.actor_loss import needs_old_log_probs, needs_ref
 from slime.train.base import TrainSetup
 from slime.train.fsdp.backend import FSDPBackend
-from slime.types import Sample
+from slime.train.layout import RankLayout
+from slime.types import Sample, TrainBatch
 from tests.conftest import typed_config
 
 
@@ -36,6 +38,32 @@ def make_samples(num: int, *, seed: int, vocab: int = 76) -> list[Sample]:
     return samples
 
 
+def make_backend(setup: TrainSetup, *, rank: int = 0, layout: RankLayout | None = None, port: int = 0, cls=FSDPBackend):
+    """A built backend rank (init() done) of a group laid out as `layout` (default: one rank)."""
+    backend = cls(setup, rank=rank, layout=layout or RankLayout(dp=1), master_addr="127.0.0.1", master_port=port)
+    backend.init()
+    return backend
+
+
+def train_rollout(backend, batch: TrainBatch, *, rollout_id: int = 0, update: bool = True) -> dict:
+    """One rollout step on one actor rank, in the driver's order (slime.runtime.driver.train_step)."""
+    algo = backend.setup.algo
+    backend.load_batch(rollout_id, batch)
+    if needs_ref(algo):
+        backend.compute_log_probs("ref")
+    if needs_old_log_probs(algo, backend.setup.train.num_steps_per_rollout):
+        backend.compute_log_probs("old")
+    rollout_side = backend.compute_advantages()
+    return {**backend.train(update=update), "rollout": rollout_side}
+
+
+def log_probs(backend, batch: TrainBatch, which: str = "old") -> torch.Tensor:
+    """Flat forward-only log-probs of every response token of `batch`."""
+    backend.load_batch(0, batch)
+    backend.compute_log_probs(which)
+    return backend.columns[f"{which}_log_probs"]
+
+
 def batches_for(samples, *, dp: int, k: int):
     rewards = [s.reward - 0.5 for s in samples]  # any fixed advantages: the split must not matter
     return split_for_data_parallel(samples, [s.reward for s in samples], rewards,
@@ -44,9 +72,8 @@ def batches_for(samples, *, dp: int, k: int):
 
 def _rank_main(rank, world, port, setup, batches, out):
     torch.manual_seed(0)
-    backend = FSDPBackend(setup, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port)
-    backend.init()
-    result = backend.train(0, batches[rank])
+    backend = make_backend(setup, rank=rank, layout=RankLayout(dp=world), port=port)
+    result = train_rollout(backend, batches[rank])
     if rank == 0:
         torch.save({"result": result, "params": {n: p.detach().clone() for n, p in backend.model.named_parameters()}}, out)
     backend.shutdown()
@@ -82,10 +109,9 @@ def test_first_step_invariants_and_update(tiny_model_dir, tmp_path):
     setup = make_setup(tiny_model_dir, ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1",
                                         f"checkpoint.ref_load={tiny_model_dir}", "train.lr=1e-2"])
     samples = make_samples(8, seed=2)
-    backend = FSDPBackend(setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)
-    backend.init()
+    backend = make_backend(setup)
     before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
-    steps = backend.train(0, batches_for(samples, dp=1, k=2)[0])["steps"]
+    steps = train_rollout(backend, batches_for(samples, dp=1, k=2)[0])["steps"]
     assert steps[0]["train/ppo_kl"] == 0.0 and steps[0]["train/kl_loss"] == 0.0 and steps[0]["train/pg_clipfrac"] == 0.0
     assert steps[1]["train/ppo_kl"] != 0.0 and steps[1]["train/kl_loss"] > 0.0  # the first step moved the policy
     assert any(not torch.equal(before[n], p) for n, p in backend.model.named_parameters())
@@ -100,9 +126,8 @@ def test_grpo_step_raises_probability_of_rewarded_response(tiny_model_dir):
     good, bad = Sample(index=0, tokens=prompt + [30], response_length=1, loss_mask=[1], reward=1.0), \
         Sample(index=1, tokens=prompt + [40], response_length=1, loss_mask=[1], reward=0.0)
     batch = split_for_data_parallel([good, bad], [1.0, 0.0], [1.0, -1.0], global_batch_size=2, num_steps=1, dp_size=1)[0]
-    backend = FSDPBackend(setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)
-    backend.init()
-    before = [t.item() for t in backend._forward_only(backend.model, batch)]
-    backend.train(0, batch)
-    after = [t.item() for t in backend._forward_only(backend.model, batch)]
+    backend = make_backend(setup)
+    before = log_probs(backend, batch).tolist()
+    train_rollout(backend, batch)
+    after = log_probs(backend, batch).tolist()
     assert after[0] > before[0] and after[1] < before[1]

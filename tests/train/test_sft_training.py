@@ -8,9 +8,8 @@ from transformers import AutoModelForCausalLM
 from slime.assets.tokenizer import build_tokenizer
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.rollout.sft import sft_sample
-from slime.train.fsdp.backend import FSDPBackend
 from slime.types import Sample
-from tests.train.test_fsdp_backend import make_setup
+from tests.train.test_fsdp_backend import make_backend, make_setup, train_rollout
 
 
 def conversation(first_turn_mask: int) -> list[dict]:
@@ -26,9 +25,7 @@ def first_step_loss(model_dir, sample: Sample) -> float:
     setup = make_setup(model_dir, ["algo=sft", "rollout.batch_size=1", "rollout.n_samples_per_prompt=1",
                                    "train.global_batch_size=1", "train.num_steps_per_rollout=1"])
     batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
-    backend = FSDPBackend(setup, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)
-    backend.init()
-    return backend.train(0, batch)["steps"][0]["train/pg_loss"]
+    return train_rollout(make_backend(setup), batch)["steps"][0]["train/pg_loss"]
 
 
 def reference_nll(model_dir, tokens: list[int], trained_positions: list[int]) -> float:

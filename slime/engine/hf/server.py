@@ -1,8 +1,7 @@
 """The built-in engine server: a transformers model behind SGLang's HTTP contract (REFERENCE §7.2).
 
-Run: `python -m slime.engine.hf.server --model-path P --host 127.0.0.1 --port 0 --port-file F ...`.
-With `--port 0` an ephemeral port is bound and then written to `--port-file` (tmp file + rename),
-so the parent never guesses ports. Logs go to stderr; SIGTERM/SIGINT exit cleanly (status 0).
+Run: `python -m slime.engine.hf.server --model-path P --host 127.0.0.1 --port PORT ...` (the engine
+launcher reserves PORT, as it does for SGLang). Logs go to stderr; SIGTERM/SIGINT exit cleanly (status 0).
 
 Endpoints (SGLang names and payloads; errors are `{"error": {"message": ...}}` with HTTP 400):
   POST /generate                       single or batch (`protocol.py`); unknown top-level keys are
@@ -300,14 +299,6 @@ def _empty_device_cache(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def write_port_file(path: str, port: int) -> None:
-    """Write `port` to `path` atomically (a reader sees nothing or the whole number)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{port}\n")
-    os.replace(tmp, path)
-
-
 async def serve(args: argparse.Namespace) -> None:
     server = HFServer(args)
     app = web.Application(client_max_size=1 << 30, middlewares=[_errors_as_json])
@@ -318,8 +309,6 @@ async def serve(args: argparse.Namespace) -> None:
     await site.start()
     server.port = int(runner.addresses[0][1])  # the real port when --port 0
     server.scheduler.start()
-    if args.port_file:
-        write_port_file(args.port_file, server.port)
     logger.info("hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s)",
                 args.model_path, args.host, server.port, args.device, server.dtype, args.weight_version)
     stop = asyncio.Event()
@@ -336,8 +325,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", required=True)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 binds an ephemeral port")
-    p.add_argument("--port-file", default=None, help="where to write the bound port")
+    p.add_argument("--port", type=int, required=True, help="the HTTP port (0: an ephemeral one, for tests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])

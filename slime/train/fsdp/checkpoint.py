@@ -12,7 +12,6 @@ interrupted save never becomes the one a resume picks.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from slime.sync.hf_files import copy_side_files
 from slime.train.fsdp import parallel
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -34,27 +34,20 @@ def iter_dir(root: Path, rollout_id: int) -> Path:
     return root / f"iter_{rollout_id:07d}"
 
 
-def save_hf(backend, path: Path) -> None:
-    """HF directory (safetensors, config, tokenizer files copied from the source checkpoint)."""
+def save_model_dir(backend, path: Path) -> None:
+    """The role's own model class as an HF directory (the critic's value head included), tokenizer
+    files copied from the source checkpoint; rank 0 writes."""
     state = get_model_state_dict(backend.model, options=_FULL)
     if backend.rank == 0:
         path.mkdir(parents=True, exist_ok=True)
-        unwrapped = backend.model
-        unwrapped.save_pretrained(str(path), state_dict=state, safe_serialization=True)
-        _copy_tokenizer(Path(backend.setup.model.hf_checkpoint), path)
+        backend.model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+        copy_side_files(backend.setup.model.hf_checkpoint, path)
     parallel.barrier(backend.world_size)
-
-
-def _copy_tokenizer(src: Path, dst: Path) -> None:
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                 "vocab.json", "merges.txt", "generation_config.json"):
-        if (src / name).exists() and not (dst / name).exists():
-            shutil.copy2(src / name, dst / name)
 
 
 def save(backend, root: Path, rollout_id: int) -> None:
     target = iter_dir(root, rollout_id)
-    save_hf(backend, target / "model")
+    save_model_dir(backend, target / "model")
     if not backend.setup.checkpoint.no_save_optim:
         optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=_FULL)
         if backend.rank == 0:

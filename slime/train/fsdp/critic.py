@@ -13,17 +13,20 @@ import torch
 
 from slime.algo import clipped_value_loss, reduce
 from slime.train import batching
-from slime.train.fsdp import checkpoint
 from slime.train.fsdp.rank import FSDPRank
 from slime.types import TrainBatch
 
 
 class FSDPCritic(FSDPRank):
+    """The critic role of the fsdp backend."""
+
+    role = "critic"
+
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         if s.checkpoint.load is not None:
-            return checkpoint.load(self, s.checkpoint.load, s.checkpoint.ckpt_step)
+            return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         with torch.no_grad():
             self.model.score.weight.zero_()
             self.model.score.bias.zero_()
@@ -42,27 +45,32 @@ class FSDPCritic(FSDPRank):
         return rows[:, 0].float()
 
     @torch.no_grad()
-    def compute_values(self, batch: TrainBatch) -> list[list[float]]:
+    def compute_values(self) -> list[list[float]]:
         """Per-sample values of every response token (the old values of this rollout step)."""
         self.model.eval()
+        batch = self.batch
         out: list[list[float]] = []
         for mb in batching.micro_batches(list(range(len(batch))), self.setup.parallelism.micro_batch_size):
             values = self._values(batch, mb)
             out.extend(v.tolist() for v in torch.split(values, [batch.response_lengths[i] for i in mb]))
+        self.set_column("values", out)
         return out
 
-    def train(self, rollout_id: int, batch: TrainBatch) -> dict:
+    def train(self, *, update: bool = True) -> dict:
         """K optimizer steps on the clipped value loss against the actor's returns (REFERENCE.md §3.10)."""
-        if batch.values is None or batch.returns is None:
-            raise ValueError("the critic trains on batches carrying old values and returns")
+        batch, columns = self.batch, self.columns
+        if "values" not in columns or "returns" not in columns:
+            raise ValueError("the critic trains on a shard carrying its old values and the actor's returns")
         self.model.train()
+        offsets = batching.offsets(batch.response_lengths)
         start = time.perf_counter()
         steps = []
-        for step, indices in enumerate(batching.step_indices(batch)):
+        for step, indices in enumerate(batching.step_indices(batch) if update else []):
             def micro_loss(mb, weights, _mask):  # the weights already carry the mask
                 values = self._values(batch, mb)
-                flat = lambda column: batching.flat(column, mb, dtype=torch.float32, device=self.device)  # noqa: E731
-                out = clipped_value_loss(values, flat(batch.values), flat(batch.returns), value_clip=self.setup.algo.value_clip)
+                out = clipped_value_loss(values, batching.pick(columns["values"], offsets, mb),
+                                         batching.pick(columns["returns"], offsets, mb),
+                                         value_clip=self.setup.algo.value_clip)
                 loss = reduce(out["loss"], weights)
                 return loss, {"value_loss": loss.detach(), "value_clipfrac": reduce(out["clipfrac"], weights)}
 

@@ -1,6 +1,7 @@
-"""What the fsdp actor and critic share: one training rank's model, optimizer, schedule and step loop.
+"""What the fsdp actor and critic share: one training rank's model, optimizer, schedule, step loop,
+weight export and checkpoints.
 
-A subclass provides `_load_model(path)` and a micro-batch loss; `_optimizer_step` runs the
+A subclass provides `_load_model(path)` and its micro-batch losses; `_optimizer_step` runs the
 micro-batches of one optimizer step, sums gradients over data-parallel ranks, clips by global norm
 and steps, and returns the step's metrics already reduced over ranks.
 """
@@ -9,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
 from slime.algo import token_weights
+from slime.sync.hf_files import Bucket
 from slime.train import batching
 from slime.train.actor_loss import reduction_mode, sum_metrics
-from slime.train.base import DistributedRank
+from slime.train.base import TrainBackend
 from slime.train.fsdp import checkpoint, parallel
 from slime.train.schedule import lr_factor
 from slime.types import TrainBatch
@@ -25,7 +27,9 @@ from slime.types import TrainBatch
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-class FSDPRank(DistributedRank):
+class FSDPRank(TrainBackend):
+    """Model, optimizer and step loop of one fsdp rank (actor or critic)."""
+
     def _load_model(self, path: str):
         raise NotImplementedError
 
@@ -37,7 +41,7 @@ class FSDPRank(DistributedRank):
         parallel.init_process_group(device=s.device, rank=self.rank, world_size=self.world_size,
                                     master_addr=self.master_addr, master_port=self.master_port)
         self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
-        torch.manual_seed(s.seed + self.rank)
+        torch.manual_seed(s.seed + self.coords.dp_rank)
         self.model = self._load_model(init_path)
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -51,6 +55,10 @@ class FSDPRank(DistributedRank):
             style=s.train.lr_decay_style, lr=lr, min_lr=s.train.min_lr))
         self.pad_id = self.model.config.pad_token_id or 0
         self.global_step = 0
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the data-parallel ranks (every rank here holds the whole model)."""
+        return parallel.all_reduce_sum(tensor, self.world_size)
 
     def _autocast(self):
         if self.setup.precision == "bf16" and self.device.type == "cuda":
@@ -70,6 +78,9 @@ class FSDPRank(DistributedRank):
                              num_trajectories=batch.num_trajectories_per_step,
                              total_masked_tokens=float(batch.masked_tokens_per_step[step]), constant_length=constant_length)
 
+    def _flat(self, values, indices: list[int]) -> torch.Tensor:
+        return batching.flat(values, indices, dtype=torch.float32, device=self.device)
+
     def _optimizer_step(self, batch: TrainBatch, indices: list[int], step: int, micro_loss: MicroBatchLoss,
                         prefix: str) -> dict[str, float]:
         """One optimizer step over `indices`; `micro_loss(mb, weights, mask)` returns (loss, weighted metrics)."""
@@ -78,7 +89,7 @@ class FSDPRank(DistributedRank):
         scale = parallel.loss_scale(s.device, self.world_size)
         totals: dict[str, torch.Tensor] = {}
         for mb in batching.micro_batches(indices, s.parallelism.micro_batch_size):
-            mask = batching.flat(batch.loss_masks, mb, dtype=torch.float32, device=self.device)
+            mask = self._flat(batch.loss_masks, mb)
             loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
             (loss * scale).backward()
             sum_metrics(totals, mb_metrics)
@@ -91,18 +102,36 @@ class FSDPRank(DistributedRank):
         self.scheduler.step()
         self.global_step += 1
         names = sorted(totals)
-        reduced = parallel.all_reduce_sum(torch.stack([totals[k].float() for k in names]), self.world_size)
+        reduced = self._all_reduce(torch.stack([totals[k].float() for k in names]))
         metrics = {f"{prefix}{k}": float(v) for k, v in zip(names, reduced)}
         metrics[f"{prefix}grad_norm"] = float(grad_norm)
         metrics[f"{prefix}lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
         return metrics
 
     # ---- weights and checkpoints -------------------------------------------------------------
-    def save_hf(self, path: str) -> None:
-        checkpoint.save_hf(self, Path(path))
+    def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """HF-named parameters (tied duplicates once) in buckets of about `bucket_bytes`; sharded
+        parameters are gathered on every rank, one at a time."""
+        bucket: Bucket = []
+        size = 0
+        for name, param in self.model.named_parameters():
+            tensor = param.detach()
+            if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2): all-gather, every rank takes part
+                tensor = tensor.full_tensor()
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         checkpoint.save(self, Path(root), rollout_id)
 
+    def load_checkpoint(self, root: str, ckpt_step: int | None) -> int:
+        return checkpoint.load(self, root, ckpt_step)
+
     def shutdown(self) -> None:
+        super().shutdown()
         parallel.destroy()

@@ -1,0 +1,80 @@
+"""Disk weight sync and HF export through the train backend's bucket iterator, into a real hf engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slime.config.schema import HFEngineConfig
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch
+from slime.engine.hf.engine import HFEngine
+from slime.sync.base import SyncContext
+from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir):
+    """An fsdp actor rank whose weights moved away from the checkpoint (one high-lr rollout step)."""
+    backend = make_backend(make_setup(tiny_model_dir, ["train.lr=0.05"]))
+    train_rollout(backend, batches_for(make_samples(8, seed=5), dp=1, k=2)[0])
+    yield backend
+    backend.shutdown()
+
+
+def test_export_is_every_parameter_once_in_buckets(trained):
+    buckets = list(trained.export_weights(bucket_bytes=20_000))
+    assert len(buckets) > 1 and all(sum(t.numel() * t.element_size() for _, t in b[:-1]) < 20_000 for b in buckets)
+    exported = {name: t for bucket in buckets for name, t in bucket}
+    params = dict(trained.model.named_parameters())  # tied lm_head appears once, as embed_tokens
+    assert exported.keys() == params.keys() and "lm_head.weight" not in exported
+    assert all(torch.equal(exported[n], p.detach()) for n, p in params.items())
+
+
+def test_save_hf_round_trips_bit_exact(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    trained.save_hf(str(tmp_path / "hf"))
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(dict(trained.model.named_parameters()))
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    for name, param in trained.model.named_parameters():
+        assert torch.equal(reloaded.get_parameter(name), param.detach()), name
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_disk_sync_engine_runs_the_trainer_weights(trained, tiny_model_dir, tmp_path, keep):
+    engine = HFEngine(EngineLaunch(rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cpu",
+                                   log_dir=str(tmp_path / "logs"), startup_timeout_s=90),
+                      HFEngineConfig(max_batch_size=4, num_threads=1))
+    url = engine.start()
+    try:
+        body = {"input_ids": [1, 5, 11, 16], "sampling_params": {"max_new_tokens": 6, "temperature": 0,
+                                                                 "ignore_eos": True}, "return_logprob": True}
+        before = http_client.post(url + "/generate", body)
+        context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, keep=keep)
+        trained.connect_weight_sync("disk", [url], context)
+        perf = trained.update_weights(weight_version=3)
+        after = http_client.post(url + "/generate", body)
+        assert after["meta_info"]["weight_version"] == "3" and engine.client.get_weight_version() == "3"
+        assert perf["perf/update_weights_bytes"] == sum(p.numel() * 4 for p in trained.model.parameters())
+        # The engine's log-probs of its greedy tokens are the trainer's on the same tokens.
+        tokens = body["input_ids"] + after["output_ids"]
+        with torch.no_grad():
+            logits = trained.model(input_ids=torch.tensor([tokens])).logits[0, 3:-1]
+        trainer = torch.log_softmax(logits, -1).gather(1, torch.tensor(after["output_ids"])[:, None]).squeeze(1)
+        engine_lp = torch.tensor([lp for lp, *_ in after["meta_info"]["output_token_logprobs"]])
+        assert (trainer - engine_lp).abs().max() < 1e-5
+        assert after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
+        pushed = tmp_path / "weights" / "weight_v000003"
+        assert pushed.exists() == keep
+        if keep:
+            shards = {k for f in pushed.glob("*.safetensors") for k in load_file(str(f))}
+            assert shards == set(dict(trained.model.named_parameters())) and (pushed / "config.json").exists()
+    finally:
+        trained.close_weight_sync()
+        engine.shutdown()
+    assert (tmp_path / "weights").exists() == keep  # close() removes what is not kept
