@@ -145,10 +145,17 @@ def test_cfg_job_prints_composed_config():
     (["+rollout.sglang.mem_fraction_static=0.7"], "rollout.sglang"),
     (["cluster.critic.num_gpus_per_node=1"], "cluster.critic.num_gpus_per_node"),
     (["algo.kl_coef=0.01"], "algo.kl_coef"),
-    (["parallelism.tp=2", "cluster.actor.num_gpus_per_node=2"], "parallelism.tp"),
+    (["parallelism.pp=2", "cluster.actor.num_gpus_per_node=2"], "parallelism.pp"),
+    # tp splits heads, kv heads and the FFN: the tiny model has 4 heads and 2 kv groups
+    (["parallelism.tp=4", "cluster.actor.num_gpus_per_node=4"], "parallelism.tp"),
 ])
 def test_options_the_chosen_parts_cannot_honour_are_rejected(overrides, key):
     assert key in problems_for(overrides)
+
+
+def test_fsdp_tensor_parallel_is_accepted():
+    derived = validate(typed_config(["parallelism.tp=2", "cluster.actor.num_gpus_per_node=4", "cluster.num_gpus_per_node=5"]))
+    assert derived.actor_gpus == 4 and derived.dp_size == 2
 
 
 def test_deterministic_engine_batching():

@@ -106,14 +106,28 @@ def test_interrupt_stops_everything(tmp_path):
 
 def test_multirun_sweeps_recipes_by_glob(tmp_path):
     """`--multirun 'recipe=glob(...)'` finds recipes/ through conf/recipe; jobs run one after another in one
-    process, each with its own Ray session (the second would reuse the first's without a shutdown)."""
+    process, each with its own Ray session (the second would reuse the first's without a shutdown).
+
+    The jobs start from the same weights and seed with one training rank (embedded_eval), two data-parallel
+    ranks (embedded_dp2) and two tensor-parallel ranks of one shard (embedded_tp2): the same rollout, and
+    the same step to float32 rounding, through the real runtime's dispatch and weight sync."""
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, "main.py", "--multirun", "recipe=glob(embedded_*)", "train.num_rollout=1",
                            "logger.progress=false", f"hydra.sweep.dir={sweep_dir}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {json.loads((d / "result.json").read_text())["run_dir"]: d for d in sorted(sweep_dir.iterdir()) if d.is_dir()}
-    assert len(results) == 2
+    assert len(results) == 3
+    first_steps = {}
+    for d in results.values():
+        records = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
+        first_steps[d.name] = ([r for r in records if "rollout/raw_reward" in r][0], [r for r in records if "train/step" in r])
+    (rollout, steps), *others = first_steps.values()
+    for other_rollout, other_steps in others:
+        assert other_rollout["rollout/raw_reward"] == rollout["rollout/raw_reward"]
+        for mine, theirs in zip(steps, other_steps):
+            for key in ("train/pg_loss", "train/grad_norm", "train/entropy_loss"):
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
     eval_records = [json.loads(l) for d in results.values() for l in (d / "metrics.jsonl").read_text().splitlines()
                     if "eval/step" in l]
     assert eval_records and "eval/digit_task" in eval_records[0] and "eval/digit_task-pass@1" in eval_records[0]

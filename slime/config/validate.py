@@ -192,10 +192,15 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
         yield Problem("parallelism.tp", p.tp, f"actor GPUs ({derived.actor_gpus}) are not divisible by tp·pp·cp = {model_parallel}",
                       "choose tp, pp, cp whose product divides the actor GPU count")
     if p.backend == "fsdp":
-        for key in ("tp", "pp", "cp", "ep", "etp"):
+        for key in ("pp", "cp", "ep", "etp"):
             if getattr(p, key) != 1:
-                yield Problem(f"parallelism.{key}", getattr(p, key), "the fsdp backend is data-parallel only",
-                              f"set parallelism.{key}=1 or parallelism=megatron")
+                yield Problem(f"parallelism.{key}", getattr(p, key), "the fsdp backend splits models by data and "
+                              "tensor parallelism only", f"set parallelism.{key}=1 or parallelism=megatron")
+        m = cfg.model
+        for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+            if p.tp > 1 and getattr(m, key) % p.tp:
+                yield Problem("parallelism.tp", p.tp, f"tensor parallelism splits model.{key}={getattr(m, key)} "
+                              "evenly over the tp ranks", f"pick a parallelism.tp dividing {getattr(m, key)}")
         if p.sequence_parallel:
             yield Problem("parallelism.sequence_parallel", True, "sequence parallelism needs tensor parallelism (megatron)",
                           "set parallelism.sequence_parallel=false")

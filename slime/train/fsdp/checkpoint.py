@@ -42,7 +42,7 @@ def save_model_dir(backend, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         backend.model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
         copy_side_files(backend.setup.model.hf_checkpoint, path)
-    parallel.barrier(backend.world_size)
+    parallel.barrier()
 
 
 def save(backend, root: Path, rollout_id: int) -> None:
@@ -56,7 +56,7 @@ def save(backend, root: Path, rollout_id: int) -> None:
     torch.save({"cpu": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
                target / f"rng_rank{backend.rank}.pt")
-    parallel.barrier(backend.world_size)
+    parallel.barrier()
     if backend.rank == 0:
         tmp = root / (TRACKER + ".tmp")
         tmp.write_text(str(rollout_id))

@@ -1,17 +1,34 @@
-"""Data parallelism for the fsdp backend: FSDP2 on CUDA, replicated weights + gloo all-reduce on CPU.
+"""Parallelism of the fsdp backend as plain `apply_*` functions over the group's `RankLayout`.
 
-Gradients are SUMMED over ranks: each rank's loss already carries step-level weights (1/G or
+- Data parallel: FSDP2 on CUDA (parameters sharded over the dp ranks); on CPU replicated weights and a
+  gloo all-reduce of the gradients over the dp ranks.
+- Tensor parallel (`parallelism.tp`): torch's DTensor tensor parallelism on each decoder layer, the
+  Megatron split: q/k/v and gate/up projections by output columns, o and down projections by input
+  rows, so a layer needs one all-reduce forward and one backward. Embeddings, norms and the LM head
+  stay replicated, so every tp rank holds the full logits. Works over gloo on CPU and NCCL on CUDA.
+
+Gradients are SUMMED over dp ranks: each rank's loss already carries step-level weights (1/G or
 1/total tokens), so the sum is the step gradient whatever the split. FSDP2 averages, so its loss is
-scaled by the data-parallel size (`loss_scale`).
+scaled by the dp size (`loss_scale`).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from slime.train.layout import RankLayout
+
+# Per decoder layer (Llama / Qwen module names): the Megatron split.
+TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+TP_ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+# Replicated parameters applied inside the split region (Qwen3's per-head q/k norms): each tp rank sees
+# only its own heads, so their gradients are partial sums over the tp ranks.
+TP_PARTIAL_GRADS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
 
 def init_process_group(*, device: str, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
@@ -27,49 +44,124 @@ def init_process_group(*, device: str, rank: int, world_size: int, master_addr: 
     )
 
 
+class Groups:
+    """The process groups of one rank: `dp` (same model slice, gradients summed) and `tp`; None = none needed."""
+
+    def __init__(self, layout: RankLayout, device: str):
+        self.layout = layout
+        self.mesh = None
+        self.dp = self.tp = None
+        if layout.tp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            # Rank order tp fastest, then dp (RankLayout): a (dp, tp) row-major mesh.
+            self.mesh = init_device_mesh(device, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+            self.dp, self.tp = self.mesh.get_group("dp"), self.mesh.get_group("tp")
+        elif layout.world_size > 1 or device == "cuda":
+            self.dp = dist.group.WORLD
+
+    def dp_mesh(self):
+        return None if self.mesh is None else self.mesh["dp"]
+
+
 def uses_fsdp(device: str) -> bool:
     """FSDP2 on every CUDA run (one rank included, so a single GPU exercises the same path)."""
     return device == "cuda"
 
 
-def apply_data_parallel(model: nn.Module, *, device: str) -> nn.Module:
-    """Shard every decoder layer and the root with FSDP2 on CUDA; leave the model as is on CPU."""
+def apply_tensor_parallel(model: nn.Module, groups: Groups) -> None:
+    """Split every decoder layer's projections over the tp ranks (no-op with tp = 1)."""
+    if groups.mesh is None:
+        return
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {name: ColwiseParallel() for name in TP_COLWISE} | {name: RowwiseParallel() for name in TP_ROWWISE}
+    for layer in model.model.layers:
+        parallelize_module(layer, groups.mesh["tp"], plan)
+
+
+def apply_data_parallel(model: nn.Module, *, device: str, groups: Groups) -> nn.Module:
+    """Shard every decoder layer and the root with FSDP2 over the dp ranks on CUDA; as is on CPU."""
     if not uses_fsdp(device):
         return model
     from torch.distributed.fsdp import fully_shard
 
+    mesh = groups.dp_mesh()
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
-def loss_scale(device: str, world_size: int) -> float:
-    """FSDP2 divides reduced gradients by the world size; undo it so gradients are sums."""
-    return float(world_size) if uses_fsdp(device) else 1.0
+def loss_scale(device: str, layout: RankLayout) -> float:
+    """FSDP2 divides reduced gradients by the dp size; undo it so gradients are sums."""
+    return float(layout.dp) if uses_fsdp(device) else 1.0
 
 
-def sum_gradients(model: nn.Module, *, device: str, world_size: int) -> None:
-    """All-reduce (SUM) replicated gradients in one flat buffer; FSDP2 has already reduced its own."""
-    if world_size == 1 or uses_fsdp(device):
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _all_reduce_flat(grads: list[torch.Tensor], group) -> None:
+    """SUM-all-reduce `grads` in place through one flat buffer."""
+    if not grads:
         return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
-def all_reduce_sum(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
-    if world_size > 1 and dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+def sum_gradients(model: nn.Module, *, device: str, groups: Groups) -> None:
+    """Complete the gradients: the partial sums of replicated parameters inside the tp split over the
+    tp ranks; then every gradient over the dp ranks (FSDP2 has already reduced its own)."""
+    if groups.tp is not None:
+        _all_reduce_flat([_local(p.grad) for name, p in model.named_parameters()
+                          if p.grad is not None and name.endswith(TP_PARTIAL_GRADS)], groups.tp)
+    if groups.dp is None or groups.layout.dp == 1 or uses_fsdp(device):
+        return
+    _all_reduce_flat([_local(p.grad) for p in model.parameters() if p.grad is not None], groups.dp)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float, groups: Groups) -> float:
+    """Clip all gradients to a global L2 norm of `max_norm` (inf: no clipping); returns the norm before.
+
+    With tensor parallelism, a sharded gradient's squares are summed over the tp ranks and a
+    replicated one (identical on every tp rank) is counted once; otherwise torch's own clipping.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    if groups.tp is None:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        is_shard = hasattr(p.grad, "placements") and any(pl.is_shard() for pl in p.grad.placements)
+        square = _local(p.grad).double().pow(2).sum().cpu()
+        if is_shard:
+            sharded += square
+        else:
+            replicated += square
+    dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=groups.tp)
+    total = math.sqrt(float(sharded + replicated))
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            _local(p.grad).mul_(coef)
+    return total
+
+
+def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Sum over `group` in place (no-op without one)."""
+    if group is not None and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
 
 
-def barrier(world_size: int) -> None:
-    if world_size > 1 and dist.is_initialized():
+def barrier() -> None:
+    if dist.is_initialized():
         dist.barrier()
 
 

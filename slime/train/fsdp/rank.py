@@ -41,14 +41,18 @@ class FSDPRank(TrainBackend):
         parallel.init_process_group(device=s.device, rank=self.rank, world_size=self.world_size,
                                     master_addr=self.master_addr, master_port=self.master_port)
         self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
-        torch.manual_seed(s.seed + self.coords.dp_rank)
+        self.groups = parallel.Groups(self.layout, s.device)
+        torch.manual_seed(s.seed + self.coords.dp_rank)  # the ranks of one tp group draw alike
         self.model = self._load_model(init_path)
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.model = parallel.apply_data_parallel(self.model, device=s.device)
+        parallel.apply_tensor_parallel(self.model, self.groups)
+        self.model = parallel.apply_data_parallel(self.model, device=s.device, groups=self.groups)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=lr, betas=(s.train.adam_beta1, s.train.adam_beta2),
             eps=s.train.adam_eps, weight_decay=s.train.weight_decay,
+            # the multi-tensor kernels reject a mix of tensor-parallel (DTensor) and plain parameters
+            foreach=False if self.layout.tp > 1 else None,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(
             step, total_steps=s.num_optimizer_steps, warmup_steps=warmup_steps,
@@ -57,8 +61,8 @@ class FSDPRank(TrainBackend):
         self.global_step = 0
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum over the data-parallel ranks (every rank here holds the whole model)."""
-        return parallel.all_reduce_sum(tensor, self.world_size)
+        """Sum over the data-parallel ranks (the ranks of one tp group hold the same values)."""
+        return parallel.all_reduce_sum(tensor, self.groups.dp)
 
     def _autocast(self):
         if self.setup.precision == "bf16" and self.device.type == "cuda":
@@ -86,18 +90,16 @@ class FSDPRank(TrainBackend):
         """One optimizer step over `indices`; `micro_loss(mb, weights, mask)` returns (loss, weighted metrics)."""
         s = self.setup
         self.optimizer.zero_grad(set_to_none=True)
-        scale = parallel.loss_scale(s.device, self.world_size)
+        scale = parallel.loss_scale(s.device, self.layout)
         totals: dict[str, torch.Tensor] = {}
         for mb in batching.micro_batches(indices, s.parallelism.micro_batch_size):
             mask = self._flat(batch.loss_masks, mb)
             loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
             (loss * scale).backward()
             sum_metrics(totals, mb_metrics)
-        parallel.sum_gradients(self.model, device=s.device, world_size=self.world_size)
+        parallel.sum_gradients(self.model, device=s.device, groups=self.groups)
         max_norm = s.train.clip_grad if s.train.clip_grad > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):  # DTensor under FSDP2
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = parallel.clip_grad_norm(self.model, max_norm, self.groups)
         self.optimizer.step()
         self.scheduler.step()
         self.global_step += 1
@@ -116,7 +118,7 @@ class FSDPRank(TrainBackend):
         size = 0
         for name, param in self.model.named_parameters():
             tensor = param.detach()
-            if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2): all-gather, every rank takes part
+            if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2, tp): all-gather, every rank takes part
                 tensor = tensor.full_tensor()
             bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
