@@ -17,6 +17,8 @@ _MAX_BODY_CHARS = 2000
 
 
 class EngineHTTPError(RuntimeError):
+    """An HTTP call that failed: no response (status None) or a status the caller cannot accept."""
+
     def __init__(self, method: str, url: str, status: Optional[int], body: str):
         self.method, self.url, self.status, self.body = method, url, status, body
         what = f"HTTP {status}" if status is not None else "connection failed"

@@ -29,7 +29,7 @@ _OWNED_FLAGS = {"host", "port", "prometheus_host", "prometheus_port", "policy", 
 
 
 class RouterError(RuntimeError):
-    pass
+    """The router did not start, did not become healthy, or did not take a worker in time."""
 
 
 def router_flags(extra_args: dict[str, Any]) -> list[str]:

@@ -49,6 +49,8 @@ class RolloutContext:
 
 @dataclasses.dataclass
 class RolloutOutput:
+    """What a rollout function returns: the kept groups (each n samples) and its metrics."""
+
     groups: list[list[Sample]]
     metrics: dict[str, float]
 

@@ -14,6 +14,8 @@ from slime.types import Sample
 
 @dataclasses.dataclass(frozen=True)
 class FilterResult:
+    """A dynamic filter's verdict on one group: keep it, or drop it with a reason (counted in the metrics)."""
+
     keep: bool
     reason: str | None = None
 

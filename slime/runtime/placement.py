@@ -60,6 +60,8 @@ def _ip_key(ip: str) -> tuple:
 
 @dataclasses.dataclass
 class RunPlacement:
+    """Every role's bundles in the run's one placement group."""
+
     group: PlacementGroup
     actor: list[Placement]
     critic: list[Placement]  # PPO's critic: its own bundles, or the actor's when colocated with it

@@ -41,6 +41,8 @@ def default_rollout_function(algo: AlgoConfig) -> str:
 
 @dataclasses.dataclass(kw_only=True)
 class RolloutSetup:
+    """The rollout manager's typed sub-config and the run-level numbers it needs."""
+
     rollout: RolloutConfig
     data: DataConfig
     eval: EvalConfig
@@ -64,6 +66,8 @@ class RolloutSetup:
 
 
 class RolloutManager:
+    """One CPU actor owning the router, the engines, the data sources, rewards and the rollout function."""
+
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
         from transformers import AutoTokenizer
 

@@ -17,6 +17,8 @@ from slime.sync.hf_files import Bucket, write_hf_dir
 
 
 class DiskWeightSync(WeightSync):
+    """`rollout.weight_sync.mode=disk`: write an HF directory, every engine reloads it."""
+
     mode = "disk"
 
     @property

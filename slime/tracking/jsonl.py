@@ -15,6 +15,8 @@ def _clean(value: Any) -> Any:
 
 
 class JsonlWriter:
+    """Appends one JSON object per line to `path` and flushes each, so a crash loses nothing written."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RunProgress:
+    """The live console line of a run: rollout steps done, phase and the latest reward."""
+
     def __init__(self, *, total: int, start: int, enabled: bool):
         self.enabled = enabled
         self.console = Console(stderr=True)

@@ -13,6 +13,8 @@ from slime.tracking.wandb_run import WandbRun
 
 
 class Tracker:
+    """Every metric sink of a run (metrics.jsonl, wandb, progress, samples, plot) behind one `log` call."""
+
     def __init__(self, cfg: LoggerConfig, *, run_dir: Path, config: dict[str, Any], name: str, total_rollouts: int,
                  start_rollout: int, wandb_id: str | None = None):
         self.cfg = cfg

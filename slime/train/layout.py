@@ -18,6 +18,8 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RankCoords:
+    """Where one rank sits in every parallel dimension."""
+
     rank: int
     dp_rank: int
     tp_rank: int
