@@ -304,16 +304,16 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_rewards(cfg: RunConfig) -> Iterator[Problem]:
-    from slime.rollout.rewards import REWARD_TYPES
+    from slime.registry import REWARD_TYPES
 
     r = cfg.rollout
     if cfg.algo.advantage_estimator == "sft":
         return  # sft trains on the data's responses: no reward
     if r.custom_rm_path is None and r.rm_type is None:
         yield Problem("rollout.rm_type", None, "no reward: neither rollout.rm_type nor rollout.custom_rm_path is set",
-                      f"set rollout.rm_type=<one of {', '.join(REWARD_TYPES)}> or rollout.custom_rm_path=<module.fn>")
+                      f"set rollout.rm_type=<one of {', '.join(REWARD_TYPES.names())}> or rollout.custom_rm_path=<module.fn>")
     elif r.rm_type is not None and r.rm_type not in REWARD_TYPES:
-        yield from _one_of("rollout.rm_type", r.rm_type, tuple(REWARD_TYPES))
+        yield from _one_of("rollout.rm_type", r.rm_type, tuple(REWARD_TYPES.names()))
 
 
 def check_paths(cfg: RunConfig) -> Iterator[Problem]:
