@@ -52,12 +52,22 @@ def typed_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
 
 
 def group_options() -> list[tuple[str, str]]:
-    """(group, option) for every YAML option file of every config group, recipes included."""
+    """(group, option) for every YAML option file of every config group, recipes included.
+
+    `preset` is no command-line group: each model option selects its own preset (composed with the model).
+    """
     pairs = []
-    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir()):
+    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "preset"):
         for option in sorted(group_dir.glob("*.yaml")):
             pairs.append((group_dir.name, option.stem))
     return pairs
+
+
+def model_fields(option: str) -> dict:
+    """The ModelConfig fields of conf/model/<option>.yaml (its `defaults` list, which selects the preset, dropped)."""
+    fields = yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())
+    fields.pop("defaults", None)
+    return fields
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +76,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from slime.assets.tiny_model import create_tiny_model
     from slime.config.schema import ModelConfig
 
-    fields = yaml.safe_load((CONF / "model" / "tiny_qwen3.yaml").read_text())
+    fields = model_fields("tiny_qwen3")
     fields["hf_checkpoint"] = str(tmp_path_factory.mktemp("models") / "tiny_qwen3")
     return str(create_tiny_model(ModelConfig(**fields)))
 

@@ -80,7 +80,7 @@ def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):
         ]})
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, "algo=sft", "data=jsonl", f"data.prompt_data={data}", "data.input_key=messages",
+    proc = main_py(run_dir, "algo=sft", "data=prompt_file", f"data.prompt_data={data}", "data.input_key=messages",
                    "data.label_key=null", "rollout.batch_size=8", "train.global_batch_size=32", "train.num_rollout=10",
                    "train.lr=3e-3")
     assert proc.returncode == 0, proc.stderr[-3000:]

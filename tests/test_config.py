@@ -10,16 +10,16 @@ import pytest
 import yaml
 
 from slime.config import ConfigError, derive, validate
-from tests.conftest import CONF, ROOT, group_options, typed_config
+from tests.conftest import CONF, ROOT, group_options, model_fields, typed_config
 
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {
-    ("model", "qwen3_4b"): "hf_model_dir",
-    ("model", "qwen3_1p7b"): "hf_model_dir",
+    ("model", "qwen3_4b"): "hf_model_dir+gpu_cluster+prompt_file+reward",
+    ("model", "qwen3_1p7b"): "hf_model_dir+gpu_cluster+prompt_file+reward",
     ("cluster", "one_node_8gpu"): "gpu_cluster",
     ("cluster", "one_gpu"): "gpu_cluster",
-    ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster",
-    ("data", "jsonl"): "prompt_file",
+    ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",
+    ("data", "prompt_file"): "prompt_file",
 }
 
 
@@ -28,7 +28,7 @@ def fake_hf_dir(tmp_path, model_option: str):
     from slime.assets.tiny_model import hf_config_dict
     from slime.config.schema import ModelConfig
 
-    fields = yaml.safe_load((CONF / "model" / f"{model_option}.yaml").read_text())
+    fields = model_fields(model_option)
     fields["hf_checkpoint"] = str(tmp_path / model_option)
     (tmp_path / model_option).mkdir()
     (tmp_path / model_option / "config.json").write_text(json.dumps(hf_config_dict(ModelConfig(**fields), eos_token_id=0, pad_token_id=0)))
@@ -44,7 +44,9 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         overrides.append(f"model.hf_checkpoint={fake_hf_dir(tmp_path, model)}")
     if "gpu_cluster" in needs:
         overrides.append("cluster.ray_address=auto")  # validated against a remote cluster, not this machine
-    if "prompt_file" in needs or option == "qwen3_4b_grpo":
+    if "reward" in needs:
+        overrides.append("rollout.rm_type=exact_match")
+    if "prompt_file" in needs:
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text('{"prompt": "hi", "label": "1"}\n')
         overrides.append(f"data.prompt_data={prompts}")

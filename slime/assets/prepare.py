@@ -8,21 +8,28 @@ from pathlib import Path
 from slime.assets.tiny_model import create_tiny_model, is_current
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
+from slime.config.validate_paths import generated_file
+from slime.config.validate_hooks import GENERATOR_SHAPE
 
 logger = logging.getLogger(__name__)
 
 
 def prepare_assets(cfg: RunConfig) -> list[str]:
-    """Build missing generated assets; return the paths created (empty when all existed)."""
+    """Build missing generated assets; return the paths created (empty when all existed).
+
+    A data generator writes only its own `path`, and only when the run reads that very file
+    (prompt_data == generator.path): a prompt_data pointing elsewhere is never created here.
+    """
     created = []
     if cfg.model.create_if_missing and not is_current(cfg.model, cfg.model.hf_checkpoint):
         created.append(str(create_tiny_model(cfg.model)))
     files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
     if cfg.eval.interval:
         files.append(("eval.generator", cfg.eval.prompt_data, cfg.eval.generator))
-    for key, path, generator in files:
-        if generator is not None and path is not None and not Path(path).exists():
-            load_callable(generator, key=key)(path)
+    for key, prompt_data, generator in files:
+        path = generated_file(prompt_data, generator)
+        if path is not None and not Path(path).exists():
+            load_callable(generator, key=key, **GENERATOR_SHAPE)()  # path and the rest are bound in the node
             created.append(path)
     for path in created:
         logger.info("created %s", path)

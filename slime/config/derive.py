@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from slime.config.schema import RunConfig
+from slime.config.validate_hooks import rollout_function_path
 
 HF_DEFAULT_MAX_BATCH_SIZE = 256
 
@@ -26,6 +28,7 @@ class Derived:
     over_sampling_batch_size: int  # groups per refill
     hf_max_batch_size: int  # sequences the hf engine decodes together (1: batch-invariant, deterministic)
     precision: str  # fp32 | bf16
+    rollout_function: Optional[str]  # import path rollout.function selects (None: an unknown name, reported)
 
     def table(self) -> list[tuple[str, str]]:
         return [(f.name, str(getattr(self, f.name))) for f in dataclasses.fields(self)]
@@ -68,6 +71,7 @@ def derive(cfg: RunConfig) -> Derived:
         over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
         hf_max_batch_size=r.hf.max_batch_size or (1 if r.deterministic else HF_DEFAULT_MAX_BATCH_SIZE),
         precision=precision,
+        rollout_function=rollout_function_path(cfg),
     )
 
 
@@ -77,6 +81,7 @@ def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
     cfg.train.precision = derived.precision
     cfg.rollout.over_sampling_batch_size = derived.over_sampling_batch_size
     cfg.rollout.hf.max_batch_size = derived.hf_max_batch_size
+    cfg.rollout.function = derived.rollout_function
     if cfg.eval.temperature is None:
         cfg.eval.temperature = cfg.rollout.temperature
     if cfg.eval.max_response_len is None:

@@ -48,7 +48,7 @@ class ModelConfig:
 class ParallelismConfig:
     """How training is split. DP = world / (tp·pp·cp), derived."""
 
-    backend: str = "fsdp"  # fsdp | megatron
+    backend: str = "fsdp"  # a name of slime.registry.TRAIN_BACKENDS
     tp: int = 1
     pp: int = 1
     cp: int = 1
@@ -57,7 +57,8 @@ class ParallelismConfig:
     sequence_parallel: bool = False
     micro_batch_size: int = 8  # samples per forward/backward on one DP rank
     gradient_checkpointing: bool = False
-    megatron: dict[str, Any] = field(default_factory=dict)  # extra megatron-core config fields
+    # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
+    megatron: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -106,7 +107,9 @@ class RouterConfig:
     policy: str = "round_robin"
     request_timeout_secs: int = 14400
     startup_timeout_s: float = 60.0
-    extra_args: dict[str, Any] = field(default_factory=dict)  # further launch_router flags, by name
+    # Further `sglang_router.launch_router` flags by name (cache_threshold: 0.3 -> --cache-threshold 0.3; true: a bare
+    # flag); checked against the installed router's own parser. host/port/prometheus/policy/timeout are the framework's.
+    extra_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -122,16 +125,16 @@ class HFEngineConfig:
 
 @dataclass(kw_only=True)
 class WeightSyncConfig:
-    """How new weights reach the engines (REFERENCE.md §8)."""
+    """How new weights reach the engines after each training step (REFERENCE.md §8)."""
 
     mode: str = "disk"  # a name of slime.registry.WEIGHT_SYNC
-    bucket_mb: int = 512  # MiB of HF-named tensors per transfer bucket
-    keep: bool = False  # disk: keep every pushed weight_v<N> directory
+    bucket_mb: int = 512  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
+    keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
 
 
 @dataclass(kw_only=True)
 class RolloutConfig:
-    engine: str = "hf"  # hf | sglang
+    engine: str = "hf"  # a name of slime.registry.ENGINES
     batch_size: int = MISSING  # prompts (groups) per rollout step: B_p
     n_samples_per_prompt: int = 1  # n
     over_sampling_batch_size: Optional[int] = None  # groups per refill; default batch_size
@@ -143,9 +146,11 @@ class RolloutConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
     concurrency: int = 512  # in-flight requests per engine
-    function: Optional[str] = None  # rollout function import path; None: the algorithm's default
-    rm_type: Optional[str] = None  # built-in reward (slime.rollout.rewards)
-    custom_rm_path: Optional[str] = None  # import path of `async def rm(sample) -> float | dict`
+    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path of `fn(ctx, rollout_id, *, evaluation)`;
+    # None: the algorithm's default (sft: "sft", every other: "default"). fill_derived writes the import path.
+    function: Optional[str] = None
+    rm_type: Optional[str] = None  # a name of slime.registry.REWARD_TYPES
+    custom_rm_path: Optional[str] = None  # import path of `rm(sample) -> float | dict` (def or async def)
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
     seed: int = 42  # data shuffling (the seeds' --rollout-seed)
     # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
@@ -155,7 +160,8 @@ class RolloutConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
-    sglang: dict[str, Any] = field(default_factory=dict)  # SGLang ServerArgs fields
+    # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
+    sglang: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -166,7 +172,8 @@ class DataConfig:
     metadata_key: Optional[str] = "metadata"
     apply_chat_template: bool = True
     shuffle: bool = True
-    # `_target_` node of a function(path) that writes the prompt file when it is missing (synthetic tasks)
+    # Synthetic tasks: a `_target_` node `{_target_: module.fn, path: <file>, ...}`; `fn(path=..., **rest)` writes
+    # exactly `path`, and runs only when prompt_data is that path and the file is missing.
     generator: Optional[Any] = None
 
 
@@ -252,7 +259,10 @@ class CheckpointConfig:
     save: Optional[str] = None  # default: <run dir>/checkpoints
     save_interval: Optional[int] = None  # rollout steps; None saves only at the end
     ckpt_step: Optional[int] = None  # rollout id to load; default: latest
-    save_hf: Optional[str] = None  # HF export dir written at every save; "{rollout_id}" is filled in
+    # HF export (safetensors + config + tokenizer) at every checkpoint save, like slime's --save-hf: a directory
+    # template that must contain "{rollout_id}" (str.format field, e.g. /ckpt/hf/iter_{rollout_id:07d}), so no
+    # save overwrites another. None: no export.
+    save_hf: Optional[str] = None
     no_save_optim: bool = False
 
 

@@ -22,26 +22,16 @@ from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
-from slime.registry import ROLLOUT_FUNCTIONS
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
 from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
 from slime.runtime.placement import EnginePlacement
-from slime.types import Sample, SampleStatus, TrainBatch
+from slime.types import SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
-
-
-def load_rollout_function(function: str | None, algo: AlgoConfig):
-    """`rollout.function`: a name of `slime.registry.ROLLOUT_FUNCTIONS` or an import path; null picks the
-    algorithm's own (sft reads its responses from the data, every other algorithm generates)."""
-    name = function or ("sft" if algo.advantage_estimator == "sft" else "default")
-    if name in ROLLOUT_FUNCTIONS:
-        return ROLLOUT_FUNCTIONS.load(name)
-    return load_callable(name, key="rollout.function")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -92,7 +82,8 @@ class RolloutManager:
                                      apply_chat_template=d.apply_chat_template)
             self.eval_source = DataSource(eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False,
                                           seed=r.seed)
-        self.rollout_fn = load_rollout_function(r.function, setup.algo)
+        # validation resolved rollout.function (a registry name, a path or null) to an import path
+        self.rollout_fn = load_callable(r.function, key="rollout.function")
         self.dynamic_filter = (load_callable(setup.algo.dynamic_filter, key="algo.dynamic_filter")
                                if setup.algo.dynamic_filter else None)
         self.router: Router | None = None

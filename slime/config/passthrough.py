@@ -1,0 +1,186 @@
+"""Passthrough dicts, checked against the library they pass through to, before anything starts.
+
+    rollout.router.extra_args  the installed sglang-router's own argument parser (names and values)
+    rollout.sglang             SGLang ServerArgs fields (slime.engine.sglang.server_args: the only sglang code)
+    parallelism.megatron       megatron-core's config dataclasses, where megatron-core is importable
+
+An unknown key is an error naming the nearest valid names, never a warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import io
+from typing import Any, Iterator, Optional
+
+from slime.config.problems import Problem, did_you_mean
+from slime.config.schema import RunConfig
+
+# The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).
+MEGATRON_CONFIG_CLASSES = (
+    ("megatron.core.model_parallel_config", "ModelParallelConfig"),
+    ("megatron.core.transformer.transformer_config", "TransformerConfig"),
+    ("megatron.core.transformer.transformer_config", "MLATransformerConfig"),
+    ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
+    ("megatron.core.distributed.distributed_data_parallel_config", "DistributedDataParallelConfig"),
+)
+
+
+def check_passthrough(cfg: RunConfig) -> Iterator[Problem]:
+    yield from check_router_args(cfg)
+    yield from check_sglang_args(cfg)
+    yield from check_megatron_args(cfg)
+
+
+# ---------------------------------------------------------------------------------------------- router
+class _ParserError(Exception):
+    pass
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting."""
+
+    def error(self, message: str):  # argparse's documented override point
+        raise _ParserError(message)
+
+
+def router_parser() -> Optional[argparse.ArgumentParser]:
+    """launch_router's parser (as `sglang_router.launch_router.parse_router_args` builds it), exact names only."""
+    try:
+        from sglang_router.router_args import RouterArgs
+    except ImportError:
+        return None
+    parser = _RaisingParser(prog="sglang_router.launch_router", allow_abbrev=False, add_help=False)
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, flags: list[str]) -> Optional[str]:
+    """None when `flags` parse into RouterArgs; else argparse's (or RouterArgs') complaint."""
+    from sglang_router.router_args import RouterArgs
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            namespace, unknown = parser.parse_known_args(flags)
+            if unknown:
+                return f"unrecognized arguments: {' '.join(unknown)}"
+            RouterArgs.from_cli_args(namespace, use_router_prefix=False)
+    except _ParserError as exc:
+        return str(exc)
+    except SystemExit as exc:  # an action that exits (e.g. a version flag)
+        return f"the router's parser exited ({exc.code})"
+    except (ValueError, TypeError) as exc:  # RouterArgs' own parsing of selectors, URLs, key lists
+        return str(exc)
+    return None
+
+
+def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
+    from slime.engine.router import router_flags  # the flags Router.launch appends, built by the same code
+
+    r = cfg.rollout.router
+    if r.address is not None:
+        if r.extra_args:
+            yield Problem("rollout.router.extra_args", dict(r.extra_args),
+                          "launch flags do nothing for a router that is joined (rollout.router.address), not launched",
+                          "remove rollout.router.extra_args or rollout.router.address")
+        return
+    parser = router_parser()
+    if parser is None:
+        yield Problem("rollout.router", None, "sglang-router is not installed; the run launches it",
+                      "pip install sglang-router, or set rollout.router.address=<host:port> of a running router")
+        return
+    names = sorted(vars(parser.parse_known_args([])[0]))
+    error = _parse(parser, ["--policy", r.policy, "--request-timeout-secs", str(r.request_timeout_secs)])
+    if error:
+        yield Problem("rollout.router.policy", r.policy, f"sglang-router rejects it: {error}",
+                      "set rollout.router.policy to one of the router's policies (e.g. round_robin, cache_aware)")
+    for name, value in r.extra_args.items():
+        key = f"rollout.router.extra_args.{name}"
+        try:
+            flags = router_flags({name: value})
+        except ValueError as exc:  # a flag the framework sets itself
+            yield Problem(key, value, str(exc), f"remove {key}")
+            continue
+        if name.replace("-", "_") not in names:
+            yield Problem(key, value, f"sglang-router has no flag --{name.replace('_', '-')}{did_you_mean(name, names)}",
+                          f"remove {key} or use a launch_router flag name (python -m sglang_router.launch_router --help)")
+            continue
+        error = _parse(parser, flags)
+        if error:
+            yield Problem(key, value, f"sglang-router rejects {' '.join(flags)}: {error}", f"fix the value of {key}")
+
+
+# ---------------------------------------------------------------------------------------------- sglang
+def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
+    from slime.engine.sglang.server_args import check_server_args
+
+    if not cfg.rollout.sglang:
+        return
+    if cfg.rollout.engine != "sglang":
+        yield Problem("rollout.sglang", dict(cfg.rollout.sglang),
+                      f"SGLang server args do nothing with rollout.engine={cfg.rollout.engine}",
+                      "remove them or use the sglang engine")
+    for issue in check_server_args(dict(cfg.rollout.sglang)):
+        yield Problem(issue.key, cfg.rollout.sglang[issue.key.rpartition(".")[2]], issue.message, issue.fix)
+
+
+# ---------------------------------------------------------------------------------------------- megatron
+def megatron_config_fields() -> Optional[dict[str, str]]:
+    """Field name -> the megatron-core class declaring it; None when megatron-core is not importable."""
+    fields: dict[str, str] = {}
+    for module_name, class_name in MEGATRON_CONFIG_CLASSES:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # not installed, or installed without what it imports (torch extensions): unusable
+            return None
+        cls = getattr(module, class_name, None)
+        if cls is None:  # a class this megatron-core version does not have
+            continue
+        for f in dataclasses.fields(cls):
+            fields.setdefault(f.name, class_name)
+    return fields
+
+
+# megatron-core fields the typed config decides -> the config key that sets them.
+MEGATRON_OWNED = {
+    "tensor_model_parallel_size": "parallelism.tp", "pipeline_model_parallel_size": "parallelism.pp",
+    "context_parallel_size": "parallelism.cp", "expert_model_parallel_size": "parallelism.ep",
+    "expert_tensor_parallel_size": "parallelism.etp", "sequence_parallel": "parallelism.sequence_parallel",
+    "num_layers": "model.num_layers", "hidden_size": "model.hidden_size", "ffn_hidden_size": "model.ffn_hidden_size",
+    "num_attention_heads": "model.num_attention_heads", "num_query_groups": "model.num_query_groups",
+    "kv_channels": "model.kv_channels", "layernorm_epsilon": "model.norm_epsilon",
+    "bf16": "train.precision", "fp16": "train.precision", "params_dtype": "train.precision",
+    "lr": "train.lr", "min_lr": "train.min_lr", "weight_decay": "train.weight_decay", "adam_beta1": "train.adam_beta1",
+    "adam_beta2": "train.adam_beta2", "adam_eps": "train.adam_eps", "clip_grad": "train.clip_grad",
+}
+
+
+def megatron_problems(extra: dict[str, Any], fields: dict[str, str]) -> Iterator[Problem]:
+    """Problems of `parallelism.megatron` keys against `fields` (field name -> the class declaring it)."""
+    for name, value in extra.items():
+        key = f"parallelism.megatron.{name}"
+        if name in MEGATRON_OWNED:
+            yield Problem(key, value, f"megatron-core's {name} is set from {MEGATRON_OWNED[name]}",
+                          f"remove {key}; set {MEGATRON_OWNED[name]} instead")
+        elif name not in fields:
+            yield Problem(key, value, f"not a field of megatron-core's {', '.join(sorted(set(fields.values())))}"
+                          f"{did_you_mean(name, fields)}", f"remove {key} or use a megatron-core config field name")
+
+
+def check_megatron_args(cfg: RunConfig) -> Iterator[Problem]:
+    p = cfg.parallelism
+    if not p.megatron:
+        return
+    if p.backend != "megatron":
+        yield Problem("parallelism.megatron", dict(p.megatron), f"megatron-core fields do nothing with the {p.backend} backend",
+                      "remove them or set parallelism.backend=megatron")
+    fields = megatron_config_fields()
+    if fields is None:
+        if p.backend == "megatron":
+            yield Problem("parallelism.megatron", dict(p.megatron), "megatron-core is not importable, so these keys "
+                          "cannot be checked (nor trained with)", "pip install megatron-core")
+        return
+    yield from megatron_problems(dict(p.megatron), fields)
