@@ -71,6 +71,8 @@ class DeviceGroupConfig:
 
 @dataclass(kw_only=True)
 class RolloutResourcesConfig:
+    """GPUs of the rollout engines (CPU bundles when cluster.device=cpu)."""
+
     num_gpus: int = 1  # total over all engines; ignored (= actor GPUs) when colocated
     num_gpus_per_engine: int = 1
 
@@ -134,6 +136,8 @@ class WeightSyncConfig:
 
 @dataclass(kw_only=True)
 class RolloutConfig:
+    """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
+
     engine: str = "hf"  # a name of slime.registry.ENGINES
     batch_size: int = MISSING  # prompts (groups) per rollout step: B_p
     n_samples_per_prompt: int = 1  # n
@@ -166,6 +170,8 @@ class RolloutConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
+    """The training prompts: file, keys of its records, chat templating, shuffling (REFERENCE.md §5)."""
+
     prompt_data: Optional[str] = None  # .jsonl or .parquet
     input_key: str = "prompt"
     label_key: Optional[str] = "label"
@@ -189,6 +195,8 @@ class CriticTrainConfig:
 
 @dataclass(kw_only=True)
 class TrainConfig:
+    """Optimizer and schedule; batch sizes in samples, steps in optimizer steps."""
+
     num_rollout: int = MISSING  # rollout steps in the run
     global_batch_size: Optional[int] = None  # samples per optimizer step over all DP ranks: G
     num_steps_per_rollout: int = 1  # optimizer steps per rollout step: K
@@ -242,6 +250,8 @@ class AlgoConfig:
 
 @dataclass(kw_only=True)
 class EvalConfig:
+    """Held-out evaluation every `interval` rollout steps, with its own sampling overrides."""
+
     interval: Optional[int] = None  # rollout steps between evals; None disables eval
     prompt_data: Optional[str] = None
     name: str = "eval"
@@ -254,6 +264,8 @@ class EvalConfig:
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
+    """Where checkpoints are loaded from and saved to, and how often (REFERENCE.md §9.3)."""
+
     load: Optional[str] = None  # resume from this checkpoint root
     ref_load: Optional[str] = None  # reference model (HF dir)
     save: Optional[str] = None  # default: <run dir>/checkpoints
@@ -268,6 +280,8 @@ class CheckpointConfig:
 
 @dataclass(kw_only=True)
 class WandbConfig:
+    """The wandb run: mode, project, entity, group, name, tags."""
+
     mode: str = "auto"  # online | offline | disabled | auto (offline without an API key)
     project: str = "slime"
     entity: Optional[str] = None
@@ -278,6 +292,8 @@ class WandbConfig:
 
 @dataclass(kw_only=True)
 class LoggerConfig:
+    """Metric sinks and what the console and run directory show."""
+
     wandb: WandbConfig = field(default_factory=WandbConfig)
     progress: bool = True  # live progress display on the console
     plot: bool = True  # reward curve PNG at the end of the run
@@ -286,6 +302,8 @@ class LoggerConfig:
 
 @dataclass(kw_only=True)
 class PathsConfig:
+    """Absolute locations resolved once on the driver."""
+
     root_dir: str = MISSING  # the project checkout
     cache_dir: str = MISSING  # generated models and data
     output_dir: str = MISSING  # this run's directory (Hydra's output dir)
@@ -293,6 +311,8 @@ class PathsConfig:
 
 @dataclass(kw_only=True)
 class DebugConfig:
+    """Logging and the fault injection the tests use."""
+
     log_level: str = "INFO"
     ray_log_to_driver: bool = True
     # Fault injection for the signal path: send `signal` to the driver when it enters this phase

@@ -6,6 +6,8 @@ and the step equals the single-rank step: same log-probs, losses, gradient norm 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.multiprocessing as mp
 
@@ -17,14 +19,16 @@ OVERRIDES = ["parallelism.micro_batch_size=3", "train.lr=1e-2", "algo.use_kl_los
 
 
 def _rank_main(rank, layout, port, setup, shards, out):
+    if setup.device == "cuda":  # one GPU per rank, as Ray gives each training actor
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     torch.manual_seed(0)
     backend = make_backend(setup, rank=rank, layout=layout, port=port)
     shard = shards[layout.shard_of(rank)]
     before = log_probs(backend, shard).clone()
     result = train_rollout(backend, shard)
-    full = {name: t.clone() for bucket in backend.export_weights(1 << 20) for name, t in bucket}
+    full = {name: t.cpu().clone() for bucket in backend.export_weights(1 << 20) for name, t in bucket}
     sharded = sorted(n for n, p in backend.model.named_parameters() if hasattr(p, "placements"))
-    torch.save({"log_probs": before, "result": result, "params": full, "sharded": sharded}, out / f"rank{rank}.pt")
+    torch.save({"log_probs": before.cpu(), "result": result, "params": full, "sharded": sharded}, out / f"rank{rank}.pt")
     backend.shutdown()
 
 

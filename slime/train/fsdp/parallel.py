@@ -128,24 +128,21 @@ def sum_gradients(model: nn.Module, *, device: str, groups: Groups) -> None:
 def clip_grad_norm(model: nn.Module, max_norm: float, groups: Groups) -> float:
     """Clip all gradients to a global L2 norm of `max_norm` (inf: no clipping); returns the norm before.
 
-    With tensor parallelism, a sharded gradient's squares are summed over the tp ranks and a
-    replicated one (identical on every tp rank) is counted once; otherwise torch's own clipping.
+    Without tensor parallelism, torch's own clipping. With it, parameters are a mix of DTensors (split
+    over tp, and over dp under FSDP2) and plain tensors (replicated, identical on every rank after the
+    gradient sums): a DTensor's norm is reduced over its own mesh, a plain one counted once.
     """
     params = [p for p in model.parameters() if p.grad is not None]
     if groups.tp is None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
+    square = torch.zeros((), dtype=torch.float64)
     for p in params:
-        is_shard = hasattr(p.grad, "placements") and any(pl.is_shard() for pl in p.grad.placements)
-        square = _local(p.grad).double().pow(2).sum().cpu()
-        if is_shard:
-            sharded += square
+        if hasattr(p.grad, "full_tensor"):
+            square += p.grad.float().norm().full_tensor().double().cpu() ** 2
         else:
-            replicated += square
-    dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=groups.tp)
-    total = math.sqrt(float(sharded + replicated))
+            square += p.grad.double().pow(2).sum().cpu()
+    total = math.sqrt(float(square))
     coef = max_norm / (total + 1e-6)
     if coef < 1.0:
         for p in params:
