@@ -101,6 +101,7 @@ class TrainBackend(abc.ABC):
         self.rollout_id: int | None = None
         self.batch: TrainBatch | None = None
         self.columns: dict[str, torch.Tensor] = {}  # flat per-response-token columns of the loaded batch
+        self.device = torch.device("cpu")  # where columns live; a backend sets its own in init()
         self.weight_sync = None
 
     @property
