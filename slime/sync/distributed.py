@@ -1,0 +1,122 @@
+"""Distributed weight sync (REFERENCE.md §8.2): the trainer's source rank broadcasts into every engine.
+
+    group:      trainer = rank 0, engine e's TP ranks = rank_offset(e) .. + tp_size(e) - 1,
+                world size 1 + sum of engine TP sizes; gloo on CPU, NCCL on CUDA (`slime.sync.wire`)
+    per bucket: POST /update_weights_from_distributed {names, dtypes, shapes} to every engine (threads),
+                broadcast each tensor from rank 0 in that order, then await every reply
+
+The group is built when the sync object is made (the runtime makes a new one whenever the engines
+change: `TrainBackend.connect_weight_sync` closes the old one first) and destroyed by `close`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterable, Sequence
+from urllib.parse import urlparse
+
+import torch
+
+from slime.engine.client import EngineClient
+from slime.sync import wire
+from slime.sync.base import SyncContext, WeightSync
+from slime.sync.hf_files import Bucket
+
+logger = logging.getLogger(__name__)
+
+GROUP_TIMEOUT_S = 600.0  # seconds a join or a broadcast may wait for the slowest rank
+_GENERATION = itertools.count()
+
+
+def _await_all(futures: dict[Future, EngineClient], what: str) -> None:
+    """Wait for every engine's reply; raise the first failure (its message names the engine URL)."""
+    errors = []
+    for future, engine in futures.items():
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - collected, then raised together
+            errors.append(exc if engine.url in str(exc) else RuntimeError(f"{engine.url}: {what} failed: {exc}"))
+    if errors:
+        if len(errors) > 1:
+            logger.error("%s failed on %d engines: %s", what, len(errors), "; ".join(map(str, errors)))
+        raise errors[0]
+
+
+class DistributedWeightSync(WeightSync):
+    """`rollout.weight_sync.mode=distributed`: one broadcast group over the source rank and all engines."""
+
+    mode = "distributed"
+
+    def __init__(self, engines: Sequence[EngineClient], context: SyncContext):
+        super().__init__(engines, context)
+        self.group: wire.WeightGroup | None = None
+        self.group_name: str | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="weight-sync")
+        self.connect()
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if torch.cuda.is_available() and torch.cuda.is_initialized() else "gloo"
+
+    def connect(self) -> None:
+        """(Re)create the group: the trainer hosts the rendezvous and joins while every engine joins."""
+        self._destroy_group()
+        host = urlparse(self.engines[0].url).hostname or "127.0.0.1"
+        address = wire.local_address_towards(host)
+        tp_sizes = [int(e.server_info().get("tp_size", 1) or 1) for e in self.engines]
+        world_size = 1 + sum(tp_sizes)
+        name = f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
+        store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
+        backend = self.backend
+        offsets = itertools.accumulate([1, *tp_sizes])
+        futures = {self._pool.submit(engine.init_weights_update_group, master_address=address, master_port=store.port,
+                                     rank_offset=offset, world_size=world_size, group_name=name, backend=backend,
+                                     timeout=GROUP_TIMEOUT_S): engine
+                   for engine, offset in zip(self.engines, offsets)}
+        try:
+            group = wire.WeightGroup(store, rank=0, world_size=world_size, group_name=name, backend=backend,
+                                     timeout_s=GROUP_TIMEOUT_S, address=address)
+        except Exception:
+            _await_all(futures, "POST /init_weights_update_group")  # an engine's own error says more
+            raise
+        _await_all(futures, "POST /init_weights_update_group")
+        self.group, self.group_name = group, name
+        logger.info("weight-update group %s: %d ranks over %s (%s)", name, world_size, address, backend)
+
+    def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
+        if self.group is None:
+            raise RuntimeError("the weight-update group is closed; connect() first")
+        total = 0
+        for bucket in buckets:
+            tensors = [t.detach().to(self.group.device).contiguous() for _, t in bucket]
+            futures = {self._pool.submit(engine.update_weights_from_distributed, names=[n for n, _ in bucket],
+                                         dtypes=[wire.dtype_name(t.dtype) for t in tensors],
+                                         shapes=[list(t.shape) for t in tensors], group_name=self.group_name,
+                                         weight_version=weight_version, timeout=GROUP_TIMEOUT_S): engine
+                       for engine in self.engines}
+            try:
+                for tensor in tensors:
+                    self.group.broadcast(tensor)
+            finally:
+                _await_all(futures, "POST /update_weights_from_distributed")
+            total += sum(t.numel() * t.element_size() for t in tensors)
+        return total
+
+    def _destroy_group(self) -> None:
+        if self.group is None:
+            return
+        name, group = self.group_name, self.group
+        self.group, self.group_name = None, None
+        for engine in self.engines:
+            try:
+                engine.destroy_weights_update_group(name)
+            except Exception as exc:  # noqa: BLE001 - a restarted engine no longer knows the group
+                logger.warning("%s: destroying weight-update group %s failed: %s", engine.url, name, exc)
+        group.close()
+
+    def close(self) -> None:
+        self._destroy_group()
+        self._pool.shutdown(wait=False)
