@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import time
 from typing import Iterable, Iterator, Sequence
 
 from slime.engine.client import EngineClient
 from slime.sync.hf_files import Bucket
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,6 +98,8 @@ class WeightSync(abc.ABC):
                     f"{engine.url}: weights differ from the trainer's after the sync ({reply['dtype']}): "
                     f"{len(differ)} tensors differ {differ[:8]}, not in the engine {missing[:8]}, "
                     f"not exported by the trainer {extra[:8]}")
+        logger.info("weights of %d engines equal the trainer's (%d tensors, sha256, version %s)",
+                    len(self.engines), len(next(iter(expected.values()), {})), self.engines and reply.get("weight_version"))
 
     def close(self) -> None:
         """Release what the mode holds (directories, process groups)."""

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import torch
 
 from slime.engine.client import EngineClient
+from slime.engine.http_client import EngineHTTPError
 from slime.sync import wire
 from slime.sync.base import SyncContext, WeightSync
 from slime.sync.hf_files import Bucket
@@ -113,8 +114,10 @@ class DistributedWeightSync(WeightSync):
         for engine in self.engines:
             try:
                 engine.destroy_weights_update_group(name)
-            except Exception as exc:  # noqa: BLE001 - a restarted engine no longer knows the group
-                logger.warning("%s: destroying weight-update group %s failed: %s", engine.url, name, exc)
+            except Exception as exc:  # noqa: BLE001 - a restarted or stopped engine no longer knows the group
+                gone = isinstance(exc, EngineHTTPError) and exc.status is None
+                logger.log(logging.INFO if gone else logging.WARNING,
+                           "%s: destroying weight-update group %s failed: %s", engine.url, name, exc)
         group.close()
 
     def close(self) -> None:
