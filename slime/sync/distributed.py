@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Iterable, Sequence
 from urllib.parse import urlparse
 
@@ -56,6 +56,7 @@ class DistributedWeightSync(WeightSync):
         self.group: wire.WeightGroup | None = None
         self.group_name: str | None = None
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="weight-sync")
+        self._local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-trainer")
         self.connect()
 
     @property
@@ -77,34 +78,56 @@ class DistributedWeightSync(WeightSync):
                                      rank_offset=offset, world_size=world_size, group_name=name, backend=backend,
                                      timeout=GROUP_TIMEOUT_S): engine
                    for engine, offset in zip(self.engines, offsets)}
-        try:
-            group = wire.WeightGroup(store, rank=0, world_size=world_size, group_name=name, backend=backend,
-                                     timeout_s=GROUP_TIMEOUT_S, address=address)
-        except Exception:
-            _await_all(futures, "POST /init_weights_update_group")  # an engine's own error says more
-            raise
-        _await_all(futures, "POST /init_weights_update_group")
-        self.group, self.group_name = group, name
+        join = lambda: wire.WeightGroup(store, rank=0, world_size=world_size, group_name=name,  # noqa: E731
+                                        backend=backend, timeout_s=GROUP_TIMEOUT_S, address=address)
+        self.group = self._alongside(join, futures, "POST /init_weights_update_group")
+        self.group_name = name
         logger.info("weight-update group %s: %d ranks over %s (%s)", name, world_size, address, backend)
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         if self.group is None:
-            raise RuntimeError("the weight-update group is closed; connect() first")
+            raise RuntimeError("no weight-update group (closed, or broken by an engine's failure): connect() again")
         total = 0
         for bucket in buckets:
             tensors = [t.detach().to(self.group.device).contiguous() for _, t in bucket]
+            for tensor in tensors:
+                wire.parse_dtype(wire.dtype_name(tensor.dtype))  # refused here, before any engine waits on it
             futures = {self._pool.submit(engine.update_weights_from_distributed, names=[n for n, _ in bucket],
                                          dtypes=[wire.dtype_name(t.dtype) for t in tensors],
                                          shapes=[list(t.shape) for t in tensors], group_name=self.group_name,
                                          weight_version=weight_version, timeout=GROUP_TIMEOUT_S): engine
                        for engine in self.engines}
-            try:
+            group = self.group
+
+            def broadcast_all() -> None:
                 for tensor in tensors:
-                    self.group.broadcast(tensor)
-            finally:
-                _await_all(futures, "POST /update_weights_from_distributed")
+                    group.broadcast(tensor)
+            self._alongside(broadcast_all, futures, "POST /update_weights_from_distributed")
             total += sum(t.numel() * t.element_size() for t in tensors)
         return total
+
+    def _alongside(self, local, futures: dict[Future, EngineClient], what: str):
+        """Run the trainer's side of a collective while the engines' calls run; returns its result.
+
+        An engine that fails before taking part would leave the trainer waiting for the group timeout:
+        its error is raised at once instead, and the group is dropped (the runtime reconnects).
+        """
+        mine = self._local.submit(local)
+        wait([mine, *futures], return_when=FIRST_EXCEPTION)
+        failed_first = not mine.done() and any(f.done() and f.exception() is not None for f in futures)
+        if failed_first:
+            self.group, self.group_name = None, None
+            self._local.shutdown(wait=False)  # its thread stays blocked until the group timeout, then ends
+            self._local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-trainer")
+            _await_all({f: e for f, e in futures.items() if f.done()}, what)
+        try:
+            result = mine.result()
+        except Exception:
+            self.group, self.group_name = None, None
+            _await_all(futures, what)  # an engine's own error says more
+            raise
+        _await_all(futures, what)
+        return result
 
     def _destroy_group(self) -> None:
         if self.group is None:
@@ -123,3 +146,4 @@ class DistributedWeightSync(WeightSync):
     def close(self) -> None:
         self._destroy_group()
         self._pool.shutdown(wait=False)
+        self._local.shutdown(wait=False)

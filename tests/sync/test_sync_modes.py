@@ -125,3 +125,22 @@ def test_distributed_group_is_rebuilt_for_a_restarted_engine(trained, tiny_model
     finally:
         trained.close_weight_sync()
         second.shutdown()
+
+
+def test_engine_failing_before_the_broadcast_raises_at_once(trained, engine, tiny_model_dir, tmp_path):  # noqa: F811
+    import time
+
+    trained.connect_weight_sync("distributed", [engine.url], context(tiny_model_dir, tmp_path, check=False))
+    try:
+        sync = trained.weight_sync
+        engine.client.destroy_weights_update_group(sync.group_name)  # as if the engine lost the group
+        start = time.monotonic()
+        with pytest.raises(EngineHTTPError, match=rf"{engine.url}/update_weights_from_distributed.*no weight-update group"):
+            trained.update_weights(weight_version=8)
+        assert time.monotonic() - start < 30
+        assert len(http_client.post(engine.url + "/generate", PROMPT, timeout=30)["output_ids"]) == 6
+        sync.connect()  # what the runtime does for a changed engine
+        trained.update_weights(weight_version=9)
+        assert_runs_trainer_weights(trained, engine.url, "9")
+    finally:
+        trained.close_weight_sync()
