@@ -54,9 +54,11 @@ class WeightSync(abc.ABC):
     def push(self, buckets: Iterable[Bucket], *, weight_version: int) -> dict[str, float]:
         """pause -> flush -> transfer -> continue on every engine; returns `perf/*` timings in seconds."""
         start = time.perf_counter()
-        for engine in self.engines:
-            engine.pause_generation()
+        paused: list[EngineClient] = []
         try:
+            for engine in self.engines:
+                engine.pause_generation()
+                paused.append(engine)
             for engine in self.engines:
                 engine.flush_cache()
             expected: dict[str, dict[str, str]] = {}
@@ -65,10 +67,23 @@ class WeightSync(abc.ABC):
             transferred = self._transfer(buckets, weight_version=str(weight_version))
             if self.context.check_weight_update_equal:
                 self.check_engines_equal(expected)
-        finally:
-            for engine in self.engines:
-                engine.continue_generation()
+        except BaseException:
+            self._continue(paused, raise_errors=False)  # the sync's own error is the one to report
+            raise
+        self._continue(paused, raise_errors=True)
         return {"perf/update_weights_time": time.perf_counter() - start, "perf/update_weights_bytes": float(transferred)}
+
+    def _continue(self, engines: Sequence[EngineClient], *, raise_errors: bool) -> None:
+        """Continue generation on every engine, even when one of them fails."""
+        errors = []
+        for engine in engines:
+            try:
+                engine.continue_generation()
+            except Exception as exc:  # noqa: BLE001 - the others still continue
+                logger.error("%s: continue_generation after a weight sync failed: %s", engine.url, exc)
+                errors.append(exc)
+        if errors and raise_errors:
+            raise errors[0]
 
     @abc.abstractmethod
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
