@@ -6,7 +6,9 @@
                 broadcast each tensor from rank 0 in that order, then await every reply
 
 The group is built when the sync object is made (the runtime makes a new one whenever the engines
-change: `TrainBackend.connect_weight_sync` closes the old one first) and destroyed by `close`.
+change: `TrainBackend.connect_weight_sync` closes the old one first), rebuilt by the next push after an
+engine failed mid-sync (a restarted engine at the same URL no longer knows the group), and destroyed
+by `close`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class DistributedWeightSync(WeightSync):
         super().__init__(engines, context)
         self.group: wire.WeightGroup | None = None
         self.group_name: str | None = None
+        self._stale: list[tuple[str, wire.WeightGroup | None]] = []  # dropped groups the engines may still hold
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="weight-sync")
         self._local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-trainer")
         self.connect()
@@ -73,20 +76,21 @@ class DistributedWeightSync(WeightSync):
         name = f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
         store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
         backend = self.backend
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         offsets = itertools.accumulate([1, *tp_sizes])
         futures = {self._pool.submit(engine.init_weights_update_group, master_address=address, master_port=store.port,
                                      rank_offset=offset, world_size=world_size, group_name=name, backend=backend,
                                      timeout=GROUP_TIMEOUT_S): engine
                    for engine, offset in zip(self.engines, offsets)}
         join = lambda: wire.WeightGroup(store, rank=0, world_size=world_size, group_name=name,  # noqa: E731
-                                        backend=backend, timeout_s=GROUP_TIMEOUT_S, address=address)
+                                        backend=backend, timeout_s=GROUP_TIMEOUT_S, address=address, device=device)
         self.group = self._alongside(join, futures, "POST /init_weights_update_group")
         self.group_name = name
         logger.info("weight-update group %s: %d ranks over %s (%s)", name, world_size, address, backend)
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
-        if self.group is None:
-            raise RuntimeError("no weight-update group (closed, or broken by an engine's failure): connect() again")
+        if self.group is None:  # dropped after an engine failed mid-sync (e.g. it restarted): rebuild it
+            self.connect()
         total = 0
         for bucket in buckets:
             tensors = [t.detach().to(self.group.device).contiguous() for _, t in bucket]
@@ -109,39 +113,46 @@ class DistributedWeightSync(WeightSync):
     def _alongside(self, local, futures: dict[Future, EngineClient], what: str):
         """Run the trainer's side of a collective while the engines' calls run; returns its result.
 
-        An engine that fails before taking part would leave the trainer waiting for the group timeout:
-        its error is raised at once instead, and the group is dropped (the runtime reconnects).
+        On any failure the group is dropped (the next push rebuilds it), and an engine that fails before
+        taking part is reported at once, not after the trainer waited out the group timeout.
         """
         mine = self._local.submit(local)
         wait([mine, *futures], return_when=FIRST_EXCEPTION)
-        failed_first = not mine.done() and any(f.done() and f.exception() is not None for f in futures)
-        if failed_first:
-            self.group, self.group_name = None, None
+        engine_failed = any(f.done() and f.exception() is not None for f in futures)
+        if engine_failed and not mine.done():
+            self._drop(abandon=True)
             self._local.shutdown(wait=False)  # its thread stays blocked until the group timeout, then ends
             self._local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-trainer")
             _await_all({f: e for f, e in futures.items() if f.done()}, what)
         try:
             result = mine.result()
+            _await_all(futures, what)
         except Exception:
-            self.group, self.group_name = None, None
+            self._drop()
             _await_all(futures, what)  # an engine's own error says more
             raise
-        _await_all(futures, what)
         return result
 
-    def _destroy_group(self) -> None:
-        if self.group is None:
-            return
-        name, group = self.group_name, self.group
+    def _drop(self, abandon: bool = False) -> None:
+        """Stop using the group; the next connect() still asks the engines to destroy it. `abandon`: a
+        trainer thread is still blocked in it, so its process group is left to time out, not closed."""
+        if self.group is not None:
+            self._stale.append((self.group_name, None if abandon else self.group))
         self.group, self.group_name = None, None
-        for engine in self.engines:
-            try:
-                engine.destroy_weights_update_group(name)
-            except Exception as exc:  # noqa: BLE001 - a restarted or stopped engine no longer knows the group
-                gone = isinstance(exc, EngineHTTPError) and exc.status is None
-                logger.log(logging.INFO if gone else logging.WARNING,
-                           "%s: destroying weight-update group %s failed: %s", engine.url, name, exc)
-        group.close()
+
+    def _destroy_group(self) -> None:
+        self._drop()
+        stale, self._stale = self._stale, []
+        for name, group in stale:
+            for engine in self.engines:
+                try:
+                    engine.destroy_weights_update_group(name)
+                except Exception as exc:  # noqa: BLE001 - a restarted or stopped engine no longer knows the group
+                    gone = isinstance(exc, EngineHTTPError) and (exc.status is None or "no weight-update group" in exc.body)
+                    logger.log(logging.INFO if gone else logging.WARNING,
+                               "%s: destroying weight-update group %s failed: %s", engine.url, name, exc)
+            if group is not None:
+                group.close()
 
     def close(self) -> None:
         self._destroy_group()

@@ -75,7 +75,7 @@ class WeightGroup:
     """A weight-update process group of `world_size` ranks; rank 0 (the trainer) broadcasts."""
 
     def __init__(self, store, *, rank: int, world_size: int, group_name: str, backend: str, timeout_s: float,
-                 address: str):
+                 address: str, device: torch.device | None = None):
         import torch.distributed as dist
 
         self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
@@ -89,10 +89,12 @@ class WeightGroup:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
             self.device = torch.device("cpu")
         elif backend == "nccl":
+            # callers may run collectives from worker threads, whose current CUDA device is 0
+            self.device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-            self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
 
@@ -100,6 +102,8 @@ class WeightGroup:
         """Broadcast `tensor` from rank 0 in place (receivers pass a buffer of the same shape and dtype)."""
         import torch.distributed as dist
 
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.pg.broadcast([tensor], opts).wait()
