@@ -76,6 +76,8 @@ ENGINES = Registry("rollout.engine", {
 
 WEIGHT_SYNC = Registry("rollout.weight_sync.mode", {
     "disk": "slime.sync.disk.DiskWeightSync",
+    "tensor": "slime.sync.tensor.TensorWeightSync",
+    "distributed": "slime.sync.distributed.DistributedWeightSync",
 }, what="weight-sync mode")
 
 REWARD_TYPES = Registry("rollout.rm_type", {

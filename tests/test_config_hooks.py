@@ -169,6 +169,14 @@ def test_weight_sync_schema_and_checks():
     found = problems_for(["rollout.weight_sync.mode=dsk", "rollout.weight_sync.bucket_mb=0"])
     assert "did you mean disk?" in found["rollout.weight_sync.mode"]
     assert "must be > 0" in found["rollout.weight_sync.bucket_mb"]
+    assert typed_config([]).debug.check_weight_update_equal is False
+
+
+def test_tensor_weight_sync_needs_colocated_engines():
+    found = problems_for(["rollout.weight_sync.mode=tensor"])
+    assert "cluster.colocate=true" in found["rollout.weight_sync.mode"]
+    validate(typed_config(["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]))
+    validate(typed_config(["rollout.weight_sync.mode=distributed", "debug.check_weight_update_equal=true"]))
 
 
 def test_choices_come_from_the_registries(monkeypatch):

@@ -158,6 +158,6 @@ def test_help_lists_the_registered_names():
                if line.startswith("  ") and line.split()[0] in ("parallelism.backend", "rollout.engine",
                                                                   "rollout.weight_sync.mode", "rollout.rm_type",
                                                                   "rollout.function")}
-    assert listing == {"parallelism.backend": "fsdp", "rollout.engine": "hf", "rollout.weight_sync.mode": "disk",
+    assert listing == {"parallelism.backend": "fsdp", "rollout.engine": "hf", "rollout.weight_sync.mode": "disk, distributed, tensor",
                        "rollout.rm_type": "exact_match, first_word", "rollout.function": "default, sft"}
     assert "model: qwen3_1p7b, qwen3_4b, tiny_qwen3" in proc.stdout

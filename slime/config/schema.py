@@ -129,7 +129,9 @@ class HFEngineConfig:
 class WeightSyncConfig:
     """How new weights reach the engines after each training step (REFERENCE.md §8)."""
 
-    mode: str = "disk"  # a name of slime.registry.WEIGHT_SYNC
+    # a name of slime.registry.WEIGHT_SYNC: disk (HF files) | distributed (broadcast group) | tensor (shared
+    # memory / CUDA IPC; colocated engines only)
+    mode: str = "disk"
     bucket_mb: int = 512  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
     keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
 
@@ -320,6 +322,9 @@ class DebugConfig:
     signal_at: Optional[str] = None
     signal: str = "SIGINT"  # SIGINT | SIGTERM
     signal_delay_s: float = 0.0  # seconds after entering the phase
+    # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
+    # mismatch); needs an engine with GET /weights_checksum (the hf engine)
+    check_weight_update_equal: bool = False
 
 
 # The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.

@@ -89,6 +89,14 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
     if ws.keep and ws.mode != "disk":
         yield Problem("rollout.weight_sync.keep", True, f"only disk mode writes weight directories to keep; mode={ws.mode!r}",
                       "set rollout.weight_sync.keep=false or rollout.weight_sync.mode=disk")
+    if ws.mode == "tensor" and not c.colocate:
+        yield Problem("rollout.weight_sync.mode", "tensor", "tensor mode hands weights over in shared memory / CUDA IPC, "
+                      "so the engines must share the trainer's node and devices (cluster.colocate=false)",
+                      "set cluster.colocate=true, or rollout.weight_sync.mode=distributed (or disk)")
+    if ws.mode == "tensor" and c.num_nodes > 1:
+        yield Problem("rollout.weight_sync.mode", "tensor", f"tensor mode hands every bucket from the source rank's node "
+                      f"to the engines; cluster.num_nodes={c.num_nodes} puts engines on other nodes",
+                      "set rollout.weight_sync.mode=distributed (or disk), or cluster.num_nodes=1")
 
 
 def check_critic_resources(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:

@@ -66,6 +66,53 @@ class EngineClient:
             raise EngineHTTPError("POST", url, status, str(body))
         return body
 
+    def _weights_call(self, path: str, payload: dict, timeout: float) -> dict:
+        """POST a weight-update call; raises EngineHTTPError (naming this URL) unless it reports success."""
+        url = self.url + path
+        status, body = http_client.request("POST", url, payload, timeout=timeout)
+        if status != 200 or not (isinstance(body, dict) and body.get("success")):
+            message = body.get("message", body) if isinstance(body, dict) else body
+            raise EngineHTTPError("POST", url, status, str(message))
+        return body
+
+    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                  world_size: int, group_name: str, backend: str, timeout: float = 600.0) -> dict:
+        """POST /init_weights_update_group; returns once the engine joined (all ranks must join together)."""
+        return self._weights_call("/init_weights_update_group", {
+            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend}, timeout)
+
+    def update_weights_from_distributed(self, *, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], group_name: str,
+                                        weight_version: Optional[str] = None, flush_cache: bool = False,
+                                        timeout: float = 600.0) -> dict:
+        """POST /update_weights_from_distributed; the engine then receives the broadcasts in `names` order."""
+        payload: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+                                   "group_name": group_name, "flush_cache": flush_cache}
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        return self._weights_call("/update_weights_from_distributed", payload, timeout)
+
+    def destroy_weights_update_group(self, group_name: str, timeout: float = 60.0) -> dict:
+        return self._weights_call("/destroy_weights_update_group", {"group_name": group_name}, timeout)
+
+    def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], *, load_format: str = "flattened_bucket",
+                                   weight_version: Optional[str] = None, flush_cache: bool = False,
+                                   timeout: float = 600.0) -> dict:
+        """POST /update_weights_from_tensor with one serialised bucket per engine TP rank."""
+        payload: dict[str, Any] = {"serialized_named_tensors": list(serialized_named_tensors),
+                                   "load_format": load_format, "flush_cache": flush_cache}
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        return self._weights_call("/update_weights_from_tensor", payload, timeout)
+
+    def weights_checksum(self, timeout: float = 600.0) -> dict:
+        """GET /weights_checksum (slime's hf engine): `{weight_version, dtype, checksums: {name: sha256}}`."""
+        return self._get("/weights_checksum", timeout=timeout)
+
+    def server_info(self) -> dict:
+        return self._get("/server_info")
+
     def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
         """POST /release_memory_occupation (all tags when None: weights, kv_cache, cuda_graph)."""
         self._post("/release_memory_occupation", {} if tags is None else {"tags": list(tags)})

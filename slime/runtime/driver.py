@@ -126,7 +126,7 @@ def train_layout(cfg: RunConfig, derived: Derived) -> RankLayout:
 def _sync_context(cfg: RunConfig, run_dir: Path) -> SyncContext:
     w = cfg.rollout.weight_sync
     return SyncContext(source_checkpoint=cfg.model.hf_checkpoint, work_dir=str(run_dir), bucket_bytes=w.bucket_mb << 20,
-                       keep=w.keep)
+                       keep=w.keep, check_weight_update_equal=cfg.debug.check_weight_update_equal)
 
 
 def _loop(cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGroup, critic: TrainGroup | None,

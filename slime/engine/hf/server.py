@@ -17,6 +17,8 @@ Endpoints (SGLang names and payloads; errors are `{"error": {"message": ...}}` w
   POST /release_memory_occupation {tags?}, /resume_memory_occupation {tags?}
   POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?}
   GET  /v1/loads, /get_load            request counts; shape documented on `HFServer.v1_loads`
+  POST /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group,
+       /update_weights_from_tensor; GET /weights_checksum     tensor and distributed syncs: `weight_receiver.py`
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from slime.engine.hf.generator import GenerationError, GenerationRequest, Genera
 from slime.engine.hf.protocol import generate_response, parse_generate
 from slime.engine.hf.sampling import SamplingParams
 from slime.engine.hf.scheduler import Scheduler
+from slime.engine.hf.weight_receiver import WeightReceiver
 from slime.engine.hf.weights import WeightLoadError, load_weights_strict, read_safetensors_dir
 
 logger = logging.getLogger("slime.engine.hf.server")
@@ -112,6 +115,7 @@ class HFServer:
             batch_wait_s=args.batch_wait_ms / 1000.0, weight_version=args.weight_version,
         )
         self.port: int | None = None
+        self.receiver = WeightReceiver(self.model, self.scheduler, device=args.device)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -133,6 +137,7 @@ class HFServer:
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
             web.get("/v1/loads", self.v1_loads),
             web.get("/get_load", self.get_load),
+            *self.receiver.routes(),
         ]
 
     # ---------------------------------------------------------------- generation
@@ -318,6 +323,7 @@ async def serve(args: argparse.Namespace) -> None:
     await stop.wait()
     logger.info("shutting down")
     await server.scheduler.stop()
+    server.receiver.close()
     await runner.cleanup()
 
 

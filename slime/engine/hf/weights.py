@@ -46,10 +46,11 @@ def _short(names) -> str:
 
 
 @torch.no_grad()
-def load_weights_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> int:
+def load_weights_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], *, partial: bool = False) -> int:
     """Check `tensors` against `model.state_dict()` names/shapes, then copy them in. Returns the count copied.
 
-    Values are cast to each parameter's dtype and moved to its device.
+    Values are cast to each parameter's dtype and moved to its device. `partial`: one bucket of a
+    multi-bucket update (tensor and distributed modes), so names may be missing, never unexpected.
     """
     state = model.state_dict()
     primary = {name for name, _ in model.named_parameters()}  # tied duplicates removed
@@ -57,7 +58,7 @@ def load_weights_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor]
     primary |= {name for name in state if name not in all_params}  # persistent buffers
     aliases = set(state) - primary
 
-    missing = primary - set(tensors)
+    missing = set() if partial else primary - set(tensors)
     unexpected = set(tensors) - set(state)
     mismatched = [
         f"{name}: checkpoint {tuple(t.shape)} vs model {tuple(state[name].shape)}"

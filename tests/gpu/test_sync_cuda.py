@@ -1,0 +1,55 @@
+"""GPU tier: tensor (CUDA IPC) and distributed (NCCL) weight syncs from a CUDA fsdp rank into a bf16 hf engine;
+the engine's weights equal the trainer's cast to bf16, bit for bit. Distributed needs a second GPU (NCCL
+refuses two ranks on one device)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from slime.config.schema import HFEngineConfig
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch
+from slime.engine.hf.engine import HFEngine
+from slime.sync import wire
+from slime.sync.base import SyncContext
+from tests.gpu.test_fsdp_cuda import free_port
+from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def trained_cuda(tiny_model_dir):
+    setup = dataclasses.replace(make_setup(tiny_model_dir, ["train.lr=0.05"]), device="cuda", precision="bf16")
+    backend = make_backend(setup, port=free_port())
+    train_rollout(backend, batches_for(make_samples(8, seed=5), dp=1, k=2)[0])
+    yield backend
+    backend.shutdown()
+
+
+@pytest.mark.parametrize("mode,gpu", [("tensor", "0"), ("distributed", "1")])
+def test_cuda_sync_is_bit_exact(trained_cuda, tiny_model_dir, tmp_path, mode, gpu):
+    if int(gpu) >= torch.cuda.device_count():
+        pytest.skip(f"{mode} needs GPU {gpu}")
+    engine = HFEngine(EngineLaunch(rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cuda",
+                                   gpu_ids=(gpu,), log_dir=str(tmp_path / "logs"), startup_timeout_s=180),
+                      HFEngineConfig(max_batch_size=4, num_threads=1, dtype="bfloat16"))
+    engine.start()
+    try:
+        context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000,
+                              check_weight_update_equal=True)
+        trained_cuda.connect_weight_sync(mode, [engine.url], context)
+        buckets = list(trained_cuda.export_weights(20_000))
+        assert all(t.is_cuda for b in buckets for _, t in b)
+        trained_cuda.update_weights(weight_version=2)  # raises on any checksum mismatch
+        reply = http_client.get(engine.url + "/weights_checksum")
+        expected = {n: wire.tensor_sha256(t.to(torch.bfloat16)) for b in buckets for n, t in b}
+        assert reply["weight_version"] == "2" and reply["dtype"] == "bfloat16" and reply["checksums"] == expected
+        body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        assert http_client.post(engine.url + "/generate", body)["meta_info"]["weight_version"] == "2"
+    finally:
+        trained_cuda.close_weight_sync()
+        engine.shutdown()

@@ -1,0 +1,145 @@
+"""disk, tensor and distributed weight syncs from a trained fsdp rank into a real hf engine process:
+bit-exact weights (the engine's checksum endpoint), the new weight version, the trainer's log-probs;
+the distributed group rebuilt for a restarted engine; engine errors named and generation continued."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from slime.config.schema import HFEngineConfig
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch
+from slime.engine.hf.engine import HFEngine
+from slime.engine.http_client import EngineHTTPError
+from slime.sync import wire
+from slime.sync.base import SyncContext, WeightMismatchError
+from tests.sync.test_disk_sync import trained  # noqa: F401 - the module-scoped trained fsdp rank
+
+PROMPT = {"input_ids": [1, 5, 11, 16], "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+          "return_logprob": True}
+
+
+def start_engine(model_dir, log_dir) -> HFEngine:
+    engine = HFEngine(EngineLaunch(rank=0, model_path=model_dir, host="127.0.0.1", seed=0, device="cpu",
+                                   log_dir=str(log_dir), startup_timeout_s=90),
+                      HFEngineConfig(max_batch_size=4, num_threads=1))
+    engine.start()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    engine = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine_logs"))
+    yield engine
+    engine.shutdown()
+
+
+def trainer_checksums(backend) -> dict[str, str]:
+    return {name: wire.tensor_sha256(p) for name, p in backend.model.named_parameters()}
+
+
+def context(model_dir, tmp_path, check=True) -> SyncContext:
+    return SyncContext(source_checkpoint=model_dir, work_dir=str(tmp_path), bucket_bytes=20_000,
+                       check_weight_update_equal=check)
+
+
+def assert_runs_trainer_weights(backend, url: str, version: str) -> None:
+    reply = http_client.get(url + "/weights_checksum")
+    assert reply["weight_version"] == version and reply["dtype"] == "float32"
+    assert reply["checksums"] == trainer_checksums(backend)  # bit-exact, every tensor
+    after = http_client.post(url + "/generate", PROMPT)
+    assert after["meta_info"]["weight_version"] == version
+    tokens = PROMPT["input_ids"] + after["output_ids"]
+    with torch.no_grad():
+        logits = backend.model(input_ids=torch.tensor([tokens])).logits[0, 3:-1]
+    trainer_lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(after["output_ids"])[:, None]).squeeze(1)
+    engine_lp = torch.tensor([lp for lp, *_ in after["meta_info"]["output_token_logprobs"]])
+    assert (trainer_lp - engine_lp).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
+def test_sync_makes_the_engine_bit_exact(trained, engine, tiny_model_dir, tmp_path, mode):  # noqa: F811
+    engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")  # back to the checkpoint
+    assert http_client.get(engine.url + "/weights_checksum")["checksums"] != trainer_checksums(trained)
+    trained.connect_weight_sync(mode, [engine.url], context(tiny_model_dir, tmp_path))
+    try:
+        perf = trained.update_weights(weight_version=3)
+        assert perf["perf/update_weights_bytes"] == sum(p.numel() * 4 for p in trained.model.parameters())
+        assert_runs_trainer_weights(trained, engine.url, "3")
+        if mode == "tensor":
+            assert not [f for f in os.listdir(wire.SHM_DIR) if f.startswith(f"slime-weights-{os.getpid()}-")]
+    finally:
+        trained.close_weight_sync()
+
+
+def test_the_check_fails_loudly_on_a_mismatch(trained, engine, tiny_model_dir, tmp_path):  # noqa: F811
+    trained.connect_weight_sync("tensor", [engine.url], context(tiny_model_dir, tmp_path))
+    try:
+        trained.update_weights(weight_version=4)
+        expected = {"float32": trainer_checksums(trained)}
+        expected["float32"]["model.norm.weight"] = "0" * 64
+        with pytest.raises(WeightMismatchError, match=rf"{engine.url}.*model\.norm\.weight"):
+            trained.weight_sync.check_engines_equal(expected)
+    finally:
+        trained.close_weight_sync()
+
+
+@pytest.mark.parametrize("mode", ["tensor", "distributed"])
+def test_engine_error_names_the_engine_and_generation_continues(trained, engine, tiny_model_dir, tmp_path, mode):  # noqa: F811
+    trained.connect_weight_sync(mode, [engine.url], context(tiny_model_dir, tmp_path, check=False))
+    try:
+        good = next(iter(trained.export_weights(bucket_bytes=20_000)))
+        bad = [*good, ("model.no_such.weight", torch.zeros(3))]
+        with pytest.raises(EngineHTTPError, match=rf"{engine.url}/update_weights_from_\w+.*unexpected tensors: "
+                                                  r"model\.no_such\.weight"):
+            trained.weight_sync.push([bad], weight_version=99)
+        assert engine.client.get_weight_version() != "99"  # nothing of the bad bucket was loaded
+        out = http_client.post(engine.url + "/generate", PROMPT, timeout=30)  # not left paused
+        assert len(out["output_ids"]) == 6
+        if mode == "distributed":  # the group stayed in step: the next push works
+            trained.update_weights(weight_version=5)
+            assert_runs_trainer_weights(trained, engine.url, "5")
+    finally:
+        trained.close_weight_sync()
+
+
+def test_distributed_group_is_rebuilt_for_a_restarted_engine(trained, tiny_model_dir, tmp_path):  # noqa: F811
+    first = start_engine(tiny_model_dir, tmp_path / "logs1")
+    try:
+        trained.connect_weight_sync("distributed", [first.url], context(tiny_model_dir, tmp_path))
+        trained.update_weights(weight_version=6)
+        old_group = trained.weight_sync.group_name
+    finally:
+        first.shutdown()
+    second = start_engine(tiny_model_dir, tmp_path / "logs2")  # fresh process: knows no group
+    try:
+        with pytest.raises(EngineHTTPError, match="no weight-update group"):
+            second.client.update_weights_from_distributed(names=[], dtypes=[], shapes=[], group_name=old_group)
+        trained.connect_weight_sync("distributed", [second.url], context(tiny_model_dir, tmp_path))
+        assert trained.weight_sync.group_name != old_group
+        trained.update_weights(weight_version=7)
+        assert_runs_trainer_weights(trained, second.url, "7")
+    finally:
+        trained.close_weight_sync()
+        second.shutdown()
+
+
+def test_engine_failing_before_the_broadcast_raises_at_once(trained, engine, tiny_model_dir, tmp_path):  # noqa: F811
+    import time
+
+    trained.connect_weight_sync("distributed", [engine.url], context(tiny_model_dir, tmp_path, check=False))
+    try:
+        sync = trained.weight_sync
+        engine.client.destroy_weights_update_group(sync.group_name)  # as if the engine lost the group
+        start = time.monotonic()
+        with pytest.raises(EngineHTTPError, match=rf"{engine.url}/update_weights_from_distributed.*no weight-update group"):
+            trained.update_weights(weight_version=8)
+        assert time.monotonic() - start < 30 and sync.group is None
+        assert len(http_client.post(engine.url + "/generate", PROMPT, timeout=30)["output_ids"]) == 6
+        trained.update_weights(weight_version=9)  # rebuilds the dropped group first
+        assert_runs_trainer_weights(trained, engine.url, "9")
+    finally:
+        trained.close_weight_sync()
