@@ -13,11 +13,14 @@ has it; elsewhere (CPU, fp32) it is one causal SDPA call per sample: exact, need
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from slime.algo import chunked_log_probs_and_entropy
 
 ATTN_IMPLEMENTATION = "slime_varlen"
 
@@ -41,9 +44,9 @@ class Packed:
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for a transformers model's forward (attention_mask stays None)."""
-        return dict(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False,
-                    cu_seq_lens_q=self.cu_seqlens, cu_seq_lens_k=self.cu_seqlens,
-                    max_length_q=self.max_length, max_length_k=self.max_length)
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False,
+                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
 
 
 def pack(token_lists: list[list[int]], response_lengths: list[int], device: torch.device) -> Packed:
@@ -61,10 +64,11 @@ def pack(token_lists: list[list[int]], response_lengths: list[int], device: torc
         rows.extend(range(start + prompt - 1, start + length - 1))
         targets.extend(tokens[prompt:])
         cu.append(start + length)
-    as_long = lambda v: torch.tensor(v, dtype=torch.long).to(device)  # noqa: E731
-    return Packed(input_ids=as_long(ids).unsqueeze(0), position_ids=as_long(positions).unsqueeze(0),
+    ids_, positions_, rows_, targets_ = (torch.tensor(v, dtype=torch.long).to(device)
+                                         for v in (ids, positions, rows, targets))
+    return Packed(input_ids=ids_.unsqueeze(0), position_ids=positions_.unsqueeze(0),
                   cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
-                  max_length=max(len(t) for t in token_lists), rows=as_long(rows), targets=as_long(targets))
+                  max_length=max(len(t) for t in token_lists), rows=rows_, targets=targets_)
 
 
 def _varlen_kernel():
@@ -100,8 +104,33 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     bounds = cu.tolist()
     outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
                                            scale=scaling, is_causal=True, enable_gqa=gqa)
-            for s, e in zip(bounds[:-1], bounds[1:])]
+            for s, e in itertools.pairwise(bounds)]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def log_probs_and_entropy(model: torch.nn.Module, packed: Packed, *, temperature: float, with_entropy: bool,
+                          chunk_size: int) -> tuple[Tensor, Tensor | None]:
+    """(log_probs Tensor[N], entropy Tensor[N] | None) in nats of the N response tokens of `packed`, from one
+    forward of a transformers causal LM; grad if enabled.
+
+    The LM head runs inside the model's forward (so FSDP2 holds its weight unsharded there, as for a plain
+    forward) on the response rows only, `chunk_size` rows at a time: the fp32 logits of the whole
+    micro-batch never exist.
+    """
+    head = model.get_output_embeddings()
+
+    def scored(hidden: Tensor) -> Tensor:  # Tensor[1, T, H] -> Tensor[1, N, 2]
+        log_probs, entropy = chunked_log_probs_and_entropy(
+            hidden[0, packed.rows], head.weight, head.bias, packed.targets, temperature=temperature,
+            with_entropy=with_entropy, chunk_size=chunk_size)
+        return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1).unsqueeze(0)
+
+    head.forward = scored  # an instance attribute shadows Linear.forward for this call only
+    try:
+        out = model(**packed.model_kwargs()).logits[0]
+    finally:
+        del head.forward
+    return out[:, 0], (out[:, 1] if with_entropy else None)
 
 
 def register() -> str:

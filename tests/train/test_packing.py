@@ -162,3 +162,16 @@ def test_validation_of_max_tokens_and_ref_offload():
     found = problems_for(["parallelism.max_tokens_per_gpu=0", "train.ref_offload=true"])
     assert "parallelism.max_tokens_per_gpu" in found["parallelism.max_tokens_per_gpu"]
     assert "set train.ref_offload=false" in found["train.ref_offload"]
+
+
+def test_ref_offload_on_cpu_is_a_no_op(tiny_model_dir):
+    """On CPU runs the reference model never leaves the CPU: the step equals one without ref_offload."""
+    common = ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1", f"checkpoint.ref_load={tiny_model_dir}"]
+    batch = batches_for(make_samples(4, seed=7), dp=1, k=1)[0]
+    runs = []
+    for offload in (False, True):
+        backend = make_backend(make_setup(tiny_model_dir, common + [f"train.ref_offload={offload}"]))
+        runs.append(train_rollout(backend, batch)["steps"][0])
+        assert all(p.device.type == "cpu" for p in backend.ref_model.parameters())
+    assert runs[1]["train/kl_loss"] == runs[0]["train/kl_loss"] == 0.0
+    assert runs[1]["train/loss"] == runs[0]["train/loss"]

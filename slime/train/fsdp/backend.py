@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from slime.algo import chunked_log_probs_and_entropy, reduce, token_weights
+from slime.algo import reduce, token_weights
 from slime.train import batching, packing
 from slime.train.actor_loss import actor_loss, needs_ref
 from slime.train.advantages import compute_advantages
@@ -54,22 +54,9 @@ class FSDPBackend(FSDPRank):
         The LM head runs inside the model's forward (so FSDP2 holds its weight unsharded there) on the
         response rows only, `LOGITS_CHUNK_TOKENS` at a time: a micro-batch's fp32 logits never exist whole.
         """
-        packed = self._pack(indices)
-        head = model.get_output_embeddings()
-
-        def scored(hidden: torch.Tensor) -> torch.Tensor:  # Tensor[1, T, H] -> Tensor[1, N, 2]
-            log_probs, entropy = chunked_log_probs_and_entropy(
-                hidden[0, packed.rows], head.weight, head.bias, packed.targets, temperature=self.setup.temperature,
-                with_entropy=with_entropy, chunk_size=self.LOGITS_CHUNK_TOKENS)
-            return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1).unsqueeze(0)
-
-        head.forward = scored  # an instance attribute shadows Linear.forward for this call only
-        try:
-            with self._autocast():
-                out = model(**packed.model_kwargs()).logits[0]
-        finally:
-            del head.forward
-        return out[:, 0], (out[:, 1] if with_entropy else None)
+        with self._autocast():
+            return packing.log_probs_and_entropy(model, self._pack(indices), temperature=self.setup.temperature,
+                                                 with_entropy=with_entropy, chunk_size=self.LOGITS_CHUNK_TOKENS)
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`.
