@@ -22,7 +22,7 @@ from slime.algo.advantages import (
     whiten,
 )
 from slime.algo.kl import KL_TYPES, approx_kl
-from slime.algo.logprobs import log_probs_and_entropy, response_logits_slice
+from slime.algo.logprobs import chunked_log_probs_and_entropy, log_probs_and_entropy, response_logits_slice
 from slime.algo.passk import pass_at_k
 from slime.algo.policy_loss import (
     TIS_MODES,
@@ -42,6 +42,7 @@ __all__ = [
     "TIS_MODES",
     "approx_kl",
     "broadcast_to_tokens",
+    "chunked_log_probs_and_entropy",
     "cispo_loss",
     "clipped_value_loss",
     "gae",

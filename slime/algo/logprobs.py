@@ -9,7 +9,9 @@ position P+j) is scored by the logits at position P−1+j, i.e. rows
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 
 def response_logits_slice(prompt_length: int, response_length: int) -> slice:
@@ -58,3 +60,49 @@ def log_probs_and_entropy(
     probs = torch.softmax(z, dim=-1)
     entropy = lse - (probs * z).sum(dim=-1)
     return log_probs, entropy
+
+
+def _chunk(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+           with_entropy: bool) -> Tensor:
+    log_probs, entropy = log_probs_and_entropy(F.linear(hidden, weight, bias), targets, temperature=temperature,
+                                               with_entropy=with_entropy)
+    return log_probs.unsqueeze(-1) if entropy is None else torch.stack([log_probs, entropy], dim=-1)
+
+
+def chunked_log_probs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target_ids: Tensor,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int = 1024,
+) -> tuple[Tensor, Tensor | None]:
+    """`log_probs_and_entropy(hidden @ weight.T + bias, ...)` computed `chunk_size` rows at a time, so the
+    logits of at most `chunk_size` tokens (Tensor[chunk_size, V], fp32) exist at once.
+
+    With gradients enabled each chunk is checkpointed: the backward recomputes one chunk's logits at a
+    time instead of keeping every chunk's alive; the gradients equal the unchunked ones.
+
+    Args:
+        hidden: Tensor[S, H], the LM head's inputs already aligned with the targets.
+        weight: Tensor[V, H] and bias: Tensor[V] or None, the LM head.
+        target_ids: Tensor[S] int64; temperature, with_entropy: as in `log_probs_and_entropy`.
+
+    Returns:
+        (log_probs Tensor[S] in nats, entropy Tensor[S] in nats or None), float32 (fp64 stays fp64).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    track = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                         or (bias is not None and bias.requires_grad))
+    parts = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start:start + chunk_size], weight, bias, target_ids[start:start + chunk_size], temperature,
+                with_entropy)
+        parts.append(checkpoint(_chunk, *args, use_reentrant=False) if track else _chunk(*args))
+    if not parts:  # no rows: empty outputs of the right dtype
+        parts.append(_chunk(hidden, weight, bias, target_ids, temperature, with_entropy))
+    out = torch.cat(parts)
+    return out[:, 0], (out[:, 1] if with_entropy else None)

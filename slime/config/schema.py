@@ -55,7 +55,11 @@ class ParallelismConfig:
     ep: int = 1
     etp: int = 1
     sequence_parallel: bool = False
-    micro_batch_size: int = 8  # samples per forward/backward on one DP rank
+    micro_batch_size: int = 8  # samples per forward/backward on one DP rank (when max_tokens_per_gpu is unset)
+    # Dynamic micro-batching: a step's samples are first-fit into bins of at most this many tokens
+    # (prompt + response) per forward/backward on one GPU; a longer sample gets a bin of its own. When set
+    # it wins over micro_batch_size.
+    max_tokens_per_gpu: Optional[int] = None
     gradient_checkpointing: bool = False
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
     megatron: dict[str, Any] = field(default_factory=dict)
@@ -213,6 +217,9 @@ class TrainConfig:
     clip_grad: float = 1.0  # max global grad norm; 0 disables clipping
     precision: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16
     num_threads: int = 1  # torch threads per CPU train actor
+    # Keep the reference model on CPU between its forward passes (moved to the GPU only for them); a no-op
+    # on CPU runs
+    ref_offload: bool = False
     critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
 
 

@@ -62,6 +62,12 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
     if derived.actor_gpus % model_parallel:
         yield Problem("parallelism.tp", p.tp, f"actor GPUs ({derived.actor_gpus}) are not divisible by tp·pp·cp = {model_parallel}",
                       "choose tp, pp, cp whose product divides the actor GPU count")
+    if p.max_tokens_per_gpu is not None and p.max_tokens_per_gpu < 1:
+        yield Problem("parallelism.max_tokens_per_gpu", p.max_tokens_per_gpu, "must be > 0 (tokens per micro-batch)",
+                      "set parallelism.max_tokens_per_gpu to a positive token count, or null for micro_batch_size")
+    if cfg.train.ref_offload and not (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0):
+        yield Problem("train.ref_offload", True, "there is no reference model to offload (algo.use_kl_loss=false "
+                      "and algo.kl_coef=0)", "set train.ref_offload=false, or use a KL term")
     if p.backend == "fsdp":
         for key in ("pp", "cp", "ep", "etp"):
             if getattr(p, key) != 1:

@@ -1,4 +1,9 @@
-"""Micro-batching and padding of a `TrainBatch` for backends that run padded [B, S] forwards."""
+"""Micro-batching of a `TrainBatch`: which samples of an optimizer step share a forward/backward.
+
+Two modes (REFERENCE.md §1): fixed `micro_batch_size` samples, or dynamic bins of at most
+`max_tokens_per_gpu` tokens (prompt + response), which wins when set. Step-level loss weights make the
+step's losses and gradients independent of the split either way.
+"""
 
 from __future__ import annotations
 
@@ -21,31 +26,42 @@ def micro_batches(indices: list[int], micro_batch_size: int) -> list[list[int]]:
     return [indices[i : i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]
 
 
-def pad_right(token_lists: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """[B] ragged ids -> (input_ids Tensor[B, S] int64, attention_mask Tensor[B, S]), right-padded."""
-    longest = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(token_lists), longest), dtype=torch.long)
-    for row, tokens in enumerate(token_lists):
-        ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        mask[row, : len(tokens)] = 1
-    return ids.to(device), mask.to(device)
-
-
-def response_rows(logits: Tensor, input_ids: Tensor, batch: TrainBatch, indices: list[int]) -> tuple[Tensor, Tensor]:
-    """Gather the logits rows that score each response token and the targets they score.
-
-    logits: Tensor[B, S, V] for the padded micro-batch `indices`. Response token j of a sample with
-    prompt length P sits at position P+j and is predicted by logits at P−1+j (REFERENCE.md §3.4).
-    Returns (rows Tensor[T, V], targets Tensor[T]) flat over the micro-batch's response tokens.
+def token_bins(indices: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """First-fit-decreasing bins of ≤ `max_tokens` tokens over samples `indices` (`lengths[i]`: tokens
+    of sample i); a longer sample gets a bin of its own. Deterministic: samples are placed longest
+    first, ties by position in `indices`; each bin keeps its samples in `indices` order, and bins are
+    ordered by their first sample's position in `indices`.
     """
-    rows, targets = [], []
-    for b, i in enumerate(indices):
-        length, response = len(batch.tokens[i]), batch.response_lengths[i]
-        prompt = length - response
-        rows.append(logits[b, prompt - 1 : length - 1])
-        targets.append(input_ids[b, prompt:length])
-    return torch.cat(rows), torch.cat(targets)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    position = {i: p for p, i in enumerate(indices)}
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], position[i])):
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return sorted((sorted(b, key=position.__getitem__) for b in bins), key=lambda b: position[b[0]])
+
+
+def split(indices: list[int], lengths: list[int], *, micro_batch_size: int,
+          max_tokens: int | None) -> list[list[int]]:
+    """The micro-batches of one step's samples: token bins when `max_tokens` is set, else consecutive
+    chunks of `micro_batch_size` samples."""
+    if max_tokens is not None:
+        return token_bins(indices, lengths, max_tokens)
+    return micro_batches(indices, micro_batch_size)
+
+
+def pad_to(micro: list[list[int]], count: int) -> list[list[int]]:
+    """Append empty micro-batches up to `count`: every DP rank then runs the same number of forwards,
+    which FSDP2's per-layer collectives need (an empty one runs a dummy forward with zero loss)."""
+    return micro + [[] for _ in range(count - len(micro))]
 
 
 def flat(values: list[list[float]] | list[list[int]], indices: list[int], *, dtype, device) -> Tensor:

@@ -7,12 +7,13 @@ optimizer steps over micro-batches, gradients summed over ranks and clipped by g
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
-from slime.algo import log_probs_and_entropy, reduce, token_weights
-from slime.train import batching
+from slime.algo import reduce, token_weights
+from slime.train import batching, packing
 from slime.train.actor_loss import actor_loss, needs_ref
 from slime.train.advantages import compute_advantages
 from slime.train.fsdp.rank import FSDPRank
@@ -25,11 +26,14 @@ class FSDPBackend(FSDPRank):
     """The actor role of the fsdp backend."""
 
     role = "actor"
+    LOGITS_CHUNK_TOKENS = 1024  # response tokens whose fp32 logits exist at once
 
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         self.ref_model = self._load_model(s.checkpoint.ref_load).eval() if needs_ref(s.algo) else None
+        if self.ref_model is not None and s.train.ref_offload:
+            self.ref_model.to("cpu")
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
@@ -38,14 +42,21 @@ class FSDPBackend(FSDPRank):
         from transformers import AutoModelForCausalLM
 
         # fp32 master weights; bf16 compute comes from autocast
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                     attn_implementation=packing.register())
         return model.to(self.device)
 
     # ---- log-probs -------------------------------------------------------------------------
     def _forward(self, model, batch: TrainBatch, indices: list[int], *, with_entropy: bool):
-        """Flat (log_probs, entropy|None) over the response tokens of `indices`; grad if enabled."""
-        rows, targets = self._response_rows(model, batch, indices)
-        return log_probs_and_entropy(rows.float(), targets, temperature=self.setup.temperature, with_entropy=with_entropy)
+        """Flat (log_probs Tensor[N], entropy Tensor[N] | None) in nats over the N response tokens of
+        `indices`, from one packed forward; grad if enabled.
+
+        The LM head runs inside the model's forward (so FSDP2 holds its weight unsharded there) on the
+        response rows only, `LOGITS_CHUNK_TOKENS` at a time: a micro-batch's fp32 logits never exist whole.
+        """
+        with self._autocast():
+            return packing.log_probs_and_entropy(model, self._pack(indices), temperature=self.setup.temperature,
+                                                 with_entropy=with_entropy, chunk_size=self.LOGITS_CHUNK_TOKENS)
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`.
@@ -60,16 +71,31 @@ class FSDPBackend(FSDPRank):
             raise RuntimeError("reference log-probs asked for, but no reference model was loaded (checkpoint.ref_load)")
         start = time.perf_counter()
         batch = self.batch
-        micro = [mb for step in batching.step_indices(batch)
-                 for mb in batching.micro_batches(step, self.setup.parallelism.micro_batch_size)]
+        micro = [mb for step in batching.step_indices(batch) for mb in self._micro_batches(step)]
         parts = {}
         model.train(which == "old")  # the actor in its training mode: the first step's ratio is exactly 1
-        with torch.no_grad():
+        with torch.no_grad(), self._on_device(model):
             for mb in micro:
+                if not mb:
+                    self._dummy_loss(model)
+                    continue
                 log_probs = self._forward(model, batch, mb, with_entropy=False)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
         return {f"perf/{'ref_' if which == 'ref' else ''}log_probs_time": time.perf_counter() - start}
+
+    @contextlib.contextmanager
+    def _on_device(self, model):
+        """The reference model on the device for its forward only with `train.ref_offload` (a no-op on
+        CPU runs, where it never leaves the CPU)."""
+        offload = model is self.ref_model and self.setup.train.ref_offload and self.device.type != "cpu"
+        if offload:
+            model.to(self.device)
+        try:
+            yield
+        finally:
+            if offload:
+                model.to("cpu")
 
     # ---- advantages --------------------------------------------------------------------------
     def compute_advantages(self) -> dict[str, float]:

@@ -12,7 +12,7 @@ import time
 import torch
 
 from slime.algo import clipped_value_loss, reduce
-from slime.train import batching
+from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
 from slime.types import TrainBatch
 
@@ -37,22 +37,30 @@ class FSDPCritic(FSDPRank):
 
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)  # no dropout on values
         model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
-                                                                attn_implementation="sdpa")
+                                                                attn_implementation=packing.register())
         return model.to(self.device)
 
     def _values(self, batch: TrainBatch, indices: list[int]) -> torch.Tensor:
-        rows, _ = self._response_rows(self.model, batch, indices)
-        return rows[:, 0].float()
+        """Values Tensor[N] (fp32) of the N response tokens of `indices`, from one packed forward; the
+        one-output head needs no chunking."""
+        packed = self._pack(indices)
+        with self._autocast():
+            out = self.model(**packed.model_kwargs()).logits
+        return out[0, packed.rows, 0].float()
 
     @torch.no_grad()
     def compute_values(self) -> list[list[float]]:
         """Per-sample values of every response token (the old values of this rollout step)."""
         self.model.eval()
         batch = self.batch
-        out: list[list[float]] = []
-        for mb in batching.micro_batches(list(range(len(batch))), self.setup.parallelism.micro_batch_size):
+        parts: dict[int, list[float]] = {}
+        for mb in (mb for step in batching.step_indices(batch) for mb in self._micro_batches(step)):
+            if not mb:
+                self._dummy_loss(self.model)
+                continue
             values = self._values(batch, mb)
-            out.extend(v.tolist() for v in torch.split(values, [batch.response_lengths[i] for i in mb]))
+            parts.update(zip(mb, (v.tolist() for v in torch.split(values, [batch.response_lengths[i] for i in mb]))))
+        out = [parts[i] for i in range(len(batch))]
         self.set_column("values", out)
         return out
 

@@ -157,6 +157,13 @@ def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Max over `group` in place (no-op without one)."""
+    if group is not None and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

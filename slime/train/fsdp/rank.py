@@ -16,7 +16,7 @@ import torch
 
 from slime.algo import token_weights
 from slime.sync.hf_files import Bucket
-from slime.train import batching
+from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
 from slime.train.fsdp import checkpoint, parallel
@@ -69,12 +69,26 @@ class FSDPRank(TrainBackend):
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _response_rows(self, model, batch: TrainBatch, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows Tensor[T, C], targets Tensor[T]): the model's outputs that score each response token."""
-        input_ids, attention_mask = batching.pad_right([batch.tokens[i] for i in indices], self.pad_id, self.device)
+    def _micro_batches(self, indices: list[int]) -> list[list[int]]:
+        """The micro-batches of one optimizer step's samples (`batching.split`), padded with empty ones
+        to the most any DP rank has, so every rank runs the same number of forwards per step."""
+        p = self.setup.parallelism
+        micro = batching.split(indices, [len(t) for t in self.batch.tokens], micro_batch_size=p.micro_batch_size,
+                               max_tokens=p.max_tokens_per_gpu)
+        count = parallel.all_reduce_max(torch.tensor(len(micro), device=self.device), self.groups.dp)
+        return batching.pad_to(micro, int(count))
+
+    def _pack(self, indices: list[int]) -> packing.Packed:
+        batch = self.batch
+        return packing.pack([batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices],
+                            self.device)
+
+    def _dummy_loss(self, model) -> torch.Tensor:
+        """A zero loss from a one-token forward: an empty micro-batch still takes part in FSDP2's
+        collectives (its backward adds zero gradients)."""
+        packed = packing.pack([[self.pad_id]], [0], self.device)
         with self._autocast():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return batching.response_rows(logits, input_ids, batch, indices)
+            return model(**packed.model_kwargs()).logits.float().sum() * 0.0
 
     def _weights(self, batch: TrainBatch, mb: list[int], step: int, mask: torch.Tensor, mode: str,
                  constant_length: float | None = None) -> torch.Tensor:
@@ -92,7 +106,10 @@ class FSDPRank(TrainBackend):
         self.optimizer.zero_grad(set_to_none=True)
         scale = parallel.loss_scale(s.device, self.layout)
         totals: dict[str, torch.Tensor] = {}
-        for mb in batching.micro_batches(indices, s.parallelism.micro_batch_size):
+        for mb in self._micro_batches(indices):
+            if not mb:
+                (self._dummy_loss(self.model) * scale).backward()
+                continue
             mask = self._flat(batch.loss_masks, mb)
             loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
             (loss * scale).backward()

@@ -1,0 +1,141 @@
+"""Packed micro-batches: the samples of one micro-batch as a single [1, T] stream (REFERENCE.md §9.4).
+
+Samples are concatenated without padding, positions restart at 0 for each sample, and attention runs
+per sample over `cu_seqlens`, so no token ever attends to another sample's tokens and the results equal
+the unpacked computation. The attention is registered with transformers' `AttentionInterface` under
+`ATTN_IMPLEMENTATION`; transformers builds no mask for an implementation it has no mask function for,
+and forwards the model's `cu_seq_lens_q/k` and `max_length_q/k` kwargs (its FlashAttention kwargs) to
+every attention call.
+
+On CUDA in bf16/fp16 the attention is torch's `varlen_attn` (FlashAttention varlen) when this torch
+has it; elsewhere (CPU, fp32) it is one causal SDPA call per sample: exact, needs no extra package.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from slime.algo import chunked_log_probs_and_entropy
+
+ATTN_IMPLEMENTATION = "slime_varlen"
+
+
+@dataclass
+class Packed:
+    """One packed micro-batch.
+
+    input_ids / position_ids: Tensor[1, T] int64, T = the samples' total token count (prompt + response).
+    cu_seqlens: Tensor[n+1] int32, [0, L1, L1+L2, ...]; max_length: the longest sample in tokens.
+    rows: Tensor[N] int64, stream positions whose outputs score the N response tokens (sample order);
+    targets: Tensor[N] int64, the response token ids they score (REFERENCE.md §3.4's alignment).
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    cu_seqlens: Tensor
+    max_length: int
+    rows: Tensor
+    targets: Tensor
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments for a transformers model's forward (attention_mask stays None)."""
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False,
+                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
+
+
+def pack(token_lists: list[list[int]], response_lengths: list[int], device: torch.device) -> Packed:
+    """Concatenate samples (ragged token ids, each with `response_lengths[i]` ≥ 0 trailing response
+    tokens and a prompt of ≥ 1 token) into one packed stream on `device`."""
+    ids, positions, rows, targets, cu = [], [], [], [], [0]
+    for tokens, response in zip(token_lists, response_lengths):
+        start, length = cu[-1], len(tokens)
+        prompt = length - response
+        if prompt < 1:
+            raise ValueError(f"a sample needs at least one prompt token before its response; got length {length}, "
+                             f"response {response}")
+        ids.extend(tokens)
+        positions.extend(range(length))
+        rows.extend(range(start + prompt - 1, start + length - 1))
+        targets.extend(tokens[prompt:])
+        cu.append(start + length)
+    ids_, positions_, rows_, targets_ = (torch.tensor(v, dtype=torch.long).to(device)
+                                         for v in (ids, positions, rows, targets))
+    return Packed(input_ids=ids_.unsqueeze(0), position_ids=positions_.unsqueeze(0),
+                  cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
+                  max_length=max(len(t) for t in token_lists), rows=rows_, targets=targets_)
+
+
+def _varlen_kernel():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch without FlashAttention varlen
+        return None
+    return varlen_attn
+
+
+def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **kwargs) -> tuple[Tensor, None]:
+    """Causal attention within each packed sample (transformers' attention-function contract).
+
+    query: Tensor[1, Hq, T, D]; key, value: Tensor[1, Hkv, T, D]; kwargs carry `cu_seq_lens_q`
+    (Tensor[n+1] int32) and `max_length_q`. Returns (Tensor[1, T, Hq, D], None).
+    """
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None or query.shape[0] != 1:
+        raise ValueError(f"{ATTN_IMPLEMENTATION} attention runs packed [1, T] streams only: pass cu_seq_lens_q "
+                         "(slime.train.packing.Packed.model_kwargs)")
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError(f"{ATTN_IMPLEMENTATION} attention has no sliding window")
+    gqa = query.shape[1] != key.shape[1]
+    dropout = dropout if module.training else 0.0
+    kernel = _varlen_kernel() if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) else None
+    if kernel is not None and dropout == 0.0:
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+        length = int(kwargs["max_length_q"])
+        out = kernel(q, k, v, cu, cu, length, length, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
+        return out.unsqueeze(0), None
+    bounds = cu.tolist()
+    outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
+                                           scale=scaling, is_causal=True, enable_gqa=gqa)
+            for s, e in itertools.pairwise(bounds)]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def log_probs_and_entropy(model: torch.nn.Module, packed: Packed, *, temperature: float, with_entropy: bool,
+                          chunk_size: int) -> tuple[Tensor, Tensor | None]:
+    """(log_probs Tensor[N], entropy Tensor[N] | None) in nats of the N response tokens of `packed`, from one
+    forward of a transformers causal LM; grad if enabled.
+
+    The LM head runs inside the model's forward (so FSDP2 holds its weight unsharded there, as for a plain
+    forward) on the response rows only, `chunk_size` rows at a time: the fp32 logits of the whole
+    micro-batch never exist.
+    """
+    head = model.get_output_embeddings()
+
+    def scored(hidden: Tensor) -> Tensor:  # Tensor[1, T, H] -> Tensor[1, N, 2]
+        log_probs, entropy = chunked_log_probs_and_entropy(
+            hidden[0, packed.rows], head.weight, head.bias, packed.targets, temperature=temperature,
+            with_entropy=with_entropy, chunk_size=chunk_size)
+        return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1).unsqueeze(0)
+
+    head.forward = scored  # an instance attribute shadows Linear.forward for this call only
+    try:
+        out = model(**packed.model_kwargs()).logits[0]
+    finally:
+        del head.forward
+    return out[:, 0], (out[:, 1] if with_entropy else None)
+
+
+def register() -> str:
+    """Register the packed attention with transformers (idempotent); returns its `attn_implementation`."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
+    return ATTN_IMPLEMENTATION
