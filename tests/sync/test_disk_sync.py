@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import load_file
 
 from slime.config.schema import HFEngineConfig
-from slime.engine import http_client
 from slime.engine.base import EngineLaunch
 from slime.engine.hf.engine import HFEngine
 from slime.sync.base import SyncContext
@@ -46,29 +45,17 @@ def test_save_hf_round_trips_bit_exact(trained, tmp_path):
 
 
 @pytest.mark.parametrize("keep", [False, True])
-def test_disk_sync_engine_runs_the_trainer_weights(trained, tiny_model_dir, tmp_path, keep):
+def test_disk_sync_directories_are_removed_unless_kept(trained, tiny_model_dir, tmp_path, keep):
+    """What disk mode leaves behind (tests/sync/test_sync_modes.py checks the weights bit for bit)."""
     engine = HFEngine(EngineLaunch(rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cpu",
                                    log_dir=str(tmp_path / "logs"), startup_timeout_s=90),
                       HFEngineConfig(max_batch_size=4, num_threads=1))
     url = engine.start()
     try:
-        body = {"input_ids": [1, 5, 11, 16], "sampling_params": {"max_new_tokens": 6, "temperature": 0,
-                                                                 "ignore_eos": True}, "return_logprob": True}
-        before = http_client.post(url + "/generate", body)
         context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, keep=keep)
         trained.connect_weight_sync("disk", [url], context)
-        perf = trained.update_weights(weight_version=3)
-        after = http_client.post(url + "/generate", body)
-        assert after["meta_info"]["weight_version"] == "3" and engine.client.get_weight_version() == "3"
-        assert perf["perf/update_weights_bytes"] == sum(p.numel() * 4 for p in trained.model.parameters())
-        # The engine's log-probs of its greedy tokens are the trainer's on the same tokens.
-        tokens = body["input_ids"] + after["output_ids"]
-        with torch.no_grad():
-            logits = trained.model(input_ids=torch.tensor([tokens])).logits[0, 3:-1]
-        trainer = torch.log_softmax(logits, -1).gather(1, torch.tensor(after["output_ids"])[:, None]).squeeze(1)
-        engine_lp = torch.tensor([lp for lp, *_ in after["meta_info"]["output_token_logprobs"]])
-        assert (trainer - engine_lp).abs().max() < 1e-5
-        assert after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
+        trained.update_weights(weight_version=3)
+        assert engine.client.get_weight_version() == "3"
         pushed = tmp_path / "weights" / "weight_v000003"
         assert pushed.exists() == keep
         if keep:

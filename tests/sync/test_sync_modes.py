@@ -17,6 +17,7 @@ from slime.engine.http_client import EngineHTTPError
 from slime.sync import wire
 from slime.sync.base import SyncContext, WeightMismatchError
 from tests.sync.test_disk_sync import trained  # noqa: F401 - the module-scoped trained fsdp rank
+from tests.train.test_fsdp_backend import response_log_probs
 
 PROMPT = {"input_ids": [1, 5, 11, 16], "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
           "return_logprob": True}
@@ -52,10 +53,7 @@ def assert_runs_trainer_weights(backend, url: str, version: str) -> None:
     assert reply["checksums"] == trainer_checksums(backend)  # bit-exact, every tensor
     after = http_client.post(url + "/generate", PROMPT)
     assert after["meta_info"]["weight_version"] == version
-    tokens = PROMPT["input_ids"] + after["output_ids"]
-    with torch.no_grad():
-        logits = backend.model(input_ids=torch.tensor([tokens])).logits[0, 3:-1]
-    trainer_lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(after["output_ids"])[:, None]).squeeze(1)
+    trainer_lp = response_log_probs(backend, PROMPT["input_ids"], after["output_ids"])
     engine_lp = torch.tensor([lp for lp, *_ in after["meta_info"]["output_token_logprobs"]])
     assert (trainer_lp - engine_lp).abs().max() < 1e-5
 

@@ -64,6 +64,14 @@ def log_probs(backend, batch: TrainBatch, which: str = "old") -> torch.Tensor:
     return backend.columns[f"{which}_log_probs"]
 
 
+def response_log_probs(backend, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """The backend's own forward-only log-probs of `response` after `prompt` (its packed path), Tensor[R]."""
+    sample = Sample(index=0, tokens=list(prompt) + list(response), response_length=len(response),
+                    loss_mask=[1] * len(response), reward=0.0)
+    batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
+    return log_probs(backend, batch).cpu()
+
+
 def batches_for(samples, *, dp: int, k: int):
     rewards = [s.reward - 0.5 for s in samples]  # any fixed advantages: the split must not matter
     return split_for_data_parallel(samples, [s.reward for s in samples], rewards,
