@@ -79,25 +79,28 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
                                      critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             RolloutSetup.from_run_config(cfg, derived), placement.rollout)
-        layout = train_layout(cfg, derived)
-        actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
-        critic = (TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
-                  if ppo else None)
-        tracker = None
+        actor = critic = tracker = None
         exit_code = 1
         try:
+            # Startup overlaps: the engines come up while the trainers build, and wandb starts meanwhile.
             engines_ready = manager.start.remote()
-            state.start_rollout = start = actor.init()
-            if critic is not None and critic.init() != start:
+            layout = train_layout(cfg, derived)
+            actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
+            critic = (TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
+                      if ppo else None)
+            actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
+            tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
+                              total_rollouts=cfg.train.num_rollout)
+            state.start_rollout = start = actor.finish_init(actor_init)
+            if critic is not None and critic.finish_init(critic_init) != start:
                 raise RuntimeError("the critic checkpoint is not at the actor's rollout step: set train.critic.load "
                                    "to the critic saved with checkpoint.load")
+            tracker.progress.begin(start)
             ray.get(engines_ready)
             actor.connect_weight_sync(cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()),
                                       _sync_context(cfg, run_dir))
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
-            tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
-                              total_rollouts=cfg.train.num_rollout, start_rollout=start)
             _loop(cfg, state, start, manager, actor, critic, tracker)
             exit_code = 0
         finally:
@@ -111,9 +114,9 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
                 ray.get(manager.shutdown.remote(), timeout=60)
             except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
                 logger.warning("rollout manager shutdown failed: %s", exc)
-            actor.shutdown()
-            if critic is not None:
-                critic.shutdown()
+            for group in (actor, critic):
+                if group is not None:
+                    group.shutdown()
             state.phase = state_phase if exit_code else "done"
 
 

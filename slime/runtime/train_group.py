@@ -19,13 +19,21 @@ from slime.train.layout import RankLayout
 from slime.types import TrainBatch
 
 
-@ray.remote(num_cpus=0)
-def _rendezvous_address() -> tuple[str, int]:
-    """Node IP and a free TCP port on rank 0's node for torch.distributed's rendezvous."""
+def _free_address() -> tuple[str, int]:
+    """This node's IP and a free TCP port on it, for torch.distributed's rendezvous."""
     with socket.socket() as sock:  # bound then released: a tiny race, as every TCP rendezvous has
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     return ray.util.get_node_ip_address(), port
+
+
+def _rendezvous_address(first: Placement) -> tuple[str, int]:
+    """A free address on rank 0's node: found right here when that is the driver's node, else by a task there."""
+    if first.node_id == ray.get_runtime_context().get_node_id():
+        return _free_address()
+    task = ray.remote(num_cpus=0)(_free_address).options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+        placement_group=first.group, placement_group_bundle_index=first.bundle_index))
+    return ray.get(task.remote())
 
 
 class TrainGroup:
@@ -37,9 +45,7 @@ class TrainGroup:
             raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
         self.layout = layout
         actor_cls = ray.remote(get_backend_class(setup.parallelism.backend, role))
-        first = placements[0]
-        addr, port = ray.get(_rendezvous_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=first.group, placement_group_bundle_index=first.bundle_index)).remote())
+        addr, port = _rendezvous_address(placements[0])
         self.actors = [
             actor_cls.options(**place.actor_options(fraction=fraction)).remote(
                 setup, rank=rank, layout=layout, master_addr=addr, master_port=port)
@@ -62,9 +68,13 @@ class TrainGroup:
         return [results[rank] for rank in self.layout.owners()]
 
     # ---- the interface, group-wide -----------------------------------------------------------
-    def init(self) -> int:
-        """Build models on every rank; return the first rollout id (identical on all ranks)."""
-        starts = self._all("init")
+    def begin_init(self) -> list[ray.ObjectRef]:
+        """Start building models on every rank (two groups can build at once); then `finish_init`."""
+        return [actor.init.remote() for actor in self.actors]
+
+    def finish_init(self, pending: list[ray.ObjectRef]) -> int:
+        """Wait for `begin_init`'s ranks; return the first rollout id (identical on all ranks)."""
+        starts = ray.get(pending)
         if len(set(starts)) != 1:
             raise RuntimeError(f"training ranks disagree on the start rollout: {starts}")
         return starts[0]
