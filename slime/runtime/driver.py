@@ -26,9 +26,8 @@ from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
 from slime.tracking.tracker import Tracker
-from slime.train.actor_loss import needs_old_log_probs, needs_ref
-from slime.train.base import TrainSetup
 from slime.train.layout import RankLayout
+from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,8 @@
 """A group of training ranks: one Ray actor per rank wrapping the configured backend class.
 
+The backend class is imported on the rank's own process (`TrainRank`), never by the driver: a
+training stack is torch and more, ~2 CPU-seconds the driver would spend before its first actor starts.
+
 The group's `RankLayout` decides who gets what: data-parallel shard d goes to every rank whose
 `dp_rank` is d (its whole model-parallel group), and each per-shard result is read from the rank that
 owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order.
@@ -14,8 +17,8 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.runtime.placement import Placement
-from slime.train.base import TrainSetup, get_backend_class
 from slime.train.layout import RankLayout
+from slime.train.setup import TrainSetup
 from slime.types import TrainBatch
 
 
@@ -36,6 +39,21 @@ def _rendezvous_address(first: Placement) -> tuple[str, int]:
     return ray.get(task.remote())
 
 
+class TrainRank:
+    """One training rank as a Ray actor: builds the registered backend for `role` and runs its methods."""
+
+    def __init__(self, setup: TrainSetup, role: str, **rank_args: Any):
+        from slime.train.base import get_backend_class
+
+        self.backend = get_backend_class(setup.parallelism.backend, role)(setup, **rank_args)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.backend, method)(*args, **kwargs)
+
+    def __repr__(self) -> str:  # Ray prefixes the rank's log lines with it
+        return f"{type(self.backend).__name__}(rank={self.backend.rank})"
+
+
 class TrainGroup:
     """One role's ranks (actor or critic)."""
 
@@ -44,23 +62,22 @@ class TrainGroup:
         if layout.world_size != len(placements):
             raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
         self.layout = layout
-        actor_cls = ray.remote(get_backend_class(setup.parallelism.backend, role))
         addr, port = _rendezvous_address(placements[0])
         self.actors = [
-            actor_cls.options(**place.actor_options(fraction=fraction)).remote(
-                setup, rank=rank, layout=layout, master_addr=addr, master_port=port)
+            ray.remote(TrainRank).options(**place.actor_options(fraction=fraction)).remote(
+                setup, role, rank=rank, layout=layout, master_addr=addr, master_port=port)
             for rank, place in enumerate(placements)
         ]
 
     # ---- dispatch ----------------------------------------------------------------------------
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+        return ray.get([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
     def _per_shard(self, method: str, per_shard: Sequence[Any], *args) -> list[Any]:
         """Call `method(*args, per_shard[dp_rank])` on every rank; return every rank's result."""
         if len(per_shard) != self.layout.dp:
             raise RuntimeError(f"{len(per_shard)} shards for {self.layout.dp} data-parallel ranks")
-        return ray.get([getattr(a, method).remote(*args, per_shard[self.layout.shard_of(rank)])
+        return ray.get([a.call.remote(method, *args, per_shard[self.layout.shard_of(rank)])
                         for rank, a in enumerate(self.actors)])
 
     def _owned(self, results: list[Any]) -> list[Any]:
@@ -70,7 +87,7 @@ class TrainGroup:
     # ---- the interface, group-wide -----------------------------------------------------------
     def begin_init(self) -> list[ray.ObjectRef]:
         """Start building models on every rank (two groups can build at once); then `finish_init`."""
-        return [actor.init.remote() for actor in self.actors]
+        return [actor.call.remote("init") for actor in self.actors]
 
     def finish_init(self, pending: list[ray.ObjectRef]) -> int:
         """Wait for `begin_init`'s ranks; return the first rollout id (identical on all ranks)."""
@@ -117,7 +134,7 @@ class TrainGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             try:
-                ray.get(actor.shutdown.remote(), timeout=30)
+                ray.get(actor.call.remote("shutdown"), timeout=30)
             except Exception:  # a dead rank must not block teardown
                 pass
             ray.kill(actor)

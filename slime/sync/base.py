@@ -16,10 +16,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import time
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from slime.engine.client import EngineClient
-from slime.sync.hf_files import Bucket
+
+if TYPE_CHECKING:  # torch: the driver imports SyncContext from here and never torch
+    from slime.sync.hf_files import Bucket
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
