@@ -106,11 +106,12 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
             interrupts.begin_teardown()
             state_phase = state.phase
             state.enter("teardown")
+            stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
             if tracker is not None:
                 curve = tracker.finish(exit_code)
                 state.reward_curve = str(curve) if curve else None
             try:
-                ray.get(manager.shutdown.remote(), timeout=60)
+                ray.get(stopping, timeout=60)
             except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
                 logger.warning("rollout manager shutdown failed: %s", exc)
             for group in (actor, critic):

@@ -137,7 +137,8 @@ def test_batch_text_and_info_endpoints(cluster):
 
 def test_prefix_cache_serves_a_repeated_lone_prompt(cluster):
     """A prompt decoded alone again reuses its prefill (counted as SGLang counts a whole-prompt hit:
-    prompt length - 1) with the same output; a batch bypasses the cache; /flush_cache empties it."""
+    prompt length - 1) and its first token's decode step, with the same output; a batch bypasses the
+    cache; /flush_cache empties it."""
     url = cluster.engines[0].url
     prompt, params = [1, 7, 9, 11, 3], {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 7}
     assert http_client.request("POST", url + "/flush_cache")[0] == 200
@@ -148,7 +149,7 @@ def test_prefix_cache_serves_a_repeated_lone_prompt(cluster):
     batch = http_client.post(url + "/generate", {"input_ids": [prompt, prompt], "sampling_params": params})
     assert [r["meta_info"]["cached_tokens"] for r in batch] == [0, 0]
     state = http_client.get(url + "/server_info")["internal_states"][0]
-    assert state["prefix_cache_prompts"] == 1 and state["prefix_cache_tokens"] == len(prompt)
+    assert state["prefix_cache_entries"] == 2 and state["prefix_cache_tokens"] == 2 * len(prompt) + 1
     assert http_client.request("POST", url + "/flush_cache")[0] == 200
     assert _generate(url, prompt, **params)["meta_info"]["cached_tokens"] == 0
 

@@ -3,9 +3,9 @@
 One `Generator.generate(requests)` call runs one static batch: prompts are left-padded, the prefill
 uses an attention mask and per-row position ids, decoding reuses a `DynamicCache`, and finished rows
 are dropped from the cache and the batch as soon as they finish (they cost no further compute). A
-batch of one request takes its prefill from the prefix cache when the same prompt was decoded alone
-before (`prefix_cache.py`: the same computation, so the same bits); the owner clears that cache
-whenever the weights change.
+batch of one request takes its prefill, and the decode step of its first token, from the prefix cache
+when a request decoded alone got there before (`prefix_cache.py`: the same computation, so the same
+bits); the owner clears that cache whenever the weights change.
 
 Output semantics (as SGLang):
 - `output_ids` / `output_logprobs` hold every generated token, including a matched EOS / stop token
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache
+from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS, DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.sampling import LogitsSampler, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Generator:
         tokenizer: its tokenizer (decoding text and stop strings).
         seed: seed of the shared `torch.Generator` used by rows without `sampling_seed`.
         context_length: max prompt + output tokens; default `model.config.max_position_embeddings`.
-        prefix_cache_tokens: prompt tokens the prefix cache may hold (0: no cache).
+        prefix_cache_tokens: tokens the prefix cache may hold (0: no cache).
     """
 
     def __init__(self, model, tokenizer, *, seed: int = 0, context_length: Optional[int] = None,
@@ -224,12 +224,25 @@ class Generator:
                 sampler.select(keep)
                 live = [live[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            out = self.model(
-                input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
-                use_cache=True, **{self._cache_kwarg: cache},
-            )
-            logits = out.logits[:, -1, :]
+            generated = out_ids[live[0]] if len(live) == 1 and step <= CACHED_DECODE_STEPS else None
+            cache, logits = self._decode_step(prompts[0], generated, tokens, mask, next_pos, cache)
             next_pos = next_pos + 1
+
+    def _decode_step(self, prompt, generated, tokens, mask, positions, cache):
+        """(KV cache, logits [B, V]) after feeding `tokens`; a lone request's state after `prompt` and
+        `generated` (None: not cached) comes from the prefix cache when it is there."""
+        cacheable = generated is not None and self.prefix_cache.enabled
+        hit = self.prefix_cache.get(prompt, generated) if cacheable else None
+        if hit is not None:
+            return hit.cache, hit.logits
+        out = self.model(
+            input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1),
+            use_cache=True, **{self._cache_kwarg: cache},
+        )
+        logits = out.logits[:, -1, :]
+        if cacheable:
+            self.prefix_cache.put(prompt, cache, logits, generated)
+        return cache, logits
 
     def _check_finish(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]) -> Optional[dict]:
         """SGLang's order: abort, length, (nothing before min_new_tokens), stop token, stop string."""
