@@ -78,7 +78,7 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
                                      critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             RolloutSetup.from_run_config(cfg, derived), placement.rollout)
-        actor = critic = tracker = None
+        actor = critic = tracker = engines_ready = None
         exit_code = 1
         try:
             # Startup overlaps: the engines come up while the trainers build, and wandb starts meanwhile.
@@ -106,12 +106,19 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
             interrupts.begin_teardown()
             state_phase = state.phase
             state.enter("teardown")
-            stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
+            if engines_ready is None or not ray.wait([engines_ready], timeout=0)[0]:
+                # Still starting: a shutdown call would wait for the engines to come up first. Killing the
+                # manager takes its router and engine actors along (their servers die with them).
+                ray.kill(manager)
+                stopping = None
+            else:
+                stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
             if tracker is not None:
                 curve = tracker.finish(exit_code)
                 state.reward_curve = str(curve) if curve else None
             try:
-                ray.get(stopping, timeout=60)
+                if stopping is not None:
+                    ray.get(stopping, timeout=60)
             except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
                 logger.warning("rollout manager shutdown failed: %s", exc)
             for group in (actor, critic):
