@@ -22,11 +22,17 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# grpo's run also carries TIS against the engine's log-probs (the knob leaves the first step on-policy).
+KNOBS = {"grpo": ["algo.use_tis=true"]}
+TIS_METRICS = {"train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois"}
+
+
 @pytest.mark.parametrize("algo", ALGO_OPTIONS)
 def test_every_algo_runs_and_its_first_step_is_on_policy(algo, tmp_path):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, f"algo={algo}", "train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001")
+    proc = main_py(run_dir, f"algo={algo}", "train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001",
+                   *KNOBS.get(algo, []))
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     steps = [r for r in logged if "train/step" in r]
@@ -45,7 +51,16 @@ def test_every_algo_runs_and_its_first_step_is_on_policy(algo, tmp_path):
         assert {"train/value_loss", "train/value_clipfrac", "rollout/values", "rollout/returns"} <= keys
     if algo == "dapo":
         assert any(k.startswith("rollout/dynamic_filter/drop_zero_std") for k in keys)
+    if "algo.use_tis=true" in KNOBS.get(algo, []):
+        check_engine_log_probs(steps, TIS_METRICS)
+        assert all(abs(r["train/tis"] - 1) < 1e-3 and r["train/tis_clipfrac"] == 0.0 for r in steps)
     assert_no_run_processes()
+
+
+def check_engine_log_probs(steps: list[dict], expected: set[str]) -> None:
+    assert expected <= set().union(*steps)
+    # the engine and the trainer compute the same policy: mismatch only at float rounding
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in steps)
 
 
 def test_ppo_learns_and_its_value_loss_falls(tmp_path):
@@ -120,17 +135,9 @@ def test_ppo_critic_roles_colocation_and_critic_only_steps(tmp_path):
     assert (critic_ckpt / "iter_0000002" / "model" / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("knob,expected", [
-    ("algo.use_tis=true", {"train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois"}),
-    ("algo.use_rollout_logprobs=true", {"train/train_rollout_logprob_abs_diff"}),
-])
-def test_engine_log_prob_knobs(knob, expected, tmp_path):
+def test_rollout_logprobs_as_old_log_probs(tmp_path):
+    """algo.use_rollout_logprobs (TIS is checked in the grpo run of test_every_algo...)."""
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, knob, "train.num_rollout=2")
+    proc = main_py(run_dir, "algo.use_rollout_logprobs=true", "train.num_rollout=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [r for r in records(run_dir) if "train/step" in r]
-    assert expected <= set().union(*steps)
-    # the engine and the trainer compute the same policy: mismatch only at float rounding
-    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in steps)
-    if knob == "algo.use_tis=true":
-        assert all(abs(r["train/tis"] - 1) < 1e-3 and r["train/tis_clipfrac"] == 0.0 for r in steps)
+    check_engine_log_probs([r for r in records(run_dir) if "train/step" in r], {"train/train_rollout_logprob_abs_diff"})

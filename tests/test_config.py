@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from slime.config import ConfigError, derive, validate
-from tests.conftest import CONF, ROOT, group_options, model_fields, typed_config
+from tests.conftest import ROOT, group_options, model_fields, typed_config
 
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {

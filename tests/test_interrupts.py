@@ -65,8 +65,7 @@ PHASE_CASES = [
     ("train:1", 0.0, "SIGINT", 130),
     ("save:1", 0.0, "SIGINT", 130),
     ("weight_sync:1", 0.0, "SIGINT", 130),
-    ("train:0", 0.0, "SIGTERM", 143),
-]
+]  # SIGTERM from outside, during a run: test_end_to_end.py::test_interrupt_stops_everything
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ Units are stated per field: "samples" are responses, "prompts" are groups of n s
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -126,6 +125,7 @@ class HFEngineConfig:
     batch_wait_ms: float = 5.0  # how long the batcher waits for more requests
     dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
     num_threads: int = 1  # torch threads per CPU engine
+    prefix_cache_tokens: int = 8192  # prompt tokens of one-request prefills kept for reuse; 0: no prefix cache
     startup_timeout_s: float = 120.0
 
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from slime.config.derive import Derived, derive
 from slime.config.passthrough import check_passthrough
-from slime.config.problems import ConfigError, Problem, get, one_of, positive
+from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
 from slime.config.validate_hooks import check_hooks

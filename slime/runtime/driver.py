@@ -26,9 +26,8 @@ from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
 from slime.tracking.tracker import Tracker
-from slime.train.actor_loss import needs_old_log_probs, needs_ref
-from slime.train.base import TrainSetup
 from slime.train.layout import RankLayout
+from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
 
 logger = logging.getLogger(__name__)
 
@@ -79,41 +78,52 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
                                      critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             RolloutSetup.from_run_config(cfg, derived), placement.rollout)
-        layout = train_layout(cfg, derived)
-        actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
-        critic = (TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
-                  if ppo else None)
-        tracker = None
+        actor = critic = tracker = engines_ready = None
         exit_code = 1
         try:
+            # Startup overlaps: the engines come up while the trainers build, and wandb starts meanwhile.
             engines_ready = manager.start.remote()
-            state.start_rollout = start = actor.init()
-            if critic is not None and critic.init() != start:
+            layout = train_layout(cfg, derived)
+            actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
+            critic = (TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
+                      if ppo else None)
+            actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
+            tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
+                              total_rollouts=cfg.train.num_rollout)
+            state.start_rollout = start = actor.finish_init(actor_init)
+            if critic is not None and critic.finish_init(critic_init) != start:
                 raise RuntimeError("the critic checkpoint is not at the actor's rollout step: set train.critic.load "
                                    "to the critic saved with checkpoint.load")
+            tracker.progress.begin(start)
             ray.get(engines_ready)
             actor.connect_weight_sync(cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()),
                                       _sync_context(cfg, run_dir))
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
-            tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
-                              total_rollouts=cfg.train.num_rollout, start_rollout=start)
             _loop(cfg, state, start, manager, actor, critic, tracker)
             exit_code = 0
         finally:
             interrupts.begin_teardown()
             state_phase = state.phase
             state.enter("teardown")
+            if engines_ready is None or not ray.wait([engines_ready], timeout=0)[0]:
+                # Still starting: a shutdown call would wait for the engines to come up first. Killing the
+                # manager takes its router and engine actors along (their servers die with them).
+                ray.kill(manager)
+                stopping = None
+            else:
+                stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
             if tracker is not None:
                 curve = tracker.finish(exit_code)
                 state.reward_curve = str(curve) if curve else None
             try:
-                ray.get(manager.shutdown.remote(), timeout=60)
+                if stopping is not None:
+                    ray.get(stopping, timeout=60)
             except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
                 logger.warning("rollout manager shutdown failed: %s", exc)
-            actor.shutdown()
-            if critic is not None:
-                critic.shutdown()
+            for group in (actor, critic):
+                if group is not None:
+                    group.shutdown()
             state.phase = state_phase if exit_code else "done"
 
 

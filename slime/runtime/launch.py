@@ -59,10 +59,8 @@ def execute(dcfg: DictConfig) -> float | None:
             raise interrupted
         if code != EXIT_OK:
             raise RuntimeError(f"run {result['status']} in phase {result['phase']}: {result['error']}")
-    elif interrupted is not None:
+    else:
         exit_now(code)
-    elif code != EXIT_OK:
-        sys.exit(code)
     return result["final_metrics"].get("rollout/raw_reward")
 
 

@@ -1,7 +1,9 @@
 """One placement group over every device a run needs, bundles in a stable (node, GPU id) order.
 
 GPU clusters get `{GPU: 1, CPU: 1}` bundles; `cluster.device=cpu` gets `{CPU: 1}` bundles and the
-same code runs. Disaggregated: actor (+critic) bundles first, then rollout bundles; colocated:
+same code runs. Where each bundle landed comes from a probe task per bundle on GPU clusters (only a
+task learns which GPU Ray gave its bundle) and from the placement group table on CPU (no worker
+process to start). Disaggregated: actor (+critic) bundles first, then rollout bundles; colocated:
 rollout engines share the actor's bundles (REFERENCE.md §2.1).
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.config.derive import Derived
@@ -24,6 +26,7 @@ class Placement:
     bundle_index: int
     device: str  # cuda | cpu
     gpu_id: str | None = None  # the physical GPU id Ray assigned to the bundle (cuda)
+    node_id: str | None = None  # the Ray node holding the bundle
 
     def actor_options(self, *, fraction: float) -> dict:
         """Ray options for an actor taking `fraction` (1.0: all) of this bundle's device."""
@@ -49,8 +52,21 @@ class EnginePlacement:
 
 
 @ray.remote(num_cpus=0)
-def _probe() -> tuple[str, list]:
-    return ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+def _probe() -> tuple[str, str, list]:
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+
+
+def _locate(group: PlacementGroup, count: int, device: str) -> list[tuple[str, str, list]]:
+    """(node id, node IP, GPU ids) of each bundle of `group`."""
+    if device == "cuda":
+        return ray.get([  # a GPU share makes Ray report the bundle's GPU id
+            _probe.options(num_gpus=0.01, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=i)).remote()
+            for i in range(count)
+        ])
+    nodes = placement_group_table(group)["bundles_to_node_id"]
+    ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    return [(nodes[i], ips[nodes[i]], []) for i in range(count)]
 
 
 def _ip_key(ip: str) -> tuple:
@@ -70,22 +86,16 @@ class RunPlacement:
 
 def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_engine: int, critic_with_actor: bool,
                      timeout_s: float = 120) -> RunPlacement:
-    """Reserve the bundles (strategy PACK), probe each bundle's (node IP, GPU id), sort, and assign roles."""
+    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         raise TimeoutError(f"placement group of {derived.total_gpus} {bundle} bundles not ready after {timeout_s}s: "
                            f"cluster resources are {ray.cluster_resources()}")
-    probe_gpus = {"num_gpus": 0.01} if device == "cuda" else {}  # a GPU share makes Ray report the bundle's GPU id
-    probes = [
-        _probe.options(**probe_gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group,
-                                                                            placement_group_bundle_index=i)).remote()
-        for i in range(derived.total_gpus)
-    ]
-    located = ray.get(probes)
-    order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][0]), located[i][1], i))
-    places = [Placement(group, i, device, located[i][1][0] if located[i][1] else None) for i in order]
+    located = _locate(group, derived.total_gpus, device)
+    order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
+    places = [Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0]) for i in order]
     actor = places[: derived.actor_gpus]
     critic = actor if critic_with_actor else places[derived.actor_gpus : derived.actor_gpus + derived.critic_gpus]
     rollout_start = 0 if colocate else derived.actor_gpus + derived.critic_gpus

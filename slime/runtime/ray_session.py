@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import Iterator
 
 import ray
 
@@ -12,7 +13,10 @@ from slime.config.schema import ClusterConfig
 
 logger = logging.getLogger(__name__)
 
-# Workers read these at import time, so they travel in the runtime env (REFERENCE.md §10.1).
+# Workers read these at import time (REFERENCE.md §10.1). A local cluster's raylet and so every worker
+# inherit them from the driver's environment at `ray.init`; a joined cluster gets them as the job's
+# runtime env, which costs each worker a round trip to the runtime-env agent and keeps Ray's
+# pre-started workers unused (about 1 CPU-second per worker on a 2-core box).
 # Ray starts workers at nice 15 by default; here the workers are the run, and on a shared machine any
 # normal-priority process would starve them (a busy 2-core box slowed a run twenty-fold).
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -22,16 +26,31 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 @contextlib.contextmanager
 def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool):
     """A Ray session sized for `num_bundles` device bundles; `ray.shutdown()` on every exit path."""
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
     if cluster.ray_address:
-        ray.init(address=cluster.ray_address, runtime_env=runtime_env, log_to_driver=log_to_driver)
+        ray.init(address=cluster.ray_address, runtime_env={"env_vars": dict(WORKER_ENV)}, log_to_driver=log_to_driver)
     else:
         # Logical CPUs may exceed physical cores: each bundle holds one lightly-threaded process.
         num_cpus = max(num_bundles, os.cpu_count() or 1)
         num_gpus = num_bundles if cluster.device == "cuda" else 0
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, runtime_env=runtime_env,
-                 log_to_driver=log_to_driver, configure_logging=True, logging_level=logging.WARNING)
+        with _environment(WORKER_ENV):
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=log_to_driver,
+                     configure_logging=True, logging_level=logging.WARNING)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` set in os.environ inside the block (for the processes started there), restored after."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

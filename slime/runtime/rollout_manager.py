@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 
-from slime.algo import pass_at_k
 from slime.config.derive import Derived
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
@@ -24,7 +22,6 @@ from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
-from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
 from slime.runtime.placement import EnginePlacement
 from slime.types import SampleStatus, TrainBatch
 
@@ -61,45 +58,41 @@ class RolloutSetup:
 
 
 class RolloutManager:
-    """One CPU actor owning the router, the engines, the data sources, rewards and the rollout function."""
+    """Created at once; `start()` brings up the engines, the router and the data sources.
+
+    torch (with transformers, ~2 CPU-seconds) is imported only after the engines were launched, so that
+    neither the driver nor this actor's start-up waits for it.
+    """
 
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
-        from transformers import AutoTokenizer
-
         self.setup = setup
         self.engine_placements = engine_placements
-        self.tokenizer = AutoTokenizer.from_pretrained(setup.model_path)
-        r, d = setup.rollout, setup.data
-        dataset = PromptDataset(d.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key, label_key=d.label_key,
-                                metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template)
-        self.data_source = DataSource(dataset, n_samples_per_prompt=r.n_samples_per_prompt, shuffle=d.shuffle,
-                                      seed=r.seed)
-        self.eval_source = None
-        if setup.eval.interval:
-            e = setup.eval
-            eval_set = PromptDataset(e.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key,
-                                     label_key=d.label_key, metadata_key=d.metadata_key,
-                                     apply_chat_template=d.apply_chat_template)
-            self.eval_source = DataSource(eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False,
-                                          seed=r.seed)
-        # validation resolved rollout.function (a registry name, a path or null) to an import path
-        self.rollout_fn = load_callable(r.function, key="rollout.function")
-        self.dynamic_filter = (load_callable(setup.algo.dynamic_filter, key="algo.dynamic_filter")
-                               if setup.algo.dynamic_filter else None)
         self.router: Router | None = None
         self.engines: list[Any] = []
         self.engine_urls: list[str] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
-        """Launch (or join) the router, start every engine and register it; return the router URL."""
+        """Start every engine, then launch (or join) the router and load the data while their servers come
+        up; register each engine once healthy. Returns the router URL."""
         r, s = self.setup.rollout, self.setup
         log_dir = Path(s.log_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
+        launched = self._launch_engines(log_dir)
         if r.router.address:
             self.router = Router.connect(r.router.address)
         else:
             self.router = Router.launch(host=s.host, cfg=r.router, log_path=str(log_dir / "router.log"))
+        self._load_data()
+        ray.get(launched)
+        self.engine_urls = ray.get([engine.wait_until_ready.remote() for engine in self.engines])
+        for url in self.engine_urls:
+            self.router.add_worker(url)
+        return self.router.url
+
+    def _launch_engines(self, log_dir: Path) -> list:
+        """Create one engine actor per placement and have each start its server; returns the launch refs."""
+        r, s = self.setup.rollout, self.setup
         engine_cls = ray.remote(get_engine_class(r.engine))
         engine_config = getattr(r, r.engine)  # the kind's own typed config: rollout.hf, rollout.sglang, ...
         # An engine's server uses every GPU of its bundles: Ray must not narrow CUDA_VISIBLE_DEVICES to one.
@@ -110,11 +103,30 @@ class RolloutManager:
                                   startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0))
             options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
             self.engines.append(engine_cls.options(**options, **env).remote(launch, engine_config))
-        ray.get([engine.launch.remote() for engine in self.engines])  # all start, then all are waited for
-        self.engine_urls = ray.get([engine.wait_until_ready.remote() for engine in self.engines])
-        for url in self.engine_urls:
-            self.router.add_worker(url)
-        return self.router.url
+        return [engine.launch.remote() for engine in self.engines]
+
+    def _load_data(self) -> None:
+        """Tokenizer, prompt datasets, the rollout function and the dynamic filter (a bad data config fails here)."""
+        from transformers import AutoTokenizer
+
+        s, r, d = self.setup, self.setup.rollout, self.setup.data
+        self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
+        dataset = PromptDataset(d.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key, label_key=d.label_key,
+                                metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template)
+        self.data_source = DataSource(dataset, n_samples_per_prompt=r.n_samples_per_prompt, shuffle=d.shuffle,
+                                      seed=r.seed)
+        self.eval_source = None
+        if s.eval.interval:
+            e = s.eval
+            eval_set = PromptDataset(e.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key,
+                                     label_key=d.label_key, metadata_key=d.metadata_key,
+                                     apply_chat_template=d.apply_chat_template)
+            self.eval_source = DataSource(eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False,
+                                          seed=r.seed)
+        # validation resolved rollout.function (a registry name, a path or null) to an import path
+        self.rollout_fn = load_callable(r.function, key="rollout.function")
+        self.dynamic_filter = (load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter")
+                               if s.algo.dynamic_filter else None)
 
     def urls(self) -> list[str]:
         """The URL of every engine, in engine rank order (what weight sync pushes to)."""
@@ -162,6 +174,10 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
         """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""
+        import torch
+
+        from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
+
         out = self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
@@ -189,6 +205,8 @@ class RolloutManager:
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Mean reward, truncation ratio and pass@k over the eval prompts (`eval/<name>...`)."""
+        from slime.algo import pass_at_k
+
         if self.eval_source is None:
             return {}
         self.eval_source.sample_offset, self.eval_source.epoch_id = 0, 0
@@ -207,11 +225,15 @@ class RolloutManager:
 
     # ---- weights and state -------------------------------------------------------------------
     def save(self, rollout_id: int, root: str) -> None:
+        import torch
+
         target = Path(root) / "rollout"
         target.mkdir(parents=True, exist_ok=True)
         torch.save(self.data_source.state_dict(), target / f"global_dataset_state_dict_{rollout_id}.pt")
 
     def load(self, rollout_id: int, root: str) -> None:
+        import torch
+
         path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")

@@ -1,5 +1,8 @@
 """A group of training ranks: one Ray actor per rank wrapping the configured backend class.
 
+The backend class is imported on the rank's own process (`TrainRank`), never by the driver: a
+training stack is torch and more, ~2 CPU-seconds the driver would spend before its first actor starts.
+
 The group's `RankLayout` decides who gets what: data-parallel shard d goes to every rank whose
 `dp_rank` is d (its whole model-parallel group), and each per-shard result is read from the rank that
 owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order.
@@ -14,18 +17,41 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.runtime.placement import Placement
-from slime.train.base import TrainSetup, get_backend_class
 from slime.train.layout import RankLayout
+from slime.train.setup import TrainSetup
 from slime.types import TrainBatch
 
 
-@ray.remote(num_cpus=0)
-def _rendezvous_address() -> tuple[str, int]:
-    """Node IP and a free TCP port on rank 0's node for torch.distributed's rendezvous."""
+def _free_address() -> tuple[str, int]:
+    """This node's IP and a free TCP port on it, for torch.distributed's rendezvous."""
     with socket.socket() as sock:  # bound then released: a tiny race, as every TCP rendezvous has
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     return ray.util.get_node_ip_address(), port
+
+
+def _rendezvous_address(first: Placement) -> tuple[str, int]:
+    """A free address on rank 0's node: found right here when that is the driver's node, else by a task there."""
+    if first.node_id == ray.get_runtime_context().get_node_id():
+        return _free_address()
+    task = ray.remote(num_cpus=0)(_free_address).options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+        placement_group=first.group, placement_group_bundle_index=first.bundle_index))
+    return ray.get(task.remote())
+
+
+class TrainRank:
+    """One training rank as a Ray actor: builds the registered backend for `role` and runs its methods."""
+
+    def __init__(self, setup: TrainSetup, role: str, **rank_args: Any):
+        from slime.train.base import get_backend_class
+
+        self.backend = get_backend_class(setup.parallelism.backend, role)(setup, **rank_args)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.backend, method)(*args, **kwargs)
+
+    def __repr__(self) -> str:  # Ray prefixes the rank's log lines with it
+        return f"{type(self.backend).__name__}(rank={self.backend.rank})"
 
 
 class TrainGroup:
@@ -36,25 +62,22 @@ class TrainGroup:
         if layout.world_size != len(placements):
             raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
         self.layout = layout
-        actor_cls = ray.remote(get_backend_class(setup.parallelism.backend, role))
-        first = placements[0]
-        addr, port = ray.get(_rendezvous_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=first.group, placement_group_bundle_index=first.bundle_index)).remote())
+        addr, port = _rendezvous_address(placements[0])
         self.actors = [
-            actor_cls.options(**place.actor_options(fraction=fraction)).remote(
-                setup, rank=rank, layout=layout, master_addr=addr, master_port=port)
+            ray.remote(TrainRank).options(**place.actor_options(fraction=fraction)).remote(
+                setup, role, rank=rank, layout=layout, master_addr=addr, master_port=port)
             for rank, place in enumerate(placements)
         ]
 
     # ---- dispatch ----------------------------------------------------------------------------
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+        return ray.get([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
     def _per_shard(self, method: str, per_shard: Sequence[Any], *args) -> list[Any]:
         """Call `method(*args, per_shard[dp_rank])` on every rank; return every rank's result."""
         if len(per_shard) != self.layout.dp:
             raise RuntimeError(f"{len(per_shard)} shards for {self.layout.dp} data-parallel ranks")
-        return ray.get([getattr(a, method).remote(*args, per_shard[self.layout.shard_of(rank)])
+        return ray.get([a.call.remote(method, *args, per_shard[self.layout.shard_of(rank)])
                         for rank, a in enumerate(self.actors)])
 
     def _owned(self, results: list[Any]) -> list[Any]:
@@ -62,9 +85,13 @@ class TrainGroup:
         return [results[rank] for rank in self.layout.owners()]
 
     # ---- the interface, group-wide -----------------------------------------------------------
-    def init(self) -> int:
-        """Build models on every rank; return the first rollout id (identical on all ranks)."""
-        starts = self._all("init")
+    def begin_init(self) -> list[ray.ObjectRef]:
+        """Start building models on every rank (two groups can build at once); then `finish_init`."""
+        return [actor.call.remote("init") for actor in self.actors]
+
+    def finish_init(self, pending: list[ray.ObjectRef]) -> int:
+        """Wait for `begin_init`'s ranks; return the first rollout id (identical on all ranks)."""
+        starts = ray.get(pending)
         if len(set(starts)) != 1:
             raise RuntimeError(f"training ranks disagree on the start rollout: {starts}")
         return starts[0]
@@ -107,7 +134,7 @@ class TrainGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             try:
-                ray.get(actor.shutdown.remote(), timeout=30)
+                ray.get(actor.call.remote("shutdown"), timeout=30)
             except Exception:  # a dead rank must not block teardown
                 pass
             ray.kill(actor)

@@ -19,10 +19,12 @@ import abc
 import dataclasses
 import logging
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from slime.engine.client import EngineClient
-from slime.sync.hf_files import Bucket
+
+if TYPE_CHECKING:  # torch: the driver imports SyncContext from here and never torch
+    from slime.sync.hf_files import Bucket
 
 logger = logging.getLogger(__name__)
 

@@ -7,17 +7,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RunProgress:
-    """The live console line of a run: rollout steps done, phase and the latest reward."""
+    """Shown from `begin(start)` on: the first rollout is known only once the trainers are up."""
 
-    def __init__(self, *, total: int, start: int, enabled: bool):
+    def __init__(self, *, total: int, enabled: bool):
         self.enabled = enabled
+        self.total = total
         self.console = Console(stderr=True)
         self.progress = None
-        if not enabled:
+
+    def begin(self, start: int) -> None:
+        if not self.enabled:
             return
         self.progress = Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"), console=self.console, transient=False)
-        self.task = self.progress.add_task("starting...", total=total, completed=start)
+        self.task = self.progress.add_task("starting...", total=self.total, completed=start)
         self.progress.start()
 
     def phase(self, text: str) -> None:

@@ -16,13 +16,13 @@ class Tracker:
     """Every metric sink of a run (metrics.jsonl, wandb, progress, samples, plot) behind one `log` call."""
 
     def __init__(self, cfg: LoggerConfig, *, run_dir: Path, config: dict[str, Any], name: str, total_rollouts: int,
-                 start_rollout: int, wandb_id: str | None = None):
+                 wandb_id: str | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
         self.samples = JsonlWriter(run_dir / "samples.jsonl")
         self.wandb = WandbRun(cfg.wandb, run_dir=run_dir, config=config, name=name, run_id=wandb_id)
-        self.progress = RunProgress(total=total_rollouts, start=start_rollout, enabled=cfg.progress)
+        self.progress = RunProgress(total=total_rollouts, enabled=cfg.progress)  # shown from progress.begin(start)
 
     def log(self, metrics: dict[str, float], **steps: int) -> None:
         """Write one event; `steps` are its axes by short name, e.g. rollout=3 -> {"rollout/step": 3}."""

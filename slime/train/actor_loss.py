@@ -19,23 +19,6 @@ def reduction_mode(algo: AlgoConfig) -> str:
     return "per_token" if algo.calculate_per_token_loss else "per_sample"
 
 
-def needs_ref(algo: AlgoConfig) -> bool:
-    """Reference log-probs are needed by the KL loss and by KL in the reward."""
-    return algo.use_kl_loss or algo.kl_coef != 0
-
-
-def needs_old_log_probs(algo: AlgoConfig, num_steps_per_rollout: int) -> bool:
-    """REFERENCE.md §3.4's reuse rule, negated: with one optimizer step per rollout and nothing but the
-    loss reading ℓ_old, ℓ_old := stopgrad(ℓ) of the training pass itself and no forward-only pass runs.
-
-    Engine log-probs as ℓ_old (`use_rollout_logprobs`) need none either.
-    """
-    if algo.use_rollout_logprobs:
-        return False
-    return (num_steps_per_rollout > 1 or needs_ref(algo) or algo.use_tis
-            or algo.advantage_estimator in ("gspo", "ppo"))
-
-
 def actor_loss(
     *,
     log_probs: Tensor,

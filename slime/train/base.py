@@ -1,5 +1,5 @@
 """`TrainBackend`: the interface every training backend implements (fsdp today, megatron next), actor
-and critic alike, and `TrainSetup`, the typed sub-config a training rank receives.
+and critic alike; each rank receives a `TrainSetup` (`slime.train.setup`).
 
 Backends are plain Python classes: the runtime wraps one per training rank in a Ray actor and sends
 every rank of a group the same calls in the same order; GPU tests drive them directly.
@@ -23,60 +23,14 @@ HF directory (`save_hf`). `save_checkpoint`/`load_checkpoint` keep the full trai
 from __future__ import annotations
 
 import abc
-import dataclasses
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
 
-from slime.config.derive import Derived
-from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
 from slime.sync.hf_files import Bucket, write_hf_dir
 from slime.train.layout import RankLayout
+from slime.train.setup import TrainSetup
 from slime.types import TrainBatch
-
-
-@dataclasses.dataclass(kw_only=True)
-class TrainSetup:
-    """What a training rank needs: its own sub-configs plus run-level numbers, no DictConfig."""
-
-    model: ModelConfig
-    parallelism: ParallelismConfig
-    train: TrainConfig
-    algo: AlgoConfig
-    checkpoint: CheckpointConfig
-    device: str  # cpu | cuda
-    precision: str  # fp32 | bf16
-    temperature: float  # rollout temperature: log-probs use logits / temperature
-    max_response_len: int  # tokens; the Dr.GRPO constant
-    seed: int
-    num_optimizer_steps: int  # over the whole run, for the LR schedule
-
-    @classmethod
-    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> "TrainSetup":
-        return cls(
-            model=cfg.model, parallelism=cfg.parallelism, train=cfg.train, algo=cfg.algo, checkpoint=cfg.checkpoint,
-            device=cfg.cluster.device, precision=derived.precision, temperature=cfg.rollout.temperature,
-            max_response_len=cfg.rollout.max_response_len, seed=cfg.seed, num_optimizer_steps=derived.num_optimizer_steps,
-        )
-
-    @classmethod
-    def for_critic(cls, cfg: RunConfig, derived: Derived) -> "TrainSetup":
-        """The critic's setup: the actor's, with train.critic's lr/warm-up/load/save overrides."""
-        c = cfg.train.critic
-        train = dataclasses.replace(cfg.train, lr=c.lr if c.lr is not None else cfg.train.lr,
-                                    lr_warmup_steps=c.lr_warmup_steps if c.lr_warmup_steps is not None
-                                    else cfg.train.lr_warmup_steps)
-        load = c.load
-        if load is None and cfg.checkpoint.load is not None and (Path(cfg.checkpoint.load) / "critic").exists():
-            load = f"{cfg.checkpoint.load}/critic"  # resuming a run whose critic was saved beside the actor
-        checkpoint = dataclasses.replace(cfg.checkpoint, load=load, save=cls.for_critic_save_root(cfg), ref_load=None)
-        setup = cls.from_run_config(cfg, derived)
-        return dataclasses.replace(setup, train=train, checkpoint=checkpoint)
-
-    @staticmethod
-    def for_critic_save_root(cfg: RunConfig) -> str:
-        return cfg.train.critic.save if cfg.train.critic.save is not None else f"{cfg.checkpoint.save}/critic"
 
 
 class TrainBackend(abc.ABC):

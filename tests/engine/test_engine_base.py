@@ -17,7 +17,7 @@ import pytest
 from slime.engine.base import EngineLaunch, EngineServer, EngineStartupError, get_engine_class
 from slime.engine.hf.engine import HFEngine
 from slime.engine.ports import reserve_ports
-from slime.engine.process import child_env, launch_process
+from slime.engine.process import child_env
 from slime.engine.router import router_flags
 
 # A stand-in server: answers /health_generate with 200 after `delay` seconds, on the port it is given.

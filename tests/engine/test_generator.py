@@ -130,3 +130,31 @@ def test_invalid_params_and_prompts(tiny_model):
     with pytest.raises(GenerationError, match="context length"):
         gen.generate([_req([1] * 600)])
     assert gen.max_new_tokens(_req([1] * 500, max_new_tokens=100)) == 12  # capped by the 512-token context
+
+
+def test_prefix_cache_reuses_a_lone_prefill_bit_for_bit(tiny_model):
+    """A prompt decoded alone again reuses its stored prefill and first-token decode step: the same
+    computation, so the same bits as a generator without the cache; batches never read or fill it; the
+    least recently used entry goes first."""
+    model, tok = tiny_model
+    reqs = lambda: [_req(p, temperature=t, max_new_tokens=6, sampling_seed=s)  # noqa: E731
+                    for p in PROMPTS for t, s in ((1.0, 1), (1.0, 2), (1.0, 3), (0, None), (0, None))]
+    plain = Generator(model, tok, prefix_cache_tokens=0)
+    cached = _gen(tiny_model)
+    expected = [plain.generate([r])[0] for r in reqs()]
+    got = [cached.generate([r])[0] for r in reqs()]
+    assert [(r.output_ids, r.output_logprobs, r.text) for r in got] == [(r.output_ids, r.output_logprobs, r.text) for r in expected]
+    assert [r.cached_tokens for r in got] == [n for p in PROMPTS for n in (0,) + (len(p) - 1,) * 4]
+    assert all(r.cached_tokens == 0 for r in expected)
+    # per prompt: 4 prefill hits, and at least the second greedy request's first-token step
+    assert cached.prefix_cache.hits >= 5 * len(PROMPTS)
+    batch = cached.generate([_req(PROMPTS[0], max_new_tokens=2), _req(PROMPTS[2], max_new_tokens=2)])
+    assert [r.cached_tokens for r in batch] == [0, 0]
+    cached.flush_cache()
+    assert cached.generate([_req(PROMPTS[0], max_new_tokens=2)])[0].cached_tokens == 0
+
+    small = Generator(model, tok, prefix_cache_tokens=6)  # prompt tokens
+    hits = lambda prompt: small.generate([_req(prompt, max_new_tokens=1)])[0].cached_tokens > 0  # noqa: E731
+    assert [hits(PROMPTS[0]), hits(PROMPTS[2]), hits(PROMPTS[0]), hits(PROMPTS[1])] == [False, False, True, False]
+    assert hits(PROMPTS[1]) is False  # 11 tokens: never stored
+    assert [hits([4, 9, 1]), hits(PROMPTS[0]), hits(PROMPTS[2])] == [False, True, False]  # [4, 9] was evicted

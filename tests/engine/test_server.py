@@ -65,7 +65,7 @@ def _check_response(resp: dict, weight_version: str = "0") -> None:
     assert isinstance(resp["text"], str)
     assert meta["finish_reason"]["type"] in {"stop", "length"}
     assert meta["completion_tokens"] == len(resp["output_ids"]) == len(meta["output_token_logprobs"])
-    assert meta["cached_tokens"] == 0 and meta["weight_version"] == weight_version
+    assert 0 <= meta["cached_tokens"] < meta["prompt_tokens"] and meta["weight_version"] == weight_version
     for (logprob, token_id, *_), out_id in zip(meta["output_token_logprobs"], resp["output_ids"]):
         assert isinstance(logprob, float) and logprob <= 0
         assert isinstance(token_id, int) and token_id == out_id
@@ -135,6 +135,25 @@ def test_batch_text_and_info_endpoints(cluster):
     assert cluster.engines[0].client.is_healthy()
 
 
+def test_prefix_cache_serves_a_repeated_lone_prompt(cluster):
+    """A prompt decoded alone again reuses its prefill (counted as SGLang counts a whole-prompt hit:
+    prompt length - 1) and its first token's decode step, with the same output; a batch bypasses the
+    cache; /flush_cache empties it."""
+    url = cluster.engines[0].url
+    prompt, params = [1, 7, 9, 11, 3], {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 7}
+    assert http_client.request("POST", url + "/flush_cache")[0] == 200
+    first, second = _generate(url, prompt, **params), _generate(url, prompt, **params)
+    assert (first["meta_info"]["cached_tokens"], second["meta_info"]["cached_tokens"]) == (0, len(prompt) - 1)
+    assert second["output_ids"] == first["output_ids"]
+    assert second["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]
+    batch = http_client.post(url + "/generate", {"input_ids": [prompt, prompt], "sampling_params": params})
+    assert [r["meta_info"]["cached_tokens"] for r in batch] == [0, 0]
+    state = http_client.get(url + "/server_info")["internal_states"][0]
+    assert state["prefix_cache_entries"] == 2 and state["prefix_cache_tokens"] == 2 * len(prompt) + 1
+    assert http_client.request("POST", url + "/flush_cache")[0] == 200
+    assert _generate(url, prompt, **params)["meta_info"]["cached_tokens"] == 0
+
+
 def _in_thread(fn):
     box: dict = {}
     thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
@@ -175,6 +194,7 @@ def test_update_weights_from_disk(cluster, tmp_path):
     assert meta["weight_version"] == "0" and meta["finish_reason"] == {"type": "length", "length": 480}
     after = _generate(engine.url)
     _check_response(after, weight_version="1")
+    assert after["meta_info"]["cached_tokens"] == 0  # the update emptied the prefix cache
     assert engine.client.get_weight_version() == "1"
     assert after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
     assert after["output_ids"] != before["output_ids"]

@@ -10,10 +10,9 @@ import torch.multiprocessing as mp
 
 from slime.config import fill_derived, validate
 from slime.rollout.postprocess import split_for_data_parallel
-from slime.train.actor_loss import needs_old_log_probs, needs_ref
-from slime.train.base import TrainSetup
 from slime.train.fsdp.backend import FSDPBackend
 from slime.train.layout import RankLayout
+from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
 from slime.types import Sample, TrainBatch
 from tests.conftest import typed_config
 

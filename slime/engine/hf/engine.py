@@ -34,6 +34,7 @@ class HFEngine(EngineServer):
             "--dtype", cfg.dtype,
             "--batch-wait-ms", str(cfg.batch_wait_ms),
             "--num-threads", str(cfg.num_threads),
+            "--prefix-cache-tokens", str(cfg.prefix_cache_tokens),
             "--weight-version", launch.weight_version,
         ] + (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
 

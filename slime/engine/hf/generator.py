@@ -2,7 +2,10 @@
 
 One `Generator.generate(requests)` call runs one static batch: prompts are left-padded, the prefill
 uses an attention mask and per-row position ids, decoding reuses a `DynamicCache`, and finished rows
-are dropped from the cache and the batch as soon as they finish (they cost no further compute).
+are dropped from the cache and the batch as soon as they finish (they cost no further compute). A
+batch of one request takes its prefill, and the decode step of its first token, from the prefix cache
+when a request decoded alone got there before (`prefix_cache.py`: the same computation, so the same
+bits); the owner clears that cache whenever the weights change.
 
 Output semantics (as SGLang):
 - `output_ids` / `output_logprobs` hold every generated token, including a matched EOS / stop token
@@ -23,6 +26,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS, DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.sampling import LogitsSampler, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -48,6 +52,7 @@ class GenerationResult:
     output_logprobs: list[float]  # natural log, one per output id
     text: str
     finish_reason: dict[str, Any]
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache, counted as SGLang does (see `generate`)
 
 
 def _as_id_set(value: Any) -> set[int]:
@@ -66,10 +71,13 @@ class Generator:
         tokenizer: its tokenizer (decoding text and stop strings).
         seed: seed of the shared `torch.Generator` used by rows without `sampling_seed`.
         context_length: max prompt + output tokens; default `model.config.max_position_embeddings`.
+        prefix_cache_tokens: tokens the prefix cache may hold (0: no cache).
     """
 
-    def __init__(self, model, tokenizer, *, seed: int = 0, context_length: Optional[int] = None):
+    def __init__(self, model, tokenizer, *, seed: int = 0, context_length: Optional[int] = None,
+                 prefix_cache_tokens: int = DEFAULT_MAX_TOKENS):
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
@@ -119,7 +127,12 @@ class Generator:
     # ---------------------------------------------------------------- generation
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Generate for all requests as one batch; returns results in request order."""
+        """Generate for all requests as one batch; returns results in request order.
+
+        `cached_tokens` of a result whose prefill came from the prefix cache is prompt length - 1, the
+        count SGLang reports for a whole-prompt hit (it recomputes the last prompt token; its stored
+        result is reused here, which is the same computation); 0 otherwise.
+        """
         for req in requests:
             self.validate(req)
         n = len(requests)
@@ -128,6 +141,7 @@ class Generator:
         budgets = [self.max_new_tokens(r) for r in requests]
         stop_ids = [self._stop_ids(r.params) for r in requests]
         reasons: list[Optional[dict]] = [None] * n
+        cached = [0] * n
         live: list[int] = []
         for i, req in enumerate(requests):
             if req.aborted:
@@ -137,14 +151,36 @@ class Generator:
             else:
                 live.append(i)
         if live:
-            self._decode_loop(requests, live, budgets, stop_ids, out_ids, out_lps, reasons)
+            self._decode_loop(requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached)
         results = []
         for i, req in enumerate(requests):
             text = self._final_text(req.params, out_ids[i], reasons[i])
-            results.append(GenerationResult(out_ids[i], out_lps[i], text, reasons[i]))
+            results.append(GenerationResult(out_ids[i], out_lps[i], text, reasons[i], cached[i]))
         return results
 
-    def _decode_loop(self, requests, live, budgets, stop_ids, out_ids, out_lps, reasons) -> None:
+    def flush_cache(self) -> None:
+        """Forget every stored prefill: call whenever the weights change or memory is released."""
+        self.prefix_cache.clear()
+
+    def _prefill(self, prompts, ids, mask, position_ids):
+        """(KV cache, last-position logits [B, V], whether they came from the prefix cache)."""
+        alone = len(prompts) == 1 and self.prefix_cache.enabled
+        hit = self.prefix_cache.get(prompts[0]) if alone else None
+        if hit is not None:
+            return hit.cache, hit.logits, True
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids,
+            use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache},
+        )
+        logits = out.logits[:, -1, :]
+        if alone:
+            self.prefix_cache.put(prompts[0], cache, logits)
+        return cache, logits, False
+
+    def _decode_loop(self, requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached) -> None:
         device = self.device
         prompts = [requests[i].input_ids for i in live]
         width = max(len(p) for p in prompts)
@@ -164,14 +200,9 @@ class Generator:
             stop_ids_per_row=[sorted(stop_ids[i]) for i in live],
             generator=self.generator,
         )
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids,
-            use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache},
-        )
-        logits = out.logits[:, -1, :]
+        cache, logits, hit = self._prefill(prompts, ids, mask, position_ids)
+        if hit:
+            cached[live[0]] = len(prompts[0]) - 1
         step = 0
         while True:
             tokens, logprobs = sampler.step(logits, step)
@@ -193,12 +224,25 @@ class Generator:
                 sampler.select(keep)
                 live = [live[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            out = self.model(
-                input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=next_pos.unsqueeze(1),
-                use_cache=True, **{self._cache_kwarg: cache},
-            )
-            logits = out.logits[:, -1, :]
+            generated = out_ids[live[0]] if len(live) == 1 and step <= CACHED_DECODE_STEPS else None
+            cache, logits = self._decode_step(prompts[0], generated, tokens, mask, next_pos, cache)
             next_pos = next_pos + 1
+
+    def _decode_step(self, prompt, generated, tokens, mask, positions, cache):
+        """(KV cache, logits [B, V]) after feeding `tokens`; a lone request's state after `prompt` and
+        `generated` (None: not cached) comes from the prefix cache when it is there."""
+        cacheable = generated is not None and self.prefix_cache.enabled
+        hit = self.prefix_cache.get(prompt, generated) if cacheable else None
+        if hit is not None:
+            return hit.cache, hit.logits
+        out = self.model(
+            input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1),
+            use_cache=True, **{self._cache_kwarg: cache},
+        )
+        logits = out.logits[:, -1, :]
+        if cacheable:
+            self.prefix_cache.put(prompt, cache, logits, generated)
+        return cache, logits
 
     def _check_finish(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]) -> Optional[dict]:
         """SGLang's order: abort, length, (nothing before min_new_tokens), stop token, stop string."""

@@ -7,7 +7,8 @@ return_bytes, return_entropy, ...) is ignored; `stream: true` is refused (no str
 A list input is a batch and is answered with a list, in order.
 
 Response per item: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
-"completion_tokens", "cached_tokens": 0, "weight_version", "queue_time" (s), "e2e_latency" (s),
+"completion_tokens", "cached_tokens" (prefix-cache hits, `Generator.generate`), "weight_version",
+"queue_time" (s), "e2e_latency" (s),
 "output_token_logprobs": [[logprob, token_id, token_text | None], ...] (only with return_logprob)}}`.
 """
 
@@ -80,7 +81,7 @@ def generate_response(call: GenerateCall, completions: list, decode_token: Calla
             "finish_reason": res.finish_reason,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(res.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": res.cached_tokens,
             "weight_version": done.weight_version,
             "queue_time": done.queue_time_s,
             "e2e_latency": time.perf_counter() - arrived,

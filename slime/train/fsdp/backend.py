@@ -14,7 +14,8 @@ import torch
 
 from slime.algo import reduce, token_weights
 from slime.train import batching, packing
-from slime.train.actor_loss import actor_loss, needs_ref
+from slime.train.actor_loss import actor_loss
+from slime.train.setup import needs_ref
 from slime.train.advantages import compute_advantages
 from slime.train.fsdp.rank import FSDPRank
 from slime.types import TrainBatch
