@@ -66,29 +66,49 @@ class Registry:
         return f"unknown {self.what} {name!r}{hint}; registered: {', '.join(self.names())}"
 
 
-TRAIN_BACKENDS = Registry("parallelism.backend", {
-    "fsdp": {"actor": "slime.train.fsdp.backend.FSDPBackend", "critic": "slime.train.fsdp.critic.FSDPCritic"},
-}, what="training backend")
+TRAIN_BACKENDS = Registry(
+    "parallelism.backend",
+    {
+        "fsdp": {"actor": "slime.train.fsdp.backend.FSDPBackend", "critic": "slime.train.fsdp.critic.FSDPCritic"},
+    },
+    what="training backend",
+)
 
-ENGINES = Registry("rollout.engine", {
-    "hf": "slime.engine.hf.engine.HFEngine",
-}, what="rollout engine")
+ENGINES = Registry(
+    "rollout.engine",
+    {
+        "hf": "slime.engine.hf.engine.HFEngine",
+    },
+    what="rollout engine",
+)
 
-WEIGHT_SYNC = Registry("rollout.weight_sync.mode", {
-    "disk": "slime.sync.disk.DiskWeightSync",
-    "tensor": "slime.sync.tensor.TensorWeightSync",
-    "distributed": "slime.sync.distributed.DistributedWeightSync",
-}, what="weight-sync mode")
+WEIGHT_SYNC = Registry(
+    "rollout.weight_sync.mode",
+    {
+        "disk": "slime.sync.disk.DiskWeightSync",
+        "tensor": "slime.sync.tensor.TensorWeightSync",
+        "distributed": "slime.sync.distributed.DistributedWeightSync",
+    },
+    what="weight-sync mode",
+)
 
-REWARD_TYPES = Registry("rollout.rm_type", {
-    "exact_match": "slime.rollout.rewards.exact_match",
-    "first_word": "slime.rollout.rewards.first_word",
-}, what="reward type")
+REWARD_TYPES = Registry(
+    "rollout.rm_type",
+    {
+        "exact_match": "slime.rollout.rewards.exact_match",
+        "first_word": "slime.rollout.rewards.first_word",
+    },
+    what="reward type",
+)
 
-ROLLOUT_FUNCTIONS = Registry("rollout.function", {
-    "default": "slime.rollout.default.generate_rollout",
-    "sft": "slime.rollout.sft.generate_rollout",
-}, what="rollout function")
+ROLLOUT_FUNCTIONS = Registry(
+    "rollout.function",
+    {
+        "default": "slime.rollout.default.generate_rollout",
+        "sft": "slime.rollout.sft.generate_rollout",
+    },
+    what="rollout function",
+)
 
 ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS)
 

@@ -22,7 +22,7 @@ class SampleStatus(str, enum.Enum):
     FAILED = "failed"
 
     @classmethod
-    def from_finish_reason(cls, finish_type: str) -> "SampleStatus":
+    def from_finish_reason(cls, finish_type: str) -> SampleStatus:
         """Map an SGLang `meta_info.finish_reason.type` to a status."""
         mapping = {"stop": cls.COMPLETED, "length": cls.TRUNCATED, "abort": cls.ABORTED}
         if finish_type not in mapping:
@@ -96,9 +96,13 @@ class Sample:
     def check_alignment(self) -> None:
         """Raise ValueError if the token-level fields disagree (REFERENCE.md §4.3)."""
         if self.response_length < 0 or self.response_length > len(self.tokens):
-            raise ValueError(f"sample {self.index}: response_length {self.response_length} vs {len(self.tokens)} tokens")
+            raise ValueError(
+                f"sample {self.index}: response_length {self.response_length} vs {len(self.tokens)} tokens"
+            )
         if self.loss_mask is not None and len(self.loss_mask) != self.response_length:
-            raise ValueError(f"sample {self.index}: len(loss_mask)={len(self.loss_mask)} != response_length={self.response_length}")
+            raise ValueError(
+                f"sample {self.index}: len(loss_mask)={len(self.loss_mask)} != response_length={self.response_length}"
+            )
         if self.rollout_log_probs is not None and len(self.rollout_log_probs) != self.response_length:
             raise ValueError(
                 f"sample {self.index}: len(rollout_log_probs)={len(self.rollout_log_probs)} != response_length={self.response_length}"
@@ -110,7 +114,7 @@ class Sample:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Sample":
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
         known = {f.name for f in dataclasses.fields(cls)}
         sample = cls(**{k: v for k, v in data.items() if k in known})
         sample.status = SampleStatus(sample.status)
@@ -144,13 +148,19 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def select(self, indices: list[int]) -> "TrainBatch":
+    def select(self, indices: list[int]) -> TrainBatch:
         """A batch of the samples at `indices`, with the same step-level normalisers."""
         pick = lambda values: None if values is None else [values[i] for i in indices]  # noqa: E731
         return TrainBatch(
-            tokens=pick(self.tokens), response_lengths=pick(self.response_lengths), loss_masks=pick(self.loss_masks),
-            rewards=pick(self.rewards), raw_rewards=pick(self.raw_rewards),
-            rollout_log_probs=pick(self.rollout_log_probs), truncated=pick(self.truncated),
-            sample_indices=pick(self.sample_indices), step_ids=pick(self.step_ids),
-            num_trajectories_per_step=self.num_trajectories_per_step, masked_tokens_per_step=self.masked_tokens_per_step,
+            tokens=pick(self.tokens),
+            response_lengths=pick(self.response_lengths),
+            loss_masks=pick(self.loss_masks),
+            rewards=pick(self.rewards),
+            raw_rewards=pick(self.raw_rewards),
+            rollout_log_probs=pick(self.rollout_log_probs),
+            truncated=pick(self.truncated),
+            sample_indices=pick(self.sample_indices),
+            step_ids=pick(self.step_ids),
+            num_trajectories_per_step=self.num_trajectories_per_step,
+            masked_tokens_per_step=self.masked_tokens_per_step,
         )

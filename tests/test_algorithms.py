@@ -14,8 +14,17 @@ from tests.test_end_to_end import assert_no_run_processes, main_py
 pytestmark = pytest.mark.slow
 
 ALGO_OPTIONS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
-POLICY_METRICS = {"train/pg_loss", "train/entropy_loss", "train/pg_clipfrac", "train/ppo_kl", "train/kl_loss", "train/grad_norm",
-                  "train/train_rollout_logprob_abs_diff", "rollout/raw_reward", "rollout/advantages"}
+POLICY_METRICS = {
+    "train/pg_loss",
+    "train/entropy_loss",
+    "train/pg_clipfrac",
+    "train/ppo_kl",
+    "train/kl_loss",
+    "train/grad_norm",
+    "train/train_rollout_logprob_abs_diff",
+    "rollout/raw_reward",
+    "rollout/advantages",
+}
 
 
 def records(run_dir):
@@ -31,8 +40,14 @@ TIS_METRICS = {"train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois"}
 def test_every_algo_runs_and_its_first_step_is_on_policy(algo, tmp_path):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, f"algo={algo}", "train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001",
-                   *KNOBS.get(algo, []))
+    proc = main_py(
+        run_dir,
+        f"algo={algo}",
+        "train.num_rollout=2",
+        "algo.use_kl_loss=true",
+        "algo.kl_loss_coef=0.001",
+        *KNOBS.get(algo, []),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     steps = [r for r in logged if "train/step" in r]
@@ -87,17 +102,30 @@ def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):
     data = tmp_path / "chats.jsonl"
     rows = []
     for d in range(10):
-        rows.append({"messages": [
-            {"role": "user", "content": f"what comes after {d} ?"},
-            {"role": "assistant", "content": "no", "step_loss_mask": 0},
-            {"role": "user", "content": f"what comes after {(d + 1) % 10} ?"},
-            {"role": "assistant", "content": str((d + 2) % 10)},
-        ]})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"what comes after {d} ?"},
+                    {"role": "assistant", "content": "no", "step_loss_mask": 0},
+                    {"role": "user", "content": f"what comes after {(d + 1) % 10} ?"},
+                    {"role": "assistant", "content": str((d + 2) % 10)},
+                ]
+            }
+        )
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, "algo=sft", "data=prompt_file", f"data.prompt_data={data}", "data.input_key=messages",
-                   "data.label_key=null", "rollout.batch_size=8", "train.global_batch_size=32", "train.num_rollout=10",
-                   "train.lr=3e-3")
+    proc = main_py(
+        run_dir,
+        "algo=sft",
+        "data=prompt_file",
+        f"data.prompt_data={data}",
+        "data.input_key=messages",
+        "data.label_key=null",
+        "rollout.batch_size=8",
+        "train.global_batch_size=32",
+        "train.num_rollout=10",
+        "train.lr=3e-3",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [r["train/pg_loss"] for r in records(run_dir) if "train/pg_loss" in r]
     assert losses[-1] < 0.5 * losses[0], losses
@@ -105,25 +133,39 @@ def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):
     assert set(lengths) == {2.0}  # only "<digit> <|im_end|>" of the last turn is trained
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["algo.use_kl_loss=true", "algo.kl_coef=0.1", "algo=ppo"], "algo.kl_coef"),
-    (["algo=reinforce_plus_plus", "algo.normalize_advantages=false"], "algo.normalize_advantages"),
-    (["algo.eps_clip_c=1.0"], "algo.eps_clip_c"),
-    (["algo=ppo", "cluster.critic.num_gpus_per_node=0"], "cluster.critic.num_gpus_per_node"),
-    (["algo=sft", "algo.use_tis=true"], "algo.use_tis"),
-    (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["algo.use_kl_loss=true", "algo.kl_coef=0.1", "algo=ppo"], "algo.kl_coef"),
+        (["algo=reinforce_plus_plus", "algo.normalize_advantages=false"], "algo.normalize_advantages"),
+        (["algo.eps_clip_c=1.0"], "algo.eps_clip_c"),
+        (["algo=ppo", "cluster.critic.num_gpus_per_node=0"], "cluster.critic.num_gpus_per_node"),
+        (["algo=sft", "algo.use_tis=true"], "algo.use_tis"),
+        (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis"),
+    ],
+)
 def test_invalid_algorithm_combinations_exit_2(overrides, key, tmp_path):
-    proc = subprocess.run([sys.executable, "main.py", *overrides, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "main.py", *overrides, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert key in proc.stderr
 
 
 def test_ppo_critic_roles_colocation_and_critic_only_steps(tmp_path):
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, "algo=ppo", "train.num_rollout=3", "algo.num_critic_only_steps=2",
-                   "cluster.critic.colocate_with_actor=true", "train.critic.lr=1e-2")
+    proc = main_py(
+        run_dir,
+        "algo=ppo",
+        "train.num_rollout=3",
+        "algo.num_critic_only_steps=2",
+        "cluster.critic.colocate_with_actor=true",
+        "train.critic.lr=1e-2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r for r in records(run_dir) if "train/step" in r]
     assert [r["train/step"] for r in steps] == list(range(6))

@@ -31,7 +31,9 @@ def fake_hf_dir(tmp_path, model_option: str):
     fields = model_fields(model_option)
     fields["hf_checkpoint"] = str(tmp_path / model_option)
     (tmp_path / model_option).mkdir()
-    (tmp_path / model_option / "config.json").write_text(json.dumps(hf_config_dict(ModelConfig(**fields), eos_token_id=0, pad_token_id=0)))
+    (tmp_path / model_option / "config.json").write_text(
+        json.dumps(hf_config_dict(ModelConfig(**fields), eos_token_id=0, pad_token_id=0))
+    )
     return fields["hf_checkpoint"]
 
 
@@ -52,7 +54,10 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         overrides.append(f"data.prompt_data={prompts}")
     cfg = typed_config(overrides)
     derived = validate(cfg)
-    assert derived.global_batch_size * cfg.train.num_steps_per_rollout == cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    assert (
+        derived.global_batch_size * cfg.train.num_steps_per_rollout
+        == cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    )
 
 
 def test_default_derived_values():
@@ -83,13 +88,21 @@ def test_batch_arithmetic_names_both_sides_and_the_fix():
 def test_gpu_counts_that_do_not_fit():
     found = problems_for(["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"])
     assert "needs 5 GPU(s)" in found["cluster.actor.num_gpus_per_node"]
-    found = problems_for(["cluster.rollout.num_gpus=3", "cluster.rollout.num_gpus_per_engine=2", "cluster.num_gpus_per_node=8"])
+    found = problems_for(
+        ["cluster.rollout.num_gpus=3", "cluster.rollout.num_gpus_per_engine=2", "cluster.num_gpus_per_node=8"]
+    )
     assert "not a multiple" in found["cluster.rollout.num_gpus"]
 
 
 def test_missing_paths(tmp_path):
-    found = problems_for([f"checkpoint.load={tmp_path}/nope", f"checkpoint.ref_load={tmp_path}/nope2",
-                          f"data.prompt_data={tmp_path}/nope3.jsonl", "data.generator=null"])
+    found = problems_for(
+        [
+            f"checkpoint.load={tmp_path}/nope",
+            f"checkpoint.ref_load={tmp_path}/nope2",
+            f"data.prompt_data={tmp_path}/nope3.jsonl",
+            "data.generator=null",
+        ]
+    )
     assert set(found) >= {"checkpoint.load", "checkpoint.ref_load", "data.prompt_data"}
     assert all("does not exist" in found[k] for k in ("checkpoint.load", "checkpoint.ref_load", "data.prompt_data"))
 
@@ -111,52 +124,68 @@ def test_model_checkpoint_mismatch(tmp_path):
 
 
 def test_all_problems_reported_together():
-    found = problems_for(["rollout.temperature=0", "train.global_batch_size=7", "algo.use_kl_loss=true",
-                          "checkpoint.ref_load=null"])
+    found = problems_for(
+        ["rollout.temperature=0", "train.global_batch_size=7", "algo.use_kl_loss=true", "checkpoint.ref_load=null"]
+    )
     assert {"rollout.temperature", "train.global_batch_size", "algo.use_kl_loss"} <= set(found)
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["rollout.batchsize=3"], "batchsize"),
-    (["train.global_batch_size=100"], "train.global_batch_size"),
-    (["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"], "cluster.actor.num_gpus_per_node"),
-    (["checkpoint.load=/definitely/not/here"], "checkpoint.load"),
-    (["data.prompt_data=/definitely/not/here.jsonl", "data.generator=null"], "data.prompt_data"),
-    (["algo.use_kl_loss=true", "checkpoint.ref_load=null"], "algo.use_kl_loss"),
-    (["rollout.temperature=0"], "rollout.temperature"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["rollout.batchsize=3"], "batchsize"),
+        (["train.global_batch_size=100"], "train.global_batch_size"),
+        (["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"], "cluster.actor.num_gpus_per_node"),
+        (["checkpoint.load=/definitely/not/here"], "checkpoint.load"),
+        (["data.prompt_data=/definitely/not/here.jsonl", "data.generator=null"], "data.prompt_data"),
+        (["algo.use_kl_loss=true", "checkpoint.ref_load=null"], "algo.use_kl_loss"),
+        (["rollout.temperature=0"], "rollout.temperature"),
+    ],
+)
 def test_cli_exits_2_naming_the_key_and_starts_nothing(overrides, key, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "main.py", *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "main.py", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert key in proc.stderr
     assert not (run_dir / "result.json").exists() and not (run_dir / "metrics.jsonl").exists()
 
 
 def test_cfg_job_prints_composed_config():
-    proc = subprocess.run([sys.executable, "main.py", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "main.py", "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
     assert printed["rollout"]["batch_size"] == 32 and printed["model"]["name"] == "tiny_qwen3"
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel"),
-    (["+parallelism.megatron.recompute_granularity=full"], "parallelism.megatron"),
-    (["+rollout.sglang.mem_fraction_static=0.7"], "rollout.sglang"),
-    (["cluster.critic.num_gpus_per_node=1"], "cluster.critic.num_gpus_per_node"),
-    (["algo.kl_coef=0.01"], "algo.kl_coef"),
-    (["parallelism.pp=2", "cluster.actor.num_gpus_per_node=2"], "parallelism.pp"),
-    # tp splits heads, kv heads and the FFN: the tiny model has 4 heads and 2 kv groups
-    (["parallelism.tp=4", "cluster.actor.num_gpus_per_node=4"], "parallelism.tp"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel"),
+        (["+parallelism.megatron.recompute_granularity=full"], "parallelism.megatron"),
+        (["+rollout.sglang.mem_fraction_static=0.7"], "rollout.sglang"),
+        (["cluster.critic.num_gpus_per_node=1"], "cluster.critic.num_gpus_per_node"),
+        (["algo.kl_coef=0.01"], "algo.kl_coef"),
+        (["parallelism.pp=2", "cluster.actor.num_gpus_per_node=2"], "parallelism.pp"),
+        # tp splits heads, kv heads and the FFN: the tiny model has 4 heads and 2 kv groups
+        (["parallelism.tp=4", "cluster.actor.num_gpus_per_node=4"], "parallelism.tp"),
+    ],
+)
 def test_options_the_chosen_parts_cannot_honour_are_rejected(overrides, key):
     assert key in problems_for(overrides)
 
 
 def test_fsdp_tensor_parallel_is_accepted():
-    derived = validate(typed_config(["parallelism.tp=2", "cluster.actor.num_gpus_per_node=4", "cluster.num_gpus_per_node=5"]))
+    derived = validate(
+        typed_config(["parallelism.tp=2", "cluster.actor.num_gpus_per_node=4", "cluster.num_gpus_per_node=5"])
+    )
     assert derived.actor_gpus == 4 and derived.dp_size == 2
 
 
@@ -169,10 +198,13 @@ def test_deterministic_engine_batching():
     assert "rollout.deterministic=false" in found["rollout.hf.max_batch_size"]
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["debug.signal_at=nowhere"], "debug.signal_at"),
-    (["debug.signal_at=train:x"], "debug.signal_at"),
-    (["debug.signal_at=train:1", "debug.signal=SIGKILL"], "debug.signal"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["debug.signal_at=nowhere"], "debug.signal_at"),
+        (["debug.signal_at=train:x"], "debug.signal_at"),
+        (["debug.signal_at=train:1", "debug.signal=SIGKILL"], "debug.signal"),
+    ],
+)
 def test_signal_injection_is_validated(overrides, key):
     assert key in problems_for(overrides)

@@ -16,7 +16,7 @@ from slime.registry import ENGINES, REWARD_TYPES, TRAIN_BACKENDS
 from tests.conftest import typed_config
 from tests.test_config_presets import assert_stopped_in_validation, run_main
 
-HOOKS = '''
+HOOKS = """
 async def rm(sample):
     return 1.0
 
@@ -37,7 +37,7 @@ def two_arg_filter(group, extra):
 
 def write(path, *, rows):
     open(path, "w").write("x\\n" * rows)
-'''
+"""
 
 
 @pytest.fixture
@@ -57,7 +57,9 @@ def problems_for(overrides: list[str]) -> dict[str, str]:
 
 
 def test_load_callable_suggests_the_nearest_names():
-    with pytest.raises(HookError, match=r"no attribute 'check_reward_nonzero_sd' \(did you mean check_reward_nonzero_std\?\)"):
+    with pytest.raises(
+        HookError, match=r"no attribute 'check_reward_nonzero_sd' \(did you mean check_reward_nonzero_std\?\)"
+    ):
         load_callable("slime.rollout.filters.check_reward_nonzero_sd", key="algo.dynamic_filter")
     with pytest.raises(HookError, match=r"no module named 'slime.rollout.filter' \(did you mean slime.rollout.filters"):
         load_callable("slime.rollout.filter.check_reward_nonzero_std", key="algo.dynamic_filter")
@@ -88,29 +90,51 @@ def test_target_node_keys_are_the_targets_parameters(hooks, tmp_path):
     assert info.value.key == "data.generator.row" and "did you mean rows?" in info.value.message
 
 
-@pytest.mark.parametrize("overrides,key,text", [
-    (["rollout.function=slime.rollout.default.generate_rolout"], "rollout.function", "did you mean generate_rollout"),
-    (["rollout.function=defualt"], "rollout.function", "did you mean default?"),
-    (["algo.dynamic_filter=slime.rollout.filters.nope"], "algo.dynamic_filter", "no attribute 'nope'"),
-    (["rollout.rm_type=null", "rollout.custom_rm_path=nowhere_at_all.rm"], "rollout.custom_rm_path", "no module named"),
-    (["+data.generator.num_prompt=5"], "data.generator.num_prompt", "did you mean num_prompts?"),
-    (["data.generator._target_=slime.assets.digit_task.write_datset"], "data.generator._target_",
-     "did you mean write_dataset?"),
-    (["recipe=embedded_eval", "+eval.generator.seeds=1"], "eval.generator.seeds", "did you mean seed?"),
-    (["~data.generator.path", "data.prompt_data=/x.jsonl"], "data.generator.path", "names the one file it writes"),
-    (["rollout.custom_rm_path=slime.rollout.rewards.exact_match"], "rollout.rm_type", "takes precedence"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (
+            ["rollout.function=slime.rollout.default.generate_rolout"],
+            "rollout.function",
+            "did you mean generate_rollout",
+        ),
+        (["rollout.function=defualt"], "rollout.function", "did you mean default?"),
+        (["algo.dynamic_filter=slime.rollout.filters.nope"], "algo.dynamic_filter", "no attribute 'nope'"),
+        (
+            ["rollout.rm_type=null", "rollout.custom_rm_path=nowhere_at_all.rm"],
+            "rollout.custom_rm_path",
+            "no module named",
+        ),
+        (["+data.generator.num_prompt=5"], "data.generator.num_prompt", "did you mean num_prompts?"),
+        (
+            ["data.generator._target_=slime.assets.digit_task.write_datset"],
+            "data.generator._target_",
+            "did you mean write_dataset?",
+        ),
+        (["recipe=embedded_eval", "+eval.generator.seeds=1"], "eval.generator.seeds", "did you mean seed?"),
+        (["~data.generator.path", "data.prompt_data=/x.jsonl"], "data.generator.path", "names the one file it writes"),
+        (["rollout.custom_rm_path=slime.rollout.rewards.exact_match"], "rollout.rm_type", "takes precedence"),
+    ],
+)
 def test_hook_fields_fail_validation(overrides, key, text):
     found = problems_for(overrides)
     assert text in found[key], found
 
 
 def test_user_hooks_validate_with_their_call_shapes(hooks):
-    found = problems_for([f"rollout.function={hooks}.rollout_slime_style", f"algo.dynamic_filter={hooks}.two_arg_filter",
-                          "rollout.rm_type=null", f"rollout.custom_rm_path={hooks}.rm"])
+    found = problems_for(
+        [
+            f"rollout.function={hooks}.rollout_slime_style",
+            f"algo.dynamic_filter={hooks}.two_arg_filter",
+            "rollout.rm_type=null",
+            f"rollout.custom_rm_path={hooks}.rm",
+        ]
+    )
     assert set(found) == {"rollout.function", "algo.dynamic_filter"}
     assert "fn(group)" in found["algo.dynamic_filter"] and "extra" in found["algo.dynamic_filter"]
-    cfg = typed_config([f"rollout.function={hooks}.rollout", "rollout.rm_type=null", f"rollout.custom_rm_path={hooks}.rm"])
+    cfg = typed_config(
+        [f"rollout.function={hooks}.rollout", "rollout.rm_type=null", f"rollout.custom_rm_path={hooks}.rm"]
+    )
     assert fill_derived(cfg, validate(cfg)).rollout.function == f"{hooks}.rollout"
 
 
@@ -120,12 +144,15 @@ def test_bad_hook_stops_the_cli_before_ray(tmp_path):
     assert "rollout.function='slime.rollout.default.generate_rolout'" in proc.stderr
 
 
-@pytest.mark.parametrize("overrides,path", [
-    ([], "slime.rollout.default.generate_rollout"),
-    (["algo=sft"], "slime.rollout.sft.generate_rollout"),
-    (["rollout.function=sft"], "slime.rollout.sft.generate_rollout"),
-    (["algo=sft", "rollout.function=default"], "slime.rollout.default.generate_rollout"),
-])
+@pytest.mark.parametrize(
+    "overrides,path",
+    [
+        ([], "slime.rollout.default.generate_rollout"),
+        (["algo=sft"], "slime.rollout.sft.generate_rollout"),
+        (["rollout.function=sft"], "slime.rollout.sft.generate_rollout"),
+        (["algo=sft", "rollout.function=default"], "slime.rollout.default.generate_rollout"),
+    ],
+)
 def test_rollout_function_resolves_names_and_the_algorithms_default(overrides, path):
     cfg = typed_config(overrides)
     derived = derive(cfg)
@@ -149,10 +176,17 @@ def test_generator_writes_its_own_path_only_when_the_run_reads_it(tmp_path):
     assert prepare_assets(cfg) == [] and not other.parent.exists()
 
 
-@pytest.mark.parametrize("template,ok", [
-    ("/ckpt/hf/iter_{rollout_id:07d}", True), ("/ckpt/hf/{rollout_id}", True), ("/ckpt/hf", False),
-    ("/ckpt/{step}/{rollout_id}", False), ("/ckpt/{rollout_id", False), (None, True),
-])
+@pytest.mark.parametrize(
+    "template,ok",
+    [
+        ("/ckpt/hf/iter_{rollout_id:07d}", True),
+        ("/ckpt/hf/{rollout_id}", True),
+        ("/ckpt/hf", False),
+        ("/ckpt/{step}/{rollout_id}", False),
+        ("/ckpt/{rollout_id", False),
+        (None, True),
+    ],
+)
 def test_save_hf_is_a_directory_template(template, ok):
     overrides = [f"checkpoint.save_hf={'null' if template is None else repr(template)}"]
     if ok:
@@ -200,8 +234,12 @@ def test_every_registered_name_resolves():
             roles = registry.roles(name) or [None]
             for role in roles:
                 assert callable(registry.load(name, role)), (registry.key, name, role)
-    assert issubclass(ENGINES.load("hf"), EngineServer) and issubclass(TRAIN_BACKENDS.load("fsdp", "critic"), TrainBackend)
+    assert issubclass(ENGINES.load("hf"), EngineServer) and issubclass(
+        TRAIN_BACKENDS.load("fsdp", "critic"), TrainBackend
+    )
     from slime.registry import WEIGHT_SYNC
 
     assert issubclass(WEIGHT_SYNC.load("disk"), WeightSync)
-    assert REWARD_TYPES.load("first_word")("8 is next", "8") == 1.0 and REWARD_TYPES.load("exact_match")("8 x", "8") == 0.0
+    assert (
+        REWARD_TYPES.load("first_word")("8 is next", "8") == 1.0 and REWARD_TYPES.load("exact_match")("8 x", "8") == 0.0
+    )

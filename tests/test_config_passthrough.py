@@ -25,22 +25,41 @@ def problems_for(overrides: list[str]) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------------------------- router
 def test_valid_router_flags_pass():
-    cfg = typed_config(["+rollout.router.extra_args.cache_threshold=0.3", "+rollout.router.extra_args.disable_health_check=true",
-                        "+rollout.router.extra_args.balance_abs_threshold=64", "rollout.router.policy=cache_aware"])
+    cfg = typed_config(
+        [
+            "+rollout.router.extra_args.cache_threshold=0.3",
+            "+rollout.router.extra_args.disable_health_check=true",
+            "+rollout.router.extra_args.balance_abs_threshold=64",
+            "rollout.router.policy=cache_aware",
+        ]
+    )
     validate(cfg)
 
 
-@pytest.mark.parametrize("override,key,text", [
-    ("+rollout.router.extra_args.cache_treshold=0.3", "rollout.router.extra_args.cache_treshold",
-     "no flag --cache-treshold (did you mean cache_threshold"),
-    ("+rollout.router.extra_args.cache_threshold=abc", "rollout.router.extra_args.cache_threshold",
-     "invalid float value: 'abc'"),
-    ("+rollout.router.extra_args.backend=grpc", "rollout.router.extra_args.backend", "invalid choice: 'grpc'"),
-    ("+rollout.router.extra_args.port=3000", "rollout.router.extra_args.port", "set by the framework"),
-    ("+rollout.router.extra_args.prometheus_port=3000", "rollout.router.extra_args.prometheus_port", "set by the framework"),
-    ("+rollout.router.extra_args.help=true", "rollout.router.extra_args.help", "no flag --help"),
-    ("rollout.router.policy=roundrobin", "rollout.router.policy", "invalid choice: 'roundrobin'"),
-])
+@pytest.mark.parametrize(
+    "override,key,text",
+    [
+        (
+            "+rollout.router.extra_args.cache_treshold=0.3",
+            "rollout.router.extra_args.cache_treshold",
+            "no flag --cache-treshold (did you mean cache_threshold",
+        ),
+        (
+            "+rollout.router.extra_args.cache_threshold=abc",
+            "rollout.router.extra_args.cache_threshold",
+            "invalid float value: 'abc'",
+        ),
+        ("+rollout.router.extra_args.backend=grpc", "rollout.router.extra_args.backend", "invalid choice: 'grpc'"),
+        ("+rollout.router.extra_args.port=3000", "rollout.router.extra_args.port", "set by the framework"),
+        (
+            "+rollout.router.extra_args.prometheus_port=3000",
+            "rollout.router.extra_args.prometheus_port",
+            "set by the framework",
+        ),
+        ("+rollout.router.extra_args.help=true", "rollout.router.extra_args.help", "no flag --help"),
+        ("rollout.router.policy=roundrobin", "rollout.router.policy", "invalid choice: 'roundrobin'"),
+    ],
+)
 def test_router_flags_are_checked_by_the_routers_parser(override, key, text):
     found = problems_for([override])
     assert text in found[key], found
@@ -58,20 +77,40 @@ def test_bad_router_flag_stops_the_cli_before_ray(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- sglang
-STAND_IN = FieldList(version="9.9", source="test", types={"mem_fraction_static": "Optional[float]", "dp_size": "int",
-                                                           "attention_backend": "Optional[str]", "port": "int",
-                                                           "log_level": "str", "json_model_override_args": "str"})
+STAND_IN = FieldList(
+    version="9.9",
+    source="test",
+    types={
+        "mem_fraction_static": "Optional[float]",
+        "dp_size": "int",
+        "attention_backend": "Optional[str]",
+        "port": "int",
+        "log_level": "str",
+        "json_model_override_args": "str",
+    },
+)
 
 
-@pytest.mark.parametrize("args,expected", [
-    ({"mem_fraction_static": 0.7, "dp_size": 2, "attention_backend": None, "log_level": "warn"}, []),
-    ({"mem_fraction_statik": 0.7}, ["rollout.sglang.mem_fraction_statik: not a ServerArgs field of sglang 9.9 (test); "
-                                    "did you mean mem_fraction_static?"]),
-    ({"port": 30000}, ["rollout.sglang.port: the framework sets ServerArgs.port itself (a port the framework reserves)"]),
-    ({"dp_size": "2"}, ["rollout.sglang.dp_size: ServerArgs.dp_size is int, got str"]),
-    ({"dp_size": True}, ["rollout.sglang.dp_size: ServerArgs.dp_size is int, got bool"]),
-    ({"mem_fraction_static": 1}, []),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        ({"mem_fraction_static": 0.7, "dp_size": 2, "attention_backend": None, "log_level": "warn"}, []),
+        (
+            {"mem_fraction_statik": 0.7},
+            [
+                "rollout.sglang.mem_fraction_statik: not a ServerArgs field of sglang 9.9 (test); "
+                "did you mean mem_fraction_static?"
+            ],
+        ),
+        (
+            {"port": 30000},
+            ["rollout.sglang.port: the framework sets ServerArgs.port itself (a port the framework reserves)"],
+        ),
+        ({"dp_size": "2"}, ["rollout.sglang.dp_size: ServerArgs.dp_size is int, got str"]),
+        ({"dp_size": True}, ["rollout.sglang.dp_size: ServerArgs.dp_size is int, got bool"]),
+        ({"mem_fraction_static": 1}, []),
+    ],
+)
 def test_server_args_against_a_field_list(args, expected):
     assert [f"{i.key}: {i.message}" for i in check_server_args(args, STAND_IN)] == expected
 
@@ -106,7 +145,8 @@ def test_generator_tool_reads_both_server_args_layouts():
         from gen_sglang_server_args import SERVER_ARGS, public, server_args_fields
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    dataclass_layout = {SERVER_ARGS: textwrap.dedent('''
+    dataclass_layout = {
+        SERVER_ARGS: textwrap.dedent("""
         @dataclasses.dataclass
         class ServerArgs:
             model_path: str
@@ -114,36 +154,48 @@ def test_generator_tool_reads_both_server_args_layouts():
             _explicit: bool = False
             LIMIT: ClassVar[int] = 3
             def url(self): return ""
-        ''')}
-    assert server_args_fields(dataclass_layout) == {"model_path": {"type": "str", "default": ""},
-                                                    "mem_fraction_static": {"type": "Optional[float]", "default": "None"},
-                                                    "_explicit": {"type": "bool", "default": "False"}}
+        """)
+    }
+    assert server_args_fields(dataclass_layout) == {
+        "model_path": {"type": "str", "default": ""},
+        "mem_fraction_static": {"type": "Optional[float]", "default": "None"},
+        "_explicit": {"type": "bool", "default": "False"},
+    }
     namespace_layout = {
-        SERVER_ARGS: textwrap.dedent('''
+        SERVER_ARGS: textwrap.dedent("""
             from sglang.srt.arg_groups.fields.memory import Memory
             class ServerArgs:
                 def resolve_once(self): pass
             _INPUT_NAMESPACES = [Memory]
-            '''),
-        "sglang/srt/arg_groups/fields/memory.py": textwrap.dedent('''
+            """),
+        "sglang/srt/arg_groups/fields/memory.py": textwrap.dedent("""
             class Memory(msgspec.Struct):
                 _NS_PATH = "memory"
                 mem_fraction_static: A[Optional[float], "The fraction of memory."] = None
                 derived = Derived(doc="not a field")
-            '''),
+            """),
     }
-    assert public(server_args_fields(namespace_layout)) == {"mem_fraction_static": {"type": "Optional[float]",
-                                                                                      "default": "None"}}
+    assert public(server_args_fields(namespace_layout)) == {
+        "mem_fraction_static": {"type": "Optional[float]", "default": "None"}
+    }
 
 
 # ----------------------------------------------------------------------------------------------- megatron
-FIELDS = {"recompute_granularity": "TransformerConfig", "recompute_method": "TransformerConfig",
-          "use_distributed_optimizer": "DistributedDataParallelConfig", "tensor_model_parallel_size": "ModelParallelConfig"}
+FIELDS = {
+    "recompute_granularity": "TransformerConfig",
+    "recompute_method": "TransformerConfig",
+    "use_distributed_optimizer": "DistributedDataParallelConfig",
+    "tensor_model_parallel_size": "ModelParallelConfig",
+}
 
 
 def test_megatron_keys_against_a_field_set():
-    found = {p.key: p.message for p in megatron_problems(
-        {"recompute_granularity": "full", "recompute_methd": "uniform", "tensor_model_parallel_size": 2}, FIELDS)}
+    found = {
+        p.key: p.message
+        for p in megatron_problems(
+            {"recompute_granularity": "full", "recompute_methd": "uniform", "tensor_model_parallel_size": 2}, FIELDS
+        )
+    }
     assert set(found) == {"parallelism.megatron.recompute_methd", "parallelism.megatron.tensor_model_parallel_size"}
     assert "(did you mean recompute_method, recompute_granularity?)" in found["parallelism.megatron.recompute_methd"]
     assert "set from parallelism.tp" in found["parallelism.megatron.tensor_model_parallel_size"]

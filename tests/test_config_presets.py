@@ -19,8 +19,14 @@ from tests.conftest import CONF, ROOT, compose_config, session_processes, typed_
 
 def run_main(*args: str, cwd: Path = ROOT, env: dict | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
     """main.py under `-X importtime`: (the finished process, the top-level packages it imported)."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", "main.py", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=180, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "main.py", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+([\w.]+)$", proc.stderr, flags=re.M))
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
     return proc, {name.split(".")[0] for name in imported}
@@ -34,20 +40,48 @@ def assert_stopped_in_validation(proc: subprocess.CompletedProcess, imported: se
 
 
 EMBEDDED = {
-    "rollout.batch_size": 32, "rollout.n_samples_per_prompt": 8, "rollout.max_response_len": 2,
-    "rollout.temperature": 1.0, "rollout.rm_type": "first_word", "rollout.deterministic": True,
-    "train.num_rollout": 60, "train.global_batch_size": 128, "train.num_steps_per_rollout": 2, "train.lr": 1e-3,
-    "train.adam_beta2": 0.98, "algo.use_kl_loss": False, "algo.kl_loss_coef": 0.0, "model.name": "tiny_qwen3",
-    "cluster.device": "cpu", "parallelism.micro_batch_size": 64, "seed": 1234,
+    "rollout.batch_size": 32,
+    "rollout.n_samples_per_prompt": 8,
+    "rollout.max_response_len": 2,
+    "rollout.temperature": 1.0,
+    "rollout.rm_type": "first_word",
+    "rollout.deterministic": True,
+    "train.num_rollout": 60,
+    "train.global_batch_size": 128,
+    "train.num_steps_per_rollout": 2,
+    "train.lr": 1e-3,
+    "train.adam_beta2": 0.98,
+    "algo.use_kl_loss": False,
+    "algo.kl_loss_coef": 0.0,
+    "model.name": "tiny_qwen3",
+    "cluster.device": "cpu",
+    "parallelism.micro_batch_size": 64,
+    "seed": 1234,
 }
 PRODUCTION = {
-    "rollout.batch_size": 32, "rollout.n_samples_per_prompt": 8, "rollout.max_response_len": 8192,
-    "rollout.temperature": 1.0, "rollout.rm_type": None, "rollout.deterministic": False,
-    "train.num_rollout": 3000, "train.global_batch_size": 256, "train.num_steps_per_rollout": 1, "train.lr": 1e-6,
-    "algo.use_kl_loss": True, "algo.kl_loss_coef": 0.001, "algo.kl_loss_type": "low_var_kl",
-    "cluster.device": "cuda", "cluster.num_gpus_per_node": 8, "cluster.actor.num_gpus_per_node": 4,
-    "cluster.rollout.num_gpus": 4, "data.prompt_data": None, "data.input_key": "prompt", "data.label_key": "label",
-    "data.apply_chat_template": True, "data.generator": None, "parallelism.micro_batch_size": 1,
+    "rollout.batch_size": 32,
+    "rollout.n_samples_per_prompt": 8,
+    "rollout.max_response_len": 8192,
+    "rollout.temperature": 1.0,
+    "rollout.rm_type": None,
+    "rollout.deterministic": False,
+    "train.num_rollout": 3000,
+    "train.global_batch_size": 256,
+    "train.num_steps_per_rollout": 1,
+    "train.lr": 1e-6,
+    "algo.use_kl_loss": True,
+    "algo.kl_loss_coef": 0.001,
+    "algo.kl_loss_type": "low_var_kl",
+    "cluster.device": "cuda",
+    "cluster.num_gpus_per_node": 8,
+    "cluster.actor.num_gpus_per_node": 4,
+    "cluster.rollout.num_gpus": 4,
+    "data.prompt_data": None,
+    "data.input_key": "prompt",
+    "data.label_key": "label",
+    "data.apply_chat_template": True,
+    "data.generator": None,
+    "parallelism.micro_batch_size": 1,
 }
 
 
@@ -58,8 +92,16 @@ def lookup(tree: dict, dotted: str):
 
 
 def test_embedded_run_is_the_default():
-    printed = yaml.safe_load(subprocess.run([sys.executable, "main.py", "--cfg", "job"], cwd=ROOT, capture_output=True,
-                                            text=True, timeout=120, check=True).stdout)
+    printed = yaml.safe_load(
+        subprocess.run(
+            [sys.executable, "main.py", "--cfg", "job"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )
     assert {key: lookup(printed, key) for key in EMBEDDED} == EMBEDDED
     assert printed["data"]["generator"]["_target_"] == "slime.assets.digit_task.write_dataset"
     assert printed["checkpoint"]["ref_load"] == "${model.hf_checkpoint}"
@@ -67,8 +109,13 @@ def test_embedded_run_is_the_default():
 
 @pytest.mark.parametrize("model,name", [("qwen3_4b", "Qwen3-4B"), ("qwen3_1p7b", "Qwen3-1.7B")])
 def test_production_model_composes_its_own_run(model, name):
-    proc = subprocess.run([sys.executable, "main.py", f"model={model}", "algo=grpo", "--cfg", "job"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "main.py", f"model={model}", "algo=grpo", "--cfg", "job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     printed = yaml.safe_load(proc.stdout)
     assert {key: lookup(printed, key) for key in PRODUCTION} == PRODUCTION
@@ -101,8 +148,12 @@ def test_command_line_beats_the_preset():
 
 def test_recipe_overlays_the_preset():
     cfg = typed_config(["recipe=qwen3_4b_grpo"])
-    assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.micro_batch_size) == \
-        ("qwen3_4b", "exact_match", 0.28, 4)
+    assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.micro_batch_size) == (
+        "qwen3_4b",
+        "exact_match",
+        0.28,
+        4,
+    )
     assert (cfg.train.global_batch_size, cfg.rollout.deterministic, cfg.algo.kl_loss_coef) == (256, False, 0.001)
 
 
@@ -154,10 +205,18 @@ def test_data_options():
 def test_help_lists_the_registered_names():
     proc = subprocess.run([sys.executable, "main.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    listing = {line.split()[0]: line.split(None, 1)[1] for line in proc.stdout.splitlines()
-               if line.startswith("  ") and line.split()[0] in ("parallelism.backend", "rollout.engine",
-                                                                  "rollout.weight_sync.mode", "rollout.rm_type",
-                                                                  "rollout.function")}
-    assert listing == {"parallelism.backend": "fsdp", "rollout.engine": "hf", "rollout.weight_sync.mode": "disk, distributed, tensor",
-                       "rollout.rm_type": "exact_match, first_word", "rollout.function": "default, sft"}
+    listing = {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in proc.stdout.splitlines()
+        if line.startswith("  ")
+        and line.split()[0]
+        in ("parallelism.backend", "rollout.engine", "rollout.weight_sync.mode", "rollout.rm_type", "rollout.function")
+    }
+    assert listing == {
+        "parallelism.backend": "fsdp",
+        "rollout.engine": "hf",
+        "rollout.weight_sync.mode": "disk, distributed, tensor",
+        "rollout.rm_type": "exact_match, first_word",
+        "rollout.function": "default, sft",
+    }
     assert "model: qwen3_1p7b, qwen3_4b, tiny_qwen3" in proc.stdout

@@ -23,8 +23,13 @@ pytestmark = pytest.mark.slow
 
 
 def _start(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false",
-                             *overrides], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -49,13 +54,23 @@ def _responses(run_dir: Path) -> list[str]:
     return [json.loads(line)["response"] for line in (run_dir / "samples.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("overrides", [
-    ["train.num_rollout=3"],
-    # over-sampling with the zero-std filter: which groups are kept must not depend on completion order,
-    # nor on which of two engines served a request
-    ["train.num_rollout=2", "algo=dapo", "rollout.batch_size=8", "rollout.over_sampling_batch_size=12",
-     "train.global_batch_size=32", "cluster.rollout.num_gpus=2"],
-], ids=["grpo", "dapo_oversampling_2_engines"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.num_rollout=3"],
+        # over-sampling with the zero-std filter: which groups are kept must not depend on completion order,
+        # nor on which of two engines served a request
+        [
+            "train.num_rollout=2",
+            "algo=dapo",
+            "rollout.batch_size=8",
+            "rollout.over_sampling_batch_size=12",
+            "train.global_batch_size=32",
+            "cluster.rollout.num_gpus=2",
+        ],
+    ],
+    ids=["grpo", "dapo_oversampling_2_engines"],
+)
 def test_same_seed_same_run(overrides, tmp_path):
     runs = [tmp_path / "a", tmp_path / "b", tmp_path / "other_seed"]
     _finish([_start(runs[0], overrides), _start(runs[1], overrides), _start(runs[2], [*overrides, "seed=1"])])

@@ -15,6 +15,7 @@ from tests.conftest import ROOT, session_processes
 
 pytestmark = pytest.mark.slow
 
+
 def assert_no_run_processes(timeout_s: float = 20.0) -> None:
     """Nothing a test started (Ray daemons and workers, the router, engines) is still alive."""
     deadline = time.monotonic() + timeout_s
@@ -24,8 +25,13 @@ def assert_no_run_processes(timeout_s: float = 20.0) -> None:
 
 
 def main_py(run_dir: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def rewards(run_dir: Path) -> list[float]:
@@ -68,8 +74,11 @@ def test_data_parallel_run_and_resume(tmp_path):
     assert (ckpt / "rollout" / "global_dataset_state_dict_2.pt").exists()
     proc = main_py(second_dir, "recipe=embedded_dp2", "train.num_rollout=5", f"checkpoint.load={ckpt}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [json.loads(l)["rollout/step"] for l in (second_dir / "metrics.jsonl").read_text().splitlines()
-             if "rollout/raw_reward" in l]
+    steps = [
+        json.loads(line)["rollout/step"]
+        for line in (second_dir / "metrics.jsonl").read_text().splitlines()
+        if "rollout/raw_reward" in line
+    ]
     assert steps == [3, 4]
     result = json.loads((second_dir / "result.json").read_text())
     assert (result["start_rollout"], result["rollouts_completed"]) == (3, 2)
@@ -92,11 +101,17 @@ def test_interrupt_stops_everything(tmp_path):
     """SIGTERM from outside, as `kill` or a job scheduler sends it (SIGINT in each phase: test_interrupts.py).
     Ray's start replaces the SIGTERM handler; the run must still hear it."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 180
-    while not (metrics.exists() and metrics.read_text().count("rollout/raw_reward") >= 2) and time.monotonic() < deadline:
+    while (
+        not (metrics.exists() and metrics.read_text().count("rollout/raw_reward") >= 2) and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGTERM)
@@ -114,23 +129,44 @@ def test_multirun_sweeps_recipes_by_glob(tmp_path):
     ranks (embedded_dp2) and two tensor-parallel ranks of one shard (embedded_tp2): the same rollout, and
     the same step to float32 rounding, through the real runtime's dispatch and weight sync."""
     sweep_dir = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "main.py", "--multirun", "recipe=glob(embedded_*)", "train.num_rollout=1",
-                           "logger.progress=false", f"hydra.sweep.dir={sweep_dir}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "main.py",
+            "--multirun",
+            "recipe=glob(embedded_*)",
+            "train.num_rollout=1",
+            "logger.progress=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = {json.loads((d / "result.json").read_text())["run_dir"]: d for d in sorted(sweep_dir.iterdir()) if d.is_dir()}
+    results = {
+        json.loads((d / "result.json").read_text())["run_dir"]: d for d in sorted(sweep_dir.iterdir()) if d.is_dir()
+    }
     assert len(results) == 3
     first_steps = {}
     for d in results.values():
-        records = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
-        first_steps[d.name] = ([r for r in records if "rollout/raw_reward" in r][0], [r for r in records if "train/step" in r])
+        records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        first_steps[d.name] = (
+            [r for r in records if "rollout/raw_reward" in r][0],
+            [r for r in records if "train/step" in r],
+        )
     (rollout, steps), *others = first_steps.values()
     for other_rollout, other_steps in others:
         assert other_rollout["rollout/raw_reward"] == rollout["rollout/raw_reward"]
         for mine, theirs in zip(steps, other_steps):
             for key in ("train/pg_loss", "train/grad_norm", "train/entropy_loss"):
                 assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
-    eval_records = [json.loads(l) for d in results.values() for l in (d / "metrics.jsonl").read_text().splitlines()
-                    if "eval/step" in l]
+    eval_records = [
+        json.loads(line)
+        for d in results.values()
+        for line in (d / "metrics.jsonl").read_text().splitlines()
+        if "eval/step" in line
+    ]
     assert eval_records and "eval/digit_task" in eval_records[0] and "eval/digit_task-pass@1" in eval_records[0]
     assert_no_run_processes()

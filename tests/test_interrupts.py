@@ -73,8 +73,15 @@ PHASE_CASES = [
 def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, tmp_path):
     """The signal arrives from another thread while the phase's work is under way, as a Ctrl-C does."""
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, f"debug.signal_at={signal_at}", f"debug.signal={sig}", f"debug.signal_delay_s={delay}",
-                   "train.num_rollout=4", "checkpoint.save_interval=2", timeout=300)
+    proc = main_py(
+        run_dir,
+        f"debug.signal_at={signal_at}",
+        f"debug.signal={sig}",
+        f"debug.signal_delay_s={delay}",
+        "train.num_rollout=4",
+        "checkpoint.save_interval=2",
+        timeout=300,
+    )
     assert proc.returncode == code, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted" and result["error"] == sig
@@ -88,9 +95,20 @@ def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, tmp_path):
 @pytest.mark.slow
 def test_second_ctrl_c_during_teardown_leaves_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false",
-                             "debug.signal_at=rollout:1", "train.num_rollout=4"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "main.py",
+            f"hydra.run.dir={run_dir}",
+            "logger.progress=false",
+            "debug.signal_at=rollout:1",
+            "train.num_rollout=4",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:  # read to the end: a closed pipe would fail the run's own prints
         if "SIGINT received: stopping the run" in line:
             proc.send_signal(signal.SIGINT)  # while the engines, router and Ray are being shut down

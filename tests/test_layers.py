@@ -73,8 +73,9 @@ def test_ray_only_in_the_runtime():
     assert offenders(lambda rel, name: top(name) == "ray" and not rel.startswith("runtime/")) == []
 
 
-@pytest.mark.parametrize("library,home", [("megatron", "train/megatron/"), ("sglang", "engine/sglang/"),
-                                          ("vllm", "engine/vllm/")])
+@pytest.mark.parametrize(
+    "library,home", [("megatron", "train/megatron/"), ("sglang", "engine/sglang/"), ("vllm", "engine/vllm/")]
+)
 def test_optional_engines_and_backends_stay_in_their_package(library, home):
     assert offenders(lambda rel, name: top(name) == library and not rel.startswith(home)) == []
 

@@ -47,8 +47,10 @@ def from_installed() -> dict | None:
 def from_wheel(version: str) -> dict:
     """{version, source, fields} parsed with ast from the sglang==version wheel (downloaded, never imported)."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}",
-                        "-d", tmp], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}", "-d", tmp],
+            check=True,
+        )
         wheels = list(Path(tmp).glob("sglang-*.whl"))
         if not wheels:
             raise SystemExit(f"pip downloaded no sglang wheel for {version} (sdist only?)")
@@ -107,14 +109,20 @@ def _annotated_fields(cls: ast.ClassDef) -> dict[str, dict[str, str]]:
 
 def _namespace_names(tree: ast.Module) -> list[str]:
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets
+        ):
             return [elt.id for elt in node.value.elts]
     return []
 
 
 def _imported_from(tree: ast.Module) -> dict[str, str]:
-    return {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
-            for alias in node.names}
+    return {
+        alias.asname or alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
 
 
 def main() -> None:

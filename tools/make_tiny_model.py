@@ -1,6 +1,6 @@
 """Create the tiny model of a model config option (e.g. conf/model/tiny_qwen3.yaml) at a path.
 
-    python tools/make_tiny_model.py --option tiny_qwen3 --out /tmp/tiny_qwen3
+python tools/make_tiny_model.py --option tiny_qwen3 --out /tmp/tiny_qwen3
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ def check_flat(x: Tensor, response_lengths: list[int], name: str) -> None:
     total = sum(response_lengths)
     if x.dim() != 1 or x.numel() != total:
         raise ValueError(
-            f"{name} must be a flat 1-D tensor of sum(response_lengths)={total} tokens, "
-            f"got shape {tuple(x.shape)}"
+            f"{name} must be a flat 1-D tensor of sum(response_lengths)={total} tokens, got shape {tuple(x.shape)}"
         )
 
 
@@ -32,8 +31,7 @@ def check_per_sample(x: Tensor, response_lengths: list[int], name: str) -> None:
     """Raise ValueError unless ``x`` is 1-D with one entry per sample."""
     if x.dim() != 1 or x.numel() != len(response_lengths):
         raise ValueError(
-            f"{name} must be a 1-D tensor of B={len(response_lengths)} per-sample values, "
-            f"got shape {tuple(x.shape)}"
+            f"{name} must be a 1-D tensor of B={len(response_lengths)} per-sample values, got shape {tuple(x.shape)}"
         )
 
 
@@ -54,18 +52,14 @@ def pad(x: Tensor, response_lengths: list[int]) -> Tensor:
     """Tensor[T] -> Tensor[B, L_max], zero-padded on the right."""
     b, l_max = len(response_lengths), max(response_lengths, default=0)
     out = x.new_zeros(b, l_max)
-    mask = torch.arange(l_max, device=x.device)[None, :] < torch.tensor(
-        response_lengths, device=x.device
-    )[:, None]
+    mask = torch.arange(l_max, device=x.device)[None, :] < torch.tensor(response_lengths, device=x.device)[:, None]
     return out.masked_scatter(mask, x)
 
 
 def unpad(x: Tensor, response_lengths: list[int]) -> Tensor:
     """Tensor[B, L_max] -> Tensor[T], dropping the right padding."""
     l_max = x.shape[1]
-    mask = torch.arange(l_max, device=x.device)[None, :] < torch.tensor(
-        response_lengths, device=x.device
-    )[:, None]
+    mask = torch.arange(l_max, device=x.device)[None, :] < torch.tensor(response_lengths, device=x.device)[:, None]
     return x[mask]
 
 

@@ -62,10 +62,12 @@ def log_probs_and_entropy(
     return log_probs, entropy
 
 
-def _chunk(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-           with_entropy: bool) -> Tensor:
-    log_probs, entropy = log_probs_and_entropy(F.linear(hidden, weight, bias), targets, temperature=temperature,
-                                               with_entropy=with_entropy)
+def _chunk(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, with_entropy: bool
+) -> Tensor:
+    log_probs, entropy = log_probs_and_entropy(
+        F.linear(hidden, weight, bias), targets, temperature=temperature, with_entropy=with_entropy
+    )
     return log_probs.unsqueeze(-1) if entropy is None else torch.stack([log_probs, entropy], dim=-1)
 
 
@@ -95,12 +97,19 @@ def chunked_log_probs_and_entropy(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    track = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
-                                         or (bias is not None and bias.requires_grad))
+    track = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
     parts = []
     for start in range(0, hidden.shape[0], chunk_size):
-        args = (hidden[start:start + chunk_size], weight, bias, target_ids[start:start + chunk_size], temperature,
-                with_entropy)
+        args = (
+            hidden[start : start + chunk_size],
+            weight,
+            bias,
+            target_ids[start : start + chunk_size],
+            temperature,
+            with_entropy,
+        )
         parts.append(checkpoint(_chunk, *args, use_reentrant=False) if track else _chunk(*args))
     if not parts:  # no rows: empty outputs of the right dtype
         parts.append(_chunk(hidden, weight, bias, target_ids, temperature, with_entropy))

@@ -74,9 +74,7 @@ def token_weights(
         denom = segment_sum(m, lengths)
     else:
         if len(trajectory_mask_sums) != len(lengths):
-            raise ValueError(
-                f"trajectory_mask_sums has {len(trajectory_mask_sums)} entries for {len(lengths)} samples"
-            )
+            raise ValueError(f"trajectory_mask_sums has {len(trajectory_mask_sums)} entries for {len(lengths)} samples")
         denom = torch.tensor(trajectory_mask_sums, dtype=m.dtype, device=m.device)
     per_sample = torch.where(
         denom > 0, 1.0 / (denom.clamp_min(torch.finfo(m.dtype).tiny) * num_trajectories), torch.zeros_like(denom)

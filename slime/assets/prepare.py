@@ -8,8 +8,8 @@ from pathlib import Path
 from slime.assets.tiny_model import create_tiny_model, is_current
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
-from slime.config.validate_paths import generated_file
 from slime.config.validate_hooks import GENERATOR_SHAPE
+from slime.config.validate_paths import generated_file
 
 logger = logging.getLogger(__name__)
 

@@ -67,7 +67,9 @@ def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) ->
 
     save_dir = Path(save_dir or model.hf_checkpoint)
     if len(vocabulary()) > model.vocab_size:
-        raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's {len(vocabulary())} tokens")
+        raise ValueError(
+            f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's {len(vocabulary())} tokens"
+        )
     tmp_dir = save_dir.with_name(save_dir.name + ".tmp")
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir(parents=True)

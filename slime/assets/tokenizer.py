@@ -18,8 +18,29 @@ UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END, UNK_TOKEN]
 
 _WORDS = [
-    "system", "user", "assistant", "you", "are", "a", "helpful", "what", "comes", "after", "before",
-    "next", "is", "the", "answer", "number", "digit", "letter", "of", "plus", "minus", "reply", "with",
+    "system",
+    "user",
+    "assistant",
+    "you",
+    "are",
+    "a",
+    "helpful",
+    "what",
+    "comes",
+    "after",
+    "before",
+    "next",
+    "is",
+    "the",
+    "answer",
+    "number",
+    "digit",
+    "letter",
+    "of",
+    "plus",
+    "minus",
+    "reply",
+    "with",
 ]
 _PUNCT = list("?:.,+-=()!'\"/*")
 

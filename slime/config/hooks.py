@@ -12,7 +12,8 @@ import functools
 import importlib
 import inspect
 import pkgutil
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from slime.config.problems import did_you_mean
 
@@ -28,8 +29,14 @@ class HookError(ValueError):
         super().__init__(f"{key}={value!r}: {message}")
 
 
-def load_callable(spec: str | dict[str, Any], *, key: str = "hook", signature: Optional[tuple[str, ...]] = None,
-                  keywords: tuple[str, ...] = (), may_be_async: bool = True) -> Callable[..., Any]:
+def load_callable(
+    spec: str | dict[str, Any],
+    *,
+    key: str = "hook",
+    signature: Optional[tuple[str, ...]] = None,
+    keywords: tuple[str, ...] = (),
+    may_be_async: bool = True,
+) -> Callable[..., Any]:
     """Resolve `spec` to a callable; `key` names the config field in error messages.
 
     With `signature`, also check the call shape: the callable must accept the positional arguments
@@ -41,7 +48,9 @@ def load_callable(spec: str | dict[str, Any], *, key: str = "hook", signature: O
     elif isinstance(spec, dict) and "_target_" in spec:
         target = _import_attr(spec["_target_"], f"{key}._target_") if isinstance(spec["_target_"], str) else None
         if target is None:
-            raise HookError(f"{key}._target_", spec["_target_"], "expected an import path like 'package.module.function'")
+            raise HookError(
+                f"{key}._target_", spec["_target_"], "expected an import path like 'package.module.function'"
+            )
         kwargs = {k: v for k, v in spec.items() if not k.startswith("_")}
         _check_node_keys(target, kwargs, key)
         fn = functools.partial(target, **kwargs)
@@ -59,8 +68,15 @@ def call_shape(signature: tuple[str, ...], keywords: tuple[str, ...]) -> str:
     return f"fn({', '.join([*signature, *(f'{k}=...' for k in keywords)])})"
 
 
-def check_call_shape(fn: Callable[..., Any], *, key: str, spec: Any, signature: tuple[str, ...],
-                     keywords: tuple[str, ...] = (), may_be_async: bool = True) -> None:
+def check_call_shape(
+    fn: Callable[..., Any],
+    *,
+    key: str,
+    spec: Any,
+    signature: tuple[str, ...],
+    keywords: tuple[str, ...] = (),
+    may_be_async: bool = True,
+) -> None:
     """HookError unless `fn(*signature, **keywords)` binds (and fn is sync when `may_be_async` is false)."""
     shape = call_shape(signature, keywords)
     try:
@@ -72,8 +88,12 @@ def check_call_shape(fn: Callable[..., Any], *, key: str, spec: Any, signature: 
     except TypeError as exc:
         raise HookError(key, _name(spec), f"its signature {sig} cannot be called as {shape} ({exc})") from None
     if not may_be_async and inspect.iscoroutinefunction(fn):
-        raise HookError(key, _name(spec), f"a coroutine function (async def); it is called as {shape} and its result "
-                        "used directly, so it must be a plain def")
+        raise HookError(
+            key,
+            _name(spec),
+            f"a coroutine function (async def); it is called as {shape} and its result "
+            "used directly, so it must be a plain def",
+        )
 
 
 def _name(spec: Any) -> Any:
@@ -124,5 +144,9 @@ def _check_node_keys(target: Callable[..., Any], kwargs: dict[str, Any], key: st
         return
     for name in kwargs:
         if name not in params:
-            raise HookError(f"{key}.{name}", kwargs[name], f"{target.__module__}.{target.__qualname__} has no parameter "
-                            f"{name!r}{did_you_mean(name, params)}; its parameters: {', '.join(params)}")
+            raise HookError(
+                f"{key}.{name}",
+                kwargs[name],
+                f"{target.__module__}.{target.__qualname__} has no parameter "
+                f"{name!r}{did_you_mean(name, params)}; its parameters: {', '.join(params)}",
+            )

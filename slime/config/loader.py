@@ -13,7 +13,9 @@ def to_run_config(dcfg: DictConfig) -> RunConfig:
     OmegaConf.resolve(dcfg)
     cfg = OmegaConf.to_object(dcfg)
     if not isinstance(cfg, RunConfig):
-        raise TypeError(f"the composed config is a {type(cfg).__name__}, not RunConfig: is run_schema in the defaults list?")
+        raise TypeError(
+            f"the composed config is a {type(cfg).__name__}, not RunConfig: is run_schema in the defaults list?"
+        )
     return cfg
 
 

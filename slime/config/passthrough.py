@@ -14,7 +14,8 @@ import contextlib
 import dataclasses
 import importlib
 import io
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import RunConfig
@@ -83,20 +84,31 @@ def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
     r = cfg.rollout.router
     if r.address is not None:
         if r.extra_args:
-            yield Problem("rollout.router.extra_args", dict(r.extra_args),
-                          "launch flags do nothing for a router that is joined (rollout.router.address), not launched",
-                          "remove rollout.router.extra_args or rollout.router.address")
+            yield Problem(
+                "rollout.router.extra_args",
+                dict(r.extra_args),
+                "launch flags do nothing for a router that is joined (rollout.router.address), not launched",
+                "remove rollout.router.extra_args or rollout.router.address",
+            )
         return
     parser = router_parser()
     if parser is None:
-        yield Problem("rollout.router", None, "sglang-router is not installed; the run launches it",
-                      "pip install sglang-router, or set rollout.router.address=<host:port> of a running router")
+        yield Problem(
+            "rollout.router",
+            None,
+            "sglang-router is not installed; the run launches it",
+            "pip install sglang-router, or set rollout.router.address=<host:port> of a running router",
+        )
         return
     names = sorted(vars(parser.parse_known_args([])[0]))
     error = _parse(parser, ["--policy", r.policy, "--request-timeout-secs", str(r.request_timeout_secs)])
     if error:
-        yield Problem("rollout.router.policy", r.policy, f"sglang-router rejects it: {error}",
-                      "set rollout.router.policy to one of the router's policies (e.g. round_robin, cache_aware)")
+        yield Problem(
+            "rollout.router.policy",
+            r.policy,
+            f"sglang-router rejects it: {error}",
+            "set rollout.router.policy to one of the router's policies (e.g. round_robin, cache_aware)",
+        )
     for name, value in r.extra_args.items():
         key = f"rollout.router.extra_args.{name}"
         try:
@@ -105,8 +117,12 @@ def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
             yield Problem(key, value, str(exc), f"remove {key}")
             continue
         if name.replace("-", "_") not in names:
-            yield Problem(key, value, f"sglang-router has no flag --{name.replace('_', '-')}{did_you_mean(name, names)}",
-                          f"remove {key} or use a launch_router flag name (python -m sglang_router.launch_router --help)")
+            yield Problem(
+                key,
+                value,
+                f"sglang-router has no flag --{name.replace('_', '-')}{did_you_mean(name, names)}",
+                f"remove {key} or use a launch_router flag name (python -m sglang_router.launch_router --help)",
+            )
             continue
         error = _parse(parser, flags)
         if error:
@@ -120,9 +136,12 @@ def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
     if not cfg.rollout.sglang:
         return
     if cfg.rollout.engine != "sglang":
-        yield Problem("rollout.sglang", dict(cfg.rollout.sglang),
-                      f"SGLang server args do nothing with rollout.engine={cfg.rollout.engine}",
-                      "remove them or use the sglang engine")
+        yield Problem(
+            "rollout.sglang",
+            dict(cfg.rollout.sglang),
+            f"SGLang server args do nothing with rollout.engine={cfg.rollout.engine}",
+            "remove them or use the sglang engine",
+        )
     for issue in check_server_args(dict(cfg.rollout.sglang)):
         yield Problem(issue.key, cfg.rollout.sglang[issue.key.rpartition(".")[2]], issue.message, issue.fix)
 
@@ -146,15 +165,29 @@ def megatron_config_fields() -> Optional[dict[str, str]]:
 
 # megatron-core fields the typed config decides -> the config key that sets them.
 MEGATRON_OWNED = {
-    "tensor_model_parallel_size": "parallelism.tp", "pipeline_model_parallel_size": "parallelism.pp",
-    "context_parallel_size": "parallelism.cp", "expert_model_parallel_size": "parallelism.ep",
-    "expert_tensor_parallel_size": "parallelism.etp", "sequence_parallel": "parallelism.sequence_parallel",
-    "num_layers": "model.num_layers", "hidden_size": "model.hidden_size", "ffn_hidden_size": "model.ffn_hidden_size",
-    "num_attention_heads": "model.num_attention_heads", "num_query_groups": "model.num_query_groups",
-    "kv_channels": "model.kv_channels", "layernorm_epsilon": "model.norm_epsilon",
-    "bf16": "train.precision", "fp16": "train.precision", "params_dtype": "train.precision",
-    "lr": "train.lr", "min_lr": "train.min_lr", "weight_decay": "train.weight_decay", "adam_beta1": "train.adam_beta1",
-    "adam_beta2": "train.adam_beta2", "adam_eps": "train.adam_eps", "clip_grad": "train.clip_grad",
+    "tensor_model_parallel_size": "parallelism.tp",
+    "pipeline_model_parallel_size": "parallelism.pp",
+    "context_parallel_size": "parallelism.cp",
+    "expert_model_parallel_size": "parallelism.ep",
+    "expert_tensor_parallel_size": "parallelism.etp",
+    "sequence_parallel": "parallelism.sequence_parallel",
+    "num_layers": "model.num_layers",
+    "hidden_size": "model.hidden_size",
+    "ffn_hidden_size": "model.ffn_hidden_size",
+    "num_attention_heads": "model.num_attention_heads",
+    "num_query_groups": "model.num_query_groups",
+    "kv_channels": "model.kv_channels",
+    "layernorm_epsilon": "model.norm_epsilon",
+    "bf16": "train.precision",
+    "fp16": "train.precision",
+    "params_dtype": "train.precision",
+    "lr": "train.lr",
+    "min_lr": "train.min_lr",
+    "weight_decay": "train.weight_decay",
+    "adam_beta1": "train.adam_beta1",
+    "adam_beta2": "train.adam_beta2",
+    "adam_eps": "train.adam_eps",
+    "clip_grad": "train.clip_grad",
 }
 
 
@@ -163,11 +196,19 @@ def megatron_problems(extra: dict[str, Any], fields: dict[str, str]) -> Iterator
     for name, value in extra.items():
         key = f"parallelism.megatron.{name}"
         if name in MEGATRON_OWNED:
-            yield Problem(key, value, f"megatron-core's {name} is set from {MEGATRON_OWNED[name]}",
-                          f"remove {key}; set {MEGATRON_OWNED[name]} instead")
+            yield Problem(
+                key,
+                value,
+                f"megatron-core's {name} is set from {MEGATRON_OWNED[name]}",
+                f"remove {key}; set {MEGATRON_OWNED[name]} instead",
+            )
         elif name not in fields:
-            yield Problem(key, value, f"not a field of megatron-core's {', '.join(sorted(set(fields.values())))}"
-                          f"{did_you_mean(name, fields)}", f"remove {key} or use a megatron-core config field name")
+            yield Problem(
+                key,
+                value,
+                f"not a field of megatron-core's {', '.join(sorted(set(fields.values())))}{did_you_mean(name, fields)}",
+                f"remove {key} or use a megatron-core config field name",
+            )
 
 
 def check_megatron_args(cfg: RunConfig) -> Iterator[Problem]:
@@ -175,12 +216,20 @@ def check_megatron_args(cfg: RunConfig) -> Iterator[Problem]:
     if not p.megatron:
         return
     if p.backend != "megatron":
-        yield Problem("parallelism.megatron", dict(p.megatron), f"megatron-core fields do nothing with the {p.backend} backend",
-                      "remove them or set parallelism.backend=megatron")
+        yield Problem(
+            "parallelism.megatron",
+            dict(p.megatron),
+            f"megatron-core fields do nothing with the {p.backend} backend",
+            "remove them or set parallelism.backend=megatron",
+        )
     fields = megatron_config_fields()
     if fields is None:
         if p.backend == "megatron":
-            yield Problem("parallelism.megatron", dict(p.megatron), "megatron-core is not importable, so these keys "
-                          "cannot be checked (nor trained with)", "pip install megatron-core")
+            yield Problem(
+                "parallelism.megatron",
+                dict(p.megatron),
+                "megatron-core is not importable, so these keys cannot be checked (nor trained with)",
+                "pip install megatron-core",
+            )
         return
     yield from megatron_problems(dict(p.megatron), fields)

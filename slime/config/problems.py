@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +34,12 @@ def one_of(key: str, value: Any, allowed: Iterable[Any]) -> Iterator[Problem]:
     """A problem when `value` is not in `allowed`, naming the nearest allowed values."""
     allowed = list(allowed)
     if value not in allowed:
-        yield Problem(key, value, f"must be one of {allowed}{did_you_mean(str(value), map(str, allowed))}",
-                      f"set {key}=<one of {', '.join(map(str, allowed))}>")
+        yield Problem(
+            key,
+            value,
+            f"must be one of {allowed}{did_you_mean(str(value), map(str, allowed))}",
+            f"set {key}=<one of {', '.join(map(str, allowed))}>",
+        )
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

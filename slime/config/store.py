@@ -1,7 +1,7 @@
 """Registers the schemas in Hydra's ConfigStore and the resolvers conf/ uses.
 
-    ${slime_root:}       the project checkout (paths.root_dir)
-    ${slime_registry:}   the names of every registry in slime/registry.py (the --help text)
+${slime_root:}       the project checkout (paths.root_dir)
+${slime_registry:}   the names of every registry in slime/registry.py (the --help text)
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
 from slime.config.passthrough import check_passthrough
@@ -39,8 +39,12 @@ SIGNALS = ("SIGINT", "SIGTERM")
 
 def _registered(registry: Registry, value: str) -> Iterator[Problem]:
     if value not in registry:
-        yield Problem(registry.key, value, registry.unknown_message(value),
-                      f"set {registry.key}=<one of {', '.join(registry.names())}>")
+        yield Problem(
+            registry.key,
+            value,
+            registry.unknown_message(value),
+            f"set {registry.key}=<one of {', '.join(registry.names())}>",
+        )
 
 
 def check_choices(cfg: RunConfig) -> Iterator[Problem]:
@@ -64,32 +68,53 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
     if d.signal_at is not None:
         phase, _, rollout_id = d.signal_at.partition(":")
         if phase not in RUN_PHASES or (rollout_id and not rollout_id.lstrip("-").isdigit()):
-            yield Problem("debug.signal_at", d.signal_at, f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of "
-                          f"{list(RUN_PHASES)}", "set debug.signal_at=rollout:1, or null")
+            yield Problem(
+                "debug.signal_at",
+                d.signal_at,
+                f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of {list(RUN_PHASES)}",
+                "set debug.signal_at=rollout:1, or null",
+            )
 
 
 def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
     yield from positive(
         cfg,
-        "rollout.batch_size", "rollout.n_samples_per_prompt", "rollout.max_response_len", "rollout.concurrency",
-        "train.num_rollout", "train.num_steps_per_rollout", "train.lr", "parallelism.micro_batch_size",
-        "rollout.hf.max_batch_size", "eval.n_samples_per_prompt", "rollout.weight_sync.bucket_mb",
+        "rollout.batch_size",
+        "rollout.n_samples_per_prompt",
+        "rollout.max_response_len",
+        "rollout.concurrency",
+        "train.num_rollout",
+        "train.num_steps_per_rollout",
+        "train.lr",
+        "parallelism.micro_batch_size",
+        "rollout.hf.max_batch_size",
+        "eval.n_samples_per_prompt",
+        "rollout.weight_sync.bucket_mb",
     )
     if cfg.rollout.temperature <= 0:
         yield Problem(
-            "rollout.temperature", cfg.rollout.temperature,
-            "must be > 0 (log-probs are taken from logits / temperature)", "set rollout.temperature=1.0",
+            "rollout.temperature",
+            cfg.rollout.temperature,
+            "must be > 0 (log-probs are taken from logits / temperature)",
+            "set rollout.temperature=1.0",
         )
     if not 0 < cfg.rollout.top_p <= 1:
         yield Problem("rollout.top_p", cfg.rollout.top_p, "must be in (0, 1]", "set rollout.top_p=1.0")
     if cfg.train.clip_grad < 0:
-        yield Problem("train.clip_grad", cfg.train.clip_grad, "must be >= 0 (0 disables clipping)", "set train.clip_grad=1.0")
+        yield Problem(
+            "train.clip_grad", cfg.train.clip_grad, "must be >= 0 (0 disables clipping)", "set train.clip_grad=1.0"
+        )
     if cfg.eval.temperature is not None and cfg.eval.temperature <= 0:
         yield Problem("eval.temperature", cfg.eval.temperature, "must be > 0", "set eval.temperature=0.1 or null")
-    if cfg.rollout.over_sampling_batch_size is not None and cfg.rollout.over_sampling_batch_size < cfg.rollout.batch_size:
+    if (
+        cfg.rollout.over_sampling_batch_size is not None
+        and cfg.rollout.over_sampling_batch_size < cfg.rollout.batch_size
+    ):
         yield Problem(
-            "rollout.over_sampling_batch_size", cfg.rollout.over_sampling_batch_size,
-            f"must be >= rollout.batch_size={cfg.rollout.batch_size}", "set it to null (= rollout.batch_size) or larger",
+            "rollout.over_sampling_batch_size",
+            cfg.rollout.over_sampling_batch_size,
+            f"must be >= rollout.batch_size={cfg.rollout.batch_size}",
+            "set it to null (= rollout.batch_size) or larger",
         )
 
 
@@ -103,7 +128,8 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
     if t.global_batch_size is None:
         if samples % k:
             yield Problem(
-                "train.num_steps_per_rollout", k,
+                "train.num_steps_per_rollout",
+                k,
                 f"rollout.batch_size × rollout.n_samples_per_prompt = {r.batch_size} × {r.n_samples_per_prompt} = "
                 f"{samples} samples do not split into {k} equal optimizer steps",
                 f"pick train.num_steps_per_rollout dividing {samples}",
@@ -113,7 +139,8 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
     if g * k != samples:
         suggestion = f"train.global_batch_size={samples // k}" if samples % k == 0 else "train.global_batch_size=null"
         yield Problem(
-            "train.global_batch_size", g,
+            "train.global_batch_size",
+            g,
             f"rollout.batch_size × rollout.n_samples_per_prompt = {r.batch_size} × {r.n_samples_per_prompt} = {samples} "
             f"must equal train.global_batch_size × train.num_steps_per_rollout = {g} × {k} = {g * k}",
             f"set {suggestion} (or change rollout.batch_size / train.num_steps_per_rollout)",
@@ -122,9 +149,19 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
 
 def collect_problems(cfg: RunConfig) -> list[Problem]:
     derived = derive(cfg)
-    checks = [check_choices(cfg), check_debug(cfg), check_ranges(cfg), check_batch_arithmetic(cfg),
-              check_cluster(cfg, derived), check_parts_honour_options(cfg, derived), check_algo(cfg),
-              check_rewards(cfg), check_hooks(cfg), check_passthrough(cfg), check_paths(cfg)]
+    checks = [
+        check_choices(cfg),
+        check_debug(cfg),
+        check_ranges(cfg),
+        check_batch_arithmetic(cfg),
+        check_cluster(cfg, derived),
+        check_parts_honour_options(cfg, derived),
+        check_algo(cfg),
+        check_rewards(cfg),
+        check_hooks(cfg),
+        check_passthrough(cfg),
+        check_paths(cfg),
+    ]
     return [problem for check in checks for problem in check]
 
 

@@ -11,7 +11,8 @@ Call shapes (how the runtime calls them):
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
@@ -42,11 +43,19 @@ def check_hooks(cfg: RunConfig) -> Iterator[Problem]:
     yield from _check_rollout_function(cfg)
     r, a = cfg.rollout, cfg.algo
     if r.custom_rm_path is not None:
-        yield from _check("rollout.custom_rm_path", r.custom_rm_path, REWARD_SHAPE, "give the import path of "
-                          "`def rm(sample) -> float | dict` (or async def), or null")
+        yield from _check(
+            "rollout.custom_rm_path",
+            r.custom_rm_path,
+            REWARD_SHAPE,
+            "give the import path of `def rm(sample) -> float | dict` (or async def), or null",
+        )
     if a.dynamic_filter is not None:
-        yield from _check("algo.dynamic_filter", a.dynamic_filter, FILTER_SHAPE,
-                          "give the import path of `def fn(group: list[Sample]) -> bool | FilterResult`, or null")
+        yield from _check(
+            "algo.dynamic_filter",
+            a.dynamic_filter,
+            FILTER_SHAPE,
+            "give the import path of `def fn(group: list[Sample]) -> bool | FilterResult`, or null",
+        )
     yield from check_generator("data.generator", cfg.data.generator)
     yield from check_generator("eval.generator", cfg.eval.generator)
 
@@ -55,11 +64,19 @@ def _check_rollout_function(cfg: RunConfig) -> Iterator[Problem]:
     spec = cfg.rollout.function
     path = rollout_function_path(cfg)
     if path is None:
-        yield Problem("rollout.function", spec, ROLLOUT_FUNCTIONS.unknown_message(spec),
-                      "set rollout.function to a registered name, an import path module.fn, or null")
+        yield Problem(
+            "rollout.function",
+            spec,
+            ROLLOUT_FUNCTIONS.unknown_message(spec),
+            "set rollout.function to a registered name, an import path module.fn, or null",
+        )
         return
-    yield from _check("rollout.function", path, ROLLOUT_FN_SHAPE,
-                      "give a registered name or the import path of `def fn(ctx, rollout_id, *, evaluation)`, or null")
+    yield from _check(
+        "rollout.function",
+        path,
+        ROLLOUT_FN_SHAPE,
+        "give a registered name or the import path of `def fn(ctx, rollout_id, *, evaluation)`, or null",
+    )
 
 
 def check_generator(key: str, generator: Any) -> Iterator[Problem]:
@@ -67,15 +84,27 @@ def check_generator(key: str, generator: Any) -> Iterator[Problem]:
     if generator is None:
         return
     if not isinstance(generator, dict) or not isinstance(generator.get("_target_"), str):
-        yield Problem(key, generator, "expected a node {_target_: module.fn, path: <file>, ...}",
-                      f"set {key}._target_ and {key}.path, or {key}=null")
+        yield Problem(
+            key,
+            generator,
+            "expected a node {_target_: module.fn, path: <file>, ...}",
+            f"set {key}._target_ and {key}.path, or {key}=null",
+        )
         return
     if not isinstance(generator.get("path"), str):
-        yield Problem(f"{key}.path", generator.get("path"), "a generator names the one file it writes",
-                      f"set {key}.path=<file> (and point prompt_data at it)")
+        yield Problem(
+            f"{key}.path",
+            generator.get("path"),
+            "a generator names the one file it writes",
+            f"set {key}.path=<file> (and point prompt_data at it)",
+        )
         return
-    yield from _check(key, generator, GENERATOR_SHAPE,
-                      "give a node whose _target_ is importable and whose keys are its parameters, or null")
+    yield from _check(
+        key,
+        generator,
+        GENERATOR_SHAPE,
+        "give a node whose _target_ is importable and whose keys are its parameters, or null",
+    )
 
 
 def _check(key: str, spec: Any, shape: dict[str, Any], fix: str) -> Iterator[Problem]:

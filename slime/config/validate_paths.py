@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
@@ -37,14 +38,23 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
             hint = ""
             if isinstance(generator, dict) and isinstance(generator.get("path"), str):
                 hint = f" (the generator writes {generator['path']} only)"
-            yield Problem(key, path, f"path does not exist{hint}",
-                          f"point {key} at an existing path (absolute paths are safest)")
+            yield Problem(
+                key, path, f"path does not exist{hint}", f"point {key} at an existing path (absolute paths are safest)"
+            )
     if cfg.data.prompt_data is None:
-        yield Problem("data.prompt_data", None, "no prompt data",
-                      "set data.prompt_data=<file.jsonl> (your prompts) or pick data=digit_task (the synthetic task)")
+        yield Problem(
+            "data.prompt_data",
+            None,
+            "no prompt data",
+            "set data.prompt_data=<file.jsonl> (your prompts) or pick data=digit_task (the synthetic task)",
+        )
     if cfg.eval.interval and cfg.eval.prompt_data is None:
-        yield Problem("eval.prompt_data", None, f"eval.interval={cfg.eval.interval} but no eval prompts",
-                      "set eval.prompt_data=<file.jsonl>, or eval=none")
+        yield Problem(
+            "eval.prompt_data",
+            None,
+            f"eval.interval={cfg.eval.interval} but no eval prompts",
+            "set eval.prompt_data=<file.jsonl>, or eval=none",
+        )
     yield from check_save_hf(cfg)
     yield from check_model_checkpoint(cfg)
 
@@ -64,11 +74,17 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
         fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
         template.format(rollout_id=0)
     except (ValueError, KeyError, IndexError) as exc:
-        yield Problem("checkpoint.save_hf", template, f"not a valid directory template ({type(exc).__name__}: {exc})", fix)
+        yield Problem(
+            "checkpoint.save_hf", template, f"not a valid directory template ({type(exc).__name__}: {exc})", fix
+        )
         return
     if fields != {"rollout_id"}:
         other = sorted(fields - {"rollout_id"})
-        what = f"has fields {other} besides {{rollout_id}}" if other else "has no {rollout_id}: every save would overwrite the last"
+        what = (
+            f"has fields {other} besides {{rollout_id}}"
+            if other
+            else "has no {rollout_id}: every save would overwrite the last"
+        )
         yield Problem("checkpoint.save_hf", template, what, fix)
 
 
@@ -80,16 +96,32 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
         return  # generated from these very fields before the run starts (slime.assets.prepare)
     config_file = Path(m.hf_checkpoint) / "config.json"
     if not config_file.exists():
-        yield Problem("model.hf_checkpoint", m.hf_checkpoint, "no config.json there",
-                      "download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>")
+        yield Problem(
+            "model.hf_checkpoint",
+            m.hf_checkpoint,
+            "no config.json there",
+            "download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>",
+        )
         return
     actual = read_hf_config(m.hf_checkpoint)
     expected = hf_config_dict(m, eos_token_id=0, pad_token_id=0) if m.architecture == "qwen3" else {}
-    names = {"hidden_size": "hidden_size", "intermediate_size": "ffn_hidden_size", "num_hidden_layers": "num_layers",
-             "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_query_groups",
-             "head_dim": "kv_channels", "vocab_size": "vocab_size", "rms_norm_eps": "norm_epsilon",
-             "rope_theta": "rotary_base", "tie_word_embeddings": "tie_word_embeddings"}
+    names = {
+        "hidden_size": "hidden_size",
+        "intermediate_size": "ffn_hidden_size",
+        "num_hidden_layers": "num_layers",
+        "num_attention_heads": "num_attention_heads",
+        "num_key_value_heads": "num_query_groups",
+        "head_dim": "kv_channels",
+        "vocab_size": "vocab_size",
+        "rms_norm_eps": "norm_epsilon",
+        "rope_theta": "rotary_base",
+        "tie_word_embeddings": "tie_word_embeddings",
+    }
     for hf_key, our_key in names.items():
         if hf_key in actual and hf_key in expected and actual[hf_key] != expected[hf_key]:
-            yield Problem(f"model.{our_key}", getattr(m, our_key), f"{config_file} has {hf_key}={actual[hf_key]}",
-                          f"set model.{our_key}={actual[hf_key]} or pick the model option matching the checkpoint")
+            yield Problem(
+                f"model.{our_key}",
+                getattr(m, our_key),
+                f"{config_file} has {hf_key}={actual[hf_key]}",
+                f"set model.{our_key}={actual[hf_key]} or pick the model option matching the checkpoint",
+            )

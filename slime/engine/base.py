@@ -108,10 +108,17 @@ class EngineServer(abc.ABC):
             raise RuntimeError(f"engine {self.rank} is already running (pid {self.process.pid})")
         self.lease = reserve_ports(self.launch_spec.host, self.num_ports)
         self._launched_at = time.monotonic()
-        self.process = launch_process(self.command(list(self.lease.ports)), log_path=self.log_path,
-                                      env=child_env(self.env()))
-        logger.info("engine %d (%s) launched, pid %d, ports %s, log %s", self.rank, self.kind, self.process.pid,
-                    self.lease.ports, self.log_path)
+        self.process = launch_process(
+            self.command(list(self.lease.ports)), log_path=self.log_path, env=child_env(self.env())
+        )
+        logger.info(
+            "engine %d (%s) launched, pid %d, ports %s, log %s",
+            self.rank,
+            self.kind,
+            self.process.pid,
+            self.lease.ports,
+            self.log_path,
+        )
 
     def wait_until_ready(self) -> str:
         """Poll GET `health_path` (every 0.2-2 s) until 200, the process dies, or the timeout passes."""
@@ -126,7 +133,8 @@ class EngineServer(abc.ABC):
                     raise EngineStartupError(
                         f"engine {self.rank} took longer than {self.launch_spec.startup_timeout_s:.0f} s to answer "
                         f"GET {self.health_path} with 200 at {self.url}; last log lines of {self.log_path}:\n"
-                        f"{log_tail(self.log_path)}")
+                        f"{log_tail(self.log_path)}"
+                    )
                 time.sleep(interval)
                 interval = min(2.0, interval * 1.5)
         except BaseException:
@@ -140,7 +148,8 @@ class EngineServer(abc.ABC):
             code = None if self.process is None else self.process.returncode
             raise EngineStartupError(
                 f"engine {self.rank} exited with status {code} before becoming healthy; last log lines of "
-                f"{self.log_path}:\n{log_tail(self.log_path)}")
+                f"{self.log_path}:\n{log_tail(self.log_path)}"
+            )
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None

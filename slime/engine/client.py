@@ -8,7 +8,8 @@ included). Timeouts are in seconds.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
@@ -43,7 +44,9 @@ class EngineClient:
             if status == 200:
                 return
             time.sleep(interval_s)
-        raise EngineHTTPError("GET", self.url + "/flush_cache", status, f"still failing after {max_attempts} tries: {last}")
+        raise EngineHTTPError(
+            "GET", self.url + "/flush_cache", status, f"still failing after {max_attempts} tries: {last}"
+        )
 
     def pause_generation(self, mode: Optional[str] = None) -> None:
         """POST /pause_generation; SGLang's default mode aborts in-flight requests, new ones wait."""
@@ -52,8 +55,9 @@ class EngineClient:
     def continue_generation(self) -> None:
         self._post("/continue_generation", {})
 
-    def update_weights_from_disk(self, path: str, weight_version: Optional[str] = None,
-                                 load_format: Optional[str] = None, timeout: float = 600.0) -> dict:
+    def update_weights_from_disk(
+        self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
+    ) -> dict:
         """POST /update_weights_from_disk; raises EngineHTTPError unless it reports success."""
         payload: dict[str, Any] = {"model_path": str(path)}
         if weight_version is not None:
@@ -75,20 +79,50 @@ class EngineClient:
             raise EngineHTTPError("POST", url, status, str(message))
         return body
 
-    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
-                                  world_size: int, group_name: str, backend: str, timeout: float = 600.0) -> dict:
+    def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout: float = 600.0,
+    ) -> dict:
         """POST /init_weights_update_group; returns once the engine joined (all ranks must join together)."""
-        return self._weights_call("/init_weights_update_group", {
-            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
-            "world_size": int(world_size), "group_name": group_name, "backend": backend}, timeout)
+        return self._weights_call(
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": int(master_port),
+                "rank_offset": int(rank_offset),
+                "world_size": int(world_size),
+                "group_name": group_name,
+                "backend": backend,
+            },
+            timeout,
+        )
 
-    def update_weights_from_distributed(self, *, names: Sequence[str], dtypes: Sequence[str],
-                                        shapes: Sequence[Sequence[int]], group_name: str,
-                                        weight_version: Optional[str] = None, flush_cache: bool = False,
-                                        timeout: float = 600.0) -> dict:
+    def update_weights_from_distributed(
+        self,
+        *,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        weight_version: Optional[str] = None,
+        flush_cache: bool = False,
+        timeout: float = 600.0,
+    ) -> dict:
         """POST /update_weights_from_distributed; the engine then receives the broadcasts in `names` order."""
-        payload: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
-                                   "group_name": group_name, "flush_cache": flush_cache}
+        payload: dict[str, Any] = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(s) for s in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+        }
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         return self._weights_call("/update_weights_from_distributed", payload, timeout)
@@ -96,12 +130,21 @@ class EngineClient:
     def destroy_weights_update_group(self, group_name: str, timeout: float = 60.0) -> dict:
         return self._weights_call("/destroy_weights_update_group", {"group_name": group_name}, timeout)
 
-    def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], *, load_format: str = "flattened_bucket",
-                                   weight_version: Optional[str] = None, flush_cache: bool = False,
-                                   timeout: float = 600.0) -> dict:
+    def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        load_format: str = "flattened_bucket",
+        weight_version: Optional[str] = None,
+        flush_cache: bool = False,
+        timeout: float = 600.0,
+    ) -> dict:
         """POST /update_weights_from_tensor with one serialised bucket per engine TP rank."""
-        payload: dict[str, Any] = {"serialized_named_tensors": list(serialized_named_tensors),
-                                   "load_format": load_format, "flush_cache": flush_cache}
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+        }
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         return self._weights_call("/update_weights_from_tensor", payload, timeout)

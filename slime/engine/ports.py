@@ -59,7 +59,9 @@ class PortLease:
         return f"PortLease({self.ports})"
 
 
-def reserve_ports(host: str, count: int, *, first: int = DEFAULT_FIRST_PORT, last: int = DEFAULT_LAST_PORT) -> PortLease:
+def reserve_ports(
+    host: str, count: int, *, first: int = DEFAULT_FIRST_PORT, last: int = DEFAULT_LAST_PORT
+) -> PortLease:
     """Reserve `count` distinct ports in [first, last] that are bindable on `host`.
 
     Raises RuntimeError when the range holds fewer free ports than asked for.

@@ -65,17 +65,28 @@ class Router:
         self.log_path = log_path
 
     @classmethod
-    def launch(cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path) -> "Router":
+    def launch(cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path) -> Router:
         """Start `python -m sglang_router.launch_router` bound to `host`, wait for GET /health = 200
         (at most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail on failure."""
         port, prom_port = free_port(host), free_port(host)  # racy by nature; see free_port
         cmd = [
-            sys.executable, "-m", "sglang_router.launch_router",
-            "--host", host, "--port", str(port),
-            "--policy", cfg.policy,
-            "--prometheus-host", host, "--prometheus-port", str(prom_port),
-            "--request-timeout-secs", str(cfg.request_timeout_secs),
-            "--log-level", "warn",
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--policy",
+            cfg.policy,
+            "--prometheus-host",
+            host,
+            "--prometheus-port",
+            str(prom_port),
+            "--request-timeout-secs",
+            str(cfg.request_timeout_secs),
+            "--log-level",
+            "warn",
             *router_flags(cfg.extra_args),
         ]
         log_path = Path(log_path)
@@ -89,7 +100,7 @@ class Router:
         return router
 
     @classmethod
-    def connect(cls, address: str) -> "Router":
+    def connect(cls, address: str) -> Router:
         """A user-given router ("host:port" or "http://host:port"); `shutdown()` leaves it running."""
         url = address if "://" in address else f"http://{address}"
         http_client.get(url.rstrip("/") + "/health", timeout=10.0)

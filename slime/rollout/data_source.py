@@ -41,15 +41,25 @@ def read_rows(path: str) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{file}:{line_no}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+                    raise ValueError(
+                        f"{file}:{line_no}: not valid JSON ({exc.msg}); each line must be one JSON object"
+                    ) from exc
     return rows[start:end]
 
 
 class PromptDataset:
     """Prompts ready for generation: chat-templated strings (or raw prompts), labels, metadata."""
 
-    def __init__(self, path: str, *, tokenizer, input_key: str, label_key: str | None, metadata_key: str | None,
-                 apply_chat_template: bool):
+    def __init__(
+        self,
+        path: str,
+        *,
+        tokenizer,
+        input_key: str,
+        label_key: str | None,
+        metadata_key: str | None,
+        apply_chat_template: bool,
+    ):
         self.samples: list[Sample] = []
         for row_no, row in enumerate(read_rows(path)):
             if input_key not in row:
@@ -59,14 +69,16 @@ class PromptDataset:
             if apply_chat_template:
                 prompt = tokenizer.apply_chat_template(
                     [{k: v for k, v in m.items() if k != "step_loss_mask"} for m in messages],
-                    tokenize=False, add_generation_prompt=True,
+                    tokenize=False,
+                    add_generation_prompt=True,
                 )
             elif isinstance(prompt, str):
                 messages = None  # used verbatim
             label = row.get(label_key) if label_key else None
             metadata = dict(row.get(metadata_key) or {}) if metadata_key else {}
-            self.samples.append(Sample(prompt=prompt, messages=messages, label=None if label is None else str(label),
-                                       metadata=metadata))
+            self.samples.append(
+                Sample(prompt=prompt, messages=messages, label=None if label is None else str(label), metadata=metadata)
+            )
         if not self.samples:
             raise ValueError(f"{path}: no prompts")
 
@@ -122,9 +134,13 @@ class DataSource:
         self.buffer.extend(groups)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sample_offset": self.sample_offset, "epoch_id": self.epoch_id,
-                "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
-                "buffer": [[s.to_dict() for s in g] for g in self.buffer]}
+        return {
+            "sample_offset": self.sample_offset,
+            "epoch_id": self.epoch_id,
+            "sample_group_index": self.sample_group_index,
+            "sample_index": self.sample_index,
+            "buffer": [[s.to_dict() for s in g] for g in self.buffer],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sample_offset = state["sample_offset"]

@@ -18,7 +18,8 @@ import dataclasses
 import hashlib
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -81,8 +82,10 @@ async def generate_sample(ctx: RolloutContext, session: aiohttp.ClientSession, s
     """Generate the response of one PENDING/ABORTED sample and record tokens, log-probs, status."""
     if not sample.tokens:
         if not isinstance(sample.prompt, str):
-            raise ValueError(f"sample {sample.index}: the prompt is a list of chat messages; generation needs text "
-                             "(set data.apply_chat_template=true)")
+            raise ValueError(
+                f"sample {sample.index}: the prompt is a list of chat messages; generation needs text "
+                "(set data.apply_chat_template=true)"
+            )
         sample.tokens = ctx.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
     budget = ctx.sampling_params["max_new_tokens"] - sample.response_length
     if budget <= 0:
@@ -166,9 +169,19 @@ async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], dict[str, int]]
 def _reset(group: list[Sample]) -> list[Sample]:
     fresh = []
     for s in group:
-        fresh.append(dataclasses.replace(s, tokens=[], response="", response_length=0, loss_mask=None,
-                                         rollout_log_probs=None, reward=None, status=SampleStatus.PENDING,
-                                         weight_versions=[]))
+        fresh.append(
+            dataclasses.replace(
+                s,
+                tokens=[],
+                response="",
+                response_length=0,
+                loss_mask=None,
+                rollout_log_probs=None,
+                reward=None,
+                status=SampleStatus.PENDING,
+                weight_versions=[],
+            )
+        )
     return fresh
 
 

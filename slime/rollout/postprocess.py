@@ -10,7 +10,6 @@ from slime.algo import group_normalize, rloo_advantages
 from slime.config.schema import AlgoConfig
 from slime.types import Sample, SampleStatus, TrainBatch
 
-
 RAW_REWARD_ESTIMATORS = ("reinforce_plus_plus", "ppo", "sft")  # their trainers shape the raw reward themselves
 
 
@@ -30,14 +29,23 @@ def post_process_rewards(raw: torch.Tensor, algo: AlgoConfig, n_samples_per_prom
     return group_normalize(raw, n, subtract_mean=True, divide_std=divide_std)
 
 
-def overlong_penalty(response_lengths: list[int], *, max_response_len: int, buffer_len: int, factor: float) -> list[float]:
+def overlong_penalty(
+    response_lengths: list[int], *, max_response_len: int, buffer_len: int, factor: float
+) -> list[float]:
     """DAPO's soft overlong punishment: 0 up to max − buffer tokens, then falling linearly to −factor at max."""
     expected = max_response_len - buffer_len
     return [-factor * min(max(length - expected, 0) / buffer_len, 1.0) for length in response_lengths]
 
 
-def split_for_data_parallel(samples: list[Sample], raw: list[float], rewards: list[float], *, global_batch_size: int,
-                            num_steps: int, dp_size: int) -> list[TrainBatch]:
+def split_for_data_parallel(
+    samples: list[Sample],
+    raw: list[float],
+    rewards: list[float],
+    *,
+    global_batch_size: int,
+    num_steps: int,
+    dp_size: int,
+) -> list[TrainBatch]:
     """K steps of G consecutive samples; each step's samples dealt round-robin to the DP ranks.
 
     Asserts that nothing is dropped (slime silently drops a trailing partial step).
@@ -56,14 +64,21 @@ def split_for_data_parallel(samples: list[Sample], raw: list[float], rewards: li
     batches = []
     for entries in per_rank:
         pick = [samples[i] for i, _ in entries]
-        batches.append(TrainBatch(
-            tokens=[s.tokens for s in pick], response_lengths=[s.response_length for s in pick],
-            loss_masks=[[0] * s.response_length if s.remove_sample else list(s.loss_mask) for s in pick],
-            rewards=[rewards[i] for i, _ in entries], raw_rewards=[raw[i] for i, _ in entries],
-            rollout_log_probs=[s.rollout_log_probs for s in pick] if has_engine_log_probs else None,
-            truncated=[s.status == SampleStatus.TRUNCATED for s in pick],
-            sample_indices=[s.index for s in pick], step_ids=[step for _, step in entries],
-            num_trajectories_per_step=g, masked_tokens_per_step=masked))
+        batches.append(
+            TrainBatch(
+                tokens=[s.tokens for s in pick],
+                response_lengths=[s.response_length for s in pick],
+                loss_masks=[[0] * s.response_length if s.remove_sample else list(s.loss_mask) for s in pick],
+                rewards=[rewards[i] for i, _ in entries],
+                raw_rewards=[raw[i] for i, _ in entries],
+                rollout_log_probs=[s.rollout_log_probs for s in pick] if has_engine_log_probs else None,
+                truncated=[s.status == SampleStatus.TRUNCATED for s in pick],
+                sample_indices=[s.index for s in pick],
+                step_ids=[step for _, step in entries],
+                num_trajectories_per_step=g,
+                masked_tokens_per_step=masked,
+            )
+        )
     return batches
 
 

@@ -43,7 +43,9 @@ def _render_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool,
     kwargs = dict(template_kwargs)
     if tools is not None:
         kwargs["tools"] = tools
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -74,7 +76,8 @@ def conversation_tokens_and_mask(
         trainable.append(int(message.get("step_loss_mask", 1)) != 0)
 
     render = lambda msgs, gen=False: _render_ids(  # noqa: E731
-        tokenizer, msgs, add_generation_prompt=gen, tools=tools, template_kwargs=template_kwargs)
+        tokenizer, msgs, add_generation_prompt=gen, tools=tools, template_kwargs=template_kwargs
+    )
     full = render(clean)
     eos_id = getattr(tokenizer, "eos_token_id", None)
 
@@ -89,7 +92,7 @@ def conversation_tokens_and_mask(
                 f"not a prefix of them); the template rewrites earlier turns when a message is appended, so "
                 f"per-turn loss masks cannot be derived from it"
             )
-        segment = cur[len(prev):]
+        segment = cur[len(prev) :]
         if message["role"] == "assistant" and trainable[i]:
             try:
                 with_header = render(clean[:i], gen=True)  # [] only if the conversation opens with it
@@ -181,10 +184,12 @@ def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool =
     lengths = [s.effective_response_length for g in groups for s in g]
     metrics = {"perf/rollout_time": time.perf_counter() - start}
     if lengths:
-        metrics.update({
-            "rollout/response_len/mean": float(statistics.fmean(lengths)),
-            "rollout/response_len/median": float(statistics.median(lengths)),
-            "rollout/response_len/max": float(max(lengths)),
-            "rollout/response_len/min": float(min(lengths)),
-        })
+        metrics.update(
+            {
+                "rollout/response_len/mean": float(statistics.fmean(lengths)),
+                "rollout/response_len/median": float(statistics.median(lengths)),
+                "rollout/response_len/max": float(max(lengths)),
+                "rollout/response_len/min": float(min(lengths)),
+            }
+        )
     return RolloutOutput(groups=groups, metrics=metrics)

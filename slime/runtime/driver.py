@@ -1,8 +1,8 @@
 """The synchronous RL loop (REFERENCE.md §2.2) over Ray actors.
 
-    initial weight push -> [eval at 0] -> for each rollout id:
-        rollout + rewards -> train (log-probs, advantages, K optimizer steps) -> save if due
-        -> weight sync -> eval if due -> log
+initial weight push -> [eval at 0] -> for each rollout id:
+    rollout + rewards -> train (log-probs, advantages, K optimizer steps) -> save if due
+    -> weight sync -> eval if due -> log
 """
 
 from __future__ import annotations
@@ -65,19 +65,33 @@ def _due(rollout_id: int, interval: int | None) -> bool:
     return interval is not None and (rollout_id + 1) % interval == 0
 
 
-def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupts, *, config_dict: dict[str, Any],
-        run_name: str) -> None:
+def run(
+    cfg: RunConfig,
+    derived: Derived,
+    state: RunState,
+    interrupts: Interrupts,
+    *,
+    config_dict: dict[str, Any],
+    run_name: str,
+) -> None:
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     run_dir = Path(cfg.paths.output_dir)
     state.enter("startup")
     with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver):
         interrupts.reinstall()  # ray.init replaced the SIGTERM handler
         ppo = cfg.algo.advantage_estimator == "ppo"
-        placement = create_placement(derived, device=cfg.cluster.device, colocate=cfg.cluster.colocate,
-                                     gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine,
-                                     critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor)
-        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
-            RolloutSetup.from_run_config(cfg, derived), placement.rollout)
+        placement = create_placement(
+            derived,
+            device=cfg.cluster.device,
+            colocate=cfg.cluster.colocate,
+            gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine,
+            critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor,
+        )
+        manager = (
+            ray.remote(RolloutManager)
+            .options(num_cpus=0)
+            .remote(RolloutSetup.from_run_config(cfg, derived), placement.rollout)
+        )
         actor = critic = tracker = engines_ready = None
         exit_code = 1
         try:
@@ -85,19 +99,26 @@ def run(cfg: RunConfig, derived: Derived, state: RunState, interrupts: Interrupt
             engines_ready = manager.start.remote()
             layout = train_layout(cfg, derived)
             actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
-            critic = (TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
-                      if ppo else None)
+            critic = (
+                TrainGroup(TrainSetup.for_critic(cfg, derived), placement.critic, layout, role="critic")
+                if ppo
+                else None
+            )
             actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
-            tracker = Tracker(cfg.logger, run_dir=run_dir, config=config_dict, name=run_name,
-                              total_rollouts=cfg.train.num_rollout)
+            tracker = Tracker(
+                cfg.logger, run_dir=run_dir, config=config_dict, name=run_name, total_rollouts=cfg.train.num_rollout
+            )
             state.start_rollout = start = actor.finish_init(actor_init)
             if critic is not None and critic.finish_init(critic_init) != start:
-                raise RuntimeError("the critic checkpoint is not at the actor's rollout step: set train.critic.load "
-                                   "to the critic saved with checkpoint.load")
+                raise RuntimeError(
+                    "the critic checkpoint is not at the actor's rollout step: set train.critic.load "
+                    "to the critic saved with checkpoint.load"
+                )
             tracker.progress.begin(start)
             ray.get(engines_ready)
-            actor.connect_weight_sync(cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()),
-                                      _sync_context(cfg, run_dir))
+            actor.connect_weight_sync(
+                cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()), _sync_context(cfg, run_dir)
+            )
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
             _loop(cfg, state, start, manager, actor, critic, tracker)
@@ -135,12 +156,18 @@ def train_layout(cfg: RunConfig, derived: Derived) -> RankLayout:
 
 def _sync_context(cfg: RunConfig, run_dir: Path) -> SyncContext:
     w = cfg.rollout.weight_sync
-    return SyncContext(source_checkpoint=cfg.model.hf_checkpoint, work_dir=str(run_dir), bucket_bytes=w.bucket_mb << 20,
-                       keep=w.keep, check_weight_update_equal=cfg.debug.check_weight_update_equal)
+    return SyncContext(
+        source_checkpoint=cfg.model.hf_checkpoint,
+        work_dir=str(run_dir),
+        bucket_bytes=w.bucket_mb << 20,
+        keep=w.keep,
+        check_weight_update_equal=cfg.debug.check_weight_update_equal,
+    )
 
 
-def _loop(cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGroup, critic: TrainGroup | None,
-          tracker: Tracker) -> None:
+def _loop(
+    cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGroup, critic: TrainGroup | None, tracker: Tracker
+) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
     k = cfg.train.num_steps_per_rollout
     state.enter("weight_sync", start - 1)
@@ -179,8 +206,9 @@ def _loop(cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGrou
         state.last_metrics = metrics
 
 
-def train_step(cfg: RunConfig, rollout_id: int, batches, actor: TrainGroup, critic: TrainGroup | None,
-               metrics: dict[str, float]) -> list[dict[str, float]]:
+def train_step(
+    cfg: RunConfig, rollout_id: int, batches, actor: TrainGroup, critic: TrainGroup | None, metrics: dict[str, float]
+) -> list[dict[str, float]]:
     """REFERENCE.md §2.2 step 5 on the training groups; adds rollout-side and perf metrics to `metrics`.
 
     Returns the merged actor (+ critic) `train/*` metrics of every optimizer step.

@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 
@@ -64,7 +64,7 @@ class Interrupts:
         self._tearing_down = False
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> "Interrupts":
+    def __enter__(self) -> Interrupts:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("signal handlers can only be installed from the main thread")
         self._previous = {sig: signal.getsignal(sig) for sig in HANDLED}

@@ -77,10 +77,18 @@ def _run_with_result(cfg, derived, run_dir: Path):
     started = time.time()
 
     def write_result(status: str, error: str | None) -> dict:
-        result = {"status": status, "phase": state.phase if status != "completed" else "done", "error": error,
-                  "start_rollout": state.start_rollout, "rollouts_completed": state.rollouts_completed,
-                  "num_rollout": cfg.train.num_rollout, "elapsed_s": round(time.time() - started, 2),
-                  "final_metrics": state.last_metrics, "reward_curve": state.reward_curve, "run_dir": str(run_dir)}
+        result = {
+            "status": status,
+            "phase": state.phase if status != "completed" else "done",
+            "error": error,
+            "start_rollout": state.start_rollout,
+            "rollouts_completed": state.rollouts_completed,
+            "num_rollout": cfg.train.num_rollout,
+            "elapsed_s": round(time.time() - started, 2),
+            "final_metrics": state.last_metrics,
+            "reward_curve": state.reward_curve,
+            "run_dir": str(run_dir),
+        }
         (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
         print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir}", flush=True)
         return result
@@ -93,8 +101,14 @@ def _run_with_result(cfg, derived, run_dir: Path):
         try:
             state.enter("prepare")
             prepare_assets(cfg)
-            run(cfg, derived, state, interrupts, config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
-                run_name=_run_name())
+            run(
+                cfg,
+                derived,
+                state,
+                interrupts,
+                config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
+                run_name=_run_name(),
+            )
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
             status, error, code = "interrupted", str(interrupted), interrupted.exit_code

@@ -31,7 +31,9 @@ class Placement:
     def actor_options(self, *, fraction: float) -> dict:
         """Ray options for an actor taking `fraction` (1.0: all) of this bundle's device."""
         resources = {"num_gpus": fraction, "num_cpus": fraction} if self.device == "cuda" else {"num_cpus": fraction}
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=self.bundle_index)
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=self.bundle_index
+        )
         return {**resources, "scheduling_strategy": strategy}
 
 
@@ -59,11 +61,17 @@ def _probe() -> tuple[str, str, list]:
 def _locate(group: PlacementGroup, count: int, device: str) -> list[tuple[str, str, list]]:
     """(node id, node IP, GPU ids) of each bundle of `group`."""
     if device == "cuda":
-        return ray.get([  # a GPU share makes Ray report the bundle's GPU id
-            _probe.options(num_gpus=0.01, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=i)).remote()
-            for i in range(count)
-        ])
+        return ray.get(
+            [  # a GPU share makes Ray report the bundle's GPU id
+                _probe.options(
+                    num_gpus=0.01,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=i
+                    ),
+                ).remote()
+                for i in range(count)
+            ]
+        )
     nodes = placement_group_table(group)["bundles_to_node_id"]
     ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
     return [(nodes[i], ips[nodes[i]], []) for i in range(count)]
@@ -84,15 +92,24 @@ class RunPlacement:
     rollout: list[EnginePlacement]  # one entry per engine
 
 
-def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_engine: int, critic_with_actor: bool,
-                     timeout_s: float = 120) -> RunPlacement:
+def create_placement(
+    derived: Derived,
+    *,
+    device: str,
+    colocate: bool,
+    gpus_per_engine: int,
+    critic_with_actor: bool,
+    timeout_s: float = 120,
+) -> RunPlacement:
     """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
-        raise TimeoutError(f"placement group of {derived.total_gpus} {bundle} bundles not ready after {timeout_s}s: "
-                           f"cluster resources are {ray.cluster_resources()}")
+        raise TimeoutError(
+            f"placement group of {derived.total_gpus} {bundle} bundles not ready after {timeout_s}s: "
+            f"cluster resources are {ray.cluster_resources()}"
+        )
     located = _locate(group, derived.total_gpus, device)
     order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
     places = [Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0]) for i in order]
@@ -100,6 +117,8 @@ def create_placement(derived: Derived, *, device: str, colocate: bool, gpus_per_
     critic = actor if critic_with_actor else places[derived.actor_gpus : derived.actor_gpus + derived.critic_gpus]
     rollout_start = 0 if colocate else derived.actor_gpus + derived.critic_gpus
     rollout_places = places[rollout_start : rollout_start + derived.rollout_gpus]
-    engines = [EnginePlacement(tuple(rollout_places[i : i + gpus_per_engine]))
-               for i in range(0, len(rollout_places), gpus_per_engine)]
+    engines = [
+        EnginePlacement(tuple(rollout_places[i : i + gpus_per_engine]))
+        for i in range(0, len(rollout_places), gpus_per_engine)
+    ]
     return RunPlacement(group=group, actor=actor, critic=critic, rollout=engines)

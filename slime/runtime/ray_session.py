@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import ray
 
@@ -19,8 +19,14 @@ logger = logging.getLogger(__name__)
 # pre-started workers unused (about 1 CPU-second per worker on a 2-core box).
 # Ray starts workers at nice 15 by default; here the workers are the run, and on a shared machine any
 # normal-priority process would starve them (a busy 2-core box slowed a run twenty-fold).
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1", "RAY_worker_niceness": "0"}
+WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_DEDUP_LOGS": "0",
+    "PYTHONUNBUFFERED": "1",
+    "RAY_worker_niceness": "0",
+}
 
 
 @contextlib.contextmanager
@@ -33,8 +39,14 @@ def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool
         num_cpus = max(num_bundles, os.cpu_count() or 1)
         num_gpus = num_bundles if cluster.device == "cuda" else 0
         with _environment(WORKER_ENV):
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=log_to_driver,
-                     configure_logging=True, logging_level=logging.WARNING)
+            ray.init(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                include_dashboard=False,
+                log_to_driver=log_to_driver,
+                configure_logging=True,
+                logging_level=logging.WARNING,
+            )
     try:
         yield
     finally:

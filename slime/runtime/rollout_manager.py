@@ -50,11 +50,22 @@ class RolloutSetup:
     num_steps_per_rollout: int  # K
 
     @classmethod
-    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> "RolloutSetup":
-        return cls(rollout=cfg.rollout, data=cfg.data, eval=cfg.eval, algo=cfg.algo, model_path=cfg.model.hf_checkpoint,
-                   host=cfg.cluster.host, device=cfg.cluster.device, colocate=cfg.cluster.colocate, seed=cfg.seed, log_dir=cfg.paths.output_dir,
-                   dp_size=derived.dp_size, global_batch_size=derived.global_batch_size,
-                   num_steps_per_rollout=cfg.train.num_steps_per_rollout)
+    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
+        return cls(
+            rollout=cfg.rollout,
+            data=cfg.data,
+            eval=cfg.eval,
+            algo=cfg.algo,
+            model_path=cfg.model.hf_checkpoint,
+            host=cfg.cluster.host,
+            device=cfg.cluster.device,
+            colocate=cfg.cluster.colocate,
+            seed=cfg.seed,
+            log_dir=cfg.paths.output_dir,
+            dp_size=derived.dp_size,
+            global_batch_size=derived.global_batch_size,
+            num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+        )
 
 
 class RolloutManager:
@@ -96,11 +107,22 @@ class RolloutManager:
         engine_cls = ray.remote(get_engine_class(r.engine))
         engine_config = getattr(r, r.engine)  # the kind's own typed config: rollout.hf, rollout.sglang, ...
         # An engine's server uses every GPU of its bundles: Ray must not narrow CUDA_VISIBLE_DEVICES to one.
-        env = {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}} if s.device == "cuda" else {}
+        env = (
+            {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
+            if s.device == "cuda"
+            else {}
+        )
         for rank, placement in enumerate(self.engine_placements):
-            launch = EngineLaunch(rank=rank, model_path=s.model_path, host=s.host, seed=s.seed + rank, device=s.device,
-                                  log_dir=str(log_dir), gpu_ids=placement.gpu_ids,
-                                  startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0))
+            launch = EngineLaunch(
+                rank=rank,
+                model_path=s.model_path,
+                host=s.host,
+                seed=s.seed + rank,
+                device=s.device,
+                log_dir=str(log_dir),
+                gpu_ids=placement.gpu_ids,
+                startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0),
+            )
             options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
             self.engines.append(engine_cls.options(**options, **env).remote(launch, engine_config))
         return [engine.launch.remote() for engine in self.engines]
@@ -111,22 +133,36 @@ class RolloutManager:
 
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
-        dataset = PromptDataset(d.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key, label_key=d.label_key,
-                                metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template)
-        self.data_source = DataSource(dataset, n_samples_per_prompt=r.n_samples_per_prompt, shuffle=d.shuffle,
-                                      seed=r.seed)
+        dataset = PromptDataset(
+            d.prompt_data,
+            tokenizer=self.tokenizer,
+            input_key=d.input_key,
+            label_key=d.label_key,
+            metadata_key=d.metadata_key,
+            apply_chat_template=d.apply_chat_template,
+        )
+        self.data_source = DataSource(
+            dataset, n_samples_per_prompt=r.n_samples_per_prompt, shuffle=d.shuffle, seed=r.seed
+        )
         self.eval_source = None
         if s.eval.interval:
             e = s.eval
-            eval_set = PromptDataset(e.prompt_data, tokenizer=self.tokenizer, input_key=d.input_key,
-                                     label_key=d.label_key, metadata_key=d.metadata_key,
-                                     apply_chat_template=d.apply_chat_template)
-            self.eval_source = DataSource(eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False,
-                                          seed=r.seed)
+            eval_set = PromptDataset(
+                e.prompt_data,
+                tokenizer=self.tokenizer,
+                input_key=d.input_key,
+                label_key=d.label_key,
+                metadata_key=d.metadata_key,
+                apply_chat_template=d.apply_chat_template,
+            )
+            self.eval_source = DataSource(
+                eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False, seed=r.seed
+            )
         # validation resolved rollout.function (a registry name, a path or null) to an import path
         self.rollout_fn = load_callable(r.function, key="rollout.function")
-        self.dynamic_filter = (load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter")
-                               if s.algo.dynamic_filter else None)
+        self.dynamic_filter = (
+            load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter") if s.algo.dynamic_filter else None
+        )
 
     def urls(self) -> list[str]:
         """The URL of every engine, in engine rank order (what weight sync pushes to)."""
@@ -154,18 +190,32 @@ class RolloutManager:
         r, e = self.setup.rollout, self.setup.eval
         source = self.eval_source if evaluation else self.data_source
         max_new = e.max_response_len if evaluation else r.max_response_len
-        sampling = {"temperature": e.temperature if evaluation else r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                    "max_new_tokens": max_new, "stop": list(r.stop), "stop_token_ids": list(r.stop_token_ids),
-                    "skip_special_tokens": r.skip_special_tokens, "no_stop_trim": True,
-                    "spaces_between_special_tokens": False}
+        sampling = {
+            "temperature": e.temperature if evaluation else r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "max_new_tokens": max_new,
+            "stop": list(r.stop),
+            "stop_token_ids": list(r.stop_token_ids),
+            "skip_special_tokens": r.skip_special_tokens,
+            "no_stop_trim": True,
+            "spaces_between_special_tokens": False,
+        }
         batch = len(source.dataset) if evaluation else r.batch_size
-        return RolloutContext(router_url=self.router.url, tokenizer=self.tokenizer, data_source=source,
-                              batch_size=batch, over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
-                              sampling_params=sampling, max_in_flight=r.concurrency * len(self.engines),
-                              rm_type=r.rm_type, custom_rm_path=r.custom_rm_path,
-                              dynamic_filter=None if evaluation else self.dynamic_filter,
-                              max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
-                              sampling_seed=self._sampling_seed(evaluation))
+        return RolloutContext(
+            router_url=self.router.url,
+            tokenizer=self.tokenizer,
+            data_source=source,
+            batch_size=batch,
+            over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
+            sampling_params=sampling,
+            max_in_flight=r.concurrency * len(self.engines),
+            rm_type=r.rm_type,
+            custom_rm_path=r.custom_rm_path,
+            dynamic_filter=None if evaluation else self.dynamic_filter,
+            max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
+            sampling_seed=self._sampling_seed(evaluation),
+        )
 
     def _sampling_seed(self, evaluation: bool) -> int | None:
         if not self.setup.rollout.deterministic:
@@ -176,31 +226,52 @@ class RolloutManager:
         """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""
         import torch
 
-        from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
+        from slime.rollout.postprocess import (
+            overlong_penalty,
+            post_process_rewards,
+            rollout_metrics,
+            split_for_data_parallel,
+        )
 
         out = self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
-            raise RuntimeError(f"the rollout function returned {len(groups)} groups, expected rollout.batch_size="
-                               f"{self.setup.rollout.batch_size}")
+            raise RuntimeError(
+                f"the rollout function returned {len(groups)} groups, expected rollout.batch_size="
+                f"{self.setup.rollout.batch_size}"
+            )
         samples = [s for g in groups for s in g]
         a = self.setup.algo
         raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
         metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
         shaped = raw
         if a.overlong_buffer_len:
-            penalty = torch.tensor(overlong_penalty([s.response_length for s in samples],
-                                                    max_response_len=self.setup.rollout.max_response_len,
-                                                    buffer_len=a.overlong_buffer_len, factor=a.overlong_penalty_factor),
-                                   dtype=torch.float64)
+            penalty = torch.tensor(
+                overlong_penalty(
+                    [s.response_length for s in samples],
+                    max_response_len=self.setup.rollout.max_response_len,
+                    buffer_len=a.overlong_buffer_len,
+                    factor=a.overlong_penalty_factor,
+                ),
+                dtype=torch.float64,
+            )
             shaped = raw + penalty
             metrics["rollout/overlong_penalty"] = float(penalty.mean())
         rewards = post_process_rewards(shaped, a, self.setup.rollout.n_samples_per_prompt)
         metrics["rollout/rewards"] = float(rewards.mean())
-        preview = [dict(s.to_dict(), rollout_step=rollout_id) for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]]
+        preview = [
+            dict(s.to_dict(), rollout_step=rollout_id)
+            for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
+        ]
         s = self.setup
-        batches = split_for_data_parallel(samples, raw.tolist(), rewards.tolist(), global_batch_size=s.global_batch_size,
-                                          num_steps=s.num_steps_per_rollout, dp_size=s.dp_size)
+        batches = split_for_data_parallel(
+            samples,
+            raw.tolist(),
+            rewards.tolist(),
+            global_batch_size=s.global_batch_size,
+            num_steps=s.num_steps_per_rollout,
+            dp_size=s.dp_size,
+        )
         return batches, metrics, preview
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
@@ -214,12 +285,15 @@ class RolloutManager:
         name, n = self.setup.eval.name, self.setup.eval.n_samples_per_prompt
         samples = [s for g in out.groups for s in g]
         rewards = [s.scalar_reward(self.setup.rollout.reward_key) for s in samples]
-        metrics = {f"eval/{name}": statistics.fmean(rewards),
-                   f"eval/{name}-truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples)}
+        metrics = {
+            f"eval/{name}": statistics.fmean(rewards),
+            f"eval/{name}-truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
+        }
         k = 1
         while k <= n:
             metrics[f"eval/{name}-pass@{k}"] = statistics.fmean(
-                pass_at_k(n, sum(s.reward == 1 for s in g), k) for g in out.groups)
+                pass_at_k(n, sum(s.reward == 1 for s in g), k) for g in out.groups
+            )
             k *= 2
         return metrics
 

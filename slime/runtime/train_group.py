@@ -11,7 +11,8 @@ owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order
 from __future__ import annotations
 
 import socket
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -34,8 +35,11 @@ def _rendezvous_address(first: Placement) -> tuple[str, int]:
     """A free address on rank 0's node: found right here when that is the driver's node, else by a task there."""
     if first.node_id == ray.get_runtime_context().get_node_id():
         return _free_address()
-    task = ray.remote(num_cpus=0)(_free_address).options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-        placement_group=first.group, placement_group_bundle_index=first.bundle_index))
+    task = ray.remote(num_cpus=0)(_free_address).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=first.group, placement_group_bundle_index=first.bundle_index
+        )
+    )
     return ray.get(task.remote())
 
 
@@ -57,15 +61,23 @@ class TrainRank:
 class TrainGroup:
     """One role's ranks (actor or critic)."""
 
-    def __init__(self, setup: TrainSetup, placements: list[Placement], layout: RankLayout, *, role: str = "actor",
-                 fraction: float = 0.4):
+    def __init__(
+        self,
+        setup: TrainSetup,
+        placements: list[Placement],
+        layout: RankLayout,
+        *,
+        role: str = "actor",
+        fraction: float = 0.4,
+    ):
         if layout.world_size != len(placements):
             raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
         self.layout = layout
         addr, port = _rendezvous_address(placements[0])
         self.actors = [
-            ray.remote(TrainRank).options(**place.actor_options(fraction=fraction)).remote(
-                setup, role, rank=rank, layout=layout, master_addr=addr, master_port=port)
+            ray.remote(TrainRank)
+            .options(**place.actor_options(fraction=fraction))
+            .remote(setup, role, rank=rank, layout=layout, master_addr=addr, master_port=port)
             for rank, place in enumerate(placements)
         ]
 
@@ -77,8 +89,9 @@ class TrainGroup:
         """Call `method(*args, per_shard[dp_rank])` on every rank; return every rank's result."""
         if len(per_shard) != self.layout.dp:
             raise RuntimeError(f"{len(per_shard)} shards for {self.layout.dp} data-parallel ranks")
-        return ray.get([a.call.remote(method, *args, per_shard[self.layout.shard_of(rank)])
-                        for rank, a in enumerate(self.actors)])
+        return ray.get(
+            [a.call.remote(method, *args, per_shard[self.layout.shard_of(rank)]) for rank, a in enumerate(self.actors)]
+        )
 
     def _owned(self, results: list[Any]) -> list[Any]:
         """Per shard, the result of the rank that owns it."""

@@ -19,7 +19,8 @@ import abc
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from slime.engine.client import EngineClient
 
@@ -73,7 +74,10 @@ class WeightSync(abc.ABC):
             self._continue(paused, raise_errors=False)  # the sync's own error is the one to report
             raise
         self._continue(paused, raise_errors=True)
-        return {"perf/update_weights_time": time.perf_counter() - start, "perf/update_weights_bytes": float(transferred)}
+        return {
+            "perf/update_weights_time": time.perf_counter() - start,
+            "perf/update_weights_bytes": float(transferred),
+        }
 
     def _continue(self, engines: Sequence[EngineClient], *, raise_errors: bool) -> None:
         """Continue generation on every engine, even when one of them fails."""
@@ -114,9 +118,14 @@ class WeightSync(abc.ABC):
                 raise WeightMismatchError(
                     f"{engine.url}: weights differ from the trainer's after the sync ({reply['dtype']}): "
                     f"{len(differ)} tensors differ {differ[:8]}, not in the engine {missing[:8]}, "
-                    f"not exported by the trainer {extra[:8]}")
-        logger.info("weights of %d engines equal the trainer's (%d tensors, sha256, version %s)",
-                    len(self.engines), len(next(iter(expected.values()), {})), self.engines and reply.get("weight_version"))
+                    f"not exported by the trainer {extra[:8]}"
+                )
+        logger.info(
+            "weights of %d engines equal the trainer's (%d tensors, sha256, version %s)",
+            len(self.engines),
+            len(next(iter(expected.values()), {})),
+            self.engines and reply.get("weight_version"),
+        )
 
     def close(self) -> None:
         """Release what the mode holds (directories, process groups)."""

@@ -9,8 +9,8 @@ The directory must be visible to every engine's node (a shared filesystem on mul
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from slime.sync.base import WeightSync
 from slime.sync.hf_files import Bucket, write_hf_dir

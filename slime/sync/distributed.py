@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from typing import Iterable, Sequence
 from urllib.parse import urlparse
 
 import torch
@@ -78,12 +78,32 @@ class DistributedWeightSync(WeightSync):
         backend = self.backend
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         offsets = itertools.accumulate([1, *tp_sizes])
-        futures = {self._pool.submit(engine.init_weights_update_group, master_address=address, master_port=store.port,
-                                     rank_offset=offset, world_size=world_size, group_name=name, backend=backend,
-                                     timeout=GROUP_TIMEOUT_S): engine
-                   for engine, offset in zip(self.engines, offsets)}
-        join = lambda: wire.WeightGroup(store, rank=0, world_size=world_size, group_name=name,  # noqa: E731
-                                        backend=backend, timeout_s=GROUP_TIMEOUT_S, address=address, device=device)
+        futures = {
+            self._pool.submit(
+                engine.init_weights_update_group,
+                master_address=address,
+                master_port=store.port,
+                rank_offset=offset,
+                world_size=world_size,
+                group_name=name,
+                backend=backend,
+                timeout=GROUP_TIMEOUT_S,
+            ): engine
+            for engine, offset in zip(self.engines, offsets)
+        }
+
+        def join():
+            return wire.WeightGroup(
+                store,
+                rank=0,
+                world_size=world_size,
+                group_name=name,
+                backend=backend,
+                timeout_s=GROUP_TIMEOUT_S,
+                address=address,
+                device=device,
+            )
+
         self.group = self._alongside(join, futures, "POST /init_weights_update_group")
         self.group_name = name
         logger.info("weight-update group %s: %d ranks over %s (%s)", name, world_size, address, backend)
@@ -96,16 +116,24 @@ class DistributedWeightSync(WeightSync):
             tensors = [t.detach().to(self.group.device).contiguous() for _, t in bucket]
             for tensor in tensors:
                 wire.parse_dtype(wire.dtype_name(tensor.dtype))  # refused here, before any engine waits on it
-            futures = {self._pool.submit(engine.update_weights_from_distributed, names=[n for n, _ in bucket],
-                                         dtypes=[wire.dtype_name(t.dtype) for t in tensors],
-                                         shapes=[list(t.shape) for t in tensors], group_name=self.group_name,
-                                         weight_version=weight_version, timeout=GROUP_TIMEOUT_S): engine
-                       for engine in self.engines}
+            futures = {
+                self._pool.submit(
+                    engine.update_weights_from_distributed,
+                    names=[n for n, _ in bucket],
+                    dtypes=[wire.dtype_name(t.dtype) for t in tensors],
+                    shapes=[list(t.shape) for t in tensors],
+                    group_name=self.group_name,
+                    weight_version=weight_version,
+                    timeout=GROUP_TIMEOUT_S,
+                ): engine
+                for engine in self.engines
+            }
             group = self.group
 
-            def broadcast_all() -> None:
+            def broadcast_all(tensors=tensors, group=group) -> None:  # runs (and ends) within this iteration
                 for tensor in tensors:
                     group.broadcast(tensor)
+
             self._alongside(broadcast_all, futures, "POST /update_weights_from_distributed")
             total += sum(t.numel() * t.element_size() for t in tensors)
         return total
@@ -148,9 +176,16 @@ class DistributedWeightSync(WeightSync):
                 try:
                     engine.destroy_weights_update_group(name)
                 except Exception as exc:  # noqa: BLE001 - a restarted or stopped engine no longer knows the group
-                    gone = isinstance(exc, EngineHTTPError) and (exc.status is None or "no weight-update group" in exc.body)
-                    logger.log(logging.INFO if gone else logging.WARNING,
-                               "%s: destroying weight-update group %s failed: %s", engine.url, name, exc)
+                    gone = isinstance(exc, EngineHTTPError) and (
+                        exc.status is None or "no weight-update group" in exc.body
+                    )
+                    logger.log(
+                        logging.INFO if gone else logging.WARNING,
+                        "%s: destroying weight-update group %s failed: %s",
+                        engine.url,
+                        name,
+                        exc,
+                    )
             if group is not None:
                 group.close()
 

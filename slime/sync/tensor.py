@@ -11,7 +11,7 @@ engine's asynchronous copy in SGLang). The engines must run on the source rank's
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -23,13 +23,16 @@ import os
 import pickle
 import socket
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-DTYPES = {name: getattr(torch, name) for name in (
-    "float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")}
+DTYPES = {
+    name: getattr(torch, name)
+    for name in ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+}
 SHM_DIR = "/dev/shm"
 
 
@@ -67,15 +70,26 @@ def create_store(address: str, port: int, world_size: int, *, is_master: bool, t
     """The group's rendezvous; the master binds `port` (0: a free one, read back as `.port`)."""
     from torch.distributed import TCPStore
 
-    return TCPStore(address, port, world_size, is_master, timeout=datetime.timedelta(seconds=timeout_s),
-                    wait_for_workers=False)
+    return TCPStore(
+        address, port, world_size, is_master, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
 
 
 class WeightGroup:
     """A weight-update process group of `world_size` ranks; rank 0 (the trainer) broadcasts."""
 
-    def __init__(self, store, *, rank: int, world_size: int, group_name: str, backend: str, timeout_s: float,
-                 address: str, device: torch.device | None = None):
+    def __init__(
+        self,
+        store,
+        *,
+        rank: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float,
+        address: str,
+        device: torch.device | None = None,
+    ):
         import torch.distributed as dist
 
         self.rank, self.world_size, self.group_name, self.backend = rank, world_size, group_name, backend
@@ -129,8 +143,9 @@ def flatten_into(bucket: Sequence[tuple[str, torch.Tensor]], buffer: torch.Tenso
         flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
         end = offset + flat.numel()
         buffer[offset:end].copy_(flat)
-        metadata.append({"name": name, "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape),
-                         "start": offset, "end": end})
+        metadata.append(
+            {"name": name, "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape), "start": offset, "end": end}
+        )
         offset = end
     return metadata
 
@@ -144,8 +159,10 @@ def unflatten(buffer: torch.Tensor, metadata: list[dict[str, Any]]) -> dict[str,
     out = {}
     for m in metadata:
         if not 0 <= m["start"] <= m["end"] <= buffer.numel():
-            raise ValueError(f"tensor {m['name']!r}: bytes {m['start']}..{m['end']} outside the {buffer.numel()}-byte buffer")
-        out[m["name"]] = buffer[m["start"]:m["end"]].view(parse_dtype(m["dtype"])).reshape(m["shape"])
+            raise ValueError(
+                f"tensor {m['name']!r}: bytes {m['start']}..{m['end']} outside the {buffer.numel()}-byte buffer"
+            )
+        out[m["name"]] = buffer[m["start"] : m["end"]].view(parse_dtype(m["dtype"])).reshape(m["shape"])
     return out
 
 

@@ -18,8 +18,15 @@ class RunProgress:
     def begin(self, start: int) -> None:
         if not self.enabled:
             return
-        self.progress = Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.description}"), console=self.console, transient=False)
+        self.progress = Progress(
+            TextColumn("[bold]rollout"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=self.console,
+            transient=False,
+        )
         self.task = self.progress.add_task("starting...", total=self.total, completed=start)
         self.progress.start()
 

@@ -15,8 +15,16 @@ from slime.tracking.wandb_run import WandbRun
 class Tracker:
     """Every metric sink of a run (metrics.jsonl, wandb, progress, samples, plot) behind one `log` call."""
 
-    def __init__(self, cfg: LoggerConfig, *, run_dir: Path, config: dict[str, Any], name: str, total_rollouts: int,
-                 wandb_id: str | None = None):
+    def __init__(
+        self,
+        cfg: LoggerConfig,
+        *,
+        run_dir: Path,
+        config: dict[str, Any],
+        name: str,
+        total_rollouts: int,
+        wandb_id: str | None = None,
+    ):
         self.cfg = cfg
         self.run_dir = run_dir
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")

@@ -42,8 +42,16 @@ class WandbRun:
         import wandb
 
         self.run = wandb.init(
-            project=cfg.project, entity=cfg.entity, group=cfg.group, name=cfg.name or name, tags=list(cfg.tags),
-            config=config, dir=str(run_dir), mode=self.mode, id=run_id, resume="allow" if run_id else None,
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group,
+            name=cfg.name or name,
+            tags=list(cfg.tags),
+            config=config,
+            dir=str(run_dir),
+            mode=self.mode,
+            id=run_id,
+            resume="allow" if run_id else None,
             settings=wandb.Settings(console="off", silent=True),
         )
         for axis in set(STEP_AXES.values()):

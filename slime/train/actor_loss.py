@@ -44,17 +44,36 @@ def actor_loss(
     if algo.advantage_estimator == "sft":
         pg_loss = reduce(sft_loss(log_probs), pg_weights)
     else:
-        log_ratio = (gspo_log_ratio(log_probs, old_log_probs, loss_mask, response_lengths)
-                     if algo.advantage_estimator == "gspo" else None)
-        pg = ppo_clip_loss(log_probs, old_log_probs, advantages, eps_clip=algo.eps_clip,
-                           eps_clip_high=algo.eps_clip_high, eps_clip_c=algo.eps_clip_c, log_ratio=log_ratio)
+        log_ratio = (
+            gspo_log_ratio(log_probs, old_log_probs, loss_mask, response_lengths)
+            if algo.advantage_estimator == "gspo"
+            else None
+        )
+        pg = ppo_clip_loss(
+            log_probs,
+            old_log_probs,
+            advantages,
+            eps_clip=algo.eps_clip,
+            eps_clip_high=algo.eps_clip_high,
+            eps_clip_c=algo.eps_clip_c,
+            log_ratio=log_ratio,
+        )
         per_token = pg["loss"]
         if algo.use_tis:
-            tis = tis_weights(old_log_probs, rollout_log_probs, clip_low=algo.tis_clip_low, clip_high=algo.tis_clip,
-                              mode=algo.tis_mode)
+            tis = tis_weights(
+                old_log_probs,
+                rollout_log_probs,
+                clip_low=algo.tis_clip_low,
+                clip_high=algo.tis_clip,
+                mode=algo.tis_mode,
+            )
             per_token = per_token * tis["weights"]
-            metrics.update(tis=reduce(tis["ratio"], weights), tis_clipfrac=reduce(tis["clipfrac"], weights),
-                           tis_abs=reduce(tis["abs"], weights), ois=reduce(pg["ratio"], weights))
+            metrics.update(
+                tis=reduce(tis["ratio"], weights),
+                tis_clipfrac=reduce(tis["clipfrac"], weights),
+                tis_abs=reduce(tis["abs"], weights),
+                ois=reduce(pg["ratio"], weights),
+            )
         pg_loss = reduce(per_token, pg_weights)
         metrics.update(pg_clipfrac=reduce(pg["clipfrac"], weights), ppo_kl=reduce(pg["ppo_kl"], weights))
     metrics["pg_loss"] = pg_loss.detach()

@@ -6,7 +6,7 @@ for rloo, mean-centred for reinforce_plus_plus_baseline, raw for reinforce_plus_
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -48,15 +48,17 @@ def compute_advantages(
     if estimator in BROADCAST_ESTIMATORS:
         advantages = broadcast_to_tokens(rewards, response_lengths)
     elif estimator == "reinforce_plus_plus":
-        advantages = returns = reinforce_plus_plus_returns(rewards, kl, loss_mask, response_lengths,
-                                                           kl_coef=algo.kl_coef, gamma=algo.gamma)
+        advantages = returns = reinforce_plus_plus_returns(
+            rewards, kl, loss_mask, response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma
+        )
     elif estimator == "reinforce_plus_plus_baseline":
         advantages = reinforce_plus_plus_baseline_advantages(rewards, kl, response_lengths, kl_coef=algo.kl_coef)
     elif estimator == "ppo":
         if values is None:
             raise ValueError("ppo needs the critic's values")
-        advantages, returns = gae(values, rewards, kl, response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma,
-                                  lambd=algo.lambd)
+        advantages, returns = gae(
+            values, rewards, kl, response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma, lambd=algo.lambd
+        )
     elif estimator == "sft":
         return torch.zeros_like(loss_mask), None, kl
     else:

@@ -23,7 +23,8 @@ HF directory (`save_hf`). `save_checkpoint`/`load_checkpoint` keep the full trai
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -104,8 +105,9 @@ class TrainBackend(abc.ABC):
 
     def set_column(self, name: str, per_sample: list[list[float]]) -> None:
         """Set a per-token column of the loaded shard from per-sample lists (e.g. the critic's values)."""
-        self.columns[name] = torch.tensor([v for sample in per_sample for v in sample], dtype=torch.float32,
-                                          device=self.device)
+        self.columns[name] = torch.tensor(
+            [v for sample in per_sample for v in sample], dtype=torch.float32, device=self.device
+        )
 
     def get_column(self, name: str) -> list[list[float]] | None:
         """A per-token column of the loaded shard as per-sample lists (None if not computed)."""

@@ -49,8 +49,7 @@ def token_bins(indices: list[int], lengths: list[int], max_tokens: int) -> list[
     return sorted((sorted(b, key=position.__getitem__) for b in bins), key=lambda b: position[b[0]])
 
 
-def split(indices: list[int], lengths: list[int], *, micro_batch_size: int,
-          max_tokens: int | None) -> list[list[int]]:
+def split(indices: list[int], lengths: list[int], *, micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
     """The micro-batches of one step's samples: token bins when `max_tokens` is set, else consecutive
     chunks of `micro_batch_size` samples."""
     if max_tokens is not None:
@@ -81,4 +80,4 @@ def pick(column: Tensor | None, starts: list[int], indices: list[int]) -> Tensor
     """The tokens of samples `indices` from a flat per-token column (None stays None)."""
     if column is None:
         return None
-    return torch.cat([column[starts[i]:starts[i + 1]] for i in indices])
+    return torch.cat([column[starts[i] : starts[i + 1]] for i in indices])

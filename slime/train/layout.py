@@ -50,7 +50,9 @@ class RankLayout:
             raise ValueError(f"ep·etp={self.ep * self.etp} must divide dp·cp·tp={self.dp * self.cp * self.tp}")
 
     @classmethod
-    def for_world(cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1, etp: int = 1) -> "RankLayout":
+    def for_world(
+        cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1, etp: int = 1
+    ) -> RankLayout:
         """The layout of `world_size` ranks with these model-parallel sizes; dp is what remains."""
         model_parallel = tp * cp * pp
         if model_parallel < 1 or world_size % model_parallel:
@@ -96,8 +98,12 @@ class RankLayout:
         """The ranks that hold the same model slice as `rank` (same tp, cp, pp coordinates): gradients
         are summed over them."""
         c = self.coords(rank)
-        return [self.rank_of(dp_rank=d, tp_rank=c.tp_rank, cp_rank=c.cp_rank, pp_rank=c.pp_rank) for d in range(self.dp)]
+        return [
+            self.rank_of(dp_rank=d, tp_rank=c.tp_rank, cp_rank=c.cp_rank, pp_rank=c.pp_rank) for d in range(self.dp)
+        ]
 
     def tp_group_ranks(self, rank: int) -> list[int]:
         c = self.coords(rank)
-        return [self.rank_of(dp_rank=c.dp_rank, tp_rank=t, cp_rank=c.cp_rank, pp_rank=c.pp_rank) for t in range(self.tp)]
+        return [
+            self.rank_of(dp_rank=c.dp_rank, tp_rank=t, cp_rank=c.cp_rank, pp_rank=c.pp_rank) for t in range(self.tp)
+        ]

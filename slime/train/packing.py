@@ -44,9 +44,15 @@ class Packed:
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for a transformers model's forward (attention_mask stays None)."""
-        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False,
-                "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
-                "max_length_q": self.max_length, "max_length_k": self.max_length}
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+        }
 
 
 def pack(token_lists: list[list[int]], response_lengths: list[int], device: torch.device) -> Packed:
@@ -57,18 +63,26 @@ def pack(token_lists: list[list[int]], response_lengths: list[int], device: torc
         start, length = cu[-1], len(tokens)
         prompt = length - response
         if prompt < 1:
-            raise ValueError(f"a sample needs at least one prompt token before its response; got length {length}, "
-                             f"response {response}")
+            raise ValueError(
+                f"a sample needs at least one prompt token before its response; got length {length}, "
+                f"response {response}"
+            )
         ids.extend(tokens)
         positions.extend(range(length))
         rows.extend(range(start + prompt - 1, start + length - 1))
         targets.extend(tokens[prompt:])
         cu.append(start + length)
-    ids_, positions_, rows_, targets_ = (torch.tensor(v, dtype=torch.long).to(device)
-                                         for v in (ids, positions, rows, targets))
-    return Packed(input_ids=ids_.unsqueeze(0), position_ids=positions_.unsqueeze(0),
-                  cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
-                  max_length=max(len(t) for t in token_lists), rows=rows_, targets=targets_)
+    ids_, positions_, rows_, targets_ = (
+        torch.tensor(v, dtype=torch.long).to(device) for v in (ids, positions, rows, targets)
+    )
+    return Packed(
+        input_ids=ids_.unsqueeze(0),
+        position_ids=positions_.unsqueeze(0),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
+        max_length=max(len(t) for t in token_lists),
+        rows=rows_,
+        targets=targets_,
+    )
 
 
 def _varlen_kernel():
@@ -79,9 +93,16 @@ def _varlen_kernel():
     return varlen_attn
 
 
-def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                     attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     **kwargs) -> tuple[Tensor, None]:
+def varlen_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, None]:
     """Causal attention within each packed sample (transformers' attention-function contract).
 
     query: Tensor[1, Hq, T, D]; key, value: Tensor[1, Hkv, T, D]; kwargs carry `cu_seq_lens_q`
@@ -89,8 +110,10 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     """
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[0] != 1:
-        raise ValueError(f"{ATTN_IMPLEMENTATION} attention runs packed [1, T] streams only: pass cu_seq_lens_q "
-                         "(slime.train.packing.Packed.model_kwargs)")
+        raise ValueError(
+            f"{ATTN_IMPLEMENTATION} attention runs packed [1, T] streams only: pass cu_seq_lens_q "
+            "(slime.train.packing.Packed.model_kwargs)"
+        )
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError(f"{ATTN_IMPLEMENTATION} attention has no sliding window")
     gqa = query.shape[1] != key.shape[1]
@@ -102,14 +125,24 @@ def varlen_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
         out = kernel(q, k, v, cu, cu, length, length, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
         return out.unsqueeze(0), None
     bounds = cu.tolist()
-    outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
-                                           scale=scaling, is_causal=True, enable_gqa=gqa)
-            for s, e in itertools.pairwise(bounds)]
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, s:e],
+            key[:, :, s:e],
+            value[:, :, s:e],
+            dropout_p=dropout,
+            scale=scaling,
+            is_causal=True,
+            enable_gqa=gqa,
+        )
+        for s, e in itertools.pairwise(bounds)
+    ]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
-def log_probs_and_entropy(model: torch.nn.Module, packed: Packed, *, temperature: float, with_entropy: bool,
-                          chunk_size: int) -> tuple[Tensor, Tensor | None]:
+def log_probs_and_entropy(
+    model: torch.nn.Module, packed: Packed, *, temperature: float, with_entropy: bool, chunk_size: int
+) -> tuple[Tensor, Tensor | None]:
     """(log_probs Tensor[N], entropy Tensor[N] | None) in nats of the N response tokens of `packed`, from one
     forward of a transformers causal LM; grad if enabled.
 
@@ -121,8 +154,14 @@ def log_probs_and_entropy(model: torch.nn.Module, packed: Packed, *, temperature
 
     def scored(hidden: Tensor) -> Tensor:  # Tensor[1, T, H] -> Tensor[1, N, 2]
         log_probs, entropy = chunked_log_probs_and_entropy(
-            hidden[0, packed.rows], head.weight, head.bias, packed.targets, temperature=temperature,
-            with_entropy=with_entropy, chunk_size=chunk_size)
+            hidden[0, packed.rows],
+            head.weight,
+            head.bias,
+            packed.targets,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            chunk_size=chunk_size,
+        )
         return torch.stack([log_probs, log_probs if entropy is None else entropy], dim=-1).unsqueeze(0)
 
     head.forward = scored  # an instance attribute shadows Linear.forward for this call only

@@ -28,20 +28,30 @@ class TrainSetup:
     num_optimizer_steps: int  # over the whole run, for the LR schedule
 
     @classmethod
-    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> "TrainSetup":
+    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> TrainSetup:
         return cls(
-            model=cfg.model, parallelism=cfg.parallelism, train=cfg.train, algo=cfg.algo, checkpoint=cfg.checkpoint,
-            device=cfg.cluster.device, precision=derived.precision, temperature=cfg.rollout.temperature,
-            max_response_len=cfg.rollout.max_response_len, seed=cfg.seed, num_optimizer_steps=derived.num_optimizer_steps,
+            model=cfg.model,
+            parallelism=cfg.parallelism,
+            train=cfg.train,
+            algo=cfg.algo,
+            checkpoint=cfg.checkpoint,
+            device=cfg.cluster.device,
+            precision=derived.precision,
+            temperature=cfg.rollout.temperature,
+            max_response_len=cfg.rollout.max_response_len,
+            seed=cfg.seed,
+            num_optimizer_steps=derived.num_optimizer_steps,
         )
 
     @classmethod
-    def for_critic(cls, cfg: RunConfig, derived: Derived) -> "TrainSetup":
+    def for_critic(cls, cfg: RunConfig, derived: Derived) -> TrainSetup:
         """The critic's setup: the actor's, with train.critic's lr/warm-up/load/save overrides."""
         c = cfg.train.critic
-        train = dataclasses.replace(cfg.train, lr=c.lr if c.lr is not None else cfg.train.lr,
-                                    lr_warmup_steps=c.lr_warmup_steps if c.lr_warmup_steps is not None
-                                    else cfg.train.lr_warmup_steps)
+        train = dataclasses.replace(
+            cfg.train,
+            lr=c.lr if c.lr is not None else cfg.train.lr,
+            lr_warmup_steps=c.lr_warmup_steps if c.lr_warmup_steps is not None else cfg.train.lr_warmup_steps,
+        )
         load = c.load
         if load is None and cfg.checkpoint.load is not None and (Path(cfg.checkpoint.load) / "critic").exists():
             load = f"{cfg.checkpoint.load}/critic"  # resuming a run whose critic was saved beside the actor
@@ -67,5 +77,4 @@ def needs_old_log_probs(algo: AlgoConfig, num_steps_per_rollout: int) -> bool:
     """
     if algo.use_rollout_logprobs:
         return False
-    return (num_steps_per_rollout > 1 or needs_ref(algo) or algo.use_tis
-            or algo.advantage_estimator in ("gspo", "ppo"))
+    return num_steps_per_rollout > 1 or needs_ref(algo) or algo.use_tis or algo.advantage_estimator in ("gspo", "ppo")

@@ -35,9 +35,7 @@ def test_broadcast_length_mismatch_raises():
 # ---------------------------------------------------------------- reinforce++
 def test_reinforce_pp_reference_example():
     # rho = [-0.5*0.1, -0.5*0, -0.5*0.2 + 1] = [-0.05, 0, 0.9]; G = reverse cumsum
-    out = reinforce_plus_plus_returns(
-        t([1.0]), t([0.1, 0.0, 0.2]), t([1, 1, 1]), [3], kl_coef=0.5, gamma=1.0
-    )
+    out = reinforce_plus_plus_returns(t([1.0]), t([0.1, 0.0, 0.2]), t([1, 1, 1]), [3], kl_coef=0.5, gamma=1.0)
     assert_close(out, t([-0.05 + 0 + 0.9, 0 + 0.9, 0.9]), rtol=0, atol=1e-15)
     assert_close(out, t([0.85, 0.9, 0.9]), rtol=0, atol=1e-12)
 
@@ -90,9 +88,7 @@ def test_gae_two_samples_with_kl_and_discount():
     a0_0 = 0.16 + 0.72 * a1_0
     a0_1 = -0.43 + 0.72 * -1.14
     values = t([0.2, 0.4, 0.6, 0.5, 0.1])
-    adv, ret = gae(
-        values, t([1.0, -1.0]), t([0.0, 0.0, 0.0, 0.2, 0.4]), [3, 2], kl_coef=0.1, gamma=0.9, lambd=0.8
-    )
+    adv, ret = gae(values, t([1.0, -1.0]), t([0.0, 0.0, 0.0, 0.2, 0.4]), [3, 2], kl_coef=0.1, gamma=0.9, lambd=0.8)
     expected = t([a0_0, a1_0, 0.4, a0_1, -1.14])
     assert_close(adv, expected, rtol=0, atol=1e-14)
     assert_close(ret, expected + values, rtol=0, atol=1e-14)

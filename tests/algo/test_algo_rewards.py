@@ -59,9 +59,7 @@ def test_groups_are_independent_rows():
     # two groups: [1,0,0,0] and [1,1,0,0]; each normalised with its own stats
     out = group_normalize(t([1, 0, 0, 0, 1, 1, 0, 0]), 4)
     s2 = math.sqrt(1 / 3)
-    expected = t(
-        [0.75 / (0.5 + EPS)] + [-0.25 / (0.5 + EPS)] * 3 + [0.5 / (s2 + EPS)] * 2 + [-0.5 / (s2 + EPS)] * 2
-    )
+    expected = t([0.75 / (0.5 + EPS)] + [-0.25 / (0.5 + EPS)] * 3 + [0.5 / (s2 + EPS)] * 2 + [-0.5 / (s2 + EPS)] * 2)
     assert_close(out, expected, rtol=0, atol=1e-12)
 
 

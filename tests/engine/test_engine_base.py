@@ -41,8 +41,19 @@ class _CommandEngine(EngineServer):
     kind = "command"
 
     def __init__(self, make_cmd, log_dir, timeout_s=20.0):
-        super().__init__(EngineLaunch(rank=7, model_path="unused", host="127.0.0.1", seed=0, device="cpu",
-                                      log_dir=str(log_dir), startup_timeout_s=timeout_s, shutdown_grace_s=2), None)
+        super().__init__(
+            EngineLaunch(
+                rank=7,
+                model_path="unused",
+                host="127.0.0.1",
+                seed=0,
+                device="cpu",
+                log_dir=str(log_dir),
+                startup_timeout_s=timeout_s,
+                shutdown_grace_s=2,
+            ),
+            None,
+        )
         self.make_cmd = make_cmd
 
     def command(self, ports):
@@ -63,9 +74,23 @@ def test_registry():
 
 
 def test_router_flags():
-    flags = router_flags({"cache_threshold": 0.3, "disable_circuit_breaker": True, "dp_aware": False,
-                          "api_key": None, "worker_urls": ["http://a:1", "http://b:2"]})
-    assert flags == ["--cache-threshold", "0.3", "--disable-circuit-breaker", "--worker-urls", "http://a:1", "http://b:2"]
+    flags = router_flags(
+        {
+            "cache_threshold": 0.3,
+            "disable_circuit_breaker": True,
+            "dp_aware": False,
+            "api_key": None,
+            "worker_urls": ["http://a:1", "http://b:2"],
+        }
+    )
+    assert flags == [
+        "--cache-threshold",
+        "0.3",
+        "--disable-circuit-breaker",
+        "--worker-urls",
+        "http://a:1",
+        "http://b:2",
+    ]
     with pytest.raises(ValueError, match="port"):
         router_flags({"port": 5})
 
@@ -100,9 +125,11 @@ def test_reserved_ports_are_distinct_bindable_and_released(tmp_path, monkeypatch
 def test_reservation_holds_across_processes(tmp_path):
     """A port leased by one process is skipped by another until that process exits."""
     env = child_env({"SLIME_PORT_LOCK_DIR": str(tmp_path)})
-    code = "from slime.engine.ports import reserve_ports; import sys, time; " \
-           "l = reserve_ports('127.0.0.1', 1, first=int(sys.argv[1]), last=int(sys.argv[1]) + 5); " \
-           "print(l.ports[0], flush=True); time.sleep(30)"
+    code = (
+        "from slime.engine.ports import reserve_ports; import sys, time; "
+        "l = reserve_ports('127.0.0.1', 1, first=int(sys.argv[1]), last=int(sys.argv[1]) + 5); "
+        "print(l.ports[0], flush=True); time.sleep(30)"
+    )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         base = 20000 + probe.getsockname()[1] % 10000
@@ -135,16 +162,18 @@ def test_server_gets_the_reserved_port_and_health_is_polled(tmp_path):
 
 
 def test_startup_failure_raises_with_log_tail(tmp_path):
-    engine = _CommandEngine(lambda ports: [sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"],
-                            tmp_path)
+    engine = _CommandEngine(
+        lambda ports: [sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"], tmp_path
+    )
     with pytest.raises(EngineStartupError, match=r"(?s)status 3.*boom: no such model"):
         engine.start()
     assert engine.process is None and (tmp_path / "engine_7.log").exists()
 
 
 def test_startup_timeout_kills_the_process(tmp_path):
-    engine = _CommandEngine(lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "60"], tmp_path,
-                            timeout_s=1.0)
+    engine = _CommandEngine(
+        lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "60"], tmp_path, timeout_s=1.0
+    )
     engine.launch()
     pid = engine.pid
     with pytest.raises(EngineStartupError, match=r"(?s)longer than 1 s to answer GET /health_generate.*serving on"):

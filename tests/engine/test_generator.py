@@ -34,7 +34,7 @@ def test_greedy_matches_manual_argmax_loop(tiny_model):
         ids = list(prompt)
         for _ in range(10):
             ids.append(int(_full_logits(model, ids)[-1].argmax()))
-        assert res.output_ids == ids[len(prompt):]
+        assert res.output_ids == ids[len(prompt) :]
         assert res.finish_reason == {"type": "length", "length": 10}
         # log-probs with T = 1 for greedy, against the uncached, unpadded forward
         ref = torch.log_softmax(_full_logits(model, ids), -1)[len(prompt) - 1 : -1]
@@ -46,7 +46,9 @@ def test_greedy_matches_manual_argmax_loop(tiny_model):
 def test_sampled_logprobs_are_untruncated_log_softmax(tiny_model, params):
     model, _ = tiny_model
     temperature = params["temperature"]
-    results = _gen(tiny_model, seed=3).generate([_req(p, max_new_tokens=12, ignore_eos=True, **params) for p in PROMPTS])
+    results = _gen(tiny_model, seed=3).generate(
+        [_req(p, max_new_tokens=12, ignore_eos=True, **params) for p in PROMPTS]
+    )
     for prompt, res in zip(PROMPTS, results):
         assert len(res.output_ids) == len(res.output_logprobs) == 12
         ref = torch.log_softmax(_full_logits(model, prompt + res.output_ids) / temperature, -1)[len(prompt) - 1 : -1]
@@ -58,7 +60,9 @@ def test_sampled_logprobs_are_untruncated_log_softmax(tiny_model, params):
 
 
 def test_max_new_tokens_and_zero_budget(tiny_model):
-    res = _gen(tiny_model).generate([_req(PROMPTS[0], max_new_tokens=7, ignore_eos=True), _req(PROMPTS[1], max_new_tokens=0)])
+    res = _gen(tiny_model).generate(
+        [_req(PROMPTS[0], max_new_tokens=7, ignore_eos=True), _req(PROMPTS[1], max_new_tokens=0)]
+    )
     assert len(res[0].output_ids) == 7 and res[0].finish_reason == {"type": "length", "length": 7}
     assert res[1].output_ids == [] and res[1].finish_reason == {"type": "length", "length": 0} and res[1].text == ""
 
@@ -69,8 +73,18 @@ def test_stop_token_is_kept_in_ids_and_trimmed_from_text(tiny_model):
     stop_id = base.output_ids[3]
     first = base.output_ids.index(stop_id)
     for no_stop_trim in (False, True):
-        res = gen.generate([_req(PROMPTS[1], temperature=1.0, sampling_seed=11, max_new_tokens=8,
-                                 stop_token_ids=[stop_id], no_stop_trim=no_stop_trim)])[0]
+        res = gen.generate(
+            [
+                _req(
+                    PROMPTS[1],
+                    temperature=1.0,
+                    sampling_seed=11,
+                    max_new_tokens=8,
+                    stop_token_ids=[stop_id],
+                    no_stop_trim=no_stop_trim,
+                )
+            ]
+        )[0]
         assert res.finish_reason == {"type": "stop", "matched": stop_id}
         assert res.output_ids == base.output_ids[: first + 1]
         assert res.output_logprobs == pytest.approx(base.output_logprobs[: first + 1], abs=1e-6)
@@ -87,7 +101,9 @@ def test_stop_string_and_min_new_tokens(tiny_model):
     assert word not in res.text and base.text.startswith(res.text)
     # min_new_tokens: the stop token is masked (never sampled) until 3 tokens exist
     first_tok = base.output_ids[0]
-    res = gen.generate([_req(PROMPTS[3], temperature=0, max_new_tokens=8, stop_token_ids=[first_tok], min_new_tokens=3)])[0]
+    res = gen.generate(
+        [_req(PROMPTS[3], temperature=0, max_new_tokens=8, stop_token_ids=[first_tok], min_new_tokens=3)]
+    )[0]
     assert first_tok not in res.output_ids[:3]
     assert len(res.output_ids) >= 3
 
@@ -101,7 +117,9 @@ def test_seeds_reproduce_and_differ(tiny_model):
     assert a != c  # 64 tokens from a ~uniform 80-way distribution: a collision is ~impossible
     # per-request sampling_seed: reproducible whatever the batch composition and server seed
     solo = _gen(tiny_model, seed=1).generate([_req(PROMPTS[0], temperature=1.0, max_new_tokens=16, sampling_seed=7)])
-    mixed = _gen(tiny_model, seed=2).generate(reqs()[1:] + [_req(PROMPTS[0], temperature=1.0, max_new_tokens=16, sampling_seed=7)])
+    mixed = _gen(tiny_model, seed=2).generate(
+        reqs()[1:] + [_req(PROMPTS[0], temperature=1.0, max_new_tokens=16, sampling_seed=7)]
+    )
     assert solo[0].output_ids == mixed[-1].output_ids
 
 
@@ -137,13 +155,21 @@ def test_prefix_cache_reuses_a_lone_prefill_bit_for_bit(tiny_model):
     computation, so the same bits as a generator without the cache; batches never read or fill it; the
     least recently used entry goes first."""
     model, tok = tiny_model
-    reqs = lambda: [_req(p, temperature=t, max_new_tokens=6, sampling_seed=s)  # noqa: E731
-                    for p in PROMPTS for t, s in ((1.0, 1), (1.0, 2), (1.0, 3), (0, None), (0, None))]
+
+    def reqs():
+        return [
+            _req(p, temperature=t, max_new_tokens=6, sampling_seed=s)
+            for p in PROMPTS
+            for t, s in ((1.0, 1), (1.0, 2), (1.0, 3), (0, None), (0, None))
+        ]
+
     plain = Generator(model, tok, prefix_cache_tokens=0)
     cached = _gen(tiny_model)
     expected = [plain.generate([r])[0] for r in reqs()]
     got = [cached.generate([r])[0] for r in reqs()]
-    assert [(r.output_ids, r.output_logprobs, r.text) for r in got] == [(r.output_ids, r.output_logprobs, r.text) for r in expected]
+    assert [(r.output_ids, r.output_logprobs, r.text) for r in got] == [
+        (r.output_ids, r.output_logprobs, r.text) for r in expected
+    ]
     assert [r.cached_tokens for r in got] == [n for p in PROMPTS for n in (0,) + (len(p) - 1,) * 4]
     assert all(r.cached_tokens == 0 for r in expected)
     # per prompt: 4 prefill hits, and at least the second greedy request's first-token step

@@ -30,12 +30,24 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("engine_logs")
-    router = Router.launch(cfg=RouterConfig(policy="round_robin", startup_timeout_s=30), log_path=log_dir / "router.log")
+    router = Router.launch(
+        cfg=RouterConfig(policy="round_robin", startup_timeout_s=30), log_path=log_dir / "router.log"
+    )
     cfg = HFEngineConfig(max_batch_size=8, batch_wait_ms=5.0, num_threads=1, startup_timeout_s=90)
     engine_cls = get_engine_class("hf")
     engines = [
-        engine_cls(EngineLaunch(rank=i, model_path=tiny_model_dir, host="127.0.0.1", seed=100 + i, device="cpu",
-                                log_dir=str(log_dir), startup_timeout_s=90), cfg)
+        engine_cls(
+            EngineLaunch(
+                rank=i,
+                model_path=tiny_model_dir,
+                host="127.0.0.1",
+                seed=100 + i,
+                device="cpu",
+                log_dir=str(log_dir),
+                startup_timeout_s=90,
+            ),
+            cfg,
+        )
         for i in range(2)
     ]
     try:
@@ -76,8 +88,7 @@ def test_concurrent_generate_through_router(cluster):
     bodies = [
         {
             "input_ids": PROMPT[: 1 + i % 5] + [30 + i % 10],
-            "sampling_params": {"max_new_tokens": 4 + i % 6, "temperature": 1.0, "top_p": 0.95,
-                                "stop_token_ids": [40]},
+            "sampling_params": {"max_new_tokens": 4 + i % 6, "temperature": 1.0, "top_p": 0.95, "stop_token_ids": [40]},
             "return_logprob": True,
         }
         for i in range(20)
@@ -111,13 +122,24 @@ def test_bad_requests_are_400(cluster):
 
 def test_batch_text_and_info_endpoints(cluster):
     url = cluster.engines[0].url
-    batch = http_client.post(url + "/generate", {
-        "input_ids": [PROMPT, [4, 9]], "sampling_params": {"max_new_tokens": 3}, "rid": ["r1", "r2"],
-        "return_logprob": True, "return_text_in_logprobs": True, "model": None, "stream": False, "no_logs": False,
-    })
+    batch = http_client.post(
+        url + "/generate",
+        {
+            "input_ids": [PROMPT, [4, 9]],
+            "sampling_params": {"max_new_tokens": 3},
+            "rid": ["r1", "r2"],
+            "return_logprob": True,
+            "return_text_in_logprobs": True,
+            "model": None,
+            "stream": False,
+            "no_logs": False,
+        },
+    )
     assert [r["meta_info"]["id"] for r in batch] == ["r1", "r2"]
     assert all(isinstance(e[2], str) for r in batch for e in r["meta_info"]["output_token_logprobs"])
-    single = http_client.post(url + "/generate", {"text": "what is 1 plus 2 ?", "sampling_params": {"max_new_tokens": 2}})
+    single = http_client.post(
+        url + "/generate", {"text": "what is 1 plus 2 ?", "sampling_params": {"max_new_tokens": 2}}
+    )
     assert single["meta_info"]["prompt_tokens"] == 6 and "output_token_logprobs" not in single["meta_info"]
     for path in ("/server_info", "/get_server_info"):
         info = http_client.get(url + path)
@@ -201,8 +223,9 @@ def test_update_weights_from_disk(cluster, tmp_path):
 
     for kind, bad in (("shape", {"bad_shape": True}), ("missing", {"drop": True})):
         path = _perturbed_copy(cluster.model_dir, tmp_path / f"bad_{kind}", noise=1.0, **bad)
-        status, resp = http_client.request("POST", engine.url + "/update_weights_from_disk",
-                                           {"model_path": path, "weight_version": "2"})
+        status, resp = http_client.request(
+            "POST", engine.url + "/update_weights_from_disk", {"model_path": path, "weight_version": "2"}
+        )
         assert status == 400 and resp["success"] is False and kind in resp["message"]
         with pytest.raises(EngineHTTPError, match=kind):
             engine.client.update_weights_from_disk(path, weight_version="2")
@@ -250,7 +273,10 @@ def test_release_and_resume_memory(cluster):
     assert status == 400 and "released" in resp["error"]["message"]
     assert not engine.client.is_healthy()
     engine.client.resume_memory(["weights"])
-    assert http_client.get(engine.url + "/server_info")["internal_states"][0]["released_tags"] == ["cuda_graph", "kv_cache"]
+    assert http_client.get(engine.url + "/server_info")["internal_states"][0]["released_tags"] == [
+        "cuda_graph",
+        "kv_cache",
+    ]
     assert http_client.request("POST", engine.url + "/generate", {"input_ids": PROMPT})[0] == 400
     engine.client.resume_memory(["kv_cache", "cuda_graph"])
     _check_response(_generate(engine.url))
@@ -264,7 +290,9 @@ def test_connect_to_existing_router(cluster):
     assert external.url == cluster.router.url and external.process is None
     assert sorted(w["url"] for w in external.list_workers()) == sorted(e.url for e in cluster.engines)
     external.shutdown()  # leaves the router alone
-    assert cluster.router.process.poll() is None and http_client.request("GET", cluster.router.url + "/health")[0] == 200
+    assert (
+        cluster.router.process.poll() is None and http_client.request("GET", cluster.router.url + "/health")[0] == 200
+    )
 
 
 def test_remove_worker_stops_traffic(cluster):

@@ -38,10 +38,23 @@ def test_batched_cached_generation_matches_an_uncached_forward(tiny_model_dir):
 def test_server_releases_memory_and_reloads_weights_on_cuda(tiny_model_dir, tmp_path: Path):
     from safetensors.torch import load_file, save_file
 
-    cfg = SimpleNamespace(max_batch_size=64, batch_wait_ms=5.0, dtype="bfloat16", num_threads=4, prefix_cache_tokens=8192,
-                          startup_timeout_s=180)
-    launch = EngineLaunch(rank=0, model_path=str(tiny_model_dir), host="127.0.0.1", seed=1, device="cuda",
-                          log_dir=str(tmp_path / "logs"), startup_timeout_s=180)
+    cfg = SimpleNamespace(
+        max_batch_size=64,
+        batch_wait_ms=5.0,
+        dtype="bfloat16",
+        num_threads=4,
+        prefix_cache_tokens=8192,
+        startup_timeout_s=180,
+    )
+    launch = EngineLaunch(
+        rank=0,
+        model_path=str(tiny_model_dir),
+        host="127.0.0.1",
+        seed=1,
+        device="cuda",
+        log_dir=str(tmp_path / "logs"),
+        startup_timeout_s=180,
+    )
     engine = HFEngine(launch, cfg)
     body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True}
     try:

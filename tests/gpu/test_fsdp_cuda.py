@@ -20,8 +20,10 @@ def free_port() -> int:
 
 
 def test_fsdp2_bf16_training_on_cuda(tiny_model_dir, tmp_path):
-    base = make_setup(tiny_model_dir, ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1",
-                                       f"checkpoint.ref_load={tiny_model_dir}", "train.lr=1e-2"])
+    base = make_setup(
+        tiny_model_dir,
+        ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1", f"checkpoint.ref_load={tiny_model_dir}", "train.lr=1e-2"],
+    )
     samples = make_samples(16, seed=3)
     batch = batches_for(samples, dp=1, k=2)[0]
 

@@ -20,8 +20,16 @@ SAMPLES = [([5, 9, 17, 3, 40, 41, 42], 3), ([7, 8, 9, 10], 1), ([60, 61, 62, 63,
 def _models():
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    config = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     packed = AutoModelForCausalLM.from_config(config, attn_implementation=packing.register(), dtype=torch.float32)
     reference = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
@@ -34,8 +42,12 @@ def _unpacked(model, samples):
     for tokens, response in samples:
         logits = model(input_ids=torch.tensor([tokens], device="cuda"), use_cache=False).logits[0]
         prompt = len(tokens) - response
-        lp, ent = log_probs_and_entropy(logits[prompt - 1:len(tokens) - 1].float(),
-                                        torch.tensor(tokens[prompt:], device="cuda"), temperature=0.9, with_entropy=True)
+        lp, ent = log_probs_and_entropy(
+            logits[prompt - 1 : len(tokens) - 1].float(),
+            torch.tensor(tokens[prompt:], device="cuda"),
+            temperature=0.9,
+            with_entropy=True,
+        )
         lps.append(lp)
         ents.append(ent)
     return torch.cat(lps), torch.cat(ents)
@@ -47,8 +59,11 @@ def _packed(model, samples):
 
 
 def _grads(model):
-    return {n.removeprefix("_orig_mod."): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in model.named_parameters() if p.grad is not None}
+    return {
+        n.removeprefix("_orig_mod."): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def test_packed_fp32_and_bf16_varlen_match_unpacked_on_cuda():
@@ -69,7 +84,7 @@ def test_packed_fp32_and_bf16_varlen_match_unpacked_on_cuda():
     starts = [0, 3, 4, 9, 10]
     assert starts[-1] == spans
     for i in range(4):  # no sample attends to another: the others stay bit-identical
-        same = torch.equal(lp16[starts[i]:starts[i + 1]], lp16_changed[starts[i]:starts[i + 1]])
+        same = torch.equal(lp16[starts[i] : starts[i + 1]], lp16_changed[starts[i] : starts[i + 1]])
         assert same == (i != 2), i
 
 

@@ -34,13 +34,27 @@ def trained_cuda(tiny_model_dir):
 def test_cuda_sync_is_bit_exact(trained_cuda, tiny_model_dir, tmp_path, mode, gpu):
     if int(gpu) >= torch.cuda.device_count():
         pytest.skip(f"{mode} needs GPU {gpu}")
-    engine = HFEngine(EngineLaunch(rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cuda",
-                                   gpu_ids=(gpu,), log_dir=str(tmp_path / "logs"), startup_timeout_s=180),
-                      HFEngineConfig(max_batch_size=4, num_threads=1, dtype="bfloat16"))
+    engine = HFEngine(
+        EngineLaunch(
+            rank=0,
+            model_path=tiny_model_dir,
+            host="127.0.0.1",
+            seed=0,
+            device="cuda",
+            gpu_ids=(gpu,),
+            log_dir=str(tmp_path / "logs"),
+            startup_timeout_s=180,
+        ),
+        HFEngineConfig(max_batch_size=4, num_threads=1, dtype="bfloat16"),
+    )
     engine.start()
     try:
-        context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000,
-                              check_weight_update_equal=True)
+        context = SyncContext(
+            source_checkpoint=tiny_model_dir,
+            work_dir=str(tmp_path),
+            bucket_bytes=20_000,
+            check_weight_update_equal=True,
+        )
         trained_cuda.connect_weight_sync(mode, [engine.url], context)
         buckets = list(trained_cuda.export_weights(20_000))
         assert all(t.is_cuda for b in buckets for _, t in b)

@@ -31,11 +31,41 @@ TWO_TURNS = [
 # The embedded tokenizer's pre-tokenizer splits on whitespace, so the `\n` the ChatML template renders after
 # each role and after `<|im_end|>` produces no token at all: each turn is `<|im_start|> role words... <|im_end|>`.
 TWO_TURNS_TOKENS = [
-    "<|im_start|>", "system", "you", "are", "a", "helpful", "assistant", ".", "<|im_end|>",
-    "<|im_start|>", "user", "what", "is", "1", "plus", "1", "?", "<|im_end|>",
-    "<|im_start|>", "assistant", "2", "<|im_end|>",
-    "<|im_start|>", "user", "what", "is", "2", "plus", "2", "?", "<|im_end|>",
-    "<|im_start|>", "assistant", "4", "<|im_end|>",
+    "<|im_start|>",
+    "system",
+    "you",
+    "are",
+    "a",
+    "helpful",
+    "assistant",
+    ".",
+    "<|im_end|>",
+    "<|im_start|>",
+    "user",
+    "what",
+    "is",
+    "1",
+    "plus",
+    "1",
+    "?",
+    "<|im_end|>",
+    "<|im_start|>",
+    "assistant",
+    "2",
+    "<|im_end|>",
+    "<|im_start|>",
+    "user",
+    "what",
+    "is",
+    "2",
+    "plus",
+    "2",
+    "?",
+    "<|im_end|>",
+    "<|im_start|>",
+    "assistant",
+    "4",
+    "<|im_end|>",
 ]
 TWO_TURNS_MASK = (
     [0] * 9
@@ -69,7 +99,7 @@ def test_sft_sample_two_turns(tok):
     assert strings(tok, sample.tokens) == TWO_TURNS_TOKENS
     assert sample.response_length == len(TWO_TURNS_TOKENS) - first == 15
     assert sample.loss_mask == TWO_TURNS_MASK[first:]
-    assert strings(tok, sample.tokens[sample.prompt_length:])[:2] == ["2", "<|im_end|>"]
+    assert strings(tok, sample.tokens[sample.prompt_length :])[:2] == ["2", "<|im_end|>"]
     assert sample.effective_response_length == 4
     assert sample.reward == 0.0 and sample.status == SampleStatus.COMPLETED and sample.rollout_log_probs is None
     assert sample.response.split()[0] == "2"
@@ -88,7 +118,7 @@ def test_step_loss_mask_zero_first_assistant(tok):
     sample.messages = messages
     sft_sample(tok, sample)
     assert sample.response_length == 2  # starts at the second assistant turn's content
-    assert strings(tok, sample.tokens[sample.prompt_length:]) == ["4", "<|im_end|>"]
+    assert strings(tok, sample.tokens[sample.prompt_length :]) == ["4", "<|im_end|>"]
     assert sample.loss_mask == [1, 1]
     assert messages[2]["step_loss_mask"] == 0  # the caller's messages are left alone
 
@@ -99,8 +129,18 @@ def test_digit_task_record_gets_label_as_assistant_turn(tok):
     sample.messages = record["prompt"]
     sft_sample(tok, sample)
     assert strings(tok, sample.tokens) == [
-        "<|im_start|>", "user", "what", "comes", "after", "7", "?", "<|im_end|>",
-        "<|im_start|>", "assistant", "8", "<|im_end|>",
+        "<|im_start|>",
+        "user",
+        "what",
+        "comes",
+        "after",
+        "7",
+        "?",
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant",
+        "8",
+        "<|im_end|>",
     ]
     assert sample.response_length == 2 and sample.loss_mask == [1, 1]
     assert strings(tok, sample.tokens[-2:]) == ["8", "<|im_end|>"]
@@ -111,8 +151,18 @@ def test_plain_string_prompt_becomes_user_turn(tok):
     sample = Sample(prompt="What comes after 3?", label="4", index=0)  # no `messages` attribute at all
     sft_sample(tok, sample)
     assert strings(tok, sample.tokens) == [
-        "<|im_start|>", "user", "what", "comes", "after", "3", "?", "<|im_end|>",
-        "<|im_start|>", "assistant", "4", "<|im_end|>",
+        "<|im_start|>",
+        "user",
+        "what",
+        "comes",
+        "after",
+        "3",
+        "?",
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant",
+        "4",
+        "<|im_end|>",
     ]
     assert sample.loss_mask == [1, 1]
 
@@ -173,9 +223,18 @@ def test_trailing_newline_after_eos_is_not_trained():
     ids, mask = conversation_tokens_and_mask(fake, messages)
     pairs = list(zip(fake.convert_ids_to_tokens(ids), mask))
     assert pairs == [
-        ("<|im_start|>", 0), ("user", 0), ("\n", 0), ("hi", 0), ("<|im_end|>", 0), ("\n", 0),
-        ("<|im_start|>", 0), ("assistant", 0), ("\n", 0),  # header: what add_generation_prompt=True adds
-        ("yo", 1), ("there", 1), ("<|im_end|>", 1),
+        ("<|im_start|>", 0),
+        ("user", 0),
+        ("\n", 0),
+        ("hi", 0),
+        ("<|im_end|>", 0),
+        ("\n", 0),
+        ("<|im_start|>", 0),
+        ("assistant", 0),
+        ("\n", 0),  # header: what add_generation_prompt=True adds
+        ("yo", 1),
+        ("there", 1),
+        ("<|im_end|>", 1),
         ("\n", 0),  # after EOS: the policy stops at <|im_end|>, the template adds the newline
     ]
 
@@ -197,9 +256,17 @@ def test_prefix_property_violation_raises():
 
 
 def _ctx(tok, source, batch_size):
-    return RolloutContext(router_url="http://unused.invalid", tokenizer=tok, data_source=source, batch_size=batch_size,
-                          over_sampling_batch_size=batch_size, sampling_params={"max_new_tokens": 8}, max_in_flight=1,
-                          rm_type=None, custom_rm_path=None)
+    return RolloutContext(
+        router_url="http://unused.invalid",
+        tokenizer=tok,
+        data_source=source,
+        batch_size=batch_size,
+        over_sampling_batch_size=batch_size,
+        sampling_params={"max_new_tokens": 8},
+        max_in_flight=1,
+        rm_type=None,
+        custom_rm_path=None,
+    )
 
 
 def _check_groups(tok, groups, batch_size, n):
@@ -216,13 +283,16 @@ def _check_groups(tok, groups, batch_size, n):
 
 def test_generate_rollout_string_prompts_through_prompt_dataset(tok, tmp_path):
     path = tmp_path / "sft.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"What comes after {d}?", "label": str(d + 1)}) + "\n" for d in range(4)))
-    dataset = PromptDataset(str(path), tokenizer=tok, input_key="prompt", label_key="label", metadata_key=None,
-                            apply_chat_template=False)
+    path.write_text(
+        "".join(json.dumps({"prompt": f"What comes after {d}?", "label": str(d + 1)}) + "\n" for d in range(4))
+    )
+    dataset = PromptDataset(
+        str(path), tokenizer=tok, input_key="prompt", label_key="label", metadata_key=None, apply_chat_template=False
+    )
     source = DataSource(dataset, n_samples_per_prompt=2, shuffle=False, seed=1)
     out = generate_rollout(_ctx(tok, source, 3), 0)
     _check_groups(tok, out.groups, 3, 2)
-    assert [strings(tok, s.tokens[s.prompt_length:]) for s in out.groups[2]] == [["3", "<|im_end|>"]] * 2
+    assert [strings(tok, s.tokens[s.prompt_length :]) for s in out.groups[2]] == [["3", "<|im_end|>"]] * 2
     assert out.metrics["rollout/response_len/mean"] == 2.0 and out.metrics["perf/rollout_time"] >= 0
     # the next call continues where the data source left off, crossing into epoch 1
     out = generate_rollout(_ctx(tok, source, 3), 1)
@@ -239,8 +309,14 @@ def test_generate_rollout_message_records(tok, tmp_path):
     path = tmp_path / "digits.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     try:
-        dataset = PromptDataset(str(path), tokenizer=tok, input_key="prompt", label_key="label",
-                                metadata_key="metadata", apply_chat_template=False)
+        dataset = PromptDataset(
+            str(path),
+            tokenizer=tok,
+            input_key="prompt",
+            label_key="label",
+            metadata_key="metadata",
+            apply_chat_template=False,
+        )
     except ValueError:  # PromptDataset without message support for apply_chat_template=False
         dataset = PromptDataset.__new__(PromptDataset)
         dataset.samples = []
@@ -251,6 +327,6 @@ def test_generate_rollout_message_records(tok, tmp_path):
     source = DataSource(dataset, n_samples_per_prompt=1, shuffle=False, seed=1)
     out = generate_rollout(_ctx(tok, source, 3), 0)
     _check_groups(tok, out.groups, 3, 1)
-    answers = [strings(tok, g[0].tokens[g[0].prompt_length:]) for g in out.groups]
+    answers = [strings(tok, g[0].tokens[g[0].prompt_length :]) for g in out.groups]
     assert answers == [["2", "<|im_end|>"], ["6", "<|im_end|>"], ["0", "<|im_end|>"]]
     assert all(g[0].loss_mask == [1, 1] for g in out.groups)

@@ -47,9 +47,18 @@ def test_save_hf_round_trips_bit_exact(trained, tmp_path):
 @pytest.mark.parametrize("keep", [False, True])
 def test_disk_sync_directories_are_removed_unless_kept(trained, tiny_model_dir, tmp_path, keep):
     """What disk mode leaves behind (tests/sync/test_sync_modes.py checks the weights bit for bit)."""
-    engine = HFEngine(EngineLaunch(rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cpu",
-                                   log_dir=str(tmp_path / "logs"), startup_timeout_s=90),
-                      HFEngineConfig(max_batch_size=4, num_threads=1))
+    engine = HFEngine(
+        EngineLaunch(
+            rank=0,
+            model_path=tiny_model_dir,
+            host="127.0.0.1",
+            seed=0,
+            device="cpu",
+            log_dir=str(tmp_path / "logs"),
+            startup_timeout_s=90,
+        ),
+        HFEngineConfig(max_batch_size=4, num_threads=1),
+    )
     url = engine.start()
     try:
         context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, keep=keep)

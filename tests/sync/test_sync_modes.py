@@ -19,14 +19,26 @@ from slime.sync.base import SyncContext, WeightMismatchError
 from tests.sync.test_disk_sync import trained  # noqa: F401 - the module-scoped trained fsdp rank
 from tests.train.test_fsdp_backend import response_log_probs
 
-PROMPT = {"input_ids": [1, 5, 11, 16], "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
-          "return_logprob": True}
+PROMPT = {
+    "input_ids": [1, 5, 11, 16],
+    "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+    "return_logprob": True,
+}
 
 
 def start_engine(model_dir, log_dir) -> HFEngine:
-    engine = HFEngine(EngineLaunch(rank=0, model_path=model_dir, host="127.0.0.1", seed=0, device="cpu",
-                                   log_dir=str(log_dir), startup_timeout_s=90),
-                      HFEngineConfig(max_batch_size=4, num_threads=1))
+    engine = HFEngine(
+        EngineLaunch(
+            rank=0,
+            model_path=model_dir,
+            host="127.0.0.1",
+            seed=0,
+            device="cpu",
+            log_dir=str(log_dir),
+            startup_timeout_s=90,
+        ),
+        HFEngineConfig(max_batch_size=4, num_threads=1),
+    )
     engine.start()
     return engine
 
@@ -43,8 +55,9 @@ def trainer_checksums(backend) -> dict[str, str]:
 
 
 def context(model_dir, tmp_path, check=True) -> SyncContext:
-    return SyncContext(source_checkpoint=model_dir, work_dir=str(tmp_path), bucket_bytes=20_000,
-                       check_weight_update_equal=check)
+    return SyncContext(
+        source_checkpoint=model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, check_weight_update_equal=check
+    )
 
 
 def assert_runs_trainer_weights(backend, url: str, version: str) -> None:
@@ -91,8 +104,11 @@ def test_engine_error_names_the_engine_and_generation_continues(trained, engine,
     try:
         good = next(iter(trained.export_weights(bucket_bytes=20_000)))
         bad = [*good, ("model.no_such.weight", torch.zeros(3))]
-        with pytest.raises(EngineHTTPError, match=rf"{engine.url}/update_weights_from_\w+.*unexpected tensors: "
-                                                  r"model\.no_such\.weight"):
+        with pytest.raises(
+            EngineHTTPError,
+            match=rf"{engine.url}/update_weights_from_\w+.*unexpected tensors: "
+            r"model\.no_such\.weight",
+        ):
             trained.weight_sync.push([bad], weight_version=99)
         assert engine.client.get_weight_version() != "99"  # nothing of the bad bucket was loaded
         out = http_client.post(engine.url + "/generate", PROMPT, timeout=30)  # not left paused
@@ -133,7 +149,9 @@ def test_engine_failing_before_the_broadcast_raises_at_once(trained, engine, tin
         sync = trained.weight_sync
         engine.client.destroy_weights_update_group(sync.group_name)  # as if the engine lost the group
         start = time.monotonic()
-        with pytest.raises(EngineHTTPError, match=rf"{engine.url}/update_weights_from_distributed.*no weight-update group"):
+        with pytest.raises(
+            EngineHTTPError, match=rf"{engine.url}/update_weights_from_distributed.*no weight-update group"
+        ):
             trained.update_weights(weight_version=8)
         assert time.monotonic() - start < 30 and sync.group is None
         assert len(http_client.post(engine.url + "/generate", PROMPT, timeout=30)["output_ids"]) == 6

@@ -32,8 +32,11 @@ def make_batch(seed: int = 0):
     theta = (torch.randn(total, generator=g, dtype=torch.float64) * 0.3).requires_grad_()
     base = -torch.rand(total, generator=g, dtype=torch.float64) * 2
     return {
-        "lengths": lengths, "mask": mask, "theta": theta,
-        "old": base, "ref": base + torch.randn(total, generator=g, dtype=torch.float64) * 0.1,
+        "lengths": lengths,
+        "mask": mask,
+        "theta": theta,
+        "old": base,
+        "ref": base + torch.randn(total, generator=g, dtype=torch.float64) * 0.1,
         "rollout": base + torch.randn(total, generator=g, dtype=torch.float64) * 0.05,
         "adv": torch.randn(len(lengths), generator=g, dtype=torch.float64).repeat_interleave(torch.tensor(lengths)),
         "entropy_base": torch.rand(total, generator=g, dtype=torch.float64),
@@ -56,14 +59,29 @@ def step_loss(algo: AlgoConfig, data, splits: int):
         sl = slice(offsets[idx[0]], offsets[idx[-1] + 1])
         mb_lengths = [lengths[i] for i in idx]
         mask = data["mask"][sl]
-        weights = token_weights(mask, mb_lengths, mode=reduction_mode(algo), num_trajectories=n,
-                                total_masked_tokens=total_tokens)
-        pg_weights = weights if algo.pg_loss_constant_length is None else token_weights(
-            mask, mb_lengths, mode="constant", num_trajectories=n, constant_length=algo.pg_loss_constant_length)
-        loss, _ = actor_loss(log_probs=log_probs_all[sl], old_log_probs=data["old"][sl], advantages=data["adv"][sl],
-                             weights=weights, pg_weights=pg_weights, algo=algo, loss_mask=mask,
-                             response_lengths=mb_lengths, entropy=entropy_all[sl] if algo.entropy_coef else None,
-                             ref_log_probs=data["ref"][sl], rollout_log_probs=data["rollout"][sl])
+        weights = token_weights(
+            mask, mb_lengths, mode=reduction_mode(algo), num_trajectories=n, total_masked_tokens=total_tokens
+        )
+        pg_weights = (
+            weights
+            if algo.pg_loss_constant_length is None
+            else token_weights(
+                mask, mb_lengths, mode="constant", num_trajectories=n, constant_length=algo.pg_loss_constant_length
+            )
+        )
+        loss, _ = actor_loss(
+            log_probs=log_probs_all[sl],
+            old_log_probs=data["old"][sl],
+            advantages=data["adv"][sl],
+            weights=weights,
+            pg_weights=pg_weights,
+            algo=algo,
+            loss_mask=mask,
+            response_lengths=mb_lengths,
+            entropy=entropy_all[sl] if algo.entropy_coef else None,
+            ref_log_probs=data["ref"][sl],
+            rollout_log_probs=data["rollout"][sl],
+        )
         total = total + loss
     (grad,) = torch.autograd.grad(total, data["theta"])
     return total.detach(), grad
@@ -92,10 +110,18 @@ def test_hand_computed_grpo_loss_with_kl_and_entropy():
     lp = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
     mask = torch.ones(3, dtype=torch.float64)
     weights = token_weights(mask, [2, 1], mode="per_sample", num_trajectories=2)
-    loss, metrics = actor_loss(log_probs=lp, old_log_probs=lp.clone(), advantages=torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64),
-                               weights=weights, pg_weights=weights, algo=algo, loss_mask=mask, response_lengths=[2, 1],
-                               entropy=torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
-                               ref_log_probs=lp - torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64))
+    loss, metrics = actor_loss(
+        log_probs=lp,
+        old_log_probs=lp.clone(),
+        advantages=torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64),
+        weights=weights,
+        pg_weights=weights,
+        algo=algo,
+        loss_mask=mask,
+        response_lengths=[2, 1],
+        entropy=torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
+        ref_log_probs=lp - torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64),
+    )
     assert float(metrics["pg_loss"]) == pytest.approx(0.0, abs=1e-12)
     assert float(metrics["kl_loss"]) == pytest.approx(0.125, abs=1e-12)
     assert float(metrics["entropy_loss"]) == pytest.approx(2.75, abs=1e-12)
@@ -109,7 +135,17 @@ def test_kl_loss_types_are_wired():
         algo = dataclasses.replace(ALGOS["grpo"], kl_loss_type=kl_type, entropy_coef=0.0)
         mask = torch.ones(2, dtype=torch.float64)
         w = token_weights(mask, [2], mode="per_sample", num_trajectories=1)
-        _, metrics = actor_loss(log_probs=x, old_log_probs=x, advantages=torch.zeros(2, dtype=torch.float64), weights=w,
-                                pg_weights=w, algo=algo, loss_mask=mask, response_lengths=[2],
-                                ref_log_probs=torch.zeros(2, dtype=torch.float64))
-        assert float(metrics["kl_loss"]) == pytest.approx(float(approx_kl(x, torch.zeros(2, dtype=torch.float64), kl_type).mean()))
+        _, metrics = actor_loss(
+            log_probs=x,
+            old_log_probs=x,
+            advantages=torch.zeros(2, dtype=torch.float64),
+            weights=w,
+            pg_weights=w,
+            algo=algo,
+            loss_mask=mask,
+            response_lengths=[2],
+            ref_log_probs=torch.zeros(2, dtype=torch.float64),
+        )
+        assert float(metrics["kl_loss"]) == pytest.approx(
+            float(approx_kl(x, torch.zeros(2, dtype=torch.float64), kl_type).mean())
+        )

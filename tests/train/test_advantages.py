@@ -26,8 +26,16 @@ def test_post_processing_per_estimator():
     raw = t(1, 0, 0, 0, 1, 1, 0, 0)  # two groups of n = 4
     # grpo/gspo: (r − mean)/(std + 1e-6); group 1: mean 0.25, std 0.5; group 2: mean 0.5, std √(1/3)
     s2 = (1 / 3) ** 0.5
-    expected = t(0.75 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001,
-                 0.5 / (s2 + 1e-6), 0.5 / (s2 + 1e-6), -0.5 / (s2 + 1e-6), -0.5 / (s2 + 1e-6))
+    expected = t(
+        0.75 / 0.500001,
+        -0.25 / 0.500001,
+        -0.25 / 0.500001,
+        -0.25 / 0.500001,
+        0.5 / (s2 + 1e-6),
+        0.5 / (s2 + 1e-6),
+        -0.5 / (s2 + 1e-6),
+        -0.5 / (s2 + 1e-6),
+    )
     for est in ("grpo", "gspo"):
         torch.testing.assert_close(post_process_rewards(raw, algo(est), 4), expected, rtol=1e-12, atol=1e-12)
     # Dr.GRPO and reinforce++-baseline: mean only
@@ -52,7 +60,13 @@ def test_identical_rewards_and_single_sample_groups_give_no_signal_and_no_nan():
 
 def test_overlong_penalty_and_zero_std_filter():
     # max 10 tokens, buffer 4: free up to 6 tokens, then −(L − 6)/4, floored at −1
-    assert overlong_penalty([3, 6, 7, 8, 10], max_response_len=10, buffer_len=4, factor=1.0) == [0.0, 0.0, -0.25, -0.5, -1.0]
+    assert overlong_penalty([3, 6, 7, 8, 10], max_response_len=10, buffer_len=4, factor=1.0) == [
+        0.0,
+        0.0,
+        -0.25,
+        -0.5,
+        -1.0,
+    ]
     keep = check_reward_nonzero_std([Sample(reward=1.0), Sample(reward=0.0)])
     drop = check_reward_nonzero_std([Sample(reward=1.0), Sample(reward=1.0)])
     assert keep.keep and not drop.keep and drop.reason == "zero_std_1.0"
@@ -61,8 +75,16 @@ def test_overlong_penalty_and_zero_std_filter():
 def advantages(a: AlgoConfig, rewards, lengths, mask=None, old=None, ref=None, values=None):
     total = sum(lengths)
     mask = torch.ones(total, **F64) if mask is None else mask
-    return compute_advantages(a, rewards=rewards, response_lengths=lengths, loss_mask=mask, old_log_probs=old,
-                              ref_log_probs=ref, values=values, all_reduce=None)
+    return compute_advantages(
+        a,
+        rewards=rewards,
+        response_lengths=lengths,
+        loss_mask=mask,
+        old_log_probs=old,
+        ref_log_probs=ref,
+        values=values,
+        all_reduce=None,
+    )
 
 
 def test_grpo_broadcasts_and_truncated_samples_are_not_special():

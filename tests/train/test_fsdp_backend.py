@@ -30,9 +30,15 @@ def make_samples(num: int, *, seed: int, vocab: int = 76) -> list[Sample]:
     for i in range(num):
         prompt = [rng.randrange(4, vocab) for _ in range(rng.randint(3, 7))]
         response = [rng.randrange(4, vocab) for _ in range(rng.randint(1, 5))]
-        s = Sample(index=i, group_index=i // 4, tokens=prompt + response, response_length=len(response),
-                   loss_mask=[1 if rng.random() > 0.2 else 0 for _ in response],
-                   rollout_log_probs=[-rng.random() * 3 for _ in response], reward=float(rng.random() > 0.5))
+        s = Sample(
+            index=i,
+            group_index=i // 4,
+            tokens=prompt + response,
+            response_length=len(response),
+            loss_mask=[1 if rng.random() > 0.2 else 0 for _ in response],
+            rollout_log_probs=[-rng.random() * 3 for _ in response],
+            reward=float(rng.random() > 0.5),
+        )
         samples.append(s)
     return samples
 
@@ -65,16 +71,22 @@ def log_probs(backend, batch: TrainBatch, which: str = "old") -> torch.Tensor:
 
 def response_log_probs(backend, prompt: list[int], response: list[int]) -> torch.Tensor:
     """The backend's own forward-only log-probs of `response` after `prompt` (its packed path), Tensor[R]."""
-    sample = Sample(index=0, tokens=list(prompt) + list(response), response_length=len(response),
-                    loss_mask=[1] * len(response), reward=0.0)
+    sample = Sample(
+        index=0,
+        tokens=list(prompt) + list(response),
+        response_length=len(response),
+        loss_mask=[1] * len(response),
+        reward=0.0,
+    )
     batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
     return log_probs(backend, batch).cpu()
 
 
 def batches_for(samples, *, dp: int, k: int):
     rewards = [s.reward - 0.5 for s in samples]  # any fixed advantages: the split must not matter
-    return split_for_data_parallel(samples, [s.reward for s in samples], rewards,
-                                   global_batch_size=len(samples) // k, num_steps=k, dp_size=dp)
+    return split_for_data_parallel(
+        samples, [s.reward for s in samples], rewards, global_batch_size=len(samples) // k, num_steps=k, dp_size=dp
+    )
 
 
 def _rank_main(rank, world, port, setup, batches, out):
@@ -82,7 +94,9 @@ def _rank_main(rank, world, port, setup, batches, out):
     backend = make_backend(setup, rank=rank, layout=RankLayout(dp=world), port=port)
     result = train_rollout(backend, batches[rank])
     if rank == 0:
-        torch.save({"result": result, "params": {n: p.detach().clone() for n, p in backend.model.named_parameters()}}, out)
+        torch.save(
+            {"result": result, "params": {n: p.detach().clone() for n, p in backend.model.named_parameters()}}, out
+        )
     backend.shutdown()
 
 
@@ -95,15 +109,18 @@ def train_once(setup, batches, world, tmp_path, port):
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("per_token,split", [(False, "micro_batch_size=3"), (True, "micro_batch_size=3"),
-                                             (True, "max_tokens_per_gpu=16")])
+@pytest.mark.parametrize(
+    "per_token,split", [(False, "micro_batch_size=3"), (True, "micro_batch_size=3"), (True, "max_tokens_per_gpu=16")]
+)
 def test_two_data_parallel_ranks_match_one(tiny_model_dir, tmp_path, per_token, split):
     """By tokens, the ranks' shards pack into different bin counts: the shorter one runs empty micro-batches."""
     overrides = [f"parallelism.{split}", f"algo.calculate_per_token_loss={per_token}"]
     setup = make_setup(tiny_model_dir, overrides)
     samples = make_samples(16, seed=1)
     one = train_once(setup, batches_for(samples, dp=1, k=2), 1, tmp_path, 29511)
-    two = train_once(setup, batches_for(samples, dp=2, k=2), 2, tmp_path, 29512 + per_token + 2 * ('max_tokens' in split))
+    two = train_once(
+        setup, batches_for(samples, dp=2, k=2), 2, tmp_path, 29512 + per_token + 2 * ("max_tokens" in split)
+    )
     for key in ("train/pg_loss", "train/grad_norm", "train/pg_clipfrac", "train/train_rollout_logprob_abs_diff"):
         for s1, s2 in zip(one["result"]["steps"], two["result"]["steps"]):
             assert s1[key] == pytest.approx(s2[key], rel=1e-4, abs=1e-6), key
@@ -115,8 +132,10 @@ def test_two_data_parallel_ranks_match_one(tiny_model_dir, tmp_path, per_token, 
 
 def test_first_step_invariants_and_update(tiny_model_dir, tmp_path):
     """Step 0 of a rollout: ρ ≡ 1 so ppo_kl = 0 and clipfrac = 0; actor = ref so kl_loss = 0."""
-    setup = make_setup(tiny_model_dir, ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1",
-                                        f"checkpoint.ref_load={tiny_model_dir}", "train.lr=1e-2"])
+    setup = make_setup(
+        tiny_model_dir,
+        ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1", f"checkpoint.ref_load={tiny_model_dir}", "train.lr=1e-2"],
+    )
     samples = make_samples(8, seed=2)
     backend = make_backend(setup)
     before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
@@ -129,12 +148,24 @@ def test_first_step_invariants_and_update(tiny_model_dir, tmp_path):
 
 def test_grpo_step_raises_probability_of_rewarded_response(tiny_model_dir):
     """One sample with advantage +1 and one with -1 on the same prompt: the first becomes likelier."""
-    setup = make_setup(tiny_model_dir, ["train.lr=1e-2", "rollout.batch_size=1", "rollout.n_samples_per_prompt=2",
-                                        "train.global_batch_size=2", "train.num_steps_per_rollout=1"])
+    setup = make_setup(
+        tiny_model_dir,
+        [
+            "train.lr=1e-2",
+            "rollout.batch_size=1",
+            "rollout.n_samples_per_prompt=2",
+            "train.global_batch_size=2",
+            "train.num_steps_per_rollout=1",
+        ],
+    )
     prompt = [1, 5, 11, 12, 13, 34, 62, 2, 1, 6]
-    good, bad = Sample(index=0, tokens=prompt + [30], response_length=1, loss_mask=[1], reward=1.0), \
-        Sample(index=1, tokens=prompt + [40], response_length=1, loss_mask=[1], reward=0.0)
-    batch = split_for_data_parallel([good, bad], [1.0, 0.0], [1.0, -1.0], global_batch_size=2, num_steps=1, dp_size=1)[0]
+    good, bad = (
+        Sample(index=0, tokens=prompt + [30], response_length=1, loss_mask=[1], reward=1.0),
+        Sample(index=1, tokens=prompt + [40], response_length=1, loss_mask=[1], reward=0.0),
+    )
+    batch = split_for_data_parallel([good, bad], [1.0, 0.0], [1.0, -1.0], global_batch_size=2, num_steps=1, dp_size=1)[
+        0
+    ]
     backend = make_backend(setup)
     before = log_probs(backend, batch).tolist()
     train_rollout(backend, batch)

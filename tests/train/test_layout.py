@@ -12,9 +12,19 @@ def test_coordinates_tp_fastest_then_cp_dp_pp():
     assert layout.world_size == 8
     coords = [layout.coords(r) for r in range(8)]
     assert [(c.tp_rank, c.dp_rank, c.pp_rank) for c in coords] == [
-        (0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 0, 1), (0, 1, 1), (1, 1, 1)]
-    assert all(layout.rank_of(dp_rank=c.dp_rank, tp_rank=c.tp_rank, cp_rank=c.cp_rank, pp_rank=c.pp_rank) == c.rank
-               for c in coords)
+        (0, 0, 0),
+        (1, 0, 0),
+        (0, 1, 0),
+        (1, 1, 0),
+        (0, 0, 1),
+        (1, 0, 1),
+        (0, 1, 1),
+        (1, 1, 1),
+    ]
+    assert all(
+        layout.rank_of(dp_rank=c.dp_rank, tp_rank=c.tp_rank, cp_rank=c.cp_rank, pp_rank=c.pp_rank) == c.rank
+        for c in coords
+    )
 
 
 def test_every_rank_of_a_shard_gets_it_and_the_last_stage_owns_it():

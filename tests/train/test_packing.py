@@ -8,8 +8,8 @@ import torch
 from slime.algo import chunked_log_probs_and_entropy, log_probs_and_entropy
 from slime.train import batching
 from slime.train.fsdp.critic import FSDPCritic
-from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 from tests.test_config import problems_for
+from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 
 def _unpacked(model, batch, indices, temperature):
@@ -19,8 +19,12 @@ def _unpacked(model, batch, indices, temperature):
         tokens, response = batch.tokens[i], batch.response_lengths[i]
         logits = model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0]
         prompt = len(tokens) - response
-        lp, ent = log_probs_and_entropy(logits[prompt - 1:len(tokens) - 1], torch.tensor(tokens[prompt:]),
-                                        temperature=temperature, with_entropy=True)
+        lp, ent = log_probs_and_entropy(
+            logits[prompt - 1 : len(tokens) - 1],
+            torch.tensor(tokens[prompt:]),
+            temperature=temperature,
+            with_entropy=True,
+        )
         log_probs.append(lp)
         entropy.append(ent)
     return torch.cat(log_probs), torch.cat(entropy)
@@ -42,8 +46,9 @@ def test_chunked_log_probs_and_entropy_equal_unchunked_with_gradients():
         for t in (hidden, weight, bias):
             t.grad = None
         if chunked:
-            lp, ent = chunked_log_probs_and_entropy(hidden, weight, bias, targets, temperature=0.7, with_entropy=True,
-                                                    chunk_size=5)
+            lp, ent = chunked_log_probs_and_entropy(
+                hidden, weight, bias, targets, temperature=0.7, with_entropy=True, chunk_size=5
+            )
         else:
             lp, ent = log_probs_and_entropy(hidden @ weight.T + bias, targets, temperature=0.7, with_entropy=True)
         ((lp * coef).sum() + (ent * coef.flip(0)).sum()).backward()
@@ -51,11 +56,13 @@ def test_chunked_log_probs_and_entropy_equal_unchunked_with_gradients():
 
     for a, b in zip(run(True), run(False)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    lp, ent = chunked_log_probs_and_entropy(hidden, weight, None, targets, temperature=1.0, with_entropy=False,
-                                            chunk_size=8)
+    lp, ent = chunked_log_probs_and_entropy(
+        hidden, weight, None, targets, temperature=1.0, with_entropy=False, chunk_size=8
+    )
     assert ent is None and lp.shape == (37,)
-    torch.testing.assert_close(lp, log_probs_and_entropy(hidden @ weight.T, targets, temperature=1.0,
-                                                         with_entropy=False)[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        lp, log_probs_and_entropy(hidden @ weight.T, targets, temperature=1.0, with_entropy=False)[0], rtol=0, atol=1e-6
+    )
 
 
 def test_packed_log_probs_entropy_and_gradients_equal_unpacked(tiny_model_dir):
@@ -113,11 +120,15 @@ def test_token_bins_first_fit_decreasing_deterministic():
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_micro_batching_by_tokens_equals_by_samples(tiny_model_dir, per_token):
-    common = ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1", f"checkpoint.ref_load={tiny_model_dir}",
-              f"algo.calculate_per_token_loss={per_token}",
-              # Adam's first update is ±lr wherever |g| >> eps: a gradient near 0 flips on fp32 summation
-              # order; a larger eps keeps such elements' updates proportional to their (tiny) gradients
-              "train.adam_eps=1e-6"]
+    common = [
+        "algo.use_kl_loss=true",
+        "algo.kl_loss_coef=0.1",
+        f"checkpoint.ref_load={tiny_model_dir}",
+        f"algo.calculate_per_token_loss={per_token}",
+        # Adam's first update is ±lr wherever |g| >> eps: a gradient near 0 flips on fp32 summation
+        # order; a larger eps keeps such elements' updates proportional to their (tiny) gradients
+        "train.adam_eps=1e-6",
+    ]
     samples = make_samples(12, seed=5)
     results = []
     for extra in (["parallelism.micro_batch_size=3"], ["parallelism.max_tokens_per_gpu=20"]):
@@ -145,13 +156,14 @@ def test_critic_packed_values_equal_unpacked_and_train(tiny_model_dir):
     critic.load_batch(0, batch)
     values = critic.compute_values()
     config = AutoConfig.from_pretrained(tiny_model_dir, num_labels=1, classifier_dropout=0.0)
-    reference = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, config=config, dtype=torch.float32,
-                                                                attn_implementation="sdpa").eval()
+    reference = AutoModelForTokenClassification.from_pretrained(
+        tiny_model_dir, config=config, dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     reference.load_state_dict(critic.model.state_dict())
     with torch.no_grad():
         for i, got in enumerate(values):
             tokens, response = batch.tokens[i], batch.response_lengths[i]
-            out = reference(input_ids=torch.tensor([tokens])).logits[0, len(tokens) - response - 1:len(tokens) - 1, 0]
+            out = reference(input_ids=torch.tensor([tokens])).logits[0, len(tokens) - response - 1 : len(tokens) - 1, 0]
             torch.testing.assert_close(torch.tensor(got), out, rtol=0, atol=1e-5)
     critic.set_column("returns", [[1.0] * len(v) for v in values])
     steps = critic.train()["steps"]

@@ -22,8 +22,16 @@ def conversation(first_turn_mask: int) -> list[dict]:
 
 
 def first_step_loss(model_dir, sample: Sample) -> float:
-    setup = make_setup(model_dir, ["algo=sft", "rollout.batch_size=1", "rollout.n_samples_per_prompt=1",
-                                   "train.global_batch_size=1", "train.num_steps_per_rollout=1"])
+    setup = make_setup(
+        model_dir,
+        [
+            "algo=sft",
+            "rollout.batch_size=1",
+            "rollout.n_samples_per_prompt=1",
+            "train.global_batch_size=1",
+            "train.num_steps_per_rollout=1",
+        ],
+    )
     batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
     return train_rollout(make_backend(setup), batch)["steps"][0]["train/pg_loss"]
 

@@ -14,8 +14,13 @@ import torch.multiprocessing as mp
 from slime.train.layout import RankLayout
 from tests.train.test_fsdp_backend import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
 
-OVERRIDES = ["parallelism.micro_batch_size=3", "train.lr=1e-2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.1",
-             "algo.entropy_coef=0.01"]
+OVERRIDES = [
+    "parallelism.micro_batch_size=3",
+    "train.lr=1e-2",
+    "algo.use_kl_loss=true",
+    "algo.kl_loss_coef=0.1",
+    "algo.entropy_coef=0.01",
+]
 
 
 def _rank_main(rank, layout, port, setup, shards, out):
@@ -28,7 +33,9 @@ def _rank_main(rank, layout, port, setup, shards, out):
     result = train_rollout(backend, shard)
     full = {name: t.cpu().clone() for bucket in backend.export_weights(1 << 20) for name, t in bucket}
     sharded = sorted(n for n, p in backend.model.named_parameters() if hasattr(p, "placements"))
-    torch.save({"log_probs": before.cpu(), "result": result, "params": full, "sharded": sharded}, out / f"rank{rank}.pt")
+    torch.save(
+        {"log_probs": before.cpu(), "result": result, "params": full, "sharded": sharded}, out / f"rank{rank}.pt"
+    )
     backend.shutdown()
 
 

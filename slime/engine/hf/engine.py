@@ -25,20 +25,36 @@ class HFEngine(EngineServer):
     def command(self, ports: list[int]) -> list[str]:
         launch, cfg = self.launch_spec, self.config
         return [
-            sys.executable, "-m", "slime.engine.hf.server",
-            "--model-path", launch.model_path,
-            "--host", launch.host,
-            "--port", str(ports[0]),
-            "--seed", str(launch.seed),
-            "--device", launch.device,
-            "--dtype", cfg.dtype,
-            "--batch-wait-ms", str(cfg.batch_wait_ms),
-            "--num-threads", str(cfg.num_threads),
-            "--prefix-cache-tokens", str(cfg.prefix_cache_tokens),
-            "--weight-version", launch.weight_version,
+            sys.executable,
+            "-m",
+            "slime.engine.hf.server",
+            "--model-path",
+            launch.model_path,
+            "--host",
+            launch.host,
+            "--port",
+            str(ports[0]),
+            "--seed",
+            str(launch.seed),
+            "--device",
+            launch.device,
+            "--dtype",
+            cfg.dtype,
+            "--batch-wait-ms",
+            str(cfg.batch_wait_ms),
+            "--num-threads",
+            str(cfg.num_threads),
+            "--prefix-cache-tokens",
+            str(cfg.prefix_cache_tokens),
+            "--weight-version",
+            launch.weight_version,
         ] + (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
 
     def env(self) -> dict[str, str]:
         threads = str(max(1, self.config.num_threads))
-        return {**super().env(), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                "TOKENIZERS_PARALLELISM": "false"}
+        return {
+            **super().env(),
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "TOKENIZERS_PARALLELISM": "false",
+        }

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -74,8 +75,15 @@ class Generator:
         prefix_cache_tokens: tokens the prefix cache may hold (0: no cache).
     """
 
-    def __init__(self, model, tokenizer, *, seed: int = 0, context_length: Optional[int] = None,
-                 prefix_cache_tokens: int = DEFAULT_MAX_TOKENS):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        seed: int = 0,
+        context_length: Optional[int] = None,
+        prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
+    ):
         self.model = model
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.tokenizer = tokenizer
@@ -172,8 +180,12 @@ class Generator:
 
         cache = DynamicCache(config=self.model.config)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids,
-            use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache},
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kwarg: cache},
         )
         logits = out.logits[:, -1, :]
         if alone:
@@ -187,8 +199,8 @@ class Generator:
         ids = torch.full((len(live), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(live), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         next_pos = mask.sum(-1)  # position of each row's first new token
@@ -236,8 +248,11 @@ class Generator:
         if hit is not None:
             return hit.cache, hit.logits
         out = self.model(
-            input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1),
-            use_cache=True, **{self._cache_kwarg: cache},
+            input_ids=tokens.unsqueeze(1),
+            attention_mask=mask,
+            position_ids=positions.unsqueeze(1),
+            use_cache=True,
+            **{self._cache_kwarg: cache},
         )
         logits = out.logits[:, -1, :]
         if cacheable:
@@ -275,13 +290,16 @@ class Generator:
                 text = text[:pos]
         return text
 
-    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
+    def decode(
+        self, ids: Iterable[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> str:
         ids = list(ids)
         if not ids:
             return ""
         try:
             return self.tokenizer.decode(
-                ids, skip_special_tokens=skip_special_tokens,
+                ids,
+                skip_special_tokens=skip_special_tokens,
                 spaces_between_special_tokens=spaces_between_special_tokens,
             )
         except TypeError:  # tokenizers without the spacing option

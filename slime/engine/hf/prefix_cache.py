@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -85,5 +86,9 @@ class PrefixCache:
         self.tokens = 0
 
     def stats(self) -> dict[str, int]:
-        return {"prefix_cache_entries": len(self._entries), "prefix_cache_tokens": self.tokens,
-                "prefix_cache_hits": self.hits, "prefix_cache_misses": self.misses}
+        return {
+            "prefix_cache_entries": len(self._entries),
+            "prefix_cache_tokens": self.tokens,
+            "prefix_cache_hits": self.hits,
+            "prefix_cache_misses": self.misses,
+        }

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest
 from slime.engine.hf.sampling import SamplingParams

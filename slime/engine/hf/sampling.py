@@ -18,8 +18,9 @@ Order of operations per decode step (mirrors SGLang's sampler):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -66,7 +67,7 @@ class SamplingParams:
     sampling_seed: Optional[int] = None  # per-request RNG seed (else the server's generator)
 
     @classmethod
-    def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
+    def from_dict(cls, d: Optional[dict]) -> SamplingParams:
         """Build from a request's `sampling_params` dict; raise SamplingParamsError on bad keys/values."""
         d = dict(d or {})
         known = {f.name for f in dataclasses.fields(cls)}

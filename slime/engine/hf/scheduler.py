@@ -18,9 +18,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest, GenerationResult, Generator
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from typing import Any
 from aiohttp import web
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest, Generator
+from slime.engine.hf.http_util import DropMalformedRequestErrors, error_response, errors_as_json, json_body
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS
 from slime.engine.hf.protocol import generate_response, parse_generate
 from slime.engine.hf.sampling import SamplingParams
@@ -48,48 +48,6 @@ logger = logging.getLogger("slime.engine.hf.server")
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU_MEMORY_TYPE_* names
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
-
-
-class _DropMalformedRequestErrors(logging.Filter):
-    """sglang-router probes each worker with an HTTP/2 (h2c) preface first; aiohttp speaks HTTP/1
-    only and would log every probe as an error with a traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from aiohttp.http_exceptions import BadHttpMessage
-
-        return not (record.exc_info and isinstance(record.exc_info[1], BadHttpMessage))
-
-
-def _error(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-@web.middleware
-async def _errors_as_json(request: web.Request, handler):
-    """ValueError (bad request: GenerationError, SamplingParamsError, ...) → 400; anything else → 500."""
-    try:
-        return await handler(request)
-    except web.HTTPException:
-        raise
-    except ValueError as exc:
-        return _error(str(exc))
-    except Exception as exc:  # noqa: BLE001 - report and keep serving
-        logger.exception("%s %s failed", request.method, request.path)
-        return _error(f"internal error: {exc!r}", status=500)
-
-
-async def _json_body(request: web.Request) -> dict:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except json.JSONDecodeError as exc:
-        raise GenerationError(f"request body is not valid JSON: {exc}") from exc
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise GenerationError("request body must be a JSON object")
-    return body
 
 
 def load_model(model_path: str, device: str, dtype: str):
@@ -111,11 +69,18 @@ class HFServer:
         self.args = args
         self.model, self.tokenizer = load_model(args.model_path, args.device, args.dtype)
         self.dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        self.generator = Generator(self.model, self.tokenizer, seed=args.seed, context_length=args.context_length,
-                                   prefix_cache_tokens=args.prefix_cache_tokens)
+        self.generator = Generator(
+            self.model,
+            self.tokenizer,
+            seed=args.seed,
+            context_length=args.context_length,
+            prefix_cache_tokens=args.prefix_cache_tokens,
+        )
         self.scheduler = Scheduler(
-            self.generator, max_batch_size=args.max_batch_size,
-            batch_wait_s=args.batch_wait_ms / 1000.0, weight_version=args.weight_version,
+            self.generator,
+            max_batch_size=args.max_batch_size,
+            batch_wait_s=args.batch_wait_ms / 1000.0,
+            weight_version=args.weight_version,
         )
         self.port: int | None = None
         self.receiver = WeightReceiver(self.model, self.scheduler, device=args.device)
@@ -146,7 +111,7 @@ class HFServer:
     # ---------------------------------------------------------------- generation
     async def generate(self, request: web.Request) -> web.Response:
         arrived = time.perf_counter()
-        body = await _json_body(request)
+        body = await json_body(request)
         logger.debug("POST /generate %s", body)
         call = parse_generate(body, self.tokenizer.encode)  # ValueError → 400 (middleware)
         completions = await self.scheduler.submit(call.requests)
@@ -158,44 +123,69 @@ class HFServer:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         if self.scheduler.released_tags:
-            return _error(f"memory released: {sorted(self.scheduler.released_tags)}", status=503)
-        req = GenerationRequest([self.generator.pad_token_id], SamplingParams(max_new_tokens=1, temperature=0.0), "health")
+            return error_response(f"memory released: {sorted(self.scheduler.released_tags)}", status=503)
+        req = GenerationRequest(
+            [self.generator.pad_token_id], SamplingParams(max_new_tokens=1, temperature=0.0), "health"
+        )
         try:
             await asyncio.wait_for(self.scheduler.run_exclusive(self.generator.generate, [req]), timeout=60)
         except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
-            return _error(f"health generation failed: {exc!r}", status=503)
+            return error_response(f"health generation failed: {exc!r}", status=503)
         return web.Response(text="")
 
     # ---------------------------------------------------------------- info
     async def server_info(self, request: web.Request) -> web.Response:
         a = self.args
-        return web.json_response({
-            "engine": "hf", "version": "slime-hf-engine",
-            "model_path": a.model_path, "tokenizer_path": a.model_path, "served_model_name": a.model_path,
-            "host": a.host, "port": self.port, "seed": a.seed, "random_seed": a.seed,
-            "device": a.device, "dtype": self.dtype, "max_batch_size": a.max_batch_size,
-            "batch_wait_ms": a.batch_wait_ms, "num_threads": a.num_threads,
-            "prefix_cache_tokens": a.prefix_cache_tokens, "disable_radix_cache": a.prefix_cache_tokens == 0,
-            "context_length": self.generator.context_length, "tp_size": 1, "dp_size": 1,
-            "weight_version": self.scheduler.weight_version,
-            "device_memory_allocated_bytes": _device_memory_allocated(self.args.device),
-            "internal_states": [{
-                "paused": self.scheduler.paused, "released_tags": sorted(self.scheduler.released_tags),
-                "num_finished_reqs": self.scheduler.num_finished, **self.scheduler.loads(),
-                **self.generator.prefix_cache.stats(),
-            }],
-        })
+        return web.json_response(
+            {
+                "engine": "hf",
+                "version": "slime-hf-engine",
+                "model_path": a.model_path,
+                "tokenizer_path": a.model_path,
+                "served_model_name": a.model_path,
+                "host": a.host,
+                "port": self.port,
+                "seed": a.seed,
+                "random_seed": a.seed,
+                "device": a.device,
+                "dtype": self.dtype,
+                "max_batch_size": a.max_batch_size,
+                "batch_wait_ms": a.batch_wait_ms,
+                "num_threads": a.num_threads,
+                "prefix_cache_tokens": a.prefix_cache_tokens,
+                "disable_radix_cache": a.prefix_cache_tokens == 0,
+                "context_length": self.generator.context_length,
+                "tp_size": 1,
+                "dp_size": 1,
+                "weight_version": self.scheduler.weight_version,
+                "device_memory_allocated_bytes": _device_memory_allocated(self.args.device),
+                "internal_states": [
+                    {
+                        "paused": self.scheduler.paused,
+                        "released_tags": sorted(self.scheduler.released_tags),
+                        "num_finished_reqs": self.scheduler.num_finished,
+                        **self.scheduler.loads(),
+                        **self.generator.prefix_cache.stats(),
+                    }
+                ],
+            }
+        )
 
     async def model_info(self, request: web.Request) -> web.Response:
         config = self.model.config
-        return web.json_response({
-            "model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
-            "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": self.scheduler.weight_version,
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": getattr(config, "model_type", None),
-            "architectures": list(getattr(config, "architectures", None) or []),
-        })
+        return web.json_response(
+            {
+                "model_path": self.args.model_path,
+                "tokenizer_path": self.args.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": self.scheduler.weight_version,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": getattr(config, "model_type", None),
+                "architectures": list(getattr(config, "architectures", None) or []),
+            }
+        )
 
     async def get_weight_version(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self.scheduler.weight_version})
@@ -207,8 +197,16 @@ class HFServer:
 
     async def get_load(self, request: web.Request) -> web.Response:
         loads = self.scheduler.loads()
-        return web.json_response([{"dp_rank": 0, "num_reqs": loads["num_total_reqs"],
-                                   "num_waiting_reqs": loads["num_waiting_reqs"], "num_tokens": 0}])
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": loads["num_total_reqs"],
+                    "num_waiting_reqs": loads["num_waiting_reqs"],
+                    "num_tokens": 0,
+                }
+            ]
+        )
 
     # ---------------------------------------------------------------- control
     async def flush_cache(self, request: web.Request) -> web.Response:
@@ -222,7 +220,7 @@ class HFServer:
         _empty_device_cache(self.args.device, collect=False)
 
     async def pause_generation(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         await self.scheduler.pause(mode=str(body.get("mode") or "abort"))
         return web.json_response({})
 
@@ -231,17 +229,17 @@ class HFServer:
         return web.json_response({})
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         n = self.scheduler.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
         return web.json_response({"num_aborted": n})
 
     async def release_memory(self, request: web.Request) -> web.Response:
-        tags = _parse_tags((await _json_body(request)).get("tags"))
+        tags = _parse_tags((await json_body(request)).get("tags"))
         await self.scheduler.run_exclusive(self._release, tags)
         return web.json_response({"success": True, "released_tags": sorted(self.scheduler.released_tags)})
 
     async def resume_memory(self, request: web.Request) -> web.Response:
-        tags = _parse_tags((await _json_body(request)).get("tags"))
+        tags = _parse_tags((await json_body(request)).get("tags"))
         await self.scheduler.run_exclusive(self._resume, tags)
         return web.json_response({"success": True, "released_tags": sorted(self.scheduler.released_tags)})
 
@@ -260,7 +258,7 @@ class HFServer:
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:
-            body = await _json_body(request)
+            body = await json_body(request)
             model_path = body.get("model_path")
             if not model_path:
                 raise WeightLoadError("model_path is required")
@@ -321,7 +319,7 @@ def _empty_device_cache(device: str, *, collect: bool) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     server = HFServer(args)
-    app = web.Application(client_max_size=1 << 30, middlewares=[_errors_as_json])
+    app = web.Application(client_max_size=1 << 30, middlewares=[errors_as_json])
     app.add_routes(server.routes())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
@@ -329,8 +327,15 @@ async def serve(args: argparse.Namespace) -> None:
     await site.start()
     server.port = int(runner.addresses[0][1])  # the real port when --port 0
     server.scheduler.start()
-    logger.info("hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s)",
-                args.model_path, args.host, server.port, args.device, server.dtype, args.weight_version)
+    logger.info(
+        "hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s)",
+        args.model_path,
+        args.host,
+        server.port,
+        args.device,
+        server.dtype,
+        args.weight_version,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -350,13 +355,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
-    p.add_argument("--max-batch-size", type=int, default=256,
-                   help="sequences decoded together; 1: each output independent of concurrent requests")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=256,
+        help="sequences decoded together; 1: each output independent of concurrent requests",
+    )
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="ms to wait for more requests after the first")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--context-length", type=int, default=None, help="tokens; default max_position_embeddings")
-    p.add_argument("--prefix-cache-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help="prompt tokens of one-request prefills kept for reuse (0: no prefix cache)")
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="prompt tokens of one-request prefills kept for reuse (0: no prefix cache)",
+    )
     p.add_argument("--weight-version", default="0")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -364,9 +377,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s [hf-engine pid=%(process)d] %(name)s: %(message)s")
-    logging.getLogger("aiohttp.server").addFilter(_DropMalformedRequestErrors())
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s [hf-engine pid=%(process)d] %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.server").addFilter(DropMalformedRequestErrors())
     import torch
 
     torch.set_num_threads(max(1, args.num_threads))

@@ -18,7 +18,8 @@ import asyncio
 import json
 import logging
 import threading
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 import torch
 from aiohttp import web
@@ -83,11 +84,13 @@ class WeightReceiver:
     async def handle_init_group(self, request: web.Request) -> web.Response:
         async def work() -> str:
             return await asyncio.to_thread(self.init_group, await _body(request))
+
         return await self._reply("init_weights_update_group", work())
 
     async def handle_destroy_group(self, request: web.Request) -> web.Response:
         async def work() -> str:
             return await asyncio.to_thread(self.destroy_group, await _body(request))
+
         return await self._reply("destroy_weights_update_group", work())
 
     async def handle_update_from_distributed(self, request: web.Request) -> web.Response:
@@ -96,15 +99,19 @@ class WeightReceiver:
             tensors = await asyncio.to_thread(self.receive, body)
             count = await self.scheduler.run_exclusive(self.load, tensors, body.get("weight_version"))
             return f"Succeeded to update {count} tensors from group {body.get('group_name')!r}."
+
         return await self._reply("update_weights_from_distributed", work())
 
     async def handle_update_from_tensor(self, request: web.Request) -> web.Response:
         def copy_in(body: dict) -> str:  # on the model thread; the producer frees the bucket after the reply
             tensors = self.open_bucket(body)
-            return f"Succeeded to update {self.load(tensors, body.get('weight_version'))} tensors from a flattened bucket."
+            return (
+                f"Succeeded to update {self.load(tensors, body.get('weight_version'))} tensors from a flattened bucket."
+            )
 
         async def work() -> str:
             return await self.scheduler.run_exclusive(copy_in, await _body(request))
+
         return await self._reply("update_weights_from_tensor", work())
 
     async def handle_checksum(self, request: web.Request) -> web.Response:
@@ -115,15 +122,22 @@ class WeightReceiver:
     def init_group(self, body: dict) -> str:
         """Join a group (blocks until every rank joined); returns a message."""
         address, port, offset, world, name = _require(
-            body, "master_address", "master_port", "rank_offset", "world_size", "group_name")
+            body, "master_address", "master_port", "rank_offset", "world_size", "group_name"
+        )
         backend = body.get("backend") or ("nccl" if self.device.startswith("cuda") else "gloo")
         with self._lock:
             if name in self.groups:
                 raise WeightLoadError(f"group {name!r} already exists; destroy it first")
         store = wire.create_store(str(address), int(port), int(world), is_master=False, timeout_s=GROUP_TIMEOUT_S)
-        group = wire.WeightGroup(store, rank=int(offset), world_size=int(world), group_name=str(name),
-                                 backend=str(backend), timeout_s=GROUP_TIMEOUT_S,
-                                 address=wire.local_address_towards(str(address)))
+        group = wire.WeightGroup(
+            store,
+            rank=int(offset),
+            world_size=int(world),
+            group_name=str(name),
+            backend=str(backend),
+            timeout_s=GROUP_TIMEOUT_S,
+            address=wire.local_address_towards(str(address)),
+        )
         with self._lock:
             self.groups[str(name)] = group
         return f"joined weight-update group {name!r} as rank {offset} of {world} ({backend})"
@@ -144,7 +158,9 @@ class WeightReceiver:
         if group is None:
             raise WeightLoadError(f"no weight-update group {name!r}; call /init_weights_update_group first")
         if not len(names) == len(dtypes) == len(shapes):
-            raise WeightLoadError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
+            raise WeightLoadError(
+                f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
+            )
         parsed = [wire.parse_dtype(d) for d in dtypes]  # fails before any broadcast is awaited
         received = {}
         for tensor_name, dtype, shape in zip(names, parsed, shapes):
@@ -160,8 +176,10 @@ class WeightReceiver:
         if body.get("load_format", "flattened_bucket") != "flattened_bucket":
             raise WeightLoadError(f"load_format={body.get('load_format')!r} is not supported (flattened_bucket)")
         if not isinstance(items, list) or len(items) != 1:
-            raise WeightLoadError(f"expected one serialised bucket (engine TP size 1), got "
-                                  f"{len(items) if isinstance(items, list) else type(items).__name__}")
+            raise WeightLoadError(
+                f"expected one serialised bucket (engine TP size 1), got "
+                f"{len(items) if isinstance(items, list) else type(items).__name__}"
+            )
         try:
             payload = wire.decode(items[0])
             buffer = wire.open_handle(payload["handle"])
@@ -184,8 +202,10 @@ class WeightReceiver:
         names = [n for n, _ in self.model.named_parameters()]
         params = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
         names += [n for n in state if n not in params]  # persistent buffers
-        return {"dtype": wire.dtype_name(next(self.model.parameters()).dtype),
-                "checksums": {n: wire.tensor_sha256(state[n]) for n in names}}
+        return {
+            "dtype": wire.dtype_name(next(self.model.parameters()).dtype),
+            "checksums": {n: wire.tensor_sha256(state[n]) for n in names},
+        }
 
     def close(self) -> None:
         with self._lock:

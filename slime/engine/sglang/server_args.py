@@ -43,7 +43,10 @@ _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config ke
 
 # Python types of the annotations whose values can be checked without sglang; others are not checked.
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,), "float": (int, float), "bool": (bool,), "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
 }
 
 
@@ -70,8 +73,11 @@ def known_fields() -> FieldList:
     if installed is not None:
         return installed
     data = json.loads(FIELDS_FILE.read_text())
-    return FieldList(version=data["sglang_version"], source=f"pinned list {FIELDS_FILE.name}",
-                     types={name: spec.get("type", "") for name, spec in data["fields"].items()})
+    return FieldList(
+        version=data["sglang_version"],
+        source=f"pinned list {FIELDS_FILE.name}",
+        types={name: spec.get("type", "") for name, spec in data["fields"].items()},
+    )
 
 
 def _installed_fields() -> Optional[FieldList]:
@@ -86,12 +92,16 @@ def _installed_fields() -> Optional[FieldList]:
         import msgspec.structs
 
         names = [f.name for f in msgspec.structs.fields(ServerArgs)]
-    return FieldList(version=sglang.__version__, source="installed sglang",
-                     types={name: "" for name in names if not name.startswith("_")})
+    return FieldList(
+        version=sglang.__version__,
+        source="installed sglang",
+        types={name: "" for name in names if not name.startswith("_")},
+    )
 
 
-def check_server_args(args: dict[str, Any], fields: Optional[FieldList] = None, *,
-                      prefix: str = "rollout.sglang") -> list[ServerArgIssue]:
+def check_server_args(
+    args: dict[str, Any], fields: Optional[FieldList] = None, *, prefix: str = "rollout.sglang"
+) -> list[ServerArgIssue]:
     """Every problem with `args` (ServerArgs field -> value): owned fields, unknown names, simple wrong types."""
     fields = fields or known_fields()
     issues = []
@@ -100,25 +110,42 @@ def check_server_args(args: dict[str, Any], fields: Optional[FieldList] = None, 
         if name in OWNED_FIELDS:
             owner = OWNED_FIELDS[name]
             if "." in owner or owner in _CONFIG_KEYS:
-                issues.append(ServerArgIssue(key, f"the framework sets ServerArgs.{name} itself, from {owner}",
-                                             f"remove {key}; set {owner} instead"))
+                issues.append(
+                    ServerArgIssue(
+                        key,
+                        f"the framework sets ServerArgs.{name} itself, from {owner}",
+                        f"remove {key}; set {owner} instead",
+                    )
+                )
             else:
-                issues.append(ServerArgIssue(key, f"the framework sets ServerArgs.{name} itself ({owner})", f"remove {key}"))
+                issues.append(
+                    ServerArgIssue(key, f"the framework sets ServerArgs.{name} itself ({owner})", f"remove {key}")
+                )
         elif name not in fields.types:
             close = difflib.get_close_matches(name, list(fields.types), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            issues.append(ServerArgIssue(key, f"not a ServerArgs field of sglang {fields.version} ({fields.source}){hint}",
-                                         "use a ServerArgs field name (python -m sglang.launch_server --help, "
-                                         "dashes as underscores) or remove it"))
+            issues.append(
+                ServerArgIssue(
+                    key,
+                    f"not a ServerArgs field of sglang {fields.version} ({fields.source}){hint}",
+                    "use a ServerArgs field name (python -m sglang.launch_server --help, "
+                    "dashes as underscores) or remove it",
+                )
+            )
         elif not _type_ok(fields.types[name], value):
-            issues.append(ServerArgIssue(key, f"ServerArgs.{name} is {fields.types[name]}, got {type(value).__name__}",
-                                         f"set {key} to a value of type {fields.types[name]}"))
+            issues.append(
+                ServerArgIssue(
+                    key,
+                    f"ServerArgs.{name} is {fields.types[name]}, got {type(value).__name__}",
+                    f"set {key} to a value of type {fields.types[name]}",
+                )
+            )
     return issues
 
 
 def _type_ok(annotation: str, value: Any) -> bool:
     optional = annotation.startswith("Optional[") and annotation.endswith("]")
-    inner = annotation[len("Optional["):-1] if optional else annotation
+    inner = annotation[len("Optional[") : -1] if optional else annotation
     if value is None:
         return optional or inner not in _SIMPLE_TYPES
     allowed = _SIMPLE_TYPES.get(inner)

@@ -15,9 +15,9 @@ import torch
 from slime.algo import reduce, token_weights
 from slime.train import batching, packing
 from slime.train.actor_loss import actor_loss
-from slime.train.setup import needs_ref
 from slime.train.advantages import compute_advantages
 from slime.train.fsdp.rank import FSDPRank
+from slime.train.setup import needs_ref
 from slime.types import TrainBatch
 
 LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs"}
@@ -43,8 +43,7 @@ class FSDPBackend(FSDPRank):
         from transformers import AutoModelForCausalLM
 
         # fp32 master weights; bf16 compute comes from autocast
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                     attn_implementation=packing.register())
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=packing.register())
         return model.to(self.device)
 
     # ---- log-probs -------------------------------------------------------------------------
@@ -56,8 +55,13 @@ class FSDPBackend(FSDPRank):
         response rows only, `LOGITS_CHUNK_TOKENS` at a time: a micro-batch's fp32 logits never exist whole.
         """
         with self._autocast():
-            return packing.log_probs_and_entropy(model, self._pack(indices), temperature=self.setup.temperature,
-                                                 with_entropy=with_entropy, chunk_size=self.LOGITS_CHUNK_TOKENS)
+            return packing.log_probs_and_entropy(
+                model,
+                self._pack(indices),
+                temperature=self.setup.temperature,
+                with_entropy=with_entropy,
+                chunk_size=self.LOGITS_CHUNK_TOKENS,
+            )
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`.
@@ -110,14 +114,27 @@ class FSDPBackend(FSDPRank):
         if s.algo.use_rollout_logprobs:
             columns["old_log_probs"] = columns["rollout_log_probs"]
         advantages, returns, kl = compute_advantages(
-            s.algo, rewards=torch.tensor(batch.rewards, dtype=torch.float32, device=self.device),
-            response_lengths=batch.response_lengths, loss_mask=mask, old_log_probs=columns.get("old_log_probs"),
-            ref_log_probs=columns.get("ref_log_probs"), values=columns.get("values"), all_reduce=self._all_reduce)
+            s.algo,
+            rewards=torch.tensor(batch.rewards, dtype=torch.float32, device=self.device),
+            response_lengths=batch.response_lengths,
+            loss_mask=mask,
+            old_log_probs=columns.get("old_log_probs"),
+            ref_log_probs=columns.get("ref_log_probs"),
+            values=columns.get("values"),
+            all_reduce=self._all_reduce,
+        )
         columns.update(advantages=advantages, kl=kl)
         if returns is not None:
             columns["returns"] = returns
-        names = {"advantages": "advantages", "kl": "kl", "log_probs": "old_log_probs", "ref_log_probs": "ref_log_probs",
-                 "returns": "returns", "values": "values", "rollout_log_probs": "rollout_log_probs"}
+        names = {
+            "advantages": "advantages",
+            "kl": "kl",
+            "log_probs": "old_log_probs",
+            "ref_log_probs": "ref_log_probs",
+            "returns": "returns",
+            "values": "values",
+            "rollout_log_probs": "rollout_log_probs",
+        }
         return self._column_means({metric: columns[key] for metric, key in names.items() if key in columns}, mask)
 
     def _column_means(self, columns: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
@@ -125,8 +142,9 @@ class FSDPBackend(FSDPRank):
         batch = self.batch
         weights = token_weights(mask, batch.response_lengths, mode="per_sample", num_trajectories=1)
         names = sorted(columns)
-        sums = torch.stack([reduce(columns[k].float(), weights) for k in names]
-                           + [torch.tensor(float(len(batch)), device=self.device)])
+        sums = torch.stack(
+            [reduce(columns[k].float(), weights) for k in names] + [torch.tensor(float(len(batch)), device=self.device)]
+        )
         sums = self._all_reduce(sums)
         count = float(sums[-1])
         return {f"rollout/{k}": float(v) / count for k, v in zip(names, sums[:-1])}
@@ -140,18 +158,28 @@ class FSDPBackend(FSDPRank):
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
+
             def micro_loss(mb, weights, mb_mask, step=step):
                 log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=True)
                 pg_weights = weights
                 if s.algo.pg_loss_constant_length is not None:
-                    pg_weights = self._weights(batch, mb, step, mb_mask, "constant",
-                                               constant_length=float(s.algo.pg_loss_constant_length))
+                    pg_weights = self._weights(
+                        batch, mb, step, mb_mask, "constant", constant_length=float(s.algo.pg_loss_constant_length)
+                    )
                 old = pick("old_log_probs", mb)
                 return actor_loss(
-                    log_probs=log_probs, old_log_probs=log_probs.detach() if old is None else old,
-                    advantages=pick("advantages", mb), weights=weights, pg_weights=pg_weights, algo=s.algo,
-                    loss_mask=mb_mask, response_lengths=[batch.response_lengths[i] for i in mb], entropy=entropy,
-                    ref_log_probs=pick("ref_log_probs", mb), rollout_log_probs=pick("rollout_log_probs", mb))
+                    log_probs=log_probs,
+                    old_log_probs=log_probs.detach() if old is None else old,
+                    advantages=pick("advantages", mb),
+                    weights=weights,
+                    pg_weights=pg_weights,
+                    algo=s.algo,
+                    loss_mask=mb_mask,
+                    response_lengths=[batch.response_lengths[i] for i in mb],
+                    entropy=entropy,
+                    ref_log_probs=pick("ref_log_probs", mb),
+                    rollout_log_probs=pick("rollout_log_probs", mb),
+                )
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)

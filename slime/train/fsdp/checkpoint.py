@@ -51,11 +51,18 @@ def save(backend, root: Path, rollout_id: int) -> None:
     if not backend.setup.checkpoint.no_save_optim:
         optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=_FULL)
         if backend.rank == 0:
-            torch.save({"optimizer": optim_state, "scheduler": backend.scheduler.state_dict(),
-                        "global_step": backend.global_step}, target / "optimizer.pt")
-    torch.save({"cpu": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
-               target / f"rng_rank{backend.rank}.pt")
+            torch.save(
+                {
+                    "optimizer": optim_state,
+                    "scheduler": backend.scheduler.state_dict(),
+                    "global_step": backend.global_step,
+                },
+                target / "optimizer.pt",
+            )
+    torch.save(
+        {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
+        target / f"rng_rank{backend.rank}.pt",
+    )
     parallel.barrier()
     if backend.rank == 0:
         tmp = root / (TRACKER + ".tmp")
@@ -87,8 +94,9 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
     target = iter_dir(root_path, rollout_id)
     if (target / "optimizer.pt").exists():
         saved = torch.load(target / "optimizer.pt", weights_only=False)
-        set_optimizer_state_dict(backend.model, backend.optimizer, saved["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            backend.model, backend.optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True)
+        )
         backend.scheduler.load_state_dict(saved["scheduler"])
         backend.global_step = saved["global_step"]
     rng_file = target / f"rng_rank{backend.rank}.pt"

@@ -36,8 +36,9 @@ class FSDPCritic(FSDPRank):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)  # no dropout on values
-        model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
-                                                                attn_implementation=packing.register())
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch.float32, attn_implementation=packing.register()
+        )
         return model.to(self.device)
 
     def _values(self, batch: TrainBatch, indices: list[int]) -> torch.Tensor:
@@ -74,11 +75,15 @@ class FSDPCritic(FSDPRank):
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
+
             def micro_loss(mb, weights, _mask):  # the weights already carry the mask
                 values = self._values(batch, mb)
-                out = clipped_value_loss(values, batching.pick(columns["values"], offsets, mb),
-                                         batching.pick(columns["returns"], offsets, mb),
-                                         value_clip=self.setup.algo.value_clip)
+                out = clipped_value_loss(
+                    values,
+                    batching.pick(columns["values"], offsets, mb),
+                    batching.pick(columns["returns"], offsets, mb),
+                    value_clip=self.setup.algo.value_clip,
+                )
                 loss = reduce(out["loss"], weights)
                 return loss, {"value_loss": loss.detach(), "value_clipfrac": reduce(out["clipfrac"], weights)}
 

@@ -118,8 +118,14 @@ def sum_gradients(model: nn.Module, *, device: str, groups: Groups) -> None:
     """Complete the gradients: the partial sums of replicated parameters inside the tp split over the
     tp ranks; then every gradient over the dp ranks (FSDP2 has already reduced its own)."""
     if groups.tp is not None:
-        _all_reduce_flat([_local(p.grad) for name, p in model.named_parameters()
-                          if p.grad is not None and name.endswith(TP_PARTIAL_GRADS)], groups.tp)
+        _all_reduce_flat(
+            [
+                _local(p.grad)
+                for name, p in model.named_parameters()
+                if p.grad is not None and name.endswith(TP_PARTIAL_GRADS)
+            ],
+            groups.tp,
+        )
     if groups.dp is None or groups.layout.dp == 1 or uses_fsdp(device):
         return
     _all_reduce_flat([_local(p.grad) for p in model.parameters() if p.grad is not None], groups.dp)

@@ -9,8 +9,8 @@ and steps, and returns the step's metrics already reduced over ranks.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -38,8 +38,13 @@ class FSDPRank(TrainBackend):
         s = self.setup
         if s.device == "cpu":
             torch.set_num_threads(s.train.num_threads)
-        parallel.init_process_group(device=s.device, rank=self.rank, world_size=self.world_size,
-                                    master_addr=self.master_addr, master_port=self.master_port)
+        parallel.init_process_group(
+            device=s.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+        )
         self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
         self.groups = parallel.Groups(self.layout, s.device)
         torch.manual_seed(s.seed + self.coords.dp_rank)  # the ranks of one tp group draw alike
@@ -49,14 +54,25 @@ class FSDPRank(TrainBackend):
         parallel.apply_tensor_parallel(self.model, self.groups)
         self.model = parallel.apply_data_parallel(self.model, device=s.device, groups=self.groups)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lr, betas=(s.train.adam_beta1, s.train.adam_beta2),
-            eps=s.train.adam_eps, weight_decay=s.train.weight_decay,
+            self.model.parameters(),
+            lr=lr,
+            betas=(s.train.adam_beta1, s.train.adam_beta2),
+            eps=s.train.adam_eps,
+            weight_decay=s.train.weight_decay,
             # the multi-tensor kernels reject a mix of tensor-parallel (DTensor) and plain parameters
             foreach=False if self.layout.tp > 1 else None,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(
-            step, total_steps=s.num_optimizer_steps, warmup_steps=warmup_steps,
-            style=s.train.lr_decay_style, lr=lr, min_lr=s.train.min_lr))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: lr_factor(
+                step,
+                total_steps=s.num_optimizer_steps,
+                warmup_steps=warmup_steps,
+                style=s.train.lr_decay_style,
+                lr=lr,
+                min_lr=s.train.min_lr,
+            ),
+        )
         self.pad_id = self.model.config.pad_token_id or 0
         self.global_step = 0
 
@@ -73,15 +89,20 @@ class FSDPRank(TrainBackend):
         """The micro-batches of one optimizer step's samples (`batching.split`), padded with empty ones
         to the most any DP rank has, so every rank runs the same number of forwards per step."""
         p = self.setup.parallelism
-        micro = batching.split(indices, [len(t) for t in self.batch.tokens], micro_batch_size=p.micro_batch_size,
-                               max_tokens=p.max_tokens_per_gpu)
+        micro = batching.split(
+            indices,
+            [len(t) for t in self.batch.tokens],
+            micro_batch_size=p.micro_batch_size,
+            max_tokens=p.max_tokens_per_gpu,
+        )
         count = parallel.all_reduce_max(torch.tensor(len(micro), device=self.device), self.groups.dp)
         return batching.pad_to(micro, int(count))
 
     def _pack(self, indices: list[int]) -> packing.Packed:
         batch = self.batch
-        return packing.pack([batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices],
-                            self.device)
+        return packing.pack(
+            [batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices], self.device
+        )
 
     def _dummy_loss(self, model) -> torch.Tensor:
         """A zero loss from a one-token forward: an empty micro-batch still takes part in FSDP2's
@@ -90,17 +111,30 @@ class FSDPRank(TrainBackend):
         with self._autocast():
             return model(**packed.model_kwargs()).logits.float().sum() * 0.0
 
-    def _weights(self, batch: TrainBatch, mb: list[int], step: int, mask: torch.Tensor, mode: str,
-                 constant_length: float | None = None) -> torch.Tensor:
-        return token_weights(mask, [batch.response_lengths[i] for i in mb], mode=mode,
-                             num_trajectories=batch.num_trajectories_per_step,
-                             total_masked_tokens=float(batch.masked_tokens_per_step[step]), constant_length=constant_length)
+    def _weights(
+        self,
+        batch: TrainBatch,
+        mb: list[int],
+        step: int,
+        mask: torch.Tensor,
+        mode: str,
+        constant_length: float | None = None,
+    ) -> torch.Tensor:
+        return token_weights(
+            mask,
+            [batch.response_lengths[i] for i in mb],
+            mode=mode,
+            num_trajectories=batch.num_trajectories_per_step,
+            total_masked_tokens=float(batch.masked_tokens_per_step[step]),
+            constant_length=constant_length,
+        )
 
     def _flat(self, values, indices: list[int]) -> torch.Tensor:
         return batching.flat(values, indices, dtype=torch.float32, device=self.device)
 
-    def _optimizer_step(self, batch: TrainBatch, indices: list[int], step: int, micro_loss: MicroBatchLoss,
-                        prefix: str) -> dict[str, float]:
+    def _optimizer_step(
+        self, batch: TrainBatch, indices: list[int], step: int, micro_loss: MicroBatchLoss, prefix: str
+    ) -> dict[str, float]:
         """One optimizer step over `indices`; `micro_loss(mb, weights, mask)` returns (loss, weighted metrics)."""
         s = self.setup
         self.optimizer.zero_grad(set_to_none=True)
