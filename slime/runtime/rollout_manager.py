@@ -133,35 +133,29 @@ class RolloutManager:
 
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
+        self.data_source = self._prompt_source(d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle)
+        self.eval_source = None
+        if s.eval.interval:
+            self.eval_source = self._prompt_source(s.eval.prompt_data, s.eval.n_samples_per_prompt, shuffle=False)
+        # validation resolved rollout.function (a registry name, a path or null) to an import path
+        self.rollout_fn = load_callable(r.function, key="rollout.function")
+        self.dynamic_filter = (
+            load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter") if s.algo.dynamic_filter else None
+        )
+
+    def _prompt_source(self, path: str, n_samples_per_prompt: int, *, shuffle: bool) -> DataSource:
+        """A data source over the prompt file at `path`, read with `data`'s keys and templating."""
+        d = self.setup.data
         dataset = PromptDataset(
-            d.prompt_data,
+            path,
             tokenizer=self.tokenizer,
             input_key=d.input_key,
             label_key=d.label_key,
             metadata_key=d.metadata_key,
             apply_chat_template=d.apply_chat_template,
         )
-        self.data_source = DataSource(
-            dataset, n_samples_per_prompt=r.n_samples_per_prompt, shuffle=d.shuffle, seed=r.seed
-        )
-        self.eval_source = None
-        if s.eval.interval:
-            e = s.eval
-            eval_set = PromptDataset(
-                e.prompt_data,
-                tokenizer=self.tokenizer,
-                input_key=d.input_key,
-                label_key=d.label_key,
-                metadata_key=d.metadata_key,
-                apply_chat_template=d.apply_chat_template,
-            )
-            self.eval_source = DataSource(
-                eval_set, n_samples_per_prompt=e.n_samples_per_prompt, shuffle=False, seed=r.seed
-            )
-        # validation resolved rollout.function (a registry name, a path or null) to an import path
-        self.rollout_fn = load_callable(r.function, key="rollout.function")
-        self.dynamic_filter = (
-            load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter") if s.algo.dynamic_filter else None
+        return DataSource(
+            dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=self.setup.rollout.seed
         )
 
     def urls(self) -> list[str]:

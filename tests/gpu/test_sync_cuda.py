@@ -9,13 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from slime.config.schema import HFEngineConfig
 from slime.engine import http_client
-from slime.engine.base import EngineLaunch
-from slime.engine.hf.engine import HFEngine
 from slime.sync import wire
 from slime.sync.base import SyncContext
 from tests.gpu.test_fsdp_cuda import free_port
+from tests.sync.test_disk_sync import start_engine
 from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 pytestmark = pytest.mark.gpu
@@ -34,20 +32,7 @@ def trained_cuda(tiny_model_dir):
 def test_cuda_sync_is_bit_exact(trained_cuda, tiny_model_dir, tmp_path, mode, gpu):
     if int(gpu) >= torch.cuda.device_count():
         pytest.skip(f"{mode} needs GPU {gpu}")
-    engine = HFEngine(
-        EngineLaunch(
-            rank=0,
-            model_path=tiny_model_dir,
-            host="127.0.0.1",
-            seed=0,
-            device="cuda",
-            gpu_ids=(gpu,),
-            log_dir=str(tmp_path / "logs"),
-            startup_timeout_s=180,
-        ),
-        HFEngineConfig(max_batch_size=4, num_threads=1, dtype="bfloat16"),
-    )
-    engine.start()
+    engine = start_engine(tiny_model_dir, tmp_path / "logs", device="cuda", gpu_ids=(gpu,), dtype="bfloat16")
     try:
         context = SyncContext(
             source_checkpoint=tiny_model_dir,

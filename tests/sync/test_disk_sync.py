@@ -15,6 +15,23 @@ from slime.sync.base import SyncContext
 from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 
+def start_engine(model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str, ...] = (), **config) -> HFEngine:
+    """A started hf engine server (one process) on `model_dir`; `config` overrides HFEngineConfig fields."""
+    launch = EngineLaunch(
+        rank=0,
+        model_path=str(model_dir),
+        host="127.0.0.1",
+        seed=0,
+        device=device,
+        gpu_ids=gpu_ids,
+        log_dir=str(log_dir),
+        startup_timeout_s=180,
+    )
+    engine = HFEngine(launch, HFEngineConfig(**{"max_batch_size": 4, "num_threads": 1, **config}))
+    engine.start()
+    return engine
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_model_dir):
     """An fsdp actor rank whose weights moved away from the checkpoint (one high-lr rollout step)."""
@@ -47,19 +64,8 @@ def test_save_hf_round_trips_bit_exact(trained, tmp_path):
 @pytest.mark.parametrize("keep", [False, True])
 def test_disk_sync_directories_are_removed_unless_kept(trained, tiny_model_dir, tmp_path, keep):
     """What disk mode leaves behind (tests/sync/test_sync_modes.py checks the weights bit for bit)."""
-    engine = HFEngine(
-        EngineLaunch(
-            rank=0,
-            model_path=tiny_model_dir,
-            host="127.0.0.1",
-            seed=0,
-            device="cpu",
-            log_dir=str(tmp_path / "logs"),
-            startup_timeout_s=90,
-        ),
-        HFEngineConfig(max_batch_size=4, num_threads=1),
-    )
-    url = engine.start()
+    engine = start_engine(tiny_model_dir, tmp_path / "logs")
+    url = engine.url
     try:
         context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, keep=keep)
         trained.connect_weight_sync("disk", [url], context)

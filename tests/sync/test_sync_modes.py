@@ -9,14 +9,11 @@ import os
 import pytest
 import torch
 
-from slime.config.schema import HFEngineConfig
 from slime.engine import http_client
-from slime.engine.base import EngineLaunch
-from slime.engine.hf.engine import HFEngine
 from slime.engine.http_client import EngineHTTPError
 from slime.sync import wire
 from slime.sync.base import SyncContext, WeightMismatchError
-from tests.sync.test_disk_sync import trained  # noqa: F401 - the module-scoped trained fsdp rank
+from tests.sync.test_disk_sync import start_engine, trained  # noqa: F401 - the module-scoped trained fsdp rank
 from tests.train.test_fsdp_backend import response_log_probs
 
 PROMPT = {
@@ -24,23 +21,6 @@ PROMPT = {
     "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
     "return_logprob": True,
 }
-
-
-def start_engine(model_dir, log_dir) -> HFEngine:
-    engine = HFEngine(
-        EngineLaunch(
-            rank=0,
-            model_path=model_dir,
-            host="127.0.0.1",
-            seed=0,
-            device="cpu",
-            log_dir=str(log_dir),
-            startup_timeout_s=90,
-        ),
-        HFEngineConfig(max_batch_size=4, num_threads=1),
-    )
-    engine.start()
-    return engine
 
 
 @pytest.fixture(scope="module")
