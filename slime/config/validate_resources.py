@@ -84,7 +84,7 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
 
 def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     """Options the chosen backend and engine cannot honour are rejected, not ignored."""
-    c, p = cfg.cluster, cfg.parallelism
+    p = cfg.parallelism
     model_parallel = p.tp * p.pp * p.cp
     if derived.actor_gpus % model_parallel:
         yield Problem(
@@ -108,46 +108,63 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
             "set train.ref_offload=false, or use a KL term",
         )
     if p.backend == "fsdp":
-        for key in ("pp", "cp", "ep", "etp"):
-            if getattr(p, key) != 1:
-                yield Problem(
-                    f"parallelism.{key}",
-                    getattr(p, key),
-                    "the fsdp backend splits models by data and tensor parallelism only",
-                    f"set parallelism.{key}=1 or parallelism=megatron",
-                )
-        m = cfg.model
-        for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
-            if p.tp > 1 and getattr(m, key) % p.tp:
-                yield Problem(
-                    "parallelism.tp",
-                    p.tp,
-                    f"tensor parallelism splits model.{key}={getattr(m, key)} evenly over the tp ranks",
-                    f"pick a parallelism.tp dividing {getattr(m, key)}",
-                )
-        if p.sequence_parallel:
-            yield Problem(
-                "parallelism.sequence_parallel",
-                True,
-                "sequence parallelism needs tensor parallelism (megatron)",
-                "set parallelism.sequence_parallel=false",
-            )
+        yield from check_fsdp_options(cfg)
     if cfg.rollout.engine == "hf":
-        if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
+        yield from check_hf_engine_options(cfg)
+    yield from check_weight_sync(cfg)
+
+
+def check_fsdp_options(cfg: RunConfig) -> Iterator[Problem]:
+    """The fsdp backend splits by data and tensor parallelism; tp must divide the split dimensions."""
+    p = cfg.parallelism
+    for key in ("pp", "cp", "ep", "etp"):
+        if getattr(p, key) != 1:
             yield Problem(
-                "rollout.hf.max_batch_size",
-                cfg.rollout.hf.max_batch_size,
-                "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
-                "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
+                f"parallelism.{key}",
+                getattr(p, key),
+                "the fsdp backend splits models by data and tensor parallelism only",
+                f"set parallelism.{key}=1 or parallelism=megatron",
             )
-        if c.rollout.num_gpus_per_engine != 1:
+    m = cfg.model
+    for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+        if p.tp > 1 and getattr(m, key) % p.tp:
             yield Problem(
-                "cluster.rollout.num_gpus_per_engine",
-                c.rollout.num_gpus_per_engine,
-                "the built-in hf engine runs on one device",
-                "set cluster.rollout.num_gpus_per_engine=1",
+                "parallelism.tp",
+                p.tp,
+                f"tensor parallelism splits model.{key}={getattr(m, key)} evenly over the tp ranks",
+                f"pick a parallelism.tp dividing {getattr(m, key)}",
             )
-    ws = cfg.rollout.weight_sync
+    if p.sequence_parallel:
+        yield Problem(
+            "parallelism.sequence_parallel",
+            True,
+            "sequence parallelism needs tensor parallelism (megatron)",
+            "set parallelism.sequence_parallel=false",
+        )
+
+
+def check_hf_engine_options(cfg: RunConfig) -> Iterator[Problem]:
+    """The built-in engine: one device, and one request at a time when deterministic."""
+    c = cfg.cluster
+    if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
+        yield Problem(
+            "rollout.hf.max_batch_size",
+            cfg.rollout.hf.max_batch_size,
+            "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
+            "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
+        )
+    if c.rollout.num_gpus_per_engine != 1:
+        yield Problem(
+            "cluster.rollout.num_gpus_per_engine",
+            c.rollout.num_gpus_per_engine,
+            "the built-in hf engine runs on one device",
+            "set cluster.rollout.num_gpus_per_engine=1",
+        )
+
+
+def check_weight_sync(cfg: RunConfig) -> Iterator[Problem]:
+    """`keep` is disk-only; tensor mode needs the engines on the trainer's node and devices."""
+    c, ws = cfg.cluster, cfg.rollout.weight_sync
     if ws.keep and ws.mode != "disk":
         yield Problem(
             "rollout.weight_sync.keep",
