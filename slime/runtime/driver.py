@@ -125,27 +125,32 @@ def run(
             exit_code = 0
         finally:
             interrupts.begin_teardown()
-            state_phase = state.phase
-            state.enter("teardown")
-            if engines_ready is None or not ray.wait([engines_ready], timeout=0)[0]:
-                # Still starting: a shutdown call would wait for the engines to come up first. Killing the
-                # manager takes its router and engine actors along (their servers die with them).
-                ray.kill(manager)
-                stopping = None
-            else:
-                stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
-            if tracker is not None:
-                curve = tracker.finish(exit_code)
-                state.reward_curve = str(curve) if curve else None
-            try:
-                if stopping is not None:
-                    ray.get(stopping, timeout=60)
-            except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
-                logger.warning("rollout manager shutdown failed: %s", exc)
-            for group in (actor, critic):
-                if group is not None:
-                    group.shutdown()
-            state.phase = state_phase if exit_code else "done"
+            _teardown(state, manager, engines_ready, tracker, (actor, critic), exit_code=exit_code)
+
+
+def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, groups, *, exit_code: int) -> None:
+    """Stop the rollout side (killed if still starting), close the tracker meanwhile, then the trainers."""
+    state_phase = state.phase
+    state.enter("teardown")
+    if engines_ready is None or not ray.wait([engines_ready], timeout=0)[0]:
+        # Still starting: a shutdown call would wait for the engines to come up first. Killing the
+        # manager takes its router and engine actors along (their servers die with them).
+        ray.kill(manager)
+        stopping = None
+    else:
+        stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
+    if tracker is not None:
+        curve = tracker.finish(exit_code)
+        state.reward_curve = str(curve) if curve else None
+    try:
+        if stopping is not None:
+            ray.get(stopping, timeout=60)
+    except Exception as exc:  # keep tearing down; ray.shutdown() below kills what is left
+        logger.warning("rollout manager shutdown failed: %s", exc)
+    for group in groups:
+        if group is not None:
+            group.shutdown()
+    state.phase = state_phase if exit_code else "done"
 
 
 def train_layout(cfg: RunConfig, derived: Derived) -> RankLayout:
