@@ -108,9 +108,9 @@ def test_reserved_ports_are_distinct_bindable_and_released(tmp_path, monkeypatch
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         held = busy.getsockname()[1]
-        lease = reserve_ports("127.0.0.1", 1, first=held, last=held + 1)
-        assert lease.ports == [held + 1]
-        assert held not in lease.ports
+        # the range starts at the busy port; the ports after it may be taken by others on a shared machine
+        lease = reserve_ports("127.0.0.1", 1, first=held, last=held + 50)
+        assert lease.ports[0] != held and held < lease.ports[0] <= held + 50
         lease.release()
     port = first.ports[0]
     with pytest.raises(RuntimeError, match="only 0 of 1 ports free"):
