@@ -81,7 +81,8 @@ PRODUCTION = {
     "data.label_key": "label",
     "data.apply_chat_template": True,
     "data.generator": None,
-    "parallelism.micro_batch_size": 1,
+    "parallelism.max_tokens_per_gpu": 16384,
+    "parallelism.gradient_checkpointing": True,
 }
 
 
@@ -148,11 +149,11 @@ def test_command_line_beats_the_preset():
 
 def test_recipe_overlays_the_preset():
     cfg = typed_config(["recipe=qwen3_4b_grpo"])
-    assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.micro_batch_size) == (
+    assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.max_tokens_per_gpu) == (
         "qwen3_4b",
         "exact_match",
         0.28,
-        4,
+        9216,
     )
     assert (cfg.train.global_batch_size, cfg.rollout.deterministic, cfg.algo.kl_loss_coef) == (256, False, 0.001)
 

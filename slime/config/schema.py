@@ -44,6 +44,17 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class FSDPOptions:
+    """Options of the fsdp backend alone (`parallelism.fsdp.*`); CUDA runs, where FSDP2 wraps the model."""
+
+    # bf16 runs: "fsdp2" keeps fp32 parameter shards and optimizer state and computes in bf16 through
+    # FSDP2's mixed-precision policy; "autocast" computes fp32 parameters under torch.autocast.
+    mixed_precision: str = "fsdp2"
+    compile: bool = True  # torch.compile each decoder layer (fused norms, RoPE and SwiGLU); CUDA only
+    cpu_offload: bool = False  # FSDP2's CPU offload: parameter shards, gradients and optimizer state in host memory
+
+
+@dataclass(kw_only=True)
 class ParallelismConfig:
     """How training is split. DP = world / (tp·pp·cp), derived."""
 
@@ -59,7 +70,8 @@ class ParallelismConfig:
     # (prompt + response) per forward/backward on one GPU; a longer sample gets a bin of its own. When set
     # it wins over micro_batch_size.
     max_tokens_per_gpu: Optional[int] = None
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward pass
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
     megatron: dict[str, Any] = field(default_factory=dict)
 
