@@ -48,6 +48,7 @@ class RolloutSetup:
     dp_size: int
     global_batch_size: int  # G
     num_steps_per_rollout: int  # K
+    balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
@@ -65,6 +66,7 @@ class RolloutSetup:
             dp_size=derived.dp_size,
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+            balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
         )
 
 
@@ -265,6 +267,7 @@ class RolloutManager:
             global_batch_size=s.global_batch_size,
             num_steps=s.num_steps_per_rollout,
             dp_size=s.dp_size,
+            balance_tokens=s.balance_tokens,
         )
         return batches, metrics, preview
 
