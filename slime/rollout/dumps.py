@@ -1,0 +1,53 @@
+"""Rollout dumps: each rollout step's trained samples as JSONL, and training from them without engines.
+
+`debug.save_rollout_data=true` writes `<run dir>/rollout_data/<rollout_id>.jsonl`, one `Sample.to_dict()`
+per line in training order: identity (`index`, `group_index`, `prompt_index`, `epoch`), `prompt`,
+`label`, `metadata`, `status`, `response_length`, `reward`, `error`, and what training needs again
+(`tokens`, `loss_mask`, `rollout_log_probs`, `remove_sample`). `debug.load_rollout_data=<dir>` replays
+those files: the rollout manager starts no router and no engine, and weights are not pushed anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slime.types import Sample
+
+DUMP_DIR = "rollout_data"
+
+
+def dump_path(directory: str | Path, rollout_id: int) -> Path:
+    return Path(directory) / f"{rollout_id}.jsonl"
+
+
+def save_rollout_data(run_dir: str | Path, rollout_id: int, groups: list[list[Sample]]) -> Path:
+    """Write the step's groups to `<run_dir>/rollout_data/<rollout_id>.jsonl`; returns the file."""
+    path = dump_path(Path(run_dir) / DUMP_DIR, rollout_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for group in groups:
+            for sample in group:
+                f.write(json.dumps(sample.to_dict(), ensure_ascii=False) + "\n")
+    tmp.replace(path)  # a crash mid-write never leaves a truncated dump behind
+    return path
+
+
+def load_rollout_data(directory: str | Path, rollout_id: int) -> list[list[Sample]]:
+    """The groups of one dump, in file order; ValueError naming file:line for a bad record."""
+    path = dump_path(directory, rollout_id)
+    groups: dict[int, list[Sample]] = {}
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                sample = Sample.from_dict(json.loads(line))
+                sample.check_alignment()
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ValueError(f"{path}:{line_no}: not a dumped sample ({type(exc).__name__}: {exc})") from None
+            if sample.reward is None:
+                raise ValueError(f"{path}:{line_no}: sample {sample.index} has no reward")
+            groups.setdefault(sample.group_index, []).append(sample)
+    if not groups:
+        raise ValueError(f"{path}: no samples")
+    return list(groups.values())
