@@ -73,10 +73,8 @@ def _check_num_rollout(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "train.num_rollout", None, "the run's length is not set", "set train.num_rollout or train.num_epoch"
         )
-    elif t.num_rollout is None:
-        if t.num_epoch <= 0:
-            yield Problem("train.num_epoch", t.num_epoch, "must be > 0", "set train.num_epoch=1")
-        elif rollouts_for_epochs(cfg) == 0:
+    elif t.num_rollout is None and t.num_epoch > 0:  # <= 0: check_ranges reports it
+        if rollouts_for_epochs(cfg) == 0:
             yield Problem(
                 "train.num_epoch",
                 t.num_epoch,

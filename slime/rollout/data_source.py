@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Optional
 
+from slime.config.hooks import load_callable
 from slime.rollout.prompt_file import RecordKeys, read_records
 from slime.types import Sample
 
@@ -238,3 +239,29 @@ class DataSource(DataSourceBase):
         self.sample_index = state["sample_index"]
         self.buffer = [[Sample.from_dict(s) for s in g] for g in state.get("buffer", [])]
         self._order = self._permutation(self.epoch_id)
+
+
+def build_data_source(
+    data,
+    path: str,
+    *,
+    tokenizer,
+    n_samples_per_prompt: int,
+    shuffle: bool,
+    max_prompt_len: Optional[int] = None,
+) -> DataSourceBase:
+    """The data source over the prompt file at `path`, read with `data`'s (a DataConfig) keys and templating;
+    its class is `data.source_class` when set."""
+    dataset = PromptDataset(
+        path,
+        tokenizer=tokenizer,
+        input_key=data.input_key,
+        label_key=data.label_key,
+        metadata_key=data.metadata_key,
+        apply_chat_template=data.apply_chat_template,
+        tool_key=data.tool_key,
+        template_kwargs=data.apply_chat_template_kwargs,
+        max_prompt_len=max_prompt_len,
+    )
+    cls = load_callable(data.source_class, key="data.source_class") if data.source_class else DataSource
+    return cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=data.seed)

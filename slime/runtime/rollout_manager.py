@@ -21,7 +21,7 @@ from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
-from slime.rollout.data_source import DataSource, DataSourceBase, PromptDataset
+from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.default import RolloutContext, RolloutOutput
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.rewards import RewardHub, check_failures
@@ -157,20 +157,14 @@ class RolloutManager:
     def _prompt_source(self, path: str, n_samples_per_prompt: int, *, shuffle: bool) -> DataSourceBase:
         """A data source over the prompt file at `path`, read with `data`'s keys and templating; the class is
         `data.source_class` when set."""
-        d = self.setup.data
-        dataset = PromptDataset(
+        return build_data_source(
+            self.setup.data,
             path,
             tokenizer=self.tokenizer,
-            input_key=d.input_key,
-            label_key=d.label_key,
-            metadata_key=d.metadata_key,
-            apply_chat_template=d.apply_chat_template,
-            tool_key=d.tool_key,
-            template_kwargs=d.apply_chat_template_kwargs,
+            n_samples_per_prompt=n_samples_per_prompt,
+            shuffle=shuffle,
             max_prompt_len=self.setup.rollout.max_prompt_len,
         )
-        cls = load_callable(d.source_class, key="data.source_class") if d.source_class else DataSource
-        return cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=d.seed)
 
     def urls(self) -> list[str]:
         """The URL of every engine, in engine rank order (what weight sync pushes to)."""
