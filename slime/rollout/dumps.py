@@ -51,3 +51,41 @@ def load_rollout_data(directory: str | Path, rollout_id: int) -> list[list[Sampl
     if not groups:
         raise ValueError(f"{path}: no samples")
     return list(groups.values())
+
+
+def epoch_coverage(directory: str | Path) -> dict[int, dict[int, int]]:
+    """{epoch: {prompt_index: times trained}} over every dump in `directory`, one count per group.
+
+    "Every prompt trained exactly once per epoch" holds when each completed epoch maps every prompt
+    index of the dataset to 1 (the last epoch of a run may be partial).
+    """
+    coverage: dict[int, dict[int, int]] = {}
+    for path in sorted(Path(directory).glob("*.jsonl"), key=lambda p: int(p.stem)):
+        for group in load_rollout_data(directory, int(path.stem)):
+            counts = coverage.setdefault(group[0].epoch, {})
+            counts[group[0].prompt_index] = counts.get(group[0].prompt_index, 0) + 1
+    return coverage
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m slime.rollout.dumps <rollout_data dir> <num prompts>`: per epoch, prompts trained, repeats, missing."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m slime.rollout.dumps <rollout_data dir> <number of prompts in the dataset>")
+        return 2
+    num_prompts, ok = int(args[1]), True
+    for epoch, counts in sorted(epoch_coverage(args[0]).items()):
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        missing = sorted(set(range(num_prompts)) - set(counts))
+        ok = ok and not repeated
+        print(
+            f"epoch {epoch}: {len(counts)} of {num_prompts} prompts trained, repeated {repeated[:10]}, "
+            f"missing {len(missing)} {missing[:10]}"
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
