@@ -93,7 +93,10 @@ def test_selection_order_dicts_and_failures(hooks):
     assert nan.status == SampleStatus.FAILED and "NaN" in nan.error
     assert boom.reward == 0.0 and boom.remove_sample and nan.remove_sample
     assert check_failures(samples, 0.5) == {"rollout/reward_failed": 2.0, "rollout/reward_failed_ratio": 2 / 6}
-    with pytest.raises(RewardFailureError, match=r"2 of 6 samples \(33.3%\) failed their reward, more than rollout.reward.max_failure_ratio=0.2"):
+    with pytest.raises(
+        RewardFailureError,
+        match=r"2 of 6 samples \(33.3%\) failed their reward, more than rollout.reward.max_failure_ratio=0.2",
+    ):
         check_failures(samples, 0.2)
 
 
