@@ -74,7 +74,14 @@ def _check_num_rollout(cfg: RunConfig) -> Iterator[Problem]:
             "train.num_rollout", None, "the run's length is not set", "set train.num_rollout or train.num_epoch"
         )
     elif t.num_rollout is None and t.num_epoch > 0:  # <= 0: check_ranges reports it
-        if rollouts_for_epochs(cfg) == 0:
+        if cfg.data.prompt_data is None:
+            yield Problem(
+                "train.num_epoch",
+                t.num_epoch,
+                "an epoch is a pass over data.prompt_data, which is not set",
+                "set data.prompt_data, or train.num_rollout instead",
+            )
+        elif rollouts_for_epochs(cfg) == 0:
             yield Problem(
                 "train.num_epoch",
                 t.num_epoch,

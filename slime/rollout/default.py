@@ -181,6 +181,8 @@ def _reset(group: list[Sample]) -> list[Sample]:
                 reward=None,
                 status=SampleStatus.PENDING,
                 weight_versions=[],
+                error=None,
+                remove_sample=False,
             )
         )
     return fresh

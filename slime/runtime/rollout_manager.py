@@ -71,7 +71,9 @@ class RolloutSetup:
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
             save_rollout_data=cfg.debug.save_rollout_data,
-            load_rollout_data=cfg.debug.load_rollout_data,
+            load_rollout_data=(
+                str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
+            ),
         )
 
 
