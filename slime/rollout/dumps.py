@@ -67,22 +67,37 @@ def epoch_coverage(directory: str | Path) -> dict[int, dict[int, int]]:
     return coverage
 
 
+def buffered_prompts(state_file: str | Path) -> dict[int, set[int]]:
+    """{epoch: prompt indices} of the groups waiting in a saved data-source buffer (a checkpoint's
+    `rollout/global_dataset_state_dict_<id>.pt`): drawn, not yet trained, and not lost."""
+    import torch
+
+    state = torch.load(state_file, weights_only=False)
+    pending: dict[int, set[int]] = {}
+    for group in state.get("buffer", []):
+        pending.setdefault(group[0]["epoch"], set()).add(group[0]["prompt_index"])
+    return pending
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m slime.rollout.dumps <rollout_data dir> <num prompts>`: per epoch, prompts trained, repeats, missing."""
+    """`python -m slime.rollout.dumps <rollout_data dir> <num prompts> [<data-source state .pt>]`: per epoch,
+    prompts trained, repeated, waiting in the buffer (with the run's last data-source state) and missing."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m slime.rollout.dumps <rollout_data dir> <number of prompts in the dataset>")
+    if len(args) not in (2, 3):
+        print("usage: python -m slime.rollout.dumps <rollout_data dir> <number of prompts> [<state .pt>]")
         return 2
     num_prompts, ok = int(args[1]), True
+    pending = buffered_prompts(args[2]) if len(args) == 3 else {}
     for epoch, counts in sorted(epoch_coverage(args[0]).items()):
         repeated = sorted(i for i, c in counts.items() if c > 1)
-        missing = sorted(set(range(num_prompts)) - set(counts))
-        ok = ok and not repeated
+        waiting = pending.get(epoch, set())
+        missing = sorted(set(range(num_prompts)) - set(counts) - waiting)
+        ok = ok and not repeated and not (waiting & set(counts))
         print(
             f"epoch {epoch}: {len(counts)} of {num_prompts} prompts trained, repeated {repeated[:10]}, "
-            f"missing {len(missing)} {missing[:10]}"
+            f"in the buffer {len(waiting)}, missing {len(missing)} {missing[:10]}"
         )
     return 0 if ok else 1
 

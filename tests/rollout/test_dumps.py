@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.dumps import epoch_coverage, load_rollout_data, main, save_rollout_data
@@ -35,7 +36,10 @@ def test_dumps_round_trip_and_show_each_prompt_once_per_epoch(tmp_path, capsys):
     source.add_groups([drawn[1]])
     step0 = _finish([drawn[0], drawn[2]])
     step1 = _finish(source.get_groups(2), reward={"score": 0.5})
-    step2 = _finish(source.get_groups(2))
+    drawn = source.get_groups(2)
+    source.add_groups([drawn[1]])  # the run ends with this one still in the buffer
+    step2 = _finish([drawn[0]])
+    torch.save(source.state_dict(), tmp_path / "state.pt")  # what the last checkpoint holds
     for rollout_id, groups in enumerate([step0, step1, step2]):
         save_rollout_data(tmp_path / "run", rollout_id, groups)
     dump_dir = tmp_path / "run" / "rollout_data"
@@ -43,9 +47,11 @@ def test_dumps_round_trip_and_show_each_prompt_once_per_epoch(tmp_path, capsys):
     assert [[s.to_dict() for s in g] for g in loaded] == [[s.to_dict() for s in g] for g in step1]
     assert loaded[0][0].epoch == 0 and loaded[1][0].epoch == 1 and loaded[0][0].reward == {"score": 0.5}
     coverage = epoch_coverage(dump_dir)
-    assert coverage[0] == {0: 1, 1: 1, 2: 1} and sum(coverage[1].values()) == 3 and set(coverage) == {0, 1}
-    assert main([str(dump_dir), "3"]) == 0
-    assert "epoch 0: 3 of 3 prompts trained, repeated [], missing 0" in capsys.readouterr().out
+    assert coverage[0] == {0: 1, 1: 1, 2: 1} and sum(coverage[1].values()) == 2 and set(coverage) == {0, 1}
+    assert main([str(dump_dir), "3", str(tmp_path / "state.pt")]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 0: 3 of 3 prompts trained, repeated [], in the buffer 0, missing 0 []" in out
+    assert "epoch 1: 2 of 3 prompts trained, repeated [], in the buffer 1, missing 0 []" in out
     save_rollout_data(tmp_path / "run", 3, step0)  # the same prompts again in epoch 0
     assert main([str(dump_dir), "3"]) == 1
     (dump_dir / "4.jsonl").write_text('{"index": 0, "tokens": [1], "response_length": 3}\n')
