@@ -90,6 +90,7 @@ class RolloutManager:
         self.router: Router | None = None
         self.engines: list[Any] = []
         self.engine_urls: list[str] = []
+        self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -173,7 +174,7 @@ class RolloutManager:
         return list(self.engine_urls)
 
     def shutdown(self) -> None:
-        if getattr(self, "rewards", None) is not None:
+        if self.rewards is not None:
             self.rewards.close()
         for url in self.engine_urls:
             try:
