@@ -54,8 +54,8 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def checked_reward(value: Any, reward_key: Optional[str]) -> float | dict[str, Any]:
-    """`value` if it is a usable reward (a finite-or-inf number, or a dict), else ValueError saying why."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+    """`value` as a reward (a number, bools included, as float; or a dict), else ValueError saying why (NaN too)."""
+    if not isinstance(value, (int, float, dict)):
         raise ValueError(f"the reward function returned {type(value).__name__} {value!r}; expected a number or dict")
     scalar = value.get(reward_key) if isinstance(value, dict) and reward_key in value else value
     if isinstance(scalar, float) and math.isnan(scalar):
