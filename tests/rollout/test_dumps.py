@@ -10,9 +10,11 @@ import json
 import pytest
 import torch
 
+from slime.config.validate import collect_problems
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.dumps import epoch_coverage, load_rollout_data, main, save_rollout_data
 from slime.types import SampleStatus
+from tests.conftest import typed_config
 
 
 def _finish(groups, reward=1.0):
@@ -57,3 +59,15 @@ def test_dumps_round_trip_and_show_each_prompt_once_per_epoch(tmp_path, capsys):
     (dump_dir / "4.jsonl").write_text('{"index": 0, "tokens": [1], "response_length": 3}\n')
     with pytest.raises(ValueError, match=r"4\.jsonl:1: not a dumped sample \(ValueError: sample 0: response_length 3"):
         load_rollout_data(dump_dir, 4)
+
+
+def test_load_rollout_data_is_checked_at_start_up(tmp_path):
+    dump_dir = tmp_path / "rollout_data"
+    dump_dir.mkdir()
+    (dump_dir / "0.jsonl").write_text("{}\n")
+    cfg = typed_config([f"debug.load_rollout_data={dump_dir}", "train.num_rollout=3", "recipe=embedded_eval"])
+    problems = {p.key: str(p) for p in collect_problems(cfg)}
+    assert "no dump for rollout(s) [1, 2] of train.num_rollout=3" in problems["debug.load_rollout_data"]
+    assert "starts no engines to evaluate with" in problems["eval.interval"]
+    cfg.debug.load_rollout_data = str(tmp_path / "nowhere")
+    assert "not a directory" in {p.key: str(p) for p in collect_problems(cfg)}["debug.load_rollout_data"]
