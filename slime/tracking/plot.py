@@ -72,7 +72,7 @@ def _lines(ax, records, keys: tuple[str, ...], axis: str, title: str) -> None:
     for key in keys:
         x, y = series(records, key, axis)
         if x:
-            ax.plot(x, y, label=key)
+            ax.plot(x, y, marker="o", markersize=2, label=key)
             drawn = True
     ax.set_title(title)
     ax.set_xlabel(axis)
@@ -101,8 +101,12 @@ def _timing_panel(ax, records) -> None:
         ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
         return
     x = [r["rollout/step"] for r in rows]
-    ax.stackplot(x, *[[r.get(k, 0.0) for r in rows] for k in keys], labels=[k[5:-5] for k in keys])
-    ax.plot(x, [r["perf/step_time"] for r in rows], color="black", linewidth=1, label="step")
+    bottom = [0.0] * len(rows)
+    for key in keys:  # stacked bars: one per rollout step, one colour per phase
+        heights = [r.get(key, 0.0) for r in rows]
+        ax.bar(x, heights, bottom=bottom, width=0.9, label=key[5:-5])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.plot(x, [r["perf/step_time"] for r in rows], color="black", marker=".", linewidth=1, label="step")
     ax.legend(fontsize=6, loc="upper left")
 
 

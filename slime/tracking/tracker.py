@@ -36,6 +36,7 @@ class Tracker:
         self.cfg = cfg
         self.run_dir = run_dir
         self.identity = identity
+        run_dir.mkdir(parents=True, exist_ok=True)
         if "env" in config:
             (run_dir / "env.json").write_text(json.dumps(config["env"], indent=2))
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
