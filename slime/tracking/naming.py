@@ -7,8 +7,8 @@
     tags      the chosen group options (`algo:grpo`, `model:qwen3_4b`, ...) plus logger.wandb.tags
     notes     logger.wandb.notes, else the command line and a one-line summary of the run
     id        logger.wandb.id, else the id stored with checkpoint.load (so a resumed run continues the same
-              tracker run), else `<experiment>-<10 hex of sha1(run dir)>`: the same run directory always
-              gives the same id, a new one a new id
+              tracker run; not in a sweep, whose jobs would all append to one run), else
+              `<experiment>-<10 hex of sha1(run dir)>`: the same run directory always gives the same id
 The experiment is the recipe when one is chosen, else `<model>-<algo>`. Secrets are redacted from
 names and notes (slime.tracking.secrets).
 """
@@ -94,7 +94,8 @@ def run_identity(cfg: RunConfig, hydra: HydraRun, *, summary: str = "") -> RunId
     tags = [f"{g}:{hydra.choices[g]}" for g in TAG_GROUPS if hydra.choices.get(g)]
     notes = w.notes or "\n".join(filter(None, ["python main.py " + " ".join(overrides), summary]))
     digest = hashlib.sha1(str(Path(cfg.paths.output_dir).resolve()).encode()).hexdigest()[:10]
-    run_id = w.id or stored_run_id(cfg.checkpoint.load) or f"{slug(experiment)}-{digest}"
+    resumed = None if hydra.sweep_dir else stored_run_id(cfg.checkpoint.load)
+    run_id = w.id or resumed or f"{slug(experiment)}-{digest}"
     return RunIdentity(
         project=w.project,
         entity=w.entity,

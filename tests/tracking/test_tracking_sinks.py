@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from slime.config.schema import LoggerConfig, WandbConfig
 from slime.tracking.env_report import tracker_config
-from slime.tracking.naming import HydraRun, run_identity, stored_run_id
+from slime.tracking.naming import HydraRun, run_identity, store_run_id, stored_run_id
 from slime.tracking.tracker import Tracker
 from slime.tracking.wandb_run import optimizer_step
 from tests.conftest import typed_config
@@ -39,6 +40,11 @@ def test_identity_from_choices_overrides_and_sweep(tmp_path, monkeypatch):
     ident = run_identity(cfg, swept)
     assert (ident.group, ident.name) == ("2026-11-26_17-03-00", "tiny_grpo:algo.eps_clip=0.2")
     assert "recipe:tiny_grpo" in ident.tags
+    # resuming: the id stored with the checkpoint, except in a sweep (its jobs would share one run)
+    store_run_id(str(tmp_path / "ckpt"), dataclasses.replace(ident, id="stored-id"))
+    resumed = typed_config([f"checkpoint.load={tmp_path / 'ckpt'}"], output_dir=str(tmp_path / "again"))
+    assert run_identity(resumed, hydra).id == "stored-id"
+    assert run_identity(resumed, swept).id.startswith("tiny_grpo-")
 
 
 def test_config_is_redacted_and_carries_the_env_report(monkeypatch):
