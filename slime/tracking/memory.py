@@ -63,6 +63,7 @@ class MemoryEstimate:
     engine: dict[str, float]  # weights, kv_cache
     colocated: bool
     kv_tokens: int  # tokens the engine's KV cache holds
+    engine_fix: str  # the knob that shrinks the engine's share
 
     @property
     def train_state(self) -> float:
@@ -84,15 +85,22 @@ class MemoryEstimate:
         return max(self.train_peak, self.engine_total)
 
     def warnings(self) -> list[str]:
+        size = f"but a GPU holds {self.capacity / GIB:.0f} GiB"
+        trainer_fix = (
+            "lower parallelism.max_tokens_per_gpu, raise parallelism.tp, turn on parallelism.gradient_checkpointing "
+            "or train.ref_offload, or use more training GPUs"
+        )
         out = []
-        if self.peak > self.capacity:
-            where = "a colocated GPU (trainer + engine)" if self.colocated else "the fullest GPU"
+        if self.colocated and self.peak > self.capacity:
             out.append(
-                f"{where} needs ~{self.peak / GIB:.1f} GiB but holds {self.capacity / GIB:.0f} GiB: lower "
-                "rollout.sglang.mem_fraction_static or parallelism.max_tokens_per_gpu, raise parallelism.tp, "
-                "turn on parallelism.gradient_checkpointing, or use more GPUs"
+                f"a colocated GPU (trainer + engine) needs ~{self.peak / GIB:.1f} GiB {size}: {self.engine_fix}, or "
+                f"{trainer_fix}"
             )
-        if self.engine.get("kv_cache", 1) <= 0:
+        if not self.colocated and self.train_peak > self.capacity:
+            out.append(f"a training GPU needs ~{self.train_peak / GIB:.1f} GiB {size}: {trainer_fix}")
+        if not self.colocated and self.engine_total > self.capacity:
+            out.append(f"an engine GPU needs ~{self.engine_total / GIB:.1f} GiB {size}: {self.engine_fix}")
+        if self.engine["kv_cache"] <= 0:
             out.append("the engine's weights fill its memory reservation: no room for a KV cache")
         return out
 
@@ -151,13 +159,16 @@ def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:
     if r.engine == "sglang":
         fraction = float(r.sglang.get("mem_fraction_static", DEFAULT_MEM_FRACTION))
         kv_cache = fraction * capacity - weights
+        fix = "lower rollout.sglang.mem_fraction_static"
     else:
         sequences = derived.hf_max_batch_size
         kv_cache = sequences * (ASSUMED_PROMPT_TOKENS + r.max_response_len) * kv_per_token
+        fix = "lower rollout.hf.max_batch_size (sequences decoded together) or rollout.max_response_len"
     return MemoryEstimate(
         capacity=capacity,
         train=_train_bytes(cfg, derived, n, n_layer),
         engine={"weights": weights, "kv_cache": kv_cache},
         colocated=cfg.cluster.colocate,
         kv_tokens=int(max(kv_cache, 0) // kv_per_token),
+        engine_fix=fix,
     )

@@ -85,6 +85,19 @@ def test_memory_estimate_numbers_and_colocation_warning():
     # 8 sequences x (1024 + 8192) tokens x 2 (k, v) x 36 layers x 8 kv heads x 128 x 2 B
     assert est.engine["kv_cache"] == pytest.approx(8 * 9216 * 2 * 36 * 8 * 128 * 2)
     assert est.warnings() == []
+    # the preset's hf engine decodes 256 sequences of 1024 + 8192 tokens: 324 GiB of KV cache on one GPU
+    wide = estimate_memory(
+        cfg := typed_config([*GPU_RUN, "cluster=one_node_8gpu", "debug.gpu_memory_gib=80"]), derive(cfg)
+    )
+    assert wide.warnings() == [
+        "an engine GPU needs ~331.5 GiB but a GPU holds 80 GiB: lower rollout.hf.max_batch_size (sequences decoded "
+        "together) or rollout.max_response_len"
+    ]
+    sglang = typed_config(
+        [*GPU_RUN, "rollout.engine=sglang", "+rollout.sglang.mem_fraction_static=0.5", "debug.gpu_memory_gib=80"]
+    )
+    est = estimate_memory(sglang, derive(sglang))
+    assert est.engine["kv_cache"] == pytest.approx(0.5 * 80 * GIB - 2 * n) and est.engine_total == 40 * GIB
     tight = typed_config(
         [
             *GPU_RUN,
