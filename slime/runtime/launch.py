@@ -33,11 +33,16 @@ def _hydra_run():
     from slime.tracking.naming import HydraRun
 
     hydra_cfg = HydraConfig.get()
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
+    # A job a launcher runs as its own process (a Ray Job) is a single run inside the sweep's directory, which
+    # the sweeper marked with multirun.yaml.
+    parent = Path(hydra_cfg.runtime.output_dir).parent
+    if sweep_dir is None and (parent / "multirun.yaml").exists():
+        sweep_dir = str(parent)
     return HydraRun(
         overrides=list(hydra_cfg.overrides.task),
         choices={k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")},
-        sweep_dir=hydra_cfg.sweep.dir if multirun else None,
+        sweep_dir=sweep_dir,
     )
 
 

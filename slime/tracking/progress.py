@@ -27,9 +27,18 @@ PHASE_TEXT = {
 class RunProgress:
     """Shown from `begin(start)` on: the first rollout is known only once the trainers are up."""
 
-    def __init__(self, *, total: int, enabled: bool, console: Console | None = None, slow_phase_s: float = 10.0):
+    def __init__(
+        self,
+        *,
+        total: int,
+        enabled: bool,
+        steps_per_rollout: int = 1,
+        console: Console | None = None,
+        slow_phase_s: float = 10.0,
+    ):
         self.enabled = enabled
         self.total = total
+        self.steps_per_rollout = steps_per_rollout
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
         self.slow_phase_s = slow_phase_s
@@ -63,6 +72,9 @@ class RunProgress:
                 self.console.print(f"{where}{PHASE_TEXT.get(name, name)}: {now - started:.1f}s", highlight=False)
         self._phase = (phase, rollout_id, now)
         text = PHASE_TEXT.get(phase, phase)
+        if phase == "train":
+            k = self.steps_per_rollout
+            text += f" ({k} optimizer step{'s' * (k > 1)})"
         if rollout_id is not None and rollout_id >= 0:
             text = f"rollout {rollout_id}: {text}"
         elif phase == "weight_sync":
