@@ -88,3 +88,16 @@ def test_plain_progress_lines_when_not_a_terminal(monkeypatch):
     progress.step_done(0, {"rollout/raw_reward": 0.25, "perf/step_time": 13.4})
     progress.close()
     assert out.getvalue().splitlines() == ["rollout 0 generating: 12.5s", "rollout    0/5  reward 0.250  13.40s/step"]
+
+
+def test_live_progress_shows_the_phase_under_way():
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    progress = RunProgress(total=5, enabled=True, steps_per_rollout=2, console=console)
+    progress.begin(2)
+    progress.on_phase("weight_sync", -1)
+    assert progress.progress.tasks[0].description == "initial weight push..."
+    progress.on_phase("train", 2)
+    assert progress.progress.tasks[0].description == "rollout 2: training (2 optimizer steps)..."
+    progress.step_done(2, {"rollout/raw_reward": 0.5})
+    assert progress.progress.tasks[0].completed == 3
+    progress.close()
