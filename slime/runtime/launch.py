@@ -121,7 +121,10 @@ def _run_with_result(cfg, derived, run_dir: Path):
             "run_dir": str(run_dir),
         }
         (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
-        print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
+        try:
+            print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
+        except Exception as exc:  # the summary is a convenience; result.json is written
+            print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir} (no summary: {exc})", flush=True)
         return result
 
     def forced(signum: int) -> None:

@@ -40,7 +40,7 @@ def _eval_keys(records: list[dict[str, Any]]) -> list[str]:
 
 def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | None:
     """Plot rollout/raw_reward (and eval rewards) against rollout/step; None when nothing to plot."""
-    records = read_jsonl(metrics_path)
+    records = read_jsonl(metrics_path, tolerant=True)
     steps, rewards = series(records, "rollout/raw_reward", "rollout/step")
     if not steps:
         return None
@@ -112,7 +112,7 @@ def _timing_panel(ax, records) -> None:
 
 def plot_training_curves(metrics_path: str | Path, png_path: str | Path) -> Path | None:
     """The six-panel overview; None when the run logged no rollout yet."""
-    records = read_jsonl(metrics_path)
+    records = read_jsonl(metrics_path, tolerant=True)
     if not series(records, "rollout/raw_reward", "rollout/step")[0]:
         return None
     plt = _pyplot()
@@ -146,7 +146,7 @@ def plot_sweep_rewards(runs: dict[str, Path], png_path: str | Path) -> Path | No
     curves = {}
     for label, metrics_path in runs.items():
         if Path(metrics_path).exists():
-            x, y = series(read_jsonl(metrics_path), "rollout/raw_reward", "rollout/step")
+            x, y = series(read_jsonl(metrics_path, tolerant=True), "rollout/raw_reward", "rollout/step")
             if x:
                 curves[label] = (x, y)
     if not curves:

@@ -65,7 +65,7 @@ def _output_lines(run_dir: Path, result: dict[str, Any], checkpoint_dir: str | N
 def render_summary(result: dict[str, Any], *, checkpoint_dir: str | None = None) -> str:
     run_dir = Path(result["run_dir"])
     metrics = run_dir / "metrics.jsonl"
-    records = read_jsonl(metrics) if metrics.exists() else []
+    records = read_jsonl(metrics, tolerant=True) if metrics.exists() else []
     head = (
         f"Run {result['status']}"
         + (f" in phase {result['phase']}" if result["status"] != "completed" else "")

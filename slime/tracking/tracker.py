@@ -6,6 +6,7 @@ Every sink gets the same record under the same names; metrics.jsonl holds every 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from slime.tracking.jsonl import JsonlWriter
 from slime.tracking.naming import RunIdentity, store_run_id
 from slime.tracking.progress import RunProgress
 from slime.tracking.wandb_run import WandbRun
+
+logger = logging.getLogger(__name__)
 
 
 class Tracker:
@@ -76,11 +79,16 @@ class Tracker:
             self.plot()
 
     def plot(self) -> list[Path]:
+        """The run's PNGs (slime.tracking.plot); a plot that fails is logged, never fails the run."""
         if not self.cfg.plot:
             return []
         from slime.tracking.plot import write_run_plots
 
-        return write_run_plots(self.run_dir / "metrics.jsonl", self.run_dir)
+        try:
+            return write_run_plots(self.run_dir / "metrics.jsonl", self.run_dir)
+        except Exception as exc:
+            logger.warning("plots not written: %s: %s", type(exc).__name__, exc)
+            return []
 
     def finish(self, exit_code: int) -> dict[str, str]:
         """Close every sink and write the plots. Returns where the outputs are (name -> path or command)."""

@@ -101,3 +101,14 @@ def test_live_progress_shows_the_phase_under_way():
     progress.step_done(2, {"rollout/raw_reward": 0.5})
     assert progress.progress.tasks[0].completed == 3
     progress.close()
+
+
+def test_summary_of_a_run_killed_mid_line(tmp_path):
+    run = tmp_path / "run"
+    write_metrics(run, [0.2, 0.3])
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"rollout/step": 2, "rollout/raw_re')  # a forced exit cut the last write
+    result = {"status": "interrupted", "phase": "train", "rollouts_completed": 2, "start_rollout": 0}
+    text = render_summary({**result, "num_rollout": 5, "elapsed_s": 9.0, "run_dir": str(run)})
+    assert "Run interrupted in phase train: 2 rollout steps (0 -> 2 of 5) in 9.0s" in text
+    assert "first 0.2000 -> last 0.3000" in text
