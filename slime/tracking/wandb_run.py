@@ -124,14 +124,7 @@ class WandbRun:
             return
         import wandb
 
-        rows = [
-            [
-                _cell(s.get(c) if c != "weight_version" else (s.get("weight_versions") or [None])[-1])
-                for c in SAMPLE_COLUMNS
-            ]
-            for s in samples
-        ]
-        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
+        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[_row(s) for s in samples])
         self.log({"rollout/step": rollout_id, "rollout/samples": table})
 
     def sync_command(self) -> str | None:
@@ -144,5 +137,8 @@ class WandbRun:
             self.run = None
 
 
-def _cell(value: Any) -> Any:
-    return value if isinstance(value, int | float | str) or value is None else str(value)
+def _row(sample: dict[str, Any]) -> list[Any]:
+    """A sample (Sample.to_dict()) as a table row: the last weight version it was generated under; chat
+    prompts and dict rewards as text."""
+    values = {**sample, "weight_version": (sample.get("weight_versions") or [None])[-1]}
+    return [v if isinstance(v, int | float | str) or v is None else str(v) for v in map(values.get, SAMPLE_COLUMNS)]
