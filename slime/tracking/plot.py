@@ -34,8 +34,16 @@ def series(records: list[dict[str, Any]], key: str, axis: str) -> tuple[list[flo
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _eval_keys(records: list[dict[str, Any]]) -> list[str]:
-    return sorted({k for r in records for k in r if k.startswith("eval/") and k != "eval/step" and "-" not in k})
+def eval_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The eval mean rewards, `eval/<name>` (not their pass@k, lengths or ratios: `eval/<name>-x`, `eval/<name>/x`)."""
+    return sorted(
+        {
+            k
+            for r in records
+            for k in r
+            if k.startswith("eval/") and k != "eval/step" and k.count("/") == 1 and "-" not in k
+        }
+    )
 
 
 def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | None:
@@ -56,7 +64,7 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | 
 def _reward_panel(ax, records: list[dict[str, Any]]) -> None:
     steps, rewards = series(records, "rollout/raw_reward", "rollout/step")
     ax.plot(steps, rewards, marker="o", markersize=3, label="rollout/raw_reward")
-    for key in _eval_keys(records):
+    for key in eval_keys(records):
         ax.plot(*series(records, key, "eval/step"), marker="s", linestyle="--", label=key)
     ax.set_xlabel("rollout step")
     ax.set_ylabel("mean reward")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.tracking.jsonl import read_jsonl
-from slime.tracking.plot import PHASE_TIMES, series
+from slime.tracking.plot import PHASE_TIMES, eval_keys, series
 
 
 def _reward_lines(records: list[dict[str, Any]]) -> list[str]:
@@ -23,9 +23,10 @@ def _reward_lines(records: list[dict[str, Any]]) -> list[str]:
     lines = [
         f"reward      first {rewards[0]:.4f} -> last {rewards[-1]:.4f} (best {max(rewards):.4f}, {len(rewards)} steps)"
     ]
-    evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/") and k != "eval/step"}
-    if evals:
-        lines.append("eval        " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(evals.items())[:6]))
+    names = eval_keys(records)
+    last = {k: v for r in records for k, v in r.items() if k in names}
+    if last:
+        lines.append("eval (last) " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(last.items())[:4]))
     return lines
 
 

@@ -36,6 +36,11 @@ def write_metrics(run_dir, rewards, k=1):
 def test_run_plots_and_summary(tmp_path):
     run = tmp_path / "run"
     write_metrics(run, [0.1, 0.4, 0.8], k=2)
+    with (run / "metrics.jsonl").open("a") as f:  # both eval naming styles: only the mean is shown
+        f.write(
+            json.dumps({"eval/step": 3, "eval/digit": 0.9, "eval/digit-pass@1": 0.9, "eval/digit/truncated_ratio": 0.0})
+            + "\n"
+        )
     written = write_run_plots(run / "metrics.jsonl", run)
     assert [p.name for p in written] == ["reward_curve.png", "training_curves.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
@@ -57,6 +62,7 @@ def test_run_plots_and_summary(tmp_path):
     lines = text.splitlines()
     assert lines[1] == "Run completed: 3 rollout steps (0 -> 3 of 3) in 20.0s"
     assert "reward      first 0.1000 -> last 0.8000 (best 0.8000, 3 steps)" in lines
+    assert "eval (last) eval/digit 0.9000" in lines
     assert "time        12.0s in 3 rollout steps (4.00s each)" in lines
     assert "  rollout             6.0s   50.0%" in lines and "  update_weights      1.5s   12.5%" in lines
     assert "  upload:   wandb sync /w/offline-run-x" in lines and not any(
