@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, session_processes
+from tests.tracking.wandb_files import offline_runs
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +91,13 @@ def test_data_parallel_run_and_resume(tmp_path):
     assert steps == [3, 4]
     result = json.loads((second_dir / "result.json").read_text())
     assert (result["start_rollout"], result["rollouts_completed"]) == (3, 2)
+    # The resumed run appends to the same (offline) wandb run: same id, wandb steps continue, none twice.
+    (first_run,), (second_run,) = offline_runs(first_dir), offline_runs(second_dir)
+    assert first_run["id"] == second_run["id"] == json.loads((ckpt / "tracking_run.json").read_text())["id"]
+    wandb_steps = [row["_step"] for row in first_run["history"] + second_run["history"]]
+    assert wandb_steps == sorted(set(wandb_steps))
+    assert [r["rollout/step"] for r in second_run["history"] if "rollout/raw_reward" in r] == [3, 4]
+    assert second_run["config"]["checkpoint"]["load"] == str(ckpt) and "env" in second_run["config"]
     check_rollout_dumps(first_dir / "rollout_data", num_rollout=3)
     replay_dir = tmp_path / "replay"
     proc = main_py(
@@ -214,4 +222,7 @@ def test_multirun_sweeps_recipes_by_glob(tmp_path):
         if "eval/step" in line
     ]
     assert eval_records and "eval/digit_task" in eval_records[0] and "eval/digit_task-pass@1" in eval_records[0]
+    assert (sweep_dir / "sweep_rewards.png").stat().st_size > 10_000  # the sweep's comparison (hydra callback)
+    groups = {run["group"] for d in results.values() for run in offline_runs(d)}
+    assert groups == {f"{sweep_dir.parent.name}_{sweep_dir.name}"}  # one wandb group: the sweep
     assert_no_run_processes()

@@ -331,6 +331,10 @@ class WandbConfig:
     group: Optional[str] = None
     name: Optional[str] = None
     tags: list[str] = field(default_factory=list)
+    # Tracking naming (slime.tracking.naming): None derives it. group: the sweep, else the experiment (recipe, or
+    # model-algo); name: the overrides; id: <experiment>-<hash of the run dir>, or the one stored with checkpoint.load
+    id: Optional[str] = None
+    notes: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -339,8 +343,12 @@ class LoggerConfig:
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
     progress: bool = True  # live progress display on the console
-    plot: bool = True  # reward curve PNG at the end of the run
+    plot: bool = True  # PNG plots in the run dir at each save and at the end of the run
     log_samples: int = 4  # samples per rollout written to samples.jsonl
+    log_samples_every: Optional[int] = 10  # rollouts between wandb tables of sampled generations; None: never
+    tensorboard: bool = (
+        False  # also write TensorBoard event files to <run dir>/tensorboard (pip install .[tensorboard])
+    )
 
 
 @dataclass(kw_only=True)
@@ -369,6 +377,12 @@ class DebugConfig:
     # Write each rollout's trained samples to <run dir>/rollout_data/<rollout_id>.jsonl (slime.rollout.dumps)
     save_rollout_data: bool = False
     load_rollout_data: Optional[str] = None  # a rollout_data/ directory: train from its dumps, no engines
+    # Compose, validate, print the placement plan, batch arithmetic and per-GPU memory estimate, then exit 0 without
+    # starting anything (debug=dry_run; slime.tracking.dry_run)
+    dry_run: bool = False
+    gpu_memory_gib: Optional[float] = (
+        None  # GPU size the dry run's memory estimate is checked against (None: nvidia-smi, else 80)
+    )
 
 
 # The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.

@@ -39,7 +39,11 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
             if isinstance(generator, dict) and isinstance(generator.get("path"), str):
                 hint = f" (the generator writes {generator['path']} only)"
             yield Problem(
-                key, path, f"path does not exist{hint}", f"point {key} at an existing path (absolute paths are safest)"
+                key,
+                path,
+                f"path does not exist{hint}",
+                f"point {key} at an existing path (absolute paths are safest)",
+                machine=True,
             )
     if cfg.data.prompt_data is None and cfg.debug.load_rollout_data is None:
         yield Problem(
@@ -101,6 +105,7 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
             m.hf_checkpoint,
             "no config.json there",
             "download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>",
+            machine=True,
         )
         return
     actual = read_hf_config(m.hf_checkpoint)

@@ -81,6 +81,7 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
                 f"this machine has {local} CUDA device(s) and no Ray cluster was given (cluster.ray_address)",
                 "run on a GPU node, set cluster.ray_address=<head address> to join a GPU cluster, "
                 "or cluster=local_cpu to run on CPU",
+                machine=True,
             )
 
 

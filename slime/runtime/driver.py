@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
+from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
 from slime.train.layout import RankLayout
 from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
@@ -46,11 +48,15 @@ class RunState:
     start_rollout: int = 0
     last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     reward_curve: str | None = None
+    outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # what the tracker wrote (name -> path)
     signal_at: tuple[str, int | None, int, float] | None = None  # (phase, rollout id | None, signal, delay s)
+    on_enter: Callable[[str, int | None], None] | None = None  # the progress display follows the phases
 
     def enter(self, phase: str, rollout_id: int | None = None) -> None:
         self.phase = phase
         logger.debug("phase %s (rollout %s)", phase, rollout_id)
+        if self.on_enter is not None:
+            self.on_enter(phase, rollout_id)
         if self.signal_at is None:
             return
         target, target_id, signum, delay_s = self.signal_at
@@ -72,7 +78,7 @@ def run(
     interrupts: Interrupts,
     *,
     config_dict: dict[str, Any],
-    run_name: str,
+    identity: RunIdentity,
 ) -> None:
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     run_dir = Path(cfg.paths.output_dir)
@@ -106,8 +112,14 @@ def run(
             )
             actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
             tracker = Tracker(
-                cfg.logger, run_dir=run_dir, config=config_dict, name=run_name, total_rollouts=cfg.train.num_rollout
+                cfg.logger,
+                run_dir=run_dir,
+                config=config_dict,
+                identity=identity,
+                total_rollouts=cfg.train.num_rollout,
+                steps_per_rollout=cfg.train.num_steps_per_rollout,
             )
+            state.on_enter = tracker.progress.on_phase
             state.start_rollout = start = actor.finish_init(actor_init)
             if critic is not None and critic.finish_init(critic_init) != start:
                 raise RuntimeError(
@@ -141,8 +153,9 @@ def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, 
     else:
         stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
     if tracker is not None:
-        curve = tracker.finish(exit_code)
-        state.reward_curve = str(curve) if curve else None
+        state.on_enter = None
+        state.outputs = tracker.finish(exit_code)
+        state.reward_curve = state.outputs.get("plot:reward_curve")
     try:
         if stopping is not None:
             ray.get(stopping, timeout=60)
@@ -178,7 +191,6 @@ def _loop(
     k = cfg.train.num_steps_per_rollout
     engines = cfg.debug.load_rollout_data is None
     state.enter("weight_sync", start - 1)
-    tracker.progress.phase("initial weight push...")
     if engines:
         actor.update_weights(weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
@@ -197,6 +209,8 @@ def _loop(
             save_start = time.perf_counter()
             _save(cfg, rollout_id, manager, actor, critic)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
+            # the run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)
+            tracker.on_save(cfg.checkpoint.save, plot=rollout_id + 1 < cfg.train.num_rollout)
         state.enter("weight_sync", rollout_id)
         if engines:
             metrics.update(actor.update_weights(weight_version=rollout_id + 1))
@@ -206,7 +220,7 @@ def _loop(
         tracker.log(metrics, rollout=rollout_id)
         if steps:
             metrics.update(steps[-1])
-        tracker.log_samples(preview)
+        tracker.log_samples(rollout_id, preview)
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
             state.enter("eval", rollout_id)
