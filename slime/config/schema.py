@@ -41,6 +41,17 @@ class ModelConfig:
     rotary_base: float = 1_000_000.0
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 40960
+    # Family details (defaults: Qwen3 dense). architecture: qwen3 | qwen3_moe | qwen2 | llama | glm4
+    qk_layernorm: bool = True  # RMSNorm over each q/k head (Qwen3); False for Qwen2/Llama
+    add_qkv_bias: bool = False  # bias on q/k/v projections (Qwen2)
+    rotary_percent: float = 1.0  # fraction of head_dim rotated (GLM-4: 0.5)
+    rope_scaling: Optional[dict[str, Any]] = None  # HF config.json's rope_scaling dict (Llama-3: rope_type llama3)
+    num_experts: Optional[int] = None  # MoE: routed experts per layer; None = dense
+    moe_router_topk: int = 2  # experts per token
+    moe_ffn_hidden_size: Optional[int] = None  # FFN width of one routed expert (HF moe_intermediate_size)
+    moe_shared_expert_intermediate_size: Optional[int] = None  # None: no shared expert
+    moe_norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss coefficient
 
 
 @dataclass(kw_only=True)

@@ -35,6 +35,7 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
 SIGNALS = ("SIGINT", "SIGTERM")
+ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen2", "llama", "glm4")
 
 
 def _registered(registry: Registry, value: str) -> Iterator[Problem]:
@@ -55,6 +56,7 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("algo.kl_loss_type", cfg.algo.kl_loss_type, KL_TYPES)
     yield from one_of("algo.tis_mode", cfg.algo.tis_mode, TIS_MODES)
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
+    yield from one_of("model.architecture", cfg.model.architecture, ARCHITECTURES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
     yield from one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
