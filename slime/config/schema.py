@@ -55,6 +55,16 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class RecomputeConfig:
+    """Activation recomputation of the megatron backend (megatron-core's recompute_* fields)."""
+
+    granularity: Optional[str] = None  # full | selective; None: keep every activation
+    method: Optional[str] = None  # full: uniform | block (default uniform)
+    num_layers: Optional[int] = None  # full: layers per recomputed group (uniform) or recomputed layers (block); default 1
+    modules: Optional[list[str]] = None  # selective: megatron's recompute_modules (default ["core_attn"])
+
+
+@dataclass(kw_only=True)
 class ParallelismConfig:
     """How training is split. DP = world / (tp·pp·cp), derived."""
 
@@ -71,6 +81,9 @@ class ParallelismConfig:
     # it wins over micro_batch_size.
     max_tokens_per_gpu: Optional[int] = None
     gradient_checkpointing: bool = False
+    # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
+    vpp: Optional[int] = None
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
     megatron: dict[str, Any] = field(default_factory=dict)
 
