@@ -2,7 +2,7 @@
 
 megatron-core assumes CUDA in a handful of sites (current device, synchronize, the CUDA RNG tracker,
 `device="cuda"` tensors in the schedules and the optimizer, `torch.cuda.*Tensor` type names in grad
-clipping and the distributed optimizer). `activate(device)` patches them for this process, only when
+clipping and the distributed optimizer, CUDA streams in MoE's token dispatcher). `activate(device)` patches them for this process, only when
 `device == "cpu"`; on CUDA it does nothing. The patches are process-wide (a training rank is its own
 process) and idempotent; `seed_rng_tracker` replaces `model_parallel_cuda_manual_seed` on CPU.
 """
@@ -43,12 +43,65 @@ class CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Event:
+    """(F) A CUDA event stand-in: CPU work is complete when it is issued."""
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _Stream:
+    """(F) A CUDA stream stand-in: MoE's all-to-all dispatcher copies split sizes on a side stream."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None) -> _Event:
+        return event or _Event()
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _all_to_all_with_list_splits(all_to_all_single):
+    """(G) MoE's all-to-all passes its split sizes as tensors (on CUDA they became numpy arrays in a
+    device-to-host copy); gloo's binding takes lists."""
+
+    def call(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
+        as_list = lambda sizes: sizes.tolist() if hasattr(sizes, "tolist") else sizes  # noqa: E731
+        return all_to_all_single(
+            output, input, as_list(output_split_sizes), as_list(input_split_sizes), *args, **kwargs
+        )
+
+    return call
+
+
 def activate(device: str) -> None:
     """Apply the CPU shims for this process when `device == "cpu"` (no-op on CUDA, or when active)."""
     if device != "cpu" or getattr(torch.cuda, _MARK, False):
         return
     torch.cuda.current_device = lambda: torch.device("cpu")  # (A) megatron allocates on the current device
     torch.cuda.synchronize = lambda *args, **kwargs: None  # (B) the torch_dist writer synchronizes
+    default_stream = _Stream()  # (F) streams and events: no-ops
+    torch.cuda.Stream, torch.cuda.Event = _Stream, _Event
+    torch.cuda.current_stream = lambda *args, **kwargs: default_stream
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    torch.distributed.all_to_all_single = _all_to_all_with_list_splits(torch.distributed.all_to_all_single)  # (G)
     mode = CudaToCpu()
     mode.__enter__()  # (D, E) for the life of the process; the mode object lives on torch's mode stack
     setattr(torch.cuda, _MARK, True)

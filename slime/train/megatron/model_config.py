@@ -153,6 +153,8 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
+    if config.num_moe_experts:
+        _moe_without_te()
     spec = layer_spec(config)
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
@@ -175,6 +177,15 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
             _hidden_output(model, head=head)
         chunks.append(model)
     return chunks
+
+
+def _moe_without_te() -> None:
+    """megatron-core 0.16's MoE router reads `moe_utils.te_general_gemm`, which is only defined when
+    Transformer Engine imports; without TE it must be None (the plain matmul path)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def _hidden_output(model, *, head: str) -> None:
