@@ -60,7 +60,7 @@ class RecomputeConfig:
 
     granularity: Optional[str] = None  # full | selective; None: keep every activation
     method: Optional[str] = None  # full: uniform | block (default uniform)
-    num_layers: Optional[int] = None  # full: layers per recomputed group (uniform) or recomputed layers (block); default 1
+    num_layers: Optional[int] = None  # full: layers per group (uniform) or recomputed layers (block); default 1
     modules: Optional[list[str]] = None  # selective: megatron's recompute_modules (default ["core_attn"])
 
 
