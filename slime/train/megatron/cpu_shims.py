@@ -143,6 +143,9 @@ def seed_rng_tracker(seed: int, *, tp_rank: int, ep_rank: int, etp_rank: int) ->
     from megatron.core.tensor_parallel import random as mrandom
 
     tracker = CpuRNGStatesTracker.create()
+    # (H) activation recomputation saves and restores the "CUDA" state beside the CPU one: the CPU one is all
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     mrandom._CUDA_RNG_STATE_TRACKER = tracker
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
