@@ -12,6 +12,7 @@ import time
 import torch
 
 from slime.train import batching
+from slime.train.megatron import hf_weights
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
@@ -37,10 +38,8 @@ class MegatronBackend(ActorSteps, MegatronRank):
     # ---- reference weights ---------------------------------------------------------------------
     def _load_ref(self, path: str) -> dict[str, torch.Tensor]:
         """The reference model as a CPU copy of this rank's parameters (swapped in for its forward)."""
-        from slime.train.megatron.rank import _weights_io
-
         live = self._param_copy()
-        _weights_io().load_hf(self.model, path, self.setup.model)
+        hf_weights.load_hf(self.model, path, self.setup.model)
         ref = self._param_copy()
         self._load_params(live)
         return ref

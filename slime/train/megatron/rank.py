@@ -21,22 +21,13 @@ from slime.train import batching
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
 from slime.train.megatron import batch as mbatch
-from slime.train.megatron import parallel
+from slime.train.megatron import hf_weights, parallel
 from slime.train.megatron.model_config import build_model_chunks, transformer_config
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 
 # (micro-batch sample indices, per-token scores Tensor[N], entropy Tensor[N] | None) -> (loss, metrics)
 OnScores = Callable[[list[int], torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-def _weights_io():
-    """The HF <-> megatron weight mapping (the full converter once it exists, else the minimal one)."""
-    try:
-        from slime.train.megatron import hf_weights
-    except ImportError:
-        from slime.train.megatron import hf_minimal as hf_weights
-    return hf_weights
 
 
 class MegatronRank(BatchColumns, TrainBackend):
@@ -68,7 +59,7 @@ class MegatronRank(BatchColumns, TrainBackend):
         chunks = build_model_chunks(s.model, self.config, head=self.head)
         if s.device == "cuda":
             chunks = [c.cuda() for c in chunks]
-        _weights_io().load_hf(chunks, init_path, s.model)
+        hf_weights.load_hf(chunks, init_path, s.model, head=self.head)
         from slime.train.megatron import optimizer
 
         self.model = optimizer.wrap_ddp(chunks, self.config)
@@ -232,7 +223,7 @@ class MegatronRank(BatchColumns, TrainBackend):
 
     # ---- weights and checkpoints -------------------------------------------------------------
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
-        return _weights_io().export_hf(self.model, self.setup.model, bucket_bytes)
+        return hf_weights.export_hf(self.model, self.setup.model, bucket_bytes)
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         from slime.train.megatron import checkpoint
