@@ -69,18 +69,25 @@ def checkpoint_dir(root: str | Path, ckpt_step: int | None) -> tuple[Path, int |
     return path, iteration
 
 
-def _model_state(chunks) -> dict:
-    models = unwrap(chunks)
-    if len(models) == 1:
-        return {"model": models[0].sharded_state_dict()}
-    return {f"model{i}": model.sharded_state_dict() for i, model in enumerate(models)}
+def _model_keys(models: list) -> list[str]:
+    return ["model"] if len(models) == 1 else [f"model{i}" for i in range(len(models))]
 
 
-def _apply_model_state(chunks, loaded: dict) -> None:
+def _model_state(chunks, *, without_head: bool = False) -> dict:
+    """Every chunk's sharded state dict; `without_head`: a critic's value head left out (not in a policy's)."""
     models = unwrap(chunks)
-    keys = ["model"] if len(models) == 1 else [f"model{i}" for i in range(len(models))]
-    for model, key in zip(models, keys):
-        model.load_state_dict(loaded[key], strict=True)
+    state = {key: model.sharded_state_dict() for key, model in zip(_model_keys(models), models)}
+    if without_head:
+        for chunk_state in state.values():
+            for name in [n for n in chunk_state if n.startswith("output_layer.")]:
+                del chunk_state[name]
+    return state
+
+
+def _apply_model_state(chunks, loaded: dict, *, without_head: bool = False) -> None:
+    models = unwrap(chunks)
+    for model, key in zip(models, _model_keys(models)):
+        model.load_state_dict(loaded[key], strict=not without_head)
 
 
 def _rng_state() -> dict:
@@ -202,23 +209,28 @@ def save_weights(chunks, root: str | Path, *, iteration: int | str = RELEASE) ->
     return target
 
 
-def load_weights(chunks, path: str | Path, model_cfg: ModelConfig, *, ckpt_step: int | str | None = None) -> None:
+def load_weights(
+    chunks, path: str | Path, model_cfg: ModelConfig, *, ckpt_step: int | str | None = None, head: str = "lm"
+) -> None:
     """Weights only into this rank's chunks, from an HF directory or a torch_dist root (its tracker's
-    iteration, or `ckpt_step`). Call the optimizer's `reload_model_params()` afterwards if it exists."""
+    iteration, or `ckpt_step`); head="value" (a critic) keeps its value head as built. Call the optimizer's
+    `reload_model_params()` afterwards if it exists."""
     from megatron.core import dist_checkpointing
 
     if read_tracker(path) is None and ckpt_step is None:
         if not is_hf_dir(path):
             raise FileNotFoundError(f"{path}: neither an HF model (config.json + *.safetensors) nor a torch_dist root")
-        load_hf(chunks, path, model_cfg)
+        load_hf(chunks, path, model_cfg, head=head)
         return
     directory, _ = checkpoint_dir(path, ckpt_step)
-    _apply_model_state(chunks, dist_checkpointing.load(_model_state(chunks), str(directory)))
+    without_head = head == "value"
+    loaded = dist_checkpointing.load(_model_state(chunks, without_head=without_head), str(directory))
+    _apply_model_state(chunks, loaded, without_head=without_head)
 
 
 def load(backend, root: str, ckpt_step: int | None) -> int:
-    """The actor's `checkpoint.load`: resume from `root` (returns iteration + 1), or without a tracker
-    start from `checkpoint.ref_load`'s weights (returns 0)."""
+    """`checkpoint.load` of a role (actor or critic): resume from `root` (returns iteration + 1), or without
+    a tracker start from `checkpoint.ref_load`'s weights (returns 0); a `release` root gives weights only."""
     from megatron.core import dist_checkpointing
 
     if ckpt_step is None and read_tracker(root) in (None, RELEASE):
@@ -226,13 +238,14 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
         if source is None:
             raise FileNotFoundError(f"checkpoint.load={root} has no {TRACKER} and checkpoint.ref_load is unset")
         logger.info("checkpoint.load=%s has no tracker: starting from %s (weights only)", root, source)
-        load_weights(backend.model, source, backend.setup.model)
+        load_weights(backend.model, source, backend.setup.model, head=getattr(backend, "head", "lm"))
         backend.optimizer.reload_model_params()
         return 0
     directory, iteration = checkpoint_dir(root, ckpt_step)
     common = dist_checkpointing.load_common_state_dict(str(directory))
-    if iteration == RELEASE or not common.get("has_optimizer", False):
-        load_weights(backend.model, root, backend.setup.model, ckpt_step=ckpt_step)
+    if iteration == RELEASE or not common.get("has_optimizer", False):  # a conversion, or no_save_optim
+        head = getattr(backend, "head", "lm") if iteration == RELEASE else "lm"
+        load_weights(backend.model, root, backend.setup.model, ckpt_step=iteration, head=head)
         backend.optimizer.reload_model_params()
         return 0 if iteration == RELEASE else int(iteration) + 1
     same_world = common.get("world_size") == dist.get_world_size()

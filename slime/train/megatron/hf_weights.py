@@ -95,17 +95,18 @@ def _split_group(name: str):
 
 
 @torch.no_grad()
-def load_hf(chunks, path: str | Path, model_cfg: ModelConfig) -> int:
+def load_hf(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str = "lm") -> int:
     """Copy the HF checkpoint at `path` into this rank's shards; returns the number of parameters set.
 
-    A critic's value head (a one-row `output_layer.weight`) is not in HF and is left as built. Call
-    before the optimizer copies the parameters (or call the optimizer's `reload_model_params()` after).
+    head="value" (a critic, `build_model_chunks(head="value")`) leaves its value head, which HF does not
+    have, as built. Call before the optimizer copies the parameters (or call the optimizer's
+    `reload_model_params()` after).
     """
     table = names.rule_table(model_cfg)
     reader = HFReader(path)
     count = 0
     for p in local_parameters(chunks):
-        if p.name == "output_layer.weight" and p.param.shape[0] == 1:
+        if head == "value" and p.name == "output_layer.weight":
             continue
         rule = table.get(p.name)
         if rule is None:
