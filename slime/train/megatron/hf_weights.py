@@ -98,8 +98,9 @@ def _split_group(name: str):
 def load_hf(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str = "lm") -> int:
     """Copy the HF checkpoint at `path` into this rank's shards; returns the number of parameters set.
 
-    head="value" (a critic) leaves the output layer as built. Call before the optimizer copies the
-    parameters (or call the optimizer's `reload_model_params()` after).
+    head="value" (a critic, `build_model_chunks(head="value")`) leaves its value head, which HF does not
+    have, as built. Call before the optimizer copies the parameters (or call the optimizer's
+    `reload_model_params()` after).
     """
     table = names.rule_table(model_cfg)
     reader = HFReader(path)
