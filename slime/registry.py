@@ -70,6 +70,10 @@ TRAIN_BACKENDS = Registry(
     "parallelism.backend",
     {
         "fsdp": {"actor": "slime.train.fsdp.backend.FSDPBackend", "critic": "slime.train.fsdp.critic.FSDPCritic"},
+        "megatron": {
+            "actor": "slime.train.megatron.backend.MegatronBackend",
+            "critic": "slime.train.megatron.critic.MegatronCritic",
+        },
     },
     what="training backend",
 )

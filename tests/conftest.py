@@ -64,10 +64,11 @@ def group_options() -> list[tuple[str, str]]:
 
 
 def model_fields(option: str) -> dict:
-    """The ModelConfig fields of conf/model/<option>.yaml (its `defaults` list, which selects the preset, dropped)."""
+    """The ModelConfig fields of conf/model/<option>.yaml (its `defaults` list, which selects the preset, dropped;
+    an alias option, whose defaults name another model option, has that option's fields)."""
     fields = yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())
-    fields.pop("defaults", None)
-    return fields
+    aliased = [d for d in fields.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
+    return {**(model_fields(aliased[0]) if aliased else {}), **fields}
 
 
 @pytest.fixture(scope="session")

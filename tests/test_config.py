@@ -14,8 +14,20 @@ from tests.conftest import ROOT, group_options, model_fields, typed_config
 
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {
-    ("model", "qwen3_4b"): "hf_model_dir+gpu_cluster+prompt_file+reward",
-    ("model", "qwen3_1p7b"): "hf_model_dir+gpu_cluster+prompt_file+reward",
+    **{
+        ("model", name): "hf_model_dir+gpu_cluster+prompt_file+reward"
+        for name in (
+            "qwen3_0_6b",
+            "qwen3_1_7b",
+            "qwen3_1p7b",
+            "qwen3_4b",
+            "qwen3_8b",
+            "qwen3_30b_a3b",
+            "qwen2_5_7b",
+            "llama3_8b",
+            "glm4_9b",
+        )
+    },
     ("cluster", "one_node_8gpu"): "gpu_cluster",
     ("cluster", "one_gpu"): "gpu_cluster",
     ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",

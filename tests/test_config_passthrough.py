@@ -1,5 +1,5 @@
 """Passthrough dicts are checked against the library they feed: the real sglang-router parser, SGLang's
-ServerArgs fields (a pinned list here: sglang is not installable on CPU), megatron-core's config fields."""
+ServerArgs fields (a pinned list here: sglang is not installable on CPU)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import textwrap
 import pytest
 
 from slime.config import ConfigError, validate
-from slime.config.passthrough import MEGATRON_OWNED, megatron_config_fields, megatron_problems
 from slime.engine.sglang.server_args import FIELDS_FILE, OWNED_FIELDS, FieldList, check_server_args, known_fields
 from tests.conftest import ROOT, typed_config
 from tests.test_config_presets import assert_stopped_in_validation, run_main
@@ -178,31 +177,3 @@ def test_generator_tool_reads_both_server_args_layouts():
     assert public(server_args_fields(namespace_layout)) == {
         "mem_fraction_static": {"type": "Optional[float]", "default": "None"}
     }
-
-
-# ----------------------------------------------------------------------------------------------- megatron
-FIELDS = {
-    "recompute_granularity": "TransformerConfig",
-    "recompute_method": "TransformerConfig",
-    "use_distributed_optimizer": "DistributedDataParallelConfig",
-    "tensor_model_parallel_size": "ModelParallelConfig",
-}
-
-
-def test_megatron_keys_against_a_field_set():
-    found = {
-        p.key: p.message
-        for p in megatron_problems(
-            {"recompute_granularity": "full", "recompute_methd": "uniform", "tensor_model_parallel_size": 2}, FIELDS
-        )
-    }
-    assert set(found) == {"parallelism.megatron.recompute_methd", "parallelism.megatron.tensor_model_parallel_size"}
-    assert "(did you mean recompute_method, recompute_granularity?)" in found["parallelism.megatron.recompute_methd"]
-    assert "set from parallelism.tp" in found["parallelism.megatron.tensor_model_parallel_size"]
-    assert MEGATRON_OWNED["tensor_model_parallel_size"] == "parallelism.tp"
-
-
-def test_megatron_keys_without_megatron_core():
-    assert megatron_config_fields() is None  # not installed on the CPU machine
-    found = problems_for(["+parallelism.megatron.recompute_granularity=full"])
-    assert "do nothing with the fsdp backend" in found["parallelism.megatron"]

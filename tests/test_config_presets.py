@@ -124,14 +124,19 @@ def test_production_model_composes_its_own_run(model, name):
     assert printed["checkpoint"]["ref_load"] == "${model.hf_checkpoint}"
 
 
-def test_every_model_option_selects_its_own_preset():
+def test_every_model_option_selects_a_preset():
+    """Each model option selects one preset (an alias option names the option it stands for); every preset is used."""
+    options = {p.stem for p in (CONF / "model").glob("*.yaml")}
     presets = {p.stem for p in (CONF / "preset").glob("*.yaml")}
     selected = {}
     for option in (CONF / "model").glob("*.yaml"):
         defaults = yaml.safe_load(option.read_text())["defaults"]
+        if isinstance(defaults[0], str) and defaults[0] in options:  # an alias: [<model option>, _self_]
+            assert defaults == [defaults[0], "_self_"], option
+            continue
         assert len(defaults) == 1 and list(defaults[0]) == ["/preset@_global_"], option
         selected[option.stem] = defaults[0]["/preset@_global_"]
-    assert set(selected.values()) == presets and len(selected) == len(presets)
+    assert set(selected.values()) == presets
 
 
 def test_root_config_holds_no_group_values():
@@ -223,4 +228,7 @@ def test_help_lists_the_registered_names():
         "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, math, remote_rm",
         "rollout.function": "default, sft",
     }
-    assert "model: qwen3_1p7b, qwen3_4b, tiny_qwen3" in proc.stdout
+    assert (
+        "model: glm4_9b, llama3_8b, qwen2_5_7b, qwen3_0_6b, qwen3_1_7b, qwen3_1p7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, "
+        "tiny_qwen3, tiny_qwen3_moe" in proc.stdout
+    )

@@ -7,35 +7,13 @@ import shutil
 from pathlib import Path
 
 from slime.assets.tokenizer import build_tokenizer, vocabulary
+from slime.config.hf_config import hf_fields, mismatches
 from slime.config.schema import ModelConfig
 
 
-def hf_config_dict(model: ModelConfig, *, eos_token_id: int, pad_token_id: int) -> dict:
-    """The transformers `config.json` fields for `model` (Qwen3 architecture)."""
-    if model.architecture != "qwen3":
-        raise ValueError(f"model.architecture={model.architecture!r}: only 'qwen3' models can be created by code")
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": model.vocab_size,
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.ffn_hidden_size,
-        "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": model.num_query_groups,
-        "head_dim": model.kv_channels,
-        "rms_norm_eps": model.norm_epsilon,
-        "rope_theta": model.rotary_base,
-        "max_position_embeddings": model.max_position_embeddings,
-        "tie_word_embeddings": model.tie_word_embeddings,
-        "hidden_act": "silu",
-        "initializer_range": model.init_std,
-        "slime_init_seed": model.init_seed,
-        "attention_bias": False,
-        "bos_token_id": eos_token_id,
-        "eos_token_id": eos_token_id,
-        "pad_token_id": pad_token_id,
-    }
+def hf_config_dict(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int | None) -> dict:
+    """The transformers `config.json` fields for `model` (any `model.architecture`)."""
+    return hf_fields(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
 def read_hf_config(path: str | Path) -> dict:
@@ -52,8 +30,11 @@ def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
     if not (Path(save_dir) / "config.json").exists() or not (Path(save_dir) / "model.safetensors").exists():
         return False
     actual = read_hf_config(save_dir)
-    expected = hf_config_dict(model, eos_token_id=actual.get("eos_token_id"), pad_token_id=actual.get("pad_token_id"))
-    return all(actual.get(key) == value for key, value in expected.items() if key != "architectures")
+    return (
+        not mismatches(model, actual)
+        and actual.get("initializer_range") == model.init_std
+        and actual.get("slime_init_seed") == model.init_seed
+    )
 
 
 def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) -> Path:

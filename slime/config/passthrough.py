@@ -2,7 +2,7 @@
 
     rollout.router.extra_args  the installed sglang-router's own argument parser (names and values)
     rollout.sglang             SGLang ServerArgs fields (slime.engine.sglang.server_args: the only sglang code)
-    parallelism.megatron       megatron-core's config dataclasses, where megatron-core is importable
+    parallelism.megatron       megatron-core's config dataclasses (slime.train.megatron.config_check)
 
 An unknown key is an error naming the nearest valid names, never a warning.
 """
@@ -11,23 +11,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import importlib
 import io
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Optional
 
 from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import RunConfig
-
-# The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).
-MEGATRON_CONFIG_CLASSES = (
-    ("megatron.core.model_parallel_config", "ModelParallelConfig"),
-    ("megatron.core.transformer.transformer_config", "TransformerConfig"),
-    ("megatron.core.transformer.transformer_config", "MLATransformerConfig"),
-    ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
-    ("megatron.core.distributed.distributed_data_parallel_config", "DistributedDataParallelConfig"),
-)
 
 
 def check_passthrough(cfg: RunConfig) -> Iterator[Problem]:
@@ -147,89 +136,8 @@ def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
 
 
 # ---------------------------------------------------------------------------------------------- megatron
-def megatron_config_fields() -> Optional[dict[str, str]]:
-    """Field name -> the megatron-core class declaring it; None when megatron-core is not importable."""
-    fields: dict[str, str] = {}
-    for module_name, class_name in MEGATRON_CONFIG_CLASSES:
-        try:
-            module = importlib.import_module(module_name)
-        except Exception:  # not installed, or installed without what it imports (torch extensions): unusable
-            return None
-        cls = getattr(module, class_name, None)
-        if cls is None:  # a class this megatron-core version does not have
-            continue
-        for f in dataclasses.fields(cls):
-            fields.setdefault(f.name, class_name)
-    return fields
-
-
-# megatron-core fields the typed config decides -> the config key that sets them.
-MEGATRON_OWNED = {
-    "tensor_model_parallel_size": "parallelism.tp",
-    "pipeline_model_parallel_size": "parallelism.pp",
-    "context_parallel_size": "parallelism.cp",
-    "expert_model_parallel_size": "parallelism.ep",
-    "expert_tensor_parallel_size": "parallelism.etp",
-    "sequence_parallel": "parallelism.sequence_parallel",
-    "num_layers": "model.num_layers",
-    "hidden_size": "model.hidden_size",
-    "ffn_hidden_size": "model.ffn_hidden_size",
-    "num_attention_heads": "model.num_attention_heads",
-    "num_query_groups": "model.num_query_groups",
-    "kv_channels": "model.kv_channels",
-    "layernorm_epsilon": "model.norm_epsilon",
-    "bf16": "train.precision",
-    "fp16": "train.precision",
-    "params_dtype": "train.precision",
-    "lr": "train.lr",
-    "min_lr": "train.min_lr",
-    "weight_decay": "train.weight_decay",
-    "adam_beta1": "train.adam_beta1",
-    "adam_beta2": "train.adam_beta2",
-    "adam_eps": "train.adam_eps",
-    "clip_grad": "train.clip_grad",
-}
-
-
-def megatron_problems(extra: dict[str, Any], fields: dict[str, str]) -> Iterator[Problem]:
-    """Problems of `parallelism.megatron` keys against `fields` (field name -> the class declaring it)."""
-    for name, value in extra.items():
-        key = f"parallelism.megatron.{name}"
-        if name in MEGATRON_OWNED:
-            yield Problem(
-                key,
-                value,
-                f"megatron-core's {name} is set from {MEGATRON_OWNED[name]}",
-                f"remove {key}; set {MEGATRON_OWNED[name]} instead",
-            )
-        elif name not in fields:
-            yield Problem(
-                key,
-                value,
-                f"not a field of megatron-core's {', '.join(sorted(set(fields.values())))}{did_you_mean(name, fields)}",
-                f"remove {key} or use a megatron-core config field name",
-            )
-
-
 def check_megatron_args(cfg: RunConfig) -> Iterator[Problem]:
-    p = cfg.parallelism
-    if not p.megatron:
-        return
-    if p.backend != "megatron":
-        yield Problem(
-            "parallelism.megatron",
-            dict(p.megatron),
-            f"megatron-core fields do nothing with the {p.backend} backend",
-            "remove them or set parallelism.backend=megatron",
-        )
-    fields = megatron_config_fields()
-    if fields is None:
-        if p.backend == "megatron":
-            yield Problem(
-                "parallelism.megatron",
-                dict(p.megatron),
-                "megatron-core is not importable, so these keys cannot be checked (nor trained with)",
-                "pip install megatron-core",
-            )
-        return
-    yield from megatron_problems(dict(p.megatron), fields)
+    """parallelism.megatron and the megatron backend's own rules (slime.train.megatron.config_check)."""
+    from slime.train.megatron.config_check import check_megatron
+
+    yield from check_megatron(cfg)

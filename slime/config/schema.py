@@ -41,6 +41,27 @@ class ModelConfig:
     rotary_base: float = 1_000_000.0
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 40960
+    # Family details (defaults: Qwen3 dense). architecture: qwen3 | qwen3_moe | qwen2 | llama | glm4
+    qk_layernorm: bool = True  # RMSNorm over each q/k head (Qwen3); False for Qwen2/Llama
+    add_qkv_bias: bool = False  # bias on q/k/v projections (Qwen2)
+    rotary_percent: float = 1.0  # fraction of head_dim rotated (GLM-4: 0.5)
+    rope_scaling: Optional[dict[str, Any]] = None  # HF config.json's rope_scaling dict (Llama-3: rope_type llama3)
+    num_experts: Optional[int] = None  # MoE: routed experts per layer; None = dense
+    moe_router_topk: int = 2  # experts per token
+    moe_ffn_hidden_size: Optional[int] = None  # FFN width of one routed expert (HF moe_intermediate_size)
+    moe_shared_expert_intermediate_size: Optional[int] = None  # None: no shared expert
+    moe_norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss coefficient
+
+
+@dataclass(kw_only=True)
+class RecomputeConfig:
+    """Activation recomputation of the megatron backend (megatron-core's recompute_* fields)."""
+
+    granularity: Optional[str] = None  # full | selective; None: keep every activation
+    method: Optional[str] = None  # full: uniform | block (default uniform)
+    num_layers: Optional[int] = None  # full: layers per group (uniform) or recomputed layers (block); default 1
+    modules: Optional[list[str]] = None  # selective: megatron's recompute_modules (default ["core_attn"])
 
 
 @dataclass(kw_only=True)
@@ -72,6 +93,9 @@ class ParallelismConfig:
     max_tokens_per_gpu: Optional[int] = None
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward pass
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
+    # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
+    vpp: Optional[int] = None
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
     megatron: dict[str, Any] = field(default_factory=dict)
 

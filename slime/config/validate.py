@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
+from slime.config.hf_config import FAMILIES, check_model
 from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
@@ -57,6 +58,7 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("algo.kl_loss_type", cfg.algo.kl_loss_type, KL_TYPES)
     yield from one_of("algo.tis_mode", cfg.algo.tis_mode, TIS_MODES)
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
+    yield from one_of("model.architecture", cfg.model.architecture, FAMILIES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
     yield from one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
@@ -156,6 +158,7 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_choices(cfg),
         check_debug(cfg),
         check_ranges(cfg),
+        check_model(cfg.model, backend=cfg.parallelism.backend),
         check_batch_arithmetic(cfg),
         check_cluster(cfg, derived),
         check_parts_honour_options(cfg, derived),

@@ -93,7 +93,9 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
-    from slime.assets.tiny_model import hf_config_dict, read_hf_config
+    """The model option against `hf_checkpoint/config.json`: every architecture field (slime.config.hf_config)."""
+    from slime.assets.tiny_model import read_hf_config
+    from slime.config.hf_config import mismatches, unsupported_layout
 
     m = cfg.model
     if m.create_if_missing:
@@ -109,24 +111,13 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
         )
         return
     actual = read_hf_config(m.hf_checkpoint)
-    expected = hf_config_dict(m, eos_token_id=0, pad_token_id=0) if m.architecture == "qwen3" else {}
-    names = {
-        "hidden_size": "hidden_size",
-        "intermediate_size": "ffn_hidden_size",
-        "num_hidden_layers": "num_layers",
-        "num_attention_heads": "num_attention_heads",
-        "num_key_value_heads": "num_query_groups",
-        "head_dim": "kv_channels",
-        "vocab_size": "vocab_size",
-        "rms_norm_eps": "norm_epsilon",
-        "rope_theta": "rotary_base",
-        "tie_word_embeddings": "tie_word_embeddings",
-    }
-    for hf_key, our_key in names.items():
-        if hf_key in actual and hf_key in expected and actual[hf_key] != expected[hf_key]:
-            yield Problem(
-                f"model.{our_key}",
-                getattr(m, our_key),
-                f"{config_file} has {hf_key}={actual[hf_key]}",
-                f"set model.{our_key}={actual[hf_key]} or pick the model option matching the checkpoint",
-            )
+    for field_name, ours, theirs in mismatches(m, actual):
+        yield Problem(
+            f"model.{field_name}",
+            ours,
+            f"{config_file} says {theirs!r}",
+            f"set model.{field_name}={theirs} or pick the model option matching the checkpoint",
+        )
+    layout = unsupported_layout(actual)
+    if layout:
+        yield Problem("model.hf_checkpoint", m.hf_checkpoint, f"{config_file}: {layout}", "use another checkpoint")

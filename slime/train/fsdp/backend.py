@@ -12,18 +12,14 @@ import time
 
 import torch
 
-from slime.algo import reduce, token_weights
 from slime.train import batching, packing
-from slime.train.actor_loss import actor_loss
-from slime.train.advantages import compute_advantages
 from slime.train.fsdp.rank import FSDPRank
 from slime.train.setup import needs_ref
+from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
 from slime.types import TrainBatch
 
-LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs"}
 
-
-class FSDPBackend(FSDPRank):
+class FSDPBackend(ActorSteps, FSDPRank):
     """The actor role of the fsdp backend."""
 
     role = "actor"
@@ -104,84 +100,17 @@ class FSDPBackend(FSDPRank):
             if offload:
                 model.to("cpu")
 
-    # ---- advantages --------------------------------------------------------------------------
-    def compute_advantages(self) -> dict[str, float]:
-        s, batch, columns = self.setup, self.batch, self.columns
-        everything = list(range(len(batch)))
-        mask = self._flat(batch.loss_masks, everything)
-        if batch.rollout_log_probs is not None:
-            columns["rollout_log_probs"] = self._flat(batch.rollout_log_probs, everything)
-        if s.algo.use_tis and "rollout_log_probs" not in columns:
-            raise ValueError("algo.use_tis needs engine log-probs on every sample; the rollout produced none")
-        if s.algo.use_rollout_logprobs:
-            columns["old_log_probs"] = columns["rollout_log_probs"]
-        advantages, returns, kl = compute_advantages(
-            s.algo,
-            rewards=torch.tensor(batch.rewards, dtype=torch.float32, device=self.device),
-            response_lengths=batch.response_lengths,
-            loss_mask=mask,
-            old_log_probs=columns.get("old_log_probs"),
-            ref_log_probs=columns.get("ref_log_probs"),
-            values=columns.get("values"),
-            all_reduce=self._all_reduce,
-        )
-        columns.update(advantages=advantages, kl=kl)
-        if returns is not None:
-            columns["returns"] = returns
-        names = {
-            "advantages": "advantages",
-            "kl": "kl",
-            "log_probs": "old_log_probs",
-            "ref_log_probs": "ref_log_probs",
-            "returns": "returns",
-            "values": "values",
-            "rollout_log_probs": "rollout_log_probs",
-        }
-        return self._column_means({metric: columns[key] for metric, key in names.items() if key in columns}, mask)
-
-    def _column_means(self, columns: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
-        """`rollout/<column>`: mean over trajectories of each sample's masked token mean, all ranks."""
-        batch = self.batch
-        weights = token_weights(mask, batch.response_lengths, mode="per_sample", num_trajectories=1)
-        names = sorted(columns)
-        sums = torch.stack(
-            [reduce(columns[k].float(), weights) for k in names] + [torch.tensor(float(len(batch)), device=self.device)]
-        )
-        sums = self._all_reduce(sums)
-        count = float(sums[-1])
-        return {f"rollout/{k}": float(v) / count for k, v in zip(names, sums[:-1])}
-
     # ---- training --------------------------------------------------------------------------
     def train(self, *, update: bool = True) -> dict:
-        s, batch, columns = self.setup, self.batch, self.columns
+        batch = self.batch
         self.model.train()
-        offsets = batching.offsets(batch.response_lengths)
-        pick = lambda name, mb: batching.pick(columns.get(name), offsets, mb)  # noqa: E731
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def micro_loss(mb, weights, mb_mask, step=step):
                 log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=True)
-                pg_weights = weights
-                if s.algo.pg_loss_constant_length is not None:
-                    pg_weights = self._weights(
-                        batch, mb, step, mb_mask, "constant", constant_length=float(s.algo.pg_loss_constant_length)
-                    )
-                old = pick("old_log_probs", mb)
-                return actor_loss(
-                    log_probs=log_probs,
-                    old_log_probs=log_probs.detach() if old is None else old,
-                    advantages=pick("advantages", mb),
-                    weights=weights,
-                    pg_weights=pg_weights,
-                    algo=s.algo,
-                    loss_mask=mb_mask,
-                    response_lengths=[batch.response_lengths[i] for i in mb],
-                    entropy=entropy,
-                    ref_log_probs=pick("ref_log_probs", mb),
-                    rollout_log_probs=pick("rollout_log_probs", mb),
-                )
+                return self._actor_micro_loss(mb, step, weights, mb_mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)

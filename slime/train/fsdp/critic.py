@@ -11,13 +11,13 @@ import time
 
 import torch
 
-from slime.algo import clipped_value_loss, reduce
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
+from slime.train.steps import CriticSteps
 from slime.types import TrainBatch
 
 
-class FSDPCritic(FSDPRank):
+class FSDPCritic(CriticSteps, FSDPRank):
     """The critic role of the fsdp backend."""
 
     role = "critic"
@@ -67,25 +67,15 @@ class FSDPCritic(FSDPRank):
 
     def train(self, *, update: bool = True) -> dict:
         """K optimizer steps on the clipped value loss against the actor's returns (REFERENCE.md §3.10)."""
-        batch, columns = self.batch, self.columns
-        if "values" not in columns or "returns" not in columns:
-            raise ValueError("the critic trains on a shard carrying its old values and the actor's returns")
+        batch = self.batch
+        self._check_critic_columns()
         self.model.train()
-        offsets = batching.offsets(batch.response_lengths)
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def micro_loss(mb, weights, _mask):  # the weights already carry the mask
-                values = self._values(batch, mb)
-                out = clipped_value_loss(
-                    values,
-                    batching.pick(columns["values"], offsets, mb),
-                    batching.pick(columns["returns"], offsets, mb),
-                    value_clip=self.setup.algo.value_clip,
-                )
-                loss = reduce(out["loss"], weights)
-                return loss, {"value_loss": loss.detach(), "value_clipfrac": reduce(out["clipfrac"], weights)}
+                return self._critic_micro_loss(mb, weights, self._values(batch, mb))
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/critic-")
             for name in ("value_loss", "value_clipfrac"):

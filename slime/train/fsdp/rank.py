@@ -14,20 +14,20 @@ from pathlib import Path
 
 import torch
 
-from slime.algo import token_weights
 from slime.sync.hf_files import Bucket
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
 from slime.train.fsdp import checkpoint, parallel
 from slime.train.schedule import lr_factor
+from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 
 # (micro-batch sample indices, token weights Tensor[T], loss mask Tensor[T]) -> (loss, weighted metrics)
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-class FSDPRank(TrainBackend):
+class FSDPRank(BatchColumns, TrainBackend):
     """Model, optimizer and step loop of one fsdp rank (actor or critic)."""
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
@@ -141,27 +141,6 @@ class FSDPRank(TrainBackend):
         packed = packing.pack([[self.pad_id]], [0], self.device)
         with self._autocast():
             return model(**packed.model_kwargs()).logits.float().sum() * 0.0
-
-    def _weights(
-        self,
-        batch: TrainBatch,
-        mb: list[int],
-        step: int,
-        mask: torch.Tensor,
-        mode: str,
-        constant_length: float | None = None,
-    ) -> torch.Tensor:
-        return token_weights(
-            mask,
-            [batch.response_lengths[i] for i in mb],
-            mode=mode,
-            num_trajectories=batch.num_trajectories_per_step,
-            total_masked_tokens=float(batch.masked_tokens_per_step[step]),
-            constant_length=constant_length,
-        )
-
-    def _flat(self, values, indices: list[int]) -> torch.Tensor:
-        return batching.flat(values, indices, dtype=torch.float32, device=self.device)
 
     def _optimizer_step(
         self, batch: TrainBatch, indices: list[int], step: int, micro_loss: MicroBatchLoss, prefix: str

@@ -1,0 +1,104 @@
+"""The megatron actor: a megatron-core GPTModel trained with the policy losses of `slime.algo`.
+
+Per rollout step (driven through `TrainBackend`): reference and old log-probs (forward-only, on the
+training pass's own micro-batches), advantages and returns, then K optimizer steps; log-probs and
+entropy are computed vocab-parallel over the TP ranks from the final hidden states, chunked.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from slime.train import batching
+from slime.train.megatron import hf_weights
+from slime.train.megatron.logprobs import vocab_parallel_log_probs
+from slime.train.megatron.model_config import lm_head_weight
+from slime.train.megatron.rank import MegatronRank
+from slime.train.setup import needs_ref
+from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+
+
+class MegatronBackend(ActorSteps, MegatronRank):
+    """The actor role of the megatron backend."""
+
+    role = "actor"
+    with_entropy = True
+    LOGITS_CHUNK_TOKENS = 1024  # response tokens whose fp32 logits exist at once
+
+    def init(self) -> int:
+        s = self.setup
+        self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
+        self.ref_state = self._load_ref(s.checkpoint.ref_load) if needs_ref(s.algo) else None
+        if s.checkpoint.load is not None:
+            return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
+        return 0
+
+    # ---- reference weights ---------------------------------------------------------------------
+    def _load_ref(self, path: str) -> dict[str, torch.Tensor]:
+        """The reference model as a CPU copy of this rank's parameters (swapped in for its forward)."""
+        live = self._param_copy()
+        hf_weights.load_hf(self.model, path, self.setup.model)
+        ref = self._param_copy()
+        self._load_params(live)
+        return ref
+
+    def _param_copy(self) -> dict[str, torch.Tensor]:
+        return {
+            f"{i}.{n}": p.detach().to("cpu", copy=True)
+            for i, chunk in enumerate(self.model)
+            for n, p in chunk.module.named_parameters()
+        }
+
+    @torch.no_grad()
+    def _load_params(self, state: dict[str, torch.Tensor]) -> None:
+        for i, chunk in enumerate(self.model):
+            for n, p in chunk.module.named_parameters():
+                p.copy_(state[f"{i}.{n}"])
+
+    # ---- scores --------------------------------------------------------------------------------
+    def _score(self, hidden, packed, *, with_entropy: bool):
+        rows = packed.rows[packed.cp_rank]
+        weight = lm_head_weight(self.model[-1].module)
+        return vocab_parallel_log_probs(
+            hidden[rows],
+            weight,
+            packed.targets[packed.cp_rank],
+            temperature=self.setup.temperature,
+            with_entropy=with_entropy,
+            chunk_size=self.LOGITS_CHUNK_TOKENS,
+            group=self.tp_group,
+        )
+
+    def compute_log_probs(self, which: str) -> dict[str, float]:
+        """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`."""
+        if which not in LOG_PROB_COLUMNS:
+            raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
+        if which == "ref" and self.ref_state is None:
+            raise RuntimeError("reference log-probs asked for, but no reference model was loaded (checkpoint.ref_load)")
+        start = time.perf_counter()
+        live = self._param_copy() if which == "ref" else None
+        if live is not None:
+            self._load_params(self.ref_state)
+        try:
+            self.columns[LOG_PROB_COLUMNS[which]] = self._forward_only(batching.step_indices(self.batch))
+        finally:
+            if live is not None:
+                self._load_params(live)
+        return {f"perf/{'ref_' if which == 'ref' else ''}log_probs_time": time.perf_counter() - start}
+
+    # ---- training ------------------------------------------------------------------------------
+    def train(self, *, update: bool = True) -> dict:
+        batch = self.batch
+        start = time.perf_counter()
+        steps = []
+        for step, indices in enumerate(batching.step_indices(batch) if update else []):
+
+            def on_micro(mb, weights, mask, log_probs, entropy, step=step):
+                return self._actor_micro_loss(mb, step, weights, mask, log_probs, entropy)
+
+            metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/")
+            metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
+            steps.append(metrics)
+        return {"steps": steps, "perf": {"perf/actor_train_time": time.perf_counter() - start}}

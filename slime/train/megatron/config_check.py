@@ -1,0 +1,213 @@
+"""Validation of the megatron backend's config, run before anything starts (slime.config.validate calls it).
+
+- `parallelism.megatron.*`: extra megatron-core config fields, checked against megatron-core's own config
+  dataclasses where it is importable (an unknown key is an error naming the nearest valid names), never
+  a field the typed config owns.
+- The backend's rules: sequence parallelism and recompute options, virtual pipeline stages.
+
+No torch or megatron at import: megatron-core is imported only to read its dataclass fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Iterator
+from typing import Any, Optional
+
+from slime.config.problems import Problem, did_you_mean
+from slime.config.schema import RunConfig
+
+# The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).
+MEGATRON_CONFIG_CLASSES = (
+    ("megatron.core.model_parallel_config", "ModelParallelConfig"),
+    ("megatron.core.transformer.transformer_config", "TransformerConfig"),
+    ("megatron.core.transformer.transformer_config", "MLATransformerConfig"),
+    ("megatron.core.optimizer.optimizer_config", "OptimizerConfig"),
+    ("megatron.core.distributed.distributed_data_parallel_config", "DistributedDataParallelConfig"),
+)
+
+
+def megatron_config_fields() -> Optional[dict[str, str]]:
+    """Field name -> the megatron-core class declaring it; None when megatron-core is not importable."""
+    fields: dict[str, str] = {}
+    for module_name, class_name in MEGATRON_CONFIG_CLASSES:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # not installed, or installed without what it imports (torch extensions): unusable
+            return None
+        cls = getattr(module, class_name, None)
+        if cls is None:  # a class this megatron-core version does not have
+            continue
+        for f in dataclasses.fields(cls):
+            fields.setdefault(f.name, class_name)
+    return fields
+
+
+# megatron-core fields the typed config decides -> the config key that sets them.
+MEGATRON_OWNED = {
+    "tensor_model_parallel_size": "parallelism.tp",
+    "pipeline_model_parallel_size": "parallelism.pp",
+    "context_parallel_size": "parallelism.cp",
+    "expert_model_parallel_size": "parallelism.ep",
+    "expert_tensor_parallel_size": "parallelism.etp",
+    "sequence_parallel": "parallelism.sequence_parallel",
+    "num_layers": "model.num_layers",
+    "hidden_size": "model.hidden_size",
+    "ffn_hidden_size": "model.ffn_hidden_size",
+    "num_attention_heads": "model.num_attention_heads",
+    "num_query_groups": "model.num_query_groups",
+    "kv_channels": "model.kv_channels",
+    "layernorm_epsilon": "model.norm_epsilon",
+    "bf16": "train.precision",
+    "fp16": "train.precision",
+    "params_dtype": "train.precision",
+    "lr": "train.lr",
+    "min_lr": "train.min_lr",
+    "weight_decay": "train.weight_decay",
+    "adam_beta1": "train.adam_beta1",
+    "adam_beta2": "train.adam_beta2",
+    "adam_eps": "train.adam_eps",
+    "clip_grad": "train.clip_grad",
+}
+
+
+def megatron_problems(extra: dict[str, Any], fields: dict[str, str]) -> Iterator[Problem]:
+    """Problems of `parallelism.megatron` keys against `fields` (field name -> the class declaring it)."""
+    for name, value in extra.items():
+        key = f"parallelism.megatron.{name}"
+        if name in MEGATRON_OWNED:
+            yield Problem(
+                key,
+                value,
+                f"megatron-core's {name} is set from {MEGATRON_OWNED[name]}",
+                f"remove {key}; set {MEGATRON_OWNED[name]} instead",
+            )
+        elif name not in fields:
+            yield Problem(
+                key,
+                value,
+                f"not a field of megatron-core's {', '.join(sorted(set(fields.values())))}{did_you_mean(name, fields)}",
+                f"remove {key} or use a megatron-core config field name",
+            )
+
+
+def check_megatron_passthrough(cfg: RunConfig) -> Iterator[Problem]:
+    p = cfg.parallelism
+    if not p.megatron:
+        return
+    if p.backend != "megatron":
+        yield Problem(
+            "parallelism.megatron",
+            dict(p.megatron),
+            f"megatron-core fields do nothing with the {p.backend} backend",
+            "remove them or set parallelism.backend=megatron",
+        )
+    fields = megatron_config_fields()
+    if fields is None:
+        if p.backend == "megatron":
+            yield Problem(
+                "parallelism.megatron",
+                dict(p.megatron),
+                "megatron-core is not importable, so these keys cannot be checked (nor trained with)",
+                "pip install megatron-core",
+            )
+        return
+    yield from megatron_problems(dict(p.megatron), fields)
+
+
+def check_megatron(cfg: RunConfig) -> Iterator[Problem]:
+    yield from check_megatron_passthrough(cfg)
+    p = cfg.parallelism
+    if p.backend == "megatron":
+        yield from check_backend_options(cfg)
+        return
+    for key, value in (("vpp", p.vpp), ("recompute.granularity", p.recompute.granularity)):
+        if value is not None:
+            yield Problem(
+                f"parallelism.{key}",
+                value,
+                f"a megatron backend option; the {p.backend} backend would ignore it",
+                f"remove parallelism.{key} or set parallelism.backend=megatron",
+            )
+
+
+def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
+    """The megatron backend's parallelism options against the model and the device."""
+    p, m = cfg.parallelism, cfg.model
+    if p.sequence_parallel and cfg.cluster.device == "cpu":
+        yield Problem(
+            "parallelism.sequence_parallel",
+            True,
+            "megatron-core's sequence parallelism needs CUDA (torch's norms reject it on CPU)",
+            "set parallelism.sequence_parallel=false for cluster.device=cpu",
+        )
+    if p.sequence_parallel and p.tp == 1:
+        yield Problem(
+            "parallelism.sequence_parallel",
+            True,
+            "sequence parallelism splits over tp ranks, and tp=1",
+            "set parallelism.tp > 1 or sequence_parallel=false",
+        )
+    if m.num_experts is not None and p.tp > 1 and not p.sequence_parallel:
+        yield Problem(
+            "parallelism.tp",
+            p.tp,
+            "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
+            "set parallelism.sequence_parallel=true (CUDA), or split experts with parallelism.ep instead of tp",
+        )
+    if p.vpp is not None:
+        if p.pp < 2 or p.vpp < 2:
+            yield Problem(
+                "parallelism.vpp",
+                p.vpp,
+                f"virtual pipeline stages need pp >= 2 and vpp >= 2 (pp={p.pp})",
+                "set parallelism.vpp=null or raise parallelism.pp",
+            )
+        elif m.num_layers % (p.pp * p.vpp):
+            yield Problem(
+                "parallelism.vpp",
+                p.vpp,
+                f"model.num_layers={m.num_layers} does not split into pp·vpp={p.pp * p.vpp} equal stages",
+                "pick pp and vpp whose product divides model.num_layers",
+            )
+    elif p.pp > 1 and m.num_layers % p.pp:
+        yield Problem(
+            "parallelism.pp",
+            p.pp,
+            f"model.num_layers={m.num_layers} does not split into {p.pp} equal stages",
+            "pick a pp dividing model.num_layers",
+        )
+    yield from _check_recompute(cfg)
+
+
+def _check_recompute(cfg: RunConfig) -> Iterator[Problem]:
+    r = cfg.parallelism.recompute
+    if r.granularity not in (None, "full", "selective"):
+        yield Problem(
+            "parallelism.recompute.granularity",
+            r.granularity,
+            "expected full, selective or null",
+            "set it to full or selective, or remove it",
+        )
+    if r.method not in (None, "uniform", "block"):
+        yield Problem(
+            "parallelism.recompute.method",
+            r.method,
+            "expected uniform or block",
+            "set parallelism.recompute.method=uniform",
+        )
+    if r.granularity != "full" and (r.method is not None or r.num_layers is not None):
+        yield Problem(
+            "parallelism.recompute",
+            {"method": r.method, "num_layers": r.num_layers},
+            "method and num_layers apply to granularity=full only",
+            "set parallelism.recompute.granularity=full or remove them",
+        )
+    if r.granularity != "selective" and r.modules is not None:
+        yield Problem(
+            "parallelism.recompute.modules",
+            r.modules,
+            "modules apply to granularity=selective only",
+            "set parallelism.recompute.granularity=selective or remove them",
+        )

@@ -1,0 +1,213 @@
+"""The megatron-core model from the typed `model` and `parallelism` configs.
+
+`transformer_config` maps ModelConfig (HF-style architecture fields) and ParallelismConfig onto
+megatron-core's TransformerConfig; `layer_spec` is megatron's local layer spec (standard parameter
+names: decoder.layers.N.self_attention.linear_qkv.weight, ...mlp.experts.local_experts.E.linear_fc1.weight)
+with the project's packed attention in place of core_attention; `build_model_chunks` builds one GPTModel
+per virtual pipeline stage of this rank. megatron is imported inside the functions only: the package
+must import on machines without megatron-core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from slime.config.schema import ModelConfig, ParallelismConfig
+
+ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen2", "llama", "glm4")
+# HF rope_scaling types megatron-core's RotaryEmbedding implements (Llama-3's frequency scaling)
+LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def transformer_config(
+    model_cfg: ModelConfig,
+    parallelism_cfg: ParallelismConfig,
+    *,
+    params_dtype: torch.dtype,
+    device: str = "cuda",
+    extra: dict[str, Any] | None = None,
+):
+    """megatron-core TransformerConfig for this model and layout; `extra` = parallelism.megatron fields."""
+    from megatron.core.transformer import TransformerConfig
+
+    m, p = model_cfg, parallelism_cfg
+    if m.architecture not in ARCHITECTURES:
+        raise ValueError(f"model.architecture={m.architecture!r}: expected one of {ARCHITECTURES}")
+    moe = m.num_experts is not None
+    kwargs: dict[str, Any] = dict(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels,
+        layernorm_epsilon=m.norm_epsilon,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=m.add_qkv_bias,
+        qk_layernorm=m.qk_layernorm,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=p.tp,
+        pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp,
+        context_parallel_size=p.cp,
+        expert_model_parallel_size=p.ep,
+        expert_tensor_parallel_size=p.etp,
+        sequence_parallel=p.sequence_parallel and p.tp > 1,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        variable_seq_lengths=True,  # packed micro-batches differ in length; the pipeline sends shapes first
+        moe_token_dispatcher_type="alltoall",  # megatron: the only dispatcher with variable sequence lengths
+        calculate_per_token_loss=True,  # losses carry step-level weights: gradients are summed, never averaged
+        use_cpu_initialization=device == "cpu",
+        perform_initialization=True,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        deallocate_pipeline_outputs=device == "cuda",
+    )
+    if moe:
+        kwargs.update(
+            num_moe_experts=m.num_experts,
+            moe_router_topk=m.moe_router_topk,
+            moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+            # softmax over the top-k logits == softmax over all, top-k, renormalised (HF norm_topk_prob)
+            moe_router_pre_softmax=not m.moe_norm_topk_prob,
+            moe_router_score_function="softmax",
+            moe_router_dtype="fp32",
+            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+            moe_router_load_balancing_type="aux_loss" if m.moe_aux_loss_coeff else "none",
+            moe_grouped_gemm=False,
+        )
+    kwargs.update(_recompute_fields(p))
+    kwargs.update(extra or {})
+    return TransformerConfig(**kwargs)
+
+
+def _recompute_fields(p: ParallelismConfig) -> dict[str, Any]:
+    r = p.recompute
+    if r.granularity is None:
+        return {}
+    if r.granularity == "full":
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": r.method or "uniform",
+            "recompute_num_layers": r.num_layers or 1,
+        }
+    if r.granularity == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": list(r.modules or ["core_attn"])}
+    raise ValueError(f"parallelism.recompute.granularity={r.granularity!r}: expected full, selective or null")
+
+
+def layer_spec(config):
+    """megatron's local layer spec (RMSNorm, SequentialMLP experts) with `PackedAttention` as core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from slime.train.megatron.attention import PackedAttention
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=config.num_moe_experts,
+        moe_grouped_gemm=False,
+        qk_layernorm=config.qk_layernorm,
+        normalization="RMSNorm",
+    )
+    spec.submodules.self_attention.submodules.core_attention = PackedAttention
+    return spec
+
+
+def rope_kwargs(m: ModelConfig) -> dict[str, Any]:
+    """GPTModel's rotary arguments; HF's Llama-3 rope_scaling maps onto megatron's llama3 scaling."""
+    kwargs: dict[str, Any] = {"rotary_base": m.rotary_base, "rotary_percent": m.rotary_percent}
+    scaling = m.rope_scaling
+    if not scaling:
+        return kwargs
+    kind = scaling.get("rope_type", scaling.get("type"))
+    extra = {k: float(scaling.get(k, v)) for k, v in LLAMA3_ROPE_DEFAULTS.items()}
+    if kind != "llama3" or extra != {k: float(v) for k, v in LLAMA3_ROPE_DEFAULTS.items()}:
+        raise ValueError(
+            f"model.rope_scaling={dict(scaling)}: the megatron backend implements rope_type llama3 with "
+            f"{LLAMA3_ROPE_DEFAULTS} only"
+        )
+    kwargs.update(rope_scaling=True, rope_scaling_factor=float(scaling["factor"]))
+    return kwargs
+
+
+def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> list[torch.nn.Module]:
+    """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device.
+
+    head="lm": the output layer returns the final hidden states ([b, s, h]); log-probs are computed
+    from them vocab-parallel (`slime.train.megatron.logprobs`). head="value": a [1, hidden] value head
+    (`output_layer.weight`), the critic's.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    if config.num_moe_experts:
+        _moe_without_te()
+    spec = layer_spec(config)
+    vpp = config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for stage in range(vpp or 1):
+        vp_stage = stage if vpp else None
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=model_cfg.vocab_size,
+            max_sequence_length=model_cfg.max_position_embeddings,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            parallel_output=True,
+            share_embeddings_and_output_weights=model_cfg.tie_word_embeddings and head == "lm",
+            position_embedding_type="rope",
+            vp_stage=vp_stage,
+            **rope_kwargs(model_cfg),
+        )
+        if model.post_process:
+            _hidden_output(model, head=head)
+        chunks.append(model)
+    return chunks
+
+
+def _moe_without_te() -> None:
+    """megatron-core 0.16's MoE router reads `moe_utils.te_general_gemm`, which is only defined when
+    Transformer Engine imports; without TE it must be None (the plain matmul path)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _hidden_output(model, *, head: str) -> None:
+    """Make the output layer hand back hidden states (sequence-parallel gathered); a value head swaps
+    the vocab-sized weight for one output row."""
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+    layer = model.output_layer
+    if head == "value":
+        layer.weight = torch.nn.Parameter(torch.zeros(1, model.config.hidden_size, dtype=layer.weight.dtype))
+        layer.weight.allreduce = True  # replicated over tp: DDP reduces it like any dense parameter
+
+    def forward(hidden, weight=None, runtime_gather_output=None):
+        if layer.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+        return hidden, None
+
+    layer.forward = forward
+
+
+def lm_head_weight(model) -> torch.Tensor:
+    """The vocab-parallel LM head weight [V/tp, h] of a post-process chunk (the embedding when tied)."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight

@@ -1,0 +1,148 @@
+"""What every backend's actor and critic do the same way on a loaded shard, whatever the model code:
+token weights, flat columns, advantages and their `rollout/*` means, and the per-micro-batch actor and
+critic losses from `slime.algo`.
+
+Mixins over `TrainBackend`: a backend supplies `self.device` and `_all_reduce(tensor)` (sum over the
+data-parallel ranks) and calls these with its own forward's outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slime.algo import clipped_value_loss, reduce, token_weights
+from slime.train import batching
+from slime.train.actor_loss import actor_loss
+from slime.train.advantages import compute_advantages
+from slime.types import TrainBatch
+
+LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs"}
+
+
+class BatchColumns:
+    """Token weights and flat per-token columns of the loaded shard."""
+
+    def _weights(
+        self,
+        batch: TrainBatch,
+        mb: list[int],
+        step: int,
+        mask: torch.Tensor,
+        mode: str,
+        constant_length: float | None = None,
+    ) -> torch.Tensor:
+        return token_weights(
+            mask,
+            [batch.response_lengths[i] for i in mb],
+            mode=mode,
+            num_trajectories=batch.num_trajectories_per_step,
+            total_masked_tokens=float(batch.masked_tokens_per_step[step]),
+            constant_length=constant_length,
+        )
+
+    def _flat(self, values, indices: list[int]) -> torch.Tensor:
+        return batching.flat(values, indices, dtype=torch.float32, device=self.device)
+
+    def _pick(self, name: str, mb: list[int]) -> torch.Tensor | None:
+        return batching.pick(self.columns.get(name), batching.offsets(self.batch.response_lengths), mb)
+
+
+class ActorSteps(BatchColumns):
+    """Advantages and the actor's micro-batch loss."""
+
+    def compute_advantages(self) -> dict[str, float]:
+        s, batch, columns = self.setup, self.batch, self.columns
+        everything = list(range(len(batch)))
+        mask = self._flat(batch.loss_masks, everything)
+        if batch.rollout_log_probs is not None:
+            columns["rollout_log_probs"] = self._flat(batch.rollout_log_probs, everything)
+        if s.algo.use_tis and "rollout_log_probs" not in columns:
+            raise ValueError("algo.use_tis needs engine log-probs on every sample; the rollout produced none")
+        if s.algo.use_rollout_logprobs:
+            columns["old_log_probs"] = columns["rollout_log_probs"]
+        advantages, returns, kl = compute_advantages(
+            s.algo,
+            rewards=torch.tensor(batch.rewards, dtype=torch.float32, device=self.device),
+            response_lengths=batch.response_lengths,
+            loss_mask=mask,
+            old_log_probs=columns.get("old_log_probs"),
+            ref_log_probs=columns.get("ref_log_probs"),
+            values=columns.get("values"),
+            all_reduce=self._all_reduce,
+        )
+        columns.update(advantages=advantages, kl=kl)
+        if returns is not None:
+            columns["returns"] = returns
+        names = {
+            "advantages": "advantages",
+            "kl": "kl",
+            "log_probs": "old_log_probs",
+            "ref_log_probs": "ref_log_probs",
+            "returns": "returns",
+            "values": "values",
+            "rollout_log_probs": "rollout_log_probs",
+        }
+        return self._column_means({metric: columns[key] for metric, key in names.items() if key in columns}, mask)
+
+    def _column_means(self, columns: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+        """`rollout/<column>`: mean over trajectories of each sample's masked token mean, all ranks."""
+        batch = self.batch
+        weights = token_weights(mask, batch.response_lengths, mode="per_sample", num_trajectories=1)
+        names = sorted(columns)
+        sums = torch.stack(
+            [reduce(columns[k].float(), weights) for k in names] + [torch.tensor(float(len(batch)), device=self.device)]
+        )
+        sums = self._all_reduce(sums)
+        count = float(sums[-1])
+        return {f"rollout/{k}": float(v) / count for k, v in zip(names, sums[:-1])}
+
+    def _actor_micro_loss(
+        self,
+        mb: list[int],
+        step: int,
+        weights: torch.Tensor,
+        mask: torch.Tensor,
+        log_probs: torch.Tensor,
+        entropy: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor loss of micro-batch `mb` (sample indices) of optimizer step `step` from its flat
+        log-probs / entropy Tensor[N] (with grad); `weights` are the step-level token weights."""
+        s, batch = self.setup, self.batch
+        pg_weights = weights
+        if s.algo.pg_loss_constant_length is not None:
+            pg_weights = self._weights(
+                batch, mb, step, mask, "constant", constant_length=float(s.algo.pg_loss_constant_length)
+            )
+        old = self._pick("old_log_probs", mb)
+        return actor_loss(
+            log_probs=log_probs,
+            old_log_probs=log_probs.detach() if old is None else old,
+            advantages=self._pick("advantages", mb),
+            weights=weights,
+            pg_weights=pg_weights,
+            algo=s.algo,
+            loss_mask=mask,
+            response_lengths=[batch.response_lengths[i] for i in mb],
+            entropy=entropy,
+            ref_log_probs=self._pick("ref_log_probs", mb),
+            rollout_log_probs=self._pick("rollout_log_probs", mb),
+        )
+
+
+class CriticSteps(BatchColumns):
+    """The critic's micro-batch loss (REFERENCE.md §3.10)."""
+
+    def _check_critic_columns(self) -> None:
+        if "values" not in self.columns or "returns" not in self.columns:
+            raise ValueError("the critic trains on a shard carrying its old values and the actor's returns")
+
+    def _critic_micro_loss(
+        self, mb: list[int], weights: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Clipped value loss of micro-batch `mb` from its values Tensor[N] (with grad); the weights
+        already carry the mask."""
+        out = clipped_value_loss(
+            values, self._pick("values", mb), self._pick("returns", mb), value_clip=self.setup.algo.value_clip
+        )
+        loss = reduce(out["loss"], weights)
+        return loss, {"value_loss": loss.detach(), "value_clipfrac": reduce(out["clipfrac"], weights)}

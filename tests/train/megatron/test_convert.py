@@ -1,0 +1,89 @@
+"""tools/convert_hf_to_torch_dist.py and tools/convert_torch_dist_to_hf.py: HF -> torch_dist -> HF is bit-exact
+for every family (tied and untied, q/k/v bias, MoE, bf16), without Ray, in one CPU process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from slime.train.megatron.weights.hf_files import HFReader  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+from tests.train.megatron.tiny_checkpoints import FAMILIES, make_checkpoint  # noqa: E402
+
+
+def _to_bf16(model_dir) -> None:
+    """Rewrite a checkpoint in bfloat16, declared in its config.json, as real downloads are."""
+    from safetensors.torch import load_file, save_file
+
+    file = model_dir / "model.safetensors"
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(file)).items()}, str(file), metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+
+
+def _tool(name: str):
+    """tools/<name>.py as a module (its main(argv) runs the conversion in this process)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _assert_same_checkpoint(original, converted) -> None:
+    a, b = HFReader(original), HFReader(converted)
+    assert a.names() == b.names()
+    for name in a.names():
+        left, right = a.get(name), b.get(name)
+        assert left.dtype == right.dtype and torch.equal(left, right), name
+    assert (converted / "config.json").read_text() == (original / "config.json").read_text()
+    assert (converted / "tokenizer.json").exists()
+
+
+SEED_FLAGS = {
+    "convert_hf_to_torch_dist": ["--hf-checkpoint", "--save"],
+    "convert_torch_dist_to_hf": ["--input-dir", "--output-dir", "--origin-hf-dir"],
+}
+
+
+@pytest.mark.parametrize("tool", sorted(SEED_FLAGS))
+def test_tools_take_the_seeds_flags(tool):
+    proc = subprocess.run(
+        [sys.executable, f"tools/{tool}.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert all(flag in proc.stdout for flag in SEED_FLAGS[tool])
+    # checkpoint writing starts processes that re-import __main__: the conversion must not run again there
+    assert 'if __name__ == "__main__":' in (ROOT / "tools" / f"{tool}.py").read_text()
+
+
+def test_hf_to_torch_dist_to_hf_is_bit_exact(tmp_path):
+    """Every family in this process (world size 1 over gloo), as the tools run it; the torch_dist input as a
+    release directory (the seeds' command passes an iter_ directory) and as a root (its tracker)."""
+    to_dist, to_hf = _tool("convert_hf_to_torch_dist"), _tool("convert_torch_dist_to_hf")
+    for family in FAMILIES:
+        hf_dir = make_checkpoint(family, tmp_path / "hf").hf_checkpoint
+        if family == "qwen2":
+            _to_bf16(tmp_path / "hf" / family)
+        root, back = tmp_path / "dist" / family, tmp_path / "back" / family
+        to_dist.main(["--hf-checkpoint", hf_dir, "--save", str(root)])
+        assert (root / "latest_checkpointed_iteration.txt").read_text() == "release"
+        assert any((root / "release").glob("*.distcp"))
+        source = root / "release" if family == "qwen3_moe" else root
+        to_hf.main(["--input-dir", str(source), "--output-dir", str(back), "--origin-hf-dir", hf_dir])
+        _assert_same_checkpoint(tmp_path / "hf" / family, back)
+
+
+def test_input_dir_must_be_a_checkpoint(tmp_path):
+    from slime.train.megatron.convert import checkpoint_root
+
+    (tmp_path / "iter_0000042").mkdir()
+    assert checkpoint_root(tmp_path / "iter_0000042") == (tmp_path.resolve(), 42)
+    with pytest.raises(FileNotFoundError, match="neither a torch_dist root"):
+        checkpoint_root(tmp_path / "elsewhere")
