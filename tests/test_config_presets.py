@@ -222,7 +222,7 @@ def test_help_lists_the_registered_names():
         in ("parallelism.backend", "rollout.engine", "rollout.weight_sync.mode", "rollout.rm_type", "rollout.function")
     }
     assert listing == {
-        "parallelism.backend": "fsdp",
+        "parallelism.backend": "fsdp, megatron",
         "rollout.engine": "hf",
         "rollout.weight_sync.mode": "disk, distributed, tensor",
         "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, math, remote_rm",
