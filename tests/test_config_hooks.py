@@ -23,16 +23,16 @@ async def rm(sample):
 def sync_rm(sample):
     return 1.0
 
-def rollout(ctx, rollout_id, *, evaluation=False):
+def rollout(args, rollout_id, data_source, evaluation=False):
     return None
 
-def rollout_slime_style(args, rollout_id, data_buffer, evaluation=False):
+def rollout_keyword_only(ctx, rollout_id, *, evaluation=False):
     return None
 
-async def async_filter(group):
+async def async_filter(args, group):
     return True
 
-def two_arg_filter(group, extra):
+def group_only_filter(group):
     return True
 
 def write(path, *, rows):
@@ -68,15 +68,16 @@ def test_load_callable_suggests_the_nearest_names():
 
 
 def test_load_callable_checks_the_call_shape(hooks):
-    shape = dict(signature=("ctx", "rollout_id"), keywords=("evaluation",), may_be_async=False)
-    assert load_callable(f"{hooks}.rollout", key="rollout.function", **shape)(None, 3) is None
+    shape = dict(signature=("args", "rollout_id", "data_source"), keywords=("evaluation",), may_be_async=False)
+    assert load_callable(f"{hooks}.rollout", key="rollout.function", **shape)(None, 3, None) is None
     with pytest.raises(HookError) as info:
-        load_callable(f"{hooks}.rollout_slime_style", key="rollout.function", **shape)
+        load_callable(f"{hooks}.rollout_keyword_only", key="rollout.function", **shape)
     assert info.value.key == "rollout.function"
-    assert "cannot be called as fn(ctx, rollout_id, evaluation=...)" in info.value.message
-    assert "data_buffer" in info.value.message
+    assert "cannot be called as fn(args, rollout_id, data_source, evaluation=...)" in info.value.message
     with pytest.raises(HookError, match="coroutine function"):
-        load_callable(f"{hooks}.async_filter", key="algo.dynamic_filter", signature=("group",), may_be_async=False)
+        load_callable(
+            f"{hooks}.async_filter", key="algo.dynamic_filter", signature=("args", "group"), may_be_async=False
+        )
     assert load_callable(f"{hooks}.rm", key="rollout.custom_rm_path", signature=("sample",))
     assert load_callable(f"{hooks}.sync_rm", key="rollout.custom_rm_path", signature=("sample",))
 
@@ -111,7 +112,11 @@ def test_target_node_keys_are_the_targets_parameters(hooks, tmp_path):
             "data.generator._target_",
             "did you mean write_dataset?",
         ),
-        (["recipe=embedded_eval", "+eval.generator.seeds=1"], "eval.generator.seeds", "did you mean seed?"),
+        (
+            ["recipe=embedded_eval", "+eval.datasets.digit_task.generator.seeds=1"],
+            "eval.datasets.digit_task.generator.seeds",
+            "did you mean seed?",
+        ),
         (["~data.generator.path", "data.prompt_data=/x.jsonl"], "data.generator.path", "names the one file it writes"),
         (["rollout.custom_rm_path=slime.rollout.rewards.exact_match"], "rollout.rm_type", "takes precedence"),
     ],
@@ -124,14 +129,14 @@ def test_hook_fields_fail_validation(overrides, key, text):
 def test_user_hooks_validate_with_their_call_shapes(hooks):
     found = problems_for(
         [
-            f"rollout.function={hooks}.rollout_slime_style",
-            f"algo.dynamic_filter={hooks}.two_arg_filter",
+            f"rollout.function={hooks}.rollout_keyword_only",
+            f"algo.dynamic_filter={hooks}.group_only_filter",
             "rollout.rm_type=null",
             f"rollout.custom_rm_path={hooks}.rm",
         ]
     )
     assert set(found) == {"rollout.function", "algo.dynamic_filter"}
-    assert "fn(group)" in found["algo.dynamic_filter"] and "extra" in found["algo.dynamic_filter"]
+    assert "fn(args, group)" in found["algo.dynamic_filter"], found
     cfg = typed_config(
         [f"rollout.function={hooks}.rollout", "rollout.rm_type=null", f"rollout.custom_rm_path={hooks}.rm"]
     )

@@ -187,9 +187,10 @@ def test_prompt_data_typo_is_not_created(tmp_path):
 
 def test_eval_prompt_data_typo_is_not_created(tmp_path):
     typo = tmp_path / "eval" / "typo.jsonl"
-    proc, imported = run_main("recipe=embedded_eval", f"eval.prompt_data={typo}", f"hydra.run.dir={tmp_path / 'run'}")
+    key = "eval.datasets.digit_task.prompt_data"
+    proc, imported = run_main("recipe=embedded_eval", f"{key}={typo}", f"hydra.run.dir={tmp_path / 'run'}")
     assert_stopped_in_validation(proc, imported)
-    assert f"eval.prompt_data='{typo}': path does not exist" in proc.stderr
+    assert f"{key}='{typo}': path does not exist" in proc.stderr
     assert not typo.parent.exists()
 
 

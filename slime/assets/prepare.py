@@ -25,7 +25,8 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
         created.append(str(create_tiny_model(cfg.model)))
     files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
     if cfg.eval.interval:
-        files.append(("eval.generator", cfg.eval.prompt_data, cfg.eval.generator))
+        for name, dataset in cfg.eval.datasets.items():
+            files.append((f"eval.datasets.{name}.generator", dataset.prompt_data, dataset.generator))
     for key, prompt_data, generator in files:
         path = generated_file(prompt_data, generator)
         if path is not None and not Path(path).exists():
