@@ -247,7 +247,9 @@ class RolloutManager:
         ctx = self._context(evaluation=False)
         if self.hooks.buffer_filter is not None:
             self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
-        out = as_rollout_output(self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False), "rollout.function")
+        out = as_rollout_output(
+            self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False), "rollout.function"
+        )
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(
