@@ -249,3 +249,27 @@ def test_every_registered_name_resolves():
     assert (
         REWARD_TYPES.load("first_word")("8 is next", "8") == 1.0 and REWARD_TYPES.load("exact_match")("8 x", "8") == 0.0
     )
+
+
+def test_wrong_hook_paths_and_signatures_exit_2_naming_each_field(hooks, tmp_path):
+    """main.py stops in validation (exit 2, before Ray) with one line per bad hook field."""
+    proc, imported = run_main(
+        f"rollout.generate_function={hooks}.generat",
+        f"rollout.sample_hooks=[{hooks}.rm]",
+        f"rollout.buffer_filter={hooks}.group_only_filter",
+        f"rollout.reward_post_process={hooks}.nowhere",
+        f"eval.function={hooks}.rollout_keyword_only",
+        "eval.interval=1",
+        f"+eval.datasets.held_out.prompt_data={tmp_path / 'missing.jsonl'}",
+        "+eval.datasets.other={prompt_data:/x.jsonl,n_sample_per_prompt:4}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert_stopped_in_validation(proc, imported)
+    lines = {line.split("=", 1)[0].strip(" -"): line for line in proc.stderr.splitlines() if line.startswith("  - ")}
+    assert "has no attribute 'generat'" in lines["rollout.generate_function"]
+    assert "cannot be called as fn(args, sample, rollout_id=..., evaluation=...)" in lines["rollout.sample_hooks[0]"]
+    assert "fn(args, rollout_id, buffer, num)" in lines["rollout.buffer_filter"]
+    assert "has no attribute 'nowhere'" in lines["rollout.reward_post_process"]
+    assert "fn(args, rollout_id, data_source, evaluation=...)" in lines["eval.function"]
+    assert "path does not exist" in lines["eval.datasets.held_out.prompt_data"]
+    assert "did you mean n_samples_per_prompt?" in lines["eval.datasets.other.n_sample_per_prompt"]

@@ -103,6 +103,9 @@ def fill_eval_datasets(cfg: RunConfig) -> None:
         "rm_type": r.rm_type,
         "reward_key": r.reward_key,
     }
+    from slime.config.validate_eval import eval_dataset  # validated: every entry converts
+
+    e.datasets = {name: eval_dataset(name, node) for name, node in e.datasets.items()}
     for dataset in e.datasets.values():
         for name, value in inherited.items():
             if getattr(dataset, name) is None:

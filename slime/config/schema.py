@@ -298,7 +298,9 @@ class EvalConfig:
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     max_response_len: Optional[int] = None
-    datasets: dict[str, EvalDatasetConfig] = field(default_factory=dict)
+    # name -> EvalDatasetConfig fields. Typed as Any so that `+eval.datasets.<name>.prompt_data=...` can add one
+    # from the command line (OmegaConf cannot add keys to a dict of dataclasses); validation checks each entry.
+    datasets: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -2,11 +2,52 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
-from slime.config.problems import Problem
-from slime.config.schema import RunConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from slime.config.problems import Problem, did_you_mean
+from slime.config.schema import EvalDatasetConfig, RunConfig
 from slime.registry import REWARD_TYPES
+
+DATASET_FIELDS = [f.name for f in dataclasses.fields(EvalDatasetConfig)]
+
+
+def eval_dataset(name: str, node: Any) -> EvalDatasetConfig | Problem:
+    """`eval.datasets.<name>` as an EvalDatasetConfig, or the Problem naming its bad key."""
+    key = f"eval.datasets.{name}"
+    if isinstance(node, EvalDatasetConfig):
+        return node
+    if not isinstance(node, dict):
+        return Problem(key, node, "expected a node of dataset fields", f"set {key}.prompt_data=<file.jsonl>")
+    for field_name in node:
+        if field_name not in DATASET_FIELDS:
+            return Problem(
+                f"{key}.{field_name}",
+                node[field_name],
+                f"not a dataset field{did_you_mean(str(field_name), DATASET_FIELDS)}; fields: {', '.join(DATASET_FIELDS)}",
+                f"remove {key}.{field_name} or use one of those fields",
+            )
+    if node.get("prompt_data") is None:
+        return Problem(f"{key}.prompt_data", None, "an eval dataset needs its prompts", f"set {key}.prompt_data=<file>")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalDatasetConfig), node))
+    except OmegaConfBaseException as exc:
+        return Problem(
+            f"{key}.{exc.key}",
+            getattr(exc, "value", None),
+            str(exc).splitlines()[0],
+            "give a value of the field's type",
+        )
+
+
+def valid_eval_datasets(cfg: RunConfig) -> dict[str, EvalDatasetConfig]:
+    """The eval datasets that convert (a bad entry is reported by `check_eval`)."""
+    datasets = {name: eval_dataset(name, node) for name, node in cfg.eval.datasets.items()}
+    return {name: d for name, d in datasets.items() if isinstance(d, EvalDatasetConfig)}
 
 
 def check_eval(cfg: RunConfig) -> Iterator[Problem]:
@@ -18,13 +59,16 @@ def check_eval(cfg: RunConfig) -> Iterator[Problem]:
             "eval.datasets",
             {},
             f"eval.interval={e.interval} but no eval dataset",
-            "add one: +eval.datasets.<name>.prompt_data=<file.jsonl>, or eval=none",
+            "add one: +eval.datasets.<name>.prompt_data=<file.jsonl>, or set eval.interval=null",
         )
     if e.n_samples_per_prompt <= 0:
         yield Problem("eval.n_samples_per_prompt", e.n_samples_per_prompt, "must be > 0", "set it to 1 or more")
     yield from _sampling("eval", e)
-    for name, dataset in e.datasets.items():
-        key = f"eval.datasets.{name}"
+    for name, node in e.datasets.items():
+        key, dataset = f"eval.datasets.{name}", eval_dataset(name, node)
+        if isinstance(dataset, Problem):
+            yield dataset
+            continue
         if dataset.n_samples_per_prompt is not None and dataset.n_samples_per_prompt <= 0:
             yield Problem(f"{key}.n_samples_per_prompt", dataset.n_samples_per_prompt, "must be > 0", "set it to 1+")
         yield from _sampling(key, dataset)

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import AlgoConfig, RunConfig
+from slime.config.validate_eval import valid_eval_datasets
 from slime.registry import ROLLOUT_FUNCTIONS
 
 ROLLOUT_FN_SHAPE = dict(signature=("args", "rollout_id", "data_source"), keywords=("evaluation",), may_be_async=False)
@@ -100,7 +101,7 @@ def check_hooks(cfg: RunConfig) -> Iterator[Problem]:
             "give the import path of `def hook(args, sample, *, rollout_id, evaluation) -> Sample | None`",
         )
     yield from check_generator("data.generator", cfg.data.generator)
-    for name, dataset in cfg.eval.datasets.items():
+    for name, dataset in valid_eval_datasets(cfg).items():
         yield from check_generator(f"eval.datasets.{name}.generator", dataset.generator)
 
 

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
+from slime.config.validate_eval import valid_eval_datasets
 
 
 def generated_file(prompt_data: Optional[str], generator: Any) -> Optional[str]:
@@ -28,7 +29,7 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
         ("data.prompt_data", cfg.data.prompt_data, cfg.data.generator),
     ]
     if cfg.eval.interval:
-        for name, dataset in cfg.eval.datasets.items():
+        for name, dataset in valid_eval_datasets(cfg).items():
             candidates.append((f"eval.datasets.{name}.prompt_data", dataset.prompt_data, dataset.generator))
     # ref_load defaults to the policy checkpoint, which check_model_checkpoint reports when it is missing.
     if cfg.checkpoint.ref_load != cfg.model.hf_checkpoint:
