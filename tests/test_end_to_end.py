@@ -168,5 +168,11 @@ def test_multirun_sweeps_recipes_by_glob(tmp_path):
         for line in (d / "metrics.jsonl").read_text().splitlines()
         if "eval/step" in line
     ]
-    assert eval_records and "eval/digit_task" in eval_records[0] and "eval/digit_task-pass@1" in eval_records[0]
+    assert eval_records and {
+        "eval/digit_task",
+        "eval/digit_task/pass@1",
+        "eval/digit_task_sampled",
+        "eval/digit_task_sampled/response_len/mean",
+        "eval/digit_task_sampled/pass@4",
+    } <= set(eval_records[0])
     assert_no_run_processes()

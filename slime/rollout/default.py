@@ -191,7 +191,6 @@ async def _eval_dataset(args: RolloutContext, dataset: EvalDataset, semaphore, r
 
 
 async def _eval_rollout(args: RolloutContext, rollout_id: int) -> EvalOutput:
-    start = time.perf_counter()
     semaphore = asyncio.Semaphore(args.max_in_flight)
     connector = aiohttp.TCPConnector(limit=args.max_in_flight)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -199,7 +198,7 @@ async def _eval_rollout(args: RolloutContext, rollout_id: int) -> EvalOutput:
         results = await asyncio.gather(*(_eval_dataset(args, d, semaphore, rollout_id) for d in args.eval_datasets))
         args.session = None
     datasets = {d.name: groups for d, groups in zip(args.eval_datasets, results)}
-    return EvalOutput(datasets=datasets, metrics={"perf/eval_time": time.perf_counter() - start})
+    return EvalOutput(datasets=datasets)
 
 
 def generate_rollout(

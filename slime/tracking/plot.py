@@ -16,7 +16,7 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | 
 
     records = read_jsonl(metrics_path)
     train = [(r["rollout/step"], r["rollout/raw_reward"]) for r in records if "rollout/raw_reward" in r]
-    evals = {k for r in records for k in r if k.startswith("eval/") and k != "eval/step" and "-" not in k}
+    evals = {k for r in records for k in r if k.startswith("eval/") and k != "eval/step" and k.count("/") == 1}
     if not train:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
