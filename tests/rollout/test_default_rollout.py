@@ -6,6 +6,7 @@ Over-sampling + abort + partial rollout lose and duplicate no prompt; user hooks
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -154,6 +155,23 @@ def test_without_partial_rollout_leftovers_return_fresh(served, tmp_path):
     assert {g[0].group_index for g in out.groups + data.buffer} == {0, 1, 2}
     for s in (s for g in data.buffer for s in g):
         assert s.status == SampleStatus.PENDING and s.tokens == [] and s.reward is None and s.loss_mask is None
+
+
+def test_deterministic_partial_rollout_finishes_leftovers_and_returns_them_whole(served, tmp_path):
+    """Where an abort cuts a response depends on timing: a deterministic run lets the leftovers finish, and the
+    next step keeps them as they are (rewarded, not generated again)."""
+    data = source(tmp_path, served.tokenizer, "det", num_prompts=4, n=2)
+    ctx = context(served, batch_size=1, over_sampling=3, max_new_tokens=6, partial_rollout=True)
+    ctx.sampling_seed = 1234
+    first = rollout_fn()(ctx, 0, data)
+    assert [g[0].group_index for g in first.groups] == [0]  # submission order, whatever finished first
+    assert [g[0].group_index for g in data.buffer] == [1, 2] and first.metrics["perf/rollout_aborted_samples"] == 0
+    finished = {s.index: (list(s.tokens), s.reward) for g in data.buffer for s in g}
+    assert all(s.status == SampleStatus.TRUNCATED and s.response_length == 6 for g in data.buffer for s in g)
+    second = rollout_fn()(dataclasses.replace(ctx, batch_size=2), 1, data)
+    assert [g[0].group_index for g in second.groups] == [1, 2]
+    assert {s.index: (s.tokens, s.reward) for g in second.groups for s in g} == finished
+    assert all(s.weight_versions == ["0"] for g in second.groups for s in g)  # one engine call each
 
 
 def test_user_generate_function_filter_and_sample_hook(served, tmp_path):
