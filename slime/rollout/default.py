@@ -72,7 +72,7 @@ def _judge(args: RolloutContext, group: list[Sample], step: _Step) -> bool:
     if result.keep_when_insufficient and len(step.kept) + len(step.pending) < args.batch_size:
         step.drops["kept_when_insufficient"] = step.drops.get("kept_when_insufficient", 0) + 1
         return True  # dropping it would force another over-sampling round
-    if sum(step.drops.values()) >= args.max_filter_drops:
+    if sum(n for reason, n in step.drops.items() if reason.startswith("drop")) >= args.max_filter_drops:
         step.drops["forced_keep"] = step.drops.get("forced_keep", 0) + 1
         return True
     key = f"drop_{result.reason}" if result.reason else "drop"

@@ -235,3 +235,22 @@ def test_eval_metrics_pass_at_k_on_dict_rewards():
     assert metrics["eval/m/pass@4"] == 1.0 and "eval/m/pass@8" not in metrics
     with pytest.raises(KeyError, match="reward_key"):
         eval_metrics("m", [group(1, 4)], None)
+
+
+def test_filter_drops_are_counted_and_bounded():
+    from slime.rollout.default import _judge, _Step
+    from slime.types import Sample
+
+    def ctx(filter_fn):
+        return SimpleNamespace(hooks=RolloutHooks(dynamic_filter=filter_fn), batch_size=2, max_filter_drops=2)
+
+    group, step = [Sample(reward=1.0), Sample(reward=1.0)], _Step()
+    zero_std = ctx(lambda args, g: FilterResult(False, "zero_std_1.0"))
+    assert [_judge(zero_std, group, step) for _ in range(3)] == [False, False, True]  # past 2 drops: kept
+    assert step.drops == {"drop_zero_std_1.0": 2, "forced_keep": 1}
+    fallback, step = ctx(lambda args, g: FilterResult(False, "x", keep_when_insufficient=True)), _Step()
+    step.pending = ["in flight"]
+    assert _judge(fallback, group, step) is True  # kept 0 + 1 in flight < 2: dropping forces another round
+    step.pending = ["in flight", "in flight"]
+    assert _judge(fallback, group, step) is False and step.drops == {"kept_when_insufficient": 1, "drop_x": 1}
+    assert _judge(ctx(lambda args, g: False), group, _Step()) is False
