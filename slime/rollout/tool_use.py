@@ -111,7 +111,8 @@ async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[s
     return sample
 
 
-def answer_reward(sample: Sample) -> float:
-    """1.0 when the last number of the response (spaces ignored) equals the label, else 0.0."""
-    numbers = re.findall(r"-?\d+(?:\.\d+)?", sample.response.replace(" ", ""))
-    return float(bool(numbers) and sample.label is not None and numbers[-1] == str(sample.label))
+def last_number_reward(response: str, label: str, metadata: dict | None = None) -> float:
+    """`rm_type=last_number`: 1.0 when the last number of the response (spaces ignored, so the calculator's
+    spelled-out "1 2" reads 12) equals the label, else 0.0."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", response.replace(" ", ""))
+    return float(bool(numbers) and numbers[-1] == label.strip())
