@@ -172,7 +172,10 @@ def test_production_model_on_this_machine_names_every_missing_piece(tmp_path):
     assert "set data.prompt_data=<file.jsonl>" in lines["data.prompt_data"]
     assert "needs 8 GPU(s)" in lines["cluster.device"] and "0 CUDA device(s)" in lines["cluster.device"]
     assert "cluster.ray_address=" in lines["cluster.device"] and "cluster=local_cpu" in lines["cluster.device"]
-    assert "rollout.rm_type=<one of exact_match, first_word, last_number>" in lines["rollout.rm_type"]
+    assert (
+        "rollout.rm_type=<one of dapo, deepscaler, exact_match, f1, first_word, gpqa, last_number, math, remote_rm>"
+        in lines["rollout.rm_type"]
+    )
     assert "checkpoint.ref_load" not in lines  # the same directory as model.hf_checkpoint: reported once
     assert not (tmp_path / "run" / "result.json").exists()
 
@@ -217,7 +220,7 @@ def test_help_lists_the_registered_names():
         "parallelism.backend": "fsdp",
         "rollout.engine": "hf",
         "rollout.weight_sync.mode": "disk, distributed, tensor",
-        "rollout.rm_type": "exact_match, first_word, last_number",
+        "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, last_number, math, remote_rm",
         "rollout.function": "default, sft",
     }
     assert "model: qwen3_1p7b, qwen3_4b, tiny_qwen3" in proc.stdout

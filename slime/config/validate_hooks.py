@@ -5,7 +5,7 @@ Call shapes (how the runtime calls them; `args` is the rollout's `RolloutContext
     rollout.function           fn(args, rollout_id, data_source, evaluation=...)   plain def
     eval.function              as rollout.function (called with evaluation=True)
     rollout.generate_function  fn(args, sample, sampling_params)                   async def (or def)
-    rollout.custom_rm_path     rm(sample)                                          def or async def
+    rollout.custom_rm_path     rm(args, sample) | rm(args, samples)               checked in validate_data.py
     algo.dynamic_filter        fn(args, group)                                     plain def
     rollout.buffer_filter      fn(args, rollout_id, buffer, num)                   plain def
     rollout.reward_post_process fn(args, samples)                                  plain def
@@ -27,7 +27,6 @@ from slime.registry import ROLLOUT_FUNCTIONS
 
 ROLLOUT_FN_SHAPE = dict(signature=("args", "rollout_id", "data_source"), keywords=("evaluation",), may_be_async=False)
 GENERATE_SHAPE = dict(signature=("args", "sample", "sampling_params"), may_be_async=True)
-REWARD_SHAPE = dict(signature=("sample",), may_be_async=True)
 FILTER_SHAPE = dict(signature=("args", "group"), may_be_async=False)
 BUFFER_FILTER_SHAPE = dict(signature=("args", "rollout_id", "buffer", "num"), may_be_async=False)
 REWARD_POST_PROCESS_SHAPE = dict(signature=("args", "samples"), may_be_async=False)
@@ -40,11 +39,6 @@ _HOOK_FIELDS = (
         "rollout.generate_function",
         GENERATE_SHAPE,
         "give the import path of `async def generate(args, sample, sampling_params) -> Sample`, or null",
-    ),
-    (
-        "rollout.custom_rm_path",
-        REWARD_SHAPE,
-        "give the import path of `def rm(sample) -> float | dict` (or async def), or null",
     ),
     (
         "algo.dynamic_filter",

@@ -80,8 +80,8 @@ class RolloutContext:
     over_sampling_batch_size: int  # groups per refill
     sampling_params: dict[str, Any]  # SGLang sampling params; max_new_tokens is the response budget (tokens)
     max_in_flight: int  # concurrency × number of engines
-    rm_type: str | None
-    custom_rm_path: str | None
+    rewards: Any  # the RewardHub: scores samples (rollout.rm_type / custom_rm_path / group_rm)
+    rm_type: str | None = None  # an eval dataset's own rm_type (None: the hub's)
     reward_key: str | None = None  # the scalar of dict rewards
     hooks: RolloutHooks = dataclasses.field(default_factory=RolloutHooks)
     max_filter_drops: int = 0  # past this many drops in one step, groups are kept regardless (no endless loop)

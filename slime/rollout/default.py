@@ -57,7 +57,10 @@ async def _generate_group(
         async with semaphore:
             return await generate_and_reward(args, sample, params, **call)
 
-    return list(await asyncio.gather(*(one(s) for s in group)))
+    group = list(await asyncio.gather(*(one(s) for s in group)))
+    if args.rewards.group_rm:
+        await args.rewards.reward_group(args, group, rm_type=args.rm_type)  # one call for the whole group
+    return group
 
 
 def _judge(args: RolloutContext, group: list[Sample], step: _Step) -> bool:
@@ -146,6 +149,8 @@ def reset_sample(sample: Sample) -> Sample:
         reward=None,
         status=SampleStatus.PENDING,
         weight_versions=[],
+        error=None,
+        remove_sample=False,
     )
 
 

@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 
 from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
-from slime.rollout.rewards import compute_reward
 from slime.types import Sample, SampleStatus
 
 RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
@@ -93,7 +92,8 @@ async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[s
 async def generate_and_reward(
     args: RolloutContext, sample: Sample, sampling_params: dict[str, Any], *, rollout_id: int, evaluation: bool
 ) -> Sample:
-    """Generate a PENDING/ABORTED sample (unless the rollout aborted), run the sample hooks, reward it."""
+    """Generate a PENDING/ABORTED sample (unless the rollout aborted), run the sample hooks, reward it (a hub
+    call that skips rewarded and ABORTED samples)."""
     if sample.status in (SampleStatus.PENDING, SampleStatus.ABORTED):
         if args.aborted:
             sample.status = SampleStatus.ABORTED
@@ -110,6 +110,6 @@ async def generate_and_reward(
         return sample
     for hook in args.hooks.sample_hooks:
         sample = await call_maybe_async(hook, args, sample, rollout_id=rollout_id, evaluation=evaluation) or sample
-    if sample.reward is None:
-        sample.reward = await compute_reward(sample, rm_type=args.rm_type, custom_rm_path=args.custom_rm_path)
+    if not args.rewards.group_rm:  # with a group RM, the group is rewarded once all its samples are done
+        await args.rewards.reward_group(args, [sample], rm_type=args.rm_type)
     return sample

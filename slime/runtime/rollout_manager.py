@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import logging
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,17 @@ from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfi
 from slime.config.validate_hooks import ROLLOUT_FN_SHAPE, function_path
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
-from slime.rollout.base import EvalDataset, RolloutContext, RolloutHooks, as_eval_output, as_rollout_output
-from slime.rollout.data_source import DataSource, PromptDataset
+from slime.rollout.base import (
+    EvalDataset,
+    RolloutContext,
+    RolloutHooks,
+    RolloutOutput,
+    as_eval_output,
+    as_rollout_output,
+)
+from slime.rollout.data_source import DataSourceBase, build_data_source
+from slime.rollout.dumps import load_rollout_data, save_rollout_data
+from slime.rollout.rewards import RewardHub, check_failures
 from slime.runtime.placement import EnginePlacement
 from slime.types import TrainBatch
 
@@ -50,6 +60,8 @@ class RolloutSetup:
     dp_size: int
     global_batch_size: int  # G
     num_steps_per_rollout: int  # K
+    save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
+    load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
@@ -67,6 +79,10 @@ class RolloutSetup:
             dp_size=derived.dp_size,
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+            save_rollout_data=cfg.debug.save_rollout_data,
+            load_rollout_data=(
+                str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
+            ),
         )
 
 
@@ -83,12 +99,17 @@ class RolloutManager:
         self.router: Router | None = None
         self.engines: list[Any] = []
         self.engine_urls: list[str] = []
+        self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
         """Start every engine, then launch (or join) the router and load the data while their servers come
         up; register each engine once healthy. Returns the router URL."""
         r, s = self.setup.rollout, self.setup
+        if s.load_rollout_data is not None:  # replaying dumps: nothing to generate with
+            self.data_source, self.eval_sources, self.tokenizer = None, {}, None
+            self.hooks = RolloutHooks.load(r, s.algo)  # reward_post_process still applies
+            return ""
         log_dir = Path(s.log_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         launched = self._launch_engines(log_dir)
@@ -136,6 +157,7 @@ class RolloutManager:
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
         self.data_source = self._prompt_source(d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle)
+        self.rewards = RewardHub.from_config(r)
         self.eval_sources = {}
         if s.eval.interval:
             for name, e in s.eval.datasets.items():
@@ -150,13 +172,16 @@ class RolloutManager:
 
     def _prompt_source(
         self, path: str, n_samples_per_prompt: int, *, shuffle: bool = False, **keys: str | None
-    ) -> DataSource:
-        """A data source over the prompt file at `path`, read with `data`'s keys (or `keys`) and templating."""
-        d = self.setup.data
-        keys = {"input_key": d.input_key, "label_key": d.label_key, "metadata_key": d.metadata_key, **keys}
-        dataset = PromptDataset(path, tokenizer=self.tokenizer, apply_chat_template=d.apply_chat_template, **keys)
-        return DataSource(
-            dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=self.setup.rollout.seed
+    ) -> DataSourceBase:
+        """A data source over the prompt file at `path`, read with `data`'s keys (or `keys`) and templating; the
+        class is `data.source_class` when set."""
+        return build_data_source(
+            dataclasses.replace(self.setup.data, **keys),
+            path,
+            tokenizer=self.tokenizer,
+            n_samples_per_prompt=n_samples_per_prompt,
+            shuffle=shuffle,
+            max_prompt_len=self.setup.rollout.max_prompt_len,
         )
 
     def urls(self) -> list[str]:
@@ -164,6 +189,8 @@ class RolloutManager:
         return list(self.engine_urls)
 
     def shutdown(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
         for url in self.engine_urls:
             try:
                 if self.router is not None:
@@ -186,14 +213,13 @@ class RolloutManager:
         batch = r.batch_size
         return RolloutContext(
             config=r,
-            router_url=self.router.url,
+            router_url=self.router.url if self.router is not None else "",  # none when replaying dumps
             tokenizer=self.tokenizer,
             batch_size=batch,
             over_sampling_batch_size=r.over_sampling_batch_size,
             sampling_params=self._sampling_params(r),
             max_in_flight=r.concurrency * len(self.engines),
-            rm_type=r.rm_type,
-            custom_rm_path=r.custom_rm_path,
+            rewards=self.rewards,
             reward_key=r.reward_key,
             hooks=self.hooks,
             max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
@@ -226,7 +252,7 @@ class RolloutManager:
                 EvalDataset(
                     name=name,
                     source=source,
-                    num_prompts=len(source.dataset),
+                    num_prompts=len(source),
                     n_samples_per_prompt=e.n_samples_per_prompt,
                     sampling_params=self._sampling_params(e),
                     rm_type=e.rm_type,
@@ -245,11 +271,7 @@ class RolloutManager:
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 
         ctx = self._context(evaluation=False)
-        if self.hooks.buffer_filter is not None:
-            self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
-        out = as_rollout_output(
-            self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False), "rollout.function"
-        )
+        out = self._rollout(ctx, rollout_id)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(
@@ -257,8 +279,16 @@ class RolloutManager:
                 f"{self.setup.rollout.batch_size}"
             )
         samples = [s for g in groups for s in g]
+        if self.setup.save_rollout_data:
+            save_rollout_data(self.setup.log_dir, rollout_id, groups)
+        failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
         raw, rewards, shaping = self._rewards(ctx, samples)
-        metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt), **shaping}
+        metrics = {
+            **out.metrics,
+            **failures,
+            **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt),
+            **shaping,
+        }
         metrics["rollout/rewards"] = float(rewards.mean())
         preview = [
             dict(s.to_dict(), rollout_step=rollout_id)
@@ -274,6 +304,17 @@ class RolloutManager:
             dp_size=s.dp_size,
         )
         return batches, metrics, preview
+
+    def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
+        """The rollout function's step, or the step's dump under debug.load_rollout_data."""
+        if self.setup.load_rollout_data is None:
+            if self.hooks.buffer_filter is not None:
+                self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
+            out = self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False)
+            return as_rollout_output(out, "rollout.function")
+        start = time.perf_counter()
+        groups = load_rollout_data(self.setup.load_rollout_data, rollout_id)
+        return RolloutOutput(groups=groups, metrics={"perf/rollout_time": time.perf_counter() - start})
 
     def _rewards(self, ctx: RolloutContext, samples: list) -> tuple[Any, Any, dict[str, float]]:
         """(raw rewards, post-processed rewards, metrics) as float64 tensors: the hook's, or the algorithm's."""
@@ -318,6 +359,8 @@ class RolloutManager:
     def save(self, rollout_id: int, root: str) -> None:
         import torch
 
+        if self.data_source is None:  # replaying dumps: no data source
+            return
         target = Path(root) / "rollout"
         target.mkdir(parents=True, exist_ok=True)
         torch.save(self.data_source.state_dict(), target / f"global_dataset_state_dict_{rollout_id}.pt")
@@ -325,6 +368,8 @@ class RolloutManager:
     def load(self, rollout_id: int, root: str) -> None:
         import torch
 
+        if self.data_source is None:
+            return
         path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")

@@ -23,12 +23,13 @@ from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate import generate
+from slime.rollout.rewards import RewardHub
 from slime.types import SampleStatus
 
 HERE = "tests.rollout.test_default_rollout"
 
 
-def parity_reward(response: str, label: str) -> float:
+def parity_reward(response: str, label: str, metadata=None) -> float:
     """1.0 for an even number of characters: about half the samples of a random policy."""
     return float(len(response) % 2 == 0)
 
@@ -90,8 +91,7 @@ def context(served, *, batch_size, over_sampling, max_new_tokens, hooks=None, **
         over_sampling_batch_size=over_sampling,
         sampling_params={"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
         max_in_flight=64,
-        rm_type="parity",
-        custom_rm_path=None,
+        rewards=RewardHub(rm_type="parity", custom_rm_path=None),
         hooks=hooks or RolloutHooks(),
         max_filter_drops=100,
     )
