@@ -204,9 +204,10 @@ class RolloutConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
     concurrency: int = 512  # in-flight requests per engine
-    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path of `fn(ctx, rollout_id, *, evaluation)`;
-    # None: the algorithm's default (sft: "sft", every other: "default"). fill_derived writes the import path.
-    function: Optional[str] = None
+    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path (or `_target_` node) of
+    # `fn(args, rollout_id, data_source, evaluation=False)`; None: the algorithm's default (sft: "sft", every other:
+    # "default"). fill_derived writes the import path.
+    function: Optional[Any] = None
     rm_type: Optional[str] = None  # a name of slime.registry.REWARD_TYPES
     custom_rm_path: Optional[str] = None  # import path of `rm(sample) -> float | dict` (def or async def)
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
@@ -219,6 +220,15 @@ class RolloutConfig:
     # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
     # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
     deterministic: bool = False
+    # The rollout loop and its extension points (REFERENCE.md §6.1, §6.4): hooks are import paths or `_target_`
+    # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
+    partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
+    mask_offpolicy_in_partial_rollout: bool = False  # a continued sample's earlier (older-policy) tokens: loss mask 0
+    max_turns: int = 1  # generate calls a multi-turn generate function may make per sample
+    generate_function: Optional[Any] = None  # async fn(args, sample, sampling_params) -> Sample; None: one /generate
+    buffer_filter: Optional[Any] = None  # fn(args, rollout_id, buffer, num) -> the groups taken out of the buffer
+    reward_post_process: Optional[Any] = None  # fn(args, samples) -> (raw_rewards, rewards); None: the algorithm's
+    sample_hooks: list[Any] = field(default_factory=list)  # fn(args, sample, rollout_id=, evaluation=) -> Sample|None
     router: RouterConfig = field(default_factory=RouterConfig)
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
@@ -310,23 +320,45 @@ class AlgoConfig:
     use_rollout_logprobs: bool = False  # engine log-probs as the old policy (exclusive with use_tis)
     value_clip: float = 0.2  # ppo critic
     num_critic_only_steps: int = 0  # ppo: rollout steps at the start that train the critic only
-    dynamic_filter: Optional[str] = None  # group filter import path, e.g. DAPO's zero-std filter
+    dynamic_filter: Optional[Any] = None  # fn(args, group) -> bool | FilterResult, e.g. DAPO's zero-std filter
     overlong_buffer_len: Optional[int] = None  # DAPO soft overlong penalty window (tokens)
     overlong_penalty_factor: float = 1.0
 
 
 @dataclass(kw_only=True)
+class EvalDatasetConfig:
+    """One named eval dataset (`eval.datasets.<name>`); a null field takes the eval default, then the rollout's."""
+
+    prompt_data: str = MISSING  # .jsonl or .parquet (row slices `path@[start:end]` allowed)
+    input_key: Optional[str] = None  # default: data.input_key (likewise label_key, metadata_key)
+    label_key: Optional[str] = None
+    metadata_key: Optional[str] = None
+    n_samples_per_prompt: Optional[int] = None  # default: eval.n_samples_per_prompt
+    temperature: Optional[float] = None  # sampling: default eval.*, then rollout.*
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_response_len: Optional[int] = None  # tokens
+    rm_type: Optional[str] = None  # default: rollout.rm_type
+    reward_key: Optional[str] = None  # the scalar of dict rewards; default: rollout.reward_key
+    generator: Optional[Any] = None  # like data.generator
+
+
+@dataclass(kw_only=True)
 class EvalConfig:
-    """Held-out evaluation every `interval` rollout steps, with its own sampling overrides."""
+    """Held-out evaluation every `interval` rollout steps over named datasets, each with its own overrides."""
 
     interval: Optional[int] = None  # rollout steps between evals; None disables eval
-    prompt_data: Optional[str] = None
-    name: str = "eval"
-    n_samples_per_prompt: int = 1
-    temperature: Optional[float] = None  # default: rollout.temperature
-    max_response_len: Optional[int] = None  # default: rollout.max_response_len
     skip_eval_before_train: bool = False
-    generator: Optional[Any] = None  # like data.generator
+    function: Optional[Any] = None  # like rollout.function, called with evaluation=True; None: rollout.function
+    # Defaults of every dataset (a dataset's own value wins; null: the rollout's)
+    n_samples_per_prompt: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_response_len: Optional[int] = None
+    # name -> EvalDatasetConfig fields. Typed as Any so that `+eval.datasets.<name>.prompt_data=...` can add one
+    # from the command line (OmegaConf cannot add keys to a dict of dataclasses); validation checks each entry.
+    datasets: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -23,6 +23,7 @@ from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
 from slime.config.validate_data import check_data
+from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_hooks import check_hooks
 from slime.config.validate_paths import check_paths
 from slime.config.validate_resources import check_cluster, check_parts_honour_options
@@ -93,7 +94,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "train.lr",
         "parallelism.micro_batch_size",
         "rollout.hf.max_batch_size",
-        "eval.n_samples_per_prompt",
         "rollout.weight_sync.bucket_mb",
     )
     if cfg.rollout.temperature <= 0:
@@ -109,8 +109,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "train.clip_grad", cfg.train.clip_grad, "must be >= 0 (0 disables clipping)", "set train.clip_grad=1.0"
         )
-    if cfg.eval.temperature is not None and cfg.eval.temperature <= 0:
-        yield Problem("eval.temperature", cfg.eval.temperature, "must be > 0", "set eval.temperature=0.1 or null")
     if (
         cfg.rollout.over_sampling_batch_size is not None
         and cfg.rollout.over_sampling_batch_size < cfg.rollout.batch_size
@@ -165,6 +163,8 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_algo(cfg),
         check_rewards(cfg),
         check_hooks(cfg),
+        check_eval(cfg),
+        check_rollout_loop(cfg),
         check_passthrough(cfg),
         check_paths(cfg),
         check_data(cfg),
