@@ -78,6 +78,7 @@ ENGINES = Registry(
     "rollout.engine",
     {
         "hf": "slime.engine.hf.engine.HFEngine",
+        "sglang": "slime.engine.sglang.engine.SGLangEngine",
     },
     what="rollout engine",
 )

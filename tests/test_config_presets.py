@@ -214,7 +214,7 @@ def test_help_lists_the_registered_names():
     }
     assert listing == {
         "parallelism.backend": "fsdp",
-        "rollout.engine": "hf",
+        "rollout.engine": "hf, sglang",
         "rollout.weight_sync.mode": "disk, distributed, tensor",
         "rollout.rm_type": "exact_match, first_word",
         "rollout.function": "default, sft",

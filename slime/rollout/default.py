@@ -34,7 +34,9 @@ RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
 class RolloutContext:
     """What a rollout function may use; built by the rollout manager."""
 
-    router_url: str
+    router_url: str  # the policy model's router
+    model_routers: dict[str, str] = dataclasses.field(default_factory=dict)  # every served model's router by name
+    request_timeout_s: float | None = None  # per /generate request, retries included in RETRIES
     tokenizer: Any
     data_source: DataSource
     batch_size: int  # groups to keep
@@ -62,17 +64,20 @@ def request_seed(base: int, sample: Sample) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
-async def _post_generate(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
+async def _post_generate(
+    session: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float | None = None
+) -> dict:
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     for attempt in range(RETRIES):
         try:
-            async with session.post(f"{url}/generate", json=payload) as resp:
+            async with session.post(f"{url}/generate", json=payload, timeout=timeout) as resp:
                 if resp.status < 500:
                     body = await resp.text()
                     if resp.status != 200:
                         raise RuntimeError(f"POST {url}/generate -> {resp.status}: {body[:500]}")
                     return json.loads(body)
                 error = f"{resp.status}: {(await resp.text())[:200]}"
-        except aiohttp.ClientConnectionError as exc:
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:  # a dead engine, or a hung one
             error = repr(exc)
         await asyncio.sleep(min(2**attempt * 0.2, 5))
     raise RuntimeError(f"POST {url}/generate failed {RETRIES} times, last error {error}")
@@ -95,7 +100,7 @@ async def generate_sample(ctx: RolloutContext, session: aiohttp.ClientSession, s
     if ctx.sampling_seed is not None:
         params["sampling_seed"] = request_seed(ctx.sampling_seed, sample)
     payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True}
-    out = await _post_generate(session, ctx.router_url, payload)
+    out = await _post_generate(session, ctx.router_url, payload, ctx.request_timeout_s)
     meta = out["meta_info"]
     logprobs = meta["output_token_logprobs"]
     sample.append_response([int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs], out["text"])

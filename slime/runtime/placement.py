@@ -97,11 +97,12 @@ def create_placement(
     *,
     device: str,
     colocate: bool,
-    gpus_per_engine: int,
+    engine_gpus: list[int],
     critic_with_actor: bool,
     timeout_s: float = 120,
 ) -> RunPlacement:
-    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles."""
+    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles;
+    engine i gets the next `engine_gpus[i]` rollout bundles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
@@ -117,8 +118,8 @@ def create_placement(
     critic = actor if critic_with_actor else places[derived.actor_gpus : derived.actor_gpus + derived.critic_gpus]
     rollout_start = 0 if colocate else derived.actor_gpus + derived.critic_gpus
     rollout_places = places[rollout_start : rollout_start + derived.rollout_gpus]
-    engines = [
-        EnginePlacement(tuple(rollout_places[i : i + gpus_per_engine]))
-        for i in range(0, len(rollout_places), gpus_per_engine)
-    ]
+    engines, first = [], 0
+    for size in engine_gpus:  # consecutive bundles per engine, in the order of the engine specs
+        engines.append(EnginePlacement(tuple(rollout_places[first : first + size])))
+        first += size
     return RunPlacement(group=group, actor=actor, critic=critic, rollout=engines)

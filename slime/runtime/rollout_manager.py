@@ -18,10 +18,10 @@ import ray
 from slime.config.derive import Derived
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
-from slime.engine.base import EngineLaunch, get_engine_class
-from slime.engine.router import Router
+from slime.engine.groups import engine_specs, model_specs
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
+from slime.runtime.engine_fleet import EngineFleet, FleetSetup
 from slime.runtime.placement import EnginePlacement
 from slime.types import SampleStatus, TrainBatch
 
@@ -29,6 +29,14 @@ logger = logging.getLogger(__name__)
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
+_CONTROL_CALLS = {
+    "flush_cache",
+    "pause_generation",
+    "continue_generation",
+    "abort_and_wait_idle",
+    "release_memory",
+    "resume_memory",
+}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -48,6 +56,7 @@ class RolloutSetup:
     dp_size: int
     global_batch_size: int  # G
     num_steps_per_rollout: int  # K
+    fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
@@ -65,67 +74,43 @@ class RolloutSetup:
             dp_size=derived.dp_size,
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+            fleet=FleetSetup(
+                rollout=cfg.rollout,
+                models=model_specs(cfg),
+                specs=engine_specs(cfg, derived.rollout_gpus),
+                host=cfg.cluster.host,
+                device=cfg.cluster.device,
+                colocate=cfg.cluster.colocate,
+                seed=cfg.seed,
+                run_dir=cfg.paths.output_dir,
+            ),
         )
 
 
 class RolloutManager:
-    """Created at once; `start()` brings up the engines, the router and the data sources.
+    """Created at once; `start()` brings up the engines, the routers and the data sources.
 
     torch (with transformers, ~2 CPU-seconds) is imported only after the engines were launched, so that
-    neither the driver nor this actor's start-up waits for it.
+    neither the driver nor this actor's start-up waits for it. The engines, routers and engine control
+    calls live in `EngineFleet`; the loop reaches them through this actor's methods.
     """
 
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
         self.setup = setup
-        self.engine_placements = engine_placements
-        self.router: Router | None = None
-        self.engines: list[Any] = []
-        self.engine_urls: list[str] = []
+        self.fleet = EngineFleet(setup.fleet, engine_placements)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
-        """Start every engine, then launch (or join) the router and load the data while their servers come
-        up; register each engine once healthy. Returns the router URL."""
-        r, s = self.setup.rollout, self.setup
-        log_dir = Path(s.log_dir) / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        launched = self._launch_engines(log_dir)
-        if r.router.address:
-            self.router = Router.connect(r.router.address)
-        else:
-            self.router = Router.launch(host=s.host, cfg=r.router, log_path=str(log_dir / "router.log"))
+        """Start every engine, then launch (or join) the routers and load the data while their servers come
+        up; register each engine once healthy. Returns the policy's router URL."""
+        launched = self.fleet.launch()
+        self.fleet.start_routers()
         self._load_data()
         ray.get(launched)
-        self.engine_urls = ray.get([engine.wait_until_ready.remote() for engine in self.engines])
-        for url in self.engine_urls:
-            self.router.add_worker(url)
-        return self.router.url
-
-    def _launch_engines(self, log_dir: Path) -> list:
-        """Create one engine actor per placement and have each start its server; returns the launch refs."""
-        r, s = self.setup.rollout, self.setup
-        engine_cls = ray.remote(get_engine_class(r.engine))
-        engine_config = getattr(r, r.engine)  # the kind's own typed config: rollout.hf, rollout.sglang, ...
-        # An engine's server uses every GPU of its bundles: Ray must not narrow CUDA_VISIBLE_DEVICES to one.
-        env = (
-            {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
-            if s.device == "cuda"
-            else {}
-        )
-        for rank, placement in enumerate(self.engine_placements):
-            launch = EngineLaunch(
-                rank=rank,
-                model_path=s.model_path,
-                host=s.host,
-                seed=s.seed + rank,
-                device=s.device,
-                log_dir=str(log_dir),
-                gpu_ids=placement.gpu_ids,
-                startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0),
-            )
-            options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
-            self.engines.append(engine_cls.options(**options, **env).remote(launch, engine_config))
-        return [engine.launch.remote() for engine in self.engines]
+        self.fleet.finish_start()
+        if self.setup.colocate:  # the trainer builds next: engines give their memory back until the first push
+            self.fleet.release_memory()
+        return self.fleet.router_url()
 
     def _load_data(self) -> None:
         """Tokenizer, prompt datasets, the rollout function and the dynamic filter (a bad data config fails here)."""
@@ -159,25 +144,25 @@ class RolloutManager:
         )
 
     def urls(self) -> list[str]:
-        """The URL of every engine, in engine rank order (what weight sync pushes to)."""
-        return list(self.engine_urls)
+        """The URL of every engine that receives weight syncs, in engine rank order, then external engines."""
+        return self.fleet.sync_urls()
+
+    def engine_control(self, call: str, *args: Any) -> None:
+        """Run one of the fleet's control calls on the engines: flush_cache, pause_generation,
+        continue_generation, abort_and_wait_idle, release_memory, resume_memory(tags)."""
+        if call not in _CONTROL_CALLS:
+            raise ValueError(f"unknown engine control call {call!r}; one of {sorted(_CONTROL_CALLS)}")
+        getattr(self.fleet, call)(*args)
+
+    def recover_engines(self) -> list[int]:
+        """Restart engines the health checks found dead (they get weights next); returns their ranks."""
+        return self.fleet.recover()
+
+    def register_engines(self, ranks: list[int]) -> None:
+        self.fleet.register_restarted(ranks)
 
     def shutdown(self) -> None:
-        for url in self.engine_urls:
-            try:
-                if self.router is not None:
-                    self.router.remove_worker(url)
-            except Exception as exc:  # teardown continues past a dead router
-                logger.warning("deregistering %s failed: %s", url, exc)
-        for engine in self.engines:
-            try:
-                ray.get(engine.shutdown.remote())
-            except Exception as exc:
-                logger.warning("engine shutdown failed: %s", exc)
-        self.engines = []
-        if self.router is not None:
-            self.router.shutdown()
-            self.router = None
+        self.fleet.shutdown()
 
     # ---- rollout -----------------------------------------------------------------------------
     def _context(self, *, evaluation: bool) -> RolloutContext:
@@ -197,13 +182,15 @@ class RolloutManager:
         }
         batch = len(source.dataset) if evaluation else r.batch_size
         return RolloutContext(
-            router_url=self.router.url,
+            router_url=self.fleet.router_url(),
+            model_routers=self.fleet.model_routers(),
+            request_timeout_s=r.request_timeout_s,
             tokenizer=self.tokenizer,
             data_source=source,
             batch_size=batch,
             over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
             sampling_params=sampling,
-            max_in_flight=r.concurrency * len(self.engines),
+            max_in_flight=r.concurrency * max(self.fleet.num_generating_engines(), 1),
             rm_type=r.rm_type,
             custom_rm_path=r.custom_rm_path,
             dynamic_filter=None if evaluation else self.dynamic_filter,
@@ -228,6 +215,7 @@ class RolloutManager:
         )
 
         out = self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
+        self.fleet.abort_and_wait_idle()  # nothing a custom rollout function left running outlives its step
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(
