@@ -192,9 +192,8 @@ def _loop(
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
-        restarted = pusher.recover(weight_version=rollout_id) if cfg.rollout.fault_tolerance.enabled else 0
+        restarted = pusher.recover(weight_version=rollout_id)
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
-        metrics["rollout/engine_restarts"] = float(restarted)
         state.enter("train", rollout_id)
         pusher.before_train(rollout_id)
         train_start = time.perf_counter()
@@ -206,7 +205,8 @@ def _loop(
             _save(cfg, rollout_id, manager, actor, critic)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
         state.enter("weight_sync", rollout_id)
-        metrics.update(pusher.push(weight_version=rollout_id + 1))
+        metrics.update(pusher.sync(weight_version=rollout_id + 1))
+        metrics["rollout/engine_restarts"] += restarted
         metrics["perf/step_time"] = time.perf_counter() - step_start
         for step_id, step_metrics in enumerate(steps):
             tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)

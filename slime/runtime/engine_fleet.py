@@ -284,6 +284,9 @@ class EngineFleet:
         """Restart every dead engine (not yet registered: it needs the current weights first); returns their
         ranks. Raises RuntimeError when an engine died more than `max_restarts` times."""
         ft = self.setup.rollout.fault_tolerance
+        for slot in self.slots:  # the monitor may not have probed since the engine died
+            if not slot.dead and not EngineClient(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
+                self.mark_dead(slot.rank, "failed its health check")
         dead = [slot for slot in self.slots if slot.dead]
         for slot in dead:
             if slot.restarts >= ft.max_restarts:

@@ -223,6 +223,8 @@ class RolloutManager:
                 f"{self.setup.rollout.batch_size}"
             )
         samples = [s for g in groups for s in g]
+        if len({s.index for s in samples}) != len(samples):  # a retried request must replace, never add
+            raise RuntimeError(f"rollout {rollout_id}: a sample index appears twice in the rollout function's groups")
         a = self.setup.algo
         raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
         metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
@@ -241,6 +243,8 @@ class RolloutManager:
             metrics["rollout/overlong_penalty"] = float(penalty.mean())
         rewards = post_process_rewards(shaped, a, self.setup.rollout.n_samples_per_prompt)
         metrics["rollout/rewards"] = float(rewards.mean())
+        metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
+        metrics["rollout/num_aborted"] = float(sum(s.status == SampleStatus.ABORTED for s in samples))
         preview = [
             dict(s.to_dict(), rollout_step=rollout_id)
             for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]

@@ -80,13 +80,29 @@ class WeightPush:
         self._step(rollout_id, "train_onload")
         self.actor.onload()
 
+    def sync(self, weight_version: int) -> dict[str, float]:
+        """The loop's push: with fault tolerance, dead engines are restarted first and pushed to with the
+        others, then rejoin their routers; `rollout/engine_restarts` counts them."""
+        ranks = self._restart_dead()
+        metrics = self.push(weight_version)
+        if ranks:
+            ray.get(self.manager.register_engines.remote(ranks))
+        return {**metrics, "rollout/engine_restarts": float(len(ranks))}
+
     def recover(self, weight_version: int) -> int:
-        """Restart dead engines, sync them, put them back behind the router; returns how many restarted."""
-        ranks = ray.get(self.manager.recover_engines.remote())
-        if not ranks:
-            return 0
-        logger.warning("engines %s restarted: pushing weight version %d before they rejoin", ranks, weight_version)
-        self.connect()
-        self.push(weight_version)
-        ray.get(self.manager.register_engines.remote(ranks))
+        """Before a rollout: restart engines that died since the last push, sync them with the current
+        weights (`weight_version`), put them back behind their routers; returns how many restarted."""
+        ranks = self._restart_dead()
+        if ranks:
+            self.push(weight_version)
+            ray.get(self.manager.register_engines.remote(ranks))
         return len(ranks)
+
+    def _restart_dead(self) -> list[int]:
+        if not self.cfg.rollout.fault_tolerance.enabled:
+            return []
+        ranks = ray.get(self.manager.recover_engines.remote())
+        if ranks:
+            logger.warning("engines %s restarted: they get the trainer's weights before they rejoin", ranks)
+            self.connect()  # new URLs (and a new broadcast group for distributed syncs)
+        return ranks

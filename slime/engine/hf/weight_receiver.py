@@ -41,7 +41,7 @@ def _require(body: dict, *keys: str) -> list[Any]:
 
 async def _body(request: web.Request) -> dict:
     try:
-        body = await request.json() if request.can_read_body else {}
+        body = await request.json() if request.body_exists else {}
     except json.JSONDecodeError as exc:
         raise WeightLoadError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
