@@ -92,9 +92,18 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
 def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, str, str]]:
     """(key, value, what is wrong, how to fix it) for every inconsistent served-model setting."""
     r = cfg.rollout
+    problems: list[tuple[str, Any, str, str]] = [
+        (
+            "rollout.external_engines",
+            url,
+            "not an http(s) URL of a running SGLang server",
+            "give each as http://host:port",
+        )
+        for url in r.external_engines
+        if not str(url).startswith(("http://", "https://"))
+    ]
     if not r.models:
-        return []
-    problems: list[tuple[str, Any, str, str]] = []
+        return problems
     names = [m.name for m in r.models]
     if len(set(names)) != len(names):
         problems.append(("rollout.models", names, "model names repeat", "give every served model its own name"))
@@ -108,7 +117,7 @@ def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, st
             problems.append((f"rollout.models[{i}].server_groups", [], "a model needs servers", "add a server group"))
         for j, group in enumerate(model.server_groups):
             key = f"rollout.models[{i}].server_groups[{j}]"
-            problems += _group_problems(key, group, cfg.cluster.rollout.num_gpus_per_engine)
+            problems += _group_problems(key, group, cfg.cluster.rollout.num_gpus_per_engine, r.engine)
             total += max(group.num_gpus, 0)
         kinds = {g.worker_type for g in model.server_groups}
         if ("prefill" in kinds) != ("decode" in kinds):
@@ -142,11 +151,20 @@ def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, st
     return problems
 
 
-def _group_problems(key: str, group: Any, default_per_engine: int) -> list[tuple[str, Any, str, str]]:
+def _group_problems(key: str, group: Any, default_per_engine: int, engine: str) -> list[tuple[str, Any, str, str]]:
     problems: list[tuple[str, Any, str, str]] = []
     if group.worker_type not in WORKER_TYPES:
         problems.append(
             (f"{key}.worker_type", group.worker_type, "unknown worker type", f"use one of {', '.join(WORKER_TYPES)}")
+        )
+    elif group.worker_type != "regular" and engine != "sglang":
+        problems.append(
+            (
+                f"{key}.worker_type",
+                group.worker_type,
+                f"PD disaggregation needs SGLang servers, not rollout.engine={engine}",
+                "use rollout=sglang, or worker_type: regular",
+            )
         )
     size = group.num_gpus_per_engine or default_per_engine
     if group.num_gpus < 1 or size < 1 or group.num_gpus % size:
