@@ -167,9 +167,16 @@ class EngineClient:
         self._post("/abort_request", {"abort_all": True})
 
     def num_requests(self) -> int:
-        """Running plus waiting requests over every data-parallel rank (GET /v1/loads)."""
-        loads = self.loads().get("loads", [])
-        return sum(int(e.get("num_running_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
+        """Running plus waiting requests over every data-parallel rank: GET /v1/loads, or GET /get_load on
+        servers without it (older SGLang: `[{dp_rank, num_reqs, num_waiting_reqs, num_tokens}]`)."""
+        try:
+            loads = self.loads().get("loads", [])
+            return sum(int(e.get("num_running_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
+        except EngineHTTPError as err:
+            if err.status != 404:
+                raise
+        loads = self._get("/get_load")
+        return sum(int(e.get("num_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
 
     def abort_all_and_wait_idle(self, timeout_s: float = 60.0, interval_s: float = 0.05) -> None:
         """POST /abort_request {abort_all}, then poll /v1/loads until no request runs or waits.
