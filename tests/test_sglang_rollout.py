@@ -111,11 +111,13 @@ def test_served_models_external_router_and_engine_and_kill_9_mid_rollout(tmp_pat
 
 
 def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
-    """cluster.colocate=true: the driver's hand-off steps (handoff.jsonl) and the engine's own request log
-    follow REFERENCE.md §2.3, and the engine runs exactly the trainer's weights after each tensor sync."""
+    """cluster.colocate=true, two training ranks and one engine of TP 2 on their two devices: the driver's
+    hand-off steps (handoff.jsonl) and the engine's own request log follow REFERENCE.md §2.3; each TP rank
+    gets the bucket staged by the training rank on its device; the engine runs the trainer's weights."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *FAKE_SGLANG, *SMALL]
     cmd += ["train.num_rollout=2", "cluster.colocate=true", "rollout.weight_sync.mode=tensor"]
+    cmd += ["cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus_per_engine=2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [json.loads(line) for line in (run_dir / "handoff.jsonl").read_text().splitlines()]
@@ -146,6 +148,13 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
         one_push[2],
     ]
     assert "--enable-memory-saver" in Path(engine["log"]).read_text()
+    handles = [
+        r["body"]["serialized_named_tensors"]
+        for r in fake_requests(Path(engine["log"]))
+        if r["path"] == "/update_weights_from_tensor"
+    ]
+    # one handle per TP rank, staged by two different training processes (the shm files name their pid)
+    assert handles and all(len(h) == 2 and len({p.split("-")[2] for p in h}) == 2 for h in handles)
     diffs = [
         json.loads(line)["train/train_rollout_logprob_abs_diff"]
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -65,6 +65,7 @@ class FleetSetup:
     colocate: bool
     seed: int
     run_dir: str
+    trainer_gpus: int  # the actor's ranks; colocated, training rank i shares rollout bundle i
 
 
 class EngineFleet:
@@ -192,6 +193,20 @@ class EngineFleet:
         updatable = {m.name for m in self.setup.models if m.update_weights}
         ours = [slot.url for slot in self.slots if slot.spec.model in updatable and not slot.dead]
         return ours + self.external
+
+    def tensor_handle_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """Per engine of `sync_urls()`, the training rank colocated with each of its TP ranks (-1: none);
+        empty unless colocated (external engines: none)."""
+        if not self.setup.colocate:
+            return ()
+        updatable = {m.name for m in self.setup.models if m.update_weights}
+        ranks, first = [], 0
+        for slot in self.slots:  # engine bundles are consecutive from bundle 0, in slot order
+            if slot.spec.model in updatable and not slot.dead:
+                bundles = range(first, first + slot.spec.num_gpus)
+                ranks.append(tuple(b if b < self.setup.trainer_gpus else -1 for b in bundles))
+            first += slot.spec.num_gpus
+        return tuple(ranks)
 
     def num_generating_engines(self) -> int:
         return sum(1 for slot in self.slots if slot.spec.model == self.policy.name) + len(self.external)

@@ -83,6 +83,7 @@ class RolloutSetup:
                 colocate=cfg.cluster.colocate,
                 seed=cfg.seed,
                 run_dir=cfg.paths.output_dir,
+                trainer_gpus=derived.actor_gpus,
             ),
         )
 
@@ -146,6 +147,10 @@ class RolloutManager:
     def urls(self) -> list[str]:
         """The URL of every engine that receives weight syncs, in engine rank order, then external engines."""
         return self.fleet.sync_urls()
+
+    def tensor_handle_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """Per synced engine, the training rank on each TP rank's device (tensor mode, colocated)."""
+        return self.fleet.tensor_handle_ranks()
 
     def engine_control(self, call: str, *args: Any) -> None:
         """Run one of the fleet's control calls on the engines: flush_cache, pause_generation,

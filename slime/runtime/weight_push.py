@@ -16,6 +16,7 @@ current weights are pushed, and only then do the restarted engines rejoin their 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -46,8 +47,12 @@ class WeightPush:
 
     def connect(self) -> None:
         """(Re)build the weight-sync object on the trainer for the engines' current URLs."""
+        mode = self.cfg.rollout.weight_sync.mode
         urls = ray.get(self.manager.urls.remote())
-        self.actor.connect_weight_sync(self.cfg.rollout.weight_sync.mode, urls, self.context)
+        context = self.context
+        if mode == "tensor":  # engine TP rank i opens the handle of the training rank on its device
+            context = dataclasses.replace(context, tp_trainer_ranks=ray.get(self.manager.tensor_handle_ranks.remote()))
+        self.actor.connect_weight_sync(mode, urls, context)
 
     def _step(self, rollout_id: int, step: str) -> None:
         with open(self.log_path, "a") as f:

@@ -105,10 +105,16 @@ def make_server(server_args: argparse.Namespace):
 
 
 def _summary(body: Any) -> Any:
-    """The body without bulky payloads (serialised tensors, weight names)."""
+    """The body without bulky payloads (weight names); serialised buckets as their handles' shm paths."""
     if not isinstance(body, dict):
         return body
-    return {k: (v if len(json.dumps(v)) < 200 else f"<{len(json.dumps(v))} chars>") for k, v in body.items()}
+    summary = {k: (v if len(json.dumps(v)) < 200 else f"<{len(json.dumps(v))} chars>") for k, v in body.items()}
+    if isinstance(body.get("serialized_named_tensors"), list):
+        from slime.sync import wire
+
+        handles = [wire.decode(item)["handle"] for item in body["serialized_named_tensors"]]
+        summary["serialized_named_tensors"] = [h.get("path", h.get("kind")) for h in handles]
+    return summary
 
 
 async def serve(server_args: argparse.Namespace) -> None:
