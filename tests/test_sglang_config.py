@@ -77,3 +77,37 @@ def test_main_exits_2_naming_each_problem():
     assert proc.returncode == 2, proc.stderr
     assert "rollout.sglang.random_seed" in proc.stderr and "set seed instead" in proc.stderr
     assert "cluster.rollout.num_gpus=3: not a multiple of cluster.rollout.num_gpus_per_engine=2" in proc.stderr
+
+
+def test_tensor_handle_ranks_follow_the_engine_bundles():
+    """Colocated: engine bundles start at bundle 0, so TP rank i of an engine sits with the training rank of
+    its bundle; frozen models get no syncs, bundles past the trainer's have no colocated rank (-1)."""
+    from slime.config.schema import RolloutConfig, RouterConfig
+    from slime.engine.groups import EngineSpec, ModelSpec
+    from slime.runtime.engine_fleet import EngineFleet, EngineSlot, FleetSetup
+
+    def spec(model, gpus):
+        return EngineSpec(model=model, worker_type="regular", num_gpus=gpus, overrides={}, key="k")
+
+    specs = [spec("actor", 2), spec("ref", 1), spec("actor", 2)]
+    models = [
+        ModelSpec(name="actor", model_path="/m", update_weights=True, router=RouterConfig()),
+        ModelSpec(name="ref", model_path="/m", update_weights=False, router=RouterConfig()),
+    ]
+    setup = FleetSetup(
+        rollout=RolloutConfig(batch_size=1),
+        models=models,
+        specs=specs,
+        host="h",
+        device="cuda",
+        colocate=True,
+        seed=0,
+        run_dir="/tmp",
+        trainer_gpus=4,
+    )
+    fleet = EngineFleet(setup, placements=[None] * 3)
+    fleet.slots = [EngineSlot(rank=i, spec=s, actor=None, url=f"http://h:{i}") for i, s in enumerate(specs)]
+    assert fleet.sync_urls() == ["http://h:0", "http://h:2"]
+    assert fleet.tensor_handle_ranks() == ((0, 1), (3, -1))
+    fleet.slots[2].dead = True
+    assert fleet.tensor_handle_ranks() == ((0, 1),) and fleet.sync_urls() == ["http://h:0"]
