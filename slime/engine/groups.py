@@ -113,31 +113,8 @@ def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, st
         )
     total = 0
     for i, model in enumerate(r.models):
-        if not model.server_groups and not (i == 0 and r.external_engines):
-            problems.append((f"rollout.models[{i}].server_groups", [], "a model needs servers", "add a server group"))
-        for j, group in enumerate(model.server_groups):
-            key = f"rollout.models[{i}].server_groups[{j}]"
-            problems += _group_problems(key, group, cfg.cluster.rollout.num_gpus_per_engine, r.engine)
-            total += max(group.num_gpus, 0)
-        kinds = {g.worker_type for g in model.server_groups}
-        if ("prefill" in kinds) != ("decode" in kinds):
-            problems.append(
-                (
-                    f"rollout.models[{i}].server_groups",
-                    sorted(kinds),
-                    "PD disaggregation needs both prefill and decode groups",
-                    "add the missing prefill or decode group, or use worker_type: regular",
-                )
-            )
-        if "regular" in kinds and len(kinds) > 1:
-            problems.append(
-                (
-                    f"rollout.models[{i}].server_groups",
-                    sorted(kinds),
-                    "a model's router is either regular or PD (prefill + decode), not both",
-                    "serve regular and PD groups as two models",
-                )
-            )
+        problems += _model_problems(i, model, cfg)
+        total += sum(max(group.num_gpus, 0) for group in model.server_groups)
     if total != rollout_gpus:
         problems.append(
             (
@@ -146,6 +123,36 @@ def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, st
                 f"the server groups' num_gpus add up to {total}, but the rollout has {rollout_gpus} GPU(s) "
                 "(cluster.rollout.num_gpus; the actor's GPUs when colocated)",
                 f"make the groups' num_gpus add up to {rollout_gpus}, or set cluster.rollout.num_gpus={total}",
+            )
+        )
+    return problems
+
+
+def _model_problems(i: int, model: Any, cfg: RunConfig) -> list[tuple[str, Any, str, str]]:
+    """Problems of `rollout.models[i]`: servers present, each group sound, regular or PD (both halves)."""
+    problems: list[tuple[str, Any, str, str]] = []
+    if not model.server_groups and not (i == 0 and cfg.rollout.external_engines):
+        problems.append((f"rollout.models[{i}].server_groups", [], "a model needs servers", "add a server group"))
+    for j, group in enumerate(model.server_groups):
+        key = f"rollout.models[{i}].server_groups[{j}]"
+        problems += _group_problems(key, group, cfg.cluster.rollout.num_gpus_per_engine, cfg.rollout.engine)
+    kinds = sorted({g.worker_type for g in model.server_groups})
+    if ("prefill" in kinds) != ("decode" in kinds):
+        problems.append(
+            (
+                f"rollout.models[{i}].server_groups",
+                kinds,
+                "PD disaggregation needs both prefill and decode groups",
+                "add the missing prefill or decode group, or use worker_type: regular",
+            )
+        )
+    if "regular" in kinds and len(kinds) > 1:
+        problems.append(
+            (
+                f"rollout.models[{i}].server_groups",
+                kinds,
+                "a model's router is either regular or PD (prefill + decode), not both",
+                "serve regular and PD groups as two models",
             )
         )
     return problems
