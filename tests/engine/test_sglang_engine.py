@@ -189,3 +189,38 @@ def test_shutdown_deregisters_and_stops_the_server(started):  # last: it stops t
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert engine.log_path.read_text().count(GENERATE_MARK) == generated  # removed: no traffic reached it
+
+
+def test_every_generation_request_has_a_timeout(monkeypatch):
+    """A server that never answers: each /generate attempt ends at rollout.request_timeout_s and is retried."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from slime.rollout import default
+
+    monkeypatch.setattr(default, "RETRIES", 2)
+    attempts = []
+
+    async def hang(request):
+        attempts.append(1)
+        await asyncio.sleep(30)
+
+    async def scenario():
+        app = web.Application()
+        app.add_routes([web.post("/generate", hang)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(RuntimeError, match="failed 2 times, last error TimeoutError"):
+                    await default._post_generate(session, url, {"input_ids": [1]}, timeout_s=0.2)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert len(attempts) == 2
