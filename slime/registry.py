@@ -82,6 +82,7 @@ ENGINES = Registry(
     "rollout.engine",
     {
         "hf": "slime.engine.hf.engine.HFEngine",
+        "sglang": "slime.engine.sglang.engine.SGLangEngine",
     },
     what="rollout engine",
 )

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from slime.config.schema import RunConfig
 from slime.config.validate_data import rollouts_for_epochs
 from slime.config.validate_hooks import rollout_function_path
+from slime.engine.groups import engine_specs
 
 HF_DEFAULT_MAX_BATCH_SIZE = 256
 
@@ -65,7 +66,7 @@ def derive(cfg: RunConfig) -> Derived:
         critic_gpus=critic,
         rollout_gpus=rollout,
         total_gpus=total,
-        num_engines=rollout // max(c.rollout.num_gpus_per_engine, 1),
+        num_engines=len(engine_specs(cfg, rollout)),
         dp_size=dp,
         samples_per_rollout=samples,
         global_batch_size=g,

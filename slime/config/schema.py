@@ -189,6 +189,45 @@ class RewardConfig:
 
 
 @dataclass(kw_only=True)
+class SGLangLaunchConfig:
+    """How each SGLang server starts (`rollout.engine=sglang`); its ServerArgs are `rollout.sglang`."""
+
+    module: str = "sglang.launch_server"  # run as `python -m <module>` with SGLang's CLI (CPU tests: a fake server)
+    startup_timeout_s: float = 600.0  # launch until GET /health_generate answers 200
+
+
+@dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """Engine health checks and restarts (slime's --use-fault-tolerance)."""
+
+    enabled: bool = False
+    health_check_interval_s: float = 2.0  # between GET /health_generate probes of each engine
+    health_check_timeout_s: float = 10.0  # a probe slower than this counts as a failure
+    max_restarts: int = 3  # per engine over the run; one more death fails the run
+
+
+@dataclass(kw_only=True)
+class ServerGroupConfig:
+    """Servers of one kind for one served model (the seeds' --sglang-config `server_groups`)."""
+
+    worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
+    num_gpus: int = MISSING  # GPUs of the whole group
+    num_gpus_per_engine: Optional[int] = None  # default cluster.rollout.num_gpus_per_engine
+    overrides: dict[str, Any] = field(default_factory=dict)  # ServerArgs applied on top of rollout.sglang
+
+
+@dataclass(kw_only=True)
+class ServedModelConfig:
+    """One served model: its own router and server groups; only `update_weights` models receive syncs."""
+
+    name: str = MISSING  # the key a custom rollout function reaches its router by (ctx.model_routers)
+    model_path: Optional[str] = None  # HF dir; default model.hf_checkpoint (the policy)
+    update_weights: bool = True
+    router: RouterConfig = field(default_factory=RouterConfig)
+    server_groups: list[ServerGroupConfig] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
 
@@ -234,6 +273,13 @@ class RolloutConfig:
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
     sglang: dict[str, Any] = field(default_factory=dict)
+    sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
+    models: list[ServedModelConfig] = field(default_factory=list)
+    # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped
+    external_engines: list[str] = field(default_factory=list)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    request_timeout_s: float = 3600.0  # one /generate request (then retried, like a failed one)
 
 
 @dataclass(kw_only=True)

@@ -74,7 +74,7 @@ class RolloutContext:
     """`args` of every rollout hook; built by the rollout manager for each rollout call."""
 
     config: RolloutConfig  # the run's rollout config: every field a hook may read (max_turns, ...)
-    router_url: str
+    router_url: str  # the policy model's router
     tokenizer: Any
     batch_size: int  # groups to keep (train); an eval runs every prompt of its datasets
     over_sampling_batch_size: int  # groups per refill
@@ -87,6 +87,8 @@ class RolloutContext:
     max_filter_drops: int = 0  # past this many drops in one step, groups are kept regardless (no endless loop)
     sampling_seed: int | None = None  # base of per-request seeds (rollout.deterministic); None: engine's RNG
     eval_datasets: list[EvalDataset] = dataclasses.field(default_factory=list)
+    model_routers: dict[str, str] = dataclasses.field(default_factory=dict)  # every served model's router by name
+    request_timeout_s: float | None = None  # per /generate attempt (rollout.request_timeout_s)
     # State of the call in progress: set once the batch is full (samples not yet started are not generated, and
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False

@@ -27,19 +27,21 @@ def request_seed(base: int, sample: Sample) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
-    """POST with retries on connection errors and 5xx (a 4xx is raised at once with its body)."""
+async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float | None = None) -> dict:
+    """POST with retries on connection errors, timeouts (a dead or hung engine) and 5xx (a 4xx is raised at
+    once with its body); `timeout_s` bounds each attempt."""
     error = ""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     for attempt in range(RETRIES):
         try:
-            async with session.post(url, json=payload) as resp:
+            async with session.post(url, json=payload, timeout=timeout) as resp:
                 if resp.status < 500:
                     body = await resp.text()
                     if resp.status != 200:
                         raise RuntimeError(f"POST {url} -> {resp.status}: {body[:500]}")
                     return json.loads(body)
                 error = f"{resp.status}: {(await resp.text())[:200]}"
-        except aiohttp.ClientConnectionError as exc:
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             error = repr(exc)
         await asyncio.sleep(min(2**attempt * 0.2, 5))
     raise RuntimeError(f"POST {url} failed {RETRIES} times, last error {error}")
@@ -68,7 +70,7 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
     if args.sampling_seed is not None:
         params["sampling_seed"] = request_seed(args.sampling_seed, sample)
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
-    return await post_json(args.session, f"{args.router_url}/generate", payload)
+    return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
 
 
 def append_engine_output(sample: Sample, out: dict) -> None:

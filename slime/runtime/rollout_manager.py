@@ -21,8 +21,7 @@ from slime.config.derive import Derived
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
 from slime.config.validate_hooks import ROLLOUT_FN_SHAPE, function_path
-from slime.engine.base import EngineLaunch, get_engine_class
-from slime.engine.router import Router
+from slime.engine.groups import engine_specs, model_specs
 from slime.rollout.base import (
     EvalDataset,
     RolloutContext,
@@ -34,10 +33,19 @@ from slime.rollout.base import (
 from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.rewards import RewardHub, check_failures
+from slime.runtime.engine_fleet import EngineFleet, FleetSetup
 from slime.runtime.placement import EnginePlacement
-from slime.types import TrainBatch
+from slime.types import SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
+_CONTROL_CALLS = {
+    "flush_cache",
+    "pause_generation",
+    "continue_generation",
+    "abort_and_wait_idle",
+    "release_memory",
+    "resume_memory",
+}
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
@@ -61,6 +69,7 @@ class RolloutSetup:
     global_batch_size: int  # G
     num_steps_per_rollout: int  # K
     balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
+    fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
     save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
     load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
 
@@ -81,6 +90,17 @@ class RolloutSetup:
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
             balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
+            fleet=FleetSetup(
+                rollout=cfg.rollout,
+                models=model_specs(cfg),
+                specs=engine_specs(cfg, derived.rollout_gpus),
+                host=cfg.cluster.host,
+                device=cfg.cluster.device,
+                colocate=cfg.cluster.colocate,
+                seed=cfg.seed,
+                run_dir=cfg.paths.output_dir,
+                trainer_gpus=derived.actor_gpus,
+            ),
             save_rollout_data=cfg.debug.save_rollout_data,
             load_rollout_data=(
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
@@ -97,10 +117,7 @@ class RolloutManager:
 
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
         self.setup = setup
-        self.engine_placements = engine_placements
-        self.router: Router | None = None
-        self.engines: list[Any] = []
-        self.engine_urls: list[str] = []
+        self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -112,45 +129,14 @@ class RolloutManager:
             self.data_source, self.eval_sources, self.tokenizer = None, {}, None
             self.hooks = RolloutHooks.load(r, s.algo)  # reward_post_process still applies
             return ""
-        log_dir = Path(s.log_dir) / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        launched = self._launch_engines(log_dir)
-        if r.router.address:
-            self.router = Router.connect(r.router.address)
-        else:
-            self.router = Router.launch(host=s.host, cfg=r.router, log_path=str(log_dir / "router.log"))
+        launched = self.fleet.launch()
+        self.fleet.start_routers()
         self._load_data()
         ray.get(launched)
-        self.engine_urls = ray.get([engine.wait_until_ready.remote() for engine in self.engines])
-        for url in self.engine_urls:
-            self.router.add_worker(url)
-        return self.router.url
-
-    def _launch_engines(self, log_dir: Path) -> list:
-        """Create one engine actor per placement and have each start its server; returns the launch refs."""
-        r, s = self.setup.rollout, self.setup
-        engine_cls = ray.remote(get_engine_class(r.engine))
-        engine_config = getattr(r, r.engine)  # the kind's own typed config: rollout.hf, rollout.sglang, ...
-        # An engine's server uses every GPU of its bundles: Ray must not narrow CUDA_VISIBLE_DEVICES to one.
-        env = (
-            {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
-            if s.device == "cuda"
-            else {}
-        )
-        for rank, placement in enumerate(self.engine_placements):
-            launch = EngineLaunch(
-                rank=rank,
-                model_path=s.model_path,
-                host=s.host,
-                seed=s.seed + rank,
-                device=s.device,
-                log_dir=str(log_dir),
-                gpu_ids=placement.gpu_ids,
-                startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0),
-            )
-            options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
-            self.engines.append(engine_cls.options(**options, **env).remote(launch, engine_config))
-        return [engine.launch.remote() for engine in self.engines]
+        self.fleet.finish_start()
+        if s.colocate:  # the trainer builds next: engines give their memory back until the first push
+            self.fleet.release_memory()
+        return self.fleet.router_url()
 
     def _load_data(self) -> None:
         """Tokenizer, prompt datasets (train and eval), the rollout functions and hooks (a bad data config fails here)."""
@@ -187,40 +173,46 @@ class RolloutManager:
         )
 
     def urls(self) -> list[str]:
-        """The URL of every engine, in engine rank order (what weight sync pushes to)."""
-        return list(self.engine_urls)
+        """The URL of every engine that receives weight syncs, in engine rank order, then external engines."""
+        return self.fleet.sync_urls()
+
+    def tensor_handle_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """Per synced engine, the training rank on each TP rank's device (tensor mode, colocated)."""
+        return self.fleet.tensor_handle_ranks()
+
+    def engine_control(self, call: str, *args: Any) -> None:
+        """Run one of the fleet's control calls on the engines: flush_cache, pause_generation,
+        continue_generation, abort_and_wait_idle, release_memory, resume_memory(tags)."""
+        if call not in _CONTROL_CALLS:
+            raise ValueError(f"unknown engine control call {call!r}; one of {sorted(_CONTROL_CALLS)}")
+        getattr(self.fleet, call)(*args)
+
+    def recover_engines(self) -> list[int]:
+        """Restart engines the health checks found dead (they get weights next); returns their ranks."""
+        return self.fleet.recover()
+
+    def register_engines(self, ranks: list[int]) -> None:
+        self.fleet.register_restarted(ranks)
 
     def shutdown(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
-        for url in self.engine_urls:
-            try:
-                if self.router is not None:
-                    self.router.remove_worker(url)
-            except Exception as exc:  # teardown continues past a dead router
-                logger.warning("deregistering %s failed: %s", url, exc)
-        for engine in self.engines:
-            try:
-                ray.get(engine.shutdown.remote())
-            except Exception as exc:
-                logger.warning("engine shutdown failed: %s", exc)
-        self.engines = []
-        if self.router is not None:
-            self.router.shutdown()
-            self.router = None
+        self.fleet.shutdown()
 
     # ---- rollout -----------------------------------------------------------------------------
     def _context(self, *, evaluation: bool) -> RolloutContext:
-        r = self.setup.rollout
+        s, r = self.setup, self.setup.rollout
         batch = r.batch_size
         return RolloutContext(
             config=r,
-            router_url=self.router.url if self.router is not None else "",  # none when replaying dumps
+            router_url=self.fleet.router_url() if s.load_rollout_data is None else "",  # none when replaying dumps
+            model_routers=self.fleet.model_routers() if s.load_rollout_data is None else {},
+            request_timeout_s=r.request_timeout_s,
             tokenizer=self.tokenizer,
             batch_size=batch,
             over_sampling_batch_size=r.over_sampling_batch_size,
             sampling_params=self._sampling_params(r),
-            max_in_flight=r.concurrency * len(self.engines),
+            max_in_flight=r.concurrency * max(self.fleet.num_generating_engines(), 1),
             rewards=self.rewards,
             reward_key=r.reward_key,
             hooks=self.hooks,
@@ -281,6 +273,8 @@ class RolloutManager:
                 f"{self.setup.rollout.batch_size}"
             )
         samples = [s for g in groups for s in g]
+        if len({s.index for s in samples}) != len(samples):  # a retried request must replace, never add
+            raise RuntimeError(f"rollout {rollout_id}: a sample index appears twice in the rollout function's groups")
         if self.setup.save_rollout_data:
             save_rollout_data(self.setup.log_dir, rollout_id, groups)
         failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
@@ -292,6 +286,8 @@ class RolloutManager:
             **shaping,
         }
         metrics["rollout/rewards"] = float(rewards.mean())
+        metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
+        metrics["rollout/num_aborted"] = float(sum(s.status == SampleStatus.ABORTED for s in samples))
         preview = [
             dict(s.to_dict(), rollout_step=rollout_id)
             for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
@@ -314,6 +310,7 @@ class RolloutManager:
             if self.hooks.buffer_filter is not None:
                 self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
             out = self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False)
+            self.fleet.abort_and_wait_idle()  # nothing a custom rollout function left running outlives its step
             return as_rollout_output(out, "rollout.function")
         start = time.perf_counter()
         groups = load_rollout_data(self.setup.load_rollout_data, rollout_id)
