@@ -198,9 +198,9 @@ def test_every_generation_request_has_a_timeout(monkeypatch):
     import aiohttp
     from aiohttp import web
 
-    from slime.rollout import default
+    from slime.rollout import generate
 
-    monkeypatch.setattr(default, "RETRIES", 2)
+    monkeypatch.setattr(generate, "RETRIES", 2)
     attempts = []
 
     async def hang(request):
@@ -218,7 +218,7 @@ def test_every_generation_request_has_a_timeout(monkeypatch):
         try:
             async with aiohttp.ClientSession() as session:
                 with pytest.raises(RuntimeError, match="failed 2 times, last error TimeoutError"):
-                    await default._post_generate(session, url, {"input_ids": [1]}, timeout_s=0.2)
+                    await generate.post_json(session, f"{url}/generate", {"input_ids": [1]}, timeout_s=0.2)
         finally:
             await runner.cleanup()
 
