@@ -149,6 +149,13 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "sequence parallelism splits over tp ranks, and tp=1",
             "set parallelism.tp > 1 or sequence_parallel=false",
         )
+    if p.tp > 1 and m.vocab_size % p.tp:
+        yield Problem(
+            "parallelism.tp",
+            p.tp,
+            f"the megatron backend splits model.vocab_size={m.vocab_size} evenly over the tp ranks",
+            f"pick a parallelism.tp dividing {m.vocab_size}",
+        )
     if m.num_experts is not None and p.tp > 1 and not p.sequence_parallel:
         yield Problem(
             "parallelism.tp",
