@@ -116,6 +116,15 @@ def _varlen(kernel, q: Tensor, k: Tensor, v: Tensor, seg: Segments, scale: float
     return kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=(-1, 0))
 
 
+def _varlen_packed(q: Tensor, k: Tensor, v: Tensor, params, scale: float) -> Tensor:
+    """One varlen call over the whole packed stream (no context parallel): causal per sample."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    cu, longest = params.cu_seqlens_q, params.max_seqlen_q
+    return _varlen_kernel()(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0))
+
+
 def _cu(lengths: list[int], device) -> Tensor:
     out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
@@ -137,8 +146,11 @@ class PackedAttention(torch.nn.Module):
     ):
         if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
             raise ValueError("PackedAttention runs packed THD micro-batches only (slime.train.megatron.batch)")
-        cu = packed_seq_params.cu_seqlens_q.tolist()
         cp = self.config.context_parallel_size
+        if cp == 1 and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _varlen_kernel():
+            out = _varlen_packed(query, key, value, packed_seq_params, self.scale)  # no host sync
+            return out.reshape(out.shape[0], -1)
+        cu = packed_seq_params.cu_seqlens_q.tolist()
         if cp > 1:
             group = self.cp_group if self.cp_group is not None else _cp_group()
             rank = torch.distributed.get_rank(group)

@@ -71,6 +71,7 @@ class MegatronRank(BatchColumns, TrainBackend):
         self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.pad_id = 0
         self.global_step = 0
+        self._one = torch.ones((), dtype=torch.int, device=self.device)  # the schedules' token count (unused)
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the data-parallel ranks (tp, cp and pp ranks of a shard hold the same values)."""
@@ -88,7 +89,8 @@ class MegatronRank(BatchColumns, TrainBackend):
             micro_batch_size=p.micro_batch_size,
             max_tokens=p.max_tokens_per_gpu,
         )
-        count = int(parallel.all_reduce(torch.tensor(len(micro)), self.dp_group, op=torch.distributed.ReduceOp.MAX))
+        count = torch.tensor(len(micro), device=self.device)
+        count = int(parallel.all_reduce(count, self.dp_group, op=torch.distributed.ReduceOp.MAX))
         if p.vpp:
             count = -(-count // self.layout.pp) * self.layout.pp
         return batching.pad_to(micro, count)
@@ -132,9 +134,9 @@ class MegatronRank(BatchColumns, TrainBackend):
         scores = self._gather_cp(scores, packed)
         entropy = None if entropy is None else self._gather_cp(entropy, packed)
         if not mb:  # a padding micro-batch: zero loss, zero gradients
-            return hidden.sum() * 0.0, torch.tensor(1, dtype=torch.int), {}
+            return hidden.sum() * 0.0, self._one, {}
         loss, metrics = on_scores(mb, scores, entropy)
-        return loss / self.layout.cp, torch.tensor(1, dtype=torch.int), metrics
+        return loss / self.layout.cp, self._one, metrics
 
     def _run(
         self, micro: list[list[int]], on_scores: OnScores, *, forward_only: bool, with_entropy: bool
@@ -182,7 +184,11 @@ class MegatronRank(BatchColumns, TrainBackend):
             for indices in indices_per_step:
                 self._run(self._micro_batches(indices), keep, forward_only=True, with_entropy=with_entropy)
         total = sum(batch.response_lengths)
-        flat = torch.cat([parts[i] for i in range(len(batch))]) if self.is_last_stage else torch.zeros(total)
+        flat = (
+            torch.cat([parts[i] for i in range(len(batch))])
+            if self.is_last_stage
+            else torch.zeros(total, device=self.device)
+        )
         flat = flat.to(self.device, torch.float32)
         if self.layout.pp > 1:  # every stage keeps the columns (advantages run everywhere)
             torch.distributed.broadcast(
