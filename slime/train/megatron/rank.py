@@ -95,19 +95,33 @@ class MegatronRank(BatchColumns, TrainBackend):
             count = -(-count // self.layout.pp) * self.layout.pp
         return batching.pad_to(micro, count)
 
-    def _pack(self, mb: list[int]) -> mbatch.MicroBatch:
-        tokens = [self.batch.tokens[i] for i in mb] or [[self.pad_id]]
-        responses = [self.batch.response_lengths[i] for i in mb] or [0]
-        seq_parallel = self.config.sequence_parallel
-        return mbatch.build(
-            tokens,
-            responses,
-            cp=self.layout.cp,
-            cp_rank=torch.distributed.get_rank(self.cp_group) if self.layout.cp > 1 else 0,
-            tp_multiple=self.layout.tp if seq_parallel else 1,
-            pad_id=self.pad_id,
-            device=self.device,
-        )
+    def _samples(self, mb: list[int]) -> tuple[list[list[int]], list[int]]:
+        return [self.batch.tokens[i] for i in mb] or [[self.pad_id]], [self.batch.response_lengths[i] for i in mb] or [
+            0
+        ]
+
+    def _pack_all(self, micro: list[list[int]]) -> list[mbatch.MicroBatch]:
+        """The packed micro-batches; with virtual pipeline stages all of one length (megatron's
+        interleaved schedule sends fixed-shape tensors)."""
+        tp_multiple = self.layout.tp if self.config.sequence_parallel else 1
+        cp = self.layout.cp
+        samples = [self._samples(mb) for mb in micro]
+        total = 0
+        if self.config.virtual_pipeline_model_parallel_size:
+            total = max(mbatch.padded_total(tokens, cp=cp, tp_multiple=tp_multiple) for tokens, _ in samples)
+        return [
+            mbatch.build(
+                tokens,
+                responses,
+                cp=cp,
+                cp_rank=torch.distributed.get_rank(self.cp_group) if cp > 1 else 0,
+                tp_multiple=tp_multiple,
+                pad_id=self.pad_id,
+                device=self.device,
+                min_total=total,
+            )
+            for tokens, responses in samples
+        ]
 
     def _score(self, hidden: torch.Tensor, packed: mbatch.MicroBatch, *, with_entropy: bool):
         """(scores Tensor[n], entropy Tensor[n] | None) of this CP rank's rows; hidden: Tensor[t, h]."""
@@ -145,7 +159,7 @@ class MegatronRank(BatchColumns, TrainBackend):
         metric dicts (empty elsewhere)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packs = [(mb, self._pack(mb)) for mb in micro]
+        packs = list(zip(micro, self._pack_all(micro)))
         params = functools.partial(mbatch.MicroBatch.packed_seq_params, cp_group=self.cp_group)
 
         def forward_step(data_iterator: Iterator, model):
