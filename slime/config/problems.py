@@ -10,12 +10,16 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """`key` (dotted config key) has `value`; `message` says what is wrong, `fix` the override that fixes it."""
+    """`key` (dotted config key) has `value`; `message` says what is wrong, `fix` the override that fixes it.
+
+    `machine`: the problem is about this machine (a path that does not exist here, too few local GPUs), not
+    the config: the dry run (debug=dry_run), which plans a launch elsewhere, reports it as a warning."""
 
     key: str
     value: Any
     message: str
     fix: str
+    machine: bool = False
 
     def __str__(self) -> str:
         return f"{self.key}={self.value!r}: {self.message}. Fix: {self.fix}"

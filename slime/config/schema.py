@@ -65,6 +65,17 @@ class RecomputeConfig:
 
 
 @dataclass(kw_only=True)
+class FSDPOptions:
+    """Options of the fsdp backend alone (`parallelism.fsdp.*`); CUDA runs, where FSDP2 wraps the model."""
+
+    # bf16 runs: "fsdp2" keeps fp32 parameter shards and optimizer state and computes in bf16 through
+    # FSDP2's mixed-precision policy; "autocast" computes fp32 parameters under torch.autocast.
+    mixed_precision: str = "fsdp2"
+    compile: bool = True  # torch.compile each decoder layer (fused norms, RoPE and SwiGLU); CUDA only
+    cpu_offload: bool = False  # FSDP2's CPU offload: parameter shards, gradients and optimizer state in host memory
+
+
+@dataclass(kw_only=True)
 class ParallelismConfig:
     """How training is split. DP = world / (tp·pp·cp), derived."""
 
@@ -80,7 +91,8 @@ class ParallelismConfig:
     # (prompt + response) per forward/backward on one GPU; a longer sample gets a bin of its own. When set
     # it wins over micro_batch_size.
     max_tokens_per_gpu: Optional[int] = None
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward pass
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
     vpp: Optional[int] = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
@@ -165,6 +177,57 @@ class WeightSyncConfig:
 
 
 @dataclass(kw_only=True)
+class RewardConfig:
+    """Reward failures and the remote reward model (`rollout.rm_type=remote_rm`, REFERENCE.md §6.5)."""
+
+    # A sample whose reward function raises or returns NaN is FAILED (its error recorded, zero reward); a rollout
+    # step fails the run when more than this fraction of its samples failed.
+    max_failure_ratio: float = 0.05
+    timeout_s: float = 120.0  # remote_rm: per request
+    max_retries: int = 10  # remote_rm: retries of connection errors and 5xx, backoff min(2^attempt, 30) s + jitter
+    max_connections: int = 64  # remote_rm: pooled HTTP connections
+
+
+@dataclass(kw_only=True)
+class SGLangLaunchConfig:
+    """How each SGLang server starts (`rollout.engine=sglang`); its ServerArgs are `rollout.sglang`."""
+
+    module: str = "sglang.launch_server"  # run as `python -m <module>` with SGLang's CLI (CPU tests: a fake server)
+    startup_timeout_s: float = 600.0  # launch until GET /health_generate answers 200
+
+
+@dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """Engine health checks and restarts (slime's --use-fault-tolerance)."""
+
+    enabled: bool = False
+    health_check_interval_s: float = 2.0  # between GET /health_generate probes of each engine
+    health_check_timeout_s: float = 10.0  # a probe slower than this counts as a failure
+    max_restarts: int = 3  # per engine over the run; one more death fails the run
+
+
+@dataclass(kw_only=True)
+class ServerGroupConfig:
+    """Servers of one kind for one served model (the seeds' --sglang-config `server_groups`)."""
+
+    worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
+    num_gpus: int = MISSING  # GPUs of the whole group
+    num_gpus_per_engine: Optional[int] = None  # default cluster.rollout.num_gpus_per_engine
+    overrides: dict[str, Any] = field(default_factory=dict)  # ServerArgs applied on top of rollout.sglang
+
+
+@dataclass(kw_only=True)
+class ServedModelConfig:
+    """One served model: its own router and server groups; only `update_weights` models receive syncs."""
+
+    name: str = MISSING  # the key a custom rollout function reaches its router by (ctx.model_routers)
+    model_path: Optional[str] = None  # HF dir; default model.hf_checkpoint (the policy)
+    update_weights: bool = True
+    router: RouterConfig = field(default_factory=RouterConfig)
+    server_groups: list[ServerGroupConfig] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
 
@@ -180,22 +243,43 @@ class RolloutConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
     concurrency: int = 512  # in-flight requests per engine
-    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path of `fn(ctx, rollout_id, *, evaluation)`;
-    # None: the algorithm's default (sft: "sft", every other: "default"). fill_derived writes the import path.
-    function: Optional[str] = None
+    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path (or `_target_` node) of
+    # `fn(args, rollout_id, data_source, evaluation=False)`; None: the algorithm's default (sft: "sft", every other:
+    # "default"). fill_derived writes the import path.
+    function: Optional[Any] = None
     rm_type: Optional[str] = None  # a name of slime.registry.REWARD_TYPES
     custom_rm_path: Optional[str] = None  # import path of `rm(sample) -> float | dict` (def or async def)
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
-    seed: int = 42  # data shuffling (the seeds' --rollout-seed)
+    # Rewards hub (slime.rollout.rewards): group_rm calls custom_rm_path once per group as rm(args, samples) -> list
+    group_rm: bool = False
+    rm_url: Optional[str] = None  # remote_rm: the reward model's URL (POST {prompt, response, label} -> JSON)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    max_prompt_len: Optional[int] = None  # tokens of the templated prompt; longer prompts are dropped at load
     # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
     # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
     # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
     deterministic: bool = False
+    # The rollout loop and its extension points (REFERENCE.md §6.1, §6.4): hooks are import paths or `_target_`
+    # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
+    partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
+    mask_offpolicy_in_partial_rollout: bool = False  # a continued sample's earlier (older-policy) tokens: loss mask 0
+    max_turns: int = 1  # generate calls a multi-turn generate function may make per sample
+    generate_function: Optional[Any] = None  # async fn(args, sample, sampling_params) -> Sample; None: one /generate
+    buffer_filter: Optional[Any] = None  # fn(args, rollout_id, buffer, num) -> the groups taken out of the buffer
+    reward_post_process: Optional[Any] = None  # fn(args, samples) -> (raw_rewards, rewards); None: the algorithm's
+    sample_hooks: list[Any] = field(default_factory=list)  # fn(args, sample, rollout_id=, evaluation=) -> Sample|None
     router: RouterConfig = field(default_factory=RouterConfig)
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
     sglang: dict[str, Any] = field(default_factory=dict)
+    sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
+    models: list[ServedModelConfig] = field(default_factory=list)
+    # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped
+    external_engines: list[str] = field(default_factory=list)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    request_timeout_s: float = 3600.0  # one /generate request (then retried, like a failed one)
 
 
 @dataclass(kw_only=True)
@@ -208,6 +292,11 @@ class DataConfig:
     metadata_key: Optional[str] = "metadata"
     apply_chat_template: bool = True
     shuffle: bool = True
+    # Loading (slime.rollout.prompt_file, slime.rollout.data_source)
+    tool_key: Optional[str] = "tools"  # tool specs (list or JSON string): metadata["tools"] and the chat template
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template kwargs
+    seed: int = 42  # per-epoch shuffle permutation seed + epoch (the seeds' --rollout-seed)
+    source_class: Optional[str] = None  # import path of a DataSourceBase subclass; None: the built-in DataSource
     # Synthetic tasks: a `_target_` node `{_target_: module.fn, path: <file>, ...}`; `fn(path=..., **rest)` writes
     # exactly `path`, and runs only when prompt_data is that path and the file is missing.
     generator: Optional[Any] = None
@@ -227,7 +316,8 @@ class CriticTrainConfig:
 class TrainConfig:
     """Optimizer and schedule; batch sizes in samples, steps in optimizer steps."""
 
-    num_rollout: int = MISSING  # rollout steps in the run
+    num_rollout: Optional[int] = None  # rollout steps in the run; None: derived from num_epoch
+    num_epoch: Optional[int] = None  # passes over data.prompt_data: num_rollout = num_epoch × prompts // batch_size
     global_batch_size: Optional[int] = None  # samples per optimizer step over all DP ranks: G
     num_steps_per_rollout: int = 1  # optimizer steps per rollout step: K
     lr: float = 1e-6
@@ -276,23 +366,45 @@ class AlgoConfig:
     use_rollout_logprobs: bool = False  # engine log-probs as the old policy (exclusive with use_tis)
     value_clip: float = 0.2  # ppo critic
     num_critic_only_steps: int = 0  # ppo: rollout steps at the start that train the critic only
-    dynamic_filter: Optional[str] = None  # group filter import path, e.g. DAPO's zero-std filter
+    dynamic_filter: Optional[Any] = None  # fn(args, group) -> bool | FilterResult, e.g. DAPO's zero-std filter
     overlong_buffer_len: Optional[int] = None  # DAPO soft overlong penalty window (tokens)
     overlong_penalty_factor: float = 1.0
 
 
 @dataclass(kw_only=True)
+class EvalDatasetConfig:
+    """One named eval dataset (`eval.datasets.<name>`); a null field takes the eval default, then the rollout's."""
+
+    prompt_data: str = MISSING  # .jsonl or .parquet (row slices `path@[start:end]` allowed)
+    input_key: Optional[str] = None  # default: data.input_key (likewise label_key, metadata_key)
+    label_key: Optional[str] = None
+    metadata_key: Optional[str] = None
+    n_samples_per_prompt: Optional[int] = None  # default: eval.n_samples_per_prompt
+    temperature: Optional[float] = None  # sampling: default eval.*, then rollout.*
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_response_len: Optional[int] = None  # tokens
+    rm_type: Optional[str] = None  # default: rollout.rm_type
+    reward_key: Optional[str] = None  # the scalar of dict rewards; default: rollout.reward_key
+    generator: Optional[Any] = None  # like data.generator
+
+
+@dataclass(kw_only=True)
 class EvalConfig:
-    """Held-out evaluation every `interval` rollout steps, with its own sampling overrides."""
+    """Held-out evaluation every `interval` rollout steps over named datasets, each with its own overrides."""
 
     interval: Optional[int] = None  # rollout steps between evals; None disables eval
-    prompt_data: Optional[str] = None
-    name: str = "eval"
-    n_samples_per_prompt: int = 1
-    temperature: Optional[float] = None  # default: rollout.temperature
-    max_response_len: Optional[int] = None  # default: rollout.max_response_len
     skip_eval_before_train: bool = False
-    generator: Optional[Any] = None  # like data.generator
+    function: Optional[Any] = None  # like rollout.function, called with evaluation=True; None: rollout.function
+    # Defaults of every dataset (a dataset's own value wins; null: the rollout's)
+    n_samples_per_prompt: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_response_len: Optional[int] = None
+    # name -> EvalDatasetConfig fields. Typed as Any so that `+eval.datasets.<name>.prompt_data=...` can add one
+    # from the command line (OmegaConf cannot add keys to a dict of dataclasses); validation checks each entry.
+    datasets: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -321,6 +433,10 @@ class WandbConfig:
     group: Optional[str] = None
     name: Optional[str] = None
     tags: list[str] = field(default_factory=list)
+    # Tracking naming (slime.tracking.naming): None derives it. group: the sweep, else the experiment (recipe, or
+    # model-algo); name: the overrides; id: <experiment>-<hash of the run dir>, or the one stored with checkpoint.load
+    id: Optional[str] = None
+    notes: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -329,8 +445,12 @@ class LoggerConfig:
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
     progress: bool = True  # live progress display on the console
-    plot: bool = True  # reward curve PNG at the end of the run
+    plot: bool = True  # PNG plots in the run dir at each save and at the end of the run
     log_samples: int = 4  # samples per rollout written to samples.jsonl
+    log_samples_every: Optional[int] = 10  # rollouts between wandb tables of sampled generations; None: never
+    tensorboard: bool = (
+        False  # also write TensorBoard event files to <run dir>/tensorboard (pip install .[tensorboard])
+    )
 
 
 @dataclass(kw_only=True)
@@ -356,6 +476,15 @@ class DebugConfig:
     # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
     # mismatch); needs an engine with GET /weights_checksum (the hf engine)
     check_weight_update_equal: bool = False
+    # Write each rollout's trained samples to <run dir>/rollout_data/<rollout_id>.jsonl (slime.rollout.dumps)
+    save_rollout_data: bool = False
+    load_rollout_data: Optional[str] = None  # a rollout_data/ directory: train from its dumps, no engines
+    # Compose, validate, print the placement plan, batch arithmetic and per-GPU memory estimate, then exit 0 without
+    # starting anything (debug=dry_run; slime.tracking.dry_run)
+    dry_run: bool = False
+    gpu_memory_gib: Optional[float] = (
+        None  # GPU size the dry run's memory estimate is checked against (None: nvidia-smi, else 80)
+    )
 
 
 # The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.

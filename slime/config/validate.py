@@ -8,6 +8,7 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
     validate_algo.py       algorithm knobs and rewards
     validate_paths.py      paths that must exist, paths a run writes
     validate_hooks.py      import-path fields: resolved and call-shape checked
+    validate_data.py       prompt files (every record), run length, data source class, rewards, rollout dumps
     passthrough.py         rollout.router.extra_args, rollout.sglang, parallelism.megatron
 """
 
@@ -21,6 +22,8 @@ from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
+from slime.config.validate_data import check_data
+from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_hooks import check_hooks
 from slime.config.validate_paths import check_paths
 from slime.config.validate_resources import check_cluster, check_parts_honour_options
@@ -86,11 +89,11 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "rollout.max_response_len",
         "rollout.concurrency",
         "train.num_rollout",
+        "train.num_epoch",
         "train.num_steps_per_rollout",
         "train.lr",
         "parallelism.micro_batch_size",
         "rollout.hf.max_batch_size",
-        "eval.n_samples_per_prompt",
         "rollout.weight_sync.bucket_mb",
     )
     if cfg.rollout.temperature <= 0:
@@ -106,8 +109,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "train.clip_grad", cfg.train.clip_grad, "must be >= 0 (0 disables clipping)", "set train.clip_grad=1.0"
         )
-    if cfg.eval.temperature is not None and cfg.eval.temperature <= 0:
-        yield Problem("eval.temperature", cfg.eval.temperature, "must be > 0", "set eval.temperature=0.1 or null")
     if (
         cfg.rollout.over_sampling_batch_size is not None
         and cfg.rollout.over_sampling_batch_size < cfg.rollout.batch_size
@@ -162,8 +163,11 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_algo(cfg),
         check_rewards(cfg),
         check_hooks(cfg),
+        check_eval(cfg),
+        check_rollout_loop(cfg),
         check_passthrough(cfg),
         check_paths(cfg),
+        check_data(cfg),
     ]
     return [problem for check in checks for problem in check]
 

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
+from slime.config.validate_eval import valid_eval_datasets
 
 
 def generated_file(prompt_data: Optional[str], generator: Any) -> Optional[str]:
@@ -26,8 +27,10 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
         ("checkpoint.load", cfg.checkpoint.load, None),
         ("train.critic.load", cfg.train.critic.load, None),
         ("data.prompt_data", cfg.data.prompt_data, cfg.data.generator),
-        ("eval.prompt_data", cfg.eval.prompt_data if cfg.eval.interval else None, cfg.eval.generator),
     ]
+    if cfg.eval.interval:
+        for name, dataset in valid_eval_datasets(cfg).items():
+            candidates.append((f"eval.datasets.{name}.prompt_data", dataset.prompt_data, dataset.generator))
     # ref_load defaults to the policy checkpoint, which check_model_checkpoint reports when it is missing.
     if cfg.checkpoint.ref_load != cfg.model.hf_checkpoint:
         candidates.append(("checkpoint.ref_load", cfg.checkpoint.ref_load, None))
@@ -39,21 +42,18 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
             if isinstance(generator, dict) and isinstance(generator.get("path"), str):
                 hint = f" (the generator writes {generator['path']} only)"
             yield Problem(
-                key, path, f"path does not exist{hint}", f"point {key} at an existing path (absolute paths are safest)"
+                key,
+                path,
+                f"path does not exist{hint}",
+                f"point {key} at an existing path (absolute paths are safest)",
+                machine=True,
             )
-    if cfg.data.prompt_data is None:
+    if cfg.data.prompt_data is None and cfg.debug.load_rollout_data is None:
         yield Problem(
             "data.prompt_data",
             None,
             "no prompt data",
             "set data.prompt_data=<file.jsonl> (your prompts) or pick data=digit_task (the synthetic task)",
-        )
-    if cfg.eval.interval and cfg.eval.prompt_data is None:
-        yield Problem(
-            "eval.prompt_data",
-            None,
-            f"eval.interval={cfg.eval.interval} but no eval prompts",
-            "set eval.prompt_data=<file.jsonl>, or eval=none",
         )
     yield from check_save_hf(cfg)
     yield from check_model_checkpoint(cfg)
@@ -103,6 +103,7 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
             m.hf_checkpoint,
             "no config.json there",
             "download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>",
+            machine=True,
         )
         return
     actual = read_hf_config(m.hf_checkpoint)

@@ -6,7 +6,10 @@ from collections.abc import Iterator
 
 from slime.config.derive import Derived
 from slime.config.problems import Problem, get
-from slime.config.schema import RunConfig
+from slime.config.schema import FSDPOptions, RunConfig
+from slime.engine.groups import group_problems
+
+MIXED_PRECISION_MODES = ("fsdp2", "autocast")
 
 
 def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
@@ -35,14 +38,20 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             f"a node has {c.num_gpus_per_node} GPU(s) (cluster.num_gpus_per_node)",
             f"set cluster.actor.num_gpus_per_node<={c.num_gpus_per_node}",
         )
-    if c.rollout.num_gpus_per_engine >= 1 and derived.rollout_gpus % c.rollout.num_gpus_per_engine:
+    if (
+        not cfg.rollout.models
+        and c.rollout.num_gpus_per_engine >= 1
+        and derived.rollout_gpus % c.rollout.num_gpus_per_engine
+    ):
         yield Problem(
             "cluster.rollout.num_gpus",
             derived.rollout_gpus,
             f"not a multiple of cluster.rollout.num_gpus_per_engine={c.rollout.num_gpus_per_engine}",
             "make cluster.rollout.num_gpus a multiple of num_gpus_per_engine",
         )
-    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1:
+    for key, value, message, fix in group_problems(cfg, derived.rollout_gpus):
+        yield Problem(key, value, message, fix)
+    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1 and not cfg.rollout.models:
         yield Problem(
             "cluster.rollout.num_gpus",
             c.rollout.num_gpus,
@@ -79,6 +88,7 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
                 f"this machine has {local} CUDA device(s) and no Ray cluster was given (cluster.ray_address)",
                 "run on a GPU node, set cluster.ray_address=<head address> to join a GPU cluster, "
                 "or cluster=local_cpu to run on CPU",
+                machine=True,
             )
 
 
@@ -109,6 +119,13 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
         )
     if p.backend == "fsdp":
         yield from check_fsdp_options(cfg)
+    elif p.fsdp != FSDPOptions():
+        yield Problem(
+            "parallelism.fsdp",
+            p.fsdp,
+            f"options of the fsdp backend, but parallelism.backend={p.backend!r}",
+            "remove the parallelism.fsdp.* overrides, or use parallelism=fsdp",
+        )
     if cfg.rollout.engine == "hf":
         yield from check_hf_engine_options(cfg)
     yield from check_weight_sync(cfg)
@@ -140,6 +157,13 @@ def check_fsdp_options(cfg: RunConfig) -> Iterator[Problem]:
             True,
             "sequence parallelism needs tensor parallelism (megatron)",
             "set parallelism.sequence_parallel=false",
+        )
+    if p.fsdp.mixed_precision not in MIXED_PRECISION_MODES:
+        yield Problem(
+            "parallelism.fsdp.mixed_precision",
+            p.fsdp.mixed_precision,
+            f"unknown mode; expected one of {', '.join(MIXED_PRECISION_MODES)}",
+            "set parallelism.fsdp.mixed_precision=fsdp2 (bf16 compute over fp32 shards) or autocast",
         )
 
 

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,15 @@ import ray
 
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
+from slime.engine.groups import engine_specs
 from slime.runtime.interrupts import Interrupts
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
+from slime.runtime.weight_push import WeightPush
 from slime.sync.base import SyncContext
+from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
 from slime.train.layout import RankLayout
 from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
@@ -46,11 +50,15 @@ class RunState:
     start_rollout: int = 0
     last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     reward_curve: str | None = None
+    outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # what the tracker wrote (name -> path)
     signal_at: tuple[str, int | None, int, float] | None = None  # (phase, rollout id | None, signal, delay s)
+    on_enter: Callable[[str, int | None], None] | None = None  # the progress display follows the phases
 
     def enter(self, phase: str, rollout_id: int | None = None) -> None:
         self.phase = phase
         logger.debug("phase %s (rollout %s)", phase, rollout_id)
+        if self.on_enter is not None:
+            self.on_enter(phase, rollout_id)
         if self.signal_at is None:
             return
         target, target_id, signum, delay_s = self.signal_at
@@ -72,7 +80,7 @@ def run(
     interrupts: Interrupts,
     *,
     config_dict: dict[str, Any],
-    run_name: str,
+    identity: RunIdentity,
 ) -> None:
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     run_dir = Path(cfg.paths.output_dir)
@@ -84,7 +92,7 @@ def run(
             derived,
             device=cfg.cluster.device,
             colocate=cfg.cluster.colocate,
-            gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine,
+            engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
             critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor,
         )
         manager = (
@@ -106,8 +114,14 @@ def run(
             )
             actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
             tracker = Tracker(
-                cfg.logger, run_dir=run_dir, config=config_dict, name=run_name, total_rollouts=cfg.train.num_rollout
+                cfg.logger,
+                run_dir=run_dir,
+                config=config_dict,
+                identity=identity,
+                total_rollouts=cfg.train.num_rollout,
+                steps_per_rollout=cfg.train.num_steps_per_rollout,
             )
+            state.on_enter = tracker.progress.on_phase
             state.start_rollout = start = actor.finish_init(actor_init)
             if critic is not None and critic.finish_init(critic_init) != start:
                 raise RuntimeError(
@@ -116,12 +130,13 @@ def run(
                 )
             tracker.progress.begin(start)
             ray.get(engines_ready)
-            actor.connect_weight_sync(
-                cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()), _sync_context(cfg, run_dir)
-            )
+            pusher = None  # replaying dumps (debug.load_rollout_data) starts no engine to push weights to
+            if cfg.debug.load_rollout_data is None:
+                pusher = WeightPush(cfg, manager, actor, _sync_context(cfg, run_dir), run_dir)
+                pusher.connect()
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
-            _loop(cfg, state, start, manager, actor, critic, tracker)
+            _loop(cfg, state, start, manager, actor, critic, tracker, pusher)
             exit_code = 0
         finally:
             interrupts.begin_teardown()
@@ -140,8 +155,9 @@ def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, 
     else:
         stopping = manager.shutdown.remote()  # the engines and the router stop while the tracker closes
     if tracker is not None:
-        curve = tracker.finish(exit_code)
-        state.reward_curve = str(curve) if curve else None
+        state.on_enter = None
+        state.outputs = tracker.finish(exit_code)
+        state.reward_curve = state.outputs.get("plot:reward_curve")
     try:
         if stopping is not None:
             ray.get(stopping, timeout=60)
@@ -171,21 +187,31 @@ def _sync_context(cfg: RunConfig, run_dir: Path) -> SyncContext:
 
 
 def _loop(
-    cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGroup, critic: TrainGroup | None, tracker: Tracker
+    cfg: RunConfig,
+    state: RunState,
+    start: int,
+    manager,
+    actor: TrainGroup,
+    critic: TrainGroup | None,
+    tracker: Tracker,
+    pusher: WeightPush | None,
 ) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
     k = cfg.train.num_steps_per_rollout
     state.enter("weight_sync", start - 1)
-    tracker.progress.phase("initial weight push...")
-    actor.update_weights(weight_version=start)  # engines hold the run's weights before rollout 0
+    if pusher is not None:
+        pusher.push(weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
         state.enter("eval", start - 1)
         tracker.log(ray.get(manager.evaluate.remote(0)), eval=0)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
+        restarted = pusher.recover(weight_version=rollout_id) if pusher is not None else 0
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
         state.enter("train", rollout_id)
+        if pusher is not None:
+            pusher.before_train(rollout_id)
         train_start = time.perf_counter()
         steps = train_step(cfg, rollout_id, batches, actor, critic, metrics)
         metrics["perf/train_time"] = time.perf_counter() - train_start
@@ -194,15 +220,19 @@ def _loop(
             save_start = time.perf_counter()
             _save(cfg, rollout_id, manager, actor, critic)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
+            # the run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)
+            tracker.on_save(cfg.checkpoint.save, plot=rollout_id + 1 < cfg.train.num_rollout)
         state.enter("weight_sync", rollout_id)
-        metrics.update(actor.update_weights(weight_version=rollout_id + 1))
+        if pusher is not None:
+            metrics.update(pusher.sync(weight_version=rollout_id + 1))
+            metrics["rollout/engine_restarts"] += restarted
         metrics["perf/step_time"] = time.perf_counter() - step_start
         for step_id, step_metrics in enumerate(steps):
             tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
         tracker.log(metrics, rollout=rollout_id)
         if steps:
             metrics.update(steps[-1])
-        tracker.log_samples(preview)
+        tracker.log_samples(rollout_id, preview)
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
             state.enter("eval", rollout_id)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
@@ -28,10 +28,22 @@ EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
 logger = logging.getLogger("slime")
 
 
-def _run_name() -> str:
+def _hydra_run():
+    """Hydra's runtime facts the tracker names the run by (slime.tracking.naming)."""
+    from slime.tracking.naming import HydraRun
+
     hydra_cfg = HydraConfig.get()
-    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("seed=", "paths.", "hydra."))]
-    return "_".join(overrides) or hydra_cfg.job.name
+    sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
+    # A job a launcher runs as its own process (a Ray Job) is a single run inside the sweep's directory, which
+    # the sweeper marked with multirun.yaml.
+    parent = Path(hydra_cfg.runtime.output_dir).parent
+    if sweep_dir is None and (parent / "multirun.yaml").exists():
+        sweep_dir = str(parent)
+    return HydraRun(
+        overrides=list(hydra_cfg.overrides.task),
+        choices={k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")},
+        sweep_dir=sweep_dir,
+    )
 
 
 def execute(dcfg: DictConfig) -> float | None:
@@ -39,6 +51,8 @@ def execute(dcfg: DictConfig) -> float | None:
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         cfg = to_run_config(dcfg)
+        if cfg.debug.dry_run:  # plan only: nothing is started, no run directory is made
+            return _dry_run(cfg, multirun=multirun)
         derived = validate(cfg)
     except (ConfigError, OmegaConfBaseException) as exc:
         if multirun:
@@ -64,6 +78,18 @@ def execute(dcfg: DictConfig) -> float | None:
     return result["final_metrics"].get("rollout/raw_reward")
 
 
+def _dry_run(cfg, *, multirun: bool) -> None:
+    """debug=dry_run (slime.tracking.dry_run): exit 0, or 2 on a configuration problem (a sweep job raises)."""
+    from slime.tracking.dry_run import dry_run
+
+    code = dry_run(cfg)
+    if multirun:
+        if code:
+            raise RuntimeError("dry run: invalid configuration (printed above)")
+        return None
+    sys.exit(code)
+
+
 def _run_with_result(cfg, derived, run_dir: Path):
     """Run under the signal policy and write result.json whatever happens (a forced exit included).
 
@@ -72,8 +98,12 @@ def _run_with_result(cfg, derived, run_dir: Path):
     # Heavy imports (torch, ray, transformers) only once the config is known to be good.
     from slime.assets.prepare import prepare_assets
     from slime.runtime.driver import RunState, run
+    from slime.tracking.env_report import tracker_config
+    from slime.tracking.naming import run_identity
+    from slime.tracking.summary import render_summary
 
     state = RunState(signal_at=_signal_at(cfg.debug))
+    hydra = _hydra_run()
     started = time.time()
 
     def write_result(status: str, error: str | None) -> dict:
@@ -87,10 +117,14 @@ def _run_with_result(cfg, derived, run_dir: Path):
             "elapsed_s": round(time.time() - started, 2),
             "final_metrics": state.last_metrics,
             "reward_curve": state.reward_curve,
+            "outputs": state.outputs,
             "run_dir": str(run_dir),
         }
         (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
-        print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir}", flush=True)
+        try:
+            print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
+        except Exception as exc:  # the summary is a convenience; result.json is written
+            print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir} (no summary: {exc})", flush=True)
         return result
 
     def forced(signum: int) -> None:
@@ -106,8 +140,8 @@ def _run_with_result(cfg, derived, run_dir: Path):
                 derived,
                 state,
                 interrupts,
-                config_dict=OmegaConf.to_container(OmegaConf.structured(cfg)),
-                run_name=_run_name(),
+                config_dict=tracker_config(cfg, hydra.choices, hydra.overrides),
+                identity=run_identity(cfg, hydra, summary=_one_line(cfg, derived)),
             )
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
@@ -118,6 +152,16 @@ def _run_with_result(cfg, derived, run_dir: Path):
         interrupts.begin_teardown()  # a signal while the result is written forces, and still writes it
         result = write_result(status, error)
     return result, code, interrupted
+
+
+def _one_line(cfg, derived) -> str:
+    """The run in one line (the tracker's notes)."""
+    return (
+        f"{cfg.algo.name} on {cfg.model.name}: {derived.actor_gpus} trainer + {derived.rollout_gpus} rollout "
+        f"{cfg.cluster.device} device(s){' (colocated)' if cfg.cluster.colocate else ''}, "
+        f"{cfg.rollout.batch_size} prompts x {cfg.rollout.n_samples_per_prompt} samples per step, "
+        f"{cfg.train.num_rollout} steps, seed {cfg.seed}"
+    )
 
 
 def _signal_at(debug) -> tuple[str, int | None, int, float] | None:

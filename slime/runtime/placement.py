@@ -3,8 +3,7 @@
 GPU clusters get `{GPU: 1, CPU: 1}` bundles; `cluster.device=cpu` gets `{CPU: 1}` bundles and the
 same code runs. Where each bundle landed comes from a probe task per bundle on GPU clusters (only a
 task learns which GPU Ray gave its bundle) and from the placement group table on CPU (no worker
-process to start). Disaggregated: actor (+critic) bundles first, then rollout bundles; colocated:
-rollout engines share the actor's bundles (REFERENCE.md §2.1).
+process to start). Which role gets which bundle is slime.runtime.plan (pure, shared with the dry run).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.config.derive import Derived
+from slime.runtime.plan import assign_roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +97,12 @@ def create_placement(
     *,
     device: str,
     colocate: bool,
-    gpus_per_engine: int,
+    engine_gpus: list[int],
     critic_with_actor: bool,
     timeout_s: float = 120,
 ) -> RunPlacement:
-    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles."""
+    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles;
+    engine i gets the next `engine_gpus[i]` rollout bundles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
@@ -113,12 +114,8 @@ def create_placement(
     located = _locate(group, derived.total_gpus, device)
     order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
     places = [Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0]) for i in order]
-    actor = places[: derived.actor_gpus]
-    critic = actor if critic_with_actor else places[derived.actor_gpus : derived.actor_gpus + derived.critic_gpus]
-    rollout_start = 0 if colocate else derived.actor_gpus + derived.critic_gpus
-    rollout_places = places[rollout_start : rollout_start + derived.rollout_gpus]
-    engines = [
-        EnginePlacement(tuple(rollout_places[i : i + gpus_per_engine]))
-        for i in range(0, len(rollout_places), gpus_per_engine)
-    ]
+    plan = assign_roles(derived, colocate=colocate, engine_gpus=engine_gpus, critic_with_actor=critic_with_actor)
+    actor = [places[i] for i in plan.actor]
+    critic = actor if critic_with_actor else [places[i] for i in plan.critic]
+    engines = [EnginePlacement(tuple(places[i] for i in bundles)) for bundles in plan.engines]
     return RunPlacement(group=group, actor=actor, critic=critic, rollout=engines)

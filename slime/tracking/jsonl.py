@@ -30,6 +30,16 @@ class JsonlWriter:
         self._file.close()
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, *, tolerant: bool = False) -> list[dict[str, Any]]:
+    """Every record; `tolerant` skips lines that do not parse (a run killed mid-line leaves one at the end)."""
+    records = []
     with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if not tolerant:
+                    raise
+    return records

@@ -1,37 +1,174 @@
-"""The reward curve PNG written at the end of a run, from metrics.jsonl."""
+"""PNG plots from metrics.jsonl: written at each save and at the end of a run, and once per sweep.
+
+reward_curve.png      rollout/raw_reward (and eval means) against rollout/step
+training_curves.png   six panels: reward, response length (mean, min-max band), KL (train/kl_loss,
+                      train/ppo_kl), entropy (train/entropy_loss), phase timings (perf/*_time per
+                      rollout step, stacked), policy loss and grad norm; panels without data say so
+sweep_rewards.png     (sweep directory) every job's reward curve, labelled by its overrides
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from slime.tracking.jsonl import read_jsonl
 
+# The phases of a rollout step, as the driver times them (perf/step_time is their sum plus overheads);
+# train_time covers log-probs, advantages and the optimizer steps of every role.
+PHASE_TIMES = ("perf/rollout_time", "perf/train_time", "perf/save_model_time", "perf/update_weights_time")
 
-def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | None:
-    """Plot rollout/raw_reward (and eval rewards) against rollout/step; None when nothing to plot."""
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = read_jsonl(metrics_path)
-    train = [(r["rollout/step"], r["rollout/raw_reward"]) for r in records if "rollout/raw_reward" in r]
-    evals = {k for r in records for k in r if k.startswith("eval/") and k != "eval/step" and "-" not in k}
-    if not train:
+    return plt
+
+
+def series(records: list[dict[str, Any]], key: str, axis: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of `key` against `axis`, over the records that have both (numbers only)."""
+    points = [(r[axis], r[key]) for r in records if axis in r and isinstance(r.get(key), int | float)]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def eval_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The eval mean rewards, `eval/<name>` (not their pass@k, lengths or ratios: `eval/<name>-x`, `eval/<name>/x`)."""
+    return sorted(
+        {
+            k
+            for r in records
+            for k in r
+            if k.startswith("eval/") and k != "eval/step" and k.count("/") == 1 and "-" not in k
+        }
+    )
+
+
+def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | None:
+    """Plot rollout/raw_reward (and eval rewards) against rollout/step; None when nothing to plot."""
+    records = read_jsonl(metrics_path, tolerant=True)
+    steps, rewards = series(records, "rollout/raw_reward", "rollout/step")
+    if not steps:
         return None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(*zip(*train), marker="o", markersize=3, label="rollout/raw_reward")
-    for key in sorted(evals):
-        points = [(r["eval/step"], r[key]) for r in records if key in r]
-        ax.plot(*zip(*points), marker="s", linestyle="--", label=key)
-    ax.set_xlabel("rollout step")
-    ax.set_ylabel("mean reward")
-    ax.set_ylim(-0.05, 1.05) if all(0 <= v <= 1 for _, v in train) else None
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("reward curve")
+    _reward_panel(ax, records)
     fig.tight_layout()
-    png_path = Path(png_path)
     fig.savefig(png_path)
     plt.close(fig)
-    return png_path
+    return Path(png_path)
+
+
+def _reward_panel(ax, records: list[dict[str, Any]]) -> None:
+    steps, rewards = series(records, "rollout/raw_reward", "rollout/step")
+    ax.plot(steps, rewards, marker="o", markersize=3, label="rollout/raw_reward")
+    for key in eval_keys(records):
+        ax.plot(*series(records, key, "eval/step"), marker="s", linestyle="--", label=key)
+    ax.set_xlabel("rollout step")
+    ax.set_ylabel("mean reward")
+    if rewards and all(0 <= v <= 1 for v in rewards):
+        ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+    ax.set_title("reward")
+
+
+def _lines(ax, records, keys: tuple[str, ...], axis: str, title: str) -> None:
+    drawn = False
+    for key in keys:
+        x, y = series(records, key, axis)
+        if x:
+            ax.plot(x, y, marker="o", markersize=2, label=key)
+            drawn = True
+    ax.set_title(title)
+    ax.set_xlabel(axis)
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _length_panel(ax, records) -> None:
+    _lines(ax, records, ("rollout/response_len/mean",), "rollout/step", "response length (tokens)")
+    x, low = series(records, "rollout/response_len/min", "rollout/step")
+    x2, high = series(records, "rollout/response_len/max", "rollout/step")
+    if x and x == x2:
+        ax.fill_between(x, low, high, alpha=0.2, label="min-max")
+
+
+def _timing_panel(ax, records) -> None:
+    rows = [r for r in records if "perf/step_time" in r and "rollout/step" in r]
+    keys = [k for k in PHASE_TIMES if any(k in r for r in rows)]
+    ax.set_title("phase time per rollout step (s)")
+    ax.set_xlabel("rollout/step")
+    ax.grid(alpha=0.3)
+    if not keys:
+        ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
+        return
+    x = [r["rollout/step"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for key in keys:  # stacked bars: one per rollout step, one colour per phase
+        heights = [r.get(key, 0.0) for r in rows]
+        ax.bar(x, heights, bottom=bottom, width=0.9, label=key[5:-5])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.plot(x, [r["perf/step_time"] for r in rows], color="black", marker=".", linewidth=1, label="step")
+    ax.legend(fontsize=6, loc="upper left")
+
+
+def plot_training_curves(metrics_path: str | Path, png_path: str | Path) -> Path | None:
+    """The six-panel overview; None when the run logged no rollout yet."""
+    records = read_jsonl(metrics_path, tolerant=True)
+    if not series(records, "rollout/raw_reward", "rollout/step")[0]:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), dpi=90)
+    _reward_panel(axes[0][0], records)
+    _length_panel(axes[0][1], records)
+    _lines(axes[0][2], records, ("train/kl_loss", "train/ppo_kl"), "train/step", "KL")
+    _lines(axes[1][0], records, ("train/entropy_loss",), "train/step", "entropy")
+    _timing_panel(axes[1][1], records)
+    _lines(axes[1][2], records, ("train/pg_loss", "train/grad_norm"), "train/step", "policy loss, grad norm")
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return Path(png_path)
+
+
+def write_run_plots(metrics_path: str | Path, run_dir: str | Path) -> list[Path]:
+    """Every run plot into `run_dir`; returns the files written."""
+    run_dir = Path(run_dir)
+    if not Path(metrics_path).exists():
+        return []
+    written = [
+        plot_reward_curve(metrics_path, run_dir / "reward_curve.png"),
+        plot_training_curves(metrics_path, run_dir / "training_curves.png"),
+    ]
+    return [p for p in written if p is not None]
+
+
+def plot_sweep_rewards(runs: dict[str, Path], png_path: str | Path) -> Path | None:
+    """One reward curve per run (label -> its metrics.jsonl); None when no run logged a reward."""
+    curves = {}
+    for label, metrics_path in runs.items():
+        if Path(metrics_path).exists():
+            x, y = series(read_jsonl(metrics_path, tolerant=True), "rollout/raw_reward", "rollout/step")
+            if x:
+                curves[label] = (x, y)
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    for label, (x, y) in curves.items():
+        ax.plot(x, y, marker="o", markersize=2, label=label)
+    ax.set_xlabel("rollout step")
+    ax.set_ylabel("rollout/raw_reward")
+    ax.set_title(f"sweep: {len(curves)} runs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return Path(png_path)

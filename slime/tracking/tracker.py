@@ -1,19 +1,30 @@
-"""One front for every sink: metrics.jsonl (ground truth), wandb, samples.jsonl and the progress bar."""
+"""One front for every sink: metrics.jsonl (ground truth), wandb, TensorBoard, samples.jsonl, progress, plots.
+
+Every sink gets the same record under the same names; metrics.jsonl holds every number logged anywhere.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from slime.config.schema import LoggerConfig
 from slime.tracking.jsonl import JsonlWriter
-from slime.tracking.plot import plot_reward_curve
+from slime.tracking.naming import RunIdentity, store_run_id
 from slime.tracking.progress import RunProgress
 from slime.tracking.wandb_run import WandbRun
 
+logger = logging.getLogger(__name__)
+
 
 class Tracker:
-    """Every metric sink of a run (metrics.jsonl, wandb, progress, samples, plot) behind one `log` call."""
+    """Every metric sink of a run behind one `log` call.
+
+    `config` is the redacted resolved config (plus the env report under `env`); `identity` names the run
+    (slime.tracking.naming); `steps_per_rollout` (K) maps records to wandb's step.
+    """
 
     def __init__(
         self,
@@ -21,16 +32,28 @@ class Tracker:
         *,
         run_dir: Path,
         config: dict[str, Any],
-        name: str,
+        identity: RunIdentity,
         total_rollouts: int,
-        wandb_id: str | None = None,
+        steps_per_rollout: int,
     ):
         self.cfg = cfg
         self.run_dir = run_dir
+        self.identity = identity
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if "env" in config:
+            (run_dir / "env.json").write_text(json.dumps(config["env"], indent=2))
         self.metrics = JsonlWriter(run_dir / "metrics.jsonl")
         self.samples = JsonlWriter(run_dir / "samples.jsonl")
-        self.wandb = WandbRun(cfg.wandb, run_dir=run_dir, config=config, name=name, run_id=wandb_id)
-        self.progress = RunProgress(total=total_rollouts, enabled=cfg.progress)  # shown from progress.begin(start)
+        self.tensorboard = None
+        if cfg.tensorboard:
+            from slime.tracking.tensorboard import TensorBoardSink
+
+            self.tensorboard = TensorBoardSink(run_dir)
+        self.wandb = WandbRun(
+            cfg.wandb, run_dir=run_dir, config=config, identity=identity, steps_per_rollout=steps_per_rollout
+        )
+        # shown from progress.begin(start): the first rollout is known once the trainers are up
+        self.progress = RunProgress(total=total_rollouts, enabled=cfg.progress, steps_per_rollout=steps_per_rollout)
 
     def log(self, metrics: dict[str, float], **steps: int) -> None:
         """Write one event; `steps` are its axes by short name, e.g. rollout=3 -> {"rollout/step": 3}."""
@@ -38,17 +61,50 @@ class Tracker:
         record.update(metrics)
         self.metrics.write(record)
         self.wandb.log(record)
+        if self.tensorboard is not None:
+            self.tensorboard.log(record)
 
-    def log_samples(self, samples: list[dict[str, Any]]) -> None:
+    def log_samples(self, rollout_id: int, samples: list[dict[str, Any]]) -> None:
+        """samples.jsonl every rollout; a wandb table every `logger.log_samples_every` rollouts."""
         for sample in samples[: self.cfg.log_samples]:
             self.samples.write(sample)
+        every = self.cfg.log_samples_every
+        if every and rollout_id % every == 0:
+            self.wandb.log_samples(rollout_id, samples[: self.cfg.log_samples])
 
-    def finish(self, exit_code: int) -> Path | None:
-        """Close every sink; plot the reward curve. Returns the PNG path if one was written."""
+    def on_save(self, checkpoint_root: str, *, plot: bool = True) -> None:
+        """A checkpoint was written: keep the run id with it (a resume continues this run) and refresh the plots."""
+        store_run_id(checkpoint_root, self.identity)
+        if plot:
+            self.plot()
+
+    def plot(self) -> list[Path]:
+        """The run's PNGs (slime.tracking.plot); a plot that fails is logged, never fails the run."""
+        if not self.cfg.plot:
+            return []
+        from slime.tracking.plot import write_run_plots
+
+        try:
+            return write_run_plots(self.run_dir / "metrics.jsonl", self.run_dir)
+        except Exception as exc:
+            logger.warning("plots not written: %s: %s", type(exc).__name__, exc)
+            return []
+
+    def finish(self, exit_code: int) -> dict[str, str]:
+        """Close every sink and write the plots. Returns where the outputs are (name -> path or command)."""
         self.progress.close()
         self.metrics.close()
         self.samples.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        sync = self.wandb.sync_command()
+        wandb_dir = self.wandb.run_dir
         self.wandb.finish(exit_code)
-        if self.cfg.plot:
-            return plot_reward_curve(self.run_dir / "metrics.jsonl", self.run_dir / "reward_curve.png")
-        return None
+        outputs = {f"plot:{p.stem}": str(p) for p in self.plot()}
+        if wandb_dir:
+            outputs["wandb"] = wandb_dir
+        if sync:
+            outputs["wandb_sync"] = sync
+        if self.tensorboard is not None:
+            outputs["tensorboard"] = f"tensorboard --logdir {self.tensorboard.log_dir}"
+        return outputs

@@ -1,0 +1,174 @@
+"""Per-GPU memory estimate of a run, from its config alone (no torch): printed by the dry run.
+
+N = parameters of the policy: embedding V·H (twice when the output layer is untied) + per layer
+[attention H·Q + 2·H·KV + Q·H, SwiGLU MLP 3·H·F, norms 2·H + 2·d] + final norm H, with Q = heads·d and
+KV = kv_heads·d (d = kv_channels). Training, per GPU of a rank (s = the rank's shard of N):
+    fsdp      s = N / (dp·tp): FSDP2 shards parameters, gradients and optimizer state over every rank;
+              weights 4 B (fp32 parameters; bf16 is autocast compute), gradients 4 B, optimizer 8 B
+              (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
+    megatron  s = N / (tp·pp); weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads),
+              optimizer 12 B (fp32 master copy + m + v) further divided by dp (distributed optimizer)
+    reference model (KL terms): s · 2 B (bf16) or 4 B; 0 with train.ref_offload (on the GPU only for
+              its forward)
+    activations: T·L/(tp·cp) · 2 B · (3·H + 2·Q + 2·KV + 3·F) -- the tensors a decoder layer keeps for
+              backward per token with packed (varlen) attention, no [S, S] scores; with
+              gradient checkpointing only the layer inputs T·L·H·2 B/(tp·cp) plus one layer's.
+              T = parallelism.max_tokens_per_gpu, else micro_batch_size · (1024 prompt tokens assumed +
+              rollout.max_response_len)
+    logits: 2 · 1024 · V · 4 B (the LM head's fp32 logits and their gradient, 1024 tokens at a time)
+Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
+    weights N · 2 B / g (bf16); sglang reserves mem_fraction_static (rollout.sglang, default 0.8) of
+    the GPU for weights + KV cache, so KV cache = fraction·GPU - weights; the hf engine holds weights +
+    the KV cache of rollout.hf.max_batch_size sequences of 1024 + max_response_len tokens
+    (2·L·KV·2 B per token).
+Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference) throughout, the
+engine's reservation while generating (released while training: SGLang's memory saver) and the
+activations and logits while training: peak = state + max(engine, activations + logits). The GPU size
+is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Estimates within ~30%:
+allocator fragmentation, CUDA context (~0.5-1 GiB) and communication buffers are not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+from slime.config.derive import Derived
+from slime.config.schema import RunConfig
+
+GIB = 1 << 30
+ASSUMED_PROMPT_TOKENS = 1024
+LOGITS_CHUNK_TOKENS = 1024
+DEFAULT_GPU_GIB = 80.0
+DEFAULT_MEM_FRACTION = 0.8
+
+
+def parameter_count(cfg: RunConfig) -> tuple[int, int]:
+    """(parameters of the model, parameters of one decoder layer)."""
+    m = cfg.model
+    h, f, d = m.hidden_size, m.ffn_hidden_size, m.kv_channels
+    q, kv = m.num_attention_heads * d, m.num_query_groups * d
+    layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + 2 * d
+    embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    return embed + m.num_layers * layer + h, layer
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU, by what holds them; `capacity` is the GPU size checked against."""
+
+    capacity: float
+    train: dict[str, float]  # weights, gradients, optimizer, reference, activations, logits
+    engine: dict[str, float]  # weights, kv_cache
+    colocated: bool
+    kv_tokens: int  # tokens the engine's KV cache holds
+    engine_fix: str  # the knob that shrinks the engine's share
+
+    @property
+    def train_state(self) -> float:
+        return sum(v for k, v in self.train.items() if k not in ("activations", "logits"))
+
+    @property
+    def train_peak(self) -> float:
+        return sum(self.train.values())
+
+    @property
+    def engine_total(self) -> float:
+        return sum(self.engine.values())
+
+    @property
+    def peak(self) -> float:
+        """The fullest GPU: colocated, the shared one; else the larger of a trainer's and an engine's."""
+        if self.colocated:
+            return self.train_state + max(self.engine_total, self.train["activations"] + self.train["logits"])
+        return max(self.train_peak, self.engine_total)
+
+    def warnings(self) -> list[str]:
+        size = f"but a GPU holds {self.capacity / GIB:.0f} GiB"
+        trainer_fix = (
+            "lower parallelism.max_tokens_per_gpu, raise parallelism.tp, turn on parallelism.gradient_checkpointing "
+            "or train.ref_offload, or use more training GPUs"
+        )
+        out = []
+        if self.colocated and self.peak > self.capacity:
+            out.append(
+                f"a colocated GPU (trainer + engine) needs ~{self.peak / GIB:.1f} GiB {size}: {self.engine_fix}, or "
+                f"{trainer_fix}"
+            )
+        if not self.colocated and self.train_peak > self.capacity:
+            out.append(f"a training GPU needs ~{self.train_peak / GIB:.1f} GiB {size}: {trainer_fix}")
+        if not self.colocated and self.engine_total > self.capacity:
+            out.append(f"an engine GPU needs ~{self.engine_total / GIB:.1f} GiB {size}: {self.engine_fix}")
+        if self.engine["kv_cache"] <= 0:
+            out.append("the engine's weights fill its memory reservation: no room for a KV cache")
+        return out
+
+
+def gpu_capacity_gib(cfg: RunConfig) -> tuple[float, str]:
+    """(GPU size in GiB, where that number came from)."""
+    if cfg.debug.gpu_memory_gib:
+        return cfg.debug.gpu_memory_gib, "debug.gpu_memory_gib"
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.split()
+            if out:
+                return float(out[0]) / 1024, "this machine's GPU"
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+    return DEFAULT_GPU_GIB, "assumed (set debug.gpu_memory_gib)"
+
+
+def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict[str, float]:
+    p, m, r = cfg.parallelism, cfg.model, cfg.rollout
+    bf16 = derived.precision == "bf16"
+    q, kv = m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
+    if p.backend == "fsdp":
+        shard = n / max(derived.dp_size * p.tp, 1)
+        state = {"weights": 4 * shard + 2 * n_layer, "gradients": 4 * shard, "optimizer": 8 * shard}
+    else:
+        shard = n / max(p.tp * p.pp, 1)
+        state = {"weights": (2 if bf16 else 4) * shard, "gradients": 4 * shard}
+        state["optimizer"] = 12 * shard / max(derived.dp_size, 1)
+    kl = cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
+    state["reference"] = 0.0 if not kl or cfg.train.ref_offload else (2 if bf16 else 4) * shard
+    tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
+    split = max(p.tp * p.cp, 1)
+    per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * m.ffn_hidden_size)
+    if p.gradient_checkpointing:
+        acts = tokens * (m.num_layers * m.hidden_size * 2 + per_token_layer) / split
+    else:
+        acts = tokens * m.num_layers * per_token_layer / split
+    state["activations"] = acts
+    state["logits"] = 2 * LOGITS_CHUNK_TOKENS * m.vocab_size * 4
+    return state
+
+
+def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:
+    capacity = gpu_capacity_gib(cfg)[0] * GIB
+    n, n_layer = parameter_count(cfg)
+    m, r = cfg.model, cfg.rollout
+    g = max(cfg.cluster.rollout.num_gpus_per_engine, 1)
+    weights = 2 * n / g
+    kv_per_token = 2 * m.num_layers * m.num_query_groups * m.kv_channels * 2 / g
+    if r.engine == "sglang":
+        fraction = float(r.sglang.get("mem_fraction_static", DEFAULT_MEM_FRACTION))
+        kv_cache = fraction * capacity - weights
+        fix = "lower rollout.sglang.mem_fraction_static"
+    else:
+        sequences = derived.hf_max_batch_size
+        kv_cache = sequences * (ASSUMED_PROMPT_TOKENS + r.max_response_len) * kv_per_token
+        fix = "lower rollout.hf.max_batch_size (sequences decoded together) or rollout.max_response_len"
+    return MemoryEstimate(
+        capacity=capacity,
+        train=_train_bytes(cfg, derived, n, n_layer),
+        engine={"weights": weights, "kv_cache": kv_cache},
+        colocated=cfg.cluster.colocate,
+        kv_tokens=int(max(kv_cache, 0) // kv_per_token),
+        engine_fix=fix,
+    )

@@ -1,0 +1,79 @@
+"""The one-screen summary printed at the end of a run, from result.json's dict and metrics.jsonl.
+
+status, rollouts done, wall time
+reward: first -> last (best), and the last eval means
+time per phase: the sum over rollout steps of each perf/<phase>_time, with its share of the steps' time
+outputs: run dir, config, metrics, samples, plots, checkpoints, wandb (and the `wandb sync` command
+         for an offline run), TensorBoard
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slime.tracking.jsonl import read_jsonl
+from slime.tracking.plot import PHASE_TIMES, eval_keys, series
+
+
+def _reward_lines(records: list[dict[str, Any]]) -> list[str]:
+    _, rewards = series(records, "rollout/raw_reward", "rollout/step")
+    if not rewards:
+        return ["reward      no rollout step finished"]
+    lines = [
+        f"reward      first {rewards[0]:.4f} -> last {rewards[-1]:.4f} (best {max(rewards):.4f}, {len(rewards)} steps)"
+    ]
+    names = eval_keys(records)
+    last = {k: v for r in records for k, v in r.items() if k in names}
+    if last:
+        lines.append("eval (last) " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(last.items())[:4]))
+    return lines
+
+
+def _phase_lines(records: list[dict[str, Any]]) -> list[str]:
+    rows = [r for r in records if "perf/step_time" in r]
+    total = sum(r["perf/step_time"] for r in rows)
+    if not rows or total <= 0:
+        return []
+    lines = [f"time        {total:.1f}s in {len(rows)} rollout steps ({total / len(rows):.2f}s each)"]
+    for key in PHASE_TIMES:
+        spent = sum(r.get(key, 0.0) for r in rows)
+        if spent > 0:
+            lines.append(f"  {key[5:-5]:<14} {spent:8.1f}s  {100 * spent / total:5.1f}%")
+    return lines
+
+
+def _output_lines(run_dir: Path, result: dict[str, Any], checkpoint_dir: str | None) -> list[str]:
+    outputs = dict(result.get("outputs") or {})
+    lines = [f"run dir     {run_dir}"]
+    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "result.json"):
+        if (run_dir / name).exists():
+            lines.append(f"  {name}")
+    plots = [Path(v).name for k, v in outputs.items() if k.startswith("plot:")]
+    if plots:
+        lines.append(f"  plots: {', '.join(plots)}")
+    if checkpoint_dir and Path(checkpoint_dir).exists():
+        lines.append(f"checkpoints {checkpoint_dir}")
+    if "wandb" in outputs:
+        lines.append(f"wandb       {outputs['wandb']}")
+    if "wandb_sync" in outputs:
+        lines.append(f"  upload:   {outputs['wandb_sync']}")
+    if "tensorboard" in outputs:
+        lines.append(f"tensorboard {outputs['tensorboard']}")
+    return lines
+
+
+def render_summary(result: dict[str, Any], *, checkpoint_dir: str | None = None) -> str:
+    run_dir = Path(result["run_dir"])
+    metrics = run_dir / "metrics.jsonl"
+    records = read_jsonl(metrics, tolerant=True) if metrics.exists() else []
+    head = (
+        f"Run {result['status']}"
+        + (f" in phase {result['phase']}" if result["status"] != "completed" else "")
+        + f": {result['rollouts_completed']} rollout steps"
+        + f" ({result['start_rollout']} -> {result['start_rollout'] + result['rollouts_completed']} of {result['num_rollout']})"
+        + f" in {result['elapsed_s']:.1f}s"
+    )
+    body = _reward_lines(records) + _phase_lines(records) + _output_lines(run_dir, result, checkpoint_dir)
+    rule = "=" * 78
+    return "\n".join([rule, head, *body, rule])

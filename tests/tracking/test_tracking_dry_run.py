@@ -1,0 +1,125 @@
+"""debug=dry_run: the placement plan, batch arithmetic and memory estimate of GPU configs, on CPU, starting nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from slime.config.derive import derive
+from slime.tracking.dry_run import dry_run
+from slime.tracking.memory import GIB, estimate_memory, parameter_count
+from tests.conftest import ROOT, typed_config
+
+GPU_RUN = [
+    "model=qwen3_4b",
+    "data.prompt_data=/nonexistent/train.jsonl",
+    "rollout.rm_type=exact_match",
+    "debug=dry_run",
+]
+
+
+def plan_of(overrides: list[str]) -> list[str]:
+    lines: list[str] = []
+    assert dry_run(typed_config([*GPU_RUN, *overrides]), out=lines.append) == 0, "\n".join(lines)
+    return "\n".join(lines).splitlines()
+
+
+def test_colocated_one_node_8gpu_plan():
+    lines = plan_of(["cluster=one_node_8gpu", "cluster.colocate=true", "cluster.actor.num_gpus_per_node=8"])
+    gpus = [line.strip() for line in lines if line.startswith("  node ")]
+    assert gpus == [f"node 0 GPU {i}: actor rank {i} (dp {i}, tp 0, pp 0, cp 0) + engine {i}" for i in range(8)]
+    assert any("router" in line and "driver's node" in line for line in lines)
+    assert "Placement plan (8 GPU(s) of 1 node(s) x 8; colocated;" in lines[0]
+
+
+def test_disaggregated_two_node_plan_with_tensor_parallel():
+    lines = plan_of(
+        [
+            "cluster=one_node_8gpu",
+            "cluster.num_nodes=2",
+            "cluster.actor.num_gpus_per_node=8",
+            "cluster.rollout.num_gpus=8",
+            "rollout.hf.max_batch_size=8",
+            "parallelism.tp=2",
+        ]
+    )
+    gpus = [line.strip() for line in lines if line.startswith("  node ")]
+    # tp is fastest: ranks 0, 1 share dp shard 0; the engines fill the second node.
+    assert gpus[:3] == [
+        "node 0 GPU 0: actor rank 0 (dp 0, tp 0, pp 0, cp 0)",
+        "node 0 GPU 1: actor rank 1 (dp 0, tp 1, pp 0, cp 0)",
+        "node 0 GPU 2: actor rank 2 (dp 1, tp 0, pp 0, cp 0)",
+    ]
+    assert gpus[7:] == ["node 0 GPU 7: actor rank 7 (dp 3, tp 1, pp 0, cp 0)"] + [
+        f"node 1 GPU {i}: engine {i}" for i in range(8)
+    ]
+    assert "  rollout step: 32 prompts x 8 samples = 256 samples" in lines
+    assert "  = 1 optimizer step(s) x global batch 256 samples = 4 data-parallel rank(s) x 64 samples" in lines
+
+
+def test_default_8gpu_plan_is_4_trainers_4_engines_and_machine_checks_are_warnings():
+    lines = plan_of(["cluster=one_node_8gpu"])
+    gpus = [line.strip() for line in lines if line.startswith("  node ")]
+    assert gpus[3:5] == ["node 0 GPU 3: actor rank 3 (dp 3, tp 0, pp 0, cp 0)", "node 0 GPU 4: engine 0"]
+    warnings = [line for line in lines if line.startswith("WARNING: not checked on this machine")]
+    assert any("data.prompt_data" in w for w in warnings) and any("model.hf_checkpoint" in w for w in warnings)
+
+
+def test_config_errors_still_fail_the_dry_run():
+    lines: list[str] = []
+    cfg = typed_config([*GPU_RUN, "train.global_batch_size=100"])
+    assert dry_run(cfg, out=lines.append) == 2
+    assert "train.global_batch_size=100" in lines[0] and "Placement plan" not in "\n".join(lines)
+
+
+def test_memory_estimate_numbers_and_colocation_warning():
+    cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "rollout.hf.max_batch_size=8", "debug.gpu_memory_gib=80"])
+    n, _ = parameter_count(cfg)
+    assert n == 4_022_468_096  # Qwen3-4B: the published parameter count (tied embeddings)
+    est = estimate_memory(cfg, derive(cfg))
+    shard = n / 4  # fsdp: dp 4, tp 1
+    assert est.train["gradients"] == pytest.approx(4 * shard) and est.train["optimizer"] == pytest.approx(8 * shard)
+    assert est.engine["weights"] == pytest.approx(2 * n)
+    # 8 sequences x (1024 + 8192) tokens x 2 (k, v) x 36 layers x 8 kv heads x 128 x 2 B
+    assert est.engine["kv_cache"] == pytest.approx(8 * 9216 * 2 * 36 * 8 * 128 * 2)
+    assert est.warnings() == []
+    # the preset's hf engine decodes 256 sequences of 1024 + 8192 tokens: 324 GiB of KV cache on one GPU
+    wide = estimate_memory(
+        cfg := typed_config([*GPU_RUN, "cluster=one_node_8gpu", "debug.gpu_memory_gib=80"]), derive(cfg)
+    )
+    assert wide.warnings() == [
+        "an engine GPU needs ~331.5 GiB but a GPU holds 80 GiB: lower rollout.hf.max_batch_size (sequences decoded "
+        "together) or rollout.max_response_len"
+    ]
+    sglang = typed_config(
+        [*GPU_RUN, "rollout.engine=sglang", "+rollout.sglang.mem_fraction_static=0.5", "debug.gpu_memory_gib=80"]
+    )
+    est = estimate_memory(sglang, derive(sglang))
+    assert est.engine["kv_cache"] == pytest.approx(0.5 * 80 * GIB - 2 * n) and est.engine_total == 40 * GIB
+    tight = typed_config(
+        [
+            *GPU_RUN,
+            "cluster=one_gpu",
+            "rollout.hf.max_batch_size=64",
+            "debug.gpu_memory_gib=24",
+            "train.global_batch_size=256",
+        ]
+    )
+    est = estimate_memory(tight, derive(tight))
+    assert est.colocated and est.peak > 24 * GIB
+    assert "colocated GPU" in est.warnings()[0]
+
+
+def test_cli_dry_run_exits_0_without_importing_ray():
+    code = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('RAY_IMPORTED', 'ray' in sys.modules))\n"
+        f"sys.argv = ['main.py', *{GPU_RUN!r}, 'cluster=one_node_8gpu']\n"
+        "runpy.run_path('main.py', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "node 0 GPU 7: engine 3" in proc.stdout
+    assert "RAY_IMPORTED False" in proc.stdout
