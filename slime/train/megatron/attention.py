@@ -16,6 +16,8 @@ aligned) on CUDA in bf16/fp16; per-segment SDPA elsewhere (CPU, fp32). K/V heads
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -117,12 +119,22 @@ def _varlen(kernel, q: Tensor, k: Tensor, v: Tensor, seg: Segments, scale: float
 
 
 def _varlen_packed(q: Tensor, k: Tensor, v: Tensor, params, scale: float) -> Tensor:
-    """One varlen call over the whole packed stream (no context parallel): causal per sample."""
+    """One varlen call over the whole packed stream (no context parallel): causal per sample; GQA
+    natively where this torch's varlen_attn takes `enable_gqa`, else with K/V heads repeated."""
+    kernel = _varlen_kernel()
     groups = q.shape[1] // k.shape[1]
-    if groups > 1:
+    gqa = {}
+    if groups > 1 and _takes_gqa(kernel):
+        gqa = {"enable_gqa": True}
+    elif groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu, longest = params.cu_seqlens_q, params.max_seqlen_q
-    return _varlen_kernel()(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0))
+    return kernel(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0), **gqa)
+
+
+@functools.cache
+def _takes_gqa(kernel) -> bool:
+    return "enable_gqa" in inspect.signature(kernel).parameters
 
 
 def _cu(lengths: list[int], device) -> Tensor:
