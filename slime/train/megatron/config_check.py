@@ -164,13 +164,28 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "set parallelism.sequence_parallel=true (CUDA), or split experts with parallelism.ep instead of tp",
         )
     if p.vpp is not None:
-        yield Problem(
-            "parallelism.vpp",
-            p.vpp,
-            "virtual pipeline stages are not supported yet: the interleaved schedule runs, but its first"
-            " step's gradient norm disagrees with the plain pipeline's on CPU",
-            "set parallelism.vpp=null (plain 1F1B over parallelism.pp stages)",
-        )
+        if p.pp < 2 or p.vpp < 2:
+            yield Problem(
+                "parallelism.vpp",
+                p.vpp,
+                f"virtual pipeline stages need pp >= 2 and vpp >= 2 (pp={p.pp})",
+                "set parallelism.vpp=null or raise parallelism.pp",
+            )
+        elif p.pp == 2 and cfg.cluster.device == "cpu":
+            yield Problem(
+                "parallelism.vpp",
+                p.vpp,
+                "with pp=2 both pipeline neighbours are one gloo peer, and the interleaved schedule's batched"
+                " sends in both directions pair up wrongly on CPU (measured: wrong gradients)",
+                "use pp >= 4 with vpp on CPU, or parallelism.vpp=null",
+            )
+        elif m.num_layers % (p.pp * p.vpp):
+            yield Problem(
+                "parallelism.vpp",
+                p.vpp,
+                f"model.num_layers={m.num_layers} does not split into pp·vpp={p.pp * p.vpp} equal stages",
+                "pick pp and vpp whose product divides model.num_layers",
+            )
     elif p.pp > 1 and m.num_layers % p.pp:
         yield Problem(
             "parallelism.pp",
