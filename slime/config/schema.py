@@ -307,6 +307,9 @@ class LoggerConfig:
     progress: bool = True  # live progress display on the console
     plot: bool = True  # reward curve PNG at the end of the run
     log_samples: int = 4  # samples per rollout written to samples.jsonl
+    # Metric whose last value the run returns to a sweeper (slime/config/objective.py); null: the
+    # last eval mean, or the last rollout/raw_reward without eval.
+    objective: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
+from slime.config.objective import check_objective
 from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
@@ -161,6 +162,7 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_hooks(cfg),
         check_passthrough(cfg),
         check_paths(cfg),
+        check_objective(cfg),
     ]
     return [problem for check in checks for problem in check]
 
