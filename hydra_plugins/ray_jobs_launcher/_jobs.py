@@ -126,7 +126,8 @@ def failure_message(job: Job) -> str:
     where = f"log: {job.log_path}" if job.log_path.exists() else "no log"
     if job.error is not None:
         return f"job {job.num} {job.overrides} was not submitted: {job.error}"
-    reason = job.result.get("error") or f"exit code {job.exit_code}"
+    error = job.result.get("error")
+    reason = f"exit code {job.exit_code}" + (f": {error.splitlines()[0]}" if error else "")
     return f"job {job.num} {job.overrides} {job.status} ({reason}); {where}; last lines:\n{job.log_tail}"
 
 
