@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import tomllib
+import yaml
 from setuptools import find_namespace_packages
 
 from tests.conftest import ROOT, session_processes
@@ -27,10 +29,13 @@ def test_plugin_is_discovered_from_the_checkout_and_packaged():
 
 
 @pytest.mark.slow
-def test_sweep_runs_each_job_as_a_ray_job_and_reports_a_failed_one(tmp_path):
-    """Two jobs at once on a 4-CPU-bundle local cluster: job 0 completes, job 1 fails at startup (its
-    prompt file has no 'question' key). The failure names the job and its log tail, job 0 still
-    finishes with its result.json and objective, and no process of the sweep is left."""
+def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_job(tmp_path):
+    """Hydra's Optuna sweeper (in-memory study) over two Ray Jobs at once on the launcher's local cluster:
+    data.input_key=prompt completes; data.input_key=question fails at startup (the digit task's prompts
+    have no 'question' key). The failure is reported with the job's log tail, the other job finishes with
+    its result.json, Optuna's best value is that job's objective, and no process of the sweep is left.
+
+    Sampler seed 0 draws the two choices once each (TPE's random start-up trials, optuna 2.10)."""
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.run(
         [
@@ -40,7 +45,13 @@ def test_sweep_runs_each_job_as_a_ray_job_and_reports_a_failed_one(tmp_path):
             "hydra/launcher=ray_jobs",
             "hydra.launcher.max_concurrent=2",
             "hydra.launcher.poll_interval_s=0.5",
-            "data.input_key=prompt,question",
+            "hydra/sweeper=optuna",
+            "hydra.sweeper.direction=maximize",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.max_failure_rate=0.5",
+            "hydra.sweeper.sampler.seed=0",
+            "data.input_key=choice(prompt,question)",
             "train.num_rollout=1",
             "logger.progress=false",
             f"hydra.sweep.dir={sweep_dir}",
@@ -50,18 +61,24 @@ def test_sweep_runs_each_job_as_a_ray_job_and_reports_a_failed_one(tmp_path):
         text=True,
         timeout=300,
     )
-    assert proc.returncode != 0  # Hydra's sweeper raises the failed job's error after the batch
-    assert "job 1 ['data.input_key=question'" in proc.stderr and "FAILED" in proc.stderr
-    assert "data.input_key" in proc.stderr  # the log tail carries the run's own error
-    records = json.loads((sweep_dir / "ray_jobs.json").read_text())
-    assert [(r["num"], r["status"], r["exit_code"]) for r in records] == [(0, "SUCCEEDED", 0), (1, "FAILED", 3)]
-    good = json.loads((sweep_dir / "0" / "result.json").read_text())
-    assert good["status"] == "completed" and good["rollouts_completed"] == 1
-    assert records[0]["objective"] == good["objective"]
-    assert good["objective"]["name"] == "rollout/raw_reward"
-    assert good["objective"]["value"] == good["final_metrics"]["rollout/raw_reward"]
-    bad = json.loads((sweep_dir / "1" / "result.json").read_text())
-    assert (bad["status"], bad["phase"]) == ("failed", "startup")
-    for num in (0, 1):  # the job's own log, kept where its run wrote
-        assert "Running entrypoint for job" in (sweep_dir / str(num) / "driver.log").read_text()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {r["overrides"][0]: r for r in json.loads((sweep_dir / "ray_jobs.json").read_text())}
+    assert set(records) == {"data.input_key=prompt", "data.input_key=question"}, records
+    good, bad = records["data.input_key=prompt"], records["data.input_key=question"]
+    assert (good["status"], good["exit_code"], bad["status"], bad["exit_code"]) == ("SUCCEEDED", 0, "FAILED", 3)
+    # The failure names the job and carries the run's own error from its log tail.
+    assert (
+        f"job {bad['num']} ['data.input_key=question'" in proc.stdout + proc.stderr and "data.input_key" in bad["error"]
+    )
+    result = json.loads((Path(good["run_dir"]) / "result.json").read_text())
+    assert result["status"] == "completed" and result["rollouts_completed"] == 1
+    assert result["objective"] == good["objective"]
+    assert result["objective"]["value"] == result["final_metrics"]["rollout/raw_reward"]
+    failed = json.loads((Path(bad["run_dir"]) / "result.json").read_text())
+    assert (failed["status"], failed["phase"]) == ("failed", "startup")
+    for record in (good, bad):  # each job's own log, kept in its run dir
+        assert "Running entrypoint for job" in Path(record["log"]).read_text()
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_params"] == {"data.input_key": "prompt"}
+    assert best["best_value"] == pytest.approx(result["objective"]["value"])
     assert session_processes() == []
