@@ -66,7 +66,7 @@ def _die_with_parent() -> None:
 
 @contextlib.contextmanager
 def local_cluster(
-    *, num_cpus: int, num_gpus: int, resources: dict[str, float], start_timeout_s: float
+    *, num_cpus: int, num_gpus: int, resources: dict[str, float], start_timeout_s: float, stop_timeout_s: float
 ) -> Iterator[LocalCluster]:
     """Start a head node for this sweep and stop it (and every process it started) on exit."""
     temp_dir = Path(tempfile.mkdtemp(prefix="slrj", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
@@ -78,6 +78,7 @@ def local_cluster(
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN=token,
         RAY_JOB_START_TIMEOUT_SECONDS=JOB_START_TIMEOUT_S,
+        RAY_JOB_STOP_WAIT_TIME_S=str(int(stop_timeout_s)),  # a stopped run's teardown (default 3 s, then SIGKILL)
         RAY_USAGE_STATS_ENABLED="0",
         **{CLUSTER_MARK: str(temp_dir)},
     )

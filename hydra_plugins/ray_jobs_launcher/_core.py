@@ -95,7 +95,11 @@ def _cluster(params, jobs: list[Job]) -> Iterator[LocalCluster | None]:
     if params.device_resource:
         resources[params.device_resource] = capacity
     with local_cluster(
-        num_cpus=cpus, num_gpus=gpus, resources=resources, start_timeout_s=params.local.start_timeout_s
+        num_cpus=cpus,
+        num_gpus=gpus,
+        resources=resources,
+        start_timeout_s=params.local.start_timeout_s,
+        stop_timeout_s=params.stop_timeout_s,
     ) as cluster:
         yield cluster
 
@@ -126,7 +130,7 @@ def _run(params, cluster: LocalCluster, jobs: list[Job], *, script: Path, local:
                     active.remove(job)
     except KeyboardInterrupt:
         log.warning("interrupted: stopping %d running job(s)", len(active))
-        _stop_all(client, params, active)
+        _stop_all(client, params, active, local=local)
         raise
 
 
@@ -174,19 +178,45 @@ def _finish(client, params, job: Job) -> None:
         log.error("%s", failure_message(job))
 
 
-def _stop_all(client, params, active: list[Job]) -> None:
+def _stop_all(client, params, active: list[Job], *, local: bool) -> None:
+    """Stop every running job and wait for each to end (at most `stop_timeout_s` in all).
+
+    On the local cluster the run's own process gets SIGTERM, so it tears down as a `kill` would have it
+    (result.json: interrupted, exit 143); Ray's stop_job also signals the entrypoint's children (wandb's
+    service among them) at once. It is the fallback, and the way on a remote cluster.
+    """
     for job in active:
+        pid = _driver_pid(client, job) if local else None
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+                continue
         with contextlib.suppress(Exception):
             client.stop_job(job.submission_id)
     deadline = time.monotonic() + params.stop_timeout_s
     for job in active:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if client.get_job_status(job.submission_id).is_terminal():
-                    job.status = "STOPPED"
-                    _finish(client, params, job)
-                    break
+        while not _ended(client, job) and time.monotonic() < deadline:
             time.sleep(0.5)
+        if not _ended(client, job):
+            with contextlib.suppress(Exception):
+                client.stop_job(job.submission_id)
+        with contextlib.suppress(Exception):
+            job.status = str(client.get_job_status(job.submission_id).value)
+            _finish(client, params, job)
+
+
+def _driver_pid(client, job: Job) -> int | None:
+    """The run's process id once it has joined the cluster (None before its ray.init)."""
+    with contextlib.suppress(Exception):
+        info = client.get_job_info(job.submission_id).driver_info
+        return int(info.pid) if info is not None and info.pid else None
+    return None
+
+
+def _ended(client, job: Job) -> bool:
+    with contextlib.suppress(Exception):
+        return client.get_job_status(job.submission_id).is_terminal()
+    return False
 
 
 def _report(jobs: list[Job], sweep_dir: Path) -> None:

@@ -108,6 +108,7 @@ def entrypoint(job: Job, *, python: str, script: str) -> str:
     args = [
         *job.overrides,
         f"hydra.run.dir={job.run_dir}",
+        f"hydra.sweep.dir={job.run_dir.parent}",  # the sweep it belongs to (e.g. the wandb group)
         f"hydra.job.id={job.submission_id}",
         f"hydra.job.num={job.num}",
         "cluster.ray_address=auto",

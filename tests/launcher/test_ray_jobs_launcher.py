@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -81,4 +82,42 @@ def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_params"] == {"data.input_key": "prompt"}
     assert best["best_value"] == pytest.approx(result["objective"]["value"])
+    assert session_processes() == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_submitted_job_and_the_cluster(tmp_path):
+    """SIGINT to the launcher while job 0 runs and Ray holds job 1 (one slot): both are stopped, their
+    logs kept, the sweep exits 130 and no process of it is left."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "main.py",
+            "--multirun",
+            "hydra/launcher=ray_jobs",
+            "hydra.launcher.max_concurrent=1",
+            "hydra.launcher.poll_interval_s=0.5",
+            "algo.eps_clip=0.1,0.2",
+            "logger.progress=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    for line in proc.stdout:  # the launcher logs each job's status changes
+        lines.append(line)
+        if "RUNNING" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=180)
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output[-3000:]
+    assert "job 1" in output and "PENDING" in output  # Ray held the second job for the one slot
+    assert "interrupted: stopping 2 running job(s)" in output
+    for num in (0, 1):
+        assert (sweep_dir / str(num) / "driver.log").exists()
     assert session_processes() == []
