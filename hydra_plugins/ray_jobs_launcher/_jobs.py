@@ -30,7 +30,8 @@ class Job:
     num: int  # hydra.job.num: its index in the whole sweep
     overrides: list[str]
     config: DictConfig  # the job's composed config, hydra node included
-    run_dir: Path
+    sweep_dir: Path
+    run_dir: Path  # <sweep_dir>/<hydra.sweep.subdir>
     submission_id: str
     device: str = "cpu"
     devices: int = 0  # device bundles its placement group takes: GPUs, or CPU bundles on cluster.device=cpu
@@ -69,7 +70,14 @@ def compose_job(hydra_context, sweep_config: DictConfig, overrides: list[str], n
         with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
             cfg.hydra.runtime.output_dir = str(run_dir)
         HydraConfig.instance().set_config(cfg)
-        job = Job(num=num, overrides=list(overrides), config=cfg, run_dir=run_dir, submission_id=cfg.hydra.job.id)
+        job = Job(
+            num=num,
+            overrides=list(overrides),
+            config=cfg,
+            sweep_dir=sweep_dir,
+            run_dir=run_dir,
+            submission_id=cfg.hydra.job.id,
+        )
         try:
             _size(job, to_run_config(task_config(cfg)), check=check)
         except (ConfigError, OmegaConfBaseException) as exc:
@@ -108,7 +116,7 @@ def entrypoint(job: Job, *, python: str, script: str) -> str:
     args = [
         *job.overrides,
         f"hydra.run.dir={job.run_dir}",
-        f"hydra.sweep.dir={job.run_dir.parent}",  # the sweep it belongs to (e.g. the wandb group)
+        f"hydra.sweep.dir={job.sweep_dir}",  # the sweep it belongs to (e.g. the wandb group)
         f"hydra.job.id={job.submission_id}",
         f"hydra.job.num={job.num}",
         "cluster.ray_address=auto",
