@@ -80,7 +80,7 @@ def _cluster(params, jobs: list[Job]) -> Iterator[LocalCluster | None]:
     if params.address is not None:
         headers = dict(params.headers)
         token = os.environ.get("RAY_AUTH_TOKEN")
-        if token and "Authorization" not in headers:
+        if token and "authorization" not in {key.lower() for key in headers}:
             headers["Authorization"] = f"Bearer {token}"
         yield LocalCluster(address=params.address, headers=headers)
         return
