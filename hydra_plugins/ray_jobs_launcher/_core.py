@@ -117,8 +117,8 @@ def _run(params, cluster: LocalCluster, jobs: list[Job], *, script: Path, local:
         while queue or active:
             while queue and len(active) < window:
                 job = queue.pop(0)
+                active.append(job)  # before submitting: a Ctrl-C during the submission still stops it
                 _submit(client, params, job, script=script, local=local)
-                active.append(job)
             time.sleep(params.poll_interval_s)
             for job in list(active):
                 status = str(client.get_job_status(job.submission_id).value)
