@@ -118,7 +118,12 @@ def _run(params, cluster: LocalCluster, jobs: list[Job], *, script: Path, local:
             while queue and len(active) < window:
                 job = queue.pop(0)
                 active.append(job)  # before submitting: a Ctrl-C during the submission still stops it
-                _submit(client, params, job, script=script, local=local)
+                try:
+                    _submit(client, params, job, script=script, local=local)
+                except Exception as exc:  # this job only (e.g. a rejected runtime env); the others go on
+                    job.error = f"submission failed: {exc}"
+                    active.remove(job)
+                    log.error("%s", failure_message(job))
             time.sleep(params.poll_interval_s)
             for job in list(active):
                 status = str(client.get_job_status(job.submission_id).value)
@@ -147,13 +152,21 @@ def _submit(client, params, job: Job, *, script: Path, local: bool) -> None:
         resources[params.device_resource] = job.devices
     python = params.python or (sys.executable if local else "python")
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    client.submit_job(
-        entrypoint=entrypoint(job, python=python, script=script.name if params.ship_project else str(script)),
-        submission_id=job.submission_id,
-        runtime_env=runtime_env,
-        entrypoint_resources=resources or None,
-        metadata={"slime_sweep_job": str(job.num)},
-    )
+    deadline = time.monotonic() + params.local.start_timeout_s
+    while True:
+        try:
+            client.submit_job(
+                entrypoint=entrypoint(job, python=python, script=script.name if params.ship_project else str(script)),
+                submission_id=job.submission_id,
+                runtime_env=runtime_env,
+                entrypoint_resources=resources or None,
+                metadata={"slime_sweep_job": str(job.num)},
+            )
+            break
+        except RuntimeError as exc:  # a fresh head answers before its job agent has registered
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
     job.status = "SUBMITTED"
     log.info(
         "job %d %s submitted as %s (%d %s bundle(s))",

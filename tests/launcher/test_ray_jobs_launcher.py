@@ -60,7 +60,7 @@ def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=500,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = {r["overrides"][0]: r for r in json.loads((sweep_dir / "ray_jobs.json").read_text())}
@@ -113,7 +113,7 @@ def test_ctrl_c_stops_every_submitted_job_and_the_cluster(tmp_path):
         if "RUNNING" in line:
             break
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=180)
+    rest, _ = proc.communicate(timeout=300)
     output = "".join(lines) + rest
     assert proc.returncode == 130, output[-3000:]
     assert "job 1" in output and "PENDING" in output  # Ray held the second job for the one slot
