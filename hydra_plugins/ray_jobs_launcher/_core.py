@@ -49,7 +49,7 @@ def launch(launcher, *, job_overrides: Sequence[Sequence[str]], initial_job_idx:
     ]
     log.info("Ray Jobs launcher: %d job(s), sweep dir %s", len(jobs), sweep_dir)
     runnable = [job for job in jobs if job.error is None]
-    with _sigterm_as_interrupt(), _cluster(params, runnable) as cluster:
+    with _signals_as_interrupt(), _cluster(params, runnable) as cluster:
         if cluster is not None:
             _run(params, cluster, runnable, script=Path(inspect.getfile(launcher.task_function)).resolve(), local=local)
     _report(jobs, sweep_dir)
@@ -58,17 +58,19 @@ def launch(launcher, *, job_overrides: Sequence[Sequence[str]], initial_job_idx:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler, `kill`) stops the sweep like Ctrl-C: jobs stopped, cluster stopped."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (a scheduler, `kill`) stop the sweep: jobs stopped, then the cluster. SIGINT
+    too, because a sweep started as a background job inherits SIGINT ignored."""
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
