@@ -3,7 +3,7 @@
     TRAIN_BACKENDS   parallelism.backend        "fsdp" -> {"actor": class path, "critic": class path}
     ENGINES          rollout.engine             "hf" -> engine class path
     WEIGHT_SYNC      rollout.weight_sync.mode   "disk" -> weight-sync class path
-    REWARD_TYPES     rollout.rm_type            "exact_match" -> reward function path
+    REWARD_TYPES     rollout.rm_type            "math" -> fn(response, label, metadata) path
     ROLLOUT_FUNCTIONS rollout.function          "default" -> rollout function path
 
 Entries are import paths (`package.module.attr`), resolved on first use through the one loader of user
@@ -97,6 +97,12 @@ REWARD_TYPES = Registry(
     {
         "exact_match": "slime.rollout.rewards.exact_match",
         "first_word": "slime.rollout.rewards.first_word",
+        "math": "slime.rollout.rm.math.math_reward",
+        "deepscaler": "slime.rollout.rm.math.deepscaler_reward",
+        "dapo": "slime.rollout.rm.math.dapo_reward",
+        "f1": "slime.rollout.rm.qa.f1_reward",
+        "gpqa": "slime.rollout.rm.qa.gpqa_reward",
+        "remote_rm": "slime.rollout.rm.remote.RemoteRewardModel",  # the hub builds it from rollout.rm_url
     },
     what="reward type",
 )

@@ -44,6 +44,8 @@ class Sample:
     index: int | None = None
     rollout_id: int | None = None
     session_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    prompt_index: int | None = None  # the prompt's position in its dataset (same for every epoch)
+    epoch: int | None = None  # the data source's epoch when the prompt was drawn
     # input
     prompt: str | list[dict[str, Any]] = ""
     messages: list[dict[str, Any]] | None = None  # the chat messages the prompt was rendered from
@@ -58,6 +60,7 @@ class Sample:
     reward: float | dict[str, Any] | None = None
     status: SampleStatus = SampleStatus.PENDING
     weight_versions: list[str] = dataclasses.field(default_factory=list)
+    error: str | None = None  # why the sample FAILED (e.g. the reward function raised)
     # flags
     remove_sample: bool = False
 

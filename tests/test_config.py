@@ -169,6 +169,7 @@ def test_cfg_job_prints_composed_config():
     "overrides,key",
     [
         (["parallelism.sequence_parallel=true"], "parallelism.sequence_parallel"),
+        (["parallelism.fsdp.mixed_precision=fp8"], "parallelism.fsdp.mixed_precision"),
         (["+parallelism.megatron.recompute_granularity=full"], "parallelism.megatron"),
         (["+rollout.sglang.mem_fraction_static=0.7"], "rollout.sglang"),
         (["cluster.critic.num_gpus_per_node=1"], "cluster.critic.num_gpus_per_node"),

@@ -17,10 +17,10 @@ from tests.conftest import typed_config
 from tests.test_config_presets import assert_stopped_in_validation, run_main
 
 HOOKS = """
-async def rm(sample):
+async def rm(args, sample):
     return 1.0
 
-def sync_rm(sample):
+def sync_rm(args, sample):
     return 1.0
 
 def rollout(ctx, rollout_id, *, evaluation=False):
@@ -77,8 +77,8 @@ def test_load_callable_checks_the_call_shape(hooks):
     assert "data_buffer" in info.value.message
     with pytest.raises(HookError, match="coroutine function"):
         load_callable(f"{hooks}.async_filter", key="algo.dynamic_filter", signature=("group",), may_be_async=False)
-    assert load_callable(f"{hooks}.rm", key="rollout.custom_rm_path", signature=("sample",))
-    assert load_callable(f"{hooks}.sync_rm", key="rollout.custom_rm_path", signature=("sample",))
+    assert load_callable(f"{hooks}.rm", key="rollout.custom_rm_path", signature=("args", "sample"))
+    assert load_callable(f"{hooks}.sync_rm", key="rollout.custom_rm_path", signature=("args", "sample"))
 
 
 def test_target_node_keys_are_the_targets_parameters(hooks, tmp_path):

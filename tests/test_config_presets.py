@@ -81,7 +81,8 @@ PRODUCTION = {
     "data.label_key": "label",
     "data.apply_chat_template": True,
     "data.generator": None,
-    "parallelism.micro_batch_size": 1,
+    "parallelism.max_tokens_per_gpu": 16384,
+    "parallelism.gradient_checkpointing": True,
 }
 
 
@@ -148,11 +149,11 @@ def test_command_line_beats_the_preset():
 
 def test_recipe_overlays_the_preset():
     cfg = typed_config(["recipe=qwen3_4b_grpo"])
-    assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.micro_batch_size) == (
+    assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.max_tokens_per_gpu) == (
         "qwen3_4b",
         "exact_match",
         0.28,
-        4,
+        9216,
     )
     assert (cfg.train.global_batch_size, cfg.rollout.deterministic, cfg.algo.kl_loss_coef) == (256, False, 0.001)
 
@@ -172,7 +173,10 @@ def test_production_model_on_this_machine_names_every_missing_piece(tmp_path):
     assert "set data.prompt_data=<file.jsonl>" in lines["data.prompt_data"]
     assert "needs 8 GPU(s)" in lines["cluster.device"] and "0 CUDA device(s)" in lines["cluster.device"]
     assert "cluster.ray_address=" in lines["cluster.device"] and "cluster=local_cpu" in lines["cluster.device"]
-    assert "rollout.rm_type=<one of exact_match, first_word>" in lines["rollout.rm_type"]
+    assert (
+        "rollout.rm_type=<one of dapo, deepscaler, exact_match, f1, first_word, gpqa, math, remote_rm>"
+        in lines["rollout.rm_type"]
+    )
     assert "checkpoint.ref_load" not in lines  # the same directory as model.hf_checkpoint: reported once
     assert not (tmp_path / "run" / "result.json").exists()
 
@@ -216,7 +220,7 @@ def test_help_lists_the_registered_names():
         "parallelism.backend": "fsdp",
         "rollout.engine": "hf",
         "rollout.weight_sync.mode": "disk, distributed, tensor",
-        "rollout.rm_type": "exact_match, first_word",
+        "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, math, remote_rm",
         "rollout.function": "default, sft",
     }
     assert "model: qwen3_1p7b, qwen3_4b, tiny_qwen3" in proc.stdout

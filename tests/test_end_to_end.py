@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, session_processes
 
@@ -64,9 +65,16 @@ def test_embedded_default_learns(tmp_path):
 
 
 def test_data_parallel_run_and_resume(tmp_path):
-    """Two training ranks over gloo; then a rerun with checkpoint.load continues at the next rollout."""
+    """Two training ranks over gloo; then a rerun with checkpoint.load continues at the next rollout; then the
+    first run's rollout dumps train again without engines (debug.load_rollout_data), step for step the same."""
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
-    proc = main_py(first_dir, "recipe=embedded_dp2", "train.num_rollout=3", "checkpoint.save_interval=2")
+    proc = main_py(
+        first_dir,
+        "recipe=embedded_dp2",
+        "train.num_rollout=3",
+        "checkpoint.save_interval=2",
+        "debug.save_rollout_data=true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = first_dir / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
@@ -82,18 +90,55 @@ def test_data_parallel_run_and_resume(tmp_path):
     assert steps == [3, 4]
     result = json.loads((second_dir / "result.json").read_text())
     assert (result["start_rollout"], result["rollouts_completed"]) == (3, 2)
+    check_rollout_dumps(first_dir / "rollout_data", num_rollout=3)
+    replay_dir = tmp_path / "replay"
+    proc = main_py(
+        replay_dir,
+        "recipe=embedded_dp2",
+        "train.num_rollout=2",
+        f"debug.load_rollout_data={first_dir / 'rollout_data'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (replay_dir / "logs").exists()  # no router, no engine (their logs live there)
+    train = lambda d: [  # noqa: E731
+        (r["train/step"], r["train/pg_loss"], r["train/grad_norm"])
+        for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+        if "train/pg_loss" in r
+    ]
+    steps_per_rollout = len(train(first_dir)) // 3
+    assert steps_per_rollout >= 1 and train(replay_dir) == train(first_dir)[: 2 * steps_per_rollout]
+    assert rewards(replay_dir) == rewards(first_dir)[:2]
     assert_no_run_processes()
 
 
+def check_rollout_dumps(dump_dir: Path, *, num_rollout: int) -> None:
+    """One file per rollout; whole groups of n samples with what training and the epoch check need."""
+    cfg = yaml.safe_load((dump_dir.parent / "config.yaml").read_text())
+    n, batch = cfg["rollout"]["n_samples_per_prompt"], cfg["rollout"]["batch_size"]
+    assert sorted(p.name for p in dump_dir.iterdir()) == [f"{i}.jsonl" for i in range(num_rollout)]
+    seen = set()
+    for i in range(num_rollout):
+        samples = [json.loads(line) for line in (dump_dir / f"{i}.jsonl").read_text().splitlines()]
+        assert len(samples) == n * batch
+        for s in samples:
+            assert {"index", "group_index", "prompt_index", "epoch", "prompt", "label", "metadata", "status"} <= set(s)
+            assert len(s["loss_mask"]) == len(s["rollout_log_probs"]) == s["response_length"] and s["reward"] in (0, 1)
+        groups = {s["group_index"]: s["prompt_index"] for s in samples}
+        assert [s["group_index"] for s in samples] == sorted(s["group_index"] for s in samples)
+        assert all(sum(s["group_index"] == g for s in samples) == n for g in groups)
+        assert seen.isdisjoint(groups.values()) and all(s["epoch"] == 0 for s in samples)  # no prompt twice
+        seen |= set(groups.values())
+
+
 def test_failure_during_startup_writes_result_and_cleans_up(tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"question": "no prompt key here", "label": "1"}\n')
+    """Every prompt is longer than rollout.max_prompt_len: only the rollout manager's tokenizer can tell, at
+    startup (a malformed file is a configuration error, exit 2: tests/rollout/test_data.py)."""
     run_dir = tmp_path / "run"
-    proc = main_py(run_dir, f"data.prompt_data={bad}", "data.generator=null", "train.num_rollout=2")
+    proc = main_py(run_dir, "rollout.max_prompt_len=1", "train.num_rollout=2")
     assert proc.returncode == 3, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "failed" and result["phase"] == "startup"
-    assert "data.input_key" in result["error"]
+    assert "every prompt is longer than rollout.max_prompt_len=1" in result["error"]
     assert_no_run_processes()
 
 

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from slime.config.schema import RunConfig
+from slime.config.validate_data import rollouts_for_epochs
 from slime.config.validate_hooks import rollout_function_path
 
 HF_DEFAULT_MAX_BATCH_SIZE = 256
@@ -24,6 +25,7 @@ class Derived:
     samples_per_rollout: int  # B_p · n
     global_batch_size: int  # G, samples per optimizer step (all DP ranks)
     samples_per_dp_rank: int  # G / dp, per optimizer step
+    num_rollout: Optional[int]  # train.num_rollout, or derived from train.num_epoch (None: unknown, reported)
     num_optimizer_steps: int  # num_rollout · K
     over_sampling_batch_size: int  # groups per refill
     hf_max_batch_size: int  # sequences the hf engine decodes together (1: batch-invariant, deterministic)
@@ -56,6 +58,7 @@ def derive(cfg: RunConfig) -> Derived:
     samples = r.batch_size * r.n_samples_per_prompt
     k = max(t.num_steps_per_rollout, 1)
     g = t.global_batch_size if t.global_batch_size is not None else samples // k
+    num_rollout = rollouts_for_epochs(cfg)
     precision = t.precision if t.precision != "auto" else ("bf16" if c.device == "cuda" else "fp32")
     return Derived(
         actor_gpus=actor,
@@ -67,7 +70,8 @@ def derive(cfg: RunConfig) -> Derived:
         samples_per_rollout=samples,
         global_batch_size=g,
         samples_per_dp_rank=g // dp,
-        num_optimizer_steps=t.num_rollout * k,
+        num_rollout=num_rollout,
+        num_optimizer_steps=(num_rollout or 0) * k,
         over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
         hf_max_batch_size=r.hf.max_batch_size or (1 if r.deterministic else HF_DEFAULT_MAX_BATCH_SIZE),
         precision=precision,
@@ -78,6 +82,7 @@ def derive(cfg: RunConfig) -> Derived:
 def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
     """Write derived defaults back into the config, so the saved config.yaml is complete."""
     cfg.train.global_batch_size = derived.global_batch_size
+    cfg.train.num_rollout = derived.num_rollout
     cfg.train.precision = derived.precision
     cfg.rollout.over_sampling_batch_size = derived.over_sampling_batch_size
     cfg.rollout.hf.max_batch_size = derived.hf_max_batch_size

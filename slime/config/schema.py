@@ -44,6 +44,17 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class FSDPOptions:
+    """Options of the fsdp backend alone (`parallelism.fsdp.*`); CUDA runs, where FSDP2 wraps the model."""
+
+    # bf16 runs: "fsdp2" keeps fp32 parameter shards and optimizer state and computes in bf16 through
+    # FSDP2's mixed-precision policy; "autocast" computes fp32 parameters under torch.autocast.
+    mixed_precision: str = "fsdp2"
+    compile: bool = True  # torch.compile each decoder layer (fused norms, RoPE and SwiGLU); CUDA only
+    cpu_offload: bool = False  # FSDP2's CPU offload: parameter shards, gradients and optimizer state in host memory
+
+
+@dataclass(kw_only=True)
 class ParallelismConfig:
     """How training is split. DP = world / (tp·pp·cp), derived."""
 
@@ -59,7 +70,8 @@ class ParallelismConfig:
     # (prompt + response) per forward/backward on one GPU; a longer sample gets a bin of its own. When set
     # it wins over micro_batch_size.
     max_tokens_per_gpu: Optional[int] = None
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward pass
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
     megatron: dict[str, Any] = field(default_factory=dict)
 
@@ -141,6 +153,18 @@ class WeightSyncConfig:
 
 
 @dataclass(kw_only=True)
+class RewardConfig:
+    """Reward failures and the remote reward model (`rollout.rm_type=remote_rm`, REFERENCE.md §6.5)."""
+
+    # A sample whose reward function raises or returns NaN is FAILED (its error recorded, zero reward); a rollout
+    # step fails the run when more than this fraction of its samples failed.
+    max_failure_ratio: float = 0.05
+    timeout_s: float = 120.0  # remote_rm: per request
+    max_retries: int = 10  # remote_rm: retries of connection errors and 5xx, backoff min(2^attempt, 30) s + jitter
+    max_connections: int = 64  # remote_rm: pooled HTTP connections
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
 
@@ -162,7 +186,11 @@ class RolloutConfig:
     rm_type: Optional[str] = None  # a name of slime.registry.REWARD_TYPES
     custom_rm_path: Optional[str] = None  # import path of `rm(sample) -> float | dict` (def or async def)
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
-    seed: int = 42  # data shuffling (the seeds' --rollout-seed)
+    # Rewards hub (slime.rollout.rewards): group_rm calls custom_rm_path once per group as rm(args, samples) -> list
+    group_rm: bool = False
+    rm_url: Optional[str] = None  # remote_rm: the reward model's URL (POST {prompt, response, label} -> JSON)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    max_prompt_len: Optional[int] = None  # tokens of the templated prompt; longer prompts are dropped at load
     # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
     # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
     # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
@@ -184,6 +212,11 @@ class DataConfig:
     metadata_key: Optional[str] = "metadata"
     apply_chat_template: bool = True
     shuffle: bool = True
+    # Loading (slime.rollout.prompt_file, slime.rollout.data_source)
+    tool_key: Optional[str] = "tools"  # tool specs (list or JSON string): metadata["tools"] and the chat template
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template kwargs
+    seed: int = 42  # per-epoch shuffle permutation seed + epoch (the seeds' --rollout-seed)
+    source_class: Optional[str] = None  # import path of a DataSourceBase subclass; None: the built-in DataSource
     # Synthetic tasks: a `_target_` node `{_target_: module.fn, path: <file>, ...}`; `fn(path=..., **rest)` writes
     # exactly `path`, and runs only when prompt_data is that path and the file is missing.
     generator: Optional[Any] = None
@@ -203,7 +236,8 @@ class CriticTrainConfig:
 class TrainConfig:
     """Optimizer and schedule; batch sizes in samples, steps in optimizer steps."""
 
-    num_rollout: int = MISSING  # rollout steps in the run
+    num_rollout: Optional[int] = None  # rollout steps in the run; None: derived from num_epoch
+    num_epoch: Optional[int] = None  # passes over data.prompt_data: num_rollout = num_epoch × prompts // batch_size
     global_batch_size: Optional[int] = None  # samples per optimizer step over all DP ranks: G
     num_steps_per_rollout: int = 1  # optimizer steps per rollout step: K
     lr: float = 1e-6
@@ -335,6 +369,9 @@ class DebugConfig:
     # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
     # mismatch); needs an engine with GET /weights_checksum (the hf engine)
     check_weight_update_equal: bool = False
+    # Write each rollout's trained samples to <run dir>/rollout_data/<rollout_id>.jsonl (slime.rollout.dumps)
+    save_rollout_data: bool = False
+    load_rollout_data: Optional[str] = None  # a rollout_data/ directory: train from its dumps, no engines
 
 
 # The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.

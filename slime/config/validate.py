@@ -8,6 +8,7 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
     validate_algo.py       algorithm knobs and rewards
     validate_paths.py      paths that must exist, paths a run writes
     validate_hooks.py      import-path fields: resolved and call-shape checked
+    validate_data.py       prompt files (every record), run length, data source class, rewards, rollout dumps
     passthrough.py         rollout.router.extra_args, rollout.sglang, parallelism.megatron
 """
 
@@ -21,6 +22,7 @@ from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
+from slime.config.validate_data import check_data
 from slime.config.validate_hooks import check_hooks
 from slime.config.validate_paths import check_paths
 from slime.config.validate_resources import check_cluster, check_parts_honour_options
@@ -85,6 +87,7 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "rollout.max_response_len",
         "rollout.concurrency",
         "train.num_rollout",
+        "train.num_epoch",
         "train.num_steps_per_rollout",
         "train.lr",
         "parallelism.micro_batch_size",
@@ -163,6 +166,7 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_passthrough(cfg),
         check_paths(cfg),
         check_objective(cfg),
+        check_data(cfg),
     ]
     return [problem for check in checks for problem in check]
 

@@ -3,7 +3,7 @@
 Call shapes (how the runtime calls them):
 
     rollout.function      fn(ctx, rollout_id, evaluation=...)   plain def (slime.rollout.default.generate_rollout)
-    rollout.custom_rm_path rm(sample)                           def or async def (slime.rollout.rewards)
+    rollout.custom_rm_path rm(args, sample) | rm(args, samples)  def or async def (validate_data.py)
     algo.dynamic_filter   fn(group)                              plain def (slime.rollout.filters)
     data.generator        fn(path=..., **rest)                   a `_target_` node; everything bound in the node
     eval.generator        as data.generator
@@ -20,7 +20,6 @@ from slime.config.schema import AlgoConfig, RunConfig
 from slime.registry import ROLLOUT_FUNCTIONS
 
 ROLLOUT_FN_SHAPE = dict(signature=("ctx", "rollout_id"), keywords=("evaluation",), may_be_async=False)
-REWARD_SHAPE = dict(signature=("sample",), may_be_async=True)
 FILTER_SHAPE = dict(signature=("group",), may_be_async=False)
 GENERATOR_SHAPE = dict(signature=(), may_be_async=False)
 
@@ -41,14 +40,7 @@ def rollout_function_path(cfg: RunConfig) -> Optional[str]:
 
 def check_hooks(cfg: RunConfig) -> Iterator[Problem]:
     yield from _check_rollout_function(cfg)
-    r, a = cfg.rollout, cfg.algo
-    if r.custom_rm_path is not None:
-        yield from _check(
-            "rollout.custom_rm_path",
-            r.custom_rm_path,
-            REWARD_SHAPE,
-            "give the import path of `def rm(sample) -> float | dict` (or async def), or null",
-        )
+    a = cfg.algo  # rollout.custom_rm_path: validate_data (its shape depends on rollout.group_rm)
     if a.dynamic_filter is not None:
         yield from _check(
             "algo.dynamic_filter",

@@ -41,7 +41,7 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
             yield Problem(
                 key, path, f"path does not exist{hint}", f"point {key} at an existing path (absolute paths are safest)"
             )
-    if cfg.data.prompt_data is None:
+    if cfg.data.prompt_data is None and cfg.debug.load_rollout_data is None:
         yield Problem(
             "data.prompt_data",
             None,

@@ -6,7 +6,9 @@ from collections.abc import Iterator
 
 from slime.config.derive import Derived
 from slime.config.problems import Problem, get
-from slime.config.schema import RunConfig
+from slime.config.schema import FSDPOptions, RunConfig
+
+MIXED_PRECISION_MODES = ("fsdp2", "autocast")
 
 
 def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
@@ -109,6 +111,13 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
         )
     if p.backend == "fsdp":
         yield from check_fsdp_options(cfg)
+    elif p.fsdp != FSDPOptions():
+        yield Problem(
+            "parallelism.fsdp",
+            p.fsdp,
+            f"options of the fsdp backend, but parallelism.backend={p.backend!r}",
+            "remove the parallelism.fsdp.* overrides, or use parallelism=fsdp",
+        )
     if cfg.rollout.engine == "hf":
         yield from check_hf_engine_options(cfg)
     yield from check_weight_sync(cfg)
@@ -140,6 +149,13 @@ def check_fsdp_options(cfg: RunConfig) -> Iterator[Problem]:
             True,
             "sequence parallelism needs tensor parallelism (megatron)",
             "set parallelism.sequence_parallel=false",
+        )
+    if p.fsdp.mixed_precision not in MIXED_PRECISION_MODES:
+        yield Problem(
+            "parallelism.fsdp.mixed_precision",
+            p.fsdp.mixed_precision,
+            f"unknown mode; expected one of {', '.join(MIXED_PRECISION_MODES)}",
+            "set parallelism.fsdp.mixed_precision=fsdp2 (bf16 compute over fp32 shards) or autocast",
         )
 
 

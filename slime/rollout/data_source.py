@@ -1,54 +1,44 @@
-"""Prompt data source: JSONL/parquet rows -> groups of n `Sample`s, with epochs, shuffle and state.
+"""Prompt data source: checked records -> groups of n `Sample`s, with epochs, shuffle, a buffer and state.
 
 The source walks an offset through the (per-epoch shuffled) dataset; crossing the end starts a new
-epoch with the permutation seeded by seed + epoch, so the order can be rebuilt from state alone
-(REFERENCE.md §5.2). A FIFO buffer of groups is served before fresh prompts.
+epoch with the permutation seeded by `data.seed` + epoch, so the order can be rebuilt from state alone
+(REFERENCE.md §5.2). A FIFO buffer of groups handed back by the rollout (aborted or partial groups) is
+served before fresh prompts, and is part of the saved state, so a resumed run loses no prompt.
+
+Every sample records `prompt_index` (its row in the dataset) and `epoch` (when it was drawn): the
+rollout dumps (`debug.save_rollout_data`) show which prompt was trained in which epoch.
+
+A custom source (`data.source_class`) subclasses `DataSourceBase` and is built as
+`cls(dataset, n_samples_per_prompt=..., shuffle=..., seed=...)`; `dataset` is the `PromptDataset` or None.
 """
 
 from __future__ import annotations
 
+import abc
 import copy
-import json
+import logging
 import random
-import re
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
+from slime.config.hooks import load_callable
+from slime.rollout.prompt_file import RecordKeys, read_records
 from slime.types import Sample
 
-_SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
+logger = logging.getLogger(__name__)
 
-
-def read_rows(path: str) -> list[dict[str, Any]]:
-    """Rows of a .jsonl or .parquet file; `path@[start:end]` selects a slice (negative bounds allowed)."""
-    match = _SLICE.match(path)
-    start = end = None
-    if match:
-        path = match["path"]
-        start = int(match["start"]) if match["start"] else None
-        end = int(match["end"]) if match["end"] else None
-    file = Path(path)
-    if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(file).to_pylist()
-    else:
-        rows = []
-        with file.open() as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(
-                        f"{file}:{line_no}: not valid JSON ({exc.msg}); each line must be one JSON object"
-                    ) from exc
-    return rows[start:end]
+BufferFilter = Callable[[list[list[Sample]], int], list[list[Sample]]]  # (buffer, num) -> groups taken
 
 
 class PromptDataset:
-    """Prompts ready for generation: chat-templated strings (or raw prompts), labels, metadata."""
+    """Prompts ready for generation: chat-templated strings (or raw prompts), labels, metadata.
+
+    With `apply_chat_template`, a string prompt becomes one user message and the messages are rendered
+    once here (untokenised, generation prompt appended, the record's tools and `template_kwargs` passed
+    to the template); `step_loss_mask` is stripped first. Without it, a string is used verbatim and a
+    message list is kept as is. `sample.messages` keeps the messages (SFT builds its masks from them).
+    Prompts longer than `max_prompt_len` tokens (templated, without special tokens) are dropped.
+    """
 
     def __init__(
         self,
@@ -56,81 +46,181 @@ class PromptDataset:
         *,
         tokenizer,
         input_key: str,
-        label_key: str | None,
-        metadata_key: str | None,
+        label_key: Optional[str],
+        metadata_key: Optional[str],
         apply_chat_template: bool,
+        tool_key: Optional[str] = "tools",
+        template_kwargs: Optional[dict[str, Any]] = None,
+        max_prompt_len: Optional[int] = None,
+        config_key: str = "data.prompt_data",
     ):
+        keys = RecordKeys(input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key)
+        self.path = path
         self.samples: list[Sample] = []
-        for row_no, row in enumerate(read_rows(path)):
-            if input_key not in row:
-                raise KeyError(f"{path} row {row_no}: no key {input_key!r} (data.input_key); keys are {sorted(row)}")
-            prompt = row[input_key]
-            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        self.num_too_long = 0
+        for record in read_records(path, keys, key=config_key):
+            prompt, messages = record.prompt, None
             if apply_chat_template:
-                prompt = tokenizer.apply_chat_template(
-                    [{k: v for k, v in m.items() if k != "step_loss_mask"} for m in messages],
-                    tokenize=False,
-                    add_generation_prompt=True,
-                )
-            elif isinstance(prompt, str):
-                messages = None  # used verbatim
-            label = row.get(label_key) if label_key else None
-            metadata = dict(row.get(metadata_key) or {}) if metadata_key else {}
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+                prompt = render_prompt(tokenizer, messages, tools=record.tools, template_kwargs=template_kwargs)
+            elif not isinstance(prompt, str):
+                messages = prompt
+            if max_prompt_len is not None and self._too_long(tokenizer, prompt, max_prompt_len, record.line):
+                continue
+            metadata = dict(record.metadata)
+            if record.tools is not None:
+                metadata["tools"] = record.tools
             self.samples.append(
-                Sample(prompt=prompt, messages=messages, label=None if label is None else str(label), metadata=metadata)
+                Sample(
+                    prompt=prompt,
+                    messages=messages,
+                    label=record.label,
+                    metadata=metadata,
+                    prompt_index=len(self.samples),
+                )
+            )
+        if self.num_too_long:
+            logger.info(
+                "%s: dropped %d of %d prompts longer than rollout.max_prompt_len=%d tokens",
+                path,
+                self.num_too_long,
+                self.num_too_long + len(self.samples),
+                max_prompt_len,
             )
         if not self.samples:
-            raise ValueError(f"{path}: no prompts")
+            raise ValueError(
+                f"{path}: every prompt is longer than rollout.max_prompt_len={max_prompt_len} tokens; raise the limit"
+            )
+
+    def _too_long(self, tokenizer, prompt, max_prompt_len: int, line: int) -> bool:
+        if not isinstance(prompt, str):  # slime: only templated (string) prompts are measured
+            logger.warning("%s:%d: a message-list prompt is not length-filtered (chat template off)", self.path, line)
+            return False
+        if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) <= max_prompt_len:
+            return False
+        self.num_too_long += 1
+        return True
 
     def __len__(self) -> int:
         return len(self.samples)
 
 
-class DataSource:
-    """Serves groups of `n_samples_per_prompt` copies of each prompt with global indices."""
+def render_prompt(tokenizer, messages: list[dict], *, tools=None, template_kwargs=None) -> str:
+    """The chat template over `messages` (step_loss_mask stripped), untokenised, with the generation prompt."""
+    kwargs = dict(template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
+    clean = [{k: v for k, v in m.items() if k != "step_loss_mask"} for m in messages]
+    return tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True, **kwargs)
 
-    def __init__(self, dataset: PromptDataset, *, n_samples_per_prompt: int, shuffle: bool, seed: int):
+
+class DataSourceBase(abc.ABC):
+    """What the rollout asks of a data source (the `data.source_class` contract)."""
+
+    @abc.abstractmethod
+    def get_groups(self, num_groups: int) -> list[list[Sample]]:
+        """`num_groups` groups of n samples each: returned groups first, then fresh prompts."""
+
+    @abc.abstractmethod
+    def add_groups(self, groups: list[list[Sample]]) -> None:
+        """Take back groups (aborted or partial) to serve them before fresh prompts."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly here (saved with each checkpoint)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()`."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Prompts per epoch."""
+
+
+class DataSource(DataSourceBase):
+    """Serves groups of `n_samples_per_prompt` copies of each prompt with global indices.
+
+    Without a dataset (None) it serves empty PENDING samples, for rollout functions that make their own
+    prompts. `buffer_filter(buffer, num)` picks which buffered groups to serve (default: the oldest).
+    """
+
+    def __init__(
+        self,
+        dataset: Optional[PromptDataset],
+        *,
+        n_samples_per_prompt: int,
+        shuffle: bool,
+        seed: int,
+        buffer_filter: Optional[BufferFilter] = None,
+    ):
         self.dataset = dataset
         self.n = n_samples_per_prompt
         self.shuffle = shuffle
         self.seed = seed
+        self.buffer_filter = buffer_filter
         self.epoch_id = 0
-        self.sample_offset = 0
+        self.sample_offset = 0  # prompts of the current epoch already served
         self.sample_group_index = 0
         self.sample_index = 0
         self.buffer: list[list[Sample]] = []
         self._order = self._permutation(0)
 
+    def __len__(self) -> int:
+        return len(self.dataset) if self.dataset is not None else 0
+
     def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self.dataset)))
+        order = list(range(len(self)))
         if self.shuffle:
             random.Random(self.seed + epoch).shuffle(order)
         return order
 
     def get_groups(self, num_groups: int) -> list[list[Sample]]:
-        """`num_groups` groups: buffered ones first, then fresh prompts (crossing epochs as needed)."""
-        groups = self.buffer[:num_groups]
-        del self.buffer[:num_groups]
+        groups = self._pop_buffer(num_groups)
         while len(groups) < num_groups:
+            groups.append(self._fresh_group())
+        return groups
+
+    def _pop_buffer(self, num: int) -> list[list[Sample]]:
+        if not self.buffer:
+            return []
+        if self.buffer_filter is None:
+            taken = self.buffer[:num]
+        else:
+            taken = list(self.buffer_filter(list(self.buffer), num))
+            if len(taken) > num:
+                raise ValueError(f"the buffer filter returned {len(taken)} groups, more than the {num} asked for")
+        ids = {id(g) for g in taken}
+        self.buffer = [g for g in self.buffer if id(g) not in ids]
+        return taken
+
+    def _fresh_group(self) -> list[Sample]:
+        if self.dataset is None:
+            prompt, prompt_index = Sample(), None
+        else:
             if self.sample_offset >= len(self._order):
                 self.epoch_id += 1
                 self.sample_offset = 0
                 self._order = self._permutation(self.epoch_id)
-            prompt = self.dataset.samples[self._order[self.sample_offset]]
+            prompt_index = self._order[self.sample_offset]
+            prompt = self.dataset.samples[prompt_index]
             self.sample_offset += 1
-            group = []
-            for _ in range(self.n):
-                sample = copy.deepcopy(prompt)
-                sample.group_index = self.sample_group_index
-                sample.index = self.sample_index
-                self.sample_index += 1
-                group.append(sample)
-            self.sample_group_index += 1
-            groups.append(group)
-        return groups
+        group = []
+        for _ in range(self.n):
+            sample = copy.deepcopy(prompt)
+            sample.group_index = self.sample_group_index
+            sample.index = self.sample_index
+            sample.prompt_index = prompt_index
+            sample.epoch = self.epoch_id
+            self.sample_index += 1
+            group.append(sample)
+        self.sample_group_index += 1
+        return group
 
     def add_groups(self, groups: list[list[Sample]]) -> None:
-        """Return groups to the buffer (served before fresh prompts)."""
+        for group in groups:
+            if len(group) != self.n:
+                raise ValueError(f"a group handed back holds {len(group)} samples, expected {self.n}")
         self.buffer.extend(groups)
 
     def state_dict(self) -> dict[str, Any]:
@@ -149,3 +239,29 @@ class DataSource:
         self.sample_index = state["sample_index"]
         self.buffer = [[Sample.from_dict(s) for s in g] for g in state.get("buffer", [])]
         self._order = self._permutation(self.epoch_id)
+
+
+def build_data_source(
+    data,
+    path: str,
+    *,
+    tokenizer,
+    n_samples_per_prompt: int,
+    shuffle: bool,
+    max_prompt_len: Optional[int] = None,
+) -> DataSourceBase:
+    """The data source over the prompt file at `path`, read with `data`'s (a DataConfig) keys and templating;
+    its class is `data.source_class` when set."""
+    dataset = PromptDataset(
+        path,
+        tokenizer=tokenizer,
+        input_key=data.input_key,
+        label_key=data.label_key,
+        metadata_key=data.metadata_key,
+        apply_chat_template=data.apply_chat_template,
+        tool_key=data.tool_key,
+        template_kwargs=data.apply_chat_template_kwargs,
+        max_prompt_len=max_prompt_len,
+    )
+    cls = load_callable(data.source_class, key="data.source_class") if data.source_class else DataSource
+    return cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=data.seed)

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from slime.rollout.data_source import DataSource
-from slime.rollout.rewards import compute_reward
+from slime.rollout.rewards import RewardHub
 from slime.types import Sample, SampleStatus
 
 RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
@@ -41,8 +41,7 @@ class RolloutContext:
     over_sampling_batch_size: int  # groups per refill
     sampling_params: dict[str, Any]  # SGLang sampling params; max_new_tokens is the response budget
     max_in_flight: int  # concurrency × number of engines
-    rm_type: str | None
-    custom_rm_path: str | None
+    rewards: RewardHub  # scores samples (rollout.rm_type / custom_rm_path / group_rm)
     dynamic_filter: Callable[[list[Sample]], Any] | None = None  # group -> bool | FilterResult
     max_filter_drops: int = 0  # past this many drops in one step, groups are kept regardless (no endless loop)
     sampling_seed: int | None = None  # base of per-request seeds (rollout.deterministic); None: engine's RNG
@@ -109,11 +108,13 @@ async def _generate_group(ctx, session, semaphore, group: list[Sample]) -> list[
     async def one(sample: Sample) -> Sample:
         async with semaphore:
             await generate_sample(ctx, session, sample)
-        if sample.status != SampleStatus.ABORTED and sample.reward is None:
-            sample.reward = await compute_reward(sample, rm_type=ctx.rm_type, custom_rm_path=ctx.custom_rm_path)
+        if not ctx.rewards.group_rm:
+            await ctx.rewards.reward_group(ctx, [sample])
         return sample
 
-    return list(await asyncio.gather(*(one(s) for s in group)))
+    group = list(await asyncio.gather(*(one(s) for s in group)))
+    await ctx.rewards.reward_group(ctx, group)  # group_rm: one call for the group (a no-op otherwise)
+    return group
 
 
 def _filter(ctx: RolloutContext, group: list[Sample], drops: dict[str, int]) -> bool:
@@ -180,6 +181,8 @@ def _reset(group: list[Sample]) -> list[Sample]:
                 reward=None,
                 status=SampleStatus.PENDING,
                 weight_versions=[],
+                error=None,
+                remove_sample=False,
             )
         )
     return fresh

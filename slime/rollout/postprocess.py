@@ -45,10 +45,14 @@ def split_for_data_parallel(
     global_batch_size: int,
     num_steps: int,
     dp_size: int,
+    balance_tokens: bool = False,
 ) -> list[TrainBatch]:
-    """K steps of G consecutive samples; each step's samples dealt round-robin to the DP ranks.
+    """K steps of G consecutive samples; each step's samples dealt to the DP ranks, G/dp each.
 
-    Asserts that nothing is dropped (slime silently drops a trailing partial step).
+    Dealt round-robin, or with `balance_tokens` longest first to the rank with the fewest tokens so far
+    (so ranks that micro-batch by tokens run about the same number of micro-batches). Either way the
+    step-level normalisers make losses and gradients independent of the deal. Asserts that nothing is
+    dropped (slime silently drops a trailing partial step).
     """
     g, k, dp = global_batch_size, num_steps, dp_size
     if len(samples) != g * k:
@@ -56,10 +60,11 @@ def split_for_data_parallel(
     per_rank: list[list[tuple[int, int]]] = [[] for _ in range(dp)]  # (sample position, step)
     masked = []
     for step in range(k):
-        chunk = range(step * g, (step + 1) * g)
+        chunk = list(range(step * g, (step + 1) * g))
         masked.append(sum(sum(samples[i].loss_mask) for i in chunk if not samples[i].remove_sample))
-        for j, i in enumerate(chunk):
-            per_rank[j % dp].append((i, step))
+        deal = _deal_by_tokens(chunk, samples, dp) if balance_tokens else [j % dp for j in range(len(chunk))]
+        for i, rank in zip(chunk, deal):
+            per_rank[rank].append((i, step))
     has_engine_log_probs = all(s.rollout_log_probs is not None for s in samples)
     batches = []
     for entries in per_rank:
@@ -80,6 +85,19 @@ def split_for_data_parallel(
             )
         )
     return batches
+
+
+def _deal_by_tokens(chunk: list[int], samples: list[Sample], dp: int) -> list[int]:
+    """The rank of each sample of `chunk`: longest first to the rank with the fewest tokens among those
+    still short of len(chunk)/dp samples (ties: the lower rank, then the earlier sample)."""
+    capacity = -(-len(chunk) // dp)
+    tokens, counts, rank_of = [0] * dp, [0] * dp, [0] * len(chunk)
+    for j in sorted(range(len(chunk)), key=lambda j: (-len(samples[chunk[j]].tokens), j)):
+        rank = min((r for r in range(dp) if counts[r] < capacity), key=lambda r: (tokens[r], r))
+        rank_of[j] = rank
+        tokens[rank] += len(samples[chunk[j]].tokens)
+        counts[rank] += 1
+    return rank_of
 
 
 def rollout_metrics(groups: list[list[Sample]], raw: torch.Tensor, n: int) -> dict[str, float]:

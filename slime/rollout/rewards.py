@@ -1,46 +1,182 @@
-"""Built-in rule-based rewards (`rollout.rm_type`) and the reward dispatch for one sample.
+"""The rewards hub: which reward function scores a sample, and what happens when it fails.
 
-A reward function is `async def rm(sample) -> float | dict`; `rollout.custom_rm_path` names one. The
-built-in `rm_type`s are `fn(response, label) -> float`, registered in `slime.registry.REWARD_TYPES`.
-Selection order (REFERENCE.md §6.5): per-sample `metadata.custom_rm_path` -> global custom path ->
-`metadata.rm_type` -> global `rollout.rm_type`.
+Selection order (REFERENCE.md §6.5): per-sample `metadata.custom_rm_path` -> `rollout.custom_rm_path`
+-> `metadata.rm_type` -> `rollout.rm_type` (eval datasets pass their own rm_type). Call shapes (the
+seeds'): a custom reward is `rm(args, sample) -> float | dict`, or with `rollout.group_rm` one call per
+group `rm(args, samples) -> list[float | dict]` (def or async def; `args` is what the rollout function
+passes, the RolloutContext). Built-in types are `fn(response, label, metadata) -> float | dict`,
+registered in `slime.registry.REWARD_TYPES`; `remote_rm` asks the HTTP reward model at `rollout.rm_url`.
+
+A reward function that raises, returns NaN or returns something that is neither a number nor a dict
+marks its sample FAILED with `sample.error` saying why; the sample gets reward 0.0 and
+`remove_sample` (no loss of its own), so its group still has n samples. `check_failures` fails the
+rollout step when more than `rollout.reward.max_failure_ratio` of its samples failed.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 from slime.config.hooks import load_callable
 from slime.registry import REWARD_TYPES
-from slime.types import Sample
+from slime.types import Sample, SampleStatus
+
+GROUP_RM_SHAPE = ("args", "samples")
+SAMPLE_RM_SHAPE = ("args", "sample")
 
 
 def _normalize(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip().lower())
 
 
-def exact_match(response: str, label: str) -> float:
+def exact_match(response: str, label: str, metadata: Optional[dict] = None) -> float:
     """1.0 iff the whitespace-normalised, lower-cased response equals the label."""
     return float(_normalize(response) == _normalize(label))
 
 
-def first_word(response: str, label: str) -> float:
+def first_word(response: str, label: str, metadata: Optional[dict] = None) -> float:
     """1.0 iff the first whitespace-separated word of the response equals the label (case-insensitive)."""
     words = _normalize(response).split(" ")
     return float(bool(words) and words[0] == _normalize(label))
 
 
-async def compute_reward(sample: Sample, *, rm_type: str | None, custom_rm_path: str | None) -> float | dict[str, Any]:
-    """Reward one finished sample with the function its metadata or the config selects."""
-    custom = sample.metadata.get("custom_rm_path") or custom_rm_path
-    if custom:
-        result = load_callable(custom, key="rollout.custom_rm_path")(sample)
-        return await result if inspect.isawaitable(result) else result
-    name = sample.metadata.get("rm_type") or rm_type
-    if name not in REWARD_TYPES:
-        raise ValueError(f"sample {sample.index}: {REWARD_TYPES.unknown_message(name)}")
-    if sample.label is None:
-        raise ValueError(f"sample {sample.index} has no label; rm_type={name!r} compares the response with the label")
-    return REWARD_TYPES.load(name)(sample.response, str(sample.label))
+class RewardFailureError(RuntimeError):
+    """Too many samples of one rollout step failed their reward."""
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    result = fn(*args)
+    return await result if inspect.isawaitable(result) else result
+
+
+def checked_reward(value: Any, reward_key: Optional[str]) -> float | dict[str, Any]:
+    """`value` as a reward (a number, bools included, as float; or a dict), else ValueError saying why (NaN too)."""
+    if not isinstance(value, (int, float, dict)):
+        raise ValueError(f"the reward function returned {type(value).__name__} {value!r}; expected a number or dict")
+    scalar = value.get(reward_key) if isinstance(value, dict) and reward_key in value else value
+    if isinstance(scalar, float) and math.isnan(scalar):
+        raise ValueError(f"the reward function returned NaN ({value!r})")
+    return float(value) if not isinstance(value, dict) else value
+
+
+class RewardHub:
+    """Scores samples for a rollout: built-in types, custom functions, the remote reward model."""
+
+    def __init__(
+        self,
+        *,
+        rm_type: Optional[str],
+        custom_rm_path: Optional[Any],
+        group_rm: bool = False,
+        reward_key: Optional[str] = None,
+        rm_url: Optional[str] = None,
+        remote_options: Optional[dict[str, Any]] = None,  # RemoteRewardModel keyword arguments
+    ):
+        self.rm_type, self.custom_rm_path, self.group_rm = rm_type, custom_rm_path, group_rm
+        self.reward_key, self.rm_url = reward_key, rm_url
+        self.remote_options = dict(remote_options or {})
+        self._loaded: dict[str, Callable[..., Any]] = {}
+        self._remote = None
+
+    @classmethod
+    def from_config(cls, rollout) -> RewardHub:
+        """From a `RolloutConfig` (rm_type, custom_rm_path, group_rm, reward_key, rm_url, reward.*)."""
+        r = rollout.reward
+        options = dict(timeout_s=r.timeout_s, max_retries=r.max_retries, max_connections=r.max_connections)
+        return cls(
+            rm_type=rollout.rm_type,
+            custom_rm_path=rollout.custom_rm_path,
+            group_rm=rollout.group_rm,
+            reward_key=rollout.reward_key,
+            rm_url=rollout.rm_url,
+            remote_options=options,
+        )
+
+    async def reward_group(self, args: Any, group: list[Sample], *, rm_type: Optional[str] = None) -> None:
+        """Set `reward` on every sample of `group` that needs one (not ABORTED, not yet rewarded).
+
+        With `group_rm`, one call of the custom function for the whole group; a failure fails them all.
+        """
+        todo = [s for s in group if s.reward is None and s.status != SampleStatus.ABORTED]
+        if not todo:
+            return
+        if self.group_rm:
+            try:
+                values = await _call(self._load(self.custom_rm_path, "rollout.custom_rm_path"), args, todo)
+                if not isinstance(values, (list, tuple)) or len(values) != len(todo):
+                    raise ValueError(f"the group reward function must return a list of {len(todo)} rewards")
+                rewards = [checked_reward(v, self.reward_key) for v in values]
+            except Exception as exc:
+                for sample in todo:
+                    mark_failed(sample, exc)
+                return
+            for sample, reward in zip(todo, rewards):
+                sample.reward = reward
+            return
+        for sample in todo:
+            await self.reward_sample(args, sample, rm_type=rm_type)
+
+    async def reward_sample(self, args: Any, sample: Sample, *, rm_type: Optional[str] = None) -> None:
+        """Set `sample.reward`, or mark the sample FAILED with the error."""
+        try:
+            sample.reward = checked_reward(await self._compute(args, sample, rm_type), self.reward_key)
+        except Exception as exc:  # a user's reward function may raise anything; the run decides on the ratio
+            mark_failed(sample, exc)
+
+    async def _compute(self, args: Any, sample: Sample, rm_type: Optional[str]) -> Any:
+        custom = sample.metadata.get("custom_rm_path") or self.custom_rm_path
+        if custom:
+            return await _call(self._load(custom, "rollout.custom_rm_path"), args, sample)
+        name = sample.metadata.get("rm_type") or rm_type or self.rm_type
+        if name == "remote_rm":
+            return await self._remote_model().score(sample)
+        if name not in REWARD_TYPES:
+            raise ValueError(REWARD_TYPES.unknown_message(name))
+        if sample.label is None:
+            raise ValueError(f"no label; rm_type={name!r} compares the response with the label")
+        return REWARD_TYPES.load(name)(sample.response, str(sample.label), sample.metadata)
+
+    def _load(self, spec: Any, key: str) -> Callable[..., Any]:
+        cache_key = repr(spec)
+        if cache_key not in self._loaded:
+            self._loaded[cache_key] = load_callable(spec, key=key)
+        return self._loaded[cache_key]
+
+    def _remote_model(self):
+        if self._remote is None:
+            from slime.rollout.rm.remote import RemoteRewardModel
+
+            if not self.rm_url:
+                raise ValueError("rm_type='remote_rm' needs rollout.rm_url")
+            self._remote = RemoteRewardModel(self.rm_url, **self.remote_options)
+        return self._remote
+
+    def close(self) -> None:
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None
+
+
+def mark_failed(sample: Sample, exc: BaseException) -> None:
+    """FAILED with the error recorded; reward 0.0 and no loss of its own (its group keeps n samples)."""
+    sample.status = SampleStatus.FAILED
+    sample.error = f"reward: {type(exc).__name__}: {exc}"
+    sample.reward = 0.0
+    sample.remove_sample = True
+
+
+def check_failures(samples: list[Sample], max_failure_ratio: float) -> dict[str, float]:
+    """`rollout/reward_failed*` metrics; RewardFailureError when more than `max_failure_ratio` failed."""
+    failed = [s for s in samples if s.status == SampleStatus.FAILED and (s.error or "").startswith("reward:")]
+    ratio = len(failed) / len(samples) if samples else 0.0
+    if ratio > max_failure_ratio:
+        examples = "; ".join(f"sample {s.index}: {s.error}" for s in failed[:3])
+        raise RewardFailureError(
+            f"{len(failed)} of {len(samples)} samples ({ratio:.1%}) failed their reward, more than "
+            f"rollout.reward.max_failure_ratio={max_failure_ratio}. First errors: {examples}"
+        )
+    return {"rollout/reward_failed": float(len(failed)), "rollout/reward_failed_ratio": ratio}

@@ -117,9 +117,10 @@ def run(
                 )
             tracker.progress.begin(start)
             ray.get(engines_ready)
-            actor.connect_weight_sync(
-                cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()), _sync_context(cfg, run_dir)
-            )
+            if cfg.debug.load_rollout_data is None:  # replaying dumps starts no engine to push weights to
+                actor.connect_weight_sync(
+                    cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()), _sync_context(cfg, run_dir)
+                )
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
             _loop(cfg, state, start, manager, actor, critic, tracker)
@@ -176,9 +177,11 @@ def _loop(
 ) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
     k = cfg.train.num_steps_per_rollout
+    engines = cfg.debug.load_rollout_data is None
     state.enter("weight_sync", start - 1)
     tracker.progress.phase("initial weight push...")
-    actor.update_weights(weight_version=start)  # engines hold the run's weights before rollout 0
+    if engines:
+        actor.update_weights(weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
         state.enter("eval", start - 1)
         state.last_eval = ray.get(manager.evaluate.remote(0))
@@ -197,7 +200,8 @@ def _loop(
             _save(cfg, rollout_id, manager, actor, critic)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
         state.enter("weight_sync", rollout_id)
-        metrics.update(actor.update_weights(weight_version=rollout_id + 1))
+        if engines:
+            metrics.update(actor.update_weights(weight_version=rollout_id + 1))
         metrics["perf/step_time"] = time.perf_counter() - step_start
         for step_id, step_metrics in enumerate(steps):
             tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)

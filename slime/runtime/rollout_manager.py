@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
-from slime.rollout.data_source import DataSource, PromptDataset
-from slime.rollout.default import RolloutContext
+from slime.rollout.data_source import DataSourceBase, build_data_source
+from slime.rollout.default import RolloutContext, RolloutOutput
+from slime.rollout.dumps import load_rollout_data, save_rollout_data
+from slime.rollout.rewards import RewardHub, check_failures
 from slime.runtime.placement import EnginePlacement
 from slime.types import SampleStatus, TrainBatch
 
@@ -48,6 +51,9 @@ class RolloutSetup:
     dp_size: int
     global_batch_size: int  # G
     num_steps_per_rollout: int  # K
+    balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
+    save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
+    load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
@@ -65,6 +71,11 @@ class RolloutSetup:
             dp_size=derived.dp_size,
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+            balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
+            save_rollout_data=cfg.debug.save_rollout_data,
+            load_rollout_data=(
+                str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
+            ),
         )
 
 
@@ -81,12 +92,16 @@ class RolloutManager:
         self.router: Router | None = None
         self.engines: list[Any] = []
         self.engine_urls: list[str] = []
+        self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
         """Start every engine, then launch (or join) the router and load the data while their servers come
         up; register each engine once healthy. Returns the router URL."""
         r, s = self.setup.rollout, self.setup
+        if s.load_rollout_data is not None:  # replaying dumps: nothing to generate with
+            self.data_source = self.eval_source = None
+            return ""
         log_dir = Path(s.log_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         launched = self._launch_engines(log_dir)
@@ -134,6 +149,7 @@ class RolloutManager:
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
         self.data_source = self._prompt_source(d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle)
+        self.rewards = RewardHub.from_config(r)
         self.eval_source = None
         if s.eval.interval:
             self.eval_source = self._prompt_source(s.eval.prompt_data, s.eval.n_samples_per_prompt, shuffle=False)
@@ -143,19 +159,16 @@ class RolloutManager:
             load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter") if s.algo.dynamic_filter else None
         )
 
-    def _prompt_source(self, path: str, n_samples_per_prompt: int, *, shuffle: bool) -> DataSource:
-        """A data source over the prompt file at `path`, read with `data`'s keys and templating."""
-        d = self.setup.data
-        dataset = PromptDataset(
+    def _prompt_source(self, path: str, n_samples_per_prompt: int, *, shuffle: bool) -> DataSourceBase:
+        """A data source over the prompt file at `path`, read with `data`'s keys and templating; the class is
+        `data.source_class` when set."""
+        return build_data_source(
+            self.setup.data,
             path,
             tokenizer=self.tokenizer,
-            input_key=d.input_key,
-            label_key=d.label_key,
-            metadata_key=d.metadata_key,
-            apply_chat_template=d.apply_chat_template,
-        )
-        return DataSource(
-            dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=self.setup.rollout.seed
+            n_samples_per_prompt=n_samples_per_prompt,
+            shuffle=shuffle,
+            max_prompt_len=self.setup.rollout.max_prompt_len,
         )
 
     def urls(self) -> list[str]:
@@ -163,6 +176,8 @@ class RolloutManager:
         return list(self.engine_urls)
 
     def shutdown(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
         for url in self.engine_urls:
             try:
                 if self.router is not None:
@@ -204,8 +219,7 @@ class RolloutManager:
             over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
             sampling_params=sampling,
             max_in_flight=r.concurrency * len(self.engines),
-            rm_type=r.rm_type,
-            custom_rm_path=r.custom_rm_path,
+            rewards=self.rewards,
             dynamic_filter=None if evaluation else self.dynamic_filter,
             max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
             sampling_seed=self._sampling_seed(evaluation),
@@ -227,7 +241,7 @@ class RolloutManager:
             split_for_data_parallel,
         )
 
-        out = self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
+        out = self._rollout(rollout_id)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(
@@ -235,9 +249,12 @@ class RolloutManager:
                 f"{self.setup.rollout.batch_size}"
             )
         samples = [s for g in groups for s in g]
+        if self.setup.save_rollout_data:
+            save_rollout_data(self.setup.log_dir, rollout_id, groups)
         a = self.setup.algo
+        failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
         raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
-        metrics = {**out.metrics, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
+        metrics = {**out.metrics, **failures, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
         shaped = raw
         if a.overlong_buffer_len:
             penalty = torch.tensor(
@@ -265,8 +282,17 @@ class RolloutManager:
             global_batch_size=s.global_batch_size,
             num_steps=s.num_steps_per_rollout,
             dp_size=s.dp_size,
+            balance_tokens=s.balance_tokens,
         )
         return batches, metrics, preview
+
+    def _rollout(self, rollout_id: int) -> RolloutOutput:
+        """The rollout function's step, or the step's dump under debug.load_rollout_data."""
+        if self.setup.load_rollout_data is None:
+            return self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
+        start = time.perf_counter()
+        groups = load_rollout_data(self.setup.load_rollout_data, rollout_id)
+        return RolloutOutput(groups=groups, metrics={"perf/rollout_time": time.perf_counter() - start})
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Mean reward, truncation ratio and pass@k over the eval prompts (`eval/<name>...`)."""
@@ -295,6 +321,8 @@ class RolloutManager:
     def save(self, rollout_id: int, root: str) -> None:
         import torch
 
+        if self.data_source is None:  # replaying dumps: no data source
+            return
         target = Path(root) / "rollout"
         target.mkdir(parents=True, exist_ok=True)
         torch.save(self.data_source.state_dict(), target / f"global_dataset_state_dict_{rollout_id}.pt")
@@ -302,6 +330,8 @@ class RolloutManager:
     def load(self, rollout_id: int, root: str) -> None:
         import torch
 
+        if self.data_source is None:
+            return
         path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")

@@ -13,7 +13,10 @@ has it; elsewhere (CPU, fp32) it is one causal SDPA call per sample: exact, need
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,12 +88,41 @@ def pack(token_lists: list[list[int]], response_lengths: list[int], device: torc
     )
 
 
-def _varlen_kernel():
+@functools.cache
+def _varlen_kernel() -> tuple[Callable | None, bool]:
+    """(torch's `varlen_attn` or None when this torch has none, whether it takes `enable_gqa`)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch without FlashAttention varlen
+        return None, False
+    return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+def _half_dtype(query: Tensor) -> torch.dtype | None:
+    """The 16-bit dtype the attention computes in on CUDA: the inputs' own, or autocast's (which hands
+    attention fp32 inputs); None for fp32 compute."""
+    if not query.is_cuda:
         return None
-    return varlen_attn
+    if query.dtype in (torch.float16, torch.bfloat16):
+        return query.dtype
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+
+
+def _varlen(query: Tensor, key: Tensor, value: Tensor, kwargs: dict, scaling: float | None, dtype) -> Tensor | None:
+    """FlashAttention varlen over the packed stream (Tensor[1, T, Hq, D] in `dtype`), or None when this
+    torch has no such kernel."""
+    kernel, takes_gqa = _varlen_kernel()
+    if kernel is None:
+        return None
+    q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))  # [T, H, D]
+    repeat = q.shape[1] // k.shape[1]
+    extra = {}
+    if repeat > 1 and takes_gqa:
+        extra["enable_gqa"] = True
+    elif repeat > 1:  # older torch: K/V heads repeated to the query heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    cu, length = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])
+    return kernel(q, k, v, cu, cu, length, length, scale=scaling, window_size=(-1, 0), **extra).unsqueeze(0)
 
 
 def varlen_attention(
@@ -118,12 +150,11 @@ def varlen_attention(
         raise NotImplementedError(f"{ATTN_IMPLEMENTATION} attention has no sliding window")
     gqa = query.shape[1] != key.shape[1]
     dropout = dropout if module.training else 0.0
-    kernel = _varlen_kernel() if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) else None
-    if kernel is not None and dropout == 0.0:
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-        length = int(kwargs["max_length_q"])
-        out = kernel(q, k, v, cu, cu, length, length, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
-        return out.unsqueeze(0), None
+    dtype = _half_dtype(query)
+    if dtype is not None and dropout == 0.0:
+        out = _varlen(query, key, value, kwargs, scaling, dtype)
+        if out is not None:
+            return out, None
     bounds = cu.tolist()
     outs = [
         F.scaled_dot_product_attention(

@@ -97,3 +97,23 @@ def test_fsdp2_with_tensor_parallel_on_two_gpus(tiny_model_dir, tmp_path):
     assert mine["train/pg_loss"] == pytest.approx(ref["train/pg_loss"], rel=1e-5, abs=1e-6)
     assert mine["train/grad_norm"] == pytest.approx(ref["train/grad_norm"], rel=0.05)
     assert ranks[0]["result"]["steps"] == ranks[1]["result"]["steps"]
+
+
+def test_fsdp2_mixed_precision_policy_matches_autocast(tiny_model_dir):
+    """parallelism.fsdp.mixed_precision: FSDP2's policy keeps fp32 shards (the optimizer's state) and computes
+    in bf16 like autocast does; both give the same log-probs to bf16 rounding, and the first step is on-policy."""
+    base = make_setup(tiny_model_dir, ["train.lr=1e-2"])
+    batch = batches_for(make_samples(16, seed=5), dp=1, k=2)[0]
+    results = {}
+    for mode in ("fsdp2", "autocast"):
+        parallelism = dataclasses.replace(
+            base.parallelism, fsdp=dataclasses.replace(base.parallelism.fsdp, mixed_precision=mode)
+        )
+        setup = dataclasses.replace(base, device="cuda", precision="bf16", parallelism=parallelism)
+        backend = make_backend(setup, port=free_port())
+        assert all(p.dtype == torch.float32 for p in backend.model.parameters())
+        results[mode] = log_probs(backend, batch).cpu()
+        steps = train_rollout(backend, batch)["steps"]
+        assert steps[0]["train/ppo_kl"] == 0.0
+        backend.shutdown()
+    assert (results["fsdp2"] - results["autocast"]).abs().mean() < 0.02

@@ -78,7 +78,7 @@ def test_packed_fp32_and_bf16_varlen_match_unpacked_on_cuda():
         changed = [list(s) for s in SAMPLES]
         changed[2] = ([(t + 5) % 120 for t in SAMPLES[2][0]], SAMPLES[2][1])
         lp16_changed, _ = _packed(packed, changed)
-    print("varlen kernel:", packing._varlen_kernel() is not None)
+    print("varlen kernel:", packing._varlen_kernel()[0] is not None)
     torch.testing.assert_close(lp16, ref16, rtol=0, atol=5e-2)
     spans = packing.pack([t for t, _ in SAMPLES], [r for _, r in SAMPLES], torch.device("cpu")).rows.numel()
     starts = [0, 3, 4, 9, 10]

@@ -11,6 +11,7 @@ from slime.assets.digit_task import make_prompt
 from slime.assets.tokenizer import build_tokenizer
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.default import RolloutContext
+from slime.rollout.rewards import RewardHub
 from slime.rollout.sft import conversation_tokens_and_mask, generate_rollout, sft_sample
 from slime.types import Sample, SampleStatus
 
@@ -264,8 +265,7 @@ def _ctx(tok, source, batch_size):
         over_sampling_batch_size=batch_size,
         sampling_params={"max_new_tokens": 8},
         max_in_flight=1,
-        rm_type=None,
-        custom_rm_path=None,
+        rewards=RewardHub(rm_type=None, custom_rm_path=None),
     )
 
 

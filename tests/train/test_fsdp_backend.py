@@ -82,10 +82,16 @@ def response_log_probs(backend, prompt: list[int], response: list[int]) -> torch
     return log_probs(backend, batch).cpu()
 
 
-def batches_for(samples, *, dp: int, k: int):
+def batches_for(samples, *, dp: int, k: int, balance_tokens: bool = False):
     rewards = [s.reward - 0.5 for s in samples]  # any fixed advantages: the split must not matter
     return split_for_data_parallel(
-        samples, [s.reward for s in samples], rewards, global_batch_size=len(samples) // k, num_steps=k, dp_size=dp
+        samples,
+        [s.reward for s in samples],
+        rewards,
+        global_batch_size=len(samples) // k,
+        num_steps=k,
+        dp_size=dp,
+        balance_tokens=balance_tokens,
     )
 
 
@@ -118,8 +124,9 @@ def test_two_data_parallel_ranks_match_one(tiny_model_dir, tmp_path, per_token, 
     setup = make_setup(tiny_model_dir, overrides)
     samples = make_samples(16, seed=1)
     one = train_once(setup, batches_for(samples, dp=1, k=2), 1, tmp_path, 29511)
+    by_tokens = "max_tokens" in split  # dealt to the ranks by token count, as the runtime does then
     two = train_once(
-        setup, batches_for(samples, dp=2, k=2), 2, tmp_path, 29512 + per_token + 2 * ("max_tokens" in split)
+        setup, batches_for(samples, dp=2, k=2, balance_tokens=by_tokens), 2, tmp_path, 29512 + per_token + 2 * by_tokens
     )
     for key in ("train/pg_loss", "train/grad_norm", "train/pg_clipfrac", "train/train_rollout_logprob_abs_diff"):
         for s1, s2 in zip(one["result"]["steps"], two["result"]["steps"]):
@@ -128,6 +135,26 @@ def test_two_data_parallel_ranks_match_one(tiny_model_dir, tmp_path, per_token, 
     # near zero by a small fraction of one update, so compare at 1% of lr.
     for name, p in one["params"].items():
         torch.testing.assert_close(p, two["params"][name], rtol=1e-4, atol=0.01 * setup.train.lr)
+
+
+def test_dealing_by_tokens_balances_the_ranks():
+    """Each sample once, G/dp per rank per step, in batch order within a rank, and token totals within the
+    longest sample of each other (round-robin can be off by far more on ragged RL lengths)."""
+    samples = make_samples(16, seed=11)
+    for sample, extra in zip(samples, [0, 40, 3, 90, 1, 0, 55, 7, 2, 31, 0, 64, 9, 5, 70, 4]):
+        sample.tokens = [1] * extra + sample.tokens  # a longer prompt
+    batches = batches_for(samples, dp=4, k=2, balance_tokens=True)
+    seen = sorted(i for b in batches for i in b.sample_indices)
+    assert seen == sorted(s.index for s in samples)
+    longest = max(len(s.tokens) for s in samples)
+    for step in range(2):
+        totals = [sum(len(t) for t, st in zip(b.tokens, b.step_ids) if st == step) for b in batches]
+        assert all(sum(1 for st in b.step_ids if st == step) == 2 for b in batches)
+        assert max(totals) - min(totals) <= longest
+    for b in batches:
+        assert b.step_ids == sorted(b.step_ids)
+        order = [next(j for j, s in enumerate(samples) if s.index == i) for i in b.sample_indices]
+        assert order == sorted(order)
 
 
 def test_first_step_invariants_and_update(tiny_model_dir, tmp_path):

@@ -32,18 +32,20 @@ class FSDPBackend(FSDPRank):
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
-        self.ref_model = self._load_model(s.checkpoint.ref_load).eval() if needs_ref(s.algo) else None
+        self.ref_model = None
+        if needs_ref(s.algo):
+            self.ref_model = self._load_model(s.checkpoint.ref_load, dtype=self._frozen_dtype).eval()
         if self.ref_model is not None and s.train.ref_offload:
             self.ref_model.to("cpu")
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
 
-    def _load_model(self, path: str):
+    def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         from transformers import AutoModelForCausalLM
 
-        # fp32 master weights; bf16 compute comes from autocast
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=packing.register())
+        # fp32 master weights; bf16 compute comes from FSDP2's policy or autocast (`FSDPOptions`)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=packing.register())
         return model.to(self.device)
 
     # ---- log-probs -------------------------------------------------------------------------

@@ -32,12 +32,12 @@ class FSDPCritic(FSDPRank):
             self.model.score.bias.zero_()
         return 0
 
-    def _load_model(self, path: str):
+    def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)  # no dropout on values
         model = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=torch.float32, attn_implementation=packing.register()
+            path, config=config, dtype=dtype, attn_implementation=packing.register()
         )
         return model.to(self.device)
 

@@ -80,16 +80,29 @@ def apply_tensor_parallel(model: nn.Module, groups: Groups) -> None:
         parallelize_module(layer, groups.mesh["tp"], plan)
 
 
-def apply_data_parallel(model: nn.Module, *, device: str, groups: Groups) -> nn.Module:
-    """Shard every decoder layer and the root with FSDP2 over the dp ranks on CUDA; as is on CPU."""
+def apply_data_parallel(
+    model: nn.Module, *, device: str, groups: Groups, bf16_params: bool = False, cpu_offload: bool = False
+) -> nn.Module:
+    """Shard every decoder layer and the root with FSDP2 over the dp ranks on CUDA; as is on CPU.
+
+    bf16_params: FSDP2's mixed-precision policy: parameters stay fp32 in their shards (and in the
+    optimizer) and are cast to bf16 when gathered for compute; gradients are reduced in fp32.
+    cpu_offload: FSDP2's CPU offload policy: parameter shards, gradients and the optimizer state live in
+    host memory and the optimizer steps on the CPU (slower; for models whose state does not fit).
+    """
     if not uses_fsdp(device):
         return model
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mesh = groups.dp_mesh()
+    # One dp rank holds every parameter anyway: resharding after the forward would only gather again in the backward.
+    options: dict = {"mesh": groups.dp_mesh(), "reshard_after_forward": groups.layout.dp > 1}
+    if bf16_params:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy()
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
     return model
 
 

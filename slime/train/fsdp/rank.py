@@ -30,7 +30,8 @@ MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.T
 class FSDPRank(TrainBackend):
     """Model, optimizer and step loop of one fsdp rank (actor or critic)."""
 
-    def _load_model(self, path: str):
+    def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
+        """The role's HF model from `path` in `dtype`, on this rank's device."""
         raise NotImplementedError
 
     def _build(self, *, init_path: str, lr: float, warmup_steps: int) -> None:
@@ -52,15 +53,23 @@ class FSDPRank(TrainBackend):
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         parallel.apply_tensor_parallel(self.model, self.groups)
-        self.model = parallel.apply_data_parallel(self.model, device=s.device, groups=self.groups)
+        if s.parallelism.fsdp.compile and s.device == "cuda":
+            for layer in self.model.model.layers:
+                layer.compile(dynamic=True)  # one graph for every layer and packed length
+        self.model = parallel.apply_data_parallel(
+            self.model,
+            device=s.device,
+            groups=self.groups,
+            bf16_params=self._bf16_params,
+            cpu_offload=s.parallelism.fsdp.cpu_offload,
+        )
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=lr,
             betas=(s.train.adam_beta1, s.train.adam_beta2),
             eps=s.train.adam_eps,
             weight_decay=s.train.weight_decay,
-            # the multi-tensor kernels reject a mix of tensor-parallel (DTensor) and plain parameters
-            foreach=False if self.layout.tp > 1 else None,
+            **self._adam_implementation(),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -80,8 +89,30 @@ class FSDPRank(TrainBackend):
         """Sum over the data-parallel ranks (the ranks of one tp group hold the same values)."""
         return parallel.all_reduce_sum(tensor, self.groups.dp)
 
+    def _adam_implementation(self) -> dict:
+        """AdamW's kernel: fused on the GPU; per tensor with tp, whose mix of tensor-parallel (DTensor) and
+        plain parameters the multi-tensor kernels reject; torch's default otherwise."""
+        if self.layout.tp > 1:
+            return {"foreach": False}
+        if self.device.type == "cuda" and not self.setup.parallelism.fsdp.cpu_offload:
+            return {"fused": True}
+        return {}
+
+    @property
+    def _bf16_params(self) -> bool:
+        """bf16 compute through FSDP2's mixed-precision policy (fp32 shards); see `FSDPOptions`."""
+        s = self.setup
+        return s.precision == "bf16" and parallel.uses_fsdp(s.device) and s.parallelism.fsdp.mixed_precision == "fsdp2"
+
+    @property
+    def _frozen_dtype(self) -> torch.dtype:
+        """The dtype of models that are never trained (the reference): bf16 when the trained model computes
+        in bf16 from its fp32 shards, so both run the same bf16 weights; else fp32 under autocast."""
+        return torch.bfloat16 if self._bf16_params else torch.float32
+
     def _autocast(self):
-        if self.setup.precision == "bf16" and self.device.type == "cuda":
+        s = self.setup
+        if s.precision == "bf16" and self.device.type == "cuda" and not self._bf16_params:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

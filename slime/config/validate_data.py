@@ -1,0 +1,153 @@
+"""Data, rewards and rollout dumps: checked before anything starts (exit 2 on a problem).
+
+data.prompt_data         every record read and checked (file:line of the first bad one)
+train.num_rollout/epoch  exactly one of them; num_epoch derives num_rollout from the record count
+data.source_class        importable, a DataSourceBase, built as cls(dataset, n_samples_per_prompt=, ...)
+rollout.custom_rm_path   rm(args, sample), or rm(args, samples) with rollout.group_rm
+rollout.rm_url           required by rm_type=remote_rm
+debug.load_rollout_data  a directory holding <rollout_id>.jsonl for every rollout of the run; no eval
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+from slime.config.hooks import HookError, load_callable
+from slime.config.problems import Problem
+from slime.config.schema import RunConfig
+from slime.config.validate_paths import generated_file
+from slime.rollout.prompt_file import DataFileError, RecordKeys, count_records, read_records, split_slice
+
+DATA_SOURCE_METHODS = ("get_groups", "add_groups", "state_dict", "load_state_dict", "__len__")
+
+
+def record_keys(cfg: RunConfig) -> RecordKeys:
+    d = cfg.data
+    return RecordKeys(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, tool_key=d.tool_key)
+
+
+def check_data(cfg: RunConfig) -> Iterator[Problem]:
+    d = cfg.data
+    if d.prompt_data is not None and not generated_file(d.prompt_data, d.generator):
+        yield from check_prompt_file("data.prompt_data", d.prompt_data, record_keys(cfg))
+    yield from _check_num_rollout(cfg)
+    if d.source_class is not None:
+        yield from _check_source_class(d.source_class)
+    yield from _check_rewards(cfg)
+    yield from _check_dumps(cfg)
+
+
+def check_prompt_file(key: str, path: str, keys: RecordKeys) -> Iterator[Problem]:
+    """The file's records, all checked; a missing file is check_paths' to report."""
+    if not Path(split_slice(path)[0]).exists():
+        return
+    try:
+        read_records(path, keys, key=key)
+    except DataFileError as exc:
+        yield Problem(exc.key, path, str(exc), "fix that record (or point the key option at the right field)")
+
+
+def rollouts_for_epochs(cfg: RunConfig) -> Optional[int]:
+    """train.num_rollout, or num_epoch × records // rollout.batch_size; None when neither can be known."""
+    t = cfg.train
+    if t.num_rollout is not None:
+        return t.num_rollout
+    if t.num_epoch is None or cfg.data.prompt_data is None or cfg.rollout.batch_size <= 0:
+        return None
+    count = count_records(cfg.data.prompt_data)
+    return None if count is None else t.num_epoch * count // cfg.rollout.batch_size
+
+
+def _check_num_rollout(cfg: RunConfig) -> Iterator[Problem]:
+    t = cfg.train
+    if t.num_rollout is not None and t.num_epoch is not None:
+        yield Problem(
+            "train.num_epoch",
+            t.num_epoch,
+            f"train.num_rollout={t.num_rollout} is set too; one of them sizes the run",
+            "set train.num_rollout=null to derive it from train.num_epoch, or train.num_epoch=null",
+        )
+    elif t.num_rollout is None and t.num_epoch is None:
+        yield Problem(
+            "train.num_rollout", None, "the run's length is not set", "set train.num_rollout or train.num_epoch"
+        )
+    elif t.num_rollout is None and t.num_epoch > 0:  # <= 0: check_ranges reports it
+        if cfg.data.prompt_data is None:
+            yield Problem(
+                "train.num_epoch",
+                t.num_epoch,
+                "an epoch is a pass over data.prompt_data, which is not set",
+                "set data.prompt_data, or train.num_rollout instead",
+            )
+        elif rollouts_for_epochs(cfg) == 0:
+            yield Problem(
+                "train.num_epoch",
+                t.num_epoch,
+                f"{t.num_epoch} epoch(s) of {cfg.data.prompt_data} hold fewer prompts than one rollout step "
+                f"(rollout.batch_size={cfg.rollout.batch_size})",
+                "raise train.num_epoch or lower rollout.batch_size",
+            )
+
+
+def _check_source_class(spec: str) -> Iterator[Problem]:
+    key = "data.source_class"
+    fix = "give the import path of a slime.rollout.data_source.DataSourceBase subclass, or null"
+    try:
+        cls = load_callable(spec, key=key, signature=("dataset",), keywords=("n_samples_per_prompt", "shuffle", "seed"))
+    except HookError as exc:
+        yield Problem(exc.key, exc.value, exc.message, fix)
+        return
+    missing = [m for m in DATA_SOURCE_METHODS if not callable(getattr(cls, m, None))]
+    if not isinstance(cls, type) or missing:
+        what = f"lacks {', '.join(missing)}" if missing else "is not a class"
+        yield Problem(key, spec, f"{what}; a data source implements {', '.join(DATA_SOURCE_METHODS)}", fix)
+
+
+def _check_rewards(cfg: RunConfig) -> Iterator[Problem]:
+    r = cfg.rollout
+    if r.custom_rm_path is not None:
+        shape = ("args", "samples") if r.group_rm else ("args", "sample")
+        try:
+            load_callable(r.custom_rm_path, key="rollout.custom_rm_path", signature=shape)
+        except HookError as exc:
+            form = "rm(args, samples) -> list" if r.group_rm else "rm(args, sample) -> float | dict"
+            yield Problem(exc.key, exc.value, exc.message, f"give the import path of `{form}` (def or async def)")
+    elif r.group_rm:
+        yield Problem(
+            "rollout.group_rm", True, "a group reward needs rollout.custom_rm_path", "set rollout.custom_rm_path"
+        )
+    if r.rm_type == "remote_rm" and not r.rm_url:
+        yield Problem("rollout.rm_url", None, "rollout.rm_type=remote_rm needs the reward model's URL", "set it")
+    if not 0 <= r.reward.max_failure_ratio <= 1:
+        yield Problem(
+            "rollout.reward.max_failure_ratio", r.reward.max_failure_ratio, "must be in [0, 1]", "set it to 0.05"
+        )
+    for key in ("timeout_s", "max_connections"):
+        if getattr(r.reward, key) <= 0:
+            yield Problem(f"rollout.reward.{key}", getattr(r.reward, key), "must be > 0", "use the default")
+    if r.max_prompt_len is not None and r.max_prompt_len <= 0:
+        yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
+
+
+def _check_dumps(cfg: RunConfig) -> Iterator[Problem]:
+    source: Any = cfg.debug.load_rollout_data
+    if source is None:
+        return
+    key = "debug.load_rollout_data"
+    if not Path(source).is_dir():
+        yield Problem(key, source, "not a directory", "point it at a run's rollout_data/ directory")
+        return
+    num_rollout = rollouts_for_epochs(cfg)
+    if num_rollout is not None:
+        missing = [i for i in range(num_rollout) if not (Path(source) / f"{i}.jsonl").exists()]
+        if missing:
+            yield Problem(
+                key,
+                source,
+                f"no dump for rollout(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} of train.num_rollout={num_rollout}",
+                "lower train.num_rollout to the number of dumps",
+            )
+    if cfg.eval.interval:
+        yield Problem("eval.interval", cfg.eval.interval, f"{key} starts no engines to evaluate with", "set eval=none")
