@@ -15,6 +15,8 @@ from setuptools import find_namespace_packages
 
 from tests.conftest import ROOT, session_processes
 
+GOOD, BAD = "tests.launcher.rewards.digit", "tests.launcher.rewards.unreachable"
+
 
 def test_plugin_is_discovered_from_the_checkout_and_packaged():
     """`--info plugins` lists it from a checkout; the wheel's package list includes it (namespace package)."""
@@ -31,9 +33,9 @@ def test_plugin_is_discovered_from_the_checkout_and_packaged():
 
 @pytest.mark.slow
 def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_job(tmp_path):
-    """Hydra's Optuna sweeper (in-memory study) over two Ray Jobs at once on the launcher's local cluster:
-    data.input_key=prompt completes; data.input_key=question fails at startup (the digit task's prompts
-    have no 'question' key). The failure is reported with the job's log tail, the other job finishes with
+    """Hydra's Optuna sweeper (in-memory study) over two Ray Jobs at once on the launcher's local cluster,
+    one per reward hook: `digit` completes; `unreachable` raises for every sample, so that run fails in its
+    first rollout (exit 3). The failure is reported with the job's log tail, the other job finishes with
     its result.json, Optuna's best value is that job's objective, and no process of the sweep is left.
 
     Sampler seed 0 draws the two choices once each (TPE's random start-up trials, optuna 2.10)."""
@@ -52,7 +54,8 @@ def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_
             "hydra.sweeper.n_jobs=2",
             "hydra.sweeper.max_failure_rate=0.5",
             "hydra.sweeper.sampler.seed=0",
-            "data.input_key=choice(prompt,question)",
+            "rollout.rm_type=null",
+            f"rollout.custom_rm_path=choice({GOOD},{BAD})",
             "train.num_rollout=1",
             "logger.progress=false",
             f"hydra.sweep.dir={sweep_dir}",
@@ -63,24 +66,29 @@ def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_
         timeout=500,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = {r["overrides"][0]: r for r in json.loads((sweep_dir / "ray_jobs.json").read_text())}
-    assert set(records) == {"data.input_key=prompt", "data.input_key=question"}, records
-    good, bad = records["data.input_key=prompt"], records["data.input_key=question"]
+    records = {
+        next(o for o in r["overrides"] if o.startswith("rollout.custom_rm_path=")): r
+        for r in json.loads((sweep_dir / "ray_jobs.json").read_text())
+    }
+    assert set(records) == {f"rollout.custom_rm_path={GOOD}", f"rollout.custom_rm_path={BAD}"}, records
+    good, bad = records[f"rollout.custom_rm_path={GOOD}"], records[f"rollout.custom_rm_path={BAD}"]
     assert (good["status"], good["exit_code"], bad["status"], bad["exit_code"]) == ("SUCCEEDED", 0, "FAILED", 3)
     # The failure names the job and carries the run's own error from its log tail.
-    assert (
-        f"job {bad['num']} ['data.input_key=question'" in proc.stdout + proc.stderr and "data.input_key" in bad["error"]
-    )
+    output = proc.stdout + proc.stderr
+    reported = [line for line in output.splitlines() if f"job {bad['num']} [" in line and "FAILED (exit code 3" in line]
+    assert reported and BAD in reported[0]
+    assert "reward service unreachable" in output  # from the failed job's log tail
+    assert "RewardFailureError" in bad["error"]
     result = json.loads((Path(good["run_dir"]) / "result.json").read_text())
     assert result["status"] == "completed" and result["rollouts_completed"] == 1
     assert result["objective"] == good["objective"]
     assert result["objective"]["value"] == result["final_metrics"]["rollout/raw_reward"]
     failed = json.loads((Path(bad["run_dir"]) / "result.json").read_text())
-    assert (failed["status"], failed["phase"]) == ("failed", "startup")
+    assert (failed["status"], failed["phase"]) == ("failed", "rollout")
     for record in (good, bad):  # each job's own log, kept in its run dir
         assert "Running entrypoint for job" in Path(record["log"]).read_text()
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
-    assert best["best_params"] == {"data.input_key": "prompt"}
+    assert best["best_params"] == {"rollout.custom_rm_path": GOOD}
     assert best["best_value"] == pytest.approx(result["objective"]["value"])
     assert session_processes() == []
 
