@@ -76,12 +76,17 @@ def test_each_tiny_recipe_is_its_family_on_cpu():
     assert typed_config(["recipe=tiny_ppo"]).algo.num_critic_only_steps == 1
 
 
-def prompt_file(tmp_path: Path) -> str:
-    """Records carrying both the RL keys (prompt, label) and the SFT key (messages)."""
+def prompt_file(tmp_path: Path, num_prompts: int = 256) -> str:
+    """Records carrying both the RL keys (prompt, label) and the SFT key (messages); an epoch of them
+    fills a rollout step of every recipe (128 prompts at most)."""
     path = tmp_path / "train.jsonl"
-    chat = [{"role": "user", "content": "What is 1 + 1?"}]
-    record = {"prompt": chat, "label": "2", "messages": [*chat, {"role": "assistant", "content": "2"}]}
-    path.write_text(json.dumps(record) + "\n")
+    lines = []
+    for i in range(num_prompts):
+        chat = [{"role": "user", "content": f"What is {i} + 1?"}]
+        answer = str(i + 1)
+        record = {"prompt": chat, "label": answer, "messages": [*chat, {"role": "assistant", "content": answer}]}
+        lines.append(json.dumps(record) + "\n")
+    path.write_text("".join(lines))
     return str(path)
 
 
