@@ -451,6 +451,9 @@ class LoggerConfig:
     tensorboard: bool = (
         False  # also write TensorBoard event files to <run dir>/tensorboard (pip install .[tensorboard])
     )
+    # Metric whose last value the run returns to a sweeper (slime/config/objective.py); null: the
+    # last eval mean, or the last rollout/raw_reward without eval.
+    objective: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
 from slime.config.hf_config import FAMILIES, check_model
+from slime.config.objective import check_objective
 from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
@@ -167,6 +168,7 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_rollout_loop(cfg),
         check_passthrough(cfg),
         check_paths(cfg),
+        check_objective(cfg),
         check_data(cfg),
     ]
     return [problem for check in checks for problem in check]

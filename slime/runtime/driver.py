@@ -49,6 +49,7 @@ class RunState:
     rollouts_completed: int = 0
     start_rollout: int = 0
     last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    last_eval: dict[str, float] = dataclasses.field(default_factory=dict)  # the last eval's metrics
     reward_curve: str | None = None
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # what the tracker wrote (name -> path)
     signal_at: tuple[str, int | None, int, float] | None = None  # (phase, rollout id | None, signal, delay s)
@@ -203,7 +204,8 @@ def _loop(
         pusher.push(weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
         state.enter("eval", start - 1)
-        tracker.log(ray.get(manager.evaluate.remote(0)), eval=0)
+        state.last_eval = ray.get(manager.evaluate.remote(0))
+        tracker.log(state.last_eval, eval=0)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
@@ -236,7 +238,8 @@ def _loop(
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
             state.enter("eval", rollout_id)
-            tracker.log(ray.get(manager.evaluate.remote(rollout_id + 1)), eval=rollout_id + 1)
+            state.last_eval = ray.get(manager.evaluate.remote(rollout_id + 1))
+            tracker.log(state.last_eval, eval=rollout_id + 1)
         state.rollouts_completed += 1
         state.last_metrics = metrics
 
