@@ -1,0 +1,51 @@
+"""tools/validate_multigpu.py in CPU mode (gloo, fp32): the fsdp dp=2 check passes at 1e-5 and lands in the
+table and the JSON; bad arguments exit 2; a cuda run without two GPUs prints SKIPPED rows and exits 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+TOOL = ROOT / "tools" / "validate_multigpu.py"
+
+
+def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cpu_fsdp_dp2_passes(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = run_tool("--device", "cpu", "--checks", "fsdp_dp2", "--out", str(out), "--work-dir", str(tmp_path / "w"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    assert payload["precision"] == "fp32" and payload["device"] == "CPU (gloo)"
+    rows = payload["rows"]
+    assert {r["check"] for r in rows} == {"fsdp_dp2"} and all(r["status"] == "pass" for r in rows)
+    by_metric = {r["metric"]: r for r in rows}
+    assert 0 <= by_metric["mean |log-prob diff| vs dp=1"]["value"] <= 1e-5
+    assert 0 <= by_metric["max grad-norm rel diff (2 steps)"]["value"] <= 1e-5
+    assert by_metric["steps compared"]["value"] == 2
+    table = proc.stdout[proc.stdout.index("validate_multigpu on") :]
+    assert table.count("fsdp_dp2") == len(rows) and "FAIL" not in table
+
+
+def test_unknown_check_exits_2():
+    proc = run_tool("--device", "cpu", "--checks", "fsdp_dp3", timeout=60)
+    assert proc.returncode == 2 and "--checks: unknown ['fsdp_dp3']" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has two GPUs: nothing is skipped")
+def test_cuda_without_two_gpus_skips_with_reason(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = run_tool("--checks", "megatron_tp2,sync_distributed", "--out", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["status"] for r in rows] == ["SKIPPED", "SKIPPED"]
+    assert all(f"this machine has {torch.cuda.device_count()}" in r["note"] for r in rows)
+    assert "SKIPPED: needs 2 GPUs" in proc.stdout
