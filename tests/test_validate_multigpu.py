@@ -19,9 +19,15 @@ def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(TOOL), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_cpu_fsdp_dp2_passes(tmp_path):
+@pytest.fixture(scope="module")
+def work_dir(tmp_path_factory):
+    """Shared by the CPU runs: the tiny model is created by the first and reused by the next."""
+    return tmp_path_factory.mktemp("validate_multigpu")
+
+
+def test_cpu_fsdp_dp2_passes(work_dir, tmp_path):
     out = tmp_path / "rows.json"
-    proc = run_tool("--device", "cpu", "--checks", "fsdp_dp2", "--out", str(out), "--work-dir", str(tmp_path / "w"))
+    proc = run_tool("--device", "cpu", "--checks", "fsdp_dp2", "--out", str(out), "--work-dir", str(work_dir))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     payload = json.loads(out.read_text())
     assert payload["precision"] == "fp32" and payload["device"] == "CPU (gloo)"
@@ -49,3 +55,15 @@ def test_cuda_without_two_gpus_skips_with_reason(tmp_path):
     assert [r["status"] for r in rows] == ["SKIPPED", "SKIPPED"]
     assert all(f"this machine has {torch.cuda.device_count()}" in r["note"] for r in rows)
     assert "SKIPPED: needs 2 GPUs" in proc.stdout
+
+
+def test_a_check_past_its_timeout_fails_and_exits_1(work_dir, tmp_path):
+    """The ranks are killed at --timeout-s; the row says so and where the logs are; the exit status is 1."""
+    out = tmp_path / "rows.json"
+    proc = run_tool(
+        "--device", "cpu", "--checks", "fsdp_dp2", "--timeout-s", "1", "--out", str(out), "--work-dir", str(work_dir)
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["status"] == "FAIL" and "fsdp_rank on 1 rank(s) ran past 1s" in row["note"]
+    assert f"logs: {work_dir}/logs/fsdp_dp2" in row["note"] and "FAIL" in proc.stdout

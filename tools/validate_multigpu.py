@@ -4,6 +4,10 @@
     python tools/validate_multigpu.py --device cpu --out /tmp/validate.json                # gloo, fp32, tiny
     python tools/validate_multigpu.py --checks megatron_tp2,fsdp_dp2                       # a subset
 
+All five checks take several minutes on 2 GPUs; where one command may run at most 10 minutes, split them:
+`--checks megatron_tp2,megatron_pp2,fsdp_dp2` then `--checks sync_distributed,colocated` (the model under
+--work-dir is created once and reused).
+
 Checks (`--checks`, comma-separated; default all):
   megatron_tp2, megatron_pp2  the megatron backend with TP=2 / PP=2 against TP=PP=1 on the same weights and
                               samples: mean |log-prob diff| of the forward-only pass, relative difference of
@@ -103,7 +107,9 @@ def _layout(check: str, opts) -> str:
 def check_megatron(name: str, profile: ranks.Profile, opts) -> list[Row]:
     sizes = {"megatron_tp2": {"tp": 2}, "megatron_pp2": {"pp": 2}}[name]
     start = time.perf_counter()
-    one = _spawn(opts, name, ranks.megatron_rank, ranks.Job(profile=profile))[0]
+    if opts.megatron_baseline is None:  # tp=pp=1, shared by megatron_tp2 and megatron_pp2
+        opts.megatron_baseline = _spawn(opts, name, ranks.megatron_rank, ranks.Job(profile=profile))[0]
+    one = opts.megatron_baseline
     job = ranks.Job(profile=profile, **sizes)
     owner = _spawn(opts, name, ranks.megatron_rank, job)[job.layout().owner_of(0)]
     seconds, layout = time.perf_counter() - start, _layout(name, opts)
@@ -267,7 +273,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sync-backend", choices=("fsdp", "megatron"), default="fsdp")
     parser.add_argument("--num-syncs", type=int, default=5, help="weight syncs timed (the first is reported apart)")
-    parser.add_argument("--timeout-s", type=float, default=900.0, help="per spawned group / main.py run")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per spawned group of ranks / main.py run")
     parser.add_argument("main_overrides", nargs="*", help="extra Hydra overrides for the colocated main.py run")
     opts = parser.parse_args(argv)
     selected = [c.strip() for c in opts.checks.split(",") if c.strip()]
@@ -277,6 +283,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if opts.num_syncs < 1:
         parser.error(f"--num-syncs={opts.num_syncs}: at least one sync")
     opts.selected = selected
+    opts.megatron_baseline = None
     return opts
 
 
