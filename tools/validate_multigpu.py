@@ -6,7 +6,8 @@
 
 All five checks take several minutes on 2 GPUs; where one command may run at most 10 minutes, split them:
 `--checks megatron_tp2,megatron_pp2,fsdp_dp2` then `--checks sync_distributed,colocated` (the model under
---work-dir is created once and reused).
+--work-dir is created once and reused). Positional arguments are extra Hydra overrides of the colocated
+main.py run, e.g. `rollout.weight_sync.mode=tensor` (CUDA IPC between colocated trainer and engine).
 
 Checks (`--checks`, comma-separated; default all):
   megatron_tp2, megatron_pp2  the megatron backend with TP=2 / PP=2 against TP=PP=1 on the same weights and
@@ -221,7 +222,8 @@ def run_checks(selected: list[str], profile: ranks.Profile, opts) -> list[Row]:
     rows: list[Row] = []
     for check in selected:
         if gpus is not None and gpus < 2:
-            rows.append(_skipped(check, _layout(check, opts), f"needs 2 GPUs; this machine has {gpus}"))
+            hint = " (--device cpu runs the checks on CPU over gloo)" if gpus == 0 else ""
+            rows.append(_skipped(check, _layout(check, opts), f"needs 2 GPUs; this machine has {gpus}{hint}"))
             continue
         print(f"== {check} (logs: {_logs(opts, check)}*)", flush=True)
         start = time.perf_counter()
@@ -293,14 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     opts.work_dir = str(Path(opts.work_dir).resolve())
     Path(opts.work_dir, "logs").mkdir(parents=True, exist_ok=True)
     profile = ranks.make_profile(opts.device, Path(opts.work_dir) / "models")
+    start = time.perf_counter()
     rows = run_checks(opts.selected, profile, opts)
-    header = (
-        f"validate_multigpu on {ranks.describe_device(opts.device)}: model {profile.model.name}, {profile.precision}"
-    )
-    print(render(rows, header), flush=True)
+    payload = {
+        "device": ranks.describe_device(opts.device),
+        "model": profile.model.name,
+        "precision": profile.precision,
+        "command": " ".join(["python", "tools/validate_multigpu.py", *(sys.argv[1:] if argv is None else argv)]),
+        "seconds": round(time.perf_counter() - start, 1),
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
+    header = f"validate_multigpu on {payload['device']}: model {profile.model.name}, {profile.precision}, "
+    print(render(rows, header + f"{payload['seconds']} s\n$ {payload['command']}"), flush=True)
     if opts.out:
-        payload = {"device": ranks.describe_device(opts.device), "model": profile.model.name,
-                   "precision": profile.precision, "rows": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
         Path(opts.out).write_text(json.dumps(payload, indent=2))
     return 1 if any(r.status == "FAIL" for r in rows) else 0
 
