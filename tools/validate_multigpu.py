@@ -23,9 +23,12 @@ Checks (`--checks`, comma-separated; default all):
 
 On CUDA the model is Qwen3-0.6B's shape with 4 layers (random weights, created under --work-dir) in bf16,
 tolerances 0.02 (log-probs) and 5% (grad norm); on CPU the tiny_qwen3 shape in fp32, tolerances 1e-5.
-With fewer than two GPUs the multi-GPU checks print SKIPPED with the reason. NCCL_NVLS_ENABLE=0 (NVLink
-multicast off) is set for every child process. Exit status: 0 when every executed check passed, 1 when
-one failed, 2 on bad arguments.
+GB/s is the bytes the trainer broadcast per sync (its exported dtype) over the seconds of the whole sync
+(pause, flush, transfer, continue). With fewer than two GPUs the multi-GPU checks print SKIPPED with the
+reason; on one GPU the training checks still run their single-rank baseline (the CUDA path, one bf16 step:
+its grad norm is printed). NCCL_NVLS_ENABLE=0 (NVLink multicast off) is set for every child process.
+Rank logs: <work dir>/logs/<check>.world<n>.rank<r>.log. Exit status: 0 when every executed check passed,
+1 when one failed, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -207,6 +210,27 @@ def check_colocated(name: str, profile: ranks.Profile, opts) -> list[Row]:
     return rows
 
 
+# the single-rank run each training check compares against: (rank function, backend)
+BASELINES = {
+    "megatron_tp2": (ranks.megatron_rank, "megatron"),
+    "megatron_pp2": (ranks.megatron_rank, "megatron"),
+    "fsdp_dp2": (ranks.fsdp_rank, "fsdp"),
+}
+
+
+def baseline_only(name: str, profile: ranks.Profile, opts) -> list[Row]:
+    """One GPU: the check's single-rank run alone (the CUDA path, bf16, one step), the comparison SKIPPED."""
+    fn, backend = BASELINES[name]
+    start = time.perf_counter()
+    result = _spawn(opts, name, fn, ranks.Job(profile=profile, backend=backend))[0]
+    grad_norm = result["steps"][0]["train/grad_norm"] if "steps" in result else result["grad_norm"]
+    seconds = time.perf_counter() - start
+    return [
+        _row(name, "1 rank", "grad norm of one step (1 GPU)", grad_norm, None, seconds),
+        _skipped(name, _layout(name, opts), "needs 2 GPUs; this machine has 1: only the 1-rank baseline ran"),
+    ]
+
+
 CHECK_FUNCTIONS = {
     "megatron_tp2": check_megatron,
     "megatron_pp2": check_megatron,
@@ -221,7 +245,8 @@ def run_checks(selected: list[str], profile: ranks.Profile, opts) -> list[Row]:
     gpus = ranks.gpu_count() if profile.device == "cuda" else None
     rows: list[Row] = []
     for check in selected:
-        if gpus is not None and gpus < 2:
+        one_gpu = gpus == 1 and check in BASELINES
+        if gpus is not None and gpus < 2 and not one_gpu:
             hint = " (--device cpu runs the checks on CPU over gloo)" if gpus == 0 else ""
             rows.append(_skipped(check, _layout(check, opts), f"needs 2 GPUs; this machine has {gpus}{hint}"))
             continue
@@ -230,7 +255,7 @@ def run_checks(selected: list[str], profile: ranks.Profile, opts) -> list[Row]:
         try:
             if check != "colocated":  # main.py creates its own model
                 ranks.ensure_model(profile)
-            rows += CHECK_FUNCTIONS[check](check, profile, opts)
+            rows += (baseline_only if one_gpu else CHECK_FUNCTIONS[check])(check, profile, opts)
         except Exception as exc:  # noqa: BLE001 - one failed check is a FAIL row; the others still run
             lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
             rows.append(
