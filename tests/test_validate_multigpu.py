@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from tests.conftest import ROOT
-from tools import validate_multigpu
 
 TOOL = ROOT / "tools" / "validate_multigpu.py"
+sys.path.insert(0, str(TOOL.parent))  # as the tool itself does: its modules by top-level names
+import validate_multigpu  # noqa: E402
 
 
 def run_tool(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -44,9 +44,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# the repo (slime) and this directory (the rank functions, by a top-level name: an installed package called
+# `tools` would shadow this directory's namespace package)
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
-from tools import validate_multigpu_ranks as ranks  # noqa: E402
+import validate_multigpu_ranks as ranks  # noqa: E402
 
 CHECKS = ("megatron_tp2", "megatron_pp2", "fsdp_dp2", "sync_distributed", "colocated")
 
