@@ -395,6 +395,9 @@ class DebugConfig:
     signal_at: Optional[str] = None
     signal: str = "SIGINT"  # SIGINT | SIGTERM
     signal_delay_s: float = 0.0  # seconds after entering the phase
+    # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID") the driver makes
+    # training rank 0 sleep forever and waits for it (runtime.phase_timeout_s then fires)
+    hang_at: Optional[str] = None
     # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
     # mismatch); needs an engine with GET /weights_checksum (the hf engine)
     check_weight_update_equal: bool = False
@@ -409,8 +412,18 @@ class DebugConfig:
     )
 
 
-# The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.
-RUN_PHASES = ("prepare", "startup", "weight_sync", "eval", "rollout", "train", "save", "teardown")
+# The driver's phases, as result.json names them (`phase`) and debug.signal_at/hang_at select them.
+RUN_PHASES = ("prepare", "startup", "weight_sync", "eval", "rollout", "log_probs", "train", "save", "teardown")
+
+
+@dataclass(kw_only=True)
+class RuntimeConfig:
+    """The driver's watchdog (slime.runtime.watchdog)."""
+
+    # A phase (RUN_PHASES, teardown excepted) running longer than this many seconds: every actor's Python stacks
+    # are dumped to <run dir>/stacks/<pid>.txt, result.json says status "hung" and names the phase, the run is
+    # torn down and exits 3. None: no limit.
+    phase_timeout_s: Optional[float] = None
 
 
 @dataclass(kw_only=True)
@@ -429,4 +442,5 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     seed: int = 1234

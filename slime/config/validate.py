@@ -69,15 +69,32 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("debug.signal", d.signal, SIGNALS)
     if d.signal_delay_s < 0:
         yield Problem("debug.signal_delay_s", d.signal_delay_s, "must be >= 0", "set debug.signal_delay_s=0")
-    if d.signal_at is not None:
-        phase, _, rollout_id = d.signal_at.partition(":")
+    for key, value in (("debug.signal_at", d.signal_at), ("debug.hang_at", d.hang_at)):
+        if value is None:
+            continue
+        phase, _, rollout_id = value.partition(":")
         if phase not in RUN_PHASES or (rollout_id and not rollout_id.lstrip("-").isdigit()):
             yield Problem(
-                "debug.signal_at",
-                d.signal_at,
+                key,
+                value,
                 f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of {list(RUN_PHASES)}",
-                "set debug.signal_at=rollout:1, or null",
+                f"set {key}=rollout:1, or null",
             )
+    if d.hang_at is not None and d.hang_at.partition(":")[0] in ("prepare", "startup", "teardown"):
+        yield Problem(
+            "debug.hang_at",
+            d.hang_at,
+            "hangs the trainer, which exists from weight_sync to save",
+            "set debug.hang_at=train",
+        )
+    timeout = cfg.runtime.phase_timeout_s
+    if timeout is not None and not timeout > 0:
+        yield Problem(
+            "runtime.phase_timeout_s",
+            timeout,
+            "must be > 0 seconds (or null: no limit)",
+            "set runtime.phase_timeout_s=3600",
+        )
 
 
 def check_ranges(cfg: RunConfig) -> Iterator[Problem]:

@@ -8,6 +8,7 @@ phase that failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -102,7 +103,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
     from slime.tracking.naming import run_identity
     from slime.tracking.summary import render_summary
 
-    state = RunState(signal_at=_signal_at(cfg.debug))
+    state = RunState(signal_at=_signal_at(cfg.debug), hang_at=_phase_at(cfg.debug.hang_at))
     hydra = _hydra_run()
     started = time.time()
 
@@ -128,10 +129,13 @@ def _run_with_result(cfg, derived, run_dir: Path):
         return result
 
     def forced(signum: int) -> None:
-        write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
+        if state.hung is not None:
+            write_result("hung", f"{state.hung} (forced exit)")
+        else:
+            write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
 
     status, error, code, interrupted = "completed", None, EXIT_OK, None
-    with Interrupts(on_force=forced) as interrupts:
+    with Interrupts(on_force=forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:
             state.enter("prepare")
             prepare_assets(cfg)
@@ -146,6 +150,8 @@ def _run_with_result(cfg, derived, run_dir: Path):
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
             status, error, code = "interrupted", str(interrupted), interrupted.exit_code
+            if state.hung is not None:  # the watchdog stopped the run: a failure, not the user's interrupt
+                status, error, code, interrupted = "hung", state.hung, EXIT_RUN_FAILED, None
         except Exception as exc:  # the run failed: record where, then exit non-zero
             status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
             traceback.print_exc()
@@ -166,7 +172,40 @@ def _one_line(cfg, derived) -> str:
 
 def _signal_at(debug) -> tuple[str, int | None, int, float] | None:
     """`debug.signal_at` ("PHASE" or "PHASE:ROLLOUT_ID"), `signal`, `signal_delay_s` as (phase, id, signum, s)."""
-    if not debug.signal_at:
+    target = _phase_at(debug.signal_at)
+    return None if target is None else (*target, int(getattr(signal, debug.signal)), debug.signal_delay_s)
+
+
+def _phase_at(value: str | None) -> tuple[str, int | None] | None:
+    """ "PHASE" or "PHASE:ROLLOUT_ID" as (phase, rollout id or None)."""
+    if not value:
         return None
-    phase, _, rollout_id = debug.signal_at.partition(":")
-    return phase, int(rollout_id) if rollout_id else None, int(getattr(signal, debug.signal)), debug.signal_delay_s
+    phase, _, rollout_id = value.partition(":")
+    return phase, int(rollout_id) if rollout_id else None
+
+
+@contextlib.contextmanager
+def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
+    """`runtime.phase_timeout_s`: a phase overrunning it dumps the stacks and stops the run (status "hung")."""
+    if cfg.runtime.phase_timeout_s is None:
+        yield
+        return
+    from slime.runtime.watchdog import Watchdog, remove_armed
+
+    def fire(message: str) -> None:
+        state.hung = message
+        interrupts.interrupt(f"watchdog: {message}")
+
+    stacks_dir = run_dir / "stacks"
+    watchdog = Watchdog(
+        state,
+        cfg.runtime.phase_timeout_s,
+        stacks_dir,
+        on_fire=fire,
+        on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED),
+    ).start()
+    try:
+        yield
+    finally:
+        watchdog.stop()
+        remove_armed(stacks_dir)

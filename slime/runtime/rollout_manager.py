@@ -26,6 +26,7 @@ from slime.rollout.default import RolloutContext, RolloutOutput
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.runtime.placement import EnginePlacement
+from slime.runtime.watchdog import arm_stack_dump
 from slime.types import SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class RolloutManager:
     """
 
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
+        arm_stack_dump()  # the watchdog's stack dump (slime.runtime.watchdog)
         self.setup = setup
         self.engine_placements = engine_placements
         self.router: Router | None = None
