@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from slime.config.resume import resolve_resume
 from slime.config.schema import RunConfig
 from slime.config.validate_data import rollouts_for_epochs
 from slime.config.validate_hooks import rollout_function_path
@@ -93,4 +94,5 @@ def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
         cfg.eval.max_response_len = cfg.rollout.max_response_len
     if cfg.checkpoint.save is None:
         cfg.checkpoint.save = f"{cfg.paths.output_dir}/checkpoints"
+    resolve_resume(cfg)
     return cfg

@@ -343,6 +343,9 @@ class CheckpointConfig:
     # save overwrites another. None: no export.
     save_hf: Optional[str] = None
     no_save_optim: bool = False
+    # auto: continue from the latest complete checkpoint under checkpoint.save (its tracker file), if there is one;
+    # else start afresh. null: only checkpoint.load resumes.
+    resume: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -393,7 +396,7 @@ class DebugConfig:
     # Fault injection for the signal path: send `signal` to the driver when it enters this phase
     # ("PHASE" or "PHASE:ROLLOUT_ID"; the initial weight push and eval are rollout -1). Phases: RUN_PHASES.
     signal_at: Optional[str] = None
-    signal: str = "SIGINT"  # SIGINT | SIGTERM
+    signal: str = "SIGINT"  # SIGINT | SIGTERM | SIGKILL (kills every process of the run at once: a crash)
     signal_delay_s: float = 0.0  # seconds after entering the phase
     # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID") the driver makes
     # training rank 0 sleep forever and waits for it (runtime.phase_timeout_s then fires)

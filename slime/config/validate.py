@@ -37,7 +37,7 @@ DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
-SIGNALS = ("SIGINT", "SIGTERM")
+SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 
 def _registered(registry: Registry, value: str) -> Iterator[Problem]:
@@ -86,6 +86,15 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
             d.hang_at,
             "hangs the trainer, which exists from weight_sync to save",
             "set debug.hang_at=train",
+        )
+    if cfg.checkpoint.resume is not None:
+        yield from one_of("checkpoint.resume", cfg.checkpoint.resume, ("auto",))
+    if cfg.checkpoint.resume == "auto" and cfg.checkpoint.load is not None:
+        yield Problem(
+            "checkpoint.resume",
+            "auto",
+            f"conflicts with checkpoint.load={cfg.checkpoint.load} (auto resumes from checkpoint.save)",
+            "drop one: checkpoint.resume=null, or checkpoint.load=null",
         )
     timeout = cfg.runtime.phase_timeout_s
     if timeout is not None and not timeout > 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import ray
 
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
-from slime.runtime.interrupts import Interrupts
+from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
@@ -44,7 +45,8 @@ class RunState:
 
     `signal_at` (from `debug.signal_at`/`debug.signal`) is fault injection for tests of the signal
     path: on entering that phase (of that rollout id, when given) a thread sends the signal to this
-    process, so it arrives while the phase is under way, as a user's Ctrl-C would. `hang_at`
+    process, so it arrives while the phase is under way, as a user's Ctrl-C would (SIGKILL: the whole
+    run dies at once, as in a crash). `hang_at`
     (`debug.hang_at`) calls `hang` on entering its phase: the driver waits on a rank that never answers.
     """
 
@@ -79,9 +81,16 @@ class RunState:
         target, target_id, signum, delay_s = self.signal_at
         if _matches((target, target_id), phase, rollout_id):
             self.signal_at = None
-            timer = threading.Timer(delay_s, os.kill, args=(os.getpid(), signum))
+            timer = threading.Timer(delay_s, _send_signal, args=(signum,))
             timer.daemon = True
             timer.start()
+
+
+def _send_signal(signum: int) -> None:
+    """debug.signal_at's signal to this process; SIGKILL kills every process of the run first (a crash)."""
+    if signum == signal.SIGKILL:
+        kill_descendants()
+    os.kill(os.getpid(), signum)
 
 
 def _matches(target: tuple[str, int | None] | None, phase: str, rollout_id: int | None) -> bool:
@@ -299,10 +308,13 @@ def train_step(
 
 
 def _save(cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None) -> None:
-    """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one."""
-    actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
+    """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one.
+
+    The actor goes last: its tracker file, replaced at the very end of its save, is what makes the checkpoint
+    the one a resume picks (the critic's and the data source's files of this id exist by then)."""
+    ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
     if critic is not None:
         critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
-    ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+    actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
     if cfg.checkpoint.save_hf:
         actor.save_hf(cfg.checkpoint.save_hf.format(rollout_id=rollout_id))

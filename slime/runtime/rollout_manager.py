@@ -325,9 +325,11 @@ class RolloutManager:
 
         if self.data_source is None:  # replaying dumps: no data source
             return
-        target = Path(root) / "rollout"
-        target.mkdir(parents=True, exist_ok=True)
-        torch.save(self.data_source.state_dict(), target / f"global_dataset_state_dict_{rollout_id}.pt")
+        target = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")  # renamed once complete: a killed save leaves no .pt
+        torch.save(self.data_source.state_dict(), partial)
+        partial.replace(target)
 
     def load(self, rollout_id: int, root: str) -> None:
         import torch
@@ -337,4 +339,5 @@ class RolloutManager:
         path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
-        self.data_source.load_state_dict(torch.load(path, weights_only=False))
+        # weights_only: tensors and plain containers only, nothing a checkpoint file could execute
+        self.data_source.load_state_dict(torch.load(path, weights_only=True))
