@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from slime.config.derive import Derived, derive
 from slime.config.hf_config import FAMILIES, check_model
 from slime.config.passthrough import check_passthrough
-from slime.config.problems import ConfigError, Problem, one_of, positive
+from slime.config.problems import ConfigError, Problem, get, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
 from slime.config.validate_data import check_data
 from slime.config.validate_hooks import check_hooks
+from slime.config.validate_keys import check_unknown_keys
 from slime.config.validate_paths import check_paths
 from slime.config.validate_resources import check_cluster, check_parts_honour_options
 from slime.registry import ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
@@ -122,6 +123,24 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "eval.n_samples_per_prompt",
         "rollout.weight_sync.bucket_mb",
     )
+    yield from positive(cfg, "checkpoint.save_interval", "eval.interval", "logger.log_samples_every")
+    for key in ("checkpoint.ckpt_step", "logger.log_samples"):
+        value = get(cfg, key)
+        if value is not None and value < 0:
+            yield Problem(
+                key, value, "must be >= 0", f"set {key}=0" + (" or null" if key.startswith("checkpoint") else "")
+            )
+    r, context = cfg.rollout, cfg.model.max_position_embeddings
+    if (r.max_prompt_len or 0) + r.max_response_len > context:
+        prompt = f"rollout.max_prompt_len={r.max_prompt_len} + " if r.max_prompt_len else ""
+        yield Problem(
+            "rollout.max_response_len",
+            r.max_response_len,
+            f"{prompt}rollout.max_response_len={r.max_response_len} tokens exceed the model's context "
+            f"(model.max_position_embeddings={context})",
+            "lower rollout.max_response_len (and rollout.max_prompt_len), or raise model.max_position_embeddings "
+            "if the model supports it",
+        )
     if cfg.rollout.temperature <= 0:
         yield Problem(
             "rollout.temperature",
@@ -181,6 +200,7 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
 def collect_problems(cfg: RunConfig) -> list[Problem]:
     derived = derive(cfg)
     checks = [
+        check_unknown_keys(cfg),
         check_choices(cfg),
         check_debug(cfg),
         check_ranges(cfg),

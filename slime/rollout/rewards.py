@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any, Optional
@@ -54,12 +55,23 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def checked_reward(value: Any, reward_key: Optional[str]) -> float | dict[str, Any]:
-    """`value` as a reward (a number, bools included, as float; or a dict), else ValueError saying why (NaN too)."""
-    if not isinstance(value, (int, float, dict)):
+    """`value` as a reward: a finite real number (bools and numpy scalars included) as float, or a dict whose
+    `reward_key` holds one; else ValueError saying why (NaN and infinities too)."""
+    if isinstance(value, dict):
+        if reward_key is None or reward_key not in value:
+            raise ValueError(
+                f"the reward function returned a dict with keys {sorted(map(str, value))}; set rollout.reward_key "
+                f"to the one holding the reward (got {reward_key!r})"
+            )
+        scalar = value[reward_key]
+    else:
+        scalar = value
+    if not isinstance(scalar, numbers.Real):
         raise ValueError(f"the reward function returned {type(value).__name__} {value!r}; expected a number or dict")
-    scalar = value.get(reward_key) if isinstance(value, dict) and reward_key in value else value
-    if isinstance(scalar, float) and math.isnan(scalar):
+    if math.isnan(scalar):
         raise ValueError(f"the reward function returned NaN ({value!r})")
+    if math.isinf(scalar):
+        raise ValueError(f"the reward function returned an infinite reward ({value!r})")
     return float(value) if not isinstance(value, dict) else value
 
 
