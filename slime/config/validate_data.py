@@ -1,6 +1,6 @@
 """Data, rewards and rollout dumps: checked before anything starts (exit 2 on a problem).
 
-data.prompt_data         every record read and checked (file:line of the first bad one)
+data.prompt_data         every record read and checked (file:line of the first bad one); eval.prompt_data too
 train.num_rollout/epoch  exactly one of them; num_epoch derives num_rollout from the record count
 data.source_class        importable, a DataSourceBase, built as cls(dataset, n_samples_per_prompt=, ...)
 rollout.custom_rm_path   rm(args, sample), or rm(args, samples) with rollout.group_rm
@@ -32,6 +32,9 @@ def check_data(cfg: RunConfig) -> Iterator[Problem]:
     d = cfg.data
     if d.prompt_data is not None and not generated_file(d.prompt_data, d.generator):
         yield from check_prompt_file("data.prompt_data", d.prompt_data, record_keys(cfg))
+    e = cfg.eval  # checked now, not at the first eval hours in
+    if e.interval and e.prompt_data is not None and not generated_file(e.prompt_data, e.generator):
+        yield from check_prompt_file("eval.prompt_data", e.prompt_data, record_keys(cfg))
     yield from _check_num_rollout(cfg)
     if d.source_class is not None:
         yield from _check_source_class(d.source_class)
