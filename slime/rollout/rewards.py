@@ -27,6 +27,9 @@ from slime.registry import REWARD_TYPES
 from slime.types import Sample, SampleStatus
 
 GROUP_RM_SHAPE = ("args", "samples")
+# What a user's reward may raise and only fail its samples: sys.exit() inside a reward must not end the rollout
+# (asyncio re-raises SystemExit out of the event loop); Ctrl-C still stops the run.
+USER_ERRORS = (Exception, SystemExit)
 SAMPLE_RM_SHAPE = ("args", "sample")
 
 
@@ -122,7 +125,7 @@ class RewardHub:
                 if not isinstance(values, (list, tuple)) or len(values) != len(todo):
                     raise ValueError(f"the group reward function must return a list of {len(todo)} rewards")
                 rewards = [checked_reward(v, self.reward_key) for v in values]
-            except Exception as exc:
+            except USER_ERRORS as exc:
                 for sample in todo:
                     mark_failed(sample, exc)
                 return
@@ -136,7 +139,7 @@ class RewardHub:
         """Set `sample.reward`, or mark the sample FAILED with the error."""
         try:
             sample.reward = checked_reward(await self._compute(args, sample, rm_type), self.reward_key)
-        except Exception as exc:  # a user's reward function may raise anything; the run decides on the ratio
+        except USER_ERRORS as exc:  # a user's reward function may raise anything; the run decides on the ratio
             mark_failed(sample, exc)
 
     async def _compute(self, args: Any, sample: Sample, rm_type: Optional[str]) -> Any:
