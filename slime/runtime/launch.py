@@ -22,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
+from slime.config import ConfigError, fill_derived, to_run_config, validate
 from slime.runtime.interrupts import Interrupts, exit_now
 
 EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
@@ -50,6 +50,7 @@ def _hydra_run():
 def execute(dcfg: DictConfig) -> float | None:
     """Run one job. In multirun mode errors propagate to the launcher instead of exiting."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    scrub_hydra_records(Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task))
     try:
         cfg = to_run_config(dcfg)
         if cfg.debug.dry_run:  # plan only: nothing is started, no run directory is made
@@ -64,8 +65,9 @@ def execute(dcfg: DictConfig) -> float | None:
     logging.getLogger().setLevel(cfg.debug.log_level)
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{to_yaml(cfg)}")
+    text = redacted_yaml(cfg)
+    (run_dir / "config.yaml").write_text(text)
+    print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{text}")
     print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in derived.table()))
 
     result, code, interrupted = _run_with_result(cfg, derived, run_dir)
@@ -77,6 +79,30 @@ def execute(dcfg: DictConfig) -> float | None:
     else:
         exit_now(code)
     return result["final_metrics"].get("rollout/raw_reward")
+
+
+def redacted_yaml(cfg) -> str:
+    """The resolved config as YAML with secrets redacted (slime.tracking.secrets): credentials come from the
+    environment, never from a file a run leaves behind."""
+    from omegaconf import OmegaConf
+
+    from slime.tracking.secrets import redact
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(OmegaConf.structured(cfg)))))
+
+
+def scrub_hydra_records(output_dir: Path, overrides: list[str]) -> None:
+    """Hydra wrote the job's overrides and config to `<output_dir>/.hydra` before the run began: the values of
+    secret-named overrides and of secret environment variables are replaced there too."""
+    from slime.tracking.secrets import redact_overrides, scrub, secret_env_values
+
+    secrets = secret_env_values()
+    secrets += [o.partition("=")[2] for o, r in zip(overrides, redact_overrides(overrides, [])) if o != r]
+    secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+    for record in (output_dir / ".hydra").glob("*.yaml") if secrets else ():
+        text = record.read_text()
+        if any(secret in text for secret in secrets):
+            record.write_text(scrub(text, secrets))
 
 
 def _dry_run(cfg, *, multirun: bool) -> None:
