@@ -105,3 +105,35 @@ def test_hung_trainer_rank_is_caught_dumped_and_torn_down(tmp_path):
     assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "0"
     assert elapsed < 240
     assert_no_run_processes()
+
+
+def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
+    state, calls = RunState(), []
+    state.enter("weight_sync", 2)
+    state.phase_started -= 5
+    Watchdog(
+        state,
+        1.0,
+        tmp_path / "stacks",
+        on_fire=lambda m: calls.append("fire"),
+        on_stuck=lambda: calls.append("stuck"),
+        grace_s=0.3,
+    ).start()
+    deadline = time.monotonic() + 10
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert calls == ["fire", "stuck"]
+
+    state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
+    state.enter("eval", 0)
+    state.phase_started -= 5
+    Watchdog(
+        state,
+        1.0,
+        tmp_path / "stacks2",
+        on_fire=lambda m: (calls.append("fire"), state.enter("teardown")),
+        on_stuck=lambda: calls.append("stuck"),
+        grace_s=0.3,
+    ).start()
+    time.sleep(1.5)
+    assert calls == ["fire"]
