@@ -82,6 +82,7 @@ ENGINES = Registry(
     "rollout.engine",
     {
         "hf": "slime.engine.hf.engine.HFEngine",
+        "sglang": "slime.engine.sglang.engine.SGLangEngine",
     },
     what="rollout engine",
 )
@@ -99,6 +100,7 @@ WEIGHT_SYNC = Registry(
 REWARD_TYPES = Registry(
     "rollout.rm_type",
     {
+        "last_number": "slime.rollout.tool_use.last_number_reward",
         "exact_match": "slime.rollout.rewards.exact_match",
         "first_word": "slime.rollout.rewards.first_word",
         "math": "slime.rollout.rm.math.math_reward",

@@ -23,16 +23,16 @@ async def rm(args, sample):
 def sync_rm(args, sample):
     return 1.0
 
-def rollout(ctx, rollout_id, *, evaluation=False):
+def rollout(args, rollout_id, data_source, evaluation=False):
     return None
 
-def rollout_slime_style(args, rollout_id, data_buffer, evaluation=False):
+def rollout_keyword_only(ctx, rollout_id, *, evaluation=False):
     return None
 
-async def async_filter(group):
+async def async_filter(args, group):
     return True
 
-def two_arg_filter(group, extra):
+def group_only_filter(group):
     return True
 
 def write(path, *, rows):
@@ -68,15 +68,16 @@ def test_load_callable_suggests_the_nearest_names():
 
 
 def test_load_callable_checks_the_call_shape(hooks):
-    shape = dict(signature=("ctx", "rollout_id"), keywords=("evaluation",), may_be_async=False)
-    assert load_callable(f"{hooks}.rollout", key="rollout.function", **shape)(None, 3) is None
+    shape = dict(signature=("args", "rollout_id", "data_source"), keywords=("evaluation",), may_be_async=False)
+    assert load_callable(f"{hooks}.rollout", key="rollout.function", **shape)(None, 3, None) is None
     with pytest.raises(HookError) as info:
-        load_callable(f"{hooks}.rollout_slime_style", key="rollout.function", **shape)
+        load_callable(f"{hooks}.rollout_keyword_only", key="rollout.function", **shape)
     assert info.value.key == "rollout.function"
-    assert "cannot be called as fn(ctx, rollout_id, evaluation=...)" in info.value.message
-    assert "data_buffer" in info.value.message
+    assert "cannot be called as fn(args, rollout_id, data_source, evaluation=...)" in info.value.message
     with pytest.raises(HookError, match="coroutine function"):
-        load_callable(f"{hooks}.async_filter", key="algo.dynamic_filter", signature=("group",), may_be_async=False)
+        load_callable(
+            f"{hooks}.async_filter", key="algo.dynamic_filter", signature=("args", "group"), may_be_async=False
+        )
     assert load_callable(f"{hooks}.rm", key="rollout.custom_rm_path", signature=("args", "sample"))
     assert load_callable(f"{hooks}.sync_rm", key="rollout.custom_rm_path", signature=("args", "sample"))
 
@@ -111,7 +112,11 @@ def test_target_node_keys_are_the_targets_parameters(hooks, tmp_path):
             "data.generator._target_",
             "did you mean write_dataset?",
         ),
-        (["recipe=embedded_eval", "+eval.generator.seeds=1"], "eval.generator.seeds", "did you mean seed?"),
+        (
+            ["recipe=embedded_eval", "+eval.datasets.digit_task.generator.seeds=1"],
+            "eval.datasets.digit_task.generator.seeds",
+            "did you mean seed?",
+        ),
         (["~data.generator.path", "data.prompt_data=/x.jsonl"], "data.generator.path", "names the one file it writes"),
         (["rollout.custom_rm_path=slime.rollout.rewards.exact_match"], "rollout.rm_type", "takes precedence"),
     ],
@@ -124,14 +129,14 @@ def test_hook_fields_fail_validation(overrides, key, text):
 def test_user_hooks_validate_with_their_call_shapes(hooks):
     found = problems_for(
         [
-            f"rollout.function={hooks}.rollout_slime_style",
-            f"algo.dynamic_filter={hooks}.two_arg_filter",
+            f"rollout.function={hooks}.rollout_keyword_only",
+            f"algo.dynamic_filter={hooks}.group_only_filter",
             "rollout.rm_type=null",
             f"rollout.custom_rm_path={hooks}.rm",
         ]
     )
     assert set(found) == {"rollout.function", "algo.dynamic_filter"}
-    assert "fn(group)" in found["algo.dynamic_filter"] and "extra" in found["algo.dynamic_filter"]
+    assert "fn(args, group)" in found["algo.dynamic_filter"], found
     cfg = typed_config(
         [f"rollout.function={hooks}.rollout", "rollout.rm_type=null", f"rollout.custom_rm_path={hooks}.rm"]
     )
@@ -215,13 +220,13 @@ def test_tensor_weight_sync_needs_colocated_engines():
 
 
 def test_choices_come_from_the_registries(monkeypatch):
-    found = problems_for(["parallelism.backend=fsdpp", "rollout.engine=sglang", "rollout.rm_type=exact"])
+    found = problems_for(["parallelism.backend=fsdpp", "rollout.engine=vllm", "rollout.rm_type=exact"])
     assert "did you mean fsdp?" in found["parallelism.backend"]
-    assert "registered: hf" in found["rollout.engine"]
+    assert "registered: hf, sglang" in found["rollout.engine"]
     assert "did you mean exact_match?" in found["rollout.rm_type"]
-    monkeypatch.setattr(ENGINES, "_entries", {**ENGINES._entries, "sglang": "slime.engine.sglang.engine.SGLangEngine"})
+    monkeypatch.setattr(ENGINES, "_entries", {**ENGINES._entries, "vllm": "slime.engine.sglang.engine.SGLangEngine"})
     monkeypatch.setattr(TRAIN_BACKENDS, "_entries", {**TRAIN_BACKENDS._entries, "megatron": {}})
-    validate(typed_config(["parallelism.backend=megatron", "rollout.engine=sglang"]))  # one line registers a part
+    validate(typed_config(["parallelism.backend=megatron", "rollout.engine=vllm"]))  # one line registers a part
 
 
 def test_every_registered_name_resolves():
@@ -244,3 +249,27 @@ def test_every_registered_name_resolves():
     assert (
         REWARD_TYPES.load("first_word")("8 is next", "8") == 1.0 and REWARD_TYPES.load("exact_match")("8 x", "8") == 0.0
     )
+
+
+def test_wrong_hook_paths_and_signatures_exit_2_naming_each_field(hooks, tmp_path):
+    """main.py stops in validation (exit 2, before Ray) with one line per bad hook field."""
+    proc, imported = run_main(
+        f"rollout.generate_function={hooks}.generat",
+        f"rollout.sample_hooks=[{hooks}.rm]",
+        f"rollout.buffer_filter={hooks}.group_only_filter",
+        f"rollout.reward_post_process={hooks}.nowhere",
+        f"eval.function={hooks}.rollout_keyword_only",
+        "eval.interval=1",
+        f"+eval.datasets.held_out.prompt_data={tmp_path / 'missing.jsonl'}",
+        "+eval.datasets.other={prompt_data:/x.jsonl,n_sample_per_prompt:4}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert_stopped_in_validation(proc, imported)
+    lines = {line.split("=", 1)[0].strip(" -"): line for line in proc.stderr.splitlines() if line.startswith("  - ")}
+    assert "has no attribute 'generat'" in lines["rollout.generate_function"]
+    assert "cannot be called as fn(args, sample, rollout_id=..., evaluation=...)" in lines["rollout.sample_hooks[0]"]
+    assert "fn(args, rollout_id, buffer, num)" in lines["rollout.buffer_filter"]
+    assert "has no attribute 'nowhere'" in lines["rollout.reward_post_process"]
+    assert "fn(args, rollout_id, data_source, evaluation=...)" in lines["eval.function"]
+    assert "path does not exist" in lines["eval.datasets.held_out.prompt_data"]
+    assert "did you mean n_samples_per_prompt?" in lines["eval.datasets.other.n_sample_per_prompt"]

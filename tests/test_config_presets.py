@@ -179,7 +179,7 @@ def test_production_model_on_this_machine_names_every_missing_piece(tmp_path):
     assert "needs 8 GPU(s)" in lines["cluster.device"] and "0 CUDA device(s)" in lines["cluster.device"]
     assert "cluster.ray_address=" in lines["cluster.device"] and "cluster=local_cpu" in lines["cluster.device"]
     assert (
-        "rollout.rm_type=<one of dapo, deepscaler, exact_match, f1, first_word, gpqa, math, remote_rm>"
+        "rollout.rm_type=<one of dapo, deepscaler, exact_match, f1, first_word, gpqa, last_number, math, remote_rm>"
         in lines["rollout.rm_type"]
     )
     assert "checkpoint.ref_load" not in lines  # the same directory as model.hf_checkpoint: reported once
@@ -196,9 +196,10 @@ def test_prompt_data_typo_is_not_created(tmp_path):
 
 def test_eval_prompt_data_typo_is_not_created(tmp_path):
     typo = tmp_path / "eval" / "typo.jsonl"
-    proc, imported = run_main("recipe=embedded_eval", f"eval.prompt_data={typo}", f"hydra.run.dir={tmp_path / 'run'}")
+    key = "eval.datasets.digit_task.prompt_data"
+    proc, imported = run_main("recipe=embedded_eval", f"{key}={typo}", f"hydra.run.dir={tmp_path / 'run'}")
     assert_stopped_in_validation(proc, imported)
-    assert f"eval.prompt_data='{typo}': path does not exist" in proc.stderr
+    assert f"{key}='{typo}': path does not exist" in proc.stderr
     assert not typo.parent.exists()
 
 
@@ -222,10 +223,10 @@ def test_help_lists_the_registered_names():
         in ("parallelism.backend", "rollout.engine", "rollout.weight_sync.mode", "rollout.rm_type", "rollout.function")
     }
     assert listing == {
-        "parallelism.backend": "fsdp",
-        "rollout.engine": "hf",
+        "parallelism.backend": "fsdp, megatron",
+        "rollout.engine": "hf, sglang",
         "rollout.weight_sync.mode": "disk, distributed, tensor",
-        "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, math, remote_rm",
+        "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, last_number, math, remote_rm",
         "rollout.function": "default, sft",
     }
     assert (

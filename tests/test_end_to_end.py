@@ -221,7 +221,13 @@ def test_multirun_sweeps_recipes_by_glob(tmp_path):
         for line in (d / "metrics.jsonl").read_text().splitlines()
         if "eval/step" in line
     ]
-    assert eval_records and "eval/digit_task" in eval_records[0] and "eval/digit_task-pass@1" in eval_records[0]
+    assert eval_records and {
+        "eval/digit_task",
+        "eval/digit_task/pass@1",
+        "eval/digit_task_sampled",
+        "eval/digit_task_sampled/response_len/mean",
+        "eval/digit_task_sampled/pass@4",
+    } <= set(eval_records[0])
     assert (sweep_dir / "sweep_rewards.png").stat().st_size > 10_000  # the sweep's comparison (hydra callback)
     groups = {run["group"] for d in results.values() for run in offline_runs(d)}
     assert groups == {f"{sweep_dir.parent.name}_{sweep_dir.name}"}  # one wandb group: the sweep

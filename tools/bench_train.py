@@ -64,8 +64,9 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
         ],
     ),
     "megatron": ("megatron", ["parallelism=megatron", "parallelism.max_tokens_per_gpu=16384"]),
+    "megatron_32k": ("megatron", ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32768"]),
 }
-DEFAULT_VARIANTS = [name for name in VARIANTS if name != "megatron"]
+DEFAULT_VARIANTS = [name for name, (kind, _) in VARIANTS.items() if kind != "megatron"]
 SHAPES = {"qwen3_1p7b": "qwen3_1p7b", "tiny": "tiny_qwen3"}
 
 

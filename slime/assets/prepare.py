@@ -8,6 +8,7 @@ from pathlib import Path
 from slime.assets.tiny_model import create_tiny_model, is_current
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
+from slime.config.validate_eval import valid_eval_datasets
 from slime.config.validate_hooks import GENERATOR_SHAPE
 from slime.config.validate_paths import generated_file
 
@@ -25,7 +26,8 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
         created.append(str(create_tiny_model(cfg.model)))
     files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
     if cfg.eval.interval:
-        files.append(("eval.generator", cfg.eval.prompt_data, cfg.eval.generator))
+        for name, dataset in valid_eval_datasets(cfg).items():
+            files.append((f"eval.datasets.{name}.generator", dataset.prompt_data, dataset.generator))
     for key, prompt_data, generator in files:
         path = generated_file(prompt_data, generator)
         if path is not None and not Path(path).exists():

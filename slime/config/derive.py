@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from slime.config.resume import resolve_resume
 from slime.config.schema import RunConfig
 from slime.config.validate_data import rollouts_for_epochs
 from slime.config.validate_hooks import rollout_function_path
+from slime.engine.groups import engine_specs
 
 HF_DEFAULT_MAX_BATCH_SIZE = 256
 
@@ -31,7 +32,7 @@ class Derived:
     over_sampling_batch_size: int  # groups per refill
     hf_max_batch_size: int  # sequences the hf engine decodes together (1: batch-invariant, deterministic)
     precision: str  # fp32 | bf16
-    rollout_function: Optional[str]  # import path rollout.function selects (None: an unknown name, reported)
+    rollout_function: Optional[Any]  # import path (or node) rollout.function selects (None: an unknown name, reported)
 
     def table(self) -> list[tuple[str, str]]:
         return [(f.name, str(getattr(self, f.name))) for f in dataclasses.fields(self)]
@@ -66,7 +67,7 @@ def derive(cfg: RunConfig) -> Derived:
         critic_gpus=critic,
         rollout_gpus=rollout,
         total_gpus=total,
-        num_engines=rollout // max(c.rollout.num_gpus_per_engine, 1),
+        num_engines=len(engine_specs(cfg, rollout)),
         dp_size=dp,
         samples_per_rollout=samples,
         global_batch_size=g,
@@ -88,11 +89,32 @@ def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
     cfg.rollout.over_sampling_batch_size = derived.over_sampling_batch_size
     cfg.rollout.hf.max_batch_size = derived.hf_max_batch_size
     cfg.rollout.function = derived.rollout_function
-    if cfg.eval.temperature is None:
-        cfg.eval.temperature = cfg.rollout.temperature
-    if cfg.eval.max_response_len is None:
-        cfg.eval.max_response_len = cfg.rollout.max_response_len
+    fill_eval_datasets(cfg)
     if cfg.checkpoint.save is None:
         cfg.checkpoint.save = f"{cfg.paths.output_dir}/checkpoints"
     resolve_resume(cfg)
     return cfg
+
+
+def fill_eval_datasets(cfg: RunConfig) -> None:
+    """Each eval dataset's null fields: the eval default, then the rollout's (keys: the data's)."""
+    e, r, d = cfg.eval, cfg.rollout, cfg.data
+    inherited = {
+        "input_key": d.input_key,
+        "label_key": d.label_key,
+        "metadata_key": d.metadata_key,
+        "n_samples_per_prompt": e.n_samples_per_prompt,
+        "temperature": e.temperature if e.temperature is not None else r.temperature,
+        "top_p": e.top_p if e.top_p is not None else r.top_p,
+        "top_k": e.top_k if e.top_k is not None else r.top_k,
+        "max_response_len": e.max_response_len if e.max_response_len is not None else r.max_response_len,
+        "rm_type": r.rm_type,
+        "reward_key": r.reward_key,
+    }
+    from slime.config.validate_eval import eval_dataset  # validated: every entry converts
+
+    e.datasets = {name: eval_dataset(name, node) for name, node in e.datasets.items()}
+    for dataset in e.datasets.values():
+        for name, value in inherited.items():
+            if getattr(dataset, name) is None:
+                setattr(dataset, name, value)

@@ -120,19 +120,25 @@ def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
 
 # ---------------------------------------------------------------------------------------------- sglang
 def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
+    """`rollout.sglang` and every server group's `overrides`: ServerArgs fields the framework does not own."""
     from slime.engine.sglang.server_args import check_server_args
 
-    if not cfg.rollout.sglang:
-        return
-    if cfg.rollout.engine != "sglang":
-        yield Problem(
-            "rollout.sglang",
-            dict(cfg.rollout.sglang),
-            f"SGLang server args do nothing with rollout.engine={cfg.rollout.engine}",
-            "remove them or use the sglang engine",
-        )
-    for issue in check_server_args(dict(cfg.rollout.sglang)):
-        yield Problem(issue.key, cfg.rollout.sglang[issue.key.rpartition(".")[2]], issue.message, issue.fix)
+    sources = [("rollout.sglang", dict(cfg.rollout.sglang))]
+    for i, model in enumerate(cfg.rollout.models):
+        for j, group in enumerate(model.server_groups):
+            sources.append((f"rollout.models[{i}].server_groups[{j}].overrides", dict(group.overrides)))
+    for prefix, args in sources:
+        if not args:
+            continue
+        if cfg.rollout.engine != "sglang":
+            yield Problem(
+                prefix,
+                args,
+                f"SGLang server args do nothing with rollout.engine={cfg.rollout.engine}",
+                "remove them or use the sglang engine (rollout=sglang)",
+            )
+        for issue in check_server_args(args, prefix=prefix):
+            yield Problem(issue.key, args[issue.key.rpartition(".")[2]], issue.message, issue.fix)
 
 
 # ---------------------------------------------------------------------------------------------- megatron

@@ -189,6 +189,45 @@ class RewardConfig:
 
 
 @dataclass(kw_only=True)
+class SGLangLaunchConfig:
+    """How each SGLang server starts (`rollout.engine=sglang`); its ServerArgs are `rollout.sglang`."""
+
+    module: str = "sglang.launch_server"  # run as `python -m <module>` with SGLang's CLI (CPU tests: a fake server)
+    startup_timeout_s: float = 600.0  # launch until GET /health_generate answers 200
+
+
+@dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """Engine health checks and restarts (slime's --use-fault-tolerance)."""
+
+    enabled: bool = False
+    health_check_interval_s: float = 2.0  # between GET /health_generate probes of each engine
+    health_check_timeout_s: float = 10.0  # a probe slower than this counts as a failure
+    max_restarts: int = 3  # per engine over the run; one more death fails the run
+
+
+@dataclass(kw_only=True)
+class ServerGroupConfig:
+    """Servers of one kind for one served model (the seeds' --sglang-config `server_groups`)."""
+
+    worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
+    num_gpus: int = MISSING  # GPUs of the whole group
+    num_gpus_per_engine: Optional[int] = None  # default cluster.rollout.num_gpus_per_engine
+    overrides: dict[str, Any] = field(default_factory=dict)  # ServerArgs applied on top of rollout.sglang
+
+
+@dataclass(kw_only=True)
+class ServedModelConfig:
+    """One served model: its own router and server groups; only `update_weights` models receive syncs."""
+
+    name: str = MISSING  # the key a custom rollout function reaches its router by (ctx.model_routers)
+    model_path: Optional[str] = None  # HF dir; default model.hf_checkpoint (the policy)
+    update_weights: bool = True
+    router: RouterConfig = field(default_factory=RouterConfig)
+    server_groups: list[ServerGroupConfig] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
 
@@ -204,9 +243,10 @@ class RolloutConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
     concurrency: int = 512  # in-flight requests per engine
-    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path of `fn(ctx, rollout_id, *, evaluation)`;
-    # None: the algorithm's default (sft: "sft", every other: "default"). fill_derived writes the import path.
-    function: Optional[str] = None
+    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path (or `_target_` node) of
+    # `fn(args, rollout_id, data_source, evaluation=False)`; None: the algorithm's default (sft: "sft", every other:
+    # "default"). fill_derived writes the import path.
+    function: Optional[Any] = None
     rm_type: Optional[str] = None  # a name of slime.registry.REWARD_TYPES
     custom_rm_path: Optional[str] = None  # import path of `rm(sample) -> float | dict` (def or async def)
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
@@ -219,11 +259,27 @@ class RolloutConfig:
     # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
     # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
     deterministic: bool = False
+    # The rollout loop and its extension points (REFERENCE.md §6.1, §6.4): hooks are import paths or `_target_`
+    # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
+    partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
+    mask_offpolicy_in_partial_rollout: bool = False  # a continued sample's earlier (older-policy) tokens: loss mask 0
+    max_turns: int = 1  # generate calls a multi-turn generate function may make per sample
+    generate_function: Optional[Any] = None  # async fn(args, sample, sampling_params) -> Sample; None: one /generate
+    buffer_filter: Optional[Any] = None  # fn(args, rollout_id, buffer, num) -> the groups taken out of the buffer
+    reward_post_process: Optional[Any] = None  # fn(args, samples) -> (raw_rewards, rewards); None: the algorithm's
+    sample_hooks: list[Any] = field(default_factory=list)  # fn(args, sample, rollout_id=, evaluation=) -> Sample|None
     router: RouterConfig = field(default_factory=RouterConfig)
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
     sglang: dict[str, Any] = field(default_factory=dict)
+    sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
+    models: list[ServedModelConfig] = field(default_factory=list)
+    # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped
+    external_engines: list[str] = field(default_factory=list)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    request_timeout_s: float = 3600.0  # one /generate request (then retried, like a failed one)
 
 
 @dataclass(kw_only=True)
@@ -310,23 +366,45 @@ class AlgoConfig:
     use_rollout_logprobs: bool = False  # engine log-probs as the old policy (exclusive with use_tis)
     value_clip: float = 0.2  # ppo critic
     num_critic_only_steps: int = 0  # ppo: rollout steps at the start that train the critic only
-    dynamic_filter: Optional[str] = None  # group filter import path, e.g. DAPO's zero-std filter
+    dynamic_filter: Optional[Any] = None  # fn(args, group) -> bool | FilterResult, e.g. DAPO's zero-std filter
     overlong_buffer_len: Optional[int] = None  # DAPO soft overlong penalty window (tokens)
     overlong_penalty_factor: float = 1.0
 
 
 @dataclass(kw_only=True)
+class EvalDatasetConfig:
+    """One named eval dataset (`eval.datasets.<name>`); a null field takes the eval default, then the rollout's."""
+
+    prompt_data: str = MISSING  # .jsonl or .parquet (row slices `path@[start:end]` allowed)
+    input_key: Optional[str] = None  # default: data.input_key (likewise label_key, metadata_key)
+    label_key: Optional[str] = None
+    metadata_key: Optional[str] = None
+    n_samples_per_prompt: Optional[int] = None  # default: eval.n_samples_per_prompt
+    temperature: Optional[float] = None  # sampling: default eval.*, then rollout.*
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_response_len: Optional[int] = None  # tokens
+    rm_type: Optional[str] = None  # default: rollout.rm_type
+    reward_key: Optional[str] = None  # the scalar of dict rewards; default: rollout.reward_key
+    generator: Optional[Any] = None  # like data.generator
+
+
+@dataclass(kw_only=True)
 class EvalConfig:
-    """Held-out evaluation every `interval` rollout steps, with its own sampling overrides."""
+    """Held-out evaluation every `interval` rollout steps over named datasets, each with its own overrides."""
 
     interval: Optional[int] = None  # rollout steps between evals; None disables eval
-    prompt_data: Optional[str] = None
-    name: str = "eval"
-    n_samples_per_prompt: int = 1
-    temperature: Optional[float] = None  # default: rollout.temperature
-    max_response_len: Optional[int] = None  # default: rollout.max_response_len
     skip_eval_before_train: bool = False
-    generator: Optional[Any] = None  # like data.generator
+    function: Optional[Any] = None  # like rollout.function, called with evaluation=True; None: rollout.function
+    # Defaults of every dataset (a dataset's own value wins; null: the rollout's)
+    n_samples_per_prompt: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    max_response_len: Optional[int] = None
+    # name -> EvalDatasetConfig fields. Typed as Any so that `+eval.datasets.<name>.prompt_data=...` can add one
+    # from the command line (OmegaConf cannot add keys to a dict of dataclasses); validation checks each entry.
+    datasets: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -376,6 +454,9 @@ class LoggerConfig:
     tensorboard: bool = (
         False  # also write TensorBoard event files to <run dir>/tensorboard (pip install .[tensorboard])
     )
+    # Metric whose last value the run returns to a sweeper (slime/config/objective.py); null: the
+    # last eval mean, or the last rollout/raw_reward without eval.
+    objective: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -18,11 +18,13 @@ from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
 from slime.config.hf_config import FAMILIES, check_model
+from slime.config.objective import check_objective
 from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, get, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
 from slime.config.validate_data import check_data
+from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_hooks import check_hooks
 from slime.config.validate_keys import check_unknown_keys
 from slime.config.validate_paths import check_paths
@@ -120,7 +122,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "train.lr",
         "parallelism.micro_batch_size",
         "rollout.hf.max_batch_size",
-        "eval.n_samples_per_prompt",
         "rollout.weight_sync.bucket_mb",
     )
     yield from positive(cfg, "checkpoint.save_interval", "eval.interval", "logger.log_samples_every")
@@ -154,8 +155,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "train.clip_grad", cfg.train.clip_grad, "must be >= 0 (0 disables clipping)", "set train.clip_grad=1.0"
         )
-    if cfg.eval.temperature is not None and cfg.eval.temperature <= 0:
-        yield Problem("eval.temperature", cfg.eval.temperature, "must be > 0", "set eval.temperature=0.1 or null")
     if (
         cfg.rollout.over_sampling_batch_size is not None
         and cfg.rollout.over_sampling_batch_size < cfg.rollout.batch_size
@@ -211,8 +210,11 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_algo(cfg),
         check_rewards(cfg),
         check_hooks(cfg),
+        check_eval(cfg),
+        check_rollout_loop(cfg),
         check_passthrough(cfg),
         check_paths(cfg),
+        check_objective(cfg),
         check_data(cfg),
     ]
     return [problem for check in checks for problem in check]

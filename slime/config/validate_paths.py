@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
+from slime.config.validate_eval import valid_eval_datasets
 
 
 def generated_file(prompt_data: Optional[str], generator: Any) -> Optional[str]:
@@ -27,8 +28,10 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
         ("checkpoint.load", cfg.checkpoint.load, None),
         ("train.critic.load", cfg.train.critic.load, None),
         ("data.prompt_data", cfg.data.prompt_data, cfg.data.generator),
-        ("eval.prompt_data", cfg.eval.prompt_data if cfg.eval.interval else None, cfg.eval.generator),
     ]
+    if cfg.eval.interval:
+        for name, dataset in valid_eval_datasets(cfg).items():
+            candidates.append((f"eval.datasets.{name}.prompt_data", dataset.prompt_data, dataset.generator))
     # ref_load defaults to the policy checkpoint, which check_model_checkpoint reports when it is missing.
     if cfg.checkpoint.ref_load != cfg.model.hf_checkpoint:
         candidates.append(("checkpoint.ref_load", cfg.checkpoint.ref_load, None))
@@ -52,13 +55,6 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
             None,
             "no prompt data",
             "set data.prompt_data=<file.jsonl> (your prompts) or pick data=digit_task (the synthetic task)",
-        )
-    if cfg.eval.interval and cfg.eval.prompt_data is None:
-        yield Problem(
-            "eval.prompt_data",
-            None,
-            f"eval.interval={cfg.eval.interval} but no eval prompts",
-            "set eval.prompt_data=<file.jsonl>, or eval=none",
         )
     yield from check_save_hf(cfg)
     yield from check_model_checkpoint(cfg)

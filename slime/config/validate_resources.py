@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from slime.config.derive import Derived
 from slime.config.problems import Problem, get
 from slime.config.schema import FSDPOptions, RunConfig
+from slime.engine.groups import group_problems
 
 MIXED_PRECISION_MODES = ("fsdp2", "autocast")
 
@@ -37,14 +38,20 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             f"a node has {c.num_gpus_per_node} GPU(s) (cluster.num_gpus_per_node)",
             f"set cluster.actor.num_gpus_per_node<={c.num_gpus_per_node}",
         )
-    if c.rollout.num_gpus_per_engine >= 1 and derived.rollout_gpus % c.rollout.num_gpus_per_engine:
+    if (
+        not cfg.rollout.models
+        and c.rollout.num_gpus_per_engine >= 1
+        and derived.rollout_gpus % c.rollout.num_gpus_per_engine
+    ):
         yield Problem(
             "cluster.rollout.num_gpus",
             derived.rollout_gpus,
             f"not a multiple of cluster.rollout.num_gpus_per_engine={c.rollout.num_gpus_per_engine}",
             "make cluster.rollout.num_gpus a multiple of num_gpus_per_engine",
         )
-    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1:
+    for key, value, message, fix in group_problems(cfg, derived.rollout_gpus):
+        yield Problem(key, value, message, fix)
+    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1 and not cfg.rollout.models:
         yield Problem(
             "cluster.rollout.num_gpus",
             c.rollout.num_gpus,

@@ -51,6 +51,7 @@ class EngineLaunch:
     log_dir: str
     gpu_ids: tuple[str, ...] = ()  # physical GPU ids of the engine's bundles (cuda); empty on cpu
     weight_version: str = "0"  # reported until the first weight update
+    memory_saver: bool = False  # colocated with the trainer: the server must release/resume memory by tag
     startup_timeout_s: float = 600.0  # launch until health answers 200
     shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL
 
@@ -61,6 +62,7 @@ class EngineServer(abc.ABC):
     num_ports: ClassVar[int] = 1  # ports reserved per server; ports[0] serves HTTP
     health_path: ClassVar[str] = "/health_generate"
     kind: ClassVar[str] = "base"  # the registry name (rollout.engine)
+    unset_env: ClassVar[tuple[str, ...]] = ()  # variables of the parent's environment the server must not see
 
     def __init__(self, launch: EngineLaunch, config: Any):
         self.launch_spec = launch
@@ -71,6 +73,12 @@ class EngineServer(abc.ABC):
         self._launched_at = 0.0
 
     # ---------------------------------------------------------------- to implement
+    @classmethod
+    def config_from(cls, rollout: Any, *, worker_type: str = "regular", overrides: Optional[dict] = None) -> Any:
+        """The kind's own config out of `rollout` (a RolloutConfig) for one server group: `rollout.<kind>`.
+        Kinds without server-group options (validation rejects them) ignore `worker_type` and `overrides`."""
+        return getattr(rollout, cls.kind)
+
     @abc.abstractmethod
     def command(self, ports: list[int]) -> list[str]:
         """The server's command line; it must serve HTTP on `launch_spec.host:ports[0]`."""
@@ -108,9 +116,10 @@ class EngineServer(abc.ABC):
             raise RuntimeError(f"engine {self.rank} is already running (pid {self.process.pid})")
         self.lease = reserve_ports(self.launch_spec.host, self.num_ports)
         self._launched_at = time.monotonic()
-        self.process = launch_process(
-            self.command(list(self.lease.ports)), log_path=self.log_path, env=child_env(self.env())
-        )
+        env = child_env(self.env())
+        for name in self.unset_env:
+            env.pop(name, None)
+        self.process = launch_process(self.command(list(self.lease.ports)), log_path=self.log_path, env=env)
         logger.info(
             "engine %d (%s) launched, pid %d, ports %s, log %s",
             self.rank,
@@ -157,6 +166,16 @@ class EngineServer(abc.ABC):
     @property
     def pid(self) -> Optional[int]:
         return None if self.process is None else self.process.pid
+
+    def describe(self) -> dict[str, Any]:
+        """`{rank, kind, url, pid, log}` of the running server (what engines.json lists)."""
+        return {
+            "rank": self.rank,
+            "kind": self.kind,
+            "url": self.url if self.lease else None,
+            "pid": self.pid,
+            "log": str(self.log_path),
+        }
 
     def shutdown(self) -> None:
         """SIGTERM the server's process group, SIGKILL after the grace period, free the ports. Idempotent."""

@@ -166,6 +166,29 @@ class EngineClient:
     def abort_all(self) -> None:
         self._post("/abort_request", {"abort_all": True})
 
+    def num_requests(self) -> int:
+        """Running plus waiting requests over every data-parallel rank: GET /v1/loads, or GET /get_load on
+        servers without it (older SGLang: `[{dp_rank, num_reqs, num_waiting_reqs, num_tokens}]`)."""
+        try:
+            loads = self.loads().get("loads", [])
+            return sum(int(e.get("num_running_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
+        except EngineHTTPError as err:
+            if err.status != 404:
+                raise
+        loads = self._get("/get_load")
+        return sum(int(e.get("num_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
+
+    def abort_all_and_wait_idle(self, timeout_s: float = 60.0, interval_s: float = 0.05) -> None:
+        """POST /abort_request {abort_all}, then poll /v1/loads until no request runs or waits.
+
+        Raises TimeoutError naming the engine when requests remain after `timeout_s` seconds."""
+        self.abort_all()
+        deadline = time.monotonic() + timeout_s
+        while (left := self.num_requests()) > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.url}: {left} requests still in flight {timeout_s:.0f} s after abort_all")
+            time.sleep(interval_s)
+
     def get_weight_version(self) -> str:
         return str(self._get("/get_weight_version")["weight_version"])
 

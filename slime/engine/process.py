@@ -9,6 +9,7 @@ main thread), not from a short-lived worker thread.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -116,6 +117,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """`{"cache_threshold": 0.3, "disable_x": True, "ids": [1, 2]}` → `--cache-threshold 0.3 --disable-x --ids 1 2`.
+
+    The argparse convention SGLang and sglang-router share: True → a bare flag; False/None → omitted;
+    lists → one flag followed by each value; dicts → one JSON value.
+    """
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
 
 
 def http_url(host: str, port: int) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
-from slime.engine.process import free_port, http_url, launch_process, log_tail, terminate_process
+from slime.engine.process import cli_flags, free_port, http_url, launch_process, log_tail, terminate_process
 
 if TYPE_CHECKING:  # only attributes are read: importable without omegaconf
     from slime.config.schema import RouterConfig
@@ -37,23 +37,13 @@ def router_flags(extra_args: dict[str, Any]) -> list[str]:
 
     True → bare flag; False/None → omitted; lists → one flag followed by each value.
     """
-    flags: list[str] = []
-    for key, value in extra_args.items():
+    for key in extra_args:
         if key.replace("-", "_") in _OWNED_FLAGS:
             raise ValueError(
                 f"rollout.router.extra_args.{key} is set by the framework; use rollout.router.policy / "
                 f"request_timeout_secs / cluster.host instead"
             )
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            flags += [flag, *map(str, value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
+    return cli_flags(extra_args)
 
 
 class Router:
@@ -65,9 +55,9 @@ class Router:
         self.log_path = log_path
 
     @classmethod
-    def launch(cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path) -> Router:
-        """Start `python -m sglang_router.launch_router` bound to `host`, wait for GET /health = 200
-        (at most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail on failure."""
+    def launch(cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path, pd: bool = False) -> Router:
+        """Start `python -m sglang_router.launch_router` bound to `host` (`--pd-disaggregation` when `pd`), wait
+        for GET /health = 200 (at most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail."""
         port, prom_port = free_port(host), free_port(host)  # racy by nature; see free_port
         cmd = [
             sys.executable,
@@ -88,6 +78,7 @@ class Router:
             "--log-level",
             "warn",
             *router_flags(cfg.extra_args),
+            *(["--pd-disaggregation"] if pd else []),
         ]
         log_path = Path(log_path)
         router = cls(http_url(host, port), launch_process(cmd, log_path=log_path), log_path)
@@ -140,9 +131,14 @@ class Router:
         """GET /workers → the `workers` list (dicts with id, url, is_healthy, load, metadata, ...)."""
         return list(http_client.get(self.url + "/workers", timeout=30.0).get("workers", []))
 
-    def add_worker(self, url: str, timeout_s: float = 60.0) -> None:
-        """POST /workers {url, worker_type: regular}; wait (≤ timeout_s seconds) until it is healthy."""
-        http_client.post(self.url + "/workers", {"url": url, "worker_type": "regular"}, timeout=30.0)
+    def add_worker(
+        self, url: str, timeout_s: float = 60.0, *, worker_type: str = "regular", bootstrap_port: Optional[int] = None
+    ) -> None:
+        """POST /workers {url, worker_type[, bootstrap_port]}; wait (≤ timeout_s seconds) until it is healthy."""
+        body: dict[str, Any] = {"url": url, "worker_type": worker_type}
+        if bootstrap_port is not None:
+            body["bootstrap_port"] = int(bootstrap_port)
+        http_client.post(self.url + "/workers", body, timeout=30.0)
         deadline = time.monotonic() + timeout_s
         workers: list[dict] = []
         while time.monotonic() < deadline:

@@ -1,197 +1,215 @@
-"""The default rollout function: concurrent `/generate` calls through the router, rewards per sample.
+"""The default rollout function (`rollout.function=default`, REFERENCE.md §6.1).
 
-A rollout function is `fn(ctx: RolloutContext, rollout_id: int, *, evaluation: bool) -> RolloutOutput`
-(configured by `rollout.function`). This one (REFERENCE.md §6.1-6.2): pull groups from the data source
-until `batch_size` groups are kept, generate every sample of a group concurrently under a semaphore of
-concurrency × engines, reward each sample when its generation ends, return the groups sorted by index.
+`generate_rollout(args, rollout_id, data_source, evaluation=False)`:
 
-With `ctx.sampling_seed` set (rollout.deterministic), every request carries SGLang's per-request
-`sampling_seed`, derived from that seed, the sample index and the tokens generated so far, and groups
-are judged (dynamic filter, batch full) in submission order rather than completion order, so which
-groups are kept does not depend on timing.
+* train: pull `over_sampling_batch_size` groups (the buffer first) whenever kept + in flight fall
+  below `batch_size`; every sample of a group is generated concurrently under a semaphore of
+  `concurrency × engines` (`slime.rollout.generate`); a finished group goes through the dynamic filter
+  and is kept until `batch_size` groups are. Then the leftovers are aborted: the flag stops samples
+  that have not started, and every engine the router lists gets `POST /abort_request {abort_all}`
+  (repeated until the in-flight requests came back, none is awaited to its end). With
+  `rollout.partial_rollout` the cut groups return to the buffer as they are (finished samples with
+  their rewards, aborted ones with their partial responses) and continue at the next step; without,
+  they return reset, to be generated anew. Either way no prompt is lost or trained twice.
+* eval (`evaluation=True`): every prompt of every `args.eval_datasets` entry, all datasets at once,
+  with the dataset's own sampling parameters and reward type; no filter, no abort.
+
+With `args.sampling_seed` set (rollout.deterministic), every request carries SGLang's per-request
+`sampling_seed`, and groups are judged (dynamic filter, batch full) in submission order rather than
+completion order, so which groups are kept does not depend on timing. Where an abort cuts a response
+does, so a deterministic partial rollout lets the leftovers finish instead and returns them whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
+import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 
-from slime.rollout.data_source import DataSource
-from slime.rollout.rewards import RewardHub
+from slime.engine.router import Router
+from slime.rollout.base import EvalDataset, EvalOutput, RolloutContext, RolloutOutput
+from slime.rollout.filters import FilterResult
+from slime.rollout.generate import generate_and_reward, post_json
 from slime.types import Sample, SampleStatus
 
-RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
+logger = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass(kw_only=True)
-class RolloutContext:
-    """What a rollout function may use; built by the rollout manager."""
-
-    router_url: str
-    tokenizer: Any
-    data_source: DataSource
-    batch_size: int  # groups to keep
-    over_sampling_batch_size: int  # groups per refill
-    sampling_params: dict[str, Any]  # SGLang sampling params; max_new_tokens is the response budget
-    max_in_flight: int  # concurrency × number of engines
-    rewards: RewardHub  # scores samples (rollout.rm_type / custom_rm_path / group_rm)
-    dynamic_filter: Callable[[list[Sample]], Any] | None = None  # group -> bool | FilterResult
-    max_filter_drops: int = 0  # past this many drops in one step, groups are kept regardless (no endless loop)
-    sampling_seed: int | None = None  # base of per-request seeds (rollout.deterministic); None: engine's RNG
+ABORT_RETRY_S = 1.0  # re-send the abort while requests are still out (one may have reached an engine late)
 
 
 @dataclasses.dataclass
-class RolloutOutput:
-    """What a rollout function returns: the kept groups (each n samples) and its metrics."""
+class _Step:
+    """Bookkeeping of one train rollout call."""
 
-    groups: list[list[Sample]]
-    metrics: dict[str, float]
-
-
-def request_seed(base: int, sample: Sample) -> int:
-    """SGLang `sampling_seed` of `sample`'s next request: a 31-bit hash of (base, index, tokens so far)."""
-    digest = hashlib.blake2b(f"{base}:{sample.index}:{sample.response_length}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+    kept: list[list[Sample]] = dataclasses.field(default_factory=list)
+    pending: list[asyncio.Task] = dataclasses.field(default_factory=list)  # in submission order
+    drops: dict[str, int] = dataclasses.field(default_factory=dict)
+    submitted: int = 0
 
 
-async def _post_generate(session: aiohttp.ClientSession, url: str, payload: dict) -> dict:
-    for attempt in range(RETRIES):
-        try:
-            async with session.post(f"{url}/generate", json=payload) as resp:
-                if resp.status < 500:
-                    body = await resp.text()
-                    if resp.status != 200:
-                        raise RuntimeError(f"POST {url}/generate -> {resp.status}: {body[:500]}")
-                    return json.loads(body)
-                error = f"{resp.status}: {(await resp.text())[:200]}"
-        except aiohttp.ClientConnectionError as exc:
-            error = repr(exc)
-        await asyncio.sleep(min(2**attempt * 0.2, 5))
-    raise RuntimeError(f"POST {url}/generate failed {RETRIES} times, last error {error}")
-
-
-async def generate_sample(ctx: RolloutContext, session: aiohttp.ClientSession, sample: Sample) -> Sample:
-    """Generate the response of one PENDING/ABORTED sample and record tokens, log-probs, status."""
-    if not sample.tokens:
-        if not isinstance(sample.prompt, str):
-            raise ValueError(
-                f"sample {sample.index}: the prompt is a list of chat messages; generation needs text "
-                "(set data.apply_chat_template=true)"
-            )
-        sample.tokens = ctx.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
-    budget = ctx.sampling_params["max_new_tokens"] - sample.response_length
-    if budget <= 0:
-        sample.status = SampleStatus.TRUNCATED
-        return sample
-    params = {**ctx.sampling_params, "max_new_tokens": budget}
-    if ctx.sampling_seed is not None:
-        params["sampling_seed"] = request_seed(ctx.sampling_seed, sample)
-    payload = {"input_ids": sample.tokens, "sampling_params": params, "return_logprob": True}
-    out = await _post_generate(session, ctx.router_url, payload)
-    meta = out["meta_info"]
-    logprobs = meta["output_token_logprobs"]
-    sample.append_response([int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs], out["text"])
-    sample.weight_versions.append(str(meta.get("weight_version")))
-    sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])
-    sample.check_alignment()
-    return sample
-
-
-async def _generate_group(ctx, session, semaphore, group: list[Sample]) -> list[Sample]:
+async def _generate_group(
+    args: RolloutContext, semaphore: asyncio.Semaphore, group: list[Sample], params: dict, **call
+) -> list[Sample]:
     async def one(sample: Sample) -> Sample:
         async with semaphore:
-            await generate_sample(ctx, session, sample)
-        if not ctx.rewards.group_rm:
-            await ctx.rewards.reward_group(ctx, [sample])
-        return sample
+            return await generate_and_reward(args, sample, params, **call)
 
     group = list(await asyncio.gather(*(one(s) for s in group)))
-    await ctx.rewards.reward_group(ctx, group)  # group_rm: one call for the group (a no-op otherwise)
+    if args.rewards.group_rm:
+        await args.rewards.reward_group(args, group, rm_type=args.rm_type)  # one call for the whole group
     return group
 
 
-def _filter(ctx: RolloutContext, group: list[Sample], drops: dict[str, int]) -> bool:
+def _judge(args: RolloutContext, group: list[Sample], step: _Step) -> bool:
     """Apply the dynamic filter; count drops by reason. Keeps everything past `max_filter_drops`."""
-    if ctx.dynamic_filter is None:
+    if args.hooks.dynamic_filter is None:
         return True
-    result = ctx.dynamic_filter(group)
-    keep, reason = (result, None) if isinstance(result, bool) else (result.keep, result.reason)
-    if keep:
+    result = args.hooks.dynamic_filter(args, group)
+    if isinstance(result, bool):
+        result = FilterResult(result)
+    if result.keep:
         return True
-    if sum(drops.values()) >= ctx.max_filter_drops:
-        drops["forced_keep"] = drops.get("forced_keep", 0) + 1
+    if result.keep_when_insufficient and len(step.kept) + len(step.pending) < args.batch_size:
+        step.drops["kept_when_insufficient"] = step.drops.get("kept_when_insufficient", 0) + 1
+        return True  # dropping it would force another over-sampling round
+    if sum(n for reason, n in step.drops.items() if reason.startswith("drop")) >= args.max_filter_drops:
+        step.drops["forced_keep"] = step.drops.get("forced_keep", 0) + 1
         return True
-    key = f"drop_{reason}" if reason else "drop"
-    drops[key] = drops.get(key, 0) + 1
+    key = f"drop_{result.reason}" if result.reason else "drop"
+    step.drops[key] = step.drops.get(key, 0) + 1
     return False
 
 
-async def _run(ctx: RolloutContext) -> tuple[list[list[Sample]], dict[str, int]]:
-    semaphore = asyncio.Semaphore(ctx.max_in_flight)
-    connector = aiohttp.TCPConnector(limit=ctx.max_in_flight)
-    kept: list[list[Sample]] = []
-    drops: dict[str, int] = {}
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        pending: list[asyncio.Task] = []  # in submission order
-        leftovers: list[list[Sample]] = []
-        while len(kept) < ctx.batch_size:
-            if len(kept) + len(pending) < ctx.batch_size:  # slime: (submitted - dropped) < batch_size
-                for group in ctx.data_source.get_groups(ctx.over_sampling_batch_size):
-                    pending.append(asyncio.create_task(_generate_group(ctx, session, semaphore, group)))
-            if ctx.sampling_seed is not None:  # deterministic: the oldest group first, whenever it finishes
-                await asyncio.wait(pending[:1])
-                done = pending[:1]
-            else:
-                finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                done = [t for t in pending if t in finished]
-            pending = [t for t in pending if t not in done]
-            for task in done:
-                group = task.result()
-                if len(kept) >= ctx.batch_size:
-                    leftovers.append(group)
-                elif _filter(ctx, group, drops):
-                    kept.append(group)
-        # Over-sampled groups still in flight are finished, reset and returned to the buffer, so no prompt is
-        # lost; the next step regenerates them with the new policy.
-        leftovers.extend(await asyncio.gather(*pending))
-        leftovers.sort(key=lambda g: g[0].index)
-        ctx.data_source.add_groups([_reset(g) for g in leftovers])
-    kept.sort(key=lambda g: g[0].index)
-    return kept, drops
+async def _abort_engines(args: RolloutContext) -> None:
+    """POST /abort_request {abort_all} to every worker the router lists (SGLang's abort of in-flight requests)."""
+    workers = await asyncio.to_thread(Router(args.router_url).list_workers)
+    await asyncio.gather(*(post_json(args.session, f"{w['url']}/abort_request", {"abort_all": True}) for w in workers))
 
 
-def _reset(group: list[Sample]) -> list[Sample]:
-    fresh = []
-    for s in group:
-        fresh.append(
-            dataclasses.replace(
-                s,
-                tokens=[],
-                response="",
-                response_length=0,
-                loss_mask=None,
-                rollout_log_probs=None,
-                reward=None,
-                status=SampleStatus.PENDING,
-                weight_versions=[],
-                error=None,
-                remove_sample=False,
-            )
-        )
-    return fresh
+async def _drain(args: RolloutContext, pending: list[asyncio.Task], *, abort: bool) -> list[list[Sample]]:
+    """The leftover groups, aborted (unless `abort` is false: then they finish), in submission order."""
+    if abort:
+        args.aborted = True
+    waiting = set(pending)
+    while waiting:
+        if abort:
+            await _abort_engines(args)
+        _, waiting = await asyncio.wait(waiting, timeout=ABORT_RETRY_S if abort else None)
+    return [task.result() for task in pending]
 
 
-def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool = False) -> RolloutOutput:
-    """Run one rollout step synchronously (an event loop per call); see the module docstring."""
+async def _train(args: RolloutContext, data_source, rollout_id: int, semaphore: asyncio.Semaphore) -> _Step:
+    step = _Step()
+    call = dict(rollout_id=rollout_id, evaluation=False)
+    while len(step.kept) < args.batch_size:
+        if len(step.kept) + len(step.pending) < args.batch_size:  # slime: (submitted - dropped) < batch_size
+            for group in data_source.get_groups(args.over_sampling_batch_size):
+                task = _generate_group(args, semaphore, group, args.sampling_params, **call)
+                step.pending.append(asyncio.create_task(task))
+                step.submitted += 1
+        if args.sampling_seed is not None:  # deterministic: the oldest group first, whenever it finishes
+            await asyncio.wait(step.pending[:1])
+            done = step.pending[:1]
+        else:
+            finished, _ = await asyncio.wait(step.pending, return_when=asyncio.FIRST_COMPLETED)
+            done = [t for t in step.pending if t in finished]
+        step.pending = [t for t in step.pending if t not in done]
+        for task in done:
+            group = task.result()
+            if len(step.kept) >= args.batch_size:
+                step.pending.insert(0, task)  # finished after the batch filled: a leftover like the rest
+            elif _judge(args, group, step):
+                step.kept.append(group)
+    return step
+
+
+def _return_leftovers(args: RolloutContext, data_source, leftovers: list[list[Sample]], rollout_id: int) -> None:
+    """Put the cut groups back in the buffer: as they are (partial rollout) or reset to fresh prompts."""
+    if args.config.partial_rollout:
+        for sample in (s for g in leftovers for s in g):
+            sample.metadata.setdefault("start_rollout_id", rollout_id)
+    else:
+        leftovers = [[reset_sample(s) for s in g] for g in leftovers]
+    leftovers.sort(key=lambda g: g[0].index)
+    data_source.add_groups(leftovers)
+
+
+def reset_sample(sample: Sample) -> Sample:
+    """The sample as its data source made it: no response, no reward, PENDING."""
+    return dataclasses.replace(
+        sample,
+        tokens=[],
+        response="",
+        response_length=0,
+        loss_mask=None,
+        rollout_log_probs=None,
+        reward=None,
+        status=SampleStatus.PENDING,
+        weight_versions=[],
+        error=None,
+        remove_sample=False,
+    )
+
+
+def _step_metrics(step: _Step, leftovers: list[list[Sample]], seconds: float) -> dict[str, float]:
+    """Filter drops (deterministic), and the timing-dependent counts and speeds under perf/."""
+    generated = [s for g in [*step.kept, *leftovers] for s in g]
+    tokens = sum(s.response_length for s in generated)
+    metrics = {f"rollout/dynamic_filter/{reason}": float(count) for reason, count in step.drops.items()}
+    metrics.update(
+        {
+            "rollout/groups_submitted": float(step.submitted),
+            "perf/rollout_time": seconds,
+            "perf/rollout_tokens": float(tokens),
+            "perf/rollout_tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "perf/rollout_leftover_groups": float(len(leftovers)),
+            "perf/rollout_aborted_samples": float(sum(s.status == SampleStatus.ABORTED for s in generated)),
+        }
+    )
+    return metrics
+
+
+async def _train_rollout(args: RolloutContext, rollout_id: int, data_source) -> RolloutOutput:
     start = time.perf_counter()
-    groups, drops = asyncio.run(_run(ctx))
-    metrics = {"perf/rollout_time": time.perf_counter() - start}
-    metrics.update({f"rollout/dynamic_filter/{reason}": float(count) for reason, count in drops.items()})
-    return RolloutOutput(groups=groups, metrics=metrics)
+    semaphore = asyncio.Semaphore(args.max_in_flight)
+    connector = aiohttp.TCPConnector(limit=args.max_in_flight)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        args.session, args.aborted = session, False
+        step = await _train(args, data_source, rollout_id, semaphore)
+        keep_whole = args.config.partial_rollout and args.sampling_seed is not None
+        leftovers = await _drain(args, step.pending, abort=not keep_whole)
+        args.session = None
+    _return_leftovers(args, data_source, leftovers, rollout_id)
+    step.kept.sort(key=lambda g: g[0].index)
+    return RolloutOutput(groups=step.kept, metrics=_step_metrics(step, leftovers, time.perf_counter() - start))
+
+
+async def _eval_dataset(args: RolloutContext, dataset: EvalDataset, semaphore, rollout_id: int) -> list[list[Sample]]:
+    args = dataclasses.replace(args, rm_type=dataset.rm_type, reward_key=dataset.reward_key)
+    groups = dataset.source.get_groups(dataset.num_prompts)
+    call = dict(rollout_id=rollout_id, evaluation=True)
+    tasks = [_generate_group(args, semaphore, g, dataset.sampling_params, **call) for g in groups]
+    return list(await asyncio.gather(*tasks))
+
+
+async def _eval_rollout(args: RolloutContext, rollout_id: int) -> EvalOutput:
+    semaphore = asyncio.Semaphore(args.max_in_flight)
+    connector = aiohttp.TCPConnector(limit=args.max_in_flight)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        args.session, args.aborted = session, False
+        results = await asyncio.gather(*(_eval_dataset(args, d, semaphore, rollout_id) for d in args.eval_datasets))
+        args.session = None
+    datasets = {d.name: groups for d, groups in zip(args.eval_datasets, results)}
+    return EvalOutput(datasets=datasets)
+
+
+def generate_rollout(
+    args: RolloutContext, rollout_id: int, data_source, evaluation: bool = False
+) -> RolloutOutput | EvalOutput:
+    """Run one rollout (train) or eval synchronously, an event loop per call; see the module docstring."""
+    if evaluation:
+        return asyncio.run(_eval_rollout(args, rollout_id))
+    return asyncio.run(_train_rollout(args, rollout_id, data_source))

@@ -33,7 +33,7 @@ import statistics
 import time
 from typing import Any
 
-from slime.rollout.default import RolloutContext, RolloutOutput
+from slime.rollout.base import RolloutContext, RolloutOutput
 from slime.types import Sample, SampleStatus
 
 __all__ = ["conversation_tokens_and_mask", "sft_sample", "generate_rollout"]
@@ -166,8 +166,8 @@ def sft_sample(tokenizer, sample: Sample) -> Sample:
     return sample
 
 
-def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool = False) -> RolloutOutput:
-    """The SFT rollout: `ctx.batch_size` groups from the data source, each sample made an SFT sample.
+def generate_rollout(ctx: RolloutContext, rollout_id: int, data_source, evaluation: bool = False) -> RolloutOutput:
+    """The SFT rollout: `ctx.batch_size` groups from `data_source`, each sample made an SFT sample.
 
     No generation and no engine calls. Evaluation is not defined for SFT data (there is no reward to
     report), so `evaluation=True` is refused with a ValueError; config validation already rejects
@@ -179,7 +179,7 @@ def generate_rollout(ctx: RolloutContext, rollout_id: int, *, evaluation: bool =
             "disable evaluation for SFT runs"
         )
     start = time.perf_counter()
-    groups = ctx.data_source.get_groups(ctx.batch_size)
+    groups = data_source.get_groups(ctx.batch_size)
     groups = [[sft_sample(ctx.tokenizer, sample) for sample in group] for group in groups]
     lengths = [s.effective_response_length for g in groups for s in g]
     metrics = {"perf/rollout_time": time.perf_counter() - start}

@@ -21,12 +21,14 @@ import ray
 
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
+from slime.engine.groups import engine_specs
 from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.watchdog import STACKS_ENV
+from slime.runtime.weight_push import WeightPush
 from slime.sync.base import SyncContext
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
@@ -56,6 +58,7 @@ class RunState:
     rollouts_completed: int = 0
     start_rollout: int = 0
     last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    last_eval: dict[str, float] = dataclasses.field(default_factory=dict)  # the last eval's metrics
     reward_curve: str | None = None
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # what the tracker wrote (name -> path)
     signal_at: tuple[str, int | None, int, float] | None = None  # (phase, rollout id | None, signal, delay s)
@@ -126,7 +129,7 @@ def run(
             derived,
             device=cfg.cluster.device,
             colocate=cfg.cluster.colocate,
-            gpus_per_engine=cfg.cluster.rollout.num_gpus_per_engine,
+            engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
             critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor,
         )
         manager = (
@@ -165,13 +168,13 @@ def run(
                 )
             tracker.progress.begin(start)
             ray.get(engines_ready)
-            if cfg.debug.load_rollout_data is None:  # replaying dumps starts no engine to push weights to
-                actor.connect_weight_sync(
-                    cfg.rollout.weight_sync.mode, ray.get(manager.urls.remote()), _sync_context(cfg, run_dir)
-                )
+            pusher = None  # replaying dumps (debug.load_rollout_data) starts no engine to push weights to
+            if cfg.debug.load_rollout_data is None:
+                pusher = WeightPush(cfg, manager, actor, _sync_context(cfg, run_dir), run_dir)
+                pusher.connect()
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
-            _loop(cfg, state, start, manager, actor, critic, tracker)
+            _loop(cfg, state, start, manager, actor, critic, tracker, pusher)
             exit_code = 0
         finally:
             interrupts.begin_teardown()
@@ -224,22 +227,32 @@ def _sync_context(cfg: RunConfig, run_dir: Path) -> SyncContext:
 
 
 def _loop(
-    cfg: RunConfig, state: RunState, start: int, manager, actor: TrainGroup, critic: TrainGroup | None, tracker: Tracker
+    cfg: RunConfig,
+    state: RunState,
+    start: int,
+    manager,
+    actor: TrainGroup,
+    critic: TrainGroup | None,
+    tracker: Tracker,
+    pusher: WeightPush | None,
 ) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
     k = cfg.train.num_steps_per_rollout
-    engines = cfg.debug.load_rollout_data is None
     state.enter("weight_sync", start - 1)
-    if engines:
-        actor.update_weights(weight_version=start)  # engines hold the run's weights before rollout 0
+    if pusher is not None:
+        pusher.push(weight_version=start)  # engines hold the run's weights before rollout 0
     if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
         state.enter("eval", start - 1)
-        tracker.log(ray.get(manager.evaluate.remote(0)), eval=0)
+        state.last_eval = ray.get(manager.evaluate.remote(0))
+        tracker.log(state.last_eval, eval=0)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
+        restarted = pusher.recover(weight_version=rollout_id) if pusher is not None else 0
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
         state.enter("log_probs", rollout_id)
+        if pusher is not None:
+            pusher.before_train(rollout_id)
         train_start = time.perf_counter()
         steps = train_step(cfg, rollout_id, batches, actor, critic, metrics, state=state)
         metrics["perf/train_time"] = time.perf_counter() - train_start
@@ -251,8 +264,9 @@ def _loop(
             # the run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)
             tracker.on_save(cfg.checkpoint.save, plot=rollout_id + 1 < cfg.train.num_rollout)
         state.enter("weight_sync", rollout_id)
-        if engines:
-            metrics.update(actor.update_weights(weight_version=rollout_id + 1))
+        if pusher is not None:
+            metrics.update(pusher.sync(weight_version=rollout_id + 1))
+            metrics["rollout/engine_restarts"] += restarted
         metrics["perf/step_time"] = time.perf_counter() - step_start
         for step_id, step_metrics in enumerate(steps):
             tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
@@ -263,7 +277,8 @@ def _loop(
         tracker.progress.step_done(rollout_id, metrics)
         if _due(rollout_id, cfg.eval.interval):
             state.enter("eval", rollout_id)
-            tracker.log(ray.get(manager.evaluate.remote(rollout_id + 1)), eval=rollout_id + 1)
+            state.last_eval = ray.get(manager.evaluate.remote(rollout_id + 1))
+            tracker.log(state.last_eval, eval=rollout_id + 1)
         state.rollouts_completed += 1
         state.last_metrics = metrics
 

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from slime.config import ConfigError, fill_derived, to_run_config, validate
+from slime.config.objective import objective_name, objective_value
 from slime.runtime.interrupts import Interrupts, exit_now
 
 EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
@@ -48,7 +49,8 @@ def _hydra_run():
 
 
 def execute(dcfg: DictConfig) -> float | None:
-    """Run one job. In multirun mode errors propagate to the launcher instead of exiting."""
+    """Run one job and return its objective (`logger.objective`, see slime/config/objective.py), which a
+    sweeper optimises. In multirun mode errors propagate to the launcher instead of exiting."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     scrub_hydra_records(Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task))
     try:
@@ -78,7 +80,7 @@ def execute(dcfg: DictConfig) -> float | None:
             raise RuntimeError(f"run {result['status']} in phase {result['phase']}: {result['error']}")
     else:
         exit_now(code)
-    return result["final_metrics"].get("rollout/raw_reward")
+    return result["objective"]["value"]
 
 
 def redacted_yaml(cfg) -> str:
@@ -132,6 +134,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
     state = RunState(signal_at=_signal_at(cfg.debug), hang_at=_phase_at(cfg.debug.hang_at))
     hydra = _hydra_run()
     started = time.time()
+    objective = objective_name(cfg)
 
     def write_result(status: str, error: str | None) -> dict:
         result = {
@@ -143,6 +146,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
             "num_rollout": cfg.train.num_rollout,
             "elapsed_s": round(time.time() - started, 2),
             "final_metrics": state.last_metrics,
+            "objective": {"name": objective, "value": objective_value(objective, state.last_metrics, state.last_eval)},
             "reward_curve": state.reward_curve,
             "outputs": state.outputs,
             "run_dir": str(run_dir),

@@ -97,11 +97,12 @@ def create_placement(
     *,
     device: str,
     colocate: bool,
-    gpus_per_engine: int,
+    engine_gpus: list[int],
     critic_with_actor: bool,
     timeout_s: float = 120,
 ) -> RunPlacement:
-    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles."""
+    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles;
+    engine i gets the next `engine_gpus[i]` rollout bundles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
@@ -113,9 +114,7 @@ def create_placement(
     located = _locate(group, derived.total_gpus, device)
     order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
     places = [Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0]) for i in order]
-    plan = assign_roles(
-        derived, colocate=colocate, gpus_per_engine=gpus_per_engine, critic_with_actor=critic_with_actor
-    )
+    plan = assign_roles(derived, colocate=colocate, engine_gpus=engine_gpus, critic_with_actor=critic_with_actor)
     actor = [places[i] for i in plan.actor]
     critic = actor if critic_with_actor else [places[i] for i in plan.critic]
     engines = [EnginePlacement(tuple(places[i] for i in bundles)) for bundles in plan.engines]

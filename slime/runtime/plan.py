@@ -20,17 +20,20 @@ class RolePlan:
 
     actor: list[int]  # training rank r -> its bundle
     critic: list[int]  # PPO's critic ranks (the actor's bundles when it shares them)
-    engines: list[list[int]]  # engine e -> its num_gpus_per_engine consecutive bundles
+    engines: list[list[int]]  # engine e -> its consecutive bundles
 
 
-def assign_roles(derived: Derived, *, colocate: bool, gpus_per_engine: int, critic_with_actor: bool) -> RolePlan:
+def assign_roles(derived: Derived, *, colocate: bool, engine_gpus: list[int], critic_with_actor: bool) -> RolePlan:
+    """Engine e gets the next `engine_gpus[e]` rollout bundles (the engine specs' sizes, in their order)."""
     a, c = derived.actor_gpus, derived.critic_gpus
     actor = list(range(a))
     critic = actor if critic_with_actor else list(range(a, a + c))
     rollout_start = 0 if colocate else a + c
-    rollout = list(range(rollout_start, rollout_start + derived.rollout_gpus))
-    step = max(gpus_per_engine, 1)
-    return RolePlan(actor=actor, critic=critic, engines=[rollout[i : i + step] for i in range(0, len(rollout), step)])
+    engines, first = [], rollout_start
+    for size in engine_gpus:
+        engines.append(list(range(first, first + size)))
+        first += size
+    return RolePlan(actor=actor, critic=critic, engines=engines)
 
 
 def packed_device(index: int, gpus_per_node: int) -> tuple[int, int]:

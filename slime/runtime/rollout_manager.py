@@ -8,6 +8,7 @@ also brackets weight updates (pause -> flush -> update -> continue) on every eng
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import statistics
 import time
@@ -19,17 +20,33 @@ import ray
 from slime.config.derive import Derived
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
-from slime.engine.base import EngineLaunch, get_engine_class
-from slime.engine.router import Router
+from slime.config.validate_hooks import ROLLOUT_FN_SHAPE, function_path
+from slime.engine.groups import engine_specs, model_specs
+from slime.rollout.base import (
+    EvalDataset,
+    RolloutContext,
+    RolloutHooks,
+    RolloutOutput,
+    as_eval_output,
+    as_rollout_output,
+)
 from slime.rollout.data_source import DataSourceBase, build_data_source
-from slime.rollout.default import RolloutContext, RolloutOutput
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.rewards import RewardHub, check_failures
+from slime.runtime.engine_fleet import EngineFleet, FleetSetup
 from slime.runtime.placement import EnginePlacement
 from slime.runtime.watchdog import arm_stack_dump
 from slime.types import SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
+_CONTROL_CALLS = {
+    "flush_cache",
+    "pause_generation",
+    "continue_generation",
+    "abort_and_wait_idle",
+    "release_memory",
+    "resume_memory",
+}
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
@@ -53,6 +70,7 @@ class RolloutSetup:
     global_batch_size: int  # G
     num_steps_per_rollout: int  # K
     balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
+    fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
     save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
     load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
 
@@ -73,6 +91,17 @@ class RolloutSetup:
             global_batch_size=derived.global_batch_size,
             num_steps_per_rollout=cfg.train.num_steps_per_rollout,
             balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
+            fleet=FleetSetup(
+                rollout=cfg.rollout,
+                models=model_specs(cfg),
+                specs=engine_specs(cfg, derived.rollout_gpus),
+                host=cfg.cluster.host,
+                device=cfg.cluster.device,
+                colocate=cfg.cluster.colocate,
+                seed=cfg.seed,
+                run_dir=cfg.paths.output_dir,
+                trainer_gpus=derived.actor_gpus,
+            ),
             save_rollout_data=cfg.debug.save_rollout_data,
             load_rollout_data=(
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
@@ -90,10 +119,7 @@ class RolloutManager:
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
         arm_stack_dump()  # the watchdog's stack dump (slime.runtime.watchdog)
         self.setup = setup
-        self.engine_placements = engine_placements
-        self.router: Router | None = None
-        self.engines: list[Any] = []
-        self.engine_urls: list[str] = []
+        self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -102,70 +128,45 @@ class RolloutManager:
         up; register each engine once healthy. Returns the router URL."""
         r, s = self.setup.rollout, self.setup
         if s.load_rollout_data is not None:  # replaying dumps: nothing to generate with
-            self.data_source = self.eval_source = None
+            self.data_source, self.eval_sources, self.tokenizer = None, {}, None
+            self.hooks = RolloutHooks.load(r, s.algo)  # reward_post_process still applies
             return ""
-        log_dir = Path(s.log_dir) / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        launched = self._launch_engines(log_dir)
-        if r.router.address:
-            self.router = Router.connect(r.router.address)
-        else:
-            self.router = Router.launch(host=s.host, cfg=r.router, log_path=str(log_dir / "router.log"))
+        launched = self.fleet.launch()
+        self.fleet.start_routers()
         self._load_data()
         ray.get(launched)
-        self.engine_urls = ray.get([engine.wait_until_ready.remote() for engine in self.engines])
-        for url in self.engine_urls:
-            self.router.add_worker(url)
-        return self.router.url
-
-    def _launch_engines(self, log_dir: Path) -> list:
-        """Create one engine actor per placement and have each start its server; returns the launch refs."""
-        r, s = self.setup.rollout, self.setup
-        engine_cls = ray.remote(get_engine_class(r.engine))
-        engine_config = getattr(r, r.engine)  # the kind's own typed config: rollout.hf, rollout.sglang, ...
-        # An engine's server uses every GPU of its bundles: Ray must not narrow CUDA_VISIBLE_DEVICES to one.
-        env = (
-            {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}}
-            if s.device == "cuda"
-            else {}
-        )
-        for rank, placement in enumerate(self.engine_placements):
-            launch = EngineLaunch(
-                rank=rank,
-                model_path=s.model_path,
-                host=s.host,
-                seed=s.seed + rank,
-                device=s.device,
-                log_dir=str(log_dir),
-                gpu_ids=placement.gpu_ids,
-                startup_timeout_s=getattr(engine_config, "startup_timeout_s", 600.0),
-            )
-            options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
-            self.engines.append(engine_cls.options(**options, **env).remote(launch, engine_config))
-        return [engine.launch.remote() for engine in self.engines]
+        self.fleet.finish_start()
+        if s.colocate:  # the trainer builds next: engines give their memory back until the first push
+            self.fleet.release_memory()
+        return self.fleet.router_url()
 
     def _load_data(self) -> None:
-        """Tokenizer, prompt datasets, the rollout function and the dynamic filter (a bad data config fails here)."""
+        """Tokenizer, prompt datasets (train and eval), the rollout functions and hooks (a bad data config fails here)."""
         from transformers import AutoTokenizer
 
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
         self.data_source = self._prompt_source(d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle)
         self.rewards = RewardHub.from_config(r)
-        self.eval_source = None
+        self.eval_sources = {}
         if s.eval.interval:
-            self.eval_source = self._prompt_source(s.eval.prompt_data, s.eval.n_samples_per_prompt, shuffle=False)
+            for name, e in s.eval.datasets.items():
+                keys = dict(input_key=e.input_key, label_key=e.label_key, metadata_key=e.metadata_key)
+                self.eval_sources[name] = self._prompt_source(e.prompt_data, e.n_samples_per_prompt, **keys)
         # validation resolved rollout.function (a registry name, a path or null) to an import path
-        self.rollout_fn = load_callable(r.function, key="rollout.function")
-        self.dynamic_filter = (
-            load_callable(s.algo.dynamic_filter, key="algo.dynamic_filter") if s.algo.dynamic_filter else None
-        )
+        self.rollout_fn = load_callable(r.function, key="rollout.function", **ROLLOUT_FN_SHAPE)
+        self.eval_fn = self.rollout_fn
+        if s.eval.function is not None:
+            self.eval_fn = load_callable(function_path(s.eval.function), key="eval.function", **ROLLOUT_FN_SHAPE)
+        self.hooks = RolloutHooks.load(r, s.algo)
 
-    def _prompt_source(self, path: str, n_samples_per_prompt: int, *, shuffle: bool) -> DataSourceBase:
-        """A data source over the prompt file at `path`, read with `data`'s keys and templating; the class is
-        `data.source_class` when set."""
+    def _prompt_source(
+        self, path: str, n_samples_per_prompt: int, *, shuffle: bool = False, **keys: str | None
+    ) -> DataSourceBase:
+        """A data source over the prompt file at `path`, read with `data`'s keys (or `keys`) and templating; the
+        class is `data.source_class` when set."""
         return build_data_source(
-            self.setup.data,
+            dataclasses.replace(self.setup.data, **keys),
             path,
             tokenizer=self.tokenizer,
             n_samples_per_prompt=n_samples_per_prompt,
@@ -174,58 +175,87 @@ class RolloutManager:
         )
 
     def urls(self) -> list[str]:
-        """The URL of every engine, in engine rank order (what weight sync pushes to)."""
-        return list(self.engine_urls)
+        """The URL of every engine that receives weight syncs, in engine rank order, then external engines."""
+        return self.fleet.sync_urls()
+
+    def tensor_handle_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """Per synced engine, the training rank on each TP rank's device (tensor mode, colocated)."""
+        return self.fleet.tensor_handle_ranks()
+
+    def engine_control(self, call: str, *args: Any) -> None:
+        """Run one of the fleet's control calls on the engines: flush_cache, pause_generation,
+        continue_generation, abort_and_wait_idle, release_memory, resume_memory(tags)."""
+        if call not in _CONTROL_CALLS:
+            raise ValueError(f"unknown engine control call {call!r}; one of {sorted(_CONTROL_CALLS)}")
+        getattr(self.fleet, call)(*args)
+
+    def recover_engines(self) -> list[int]:
+        """Restart engines the health checks found dead (they get weights next); returns their ranks."""
+        return self.fleet.recover()
+
+    def register_engines(self, ranks: list[int]) -> None:
+        self.fleet.register_restarted(ranks)
 
     def shutdown(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
-        for url in self.engine_urls:
-            try:
-                if self.router is not None:
-                    self.router.remove_worker(url)
-            except Exception as exc:  # teardown continues past a dead router
-                logger.warning("deregistering %s failed: %s", url, exc)
-        for engine in self.engines:
-            try:
-                ray.get(engine.shutdown.remote())
-            except Exception as exc:
-                logger.warning("engine shutdown failed: %s", exc)
-        self.engines = []
-        if self.router is not None:
-            self.router.shutdown()
-            self.router = None
+        self.fleet.shutdown()
 
     # ---- rollout -----------------------------------------------------------------------------
     def _context(self, *, evaluation: bool) -> RolloutContext:
-        r, e = self.setup.rollout, self.setup.eval
-        source = self.eval_source if evaluation else self.data_source
-        max_new = e.max_response_len if evaluation else r.max_response_len
-        sampling = {
-            "temperature": e.temperature if evaluation else r.temperature,
-            "top_p": r.top_p,
-            "top_k": r.top_k,
-            "max_new_tokens": max_new,
+        s, r = self.setup, self.setup.rollout
+        batch = r.batch_size
+        return RolloutContext(
+            config=r,
+            router_url=self.fleet.router_url() if s.load_rollout_data is None else "",  # none when replaying dumps
+            model_routers=self.fleet.model_routers() if s.load_rollout_data is None else {},
+            request_timeout_s=r.request_timeout_s,
+            tokenizer=self.tokenizer,
+            batch_size=batch,
+            over_sampling_batch_size=r.over_sampling_batch_size,
+            sampling_params=self._sampling_params(r),
+            max_in_flight=r.concurrency * max(self.fleet.num_generating_engines(), 1),
+            rewards=self.rewards,
+            reward_key=r.reward_key,
+            hooks=self.hooks,
+            max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
+            sampling_seed=self._sampling_seed(evaluation),
+            eval_datasets=self._eval_datasets() if evaluation else [],
+        )
+
+    def _sampling_params(self, node) -> dict[str, Any]:
+        """SGLang sampling params from `node` (the rollout config or an eval dataset), the rest from the rollout."""
+        r = self.setup.rollout
+        return {
+            "temperature": node.temperature,
+            "top_p": node.top_p,
+            "top_k": node.top_k,
+            "max_new_tokens": node.max_response_len,
             "stop": list(r.stop),
             "stop_token_ids": list(r.stop_token_ids),
             "skip_special_tokens": r.skip_special_tokens,
             "no_stop_trim": True,
             "spaces_between_special_tokens": False,
         }
-        batch = len(source.dataset) if evaluation else r.batch_size
-        return RolloutContext(
-            router_url=self.router.url,
-            tokenizer=self.tokenizer,
-            data_source=source,
-            batch_size=batch,
-            over_sampling_batch_size=batch if evaluation else r.over_sampling_batch_size,
-            sampling_params=sampling,
-            max_in_flight=r.concurrency * len(self.engines),
-            rewards=self.rewards,
-            dynamic_filter=None if evaluation else self.dynamic_filter,
-            max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
-            sampling_seed=self._sampling_seed(evaluation),
-        )
+
+    def _eval_datasets(self) -> list[EvalDataset]:
+        """Every eval dataset from its first prompt (its source rewound), with its own settings."""
+        datasets = []
+        for name, e in self.setup.eval.datasets.items():
+            source = self.eval_sources[name]
+            source.sample_offset, source.epoch_id = 0, 0
+            datasets.append(
+                EvalDataset(
+                    name=name,
+                    source=source,
+                    num_prompts=len(source),
+                    n_samples_per_prompt=e.n_samples_per_prompt,
+                    sampling_params=self._sampling_params(e),
+                    rm_type=e.rm_type,
+                    reward_key=e.reward_key,
+                )
+            )
+        return datasets
 
     def _sampling_seed(self, evaluation: bool) -> int | None:
         if not self.setup.rollout.deterministic:
@@ -234,16 +264,10 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
         """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""
-        import torch
+        from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 
-        from slime.rollout.postprocess import (
-            overlong_penalty,
-            post_process_rewards,
-            rollout_metrics,
-            split_for_data_parallel,
-        )
-
-        out = self._rollout(rollout_id)
+        ctx = self._context(evaluation=False)
+        out = self._rollout(ctx, rollout_id)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(
@@ -251,27 +275,21 @@ class RolloutManager:
                 f"{self.setup.rollout.batch_size}"
             )
         samples = [s for g in groups for s in g]
+        if len({s.index for s in samples}) != len(samples):  # a retried request must replace, never add
+            raise RuntimeError(f"rollout {rollout_id}: a sample index appears twice in the rollout function's groups")
         if self.setup.save_rollout_data:
             save_rollout_data(self.setup.log_dir, rollout_id, groups)
-        a = self.setup.algo
         failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
-        raw = torch.tensor([s.scalar_reward(self.setup.rollout.reward_key) for s in samples], dtype=torch.float64)
-        metrics = {**out.metrics, **failures, **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt)}
-        shaped = raw
-        if a.overlong_buffer_len:
-            penalty = torch.tensor(
-                overlong_penalty(
-                    [s.response_length for s in samples],
-                    max_response_len=self.setup.rollout.max_response_len,
-                    buffer_len=a.overlong_buffer_len,
-                    factor=a.overlong_penalty_factor,
-                ),
-                dtype=torch.float64,
-            )
-            shaped = raw + penalty
-            metrics["rollout/overlong_penalty"] = float(penalty.mean())
-        rewards = post_process_rewards(shaped, a, self.setup.rollout.n_samples_per_prompt)
+        raw, rewards, shaping = self._rewards(ctx, samples)
+        metrics = {
+            **out.metrics,
+            **failures,
+            **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt),
+            **shaping,
+        }
         metrics["rollout/rewards"] = float(rewards.mean())
+        metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
+        metrics["rollout/num_aborted"] = float(sum(s.status == SampleStatus.ABORTED for s in samples))
         preview = [
             dict(s.to_dict(), rollout_step=rollout_id)
             for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
@@ -288,35 +306,55 @@ class RolloutManager:
         )
         return batches, metrics, preview
 
-    def _rollout(self, rollout_id: int) -> RolloutOutput:
+    def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
         """The rollout function's step, or the step's dump under debug.load_rollout_data."""
         if self.setup.load_rollout_data is None:
-            return self.rollout_fn(self._context(evaluation=False), rollout_id, evaluation=False)
+            if self.hooks.buffer_filter is not None:
+                self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
+            out = self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False)
+            self.fleet.abort_and_wait_idle()  # nothing a custom rollout function left running outlives its step
+            return as_rollout_output(out, "rollout.function")
         start = time.perf_counter()
         groups = load_rollout_data(self.setup.load_rollout_data, rollout_id)
         return RolloutOutput(groups=groups, metrics={"perf/rollout_time": time.perf_counter() - start})
 
-    def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Mean reward, truncation ratio and pass@k over the eval prompts (`eval/<name>...`)."""
-        from slime.algo import pass_at_k
+    def _rewards(self, ctx: RolloutContext, samples: list) -> tuple[Any, Any, dict[str, float]]:
+        """(raw rewards, post-processed rewards, metrics) as float64 tensors: the hook's, or the algorithm's."""
+        import torch
 
-        if self.eval_source is None:
-            return {}
-        self.eval_source.sample_offset, self.eval_source.epoch_id = 0, 0
-        out = self.rollout_fn(self._context(evaluation=True), rollout_id, evaluation=True)
-        name, n = self.setup.eval.name, self.setup.eval.n_samples_per_prompt
-        samples = [s for g in out.groups for s in g]
-        rewards = [s.scalar_reward(self.setup.rollout.reward_key) for s in samples]
-        metrics = {
-            f"eval/{name}": statistics.fmean(rewards),
-            f"eval/{name}-truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
-        }
-        k = 1
-        while k <= n:
-            metrics[f"eval/{name}-pass@{k}"] = statistics.fmean(
-                pass_at_k(n, sum(s.reward == 1 for s in g), k) for g in out.groups
+        from slime.rollout.postprocess import overlong_penalty, post_process_rewards
+
+        if self.hooks.reward_post_process is not None:
+            raw, rewards = self.hooks.reward_post_process(ctx, samples)
+            return torch.as_tensor(raw, dtype=torch.float64), torch.as_tensor(rewards, dtype=torch.float64), {}
+        a, r = self.setup.algo, self.setup.rollout
+        raw = torch.tensor([s.scalar_reward(r.reward_key) for s in samples], dtype=torch.float64)
+        shaped, metrics = raw, {}
+        if a.overlong_buffer_len:
+            lengths = [s.response_length for s in samples]
+            penalty = overlong_penalty(
+                lengths,
+                max_response_len=r.max_response_len,
+                buffer_len=a.overlong_buffer_len,
+                factor=a.overlong_penalty_factor,
             )
-            k *= 2
+            shaped = raw + torch.tensor(penalty, dtype=torch.float64)
+            metrics["rollout/overlong_penalty"] = float(statistics.fmean(penalty))
+        return raw, post_process_rewards(shaped, a, r.n_samples_per_prompt), metrics
+
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Per eval dataset: mean reward, truncation ratio, response length and pass@k (`eval/<name>...`)."""
+        from slime.rollout.eval_metrics import eval_metrics
+
+        if not self.eval_sources:
+            return {}
+        ctx = self._context(evaluation=True)
+        out = as_eval_output(self.eval_fn(ctx, rollout_id, self.data_source, evaluation=True), "eval.function")
+        metrics = dict(out.metrics)
+        for dataset in ctx.eval_datasets:
+            if dataset.name not in out.datasets:
+                raise RuntimeError(f"the eval function returned no groups for eval dataset {dataset.name!r}")
+            metrics.update(eval_metrics(dataset.name, out.datasets[dataset.name], dataset.reward_key))
         return metrics
 
     # ---- weights and state -------------------------------------------------------------------

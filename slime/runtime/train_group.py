@@ -150,6 +150,13 @@ class TrainGroup:
     def update_weights(self, weight_version: int) -> dict[str, float]:
         return self._all("update_weights", weight_version)[0]
 
+    def offload(self) -> None:
+        """Free accelerator memory for colocated engines (every rank)."""
+        self._all("offload")
+
+    def onload(self) -> None:
+        self._all("onload")
+
     def save_hf(self, path: str) -> None:
         self._all("save_hf", path)
 

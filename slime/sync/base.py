@@ -39,6 +39,8 @@ class SyncContext:
     bucket_bytes: int  # bucket size the exporter fills, in bytes
     keep: bool = False  # disk: keep each pushed directory
     check_weight_update_equal: bool = False  # debug: compare engine checksums with the trainer's after each push
+    # tensor mode: per engine (in push order), the training rank colocated with each engine TP rank (-1: none)
+    tp_trainer_ranks: tuple[tuple[int, ...], ...] = ()
 
 
 class WeightMismatchError(RuntimeError):

@@ -6,18 +6,67 @@ Per bucket: flatten the bucket's tensors into one fresh byte buffer (`slime.sync
 in turn. An engine copies into its parameters before replying; only then is the buffer freed (the
 file deleted, the CUDA buffer dropped), and the next bucket gets a fresh one (reuse raced with the
 engine's asynchronous copy in SGLang). The engines must run on the source rank's node.
+
+Per-TP-rank handles: engine TP rank i opens the handle made on its own device. When
+`SyncContext.tp_trainer_ranks` names, per engine, the training rank colocated with each TP rank, every
+such rank stages the bucket on its own device too (`TensorHandleFollower`), the handles are gathered
+to the source rank over the training group (`all_gather_object`), the source posts handle i to TP rank
+i, and a barrier keeps every buffer alive until the engines replied. A TP rank without a colocated
+trainer (-1) gets the source's handle.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from slime.sync import wire
-from slime.sync.base import WeightSync
+from slime.sync.base import SyncContext, WeightSync
 from slime.sync.hf_files import Bucket
+
+
+@contextmanager
+def staged(bucket: Bucket) -> Iterator[str]:
+    """The bucket flattened into a fresh buffer on its device; yields the encoded handle item and frees
+    the buffer (deletes the /dev/shm file) on exit."""
+    nbytes = wire.bucket_nbytes(bucket)
+    on_cuda = any(t.is_cuda for _, t in bucket)
+    shm_path = None
+    if on_cuda:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=next(t.device for _, t in bucket if t.is_cuda))
+    else:
+        buffer, shm_path = wire.new_shm_buffer(nbytes)
+    try:
+        metadata = wire.flatten_into(bucket, buffer)
+        if on_cuda:
+            torch.cuda.current_stream(buffer.device).synchronize()  # the copy lands before the engine reads
+        yield wire.encode({"handle": wire.make_handle(buffer, shm_path), "metadata": metadata})
+    finally:
+        del buffer
+        if shm_path is not None:
+            os.unlink(shm_path)
+
+
+def _per_rank(context: SyncContext) -> bool:
+    return any(r > 0 for ranks in context.tp_trainer_ranks for r in ranks)
+
+
+def _gather(item: str) -> list[str]:
+    """Every training rank's handle item, by rank (collective over the training group)."""
+    import torch.distributed as dist
+
+    items: list = [None] * dist.get_world_size()
+    dist.all_gather_object(items, item)
+    return items
+
+
+def _release_cuda_ipc() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
 
 
 class TensorWeightSync(WeightSync):
@@ -27,28 +76,53 @@ class TensorWeightSync(WeightSync):
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         total = 0
+        per_rank = _per_rank(self.context)
         for bucket in buckets:
-            nbytes = wire.bucket_nbytes(bucket)
-            on_cuda = any(t.is_cuda for _, t in bucket)
-            shm_path = None
-            if on_cuda:
-                buffer = torch.empty(nbytes, dtype=torch.uint8, device=next(t.device for _, t in bucket if t.is_cuda))
-            else:
-                buffer, shm_path = wire.new_shm_buffer(nbytes)
-            try:
-                metadata = wire.flatten_into(bucket, buffer)
-                if on_cuda:
-                    torch.cuda.current_stream(buffer.device).synchronize()  # the copy lands before the engine reads
-                item = wire.encode({"handle": wire.make_handle(buffer, shm_path), "metadata": metadata})
-                for engine in self.engines:
-                    tp_size = int(engine.server_info().get("tp_size", 1) or 1) if on_cuda else 1
-                    engine.update_weights_from_tensor([item] * tp_size, weight_version=weight_version)
-            finally:
-                del buffer
-                if shm_path is not None:
-                    os.unlink(shm_path)
-            total += nbytes
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.ipc_collect()
-            torch.cuda.empty_cache()
+            with staged(bucket) as item:
+                items = _gather(item) if per_rank else None
+                for index, engine in enumerate(self.engines):
+                    engine.update_weights_from_tensor(
+                        self._handles(index, engine, item, items, bucket), weight_version=weight_version
+                    )
+                if per_rank:
+                    import torch.distributed as dist
+
+                    dist.barrier()  # the followers' buffers stay until every engine copied
+            total += wire.bucket_nbytes(bucket)
+        _release_cuda_ipc()
         return total
+
+    def _handles(self, index: int, engine, item: str, items: list[str] | None, bucket: Bucket) -> list[str]:
+        """One handle item per engine TP rank."""
+        ranks = self.context.tp_trainer_ranks[index] if index < len(self.context.tp_trainer_ranks) else ()
+        if items is not None and ranks:
+            return [items[r] if r >= 0 else item for r in ranks]
+        on_cuda = any(t.is_cuda for _, t in bucket)
+        tp_size = int(engine.server_info().get("tp_size", 1) or 1) if on_cuda else 1
+        return [item] * tp_size
+
+
+class TensorHandleFollower:
+    """A non-source training rank colocated with engine TP ranks: stages each bucket on its own device and
+    joins the source's gather and barrier (see the module docstring). Pushes nothing itself."""
+
+    def __init__(self, context: SyncContext, rank: int):
+        self.context = context
+        self.stages = any(rank in ranks for ranks in context.tp_trainer_ranks)  # else it only joins the collectives
+
+    def follow(self, buckets: Iterable[Bucket]) -> None:
+        import torch.distributed as dist
+
+        for bucket in buckets:
+            with staged(bucket) if self.stages else nullcontext(None) as item:
+                _gather(item)
+                dist.barrier()
+        _release_cuda_ipc()
+
+    def close(self) -> None:
+        """Nothing held between pushes."""
+
+
+def needs_follower(context: SyncContext) -> bool:
+    """Whether the non-source training ranks take part in each push (per-TP-rank handles)."""
+    return _per_rank(context)

@@ -16,6 +16,7 @@ from slime.config.derive import Derived, derive
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
 from slime.config.validate import collect_problems
+from slime.engine.groups import engine_specs
 from slime.runtime.plan import assign_roles, packed_device
 from slime.tracking.memory import GIB, estimate_memory, gpu_capacity_gib, parameter_count
 from slime.train.layout import RankLayout
@@ -26,9 +27,8 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     c, p = cfg.cluster, cfg.parallelism
     ppo = cfg.algo.advantage_estimator == "ppo"
     with_actor = ppo and c.critic.colocate_with_actor
-    plan = assign_roles(
-        derived, colocate=c.colocate, gpus_per_engine=c.rollout.num_gpus_per_engine, critic_with_actor=with_actor
-    )
+    engine_gpus = [spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)]
+    plan = assign_roles(derived, colocate=c.colocate, engine_gpus=engine_gpus, critic_with_actor=with_actor)
     layout = RankLayout.for_world(derived.actor_gpus, tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep, etp=p.etp)
     holds: dict[int, list[str]] = {i: [] for i in range(derived.total_gpus)}
     for rank, bundle in enumerate(plan.actor):

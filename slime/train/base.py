@@ -132,6 +132,11 @@ class TrainBackend(abc.ABC):
             from slime.registry import WEIGHT_SYNC
 
             self.weight_sync = WEIGHT_SYNC.load(mode)([EngineClient(url) for url in engine_urls], context)
+        elif mode == "tensor":
+            from slime.sync.tensor import TensorHandleFollower, needs_follower
+
+            if needs_follower(context):  # stages per-TP-rank handles on this rank's device (slime.sync.tensor)
+                self.weight_sync = TensorHandleFollower(context, self.rank)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
         """Push the current weights to every engine (collective); `perf/*` timings from the source rank."""
@@ -139,6 +144,9 @@ class TrainBackend(abc.ABC):
         if self.weight_sync is None:
             for _ in buckets:  # take part in the gathers
                 pass
+            return {}
+        if not self.layout.is_source(self.rank):  # a TensorHandleFollower
+            self.weight_sync.follow(buckets)
             return {}
         return self.weight_sync.push(buckets, weight_version=weight_version)
 

@@ -69,7 +69,9 @@ def _gone(pid: int) -> bool:
 
 def test_registry():
     assert get_engine_class("hf") is HFEngine
-    with pytest.raises(ValueError, match="unknown rollout engine 'hff' \\(did you mean hf\\?\\); registered: hf"):
+    with pytest.raises(
+        ValueError, match="unknown rollout engine 'hff' \\(did you mean hf\\?\\); registered: hf, sglang"
+    ):
         get_engine_class("hff")
 
 

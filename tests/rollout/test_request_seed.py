@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slime.rollout.default import request_seed
+from slime.rollout.generate import request_seed
 from slime.types import Sample
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from slime.assets.digit_task import make_prompt
 from slime.assets.tokenizer import build_tokenizer
+from slime.config.schema import RolloutConfig
+from slime.rollout.base import RolloutContext
 from slime.rollout.data_source import DataSource, PromptDataset
-from slime.rollout.default import RolloutContext
 from slime.rollout.rewards import RewardHub
 from slime.rollout.sft import conversation_tokens_and_mask, generate_rollout, sft_sample
 from slime.types import Sample, SampleStatus
@@ -256,11 +257,11 @@ def test_prefix_property_violation_raises():
     assert [t for t, m in zip(fake.convert_ids_to_tokens(ids), mask) if m] == ["yo", "<|im_end|>", "ok", "<|im_end|>"]
 
 
-def _ctx(tok, source, batch_size):
+def _ctx(tok, batch_size):
     return RolloutContext(
+        config=RolloutConfig(batch_size=batch_size),
         router_url="http://unused.invalid",
         tokenizer=tok,
-        data_source=source,
         batch_size=batch_size,
         over_sampling_batch_size=batch_size,
         sampling_params={"max_new_tokens": 8},
@@ -290,16 +291,16 @@ def test_generate_rollout_string_prompts_through_prompt_dataset(tok, tmp_path):
         str(path), tokenizer=tok, input_key="prompt", label_key="label", metadata_key=None, apply_chat_template=False
     )
     source = DataSource(dataset, n_samples_per_prompt=2, shuffle=False, seed=1)
-    out = generate_rollout(_ctx(tok, source, 3), 0)
+    out = generate_rollout(_ctx(tok, 3), 0, source)
     _check_groups(tok, out.groups, 3, 2)
     assert [strings(tok, s.tokens[s.prompt_length :]) for s in out.groups[2]] == [["3", "<|im_end|>"]] * 2
     assert out.metrics["rollout/response_len/mean"] == 2.0 and out.metrics["perf/rollout_time"] >= 0
     # the next call continues where the data source left off, crossing into epoch 1
-    out = generate_rollout(_ctx(tok, source, 3), 1)
+    out = generate_rollout(_ctx(tok, 3), 1, source)
     _check_groups(tok, out.groups, 3, 2)
     assert [g[0].label for g in out.groups] == ["4", "1", "2"] and source.epoch_id == 1
     with pytest.raises(ValueError, match="no evaluation mode"):
-        generate_rollout(_ctx(tok, source, 1), 2, evaluation=True)
+        generate_rollout(_ctx(tok, 1), 2, source, evaluation=True)
 
 
 def test_generate_rollout_message_records(tok, tmp_path):
@@ -325,7 +326,7 @@ def test_generate_rollout_message_records(tok, tmp_path):
             sample.messages = r["prompt"]
             dataset.samples.append(sample)
     source = DataSource(dataset, n_samples_per_prompt=1, shuffle=False, seed=1)
-    out = generate_rollout(_ctx(tok, source, 3), 0)
+    out = generate_rollout(_ctx(tok, 3), 0, source)
     _check_groups(tok, out.groups, 3, 1)
     answers = [strings(tok, g[0].tokens[g[0].prompt_length :]) for g in out.groups]
     assert answers == [["2", "<|im_end|>"], ["6", "<|im_end|>"], ["0", "<|im_end|>"]]

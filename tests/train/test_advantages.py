@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -67,8 +69,8 @@ def test_overlong_penalty_and_zero_std_filter():
         -0.5,
         -1.0,
     ]
-    keep = check_reward_nonzero_std([Sample(reward=1.0), Sample(reward=0.0)])
-    drop = check_reward_nonzero_std([Sample(reward=1.0), Sample(reward=1.0)])
+    keep = check_reward_nonzero_std(SimpleNamespace(reward_key=None), [Sample(reward=1.0), Sample(reward=0.0)])
+    drop = check_reward_nonzero_std(SimpleNamespace(reward_key=None), [Sample(reward=1.0), Sample(reward=1.0)])
     assert keep.keep and not drop.keep and drop.reason == "zero_std_1.0"
 
 

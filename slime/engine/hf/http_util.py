@@ -44,7 +44,7 @@ async def errors_as_json(request: web.Request, handler):
 
 async def json_body(request: web.Request) -> dict:
     """The request's JSON object ({} without a body); GenerationError (400) for anything else."""
-    if not request.can_read_body:
+    if not request.body_exists:  # (not can_read_body: a middleware may have read it, aiohttp caches it)
         return {}
     try:
         body = await request.json()

@@ -319,7 +319,12 @@ def _empty_device_cache(device: str, *, collect: bool) -> None:
 
 async def serve(args: argparse.Namespace) -> None:
     server = HFServer(args)
-    app = web.Application(client_max_size=1 << 30, middlewares=[errors_as_json])
+    await run_app(server, web.Application(client_max_size=1 << 30, middlewares=[errors_as_json]))
+
+
+async def run_app(server: HFServer, app: web.Application) -> None:
+    """Serve `server`'s routes on `app` at its host and port until SIGTERM/SIGINT."""
+    args = server.args
     app.add_routes(server.routes())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

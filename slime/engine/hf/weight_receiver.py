@@ -41,7 +41,7 @@ def _require(body: dict, *keys: str) -> list[Any]:
 
 async def _body(request: web.Request) -> dict:
     try:
-        body = await request.json() if request.can_read_body else {}
+        body = await request.json() if request.body_exists else {}
     except json.JSONDecodeError as exc:
         raise WeightLoadError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
@@ -171,23 +171,31 @@ class WeightReceiver:
 
     # ---- tensor ------------------------------------------------------------------------------
     def open_bucket(self, body: dict) -> dict[str, torch.Tensor]:
-        """Decode the one serialised bucket of this (TP size 1) engine; returns views of the mapped buffer."""
+        """Decode the serialised bucket, one per engine TP rank (SGLang's TP rank i opens item i). This
+        one-process engine loads item 0 and requires every other item to hold the same bytes."""
         (items,) = _require(body, "serialized_named_tensors")
         if body.get("load_format", "flattened_bucket") != "flattened_bucket":
             raise WeightLoadError(f"load_format={body.get('load_format')!r} is not supported (flattened_bucket)")
-        if not isinstance(items, list) or len(items) != 1:
+        if not isinstance(items, list) or not items:
             raise WeightLoadError(
-                f"expected one serialised bucket (engine TP size 1), got "
-                f"{len(items) if isinstance(items, list) else type(items).__name__}"
+                f"expected a list of serialised buckets (one per engine TP rank), got {type(items).__name__}"
             )
         try:
-            payload = wire.decode(items[0])
-            buffer = wire.open_handle(payload["handle"])
-            return wire.unflatten(buffer, payload["metadata"])
+            opened = [self._open_item(item) for item in items]
         except WeightLoadError:
             raise
         except Exception as exc:  # noqa: BLE001 - a bad payload is the caller's error
             raise WeightLoadError(f"cannot open the serialised bucket: {exc}") from exc
+        (buffer, metadata), rest = opened[0], opened[1:]
+        for rank, (other, other_metadata) in enumerate(rest, start=1):
+            if other_metadata != metadata or not torch.equal(other.cpu(), buffer.cpu()):
+                raise WeightLoadError(f"the bucket of TP rank {rank} differs from TP rank 0's")
+        return wire.unflatten(buffer, metadata)
+
+    @staticmethod
+    def _open_item(item: str) -> tuple[torch.Tensor, list]:
+        payload = wire.decode(item)
+        return wire.open_handle(payload["handle"]), payload["metadata"]
 
     # ---- loading and checking (model thread) --------------------------------------------------
     def load(self, tensors: dict[str, torch.Tensor], version: Any) -> int:

@@ -37,6 +37,9 @@ OWNED_FIELDS: dict[str, str] = {
     "skip_server_warmup": "the engine's own health check",
     "enable_metrics": "the framework's monitoring",
     "device": "cluster.device",
+    "weight_version": "the weight sync (each push stamps its version)",
+    "disaggregation_mode": "rollout.models[*].server_groups[*].worker_type",
+    "disaggregation_bootstrap_port": "a port the framework reserves",
 }
 _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config keys
 

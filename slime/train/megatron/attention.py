@@ -16,6 +16,8 @@ aligned) on CUDA in bf16/fp16; per-segment SDPA elsewhere (CPU, fp32). K/V heads
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +118,25 @@ def _varlen(kernel, q: Tensor, k: Tensor, v: Tensor, seg: Segments, scale: float
     return kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=(-1, 0))
 
 
+def _varlen_packed(q: Tensor, k: Tensor, v: Tensor, params, scale: float) -> Tensor:
+    """One varlen call over the whole packed stream (no context parallel): causal per sample; GQA
+    natively where this torch's varlen_attn takes `enable_gqa`, else with K/V heads repeated."""
+    kernel = _varlen_kernel()
+    groups = q.shape[1] // k.shape[1]
+    gqa = {}
+    if groups > 1 and _takes_gqa(kernel):
+        gqa = {"enable_gqa": True}
+    elif groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    cu, longest = params.cu_seqlens_q, params.max_seqlen_q
+    return kernel(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0), **gqa)
+
+
+@functools.cache
+def _takes_gqa(kernel) -> bool:
+    return "enable_gqa" in inspect.signature(kernel).parameters
+
+
 def _cu(lengths: list[int], device) -> Tensor:
     out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     out[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
@@ -137,8 +158,11 @@ class PackedAttention(torch.nn.Module):
     ):
         if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
             raise ValueError("PackedAttention runs packed THD micro-batches only (slime.train.megatron.batch)")
-        cu = packed_seq_params.cu_seqlens_q.tolist()
         cp = self.config.context_parallel_size
+        if cp == 1 and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _varlen_kernel():
+            out = _varlen_packed(query, key, value, packed_seq_params, self.scale)  # no host sync
+            return out.reshape(out.shape[0], -1)
+        cu = packed_seq_params.cu_seqlens_q.tolist()
         if cp > 1:
             group = self.cp_group if self.cp_group is not None else _cp_group()
             rank = torch.distributed.get_rank(group)

@@ -74,9 +74,11 @@ def build(
     tp_multiple: int = 1,
     pad_id: int = 0,
     device: torch.device | str = "cpu",
+    min_total: int = 0,
 ) -> MicroBatch:
     """Pack samples (each a prompt of ≥ 1 token then `response_lengths[i]` response tokens) for CP rank
-    `cp_rank`; `tp_multiple` > 1 pads the local stream to a multiple of it (sequence parallel)."""
+    `cp_rank`; `tp_multiple` > 1 pads the local stream to a multiple of it (sequence parallel);
+    `min_total` pads the full stream to at least that many tokens (rounded up to the same multiples)."""
     unit = 2 * cp if cp > 1 else 1
     ids: list[int] = []
     positions: list[int] = []
@@ -94,8 +96,9 @@ def build(
         positions.extend(range(padded))
         scored.extend((start, padded, prompt - 1 + k, tokens[prompt + k]) for k in range(response))
         cu.append(start + padded)
-    extra = (-cu[-1]) % (unit * tp_multiple) if tp_multiple > 1 else 0
-    if extra:  # a padding sample: the local stream divides by tp
+    multiple = unit * tp_multiple
+    extra = max((-cu[-1]) % multiple, _round_up(min_total, multiple) - cu[-1])
+    if extra:  # a padding sample: the local stream divides by tp, or reaches min_total
         ids.extend([pad_id] * extra)
         positions.extend(range(extra))
         cu.append(cu[-1] + extra)
@@ -132,3 +135,10 @@ def _local_positions(cu: list[int], cp: int, cp_rank: int) -> Tensor:
         for j in (cp_rank, 2 * cp - 1 - cp_rank):
             parts.append(torch.arange(s + j * c, s + (j + 1) * c))
     return torch.cat(parts)
+
+
+def padded_total(token_lists: list[list[int]], *, cp: int = 1, tp_multiple: int = 1) -> int:
+    """The full stream length `build` makes of these samples (before `min_total`)."""
+    unit = 2 * cp if cp > 1 else 1
+    total = sum(_round_up(len(t), unit) for t in token_lists)
+    return _round_up(total, unit * tp_multiple)

@@ -149,6 +149,13 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "sequence parallelism splits over tp ranks, and tp=1",
             "set parallelism.tp > 1 or sequence_parallel=false",
         )
+    if p.tp > 1 and m.vocab_size % p.tp:
+        yield Problem(
+            "parallelism.tp",
+            p.tp,
+            f"the megatron backend splits model.vocab_size={m.vocab_size} evenly over the tp ranks",
+            f"pick a parallelism.tp dividing {m.vocab_size}",
+        )
     if m.num_experts is not None and p.tp > 1 and not p.sequence_parallel:
         yield Problem(
             "parallelism.tp",
@@ -163,6 +170,14 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
                 p.vpp,
                 f"virtual pipeline stages need pp >= 2 and vpp >= 2 (pp={p.pp})",
                 "set parallelism.vpp=null or raise parallelism.pp",
+            )
+        elif p.pp == 2 and cfg.cluster.device == "cpu":
+            yield Problem(
+                "parallelism.vpp",
+                p.vpp,
+                "with pp=2 both pipeline neighbours are one gloo peer, and the interleaved schedule's batched"
+                " sends in both directions pair up wrongly on CPU (measured: wrong gradients)",
+                "use pp >= 4 with vpp on CPU, or parallelism.vpp=null",
             )
         elif m.num_layers % (p.pp * p.vpp):
             yield Problem(

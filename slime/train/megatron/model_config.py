@@ -63,7 +63,9 @@ def transformer_config(
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
-        variable_seq_lengths=True,  # packed micro-batches differ in length; the pipeline sends shapes first
+        # packed micro-batches differ in length, the pipeline sends shapes first; the interleaved schedule
+        # cannot, so with virtual stages every micro-batch is padded to one length instead
+        variable_seq_lengths=p.vpp is None,
         moe_token_dispatcher_type="alltoall",  # megatron: the only dispatcher with variable sequence lengths
         calculate_per_token_loss=True,  # losses carry step-level weights: gradients are summed, never averaged
         use_cpu_initialization=device == "cpu",

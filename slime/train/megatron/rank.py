@@ -71,6 +71,7 @@ class MegatronRank(BatchColumns, TrainBackend):
         self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.pad_id = 0
         self.global_step = 0
+        self._one = torch.ones((), dtype=torch.int, device=self.device)  # the schedules' token count (unused)
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the data-parallel ranks (tp, cp and pp ranks of a shard hold the same values)."""
@@ -88,24 +89,39 @@ class MegatronRank(BatchColumns, TrainBackend):
             micro_batch_size=p.micro_batch_size,
             max_tokens=p.max_tokens_per_gpu,
         )
-        count = int(parallel.all_reduce(torch.tensor(len(micro)), self.dp_group, op=torch.distributed.ReduceOp.MAX))
+        count = torch.tensor(len(micro), device=self.device)
+        count = int(parallel.all_reduce(count, self.dp_group, op=torch.distributed.ReduceOp.MAX))
         if p.vpp:
             count = -(-count // self.layout.pp) * self.layout.pp
         return batching.pad_to(micro, count)
 
-    def _pack(self, mb: list[int]) -> mbatch.MicroBatch:
-        tokens = [self.batch.tokens[i] for i in mb] or [[self.pad_id]]
-        responses = [self.batch.response_lengths[i] for i in mb] or [0]
-        seq_parallel = self.config.sequence_parallel
-        return mbatch.build(
-            tokens,
-            responses,
-            cp=self.layout.cp,
-            cp_rank=torch.distributed.get_rank(self.cp_group) if self.layout.cp > 1 else 0,
-            tp_multiple=self.layout.tp if seq_parallel else 1,
-            pad_id=self.pad_id,
-            device=self.device,
-        )
+    def _samples(self, mb: list[int]) -> tuple[list[list[int]], list[int]]:
+        return [self.batch.tokens[i] for i in mb] or [[self.pad_id]], [self.batch.response_lengths[i] for i in mb] or [
+            0
+        ]
+
+    def _pack_all(self, micro: list[list[int]]) -> list[mbatch.MicroBatch]:
+        """The packed micro-batches; with virtual pipeline stages all of one length (megatron's
+        interleaved schedule sends fixed-shape tensors)."""
+        tp_multiple = self.layout.tp if self.config.sequence_parallel else 1
+        cp = self.layout.cp
+        samples = [self._samples(mb) for mb in micro]
+        total = 0
+        if self.config.virtual_pipeline_model_parallel_size:
+            total = max(mbatch.padded_total(tokens, cp=cp, tp_multiple=tp_multiple) for tokens, _ in samples)
+        return [
+            mbatch.build(
+                tokens,
+                responses,
+                cp=cp,
+                cp_rank=torch.distributed.get_rank(self.cp_group) if cp > 1 else 0,
+                tp_multiple=tp_multiple,
+                pad_id=self.pad_id,
+                device=self.device,
+                min_total=total,
+            )
+            for tokens, responses in samples
+        ]
 
     def _score(self, hidden: torch.Tensor, packed: mbatch.MicroBatch, *, with_entropy: bool):
         """(scores Tensor[n], entropy Tensor[n] | None) of this CP rank's rows; hidden: Tensor[t, h]."""
@@ -132,9 +148,9 @@ class MegatronRank(BatchColumns, TrainBackend):
         scores = self._gather_cp(scores, packed)
         entropy = None if entropy is None else self._gather_cp(entropy, packed)
         if not mb:  # a padding micro-batch: zero loss, zero gradients
-            return hidden.sum() * 0.0, torch.tensor(1, dtype=torch.int), {}
+            return hidden.sum() * 0.0, self._one, {}
         loss, metrics = on_scores(mb, scores, entropy)
-        return loss / self.layout.cp, torch.tensor(1, dtype=torch.int), metrics
+        return loss / self.layout.cp, self._one, metrics
 
     def _run(
         self, micro: list[list[int]], on_scores: OnScores, *, forward_only: bool, with_entropy: bool
@@ -143,7 +159,7 @@ class MegatronRank(BatchColumns, TrainBackend):
         metric dicts (empty elsewhere)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packs = [(mb, self._pack(mb)) for mb in micro]
+        packs = list(zip(micro, self._pack_all(micro)))
         params = functools.partial(mbatch.MicroBatch.packed_seq_params, cp_group=self.cp_group)
 
         def forward_step(data_iterator: Iterator, model):
@@ -182,7 +198,11 @@ class MegatronRank(BatchColumns, TrainBackend):
             for indices in indices_per_step:
                 self._run(self._micro_batches(indices), keep, forward_only=True, with_entropy=with_entropy)
         total = sum(batch.response_lengths)
-        flat = torch.cat([parts[i] for i in range(len(batch))]) if self.is_last_stage else torch.zeros(total)
+        flat = (
+            torch.cat([parts[i] for i in range(len(batch))])
+            if self.is_last_stage
+            else torch.zeros(total, device=self.device)
+        )
         flat = flat.to(self.device, torch.float32)
         if self.layout.pp > 1:  # every stage keeps the columns (advantages run everywhere)
             torch.distributed.broadcast(

@@ -71,3 +71,25 @@ def test_full_recompute_changes_nothing(tiny_model_dir):
     again = megatron_run(make_setup(tiny_model_dir, base + recompute), batch, 29656, train=True)
     torch.testing.assert_close(again["log_probs"], plain["log_probs"], rtol=0, atol=1e-6)
     assert again["steps"][0]["train/grad_norm"] == pytest.approx(plain["steps"][0]["train/grad_norm"], rel=1e-5)
+
+
+def test_critic_values_start_at_zero_and_fit_the_returns(tiny_model_dir):
+    """PPO's critic on the megatron backend: a zero value head, then the clipped value loss falls."""
+    from slime.train.megatron.critic import MegatronCritic
+
+    setup = make_setup(tiny_model_dir, ["parallelism=megatron", "algo=ppo", "train.lr=1e-2"])
+    batch = batches_for(make_samples(6, seed=7), dp=1, k=1)[0]
+    critic = MegatronCritic(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=29657)
+    critic.init()
+    try:
+        losses = []
+        for rollout_id in range(3):
+            critic.load_batch(rollout_id, batch)
+            values = critic.compute_values()
+            if rollout_id == 0:
+                assert all(v == 0.0 for sample in values for v in sample)
+            critic.set_column("returns", [[1.0] * n for n in batch.response_lengths])
+            losses.append(critic.train()["steps"][0]["train/value_loss"])
+        assert losses[2] < losses[0]
+    finally:
+        critic.shutdown()

@@ -1,0 +1,114 @@
+"""`SGLangEngine`: one SGLang server (`python -m sglang.launch_server ...`) as an `EngineServer`.
+
+The command line is SGLang's own CLI: the fields the framework owns (`server_args.OWNED_FIELDS`: model
+path, tp size, host and the reserved ports, seed, memory saver, ...) from the launch, then every
+`rollout.sglang` field and the server group's overrides as `--field-name value`. The server runs with
+the engine's GPUs as CUDA_VISIBLE_DEVICES (so base_gpu_id is 0), without PYTORCH_CUDA_ALLOC_CONF
+(expandable segments break SGLang's memory release) and with NCCL_CUMEM_ENABLE=0 (REFERENCE.md §7.1).
+
+Nothing here imports sglang: the server is a child process. `launch_module` swaps the entry point for a
+server that parses the same CLI (the CPU tests' fake, `tests/fakes/fake_sglang.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from slime.engine.base import EngineLaunch, EngineServer
+from slime.engine.process import cli_flags
+
+if TYPE_CHECKING:
+    from slime.config.schema import RolloutConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SGLangEngineConfig:
+    """What one SGLang server is started with besides its `EngineLaunch`."""
+
+    server_args: dict[str, Any]  # ServerArgs fields (rollout.sglang + the group's overrides), already validated
+    launch_module: str = "sglang.launch_server"
+    startup_timeout_s: float = 600.0
+    deterministic: bool = False  # rollout.deterministic -> --enable-deterministic-inference
+    worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
+
+
+class SGLangEngine(EngineServer):
+    """One SGLang server over `len(launch.gpu_ids)` GPUs (tp_size = that count / pp_size)."""
+
+    kind = "sglang"
+    num_ports: ClassVar[int] = 3  # HTTP, NCCL, PD bootstrap
+    unset_env = ("PYTORCH_CUDA_ALLOC_CONF",)
+
+    def __init__(self, launch: EngineLaunch, config: SGLangEngineConfig):
+        super().__init__(launch, config)
+
+    @classmethod
+    def config_from(
+        cls, rollout: RolloutConfig, *, worker_type: str = "regular", overrides: dict | None = None
+    ) -> SGLangEngineConfig:
+        """`rollout.sglang` with the server group's `overrides` on top, and the group's worker type."""
+        return SGLangEngineConfig(
+            server_args={**rollout.sglang, **(overrides or {})},
+            launch_module=rollout.sglang_launch.module,
+            startup_timeout_s=rollout.sglang_launch.startup_timeout_s,
+            deterministic=rollout.deterministic,
+            worker_type=worker_type,
+        )
+
+    @property
+    def num_gpus(self) -> int:
+        return max(len(self.launch_spec.gpu_ids), 1)
+
+    def owned_args(self, ports: list[int]) -> dict[str, Any]:
+        """The ServerArgs the framework decides (REFERENCE.md §7.1), by field name."""
+        launch, cfg = self.launch_spec, self.config
+        pp = int(cfg.server_args.get("pp_size", 1) or 1)
+        args: dict[str, Any] = {
+            "model_path": launch.model_path,
+            "host": launch.host,
+            "port": ports[0],
+            "nccl_port": ports[1],
+            "tp_size": max(self.num_gpus // pp, 1),
+            "base_gpu_id": 0,  # CUDA_VISIBLE_DEVICES holds exactly this engine's GPUs
+            "gpu_id_step": 1,
+            "random_seed": launch.seed,
+            "skip_server_warmup": True,
+            "enable_metrics": True,
+            "enable_memory_saver": launch.memory_saver,
+            "enable_deterministic_inference": cfg.deterministic,
+            "weight_version": launch.weight_version,
+        }
+        if launch.device == "cpu":
+            args["device"] = "cpu"
+        if cfg.worker_type != "regular":
+            args["disaggregation_mode"] = cfg.worker_type
+            args["disaggregation_bootstrap_port"] = ports[2]
+        return args
+
+    def command(self, ports: list[int]) -> list[str]:
+        owned = self.owned_args(ports)
+        clash = sorted(set(owned) & set(self.config.server_args))
+        if clash:  # validation rejects these first; a programmatic caller gets the same answer
+            raise ValueError(f"ServerArgs {clash} are set by the framework; remove them from rollout.sglang")
+        return [
+            sys.executable,
+            "-m",
+            self.config.launch_module,
+            *cli_flags(owned),
+            *cli_flags(self.config.server_args),
+        ]
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "NCCL_CUMEM_ENABLE": "0"}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "worker_type": self.config.worker_type, "bootstrap_port": self.bootstrap_port}
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """The PD bootstrap port the router needs for a prefill server (None otherwise)."""
+        if self.config.worker_type != "prefill" or self.lease is None:
+            return None
+        return self.lease.ports[2]

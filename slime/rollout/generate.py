@@ -1,0 +1,117 @@
+"""One sample: the default generate function (REFERENCE.md §6.2) and generate -> hooks -> reward.
+
+`generate(args, sample, sampling_params)` is the default of `rollout.generate_function`: one
+`/generate` call through the router that continues from the sample's tokens (a partial sample resumes
+where it stopped). Custom generate functions build on `call_engine` + `append_engine_output`, which
+keep the alignment invariants of REFERENCE.md §4.3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from typing import Any
+
+import aiohttp
+
+from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
+from slime.types import Sample, SampleStatus
+
+RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
+
+
+def request_seed(base: int, sample: Sample) -> int:
+    """SGLang `sampling_seed` of `sample`'s next request: a 31-bit hash of (base, index, tokens so far)."""
+    digest = hashlib.blake2b(f"{base}:{sample.index}:{sample.response_length}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float | None = None) -> dict:
+    """POST with retries on connection errors, timeouts (a dead or hung engine) and 5xx (a 4xx is raised at
+    once with its body); `timeout_s` bounds each attempt."""
+    error = ""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    for attempt in range(RETRIES):
+        try:
+            async with session.post(url, json=payload, timeout=timeout) as resp:
+                if resp.status < 500:
+                    body = await resp.text()
+                    if resp.status != 200:
+                        raise RuntimeError(f"POST {url} -> {resp.status}: {body[:500]}")
+                    return json.loads(body)
+                error = f"{resp.status}: {(await resp.text())[:200]}"
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            error = repr(exc)
+        await asyncio.sleep(min(2**attempt * 0.2, 5))
+    raise RuntimeError(f"POST {url} failed {RETRIES} times, last error {error}")
+
+
+def prompt_ids(args: RolloutContext, sample: Sample) -> list[int]:
+    """The sample's tokens so far; a fresh sample's prompt tokenised (the chat template added special tokens)."""
+    if not sample.tokens:
+        if not isinstance(sample.prompt, str):
+            raise ValueError(
+                f"sample {sample.index}: the prompt is a list of chat messages; generation needs text "
+                "(set data.apply_chat_template=true)"
+            )
+        sample.tokens = list(args.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"])
+    return sample.tokens
+
+
+async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> dict | None:
+    """POST router /generate continuing `sample` for the rest of its budget; None when no budget is left
+    (the sample is then TRUNCATED). `sampling_params["max_new_tokens"]` is the budget of the whole response."""
+    budget = sampling_params["max_new_tokens"] - sample.response_length
+    if budget <= 0:
+        sample.status = SampleStatus.TRUNCATED
+        return None
+    params = {**sampling_params, "max_new_tokens": budget}
+    if args.sampling_seed is not None:
+        params["sampling_seed"] = request_seed(args.sampling_seed, sample)
+    payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
+    return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
+
+
+def append_engine_output(sample: Sample, out: dict) -> None:
+    """Append an engine response: its tokens (loss mask 1), log-probs, text, weight version and status."""
+    meta = out["meta_info"]
+    logprobs = meta["output_token_logprobs"]
+    sample.append_response([int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs], out["text"])
+    sample.weight_versions.append(str(meta.get("weight_version")))
+    sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])
+    sample.check_alignment()
+
+
+async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """The default generate function: one engine call for the rest of the sample's budget."""
+    out = await call_engine(args, sample, sampling_params)
+    if out is not None:
+        append_engine_output(sample, out)
+    return sample
+
+
+async def generate_and_reward(
+    args: RolloutContext, sample: Sample, sampling_params: dict[str, Any], *, rollout_id: int, evaluation: bool
+) -> Sample:
+    """Generate a PENDING/ABORTED sample (unless the rollout aborted), run the sample hooks, reward it (a hub
+    call that skips rewarded and ABORTED samples)."""
+    if sample.status in (SampleStatus.PENDING, SampleStatus.ABORTED):
+        if args.aborted:
+            sample.status = SampleStatus.ABORTED
+            return sample
+        if sample.response_length and args.config.mask_offpolicy_in_partial_rollout:
+            sample.loss_mask = [0] * sample.response_length  # an older policy produced them
+        fn = args.hooks.generate or generate
+        extra = {"evaluation": evaluation} if accepts_keyword(fn, "evaluation") else {}
+        result = await fn(args, sample, sampling_params, **extra)
+        if not isinstance(result, Sample):
+            raise TypeError(f"rollout.generate_function returned {type(result).__name__}; expected the Sample")
+        sample = result
+    if sample.status == SampleStatus.ABORTED:
+        return sample
+    for hook in args.hooks.sample_hooks:
+        sample = await call_maybe_async(hook, args, sample, rollout_id=rollout_id, evaluation=evaluation) or sample
+    if not args.rewards.group_rm:  # with a group RM, the group is rewarded once all its samples are done
+        await args.rewards.reward_group(args, [sample], rm_type=args.rm_type)
+    return sample

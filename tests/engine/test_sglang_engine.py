@@ -1,0 +1,226 @@
+"""The SGLang engine adapter against the fake SGLang server (tests/fakes/fake_sglang.py), launched through
+the same path as SGLang (`python -m <module>` with SGLang's CLI): command line, environment, health wait,
+router registration with the real sglang-router, every control call, and the error paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch, EngineStartupError, get_engine_class
+from slime.engine.router import Router
+from slime.engine.sglang.engine import SGLangEngine, SGLangEngineConfig
+from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK, build_parser
+
+FAKE = "tests.fakes.fake_sglang"
+
+
+def make_engine(model_dir, log_dir, *, gpu_ids=(), device="cpu", memory_saver=False, timeout_s=120.0, **config):
+    launch = EngineLaunch(
+        rank=3,
+        model_path=str(model_dir),
+        host="127.0.0.1",
+        seed=11,
+        device=device,
+        log_dir=str(log_dir),
+        gpu_ids=tuple(gpu_ids),
+        startup_timeout_s=timeout_s,
+        shutdown_grace_s=5,
+        memory_saver=memory_saver,
+    )
+    fields = {"server_args": {}, "launch_module": FAKE, **config}
+    return SGLangEngine(launch, SGLangEngineConfig(**fields))
+
+
+def requests_logged(engine) -> list[dict]:
+    """The fake's control-request lines from the engine log, in arrival order."""
+    lines = engine.log_path.read_text().splitlines()
+    return [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith(REQUEST_MARK)]
+
+
+def test_registered_as_rollout_engine_sglang():
+    assert get_engine_class("sglang") is SGLangEngine
+
+
+def test_command_is_sglangs_cli_with_the_framework_owned_fields(tmp_path):
+    engine = make_engine(
+        "/models/qwen",
+        tmp_path,
+        gpu_ids=("3", "5"),
+        device="cuda",
+        memory_saver=True,
+        launch_module="sglang.launch_server",
+        deterministic=True,
+        server_args={"mem_fraction_static": 0.7, "context_length": 2048, "disable_radix_cache": True},
+    )
+    cmd = engine.command([15001, 15002, 15003])
+    assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    args = vars(build_parser().parse_args(cmd[3:]))  # SGLang's parser (pinned field list) accepts all of it
+    expected = {
+        "model_path": "/models/qwen",
+        "host": "127.0.0.1",
+        "port": 15001,
+        "nccl_port": 15002,
+        "tp_size": 2,  # two GPUs, pp 1
+        "base_gpu_id": 0,  # CUDA_VISIBLE_DEVICES holds the engine's own GPUs
+        "gpu_id_step": 1,
+        "random_seed": 11,
+        "skip_server_warmup": True,
+        "enable_metrics": True,
+        "enable_memory_saver": True,
+        "enable_deterministic_inference": True,
+        "weight_version": "0",
+        "mem_fraction_static": 0.7,
+        "context_length": 2048,
+        "disable_radix_cache": True,
+        "disaggregation_mode": None,
+        "device": None,  # SGLang picks cuda itself
+    }
+    assert {k: args[k] for k in expected} == expected
+    env = engine.env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "3,5" and env["NCCL_CUMEM_ENABLE"] == "0"
+    assert "PYTORCH_CUDA_ALLOC_CONF" in SGLangEngine.unset_env
+
+
+def test_prefill_server_gets_disaggregation_mode_and_bootstrap_port(tmp_path):
+    engine = make_engine("/m", tmp_path, worker_type="prefill", server_args={"pp_size": 2}, gpu_ids=("0", "1"))
+    args = vars(build_parser().parse_args(engine.command([1, 2, 3])[3:]))
+    assert (args["disaggregation_mode"], args["disaggregation_bootstrap_port"], args["tp_size"]) == ("prefill", 3, 1)
+
+
+def test_framework_owned_fields_are_refused(tmp_path):
+    engine = make_engine("/m", tmp_path, server_args={"tp_size": 4})
+    with pytest.raises(ValueError, match=r"\['tp_size'\] are set by the framework"):
+        engine.command([1, 2, 3])
+
+
+@pytest.fixture(scope="module")
+def started(tiny_model_dir, tmp_path_factory):
+    """A fake SGLang server started by the adapter (tp 2 on two 'GPUs'), registered with a real router."""
+    logs = tmp_path_factory.mktemp("sglang_logs")
+    engine = make_engine(tiny_model_dir, logs, gpu_ids=("0", "1"), server_args={"mem_fraction_static": 0.6})
+    from slime.config.schema import RouterConfig
+
+    router = Router.launch(cfg=RouterConfig(), log_path=logs / "router.log")
+    engine.start()
+    router.add_worker(engine.url)
+    yield engine, router
+    router.shutdown()
+    engine.shutdown()
+
+
+def test_started_server_reports_its_server_args_and_generates_behind_the_router(started):
+    engine, router = started
+    info = engine.client.server_info()
+    assert (info["tp_size"], info["random_seed"], info["mem_fraction_static"], info["skip_server_warmup"]) == (
+        2,
+        11,
+        0.6,
+        True,
+    )
+    assert info["port"] == engine.lease.ports[0] and info["nccl_port"] == engine.lease.ports[1]
+    assert [w["url"] for w in router.list_workers()] == [engine.url]
+    out = http_client.post(
+        router.url + "/generate",
+        {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}, "return_logprob": True},
+    )
+    assert len(out["meta_info"]["output_token_logprobs"]) == 5 and out["meta_info"]["weight_version"] == "0"
+    assert engine.describe()["pid"] == engine.process.pid and engine.describe()["url"] == engine.url
+
+
+def test_every_control_call_reaches_the_server_in_order(started, tiny_model_dir):
+    engine, _ = started
+    client = engine.client
+    before = len(requests_logged(engine))
+    client.pause_generation()
+    client.flush_cache()
+    client.continue_generation()
+    client.abort_all_and_wait_idle(timeout_s=10)
+    client.release_memory()
+    assert engine.client.server_info()["internal_states"][0]["released_tags"] == ["cuda_graph", "kv_cache", "weights"]
+    client.resume_memory(["weights"])
+    client.update_weights_from_disk(tiny_model_dir, weight_version="7")
+    client.resume_memory(["kv_cache", "cuda_graph"])
+    assert engine.client.server_info()["internal_states"][0]["released_tags"] == []
+    calls = [(r["path"], r["body"]) for r in requests_logged(engine)[before:]]
+    assert calls == [
+        ("/pause_generation", {}),
+        ("/flush_cache", None),
+        ("/continue_generation", {}),
+        ("/abort_request", {"abort_all": True}),
+        ("/release_memory_occupation", {}),
+        ("/resume_memory_occupation", {"tags": ["weights"]}),
+        ("/update_weights_from_disk", {"model_path": tiny_model_dir, "weight_version": "7"}),
+        ("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}),
+    ]
+    assert client.get_weight_version() == "7"
+
+
+def test_a_server_that_rejects_its_arguments_fails_with_the_log_tail(tmp_path):
+    engine = make_engine("/m", tmp_path, server_args={"no_such_server_arg": 1})
+    with pytest.raises(
+        EngineStartupError, match=r"(?s)exited with status 2.*unrecognized arguments: --no-such-server-arg"
+    ):
+        engine.start()
+    assert engine.process is None
+
+
+def test_a_server_that_is_not_healthy_in_time_fails_naming_the_timeout(tiny_model_dir, tmp_path):
+    engine = make_engine(tiny_model_dir, tmp_path, timeout_s=0.5)
+    with pytest.raises(EngineStartupError, match=re.escape("took longer than 0 s to answer GET /health_generate")):
+        engine.start()
+    assert engine.process is None
+
+
+def test_shutdown_deregisters_and_stops_the_server(started):  # last: it stops the module's server
+    engine, router = started
+    pid, url = engine.pid, engine.url
+    assert router.remove_worker(url)
+    assert url not in [w["url"] for w in router.list_workers()]
+    generated = engine.log_path.read_text().count(GENERATE_MARK)
+    with pytest.raises(http_client.EngineHTTPError):  # no worker left behind the router
+        http_client.post(router.url + "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})
+    engine.shutdown()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert engine.log_path.read_text().count(GENERATE_MARK) == generated  # removed: no traffic reached it
+
+
+def test_every_generation_request_has_a_timeout(monkeypatch):
+    """A server that never answers: each /generate attempt ends at rollout.request_timeout_s and is retried."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from slime.rollout import generate
+
+    monkeypatch.setattr(generate, "RETRIES", 2)
+    attempts = []
+
+    async def hang(request):
+        attempts.append(1)
+        await asyncio.sleep(1.0)  # past the 0.2 s timeout; short, as cleanup waits for handlers
+
+    async def scenario():
+        app = web.Application()
+        app.add_routes([web.post("/generate", hang)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(RuntimeError, match="failed 2 times, last error TimeoutError"):
+                    await generate.post_json(session, f"{url}/generate", {"input_ids": [1]}, timeout_s=0.2)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert len(attempts) == 2

@@ -1,0 +1,131 @@
+"""hydra/launcher=ray_jobs: discovery, and a real sweep of Ray Jobs on a local cluster the launcher owns."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from setuptools import find_namespace_packages
+
+from tests.conftest import ROOT, session_processes
+
+GOOD, BAD = "tests.launcher.rewards.digit", "tests.launcher.rewards.unreachable"
+
+
+def test_plugin_is_discovered_from_the_checkout_and_packaged():
+    """`--info plugins` lists it from a checkout; the wheel's package list includes it (namespace package)."""
+    proc = subprocess.run(
+        [sys.executable, "main.py", "--info", "plugins"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RayJobsLauncher" in proc.stdout
+    assert not (ROOT / "hydra_plugins" / "__init__.py").exists()  # Hydra's namespace package has none
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = find_namespace_packages(where=str(ROOT), include=find["include"])
+    assert find.get("namespaces", True) and "hydra_plugins.ray_jobs_launcher" in packages
+
+
+@pytest.mark.slow
+def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_job(tmp_path):
+    """Hydra's Optuna sweeper (in-memory study) over two Ray Jobs at once on the launcher's local cluster,
+    one per reward hook: `digit` completes; `unreachable` raises for every sample, so that run fails in its
+    first rollout (exit 3). The failure is reported with the job's log tail, the other job finishes with
+    its result.json, Optuna's best value is that job's objective, and no process of the sweep is left.
+
+    Sampler seed 0 draws the two choices once each (TPE's random start-up trials, optuna 2.10)."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "main.py",
+            "--multirun",
+            "hydra/launcher=ray_jobs",
+            "hydra.launcher.max_concurrent=2",
+            "hydra.launcher.poll_interval_s=0.5",
+            "hydra/sweeper=optuna",
+            "hydra.sweeper.direction=maximize",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.max_failure_rate=0.5",
+            "hydra.sweeper.sampler.seed=0",
+            "rollout.rm_type=null",
+            f"rollout.custom_rm_path=choice({GOOD},{BAD})",
+            "train.num_rollout=1",
+            "logger.progress=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {
+        next(o for o in r["overrides"] if o.startswith("rollout.custom_rm_path=")): r
+        for r in json.loads((sweep_dir / "ray_jobs.json").read_text())
+    }
+    assert set(records) == {f"rollout.custom_rm_path={GOOD}", f"rollout.custom_rm_path={BAD}"}, records
+    good, bad = records[f"rollout.custom_rm_path={GOOD}"], records[f"rollout.custom_rm_path={BAD}"]
+    assert (good["status"], good["exit_code"], bad["status"], bad["exit_code"]) == ("SUCCEEDED", 0, "FAILED", 3)
+    # The failure names the job and carries the run's own error from its log tail.
+    output = proc.stdout + proc.stderr
+    reported = [line for line in output.splitlines() if f"job {bad['num']} [" in line and "FAILED (exit code 3" in line]
+    assert reported and BAD in reported[0]
+    assert "reward service unreachable" in output  # from the failed job's log tail
+    assert "RewardFailureError" in bad["error"]
+    result = json.loads((Path(good["run_dir"]) / "result.json").read_text())
+    assert result["status"] == "completed" and result["rollouts_completed"] == 1
+    assert result["objective"] == good["objective"]
+    assert result["objective"]["value"] == result["final_metrics"]["rollout/raw_reward"]
+    failed = json.loads((Path(bad["run_dir"]) / "result.json").read_text())
+    assert (failed["status"], failed["phase"]) == ("failed", "rollout")
+    for record in (good, bad):  # each job's own log, kept in its run dir
+        assert "Running entrypoint for job" in Path(record["log"]).read_text()
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_params"] == {"rollout.custom_rm_path": GOOD}
+    assert best["best_value"] == pytest.approx(result["objective"]["value"])
+    assert session_processes() == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_submitted_job_and_the_cluster(tmp_path):
+    """SIGINT to the launcher while job 0 runs and Ray holds job 1 (one slot): both are stopped, their
+    logs kept, the sweep exits 130 and no process of it is left."""
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "main.py",
+            "--multirun",
+            "hydra/launcher=ray_jobs",
+            "hydra.launcher.max_concurrent=1",
+            "hydra.launcher.poll_interval_s=0.5",
+            "algo.eps_clip=0.1,0.2",
+            "logger.progress=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    for line in proc.stdout:  # the launcher logs each job's status changes
+        lines.append(line)
+        if "RUNNING" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=300)
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output[-3000:]
+    assert "job 1" in output and "PENDING" in output  # Ray held the second job for the one slot
+    assert "interrupted: stopping 2 running job(s)" in output
+    for num in (0, 1):
+        assert (sweep_dir / str(num) / "driver.log").exists()
+    assert session_processes() == []

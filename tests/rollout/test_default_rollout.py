@@ -1,0 +1,256 @@
+"""The default rollout function against one real hf engine behind the real sglang-router (no mocks).
+
+Over-sampling + abort + partial rollout lose and duplicate no prompt; user hooks given by import path
+(generate function, dynamic filter, sample hook) run inside it; eval runs two named datasets at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from slime.config.hooks import load_callable
+from slime.config.schema import HFEngineConfig, RolloutConfig, RouterConfig
+from slime.config.validate_hooks import ROLLOUT_FN_SHAPE
+from slime.engine.base import EngineLaunch, get_engine_class
+from slime.engine.router import Router
+from slime.registry import REWARD_TYPES
+from slime.rollout.base import EvalDataset, RolloutContext, RolloutHooks
+from slime.rollout.data_source import DataSource, PromptDataset
+from slime.rollout.eval_metrics import eval_metrics
+from slime.rollout.filters import FilterResult
+from slime.rollout.generate import generate
+from slime.rollout.rewards import RewardHub
+from slime.types import SampleStatus
+
+HERE = "tests.rollout.test_default_rollout"
+
+
+def parity_reward(response: str, label: str, metadata=None) -> float:
+    """1.0 for an even number of characters: about half the samples of a random policy."""
+    return float(len(response) % 2 == 0)
+
+
+async def tagging_generate(args, sample, sampling_params, evaluation=False):
+    """A user generate function: the default one call, plus a mark of the path taken."""
+    sample = await generate(args, sample, sampling_params)
+    sample.metadata["generated_by"] = "user" + ("-eval" if evaluation else "")
+    return sample
+
+
+def drop_even_groups(args, group):
+    """A user filter: drops every group whose group_index is even."""
+    return FilterResult(group[0].group_index % 2 == 1, reason="even")
+
+
+def count_hook(args, sample, *, rollout_id, evaluation):
+    sample.metadata["hooked_at"] = rollout_id
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir, tmp_path_factory):
+    """One hf engine (2 sequences per batch: requests run in waves, so an abort catches a wave mid-decode)."""
+    from transformers import AutoTokenizer
+
+    log_dir = tmp_path_factory.mktemp("rollout_logs")
+    router = Router.launch(cfg=RouterConfig(startup_timeout_s=30), log_path=log_dir / "router.log")
+    launch = EngineLaunch(
+        rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(log_dir)
+    )
+    engine = get_engine_class("hf")(launch, HFEngineConfig(max_batch_size=2, batch_wait_ms=1.0, num_threads=1))
+    try:
+        router.add_worker(engine.start())
+        yield SimpleNamespace(url=router.url, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+    finally:
+        engine.shutdown()
+        router.shutdown()
+
+
+def source(tmp_path, tokenizer, name: str, num_prompts: int, n: int) -> DataSource:
+    path = tmp_path / f"{name}.jsonl"
+    rows = [{"prompt": f"Count to {i}.", "label": str(i)} for i in range(num_prompts)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = PromptDataset(
+        str(path), tokenizer=tokenizer, input_key="prompt", label_key="label", metadata_key=None, **TEMPLATE
+    )
+    return DataSource(dataset, n_samples_per_prompt=n, shuffle=False, seed=0)
+
+
+TEMPLATE = {"apply_chat_template": True}
+
+
+def context(served, *, batch_size, over_sampling, max_new_tokens, hooks=None, **config) -> RolloutContext:
+    return RolloutContext(
+        config=RolloutConfig(batch_size=batch_size, **config),
+        router_url=served.url,
+        tokenizer=served.tokenizer,
+        batch_size=batch_size,
+        over_sampling_batch_size=over_sampling,
+        sampling_params={"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        max_in_flight=64,
+        rewards=RewardHub(rm_type="parity", custom_rm_path=None),
+        hooks=hooks or RolloutHooks(),
+        max_filter_drops=100,
+    )
+
+
+@pytest.fixture(autouse=True)
+def parity_reward_type(monkeypatch):
+    monkeypatch.setitem(REWARD_TYPES._entries, "parity", f"{HERE}.parity_reward")
+
+
+def rollout_fn():
+    return load_callable("slime.rollout.default.generate_rollout", key="rollout.function", **ROLLOUT_FN_SHAPE)
+
+
+MAX_NEW = 128  # tokens: a wave of requests decodes long enough for the abort to catch it
+
+
+def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, tmp_path):
+    """Batch 1 of 3 over-sampled groups, 4 steps: each step keeps one group and aborts the other two, which
+    return to the buffer with their partial responses (off-policy tokens masked) and finish in later steps."""
+    data = source(tmp_path, served.tokenizer, "train", num_prompts=5, n=2)
+    fn = rollout_fn()
+    kept, partial = [], {}  # partial: sample index -> its tokens when it went back to the buffer
+    for rollout_id in range(4):
+        ctx = context(
+            served,
+            batch_size=1,
+            over_sampling=3,
+            max_new_tokens=MAX_NEW,
+            partial_rollout=True,
+            mask_offpolicy_in_partial_rollout=True,
+        )
+        out = fn(ctx, rollout_id, data)
+        assert len(out.groups) == 1 and len(out.groups[0]) == 2
+        assert out.metrics["perf/rollout_aborted_samples"] >= 1 and out.metrics["perf/rollout_leftover_groups"] == 2
+        kept += out.groups
+        for group in data.buffer:
+            assert len(group) == 2 and all(s.metadata["start_rollout_id"] <= rollout_id for s in group)
+            for s in group:
+                if s.status == SampleStatus.ABORTED and s.response_length:
+                    partial[s.index] = list(s.tokens)  # the latest cut (a group may be cut twice)
+    drawn = {s.group_index for g in kept + data.buffer for s in g}
+    trained = [g[0].group_index for g in kept]
+    assert len(trained) == len(set(trained)) == 4  # no group trained twice
+    assert drawn == set(range(data.sample_group_index))  # and every drawn group is trained or still buffered
+    resumed = [s for g in kept for s in g if s.index in partial]
+    assert resumed, "no partial response was cut by the abort and resumed later"
+    for s in resumed:
+        s.check_alignment()
+        cut = len(partial[s.index]) - s.prompt_length
+        assert s.tokens[: len(partial[s.index])] == partial[s.index]  # continued, not regenerated
+        assert s.loss_mask == [0] * cut + [1] * (s.response_length - cut)  # the older policy's tokens masked
+        assert s.response_length == MAX_NEW and s.status == SampleStatus.TRUNCATED and len(s.weight_versions) >= 2
+    assert all(s.reward is not None and s.status == SampleStatus.TRUNCATED for g in kept for s in g)
+
+
+def test_without_partial_rollout_leftovers_return_fresh(served, tmp_path):
+    data = source(tmp_path, served.tokenizer, "fresh", num_prompts=4, n=2)
+    out = rollout_fn()(context(served, batch_size=1, over_sampling=3, max_new_tokens=8), 0, data)
+    assert len(out.groups) == 1 and len(data.buffer) == 2
+    assert {g[0].group_index for g in out.groups + data.buffer} == {0, 1, 2}
+    for s in (s for g in data.buffer for s in g):
+        assert s.status == SampleStatus.PENDING and s.tokens == [] and s.reward is None and s.loss_mask is None
+
+
+def test_deterministic_partial_rollout_finishes_leftovers_and_returns_them_whole(served, tmp_path):
+    """Where an abort cuts a response depends on timing: a deterministic run lets the leftovers finish, and the
+    next step keeps them as they are (rewarded, not generated again)."""
+    data = source(tmp_path, served.tokenizer, "det", num_prompts=4, n=2)
+    ctx = context(served, batch_size=1, over_sampling=3, max_new_tokens=6, partial_rollout=True)
+    ctx.sampling_seed = 1234
+    first = rollout_fn()(ctx, 0, data)
+    assert [g[0].group_index for g in first.groups] == [0]  # submission order, whatever finished first
+    assert [g[0].group_index for g in data.buffer] == [1, 2] and first.metrics["perf/rollout_aborted_samples"] == 0
+    finished = {s.index: (list(s.tokens), s.reward) for g in data.buffer for s in g}
+    assert all(s.status == SampleStatus.TRUNCATED and s.response_length == 6 for g in data.buffer for s in g)
+    second = rollout_fn()(dataclasses.replace(ctx, batch_size=2), 1, data)
+    assert [g[0].group_index for g in second.groups] == [1, 2]
+    assert {s.index: (s.tokens, s.reward) for g in second.groups for s in g} == finished
+    assert all(s.weight_versions == ["0"] for g in second.groups for s in g)  # one engine call each
+
+
+def test_user_generate_function_filter_and_sample_hook(served, tmp_path):
+    hooks = RolloutHooks(
+        generate=load_callable(f"{HERE}.tagging_generate", key="rollout.generate_function"),
+        dynamic_filter=load_callable(f"{HERE}.drop_even_groups", key="algo.dynamic_filter"),
+        sample_hooks=[load_callable(f"{HERE}.count_hook", key="rollout.sample_hooks[0]")],
+    )
+    data = source(tmp_path, served.tokenizer, "hooks", num_prompts=6, n=2)
+    out = rollout_fn()(context(served, batch_size=2, over_sampling=2, max_new_tokens=4, hooks=hooks), 7, data)
+    assert sorted(g[0].group_index for g in out.groups) == [1, 3]
+    assert out.metrics["rollout/dynamic_filter/drop_even"] == 2.0
+    for s in (s for g in out.groups for s in g):
+        assert s.metadata["generated_by"] == "user" and s.metadata["hooked_at"] == 7 and s.response_length == 4
+
+
+def test_eval_runs_two_named_datasets_with_their_own_settings(served, tmp_path):
+    datasets = []
+    for name, n, max_new in (("short", 4, 3), ("long", 4, 6)):
+        data = source(tmp_path, served.tokenizer, name, num_prompts=3, n=n)
+        params = {"temperature": 1.0, "max_new_tokens": max_new, "ignore_eos": True}
+        datasets.append(
+            EvalDataset(
+                name=name,
+                source=data,
+                num_prompts=3,
+                n_samples_per_prompt=n,
+                sampling_params=params,
+                rm_type="parity",
+                reward_key=None,
+            )
+        )
+    ctx = context(served, batch_size=1, over_sampling=1, max_new_tokens=1)
+    ctx.eval_datasets = datasets
+    out = rollout_fn()(ctx, 0, None, evaluation=True)
+    assert set(out.datasets) == {"short", "long"}
+    for name, max_new in (("short", 3), ("long", 6)):
+        groups = out.datasets[name]
+        assert len(groups) == 3 and all(len(g) == 4 for g in groups)
+        assert all(s.response_length == max_new and s.status == SampleStatus.TRUNCATED for g in groups for s in g)
+        metrics = eval_metrics(name, groups, None)
+        rewards = [s.reward for g in groups for s in g]
+        assert metrics[f"eval/{name}"] == pytest.approx(sum(rewards) / 12)
+        assert metrics[f"eval/{name}/truncated_ratio"] == 1.0 and metrics[f"eval/{name}/response_len/mean"] == max_new
+        assert {k for k in metrics if "pass@" in k} == {f"eval/{name}/pass@{k}" for k in (1, 2, 4)}
+        assert metrics[f"eval/{name}/pass@1"] == pytest.approx(metrics[f"eval/{name}"])
+        solved = sum(any(s.reward == 1 for s in g) for g in groups) / 3
+        assert metrics[f"eval/{name}/pass@4"] == pytest.approx(solved)
+
+
+def test_eval_metrics_pass_at_k_on_dict_rewards():
+    from slime.types import Sample
+
+    def group(correct: int, n: int):
+        return [Sample(reward={"score": float(i < correct), "acc": True}, response_length=2) for i in range(n)]
+
+    metrics = eval_metrics("m", [group(1, 4), group(2, 4)], "score")
+    assert metrics["eval/m"] == pytest.approx(3 / 8)
+    assert metrics["eval/m/pass@1"] == pytest.approx((0.25 + 0.5) / 2)
+    assert metrics["eval/m/pass@2"] == pytest.approx((0.5 + 5 / 6) / 2)
+    assert metrics["eval/m/pass@4"] == 1.0 and "eval/m/pass@8" not in metrics
+    with pytest.raises(KeyError, match="reward_key"):
+        eval_metrics("m", [group(1, 4)], None)
+
+
+def test_filter_drops_are_counted_and_bounded():
+    from slime.rollout.default import _judge, _Step
+    from slime.types import Sample
+
+    def ctx(filter_fn):
+        return SimpleNamespace(hooks=RolloutHooks(dynamic_filter=filter_fn), batch_size=2, max_filter_drops=2)
+
+    group, step = [Sample(reward=1.0), Sample(reward=1.0)], _Step()
+    zero_std = ctx(lambda args, g: FilterResult(False, "zero_std_1.0"))
+    assert [_judge(zero_std, group, step) for _ in range(3)] == [False, False, True]  # past 2 drops: kept
+    assert step.drops == {"drop_zero_std_1.0": 2, "forced_keep": 1}
+    fallback, step = ctx(lambda args, g: FilterResult(False, "x", keep_when_insufficient=True)), _Step()
+    step.pending = ["in flight"]
+    assert _judge(fallback, group, step) is True  # kept 0 + 1 in flight < 2: dropping forces another round
+    step.pending = ["in flight", "in flight"]
+    assert _judge(fallback, group, step) is False and step.drops == {"kept_when_insufficient": 1, "drop_x": 1}
+    assert _judge(ctx(lambda args, g: False), group, _Step()) is False
