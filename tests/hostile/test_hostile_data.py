@@ -77,8 +77,9 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path):
 
 def test_eval_prompt_file_that_is_a_directory_is_a_config_problem(tmp_path):
     (tmp_path / "eval.jsonl").mkdir()
-    found = problems_for(["recipe=embedded_eval", f"eval.prompt_data={tmp_path / 'eval.jsonl'}"], tmp_path / "run")
-    assert "a directory, not a prompt file" in found["eval.prompt_data"], found
+    path = tmp_path / "eval.jsonl"
+    found = problems_for(["recipe=embedded_eval", f"eval.datasets.digit_task.prompt_data={path}"], tmp_path / "run")
+    assert f"{path}: a directory, not a prompt file" in found["eval.datasets.digit_task.prompt_data"], found
 
 
 def test_prompt_file_with_one_bad_record_among_many_names_its_line(tmp_path):
