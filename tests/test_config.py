@@ -216,7 +216,7 @@ def test_deterministic_engine_batching():
     [
         (["debug.signal_at=nowhere"], "debug.signal_at"),
         (["debug.signal_at=train:x"], "debug.signal_at"),
-        (["debug.signal_at=train:1", "debug.signal=SIGKILL"], "debug.signal"),
+        (["debug.signal_at=train:1", "debug.signal=SIGHUP"], "debug.signal"),
     ],
 )
 def test_signal_injection_is_validated(overrides, key):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from slime.config.resume import resolve_resume
 from slime.config.schema import RunConfig
 from slime.config.validate_data import rollouts_for_epochs
 from slime.config.validate_hooks import rollout_function_path
@@ -91,6 +92,7 @@ def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
     fill_eval_datasets(cfg)
     if cfg.checkpoint.save is None:
         cfg.checkpoint.save = f"{cfg.paths.output_dir}/checkpoints"
+    resolve_resume(cfg)
     return cfg
 
 

@@ -22,7 +22,10 @@ class Problem:
     machine: bool = False
 
     def __str__(self) -> str:
-        return f"{self.key}={self.value!r}: {self.message}. Fix: {self.fix}"
+        from slime.tracking.secrets import REDACTED, is_secret_key  # pure Python; a credential is never echoed
+
+        value = REDACTED if is_secret_key(self.key) and isinstance(self.value, str) else repr(self.value)
+        return f"{self.key}={value}: {self.message}. Fix: {self.fix}"
 
 
 class ConfigError(ValueError):

@@ -421,6 +421,9 @@ class CheckpointConfig:
     # save overwrites another. None: no export.
     save_hf: Optional[str] = None
     no_save_optim: bool = False
+    # auto: continue from the latest complete checkpoint under checkpoint.save (its tracker file), if there is one;
+    # else start afresh. null: only checkpoint.load resumes.
+    resume: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -474,8 +477,11 @@ class DebugConfig:
     # Fault injection for the signal path: send `signal` to the driver when it enters this phase
     # ("PHASE" or "PHASE:ROLLOUT_ID"; the initial weight push and eval are rollout -1). Phases: RUN_PHASES.
     signal_at: Optional[str] = None
-    signal: str = "SIGINT"  # SIGINT | SIGTERM
+    signal: str = "SIGINT"  # SIGINT | SIGTERM | SIGKILL (kills every process of the run at once: a crash)
     signal_delay_s: float = 0.0  # seconds after entering the phase
+    # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID") the driver makes
+    # training rank 0 sleep forever and waits for it (runtime.phase_timeout_s then fires)
+    hang_at: Optional[str] = None
     # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
     # mismatch); needs an engine with GET /weights_checksum (the hf engine)
     check_weight_update_equal: bool = False
@@ -490,8 +496,18 @@ class DebugConfig:
     )
 
 
-# The driver's phases, as result.json names them (`phase`) and debug.signal_at selects them.
-RUN_PHASES = ("prepare", "startup", "weight_sync", "eval", "rollout", "train", "save", "teardown")
+# The driver's phases, as result.json names them (`phase`) and debug.signal_at/hang_at select them.
+RUN_PHASES = ("prepare", "startup", "weight_sync", "eval", "rollout", "log_probs", "train", "save", "teardown")
+
+
+@dataclass(kw_only=True)
+class RuntimeConfig:
+    """The driver's watchdog (slime.runtime.watchdog)."""
+
+    # A phase (RUN_PHASES, teardown excepted) running longer than this many seconds: every actor's Python stacks
+    # are dumped to <run dir>/stacks/<pid>.txt, result.json says status "hung" and names the phase, the run is
+    # torn down and exits 3. None: no limit.
+    phase_timeout_s: Optional[float] = None
 
 
 @dataclass(kw_only=True)
@@ -510,4 +526,5 @@ class RunConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     seed: int = 1234

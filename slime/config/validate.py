@@ -20,12 +20,13 @@ from slime.config.derive import Derived, derive
 from slime.config.hf_config import FAMILIES, check_model
 from slime.config.objective import check_objective
 from slime.config.passthrough import check_passthrough
-from slime.config.problems import ConfigError, Problem, one_of, positive
+from slime.config.problems import ConfigError, Problem, get, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
 from slime.config.validate_data import check_data
 from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_hooks import check_hooks
+from slime.config.validate_keys import check_unknown_keys
 from slime.config.validate_paths import check_paths
 from slime.config.validate_resources import check_cluster, check_parts_honour_options
 from slime.registry import ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
@@ -39,7 +40,7 @@ DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
-SIGNALS = ("SIGINT", "SIGTERM")
+SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 
 def _registered(registry: Registry, value: str) -> Iterator[Problem]:
@@ -71,15 +72,41 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("debug.signal", d.signal, SIGNALS)
     if d.signal_delay_s < 0:
         yield Problem("debug.signal_delay_s", d.signal_delay_s, "must be >= 0", "set debug.signal_delay_s=0")
-    if d.signal_at is not None:
-        phase, _, rollout_id = d.signal_at.partition(":")
+    for key, value in (("debug.signal_at", d.signal_at), ("debug.hang_at", d.hang_at)):
+        if value is None:
+            continue
+        phase, _, rollout_id = value.partition(":")
         if phase not in RUN_PHASES or (rollout_id and not rollout_id.lstrip("-").isdigit()):
             yield Problem(
-                "debug.signal_at",
-                d.signal_at,
+                key,
+                value,
                 f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of {list(RUN_PHASES)}",
-                "set debug.signal_at=rollout:1, or null",
+                f"set {key}=rollout:1, or null",
             )
+    if d.hang_at is not None and d.hang_at.partition(":")[0] in ("prepare", "startup", "teardown"):
+        yield Problem(
+            "debug.hang_at",
+            d.hang_at,
+            "hangs the trainer, which exists from weight_sync to save",
+            "set debug.hang_at=train",
+        )
+    if cfg.checkpoint.resume is not None:
+        yield from one_of("checkpoint.resume", cfg.checkpoint.resume, ("auto",))
+    if cfg.checkpoint.resume == "auto" and cfg.checkpoint.load is not None:
+        yield Problem(
+            "checkpoint.resume",
+            "auto",
+            f"conflicts with checkpoint.load={cfg.checkpoint.load} (auto resumes from checkpoint.save)",
+            "drop one: checkpoint.resume=null, or checkpoint.load=null",
+        )
+    timeout = cfg.runtime.phase_timeout_s
+    if timeout is not None and not timeout > 0:
+        yield Problem(
+            "runtime.phase_timeout_s",
+            timeout,
+            "must be > 0 seconds (or null: no limit)",
+            "set runtime.phase_timeout_s=3600",
+        )
 
 
 def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
@@ -97,6 +124,24 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "rollout.hf.max_batch_size",
         "rollout.weight_sync.bucket_mb",
     )
+    yield from positive(cfg, "checkpoint.save_interval", "eval.interval", "logger.log_samples_every")
+    for key in ("checkpoint.ckpt_step", "logger.log_samples"):
+        value = get(cfg, key)
+        if value is not None and value < 0:
+            yield Problem(
+                key, value, "must be >= 0", f"set {key}=0" + (" or null" if key.startswith("checkpoint") else "")
+            )
+    r, context = cfg.rollout, cfg.model.max_position_embeddings
+    if (r.max_prompt_len or 0) + r.max_response_len > context:
+        prompt = f"rollout.max_prompt_len={r.max_prompt_len} + " if r.max_prompt_len else ""
+        yield Problem(
+            "rollout.max_response_len",
+            r.max_response_len,
+            f"{prompt}rollout.max_response_len={r.max_response_len} tokens exceed the model's context "
+            f"(model.max_position_embeddings={context})",
+            "lower rollout.max_response_len (and rollout.max_prompt_len), or raise model.max_position_embeddings "
+            "if the model supports it",
+        )
     if cfg.rollout.temperature <= 0:
         yield Problem(
             "rollout.temperature",
@@ -154,6 +199,7 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
 def collect_problems(cfg: RunConfig) -> list[Problem]:
     derived = derive(cfg)
     checks = [
+        check_unknown_keys(cfg),
         check_choices(cfg),
         check_debug(cfg),
         check_ranges(cfg),

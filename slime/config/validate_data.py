@@ -1,6 +1,6 @@
 """Data, rewards and rollout dumps: checked before anything starts (exit 2 on a problem).
 
-data.prompt_data         every record read and checked (file:line of the first bad one)
+data.prompt_data         every record read and checked (file:line of the first bad one); eval datasets too
 train.num_rollout/epoch  exactly one of them; num_epoch derives num_rollout from the record count
 data.source_class        importable, a DataSourceBase, built as cls(dataset, n_samples_per_prompt=, ...)
 rollout.custom_rm_path   rm(args, sample), or rm(args, samples) with rollout.group_rm
@@ -10,6 +10,7 @@ debug.load_rollout_data  a directory holding <rollout_id>.jsonl for every rollou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +18,7 @@ from typing import Any, Optional
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
+from slime.config.validate_eval import valid_eval_datasets
 from slime.config.validate_paths import generated_file
 from slime.rollout.prompt_file import DataFileError, RecordKeys, count_records, read_records, split_slice
 
@@ -32,6 +34,17 @@ def check_data(cfg: RunConfig) -> Iterator[Problem]:
     d = cfg.data
     if d.prompt_data is not None and not generated_file(d.prompt_data, d.generator):
         yield from check_prompt_file("data.prompt_data", d.prompt_data, record_keys(cfg))
+    if cfg.eval.interval:  # eval prompt files checked now, not at the first eval hours in
+        for name, dataset in valid_eval_datasets(cfg).items():
+            if not generated_file(dataset.prompt_data, dataset.generator):
+                keys = record_keys(cfg)
+                keys = dataclasses.replace(
+                    keys,
+                    input_key=dataset.input_key or keys.input_key,
+                    label_key=dataset.label_key or keys.label_key,
+                    metadata_key=dataset.metadata_key or keys.metadata_key,
+                )
+                yield from check_prompt_file(f"eval.datasets.{name}.prompt_data", dataset.prompt_data, keys)
     yield from _check_num_rollout(cfg)
     if d.source_class is not None:
         yield from _check_source_class(d.source_class)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import string
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,26 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
         )
     yield from check_save_hf(cfg)
     yield from check_model_checkpoint(cfg)
+    yield from check_writable(cfg)
+
+
+def check_writable(cfg: RunConfig) -> Iterator[Problem]:
+    """Directories the run creates and writes: each must be creatable here (no file in the way, writable
+    parent), or the run would fail at its first save, hours in."""
+    for key, path in (
+        ("paths.output_dir", cfg.paths.output_dir),
+        ("checkpoint.save", cfg.checkpoint.save),
+        ("train.critic.save", cfg.train.critic.save),
+    ):
+        if path is None:
+            continue
+        target = Path(path)
+        existing = next(p for p in (target, *target.parents) if p.exists())
+        if not existing.is_dir():
+            what = f"{existing} is a file, not a directory" if existing != target else "a file, not a directory"
+            yield Problem(key, path, what, f"point {key} at a directory", machine=True)
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            yield Problem(key, path, f"{existing} is not writable by this user", f"point {key} elsewhere", machine=True)
 
 
 def _strip_slice(path: str) -> str:

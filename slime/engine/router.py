@@ -94,7 +94,13 @@ class Router:
     def connect(cls, address: str) -> Router:
         """A user-given router ("host:port" or "http://host:port"); `shutdown()` leaves it running."""
         url = address if "://" in address else f"http://{address}"
-        http_client.get(url.rstrip("/") + "/health", timeout=10.0)
+        try:
+            http_client.get(url.rstrip("/") + "/health", timeout=10.0)
+        except EngineHTTPError as exc:
+            raise RouterError(
+                f"rollout.router.address={address}: the router does not answer ({exc}); start it, or set "
+                "rollout.router.address=null to let the run launch its own"
+            ) from None
         return cls(url)
 
     def _wait_healthy(self, timeout_s: float) -> None:

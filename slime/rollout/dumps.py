@@ -72,7 +72,7 @@ def buffered_prompts(state_file: str | Path) -> dict[int, set[int]]:
     `rollout/global_dataset_state_dict_<id>.pt`): drawn, not yet trained, and not lost."""
     import torch
 
-    state = torch.load(state_file, weights_only=False)
+    state = torch.load(state_file, weights_only=True)
     pending: dict[int, set[int]] = {}
     for group in state.get("buffer", []):
         pending.setdefault(group[0]["epoch"], set()).add(group[0]["prompt_index"])

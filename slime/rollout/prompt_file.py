@@ -21,6 +21,9 @@ _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 class DataFileError(ValueError):
     """A prompt file that cannot be used; `where` is `file:line` (or just the file), `key` the config field."""
 
@@ -90,6 +93,8 @@ def count_records(spec: str) -> Optional[int]:
 
 def _read_rows(file: Path, key: str) -> list[tuple[int, Any]]:
     """(line number, parsed value) of every non-blank JSONL line, or of every parquet row."""
+    if file.is_dir():
+        raise DataFileError(str(file), "a directory, not a prompt file; give the .jsonl or .parquet file", key=key)
     if file.suffix == ".parquet":
         return _read_parquet(file, key)
     if file.suffix != ".jsonl":
@@ -97,6 +102,8 @@ def _read_rows(file: Path, key: str) -> list[tuple[int, Any]]:
     rows = []
     with file.open("rb") as f:
         for line_no, raw in enumerate(f, 1):
+            if line_no == 1:
+                raw = raw.removeprefix(UTF8_BOM)  # as some editors start a UTF-8 file
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -108,14 +115,20 @@ def _read_rows(file: Path, key: str) -> list[tuple[int, Any]]:
             if not text.strip():
                 continue
             try:
-                rows.append((line_no, json.loads(text)))
+                rows.append((line_no, json.loads(text, parse_constant=_no_constant)))
             except json.JSONDecodeError as exc:
                 raise DataFileError(
                     f"{file}:{line_no}",
                     f"not valid JSON ({exc.msg} at column {exc.colno}); each line must be one JSON object",
                     key=key,
                 ) from None
+            except ValueError as exc:  # NaN / Infinity: Python's json reads them, JSON has no such numbers
+                raise DataFileError(f"{file}:{line_no}", f"not valid JSON ({exc})", key=key) from None
     return rows
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number; write the value as a string or a finite number")
 
 
 def _read_parquet(file: Path, key: str) -> list[tuple[int, Any]]:
@@ -174,6 +187,8 @@ def _json_field(text: str, name: str, fail) -> Any:
 def _check_prompt(prompt: Any, input_key: str, fail) -> str | list[dict[str, Any]]:
     """A string, or a non-empty list of {role, content[, step_loss_mask]} messages."""
     if isinstance(prompt, str):
+        if not prompt.strip():
+            raise fail(f"{input_key!r} is empty; every record needs a prompt")
         return prompt
     if not isinstance(prompt, list) or not prompt:
         raise fail(f"{input_key!r} must be a string or a non-empty list of messages, got {type(prompt).__name__}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any, Optional
@@ -26,6 +27,9 @@ from slime.registry import REWARD_TYPES
 from slime.types import Sample, SampleStatus
 
 GROUP_RM_SHAPE = ("args", "samples")
+# What a user's reward may raise and only fail its samples: sys.exit() inside a reward must not end the rollout
+# (asyncio re-raises SystemExit out of the event loop); Ctrl-C still stops the run.
+USER_ERRORS = (Exception, SystemExit)
 SAMPLE_RM_SHAPE = ("args", "sample")
 
 
@@ -54,12 +58,23 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def checked_reward(value: Any, reward_key: Optional[str]) -> float | dict[str, Any]:
-    """`value` as a reward (a number, bools included, as float; or a dict), else ValueError saying why (NaN too)."""
-    if not isinstance(value, (int, float, dict)):
+    """`value` as a reward: a finite real number (bools and numpy scalars included) as float, or a dict whose
+    `reward_key` holds one; else ValueError saying why (NaN and infinities too)."""
+    if isinstance(value, dict):
+        if reward_key is None or reward_key not in value:
+            raise ValueError(
+                f"the reward function returned a dict with keys {sorted(map(str, value))}; set rollout.reward_key "
+                f"to the one holding the reward (got {reward_key!r})"
+            )
+        scalar = value[reward_key]
+    else:
+        scalar = value
+    if not isinstance(scalar, numbers.Real):
         raise ValueError(f"the reward function returned {type(value).__name__} {value!r}; expected a number or dict")
-    scalar = value.get(reward_key) if isinstance(value, dict) and reward_key in value else value
-    if isinstance(scalar, float) and math.isnan(scalar):
+    if math.isnan(scalar):
         raise ValueError(f"the reward function returned NaN ({value!r})")
+    if math.isinf(scalar):
+        raise ValueError(f"the reward function returned an infinite reward ({value!r})")
     return float(value) if not isinstance(value, dict) else value
 
 
@@ -110,7 +125,7 @@ class RewardHub:
                 if not isinstance(values, (list, tuple)) or len(values) != len(todo):
                     raise ValueError(f"the group reward function must return a list of {len(todo)} rewards")
                 rewards = [checked_reward(v, self.reward_key) for v in values]
-            except Exception as exc:
+            except USER_ERRORS as exc:
                 for sample in todo:
                     mark_failed(sample, exc)
                 return
@@ -124,7 +139,7 @@ class RewardHub:
         """Set `sample.reward`, or mark the sample FAILED with the error."""
         try:
             sample.reward = checked_reward(await self._compute(args, sample, rm_type), self.reward_key)
-        except Exception as exc:  # a user's reward function may raise anything; the run decides on the ratio
+        except USER_ERRORS as exc:  # a user's reward function may raise anything; the run decides on the ratio
             mark_failed(sample, exc)
 
     async def _compute(self, args: Any, sample: Sample, rm_type: Optional[str]) -> Any:

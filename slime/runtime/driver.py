@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -21,11 +22,12 @@ import ray
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs
-from slime.runtime.interrupts import Interrupts
+from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
 from slime.runtime.train_group import TrainGroup
+from slime.runtime.watchdog import STACKS_ENV
 from slime.runtime.weight_push import WeightPush
 from slime.sync.base import SyncContext
 from slime.tracking.naming import RunIdentity
@@ -40,12 +42,19 @@ logger = logging.getLogger(__name__)
 class RunState:
     """What result.json reports: the phase reached, progress and the last metrics.
 
+    Every phase change is logged with the time the phase took (the heartbeat); the watchdog
+    (slime.runtime.watchdog) reads `phase`, `phase_rollout` and `phase_started` from its own thread.
+
     `signal_at` (from `debug.signal_at`/`debug.signal`) is fault injection for tests of the signal
     path: on entering that phase (of that rollout id, when given) a thread sends the signal to this
-    process, so it arrives while the phase is under way, as a user's Ctrl-C would.
+    process, so it arrives while the phase is under way, as a user's Ctrl-C would (SIGKILL: the whole
+    run dies at once, as in a crash). `hang_at`
+    (`debug.hang_at`) calls `hang` on entering its phase: the driver waits on a rank that never answers.
     """
 
     phase: str = "config"
+    phase_rollout: int | None = None
+    phase_started: float = dataclasses.field(default_factory=time.monotonic)
     rollouts_completed: int = 0
     start_rollout: int = 0
     last_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -53,21 +62,46 @@ class RunState:
     reward_curve: str | None = None
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # what the tracker wrote (name -> path)
     signal_at: tuple[str, int | None, int, float] | None = None  # (phase, rollout id | None, signal, delay s)
+    hang_at: tuple[str, int | None] | None = None  # (phase, rollout id | None)
+    hang: Callable[[], None] | None = None
+    hung: str | None = None  # the watchdog's message once a phase overran runtime.phase_timeout_s
+    tearing_down: bool = False  # from here on the watchdog rests (teardown bounds its own waits)
     on_enter: Callable[[str, int | None], None] | None = None  # the progress display follows the phases
 
     def enter(self, phase: str, rollout_id: int | None = None) -> None:
-        self.phase = phase
-        logger.debug("phase %s (rollout %s)", phase, rollout_id)
+        now = time.monotonic()
+        if self.phase != "config":
+            logger.info("%s done in %.2fs", _phase_name(self.phase, self.phase_rollout), now - self.phase_started)
+        logger.info("%s started", _phase_name(phase, rollout_id))
+        self.phase, self.phase_rollout, self.phase_started = phase, rollout_id, now
         if self.on_enter is not None:
             self.on_enter(phase, rollout_id)
+        if _matches(self.hang_at, phase, rollout_id) and self.hang is not None:
+            self.hang_at = None
+            self.hang()
         if self.signal_at is None:
             return
         target, target_id, signum, delay_s = self.signal_at
-        if phase == target and (target_id is None or target_id == rollout_id):
+        if _matches((target, target_id), phase, rollout_id):
             self.signal_at = None
-            timer = threading.Timer(delay_s, os.kill, args=(os.getpid(), signum))
+            timer = threading.Timer(delay_s, _send_signal, args=(signum,))
             timer.daemon = True
             timer.start()
+
+
+def _send_signal(signum: int) -> None:
+    """debug.signal_at's signal to this process; SIGKILL kills every process of the run first (a crash)."""
+    if signum == signal.SIGKILL:
+        kill_descendants()
+    os.kill(os.getpid(), signum)
+
+
+def _matches(target: tuple[str, int | None] | None, phase: str, rollout_id: int | None) -> bool:
+    return target is not None and phase == target[0] and (target[1] is None or target[1] == rollout_id)
+
+
+def _phase_name(phase: str, rollout_id: int | None) -> str:
+    return f"phase {phase}" + (f" (rollout {rollout_id})" if rollout_id is not None else "")
 
 
 def _due(rollout_id: int, interval: int | None) -> bool:
@@ -86,7 +120,9 @@ def run(
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     run_dir = Path(cfg.paths.output_dir)
     state.enter("startup")
-    with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver):
+    # with a watchdog, every actor arms its stack dump (slime.runtime.watchdog) in this directory
+    env = {STACKS_ENV: str(run_dir / "stacks")} if cfg.runtime.phase_timeout_s else {}
+    with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver, env=env):
         interrupts.reinstall()  # ray.init replaced the SIGTERM handler
         ppo = cfg.algo.advantage_estimator == "ppo"
         placement = create_placement(
@@ -123,6 +159,7 @@ def run(
                 steps_per_rollout=cfg.train.num_steps_per_rollout,
             )
             state.on_enter = tracker.progress.on_phase
+            state.hang = actor.hang
             state.start_rollout = start = actor.finish_init(actor_init)
             if critic is not None and critic.finish_init(critic_init) != start:
                 raise RuntimeError(
@@ -147,10 +184,12 @@ def run(
 def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, groups, *, exit_code: int) -> None:
     """Stop the rollout side (killed if still starting), close the tracker meanwhile, then the trainers."""
     state_phase = state.phase
+    state.tearing_down = True
     state.enter("teardown")
-    if engines_ready is None or not ray.wait([engines_ready], timeout=0)[0]:
-        # Still starting: a shutdown call would wait for the engines to come up first. Killing the
-        # manager takes its router and engine actors along (their servers die with them).
+    graceful = state.hung is None  # a hung actor answers no shutdown call: it is killed
+    if not graceful or engines_ready is None or not ray.wait([engines_ready], timeout=0)[0]:
+        # Still starting (or hung): a shutdown call would wait for the engines to come up (or the hung call)
+        # first. Killing the manager takes its router and engine actors along (their servers die with them).
         ray.kill(manager)
         stopping = None
     else:
@@ -166,7 +205,7 @@ def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, 
         logger.warning("rollout manager shutdown failed: %s", exc)
     for group in groups:
         if group is not None:
-            group.shutdown()
+            group.shutdown(graceful=graceful)
     state.phase = state_phase if exit_code else "done"
 
 
@@ -211,11 +250,11 @@ def _loop(
         state.enter("rollout", rollout_id)
         restarted = pusher.recover(weight_version=rollout_id) if pusher is not None else 0
         batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
-        state.enter("train", rollout_id)
+        state.enter("log_probs", rollout_id)
         if pusher is not None:
             pusher.before_train(rollout_id)
         train_start = time.perf_counter()
-        steps = train_step(cfg, rollout_id, batches, actor, critic, metrics)
+        steps = train_step(cfg, rollout_id, batches, actor, critic, metrics, state=state)
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
             state.enter("save", rollout_id)
@@ -245,9 +284,18 @@ def _loop(
 
 
 def train_step(
-    cfg: RunConfig, rollout_id: int, batches, actor: TrainGroup, critic: TrainGroup | None, metrics: dict[str, float]
+    cfg: RunConfig,
+    rollout_id: int,
+    batches,
+    actor: TrainGroup,
+    critic: TrainGroup | None,
+    metrics: dict[str, float],
+    *,
+    state: RunState | None = None,
 ) -> list[dict[str, float]]:
     """REFERENCE.md §2.2 step 5 on the training groups; adds rollout-side and perf metrics to `metrics`.
+
+    `state` (the driver's) moves from phase log_probs (batch, values, log-probs, advantages) to train.
 
     Returns the merged actor (+ critic) `train/*` metrics of every optimizer step.
     """
@@ -260,6 +308,8 @@ def train_step(
     if needs_old_log_probs(cfg.algo, cfg.train.num_steps_per_rollout):
         metrics.update(actor.compute_log_probs("old"))
     metrics.update(actor.compute_advantages())
+    if state is not None:
+        state.enter("train", rollout_id)
     result = actor.train(update=rollout_id >= cfg.algo.num_critic_only_steps)
     metrics.update(result["perf"])
     steps = [dict(step) for step in result["steps"]]
@@ -273,10 +323,13 @@ def train_step(
 
 
 def _save(cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None) -> None:
-    """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one."""
-    actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
+    """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one.
+
+    The actor goes last: its tracker file, replaced at the very end of its save, is what makes the checkpoint
+    the one a resume picks (the critic's and the data source's files of this id exist by then)."""
+    ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
     if critic is not None:
         critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
-    ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+    actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
     if cfg.checkpoint.save_hf:
         actor.save_hf(cfg.checkpoint.save_hf.format(rollout_id=rollout_id))

@@ -61,6 +61,7 @@ class Interrupts:
     def __init__(self, on_force: Callable[[int], None]):
         self.on_force = on_force
         self.received: int | None = None  # the first signal's number
+        self.reason: str | None = None  # why `interrupt` stopped the run (said instead of "SIGINT received")
         self._tearing_down = False
         self._previous: dict[int, object] = {}
 
@@ -86,6 +87,20 @@ class Interrupts:
             return exc
         return RunInterrupted(self.received or signal.SIGINT)
 
+    def interrupt(self, reason: str) -> None:
+        """From another thread (the watchdog): stop the run as a Ctrl-C would, saying `reason`."""
+        self.reason = reason
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def force(self, exit_code: int) -> None:
+        """From another thread, when the main thread no longer reacts: what a second SIGINT does, with `exit_code`."""
+        _say("the run does not stop: killing every process of the run")
+        try:
+            kill_descendants()
+            self.on_force(signal.SIGINT)
+        finally:
+            exit_now(exit_code)
+
     def begin_teardown(self) -> None:
         """From here on a signal forces the exit instead of interrupting the teardown."""
         self._tearing_down = True
@@ -94,7 +109,7 @@ class Interrupts:
         name = signal.Signals(signum).name
         if not self._tearing_down:
             self.received = signum
-            _say(f"\n{name} received: stopping the run (again to force)")
+            _say(f"\n{self.reason or name + ' received'}: stopping the run (again to force)")
             self._tearing_down = True  # a second signal, even before teardown proper, forces
             raise RunInterrupted(signum)
         _say(f"\n{name} received during teardown: killing every process of the run")

@@ -8,6 +8,7 @@ phase that failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -21,7 +22,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.config import ConfigError, fill_derived, to_run_config, to_yaml, validate
+from slime.config import ConfigError, fill_derived, to_run_config, validate
 from slime.config.objective import objective_name, objective_value
 from slime.runtime.interrupts import Interrupts, exit_now
 
@@ -51,6 +52,7 @@ def execute(dcfg: DictConfig) -> float | None:
     """Run one job and return its objective (`logger.objective`, see slime/config/objective.py), which a
     sweeper optimises. In multirun mode errors propagate to the launcher instead of exiting."""
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    scrub_hydra_records(Path(HydraConfig.get().runtime.output_dir), list(HydraConfig.get().overrides.task))
     try:
         cfg = to_run_config(dcfg)
         if cfg.debug.dry_run:  # plan only: nothing is started, no run directory is made
@@ -65,8 +67,9 @@ def execute(dcfg: DictConfig) -> float | None:
     logging.getLogger().setLevel(cfg.debug.log_level)
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{to_yaml(cfg)}")
+    text = redacted_yaml(cfg)
+    (run_dir / "config.yaml").write_text(text)
+    print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{text}")
     print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in derived.table()))
 
     result, code, interrupted = _run_with_result(cfg, derived, run_dir)
@@ -78,6 +81,30 @@ def execute(dcfg: DictConfig) -> float | None:
     else:
         exit_now(code)
     return result["objective"]["value"]
+
+
+def redacted_yaml(cfg) -> str:
+    """The resolved config as YAML with secrets redacted (slime.tracking.secrets): credentials come from the
+    environment, never from a file a run leaves behind."""
+    from omegaconf import OmegaConf
+
+    from slime.tracking.secrets import redact
+
+    return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(OmegaConf.structured(cfg)))))
+
+
+def scrub_hydra_records(output_dir: Path, overrides: list[str]) -> None:
+    """Hydra wrote the job's overrides and config to `<output_dir>/.hydra` before the run began: the values of
+    secret-named overrides and of secret environment variables are replaced there too."""
+    from slime.tracking.secrets import redact_overrides, scrub, secret_env_values
+
+    secrets = secret_env_values()
+    secrets += [o.partition("=")[2] for o, r in zip(overrides, redact_overrides(overrides, [])) if o != r]
+    secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+    for record in (output_dir / ".hydra").glob("*.yaml") if secrets else ():
+        text = record.read_text()
+        if any(secret in text for secret in secrets):
+            record.write_text(scrub(text, secrets))
 
 
 def _dry_run(cfg, *, multirun: bool) -> None:
@@ -104,7 +131,7 @@ def _run_with_result(cfg, derived, run_dir: Path):
     from slime.tracking.naming import run_identity
     from slime.tracking.summary import render_summary
 
-    state = RunState(signal_at=_signal_at(cfg.debug))
+    state = RunState(signal_at=_signal_at(cfg.debug), hang_at=_phase_at(cfg.debug.hang_at))
     hydra = _hydra_run()
     started = time.time()
     objective = objective_name(cfg)
@@ -132,10 +159,13 @@ def _run_with_result(cfg, derived, run_dir: Path):
         return result
 
     def forced(signum: int) -> None:
-        write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
+        if state.hung is not None:
+            write_result("hung", f"{state.hung} (forced exit)")
+        else:
+            write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
 
     status, error, code, interrupted = "completed", None, EXIT_OK, None
-    with Interrupts(on_force=forced) as interrupts:
+    with Interrupts(on_force=forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:
             state.enter("prepare")
             prepare_assets(cfg)
@@ -150,6 +180,8 @@ def _run_with_result(cfg, derived, run_dir: Path):
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
             status, error, code = "interrupted", str(interrupted), interrupted.exit_code
+            if state.hung is not None:  # the watchdog stopped the run: a failure, not the user's interrupt
+                status, error, code, interrupted = "hung", state.hung, EXIT_RUN_FAILED, None
         except Exception as exc:  # the run failed: record where, then exit non-zero
             status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
             traceback.print_exc()
@@ -170,7 +202,40 @@ def _one_line(cfg, derived) -> str:
 
 def _signal_at(debug) -> tuple[str, int | None, int, float] | None:
     """`debug.signal_at` ("PHASE" or "PHASE:ROLLOUT_ID"), `signal`, `signal_delay_s` as (phase, id, signum, s)."""
-    if not debug.signal_at:
+    target = _phase_at(debug.signal_at)
+    return None if target is None else (*target, int(getattr(signal, debug.signal)), debug.signal_delay_s)
+
+
+def _phase_at(value: str | None) -> tuple[str, int | None] | None:
+    """ "PHASE" or "PHASE:ROLLOUT_ID" as (phase, rollout id or None)."""
+    if not value:
         return None
-    phase, _, rollout_id = debug.signal_at.partition(":")
-    return phase, int(rollout_id) if rollout_id else None, int(getattr(signal, debug.signal)), debug.signal_delay_s
+    phase, _, rollout_id = value.partition(":")
+    return phase, int(rollout_id) if rollout_id else None
+
+
+@contextlib.contextmanager
+def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
+    """`runtime.phase_timeout_s`: a phase overrunning it dumps the stacks and stops the run (status "hung")."""
+    if cfg.runtime.phase_timeout_s is None:
+        yield
+        return
+    from slime.runtime.watchdog import Watchdog, remove_armed
+
+    def fire(message: str) -> None:
+        state.hung = message
+        interrupts.interrupt(f"watchdog: {message}")
+
+    stacks_dir = run_dir / "stacks"
+    watchdog = Watchdog(
+        state,
+        cfg.runtime.phase_timeout_s,
+        stacks_dir,
+        on_fire=fire,
+        on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED),
+    ).start()
+    try:
+        yield
+    finally:
+        watchdog.stop()
+        remove_armed(stacks_dir)

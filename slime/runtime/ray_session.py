@@ -30,15 +30,18 @@ WORKER_ENV = {
 
 
 @contextlib.contextmanager
-def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool):
-    """A Ray session sized for `num_bundles` device bundles; `ray.shutdown()` on every exit path."""
+def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool, env: dict[str, str] | None = None):
+    """A Ray session sized for `num_bundles` device bundles; `ray.shutdown()` on every exit path.
+
+    `env`: more variables for the workers (on top of WORKER_ENV)."""
+    worker_env = {**WORKER_ENV, **(env or {})}
     if cluster.ray_address:
-        ray.init(address=cluster.ray_address, runtime_env={"env_vars": dict(WORKER_ENV)}, log_to_driver=log_to_driver)
+        ray.init(address=cluster.ray_address, runtime_env={"env_vars": worker_env}, log_to_driver=log_to_driver)
     else:
         # Logical CPUs may exceed physical cores: each bundle holds one lightly-threaded process.
         num_cpus = max(num_bundles, os.cpu_count() or 1)
         num_gpus = num_bundles if cluster.device == "cuda" else 0
-        with _environment(WORKER_ENV):
+        with _environment(worker_env):
             ray.init(
                 num_cpus=num_cpus,
                 num_gpus=num_gpus,

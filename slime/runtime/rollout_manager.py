@@ -35,6 +35,7 @@ from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.runtime.engine_fleet import EngineFleet, FleetSetup
 from slime.runtime.placement import EnginePlacement
+from slime.runtime.watchdog import arm_stack_dump
 from slime.types import SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class RolloutManager:
     """
 
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
+        arm_stack_dump()  # the watchdog's stack dump (slime.runtime.watchdog)
         self.setup = setup
         self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
@@ -361,9 +363,11 @@ class RolloutManager:
 
         if self.data_source is None:  # replaying dumps: no data source
             return
-        target = Path(root) / "rollout"
-        target.mkdir(parents=True, exist_ok=True)
-        torch.save(self.data_source.state_dict(), target / f"global_dataset_state_dict_{rollout_id}.pt")
+        target = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")  # renamed once complete: a killed save leaves no .pt
+        torch.save(self.data_source.state_dict(), partial)
+        partial.replace(target)
 
     def load(self, rollout_id: int, root: str) -> None:
         import torch
@@ -373,4 +377,5 @@ class RolloutManager:
         path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
-        self.data_source.load_state_dict(torch.load(path, weights_only=False))
+        # weights_only: tensors and plain containers only, nothing a checkpoint file could execute
+        self.data_source.load_state_dict(torch.load(path, weights_only=True))

@@ -11,6 +11,7 @@ owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.runtime.placement import Placement
+from slime.runtime.watchdog import arm_stack_dump
 from slime.train.layout import RankLayout
 from slime.train.setup import TrainSetup
 from slime.types import TrainBatch
@@ -43,16 +45,26 @@ def _rendezvous_address(first: Placement) -> tuple[str, int]:
     return ray.get(task.remote())
 
 
+def _injected_hang() -> None:
+    while True:
+        time.sleep(3600)
+
+
 class TrainRank:
     """One training rank as a Ray actor: builds the registered backend for `role` and runs its methods."""
 
     def __init__(self, setup: TrainSetup, role: str, **rank_args: Any):
         from slime.train.base import get_backend_class
 
+        arm_stack_dump()
         self.backend = get_backend_class(setup.parallelism.backend, role)(setup, **rank_args)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.backend, method)(*args, **kwargs)
+
+    def hang(self) -> None:
+        """debug.hang_at: never returns (the watchdog's test)."""
+        _injected_hang()
 
     def __repr__(self) -> str:  # Ray prefixes the rank's log lines with it
         return f"{type(self.backend).__name__}(rank={self.backend.rank})"
@@ -151,10 +163,16 @@ class TrainGroup:
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         self._all("save_checkpoint", rollout_id, root)
 
-    def shutdown(self) -> None:
+    def hang(self) -> None:
+        """debug.hang_at: wait on rank 0, which sleeps forever."""
+        ray.get(self.actors[0].hang.remote())
+
+    def shutdown(self, *, graceful: bool = True) -> None:
+        """Each rank's backend shuts down (unless not `graceful`: a hung rank never answers), then is killed."""
         for actor in self.actors:
             try:
-                ray.get(actor.call.remote("shutdown"), timeout=30)
+                if graceful:
+                    ray.get(actor.call.remote("shutdown"), timeout=30)
             except Exception:  # a dead rank must not block teardown
                 pass
             ray.kill(actor)

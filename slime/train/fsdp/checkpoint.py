@@ -6,12 +6,16 @@
     <root>/iter_0000007/rng_rank<r>.pt            torch RNG states per rank
 
 Full (unsharded) state dicts through torch.distributed.checkpoint.state_dict work for a plain module
-and for FSDP2 alike; rank 0 writes. The tracker file is written last, after a barrier, so an
-interrupted save never becomes the one a resume picks.
+and for FSDP2 alike; rank 0 writes. A save is atomic: everything goes to `<root>/.iter_0000007.partial/`,
+which is renamed to `iter_0000007/` once complete; then the tracker is replaced (write + rename). A save
+killed at any point leaves the previous checkpoint the one a resume picks, and its debris is ignored
+(and cleared by the next save of that id).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -46,7 +50,10 @@ def save_model_dir(backend, path: Path) -> None:
 
 
 def save(backend, root: Path, rollout_id: int) -> None:
-    target = iter_dir(root, rollout_id)
+    final = iter_dir(root, rollout_id)
+    target = root / f".{final.name}.partial"
+    if backend.rank == 0 and target.exists():  # a save of this id that was killed
+        shutil.rmtree(target)
     save_model_dir(backend, target / "model")
     if not backend.setup.checkpoint.no_save_optim:
         optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=_FULL)
@@ -65,9 +72,31 @@ def save(backend, root: Path, rollout_id: int) -> None:
     )
     parallel.barrier()
     if backend.rank == 0:
-        tmp = root / (TRACKER + ".tmp")
-        tmp.write_text(str(rollout_id))
-        tmp.replace(root / TRACKER)
+        _publish(target, final)
+        replace_text(root / TRACKER, str(rollout_id))
+    parallel.barrier()
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Rename the complete `staging` directory to `final`; an untracked `final` already there is replaced."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old)
+    else:
+        staging.rename(final)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` atomically: a reader sees the old content or the new, never a partial file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
 
 
 def latest_rollout_id(root: Path) -> int | None:
@@ -93,7 +122,7 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
         return 0
     target = iter_dir(root_path, rollout_id)
     if (target / "optimizer.pt").exists():
-        saved = torch.load(target / "optimizer.pt", weights_only=False)
+        saved = torch.load(target / "optimizer.pt", weights_only=True)
         set_optimizer_state_dict(
             backend.model, backend.optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True)
         )
@@ -101,7 +130,7 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
         backend.global_step = saved["global_step"]
     rng_file = target / f"rng_rank{backend.rank}.pt"
     if rng_file.exists():
-        rng = torch.load(rng_file, weights_only=False)
+        rng = torch.load(rng_file, weights_only=True)
         torch.set_rng_state(rng["cpu"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])

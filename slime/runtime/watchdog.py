@@ -1,0 +1,147 @@
+"""The phase watchdog: a phase running past `runtime.phase_timeout_s` gets every process's stacks dumped.
+
+Each Ray actor of the run calls `arm_stack_dump()` when it starts: SIGUSR1 then makes faulthandler write
+every thread's Python stack (C-level, so a thread stuck in a sleep, a lock or native code still answers)
+to `<run dir>/stacks/.armed/<pid>.txt`. The driver's `Watchdog` thread polls the phase the driver is in
+(`RunState.phase`, `phase_started`); past the limit it dumps the driver's own stacks, signals every armed
+actor, keeps the non-empty dumps as `stacks/<pid>.txt` (headed by the process's command line), and calls
+`on_fire(message)` (the driver interrupts its main thread, tears down and reports status "hung").
+If the main thread does not begin its teardown within `grace_s`, `on_stuck()` forces the exit.
+
+The stacks directory comes through the environment (`STACKS_ENV`), which a local Ray cluster's workers
+inherit from the driver. py-spy needs ptrace, which containers often deny; faulthandler needs nothing.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+STACKS_ENV = "SLIME_STACKS_DIR"
+DUMP_SIGNAL = signal.SIGUSR1
+ARMED = ".armed"
+
+
+def arm_stack_dump() -> None:
+    """In an actor process: SIGUSR1 writes all threads' stacks to `$SLIME_STACKS_DIR/.armed/<pid>.txt`."""
+    stacks_dir = os.environ.get(STACKS_ENV)
+    if not stacks_dir:
+        return
+    armed = Path(stacks_dir) / ARMED
+    armed.mkdir(parents=True, exist_ok=True)
+    # faulthandler keeps a reference to the file and writes to its descriptor from the signal handler
+    out = open(armed / f"{os.getpid()}.txt", "w")  # noqa: SIM115
+    faulthandler.register(DUMP_SIGNAL, file=out, all_threads=True, chain=False)
+
+
+def dump_stacks(stacks_dir: Path, *, settle_s: float = 2.0) -> list[Path]:
+    """The driver's and every armed actor's stacks as `stacks_dir/<pid>.txt`; returns the files written."""
+    stacks_dir.mkdir(parents=True, exist_ok=True)
+    own = stacks_dir / f"{os.getpid()}.txt"
+    with own.open("w") as out:
+        out.write(f"# pid {os.getpid()} (driver): {_cmdline(os.getpid())}\n")
+        out.flush()
+        faulthandler.dump_traceback(file=out, all_threads=True)
+    written = [own]
+    armed = sorted((stacks_dir / ARMED).glob("*.txt"))
+    signalled = []
+    for path in armed:
+        pid = int(path.stem)
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+            signalled.append(path)
+        except ProcessLookupError:  # an actor that ended (or lives on another node)
+            continue
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline and not all(p.stat().st_size for p in signalled):
+        time.sleep(0.1)
+    time.sleep(0.2)  # the last lines of a dump that has begun
+    for path in signalled:
+        text = path.read_text(errors="replace")
+        if text:
+            target = stacks_dir / path.name
+            target.write_text(f"# pid {path.stem}: {_cmdline(int(path.stem))}\n{text}")
+            written.append(target)
+    return written
+
+
+def remove_armed(stacks_dir: Path) -> None:
+    """At the end of a run: the staging files go; `stacks/` itself only if nothing was dumped into it."""
+    shutil.rmtree(stacks_dir / ARMED, ignore_errors=True)
+    if stacks_dir.is_dir() and not any(stacks_dir.iterdir()):
+        stacks_dir.rmdir()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()).strip()[:200]
+    except psutil.Error:
+        return "?"
+
+
+class Watchdog:
+    """Polls `state` (`phase`, `phase_rollout`, `phase_started` on time.monotonic(), `tearing_down`) from a
+    daemon thread.
+
+    Args:
+        timeout_s: the most seconds any watched phase may take.
+        on_fire: called once, from the watchdog thread, with the message naming the phase, after the dump.
+        on_stuck: called if the main thread has not left the hung phase `grace_s` after `on_fire`.
+    """
+
+    def __init__(
+        self,
+        state,
+        timeout_s: float,
+        stacks_dir: Path,
+        *,
+        on_fire: Callable[[str], None],
+        on_stuck: Callable[[], None],
+        grace_s: float = 60.0,
+    ):
+        self.state, self.timeout_s, self.stacks_dir, self.grace_s = state, timeout_s, stacks_dir, grace_s
+        self.on_fire, self.on_stuck = on_fire, on_stuck
+        self.fired: str | None = None  # the message, once fired
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="slime-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        poll_s = min(1.0, self.timeout_s / 4)
+        while not self._stop.wait(poll_s):
+            if self.state.tearing_down:  # teardown bounds its own waits
+                return
+            phase, rollout_id, started = self.state.phase, self.state.phase_rollout, self.state.phase_started
+            if time.monotonic() - started <= self.timeout_s:
+                continue
+            where = f" of rollout {rollout_id}" if rollout_id is not None and rollout_id >= 0 else ""
+            self.fired = (
+                f"phase {phase}{where} exceeded runtime.phase_timeout_s={self.timeout_s:g}s; "
+                f"stacks in {self.stacks_dir}"
+            )
+            logger.error("watchdog: %s", self.fired)
+            try:
+                files = dump_stacks(self.stacks_dir)
+                logger.error("watchdog: dumped the stacks of %d processes", len(files))
+            finally:
+                self.on_fire(self.fired)
+            if not self._stop.wait(self.grace_s) and self.state.phase == phase and self.state.phase_started == started:
+                self.on_stuck()
+            return

@@ -1,0 +1,139 @@
+"""The phase watchdog: stack dumps of armed processes (no Ray), then a real run with a hung trainer rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from slime.runtime.driver import RunState
+from slime.runtime.watchdog import ARMED, STACKS_ENV, Watchdog, dump_stacks, remove_armed
+from tests.conftest import ROOT
+from tests.test_end_to_end import assert_no_run_processes, main_py
+
+SLEEPER = textwrap.dedent("""
+    import sys, time
+    from slime.runtime.watchdog import arm_stack_dump
+
+    def sleeping_in_a_phase():
+        print("armed", flush=True)
+        time.sleep(60)
+
+    arm_stack_dump()
+    sleeping_in_a_phase()
+""")
+
+
+def test_dump_stacks_reads_every_armed_process(tmp_path):
+    stacks = tmp_path / "stacks"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], cwd=ROOT, env={**os.environ, STACKS_ENV: str(stacks)}, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout.readline() == b"armed\n"
+        written = dump_stacks(stacks)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in written) == sorted([f"{os.getpid()}.txt", f"{proc.pid}.txt"])
+    actor = (stacks / f"{proc.pid}.txt").read_text()
+    assert actor.startswith(f"# pid {proc.pid}: ") and "sleeping_in_a_phase" in actor
+    assert "test_dump_stacks_reads_every_armed_process" in (stacks / f"{os.getpid()}.txt").read_text()
+    remove_armed(stacks)
+    assert not (stacks / ARMED).exists() and (stacks / f"{proc.pid}.txt").exists()
+
+
+def test_watchdog_fires_once_on_the_overrunning_phase_and_not_in_teardown(tmp_path):
+    state, fired = RunState(), []
+    state.enter("rollout", 0)
+    dog = Watchdog(state, 2.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: fired.append("stuck"))
+    dog.start()
+    time.sleep(0.5)
+    state.enter("train", 0)
+    time.sleep(0.5)
+    assert fired == []
+    state.phase_started -= 2.0  # train has now run 2.5 s
+    deadline = time.monotonic() + 10
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fired == [f"phase train of rollout 0 exceeded runtime.phase_timeout_s=2s; stacks in {tmp_path / 'stacks'}"]
+    assert (tmp_path / "stacks" / f"{os.getpid()}.txt").exists()
+    dog.stop()
+
+    state, fired = RunState(), []
+    state.enter("save", 1)
+    state.tearing_down = True
+    Watchdog(state, 0.1, tmp_path / "s2", on_fire=fired.append, on_stuck=lambda: None).start()
+    time.sleep(0.5)
+    assert fired == [] and not (tmp_path / "s2").exists()
+
+
+@pytest.mark.slow
+def test_hung_trainer_rank_is_caught_dumped_and_torn_down(tmp_path):
+    """debug.hang_at puts training rank 0 to sleep forever in train of rollout 1: the watchdog names the phase."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = main_py(
+        run_dir,
+        "debug.hang_at=train:1",
+        "runtime.phase_timeout_s=40",
+        "train.num_rollout=3",
+        "checkpoint.save_interval=1",
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "hung" and result["phase"] == "train"
+    assert result["error"].startswith("phase train of rollout 1 exceeded runtime.phase_timeout_s=40s")
+    assert result["rollouts_completed"] == 1
+    dumps = {p.name: p.read_text() for p in (run_dir / "stacks").glob("*.txt")}
+    assert len(dumps) >= 3, dumps.keys()  # the driver, the rollout manager, the trainer rank
+    hung = [text for text in dumps.values() if "_injected_hang" in text]
+    assert len(hung) == 1 and "TrainRank" in hung[0].splitlines()[0], dumps
+    assert any("RolloutManager" in text.splitlines()[0] for text in dumps.values())
+    assert not (run_dir / "stacks" / ARMED).exists()
+    assert "watchdog: phase train of rollout 1 exceeded" in proc.stderr
+    log = (run_dir / "main.log").read_text()  # the heartbeat: each phase's start, and its end with its time
+    assert "phase rollout (rollout 1) started" in log and "phase rollout (rollout 1) done in" in log
+    assert "phase log_probs (rollout 1) done in" in log and "phase train (rollout 1) started" in log
+    # the checkpoint of rollout 0 is intact
+    assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "0"
+    assert elapsed < 240
+    assert_no_run_processes()
+
+
+def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
+    state, calls = RunState(), []
+    state.enter("weight_sync", 2)
+    state.phase_started -= 5
+    Watchdog(
+        state,
+        1.0,
+        tmp_path / "stacks",
+        on_fire=lambda m: calls.append("fire"),
+        on_stuck=lambda: calls.append("stuck"),
+        grace_s=0.3,
+    ).start()
+    deadline = time.monotonic() + 10
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert calls == ["fire", "stuck"]
+
+    state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
+    state.enter("eval", 0)
+    state.phase_started -= 5
+    Watchdog(
+        state,
+        1.0,
+        tmp_path / "stacks2",
+        on_fire=lambda m: (calls.append("fire"), state.enter("teardown")),
+        on_stuck=lambda: calls.append("stuck"),
+        grace_s=0.3,
+    ).start()
+    time.sleep(1.5)
+    assert calls == ["fire"]
