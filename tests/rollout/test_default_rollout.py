@@ -181,7 +181,9 @@ def test_user_generate_function_filter_and_sample_hook(served, tmp_path):
         sample_hooks=[load_callable(f"{HERE}.count_hook", key="rollout.sample_hooks[0]")],
     )
     data = source(tmp_path, served.tokenizer, "hooks", num_prompts=6, n=2)
-    out = rollout_fn()(context(served, batch_size=2, over_sampling=2, max_new_tokens=4, hooks=hooks), 7, data)
+    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=4, hooks=hooks)
+    ctx.sampling_seed = 1234  # deterministic: groups are judged in submission order, so groups 0 and 2 are dropped
+    out = rollout_fn()(ctx, 7, data)
     assert sorted(g[0].group_index for g in out.groups) == [1, 3]
     assert out.metrics["rollout/dynamic_filter/drop_even"] == 2.0
     for s in (s for g in out.groups for s in g):

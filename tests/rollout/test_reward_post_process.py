@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slime.config import derive
@@ -20,7 +22,9 @@ def doubled(args, samples):
 @pytest.mark.parametrize("hook", [None, doubled])
 def test_reward_post_process_hook_or_the_algorithms(hook):
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
-    manager = RolloutManager(RolloutSetup.from_run_config(cfg, derive(cfg)), [])
+    setup = RolloutSetup.from_run_config(cfg, derive(cfg))
+    # rewards only: a manager with no engines (the fleet gets as many placements as engine specs)
+    manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
     manager.hooks = RolloutHooks(reward_post_process=hook)
     samples = [Sample(reward={"score": r}) for r in (1.0, 0.0, 1.0, 1.0)]
     args = type("Args", (), {"reward_key": "score"})()
