@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -36,18 +37,24 @@ KNOBS = {"grpo": ["algo.use_tis=true"]}
 TIS_METRICS = {"train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois"}
 
 
+@pytest.fixture(scope="module")
+def algo_runs(tmp_path_factory) -> dict[str, tuple]:
+    """Every algo option's 2-rollout run (run dir, finished process), three at a time: a short run is mostly
+    start-up waits, which overlap. Returns once every run has ended, so no run's processes are left."""
+    root = tmp_path_factory.mktemp("algos")
+    overrides = ["train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001"]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {
+            algo: pool.submit(main_py, root / algo, f"algo={algo}", *overrides, *KNOBS.get(algo, []))
+            for algo in ALGO_OPTIONS
+        }
+        return {algo: (root / algo, future.result()) for algo, future in futures.items()}
+
+
 @pytest.mark.parametrize("algo", ALGO_OPTIONS)
-def test_every_algo_runs_and_its_first_step_is_on_policy(algo, tmp_path):
+def test_every_algo_runs_and_its_first_step_is_on_policy(algo, algo_runs):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
-    run_dir = tmp_path / "run"
-    proc = main_py(
-        run_dir,
-        f"algo={algo}",
-        "train.num_rollout=2",
-        "algo.use_kl_loss=true",
-        "algo.kl_loss_coef=0.001",
-        *KNOBS.get(algo, []),
-    )
+    run_dir, proc = algo_runs[algo]
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     steps = [r for r in logged if "train/step" in r]
