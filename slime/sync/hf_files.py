@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -29,6 +29,23 @@ HF_SIDE_FILES = (
     "vocab.json",
     "merges.txt",
 )
+
+
+def in_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
+    """Group (HF name, tensor) pairs, in order, into buckets of at least `bucket_bytes` (the last may be smaller).
+
+    The input is consumed lazily, so an exporter whose tensors come from collectives gathers one bucket at a time.
+    """
+    bucket: Bucket = []
+    size = 0
+    for name, tensor in named_tensors:
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
 
 
 def copy_side_files(src: str | Path, dst: str | Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from slime.sync.hf_files import Bucket
+from slime.sync.hf_files import Bucket, in_buckets
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
@@ -175,19 +175,9 @@ class FSDPRank(BatchColumns, TrainBackend):
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """HF-named parameters (tied duplicates once) in buckets of about `bucket_bytes`; sharded
         parameters are gathered on every rank, one at a time."""
-        bucket: Bucket = []
-        size = 0
-        for name, param in self.model.named_parameters():
-            tensor = param.detach()
-            if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2, tp): all-gather, every rank takes part
-                tensor = tensor.full_tensor()
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-        if bucket:
-            yield bucket
+        return in_buckets(
+            ((name, _whole(param.detach())) for name, param in self.model.named_parameters()), bucket_bytes
+        )
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         checkpoint.save(self, Path(root), rollout_id)
@@ -198,3 +188,8 @@ class FSDPRank(BatchColumns, TrainBackend):
     def shutdown(self) -> None:
         super().shutdown()
         parallel.destroy()
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a parameter: DTensors (FSDP2, tp) are all-gathered, every rank taking part."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from slime.config.schema import ModelConfig
-from slime.sync.hf_files import Bucket
+from slime.sync.hf_files import Bucket, in_buckets
 from slime.train.megatron.weights import names, sharding
 from slime.train.megatron.weights.hf_files import HFReader
 
@@ -198,23 +198,18 @@ def export_hf(chunks, model_cfg: ModelConfig, bucket_bytes: int) -> Iterator[Buc
     stage = ps.get_pipeline_model_parallel_rank()
     pp_group = ps.get_pipeline_model_parallel_group()
     device = params[0].param.device
-    bucket: Bucket = []
-    size = 0
-    for owner, unit, dtype in _stage_units(params, model_cfg):
-        if owner == stage:
-            tensors = _gather_unit(by_unit[unit], model_cfg, table)
-        else:
-            hf = [name for g in _unit_names(unit, model_cfg) for name in table[g].hf]
-            tensors = [(n, torch.empty(names.hf_shape(model_cfg, n), dtype=dtype, device=device)) for n in hf]
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            src = dist.get_global_rank(pp_group, owner)
-            for _, tensor in tensors:
-                dist.broadcast(tensor, src=src, group=pp_group)
-        for name, tensor in tensors:
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
+
+    def unit_tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for owner, unit, dtype in _stage_units(params, model_cfg):
+            if owner == stage:
+                tensors = _gather_unit(by_unit[unit], model_cfg, table)
+            else:
+                hf = [name for g in _unit_names(unit, model_cfg) for name in table[g].hf]
+                tensors = [(n, torch.empty(names.hf_shape(model_cfg, n), dtype=dtype, device=device)) for n in hf]
+            if ps.get_pipeline_model_parallel_world_size() > 1:
+                src = dist.get_global_rank(pp_group, owner)
+                for _, tensor in tensors:
+                    dist.broadcast(tensor, src=src, group=pp_group)
+            yield from tensors
+
+    return in_buckets(unit_tensors(), bucket_bytes)
