@@ -197,6 +197,15 @@ class SGLangLaunchConfig:
 
 
 @dataclass(kw_only=True)
+class VLLMLaunchConfig:
+    """How each vLLM server starts (`rollout.engine=vllm`); its server arguments are `rollout.vllm`."""
+
+    # run as `python -m <module>` with vLLM's server CLI (`vllm serve`'s; CPU tests: a fake server)
+    module: str = "vllm.entrypoints.launchers.api_server.entry"
+    startup_timeout_s: float = 600.0  # launch until GET /health answers 200
+
+
+@dataclass(kw_only=True)
 class FaultToleranceConfig:
     """Engine health checks and restarts (slime's --use-fault-tolerance)."""
 
@@ -274,6 +283,10 @@ class RolloutConfig:
     # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
     sglang: dict[str, Any] = field(default_factory=dict)
     sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    # vLLM server arguments the framework does not set itself (slime.engine.vllm.engine_args), e.g.
+    # gpu_memory_utilization: 0.7; prefill_num_servers: N (PD) is the framework's
+    vllm: dict[str, Any] = field(default_factory=dict)
+    vllm_launch: VLLMLaunchConfig = field(default_factory=VLLMLaunchConfig)
     # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
     models: list[ServedModelConfig] = field(default_factory=list)
     # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped
