@@ -51,8 +51,9 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     for index in range(nodes_used * per_node):
         node, gpu = packed_device(index, per_node)
         lines.append(f"  node {node} {unit} {gpu}: {' + '.join(holds.get(index, [])) or 'free'}")
+    router = "vllm-router" if cfg.rollout.engine == "vllm" else "sglang-router"
     lines.append(
-        f"  router ({cfg.rollout.router.address or 'sglang-router, launched'}) and rollout manager: "
+        f"  router ({cfg.rollout.router.address or router + ', launched'}) and rollout manager: "
         "the driver's node, no GPU"
     )
     return lines

@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from slime.engine import process
+
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
 LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.33.0)
 LOGPROBS_MODE = "processed_logprobs"  # log-probs after temperature, as the trainer computes them
@@ -255,3 +257,33 @@ def _type_ok(annotation: str, value: Any) -> bool:
     if isinstance(value, bool) and bool not in allowed:
         return False
     return isinstance(value, allowed)
+
+
+# ---------------------------------------------------------------------------------------------- vllm-router
+# `python -m vllm_router.launch_router` flags the framework sets itself; rollout.router.extra_args may not.
+ROUTER_OWNED_FLAGS = frozenset(
+    {
+        "host",
+        "port",
+        "prometheus_host",
+        "prometheus_port",
+        "policy",
+        "request_timeout_secs",
+        "worker_urls",
+        "vllm_pd_disaggregation",
+        "prefill",
+        "decode",
+    }
+)
+
+
+def router_flags(extra_args: dict[str, Any]) -> list[str]:
+    """`rollout.router.extra_args` as vllm-router flags (`{"balance_abs_threshold": 0}` -> `--balance-abs-threshold
+    0`; its boolean flags are store_true: True -> bare flag, False -> omitted). ValueError for an owned flag."""
+    for key in extra_args:
+        if key.replace("-", "_") in ROUTER_OWNED_FLAGS:
+            raise ValueError(
+                f"rollout.router.extra_args.{key} is set by the framework; use rollout.router.policy / "
+                "request_timeout_secs / cluster.host / rollout.models server groups instead"
+            )
+    return process.cli_flags(extra_args)
