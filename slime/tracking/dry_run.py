@@ -52,11 +52,27 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
         node, gpu = packed_device(index, per_node)
         lines.append(f"  node {node} {unit} {gpu}: {' + '.join(holds.get(index, [])) or 'free'}")
     router = "vllm-router" if cfg.rollout.engine == "vllm" else "sglang-router"
+    if cfg.rollout.engine == "vllm":
+        lines.append(vllm_line(cfg, engine_gpus))
     lines.append(
         f"  router ({cfg.rollout.router.address or router + ', launched'}) and rollout manager: "
         "the driver's node, no GPU"
     )
     return lines
+
+
+def vllm_line(cfg: RunConfig, engine_gpus: list[int]) -> str:
+    """How the vLLM servers split their GPUs (the policy's rollout.vllm; server groups may override it)."""
+    from slime.engine.vllm.engine_args import PARALLEL_SIZES, tensor_parallel_size
+
+    args, per_engine = dict(cfg.rollout.vllm), cfg.cluster.rollout.num_gpus_per_engine
+    sizes = [f"tp {tensor_parallel_size(per_engine, args)}"]
+    short = {"pipeline_parallel_size": "pp", "prefill_context_parallel_size": "pcp", "data_parallel_size": "dp"}
+    sizes += [f"{short[name]} {args[name]}" for name in PARALLEL_SIZES if (args.get(name) or 1) > 1]
+    return (
+        f"  vLLM servers: {len(engine_gpus)}, each {per_engine} {'GPU' if cfg.cluster.device == 'cuda' else 'CPU slot'}(s)"
+        f" = {' x '.join(sizes)} (python -m {cfg.rollout.vllm_launch.module})"
+    )
 
 
 def batch_lines(cfg: RunConfig, derived: Derived) -> list[str]:
