@@ -114,13 +114,20 @@ def _installed_fields() -> Optional[FieldList]:
     except Exception:  # not installed, installed without its GPU stack, or another layout: use the pinned list
         return None
     parser = make_arg_parser(FlexibleArgumentParser())
-    types = {f.name: str(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
+    types = {f.name: type_text(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
     names = [a.dest for a in parser._actions if a.option_strings and a.dest != "help"]  # no public accessor
     return FieldList(
         version=vllm.__version__,
         source="installed vllm",
         types={name: types.get(name, "") for name in names if not name.startswith("_")},
     )
+
+
+def type_text(annotation: Any) -> str:
+    """An annotation as source text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` -> "int | None"."""
+    if isinstance(annotation, str):
+        return annotation
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 def check_engine_args(

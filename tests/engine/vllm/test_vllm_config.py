@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -53,6 +54,59 @@ def test_pinned_argument_list_is_vllm_0_33_0():
     assert set(OWNED_FIELDS) <= set(fields.types)  # every owned argument exists in the pinned version
     assert not set(FRAMEWORK_KEYS) & set(fields.types)  # the framework's own keys shadow no vLLM argument
     assert not [name for name in fields.types if name.startswith("_")]
+
+
+def test_generator_tool_reads_the_servers_parser_from_source():
+    """The AST reader: add_argument calls (explicit dest, aliases, a suppressed deprecated flag, the positional
+    model tag) of the three parser-building functions, and the frontend dataclasses' fields."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from gen_vllm_engine_args import ARG_UTILS, server_fields
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    sources = {
+        ARG_UTILS: textwrap.dedent("""
+            @dataclass
+            class EngineArgs:
+                model: str = "m"
+                gpu_memory_utilization: float = 0.92
+                max_model_len: int | None = None
+                LIMIT: ClassVar[int] = 3
+                @staticmethod
+                def add_cli_args(parser):
+                    group = parser.add_argument_group("Model")
+                    group.add_argument("--model", **kwargs["model"])
+                    group.add_argument("--max-model-len", "-mml", **kwargs["max_model_len"])
+                    group.add_argument("--gpu-memory-utilization", "--device-memory-utilization",
+                                       dest="gpu_memory_utilization")
+                    group.add_argument("--log-config-file", dest="log_config_file", default=argparse.SUPPRESS)
+            @dataclass
+            class AsyncEngineArgs(EngineArgs):
+                enable_log_requests: bool = False
+                @staticmethod
+                def add_cli_args(parser, async_args_only=False):
+                    parser.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction)
+            """),
+        "vllm/entrypoints/common/cli_args.py": textwrap.dedent("""
+            class BaseFrontendArgs:
+                lora_modules: list[str] | None = None
+            class FrontendArgs(BaseFrontendArgs):
+                port: int = 8000
+            def make_arg_parser(parser):
+                parser.add_argument("model_tag", type=str, nargs="?")
+                parser.add_argument("--headless", action="store_true")
+                return parser
+            """),
+    }
+    assert server_fields(sources) == {
+        "enable_log_requests": {"flag": "--enable-log-requests", "type": "bool"},
+        "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "type": "float"},
+        "headless": {"flag": "--headless", "type": ""},
+        "lora_modules": {"flag": "--lora-modules", "type": "list[str] | None"},
+        "max_model_len": {"flag": "--max-model-len", "type": "int | None"},
+        "model": {"flag": "--model", "type": "str"},
+        "port": {"flag": "--port", "type": "int"},
+    }
 
 
 STAND_IN = FieldList(
