@@ -177,10 +177,7 @@ def tensor_parallel_size(num_gpus: int, args: dict[str, Any]) -> int:
         others *= int(args.get(name) or 1)
     if others <= 0 or num_gpus % others:
         sizes = " x ".join(f"{name}={args.get(name) or 1}" for name in PARALLEL_SIZES)
-        raise ValueError(
-            f"cluster.rollout.num_gpus_per_engine={num_gpus} GPUs do not split into {sizes} "
-            "(tensor_parallel_size is the rest)"
-        )
+        raise ValueError(f"{num_gpus} GPU(s) per server do not split into {sizes} (tensor_parallel_size is the rest)")
     return num_gpus // others
 
 

@@ -185,7 +185,7 @@ def test_server_args_is_vllms_command_line():
 def test_tensor_parallel_size_is_the_gpus_left_by_the_other_sizes():
     assert tensor_parallel_size(8, {"data_parallel_size": 2, "pipeline_parallel_size": 2}) == 2
     assert tensor_parallel_size(8, {"data_parallel_size": None}) == 8
-    with pytest.raises(ValueError, match="num_gpus_per_engine=4 GPUs do not split"):
+    with pytest.raises(ValueError, match=r"4 GPU\(s\) per server do not split"):
         tensor_parallel_size(4, {"data_parallel_size": 3})
 
 
@@ -224,7 +224,22 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
         validate(typed_config(["rollout=sglang", "+rollout.vllm.max_model_len=4096"]))
     assert "do nothing with rollout.engine=sglang" in str(info.value)
     found = problems_for(["cluster.rollout.num_gpus_per_engine=1", "+rollout.vllm.data_parallel_size=2"])
-    assert "num_gpus_per_engine=1 GPUs do not split into" in found["rollout.vllm"]
+    assert "cluster.rollout.num_gpus_per_engine=1: 1 GPU(s) per server do not split" in found["rollout.vllm"]
+
+
+def test_server_groups_overrides_are_vllm_arguments_and_each_models_router_is_checked():
+    models = (
+        "rollout.models=[{name: actor, router: {extra_args: {balance_abs_treshold: 0}}, server_groups: ["
+        "{num_gpus: 2, num_gpus_per_engine: 2, overrides: {data_parallel_size: 2, gpu_memory_utilisation: 0.5}},"
+        "{num_gpus: 2, num_gpus_per_engine: 1, overrides: {data_parallel_size: 2}},"
+        "{num_gpus: 2, num_gpus_per_engine: 2, overrides: {data_parallel_size: 2}}]}]"
+    )
+    found = problems_for(["cluster.num_gpus_per_node=8", "cluster.rollout.num_gpus=6", models])
+    assert "did you mean balance_abs_threshold" in found["rollout.models[0].router.extra_args.balance_abs_treshold"]
+    group = "rollout.models[0].server_groups"
+    assert "did you mean gpu_memory_utilization?" in found[f"{group}[0].overrides.gpu_memory_utilisation"]
+    assert f"{group}[1].num_gpus_per_engine=1: 1 GPU(s) per server do not split" in found[f"{group}[1].overrides"]
+    assert len(found) == 3, found  # group 2: 2 GPUs = dp 2 x tp 1; rollout.vllm (unused with models) is not split
 
 
 def test_bad_keys_stop_the_cli_with_exit_2_before_ray(tmp_path):
