@@ -25,7 +25,9 @@ from slime.engine import process
 
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
 LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.33.0)
-LOGPROBS_MODE = "processed_logprobs"  # log-probs after temperature, as the trainer computes them
+# Log-probs after temperature, as the trainer computes them (vLLM's raw_logprobs are before it); with top_p < 1 or
+# top_k vLLM also renormalises over the kept tokens, which the trainer does not.
+LOGPROBS_MODE = "processed_logprobs"
 
 # Server arguments the framework sets (or keeps at vLLM's default) -> the config key deciding it, or why.
 OWNED_FIELDS: dict[str, str] = {
