@@ -333,3 +333,17 @@ def test_vllm_recipe_dry_run(recipe, servers, kv_gib):
     est = estimate_memory(cfg, derive(cfg))  # vLLM reserves gpu_memory_utilization of the GPU (80 GiB assumed)
     assert est.engine["kv_cache"] / GIB == pytest.approx(kv_gib, abs=0.01)
     assert "a colocated GPU" not in text  # fits: the estimate uses vLLM's reservation, not the hf engine's
+
+
+def test_dry_run_names_each_vllm_server_shape_of_the_server_groups():
+    groups = (
+        "rollout.models=[{name: actor, server_groups: [{num_gpus: 4, num_gpus_per_engine: 2, overrides: "
+        "{data_parallel_size: 2}}, {num_gpus: 2, num_gpus_per_engine: 1}]}]"
+    )
+    lines: list[str] = []
+    cfg = typed_config(["rollout=vllm", "cluster.num_gpus_per_node=8", "cluster.rollout.num_gpus=6", groups])
+    assert dry_run(cfg, out=lines.append) == 0, "\n".join(lines)
+    assert (
+        "  vLLM servers: 2, each 2 CPU slot(s) = tp 1 x dp 2; 2, each 1 CPU slot(s) = tp 1 "
+        "(python -m vllm.entrypoints.launchers.api_server.entry)"
+    ) in lines[0].splitlines()
