@@ -209,6 +209,7 @@ def check_vllm_args(cfg: RunConfig) -> Iterator[Problem]:
                 servers.append((prefix, {**base, **overrides}, *gpus))
     if not problems:
         yield from _split_problems(servers)
+        yield from _prefill_problems(cfg)
 
 
 def _cluster_gpus(cfg: RunConfig) -> tuple[str, int]:
@@ -217,6 +218,31 @@ def _cluster_gpus(cfg: RunConfig) -> tuple[str, int]:
 
 def _engine_arg_problems(prefix: str, args: dict, check) -> list[Problem]:
     return [Problem(i.key, args[i.key.rpartition(".")[2]], i.message, i.fix) for i in check(args, prefix=prefix)]
+
+
+def _prefill_problems(cfg: RunConfig) -> Iterator[Problem]:
+    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers) leaves at least one decode server."""
+    from slime.config.derive import derive
+
+    n, key = cfg.rollout.vllm.get("prefill_num_servers"), "rollout.vllm.prefill_num_servers"
+    if not n:
+        return
+    if cfg.rollout.models:
+        yield Problem(
+            key,
+            n,
+            "rollout.models sets each server group's worker type itself",
+            f"remove {key}; give the groups worker_type: prefill / decode",
+        )
+        return
+    servers = derive(cfg).rollout_gpus // max(cfg.cluster.rollout.num_gpus_per_engine, 1)
+    if n >= servers:
+        yield Problem(
+            key,
+            n,
+            f"leaves no decode server: the policy has {servers} server(s)",
+            f"set {key} below {servers}, or give the rollout more GPUs (cluster.rollout.num_gpus)",
+        )
 
 
 def _split_problems(servers: list[tuple[str, dict, str, int]]) -> Iterator[Problem]:

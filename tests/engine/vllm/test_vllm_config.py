@@ -225,6 +225,9 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
     assert "do nothing with rollout.engine=sglang" in str(info.value)
     found = problems_for(["cluster.rollout.num_gpus_per_engine=1", "+rollout.vllm.data_parallel_size=2"])
     assert "cluster.rollout.num_gpus_per_engine=1: 1 GPU(s) per server do not split" in found["rollout.vllm"]
+    found = problems_for(["+rollout.vllm.prefill_num_servers=1"])  # one rollout GPU: one server
+    assert "leaves no decode server: the policy has 1 server(s)" in found["rollout.vllm.prefill_num_servers"]
+    validate(typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
 
 
 def test_server_groups_overrides_are_vllm_arguments_and_each_models_router_is_checked():
