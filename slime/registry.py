@@ -83,6 +83,7 @@ ENGINES = Registry(
     {
         "hf": "slime.engine.hf.engine.HFEngine",
         "sglang": "slime.engine.sglang.engine.SGLangEngine",
+        "vllm": "slime.engine.vllm.engine.VLLMEngine",
     },
     what="rollout engine",
 )

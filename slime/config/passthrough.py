@@ -1,7 +1,9 @@
 """Passthrough dicts, checked against the library they pass through to, before anything starts.
 
-    rollout.router.extra_args  the installed sglang-router's own argument parser (names and values)
+    rollout.router.extra_args  the installed router's own argument parser (names and values): sglang-router,
+                               or vllm-router with rollout.engine=vllm
     rollout.sglang             SGLang ServerArgs fields (slime.engine.sglang.server_args: the only sglang code)
+    rollout.vllm               vLLM server arguments (slime.engine.vllm.engine_args: the only vllm code)
     parallelism.megatron       megatron-core's config dataclasses (slime.train.megatron.config_check)
 
 An unknown key is an error naming the nearest valid names, never a warning.
@@ -16,12 +18,13 @@ from collections.abc import Iterator
 from typing import Optional
 
 from slime.config.problems import Problem, did_you_mean
-from slime.config.schema import RunConfig
+from slime.config.schema import RouterConfig, RunConfig
 
 
 def check_passthrough(cfg: RunConfig) -> Iterator[Problem]:
     yield from check_router_args(cfg)
     yield from check_sglang_args(cfg)
+    yield from check_vllm_args(cfg)
     yield from check_megatron_args(cfg)
 
 
@@ -37,20 +40,36 @@ class _RaisingParser(argparse.ArgumentParser):
         raise _ParserError(message)
 
 
-def router_parser() -> Optional[argparse.ArgumentParser]:
-    """launch_router's parser (as `sglang_router.launch_router.parse_router_args` builds it), exact names only."""
+def _router_args_class(engine: str) -> Optional[type]:
+    """The RouterArgs of the router `engine` runs behind (vllm-router for vllm, else sglang-router); None if absent."""
     try:
-        from sglang_router.router_args import RouterArgs
+        if engine == "vllm":
+            from vllm_router.router_args import RouterArgs
+        else:
+            from sglang_router.router_args import RouterArgs
     except ImportError:
         return None
-    parser = _RaisingParser(prog="sglang_router.launch_router", allow_abbrev=False, add_help=False)
-    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    return RouterArgs
+
+
+def _router_name(engine: str) -> str:
+    return "vllm-router" if engine == "vllm" else "sglang-router"
+
+
+def router_parser(engine: str = "sglang") -> Optional[argparse.ArgumentParser]:
+    """launch_router's parser (as `<router>.launch_router.parse_router_args` builds it), exact names only."""
+    router_args = _router_args_class(engine)
+    if router_args is None:
+        return None
+    module = _router_name(engine).replace("-", "_")
+    parser = _RaisingParser(prog=f"{module}.launch_router", allow_abbrev=False, add_help=False)
+    router_args.add_cli_args(parser, use_router_prefix=False)
     return parser
 
 
-def _parse(parser: argparse.ArgumentParser, flags: list[str]) -> Optional[str]:
+def _parse(parser: argparse.ArgumentParser, flags: list[str], engine: str = "sglang") -> Optional[str]:
     """None when `flags` parse into RouterArgs; else argparse's (or RouterArgs') complaint."""
-    from sglang_router.router_args import RouterArgs
+    RouterArgs = _router_args_class(engine)
 
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -68,38 +87,48 @@ def _parse(parser: argparse.ArgumentParser, flags: list[str]) -> Optional[str]:
 
 
 def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
-    from slime.engine.router import router_flags  # the flags Router.launch appends, built by the same code
+    """`rollout.router` and every served model's own `router` (the router each launch gets)."""
+    engine = cfg.rollout.engine
+    yield from _check_router("rollout.router", cfg.rollout.router, engine)
+    for i, model in enumerate(cfg.rollout.models):
+        yield from _check_router(f"rollout.models[{i}].router", model.router, engine)
 
-    r = cfg.rollout.router
+
+def _check_router(prefix: str, r: RouterConfig, engine: str) -> Iterator[Problem]:
+    if engine == "vllm":
+        from slime.engine.vllm.engine_args import router_flags  # what the vllm-router launch appends
+    else:
+        from slime.engine.router import router_flags  # the flags Router.launch appends, built by the same code
+    router, module = _router_name(engine), _router_name(engine).replace("-", "_")
     if r.address is not None:
         if r.extra_args:
             yield Problem(
-                "rollout.router.extra_args",
+                f"{prefix}.extra_args",
                 dict(r.extra_args),
-                "launch flags do nothing for a router that is joined (rollout.router.address), not launched",
-                "remove rollout.router.extra_args or rollout.router.address",
+                f"launch flags do nothing for a router that is joined ({prefix}.address), not launched",
+                f"remove {prefix}.extra_args or {prefix}.address",
             )
         return
-    parser = router_parser()
+    parser = router_parser(engine)
     if parser is None:
         yield Problem(
-            "rollout.router",
+            prefix,
             None,
-            "sglang-router is not installed; the run launches it",
-            "pip install sglang-router, or set rollout.router.address=<host:port> of a running router",
+            f"{router} is not installed; the run launches it",
+            f"pip install {router}, or set {prefix}.address=<host:port> of a running router",
         )
         return
     names = sorted(vars(parser.parse_known_args([])[0]))
-    error = _parse(parser, ["--policy", r.policy, "--request-timeout-secs", str(r.request_timeout_secs)])
+    error = _parse(parser, ["--policy", r.policy, "--request-timeout-secs", str(r.request_timeout_secs)], engine)
     if error:
         yield Problem(
-            "rollout.router.policy",
+            f"{prefix}.policy",
             r.policy,
-            f"sglang-router rejects it: {error}",
-            "set rollout.router.policy to one of the router's policies (e.g. round_robin, cache_aware)",
+            f"{router} rejects it: {error}",
+            f"set {prefix}.policy to one of the router's policies (e.g. round_robin, cache_aware)",
         )
     for name, value in r.extra_args.items():
-        key = f"rollout.router.extra_args.{name}"
+        key = f"{prefix}.extra_args.{name}"
         try:
             flags = router_flags({name: value})
         except ValueError as exc:  # a flag the framework sets itself
@@ -109,13 +138,13 @@ def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
             yield Problem(
                 key,
                 value,
-                f"sglang-router has no flag --{name.replace('_', '-')}{did_you_mean(name, names)}",
-                f"remove {key} or use a launch_router flag name (python -m sglang_router.launch_router --help)",
+                f"{router} has no flag --{name.replace('_', '-')}{did_you_mean(name, names)}",
+                f"remove {key} or use a launch_router flag name (python -m {module}.launch_router --help)",
             )
             continue
-        error = _parse(parser, flags)
+        error = _parse(parser, flags, engine)
         if error:
-            yield Problem(key, value, f"sglang-router rejects {' '.join(flags)}: {error}", f"fix the value of {key}")
+            yield Problem(key, value, f"{router} rejects {' '.join(flags)}: {error}", f"fix the value of {key}")
 
 
 # ---------------------------------------------------------------------------------------------- sglang
@@ -124,9 +153,8 @@ def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
     from slime.engine.sglang.server_args import check_server_args
 
     sources = [("rollout.sglang", dict(cfg.rollout.sglang))]
-    for i, model in enumerate(cfg.rollout.models):
-        for j, group in enumerate(model.server_groups):
-            sources.append((f"rollout.models[{i}].server_groups[{j}].overrides", dict(group.overrides)))
+    if cfg.rollout.engine != "vllm":  # with vllm the groups' overrides are vLLM arguments (check_vllm_args)
+        sources += _group_overrides(cfg)
     for prefix, args in sources:
         if not args:
             continue
@@ -139,6 +167,96 @@ def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
             )
         for issue in check_server_args(args, prefix=prefix):
             yield Problem(issue.key, args[issue.key.rpartition(".")[2]], issue.message, issue.fix)
+
+
+def _group_overrides(cfg: RunConfig) -> list[tuple[str, dict]]:
+    return [
+        (f"rollout.models[{i}].server_groups[{j}].overrides", dict(group.overrides))
+        for i, model in enumerate(cfg.rollout.models)
+        for j, group in enumerate(model.server_groups)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- vllm
+def check_vllm_args(cfg: RunConfig) -> Iterator[Problem]:
+    """`rollout.vllm` and (with rollout.engine=vllm) every server group's `overrides`: vLLM server arguments
+    the framework does not own; the parallel sizes each server ends up with must split its GPUs."""
+    from slime.engine.vllm.engine_args import check_engine_args
+
+    base, engine = dict(cfg.rollout.vllm), cfg.rollout.engine
+    if base and engine != "vllm":
+        yield Problem(
+            "rollout.vllm",
+            base,
+            f"vLLM server arguments do nothing with rollout.engine={engine}",
+            "remove them or use the vllm engine (rollout=vllm)",
+        )
+    problems = _engine_arg_problems("rollout.vllm", base, check_engine_args)
+    yield from problems
+    if engine != "vllm":
+        return
+    # (the key holding the server's arguments, those arguments, the key deciding its GPUs, their number)
+    servers = [("rollout.vllm", base, *_cluster_gpus(cfg))]
+    if cfg.rollout.models:
+        servers = []
+        groups = [group for model in cfg.rollout.models for group in model.server_groups]
+        for (prefix, overrides), group in zip(_group_overrides(cfg), groups):
+            group_problems = _engine_arg_problems(prefix, overrides, check_engine_args)
+            yield from group_problems
+            own = prefix.replace(".overrides", ".num_gpus_per_engine")
+            gpus = (own, group.num_gpus_per_engine) if group.num_gpus_per_engine else _cluster_gpus(cfg)
+            if not group_problems:  # sizes of a wrong type are reported above
+                servers.append((prefix, {**base, **overrides}, *gpus))
+    if not problems:
+        yield from _split_problems(servers)
+        yield from _prefill_problems(cfg)
+
+
+def _cluster_gpus(cfg: RunConfig) -> tuple[str, int]:
+    return "cluster.rollout.num_gpus_per_engine", cfg.cluster.rollout.num_gpus_per_engine
+
+
+def _engine_arg_problems(prefix: str, args: dict, check) -> list[Problem]:
+    return [Problem(i.key, args[i.key.rpartition(".")[2]], i.message, i.fix) for i in check(args, prefix=prefix)]
+
+
+def _prefill_problems(cfg: RunConfig) -> Iterator[Problem]:
+    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers) leaves at least one decode server."""
+    from slime.config.derive import derive
+
+    n, key = cfg.rollout.vllm.get("prefill_num_servers"), "rollout.vllm.prefill_num_servers"
+    if not n:
+        return
+    if cfg.rollout.models:
+        yield Problem(
+            key,
+            n,
+            "rollout.models sets each server group's worker type itself",
+            f"remove {key}; give the groups worker_type: prefill / decode",
+        )
+        return
+    servers = derive(cfg).rollout_gpus // max(cfg.cluster.rollout.num_gpus_per_engine, 1)
+    if n >= servers:
+        yield Problem(
+            key,
+            n,
+            f"leaves no decode server: the policy has {servers} server(s)",
+            f"set {key} below {servers}, or give the rollout more GPUs (cluster.rollout.num_gpus)",
+        )
+
+
+def _split_problems(servers: list[tuple[str, dict, str, int]]) -> Iterator[Problem]:
+    from slime.engine.vllm.engine_args import tensor_parallel_size
+
+    for prefix, args, gpus_key, num_gpus in servers:
+        if num_gpus <= 0:
+            continue  # reported by the resource checks
+        try:
+            tensor_parallel_size(num_gpus, args)
+        except ValueError as exc:
+            yield Problem(
+                prefix, args, f"{gpus_key}={num_gpus}: {exc}", f"pick parallel sizes whose product divides {gpus_key}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- megatron

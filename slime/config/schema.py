@@ -142,14 +142,15 @@ class ClusterConfig:
 
 @dataclass(kw_only=True)
 class RouterConfig:
-    """sglang-router: launched by the rollout manager unless `address` is given."""
+    """sglang-router (vllm-router with rollout.engine=vllm): launched by the rollout manager unless `address` is given."""
 
     address: Optional[str] = None
     policy: str = "round_robin"
     request_timeout_secs: int = 14400
     startup_timeout_s: float = 60.0
-    # Further `sglang_router.launch_router` flags by name (cache_threshold: 0.3 -> --cache-threshold 0.3; true: a bare
-    # flag); checked against the installed router's own parser. host/port/prometheus/policy/timeout are the framework's.
+    # Further `sglang_router.launch_router` (`vllm_router.launch_router`) flags by name (cache_threshold: 0.3 ->
+    # --cache-threshold 0.3; true: a bare flag); checked against the installed router's own parser.
+    # host/port/prometheus/policy/timeout (and the worker lists) are the framework's.
     extra_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -194,6 +195,15 @@ class SGLangLaunchConfig:
 
     module: str = "sglang.launch_server"  # run as `python -m <module>` with SGLang's CLI (CPU tests: a fake server)
     startup_timeout_s: float = 600.0  # launch until GET /health_generate answers 200
+
+
+@dataclass(kw_only=True)
+class VLLMLaunchConfig:
+    """How each vLLM server starts (`rollout.engine=vllm`); its server arguments are `rollout.vllm`."""
+
+    # run as `python -m <module>` with vLLM's server CLI (`vllm serve`'s; CPU tests: a fake server)
+    module: str = "vllm.entrypoints.launchers.api_server.entry"
+    startup_timeout_s: float = 600.0  # launch until GET /health answers 200
 
 
 @dataclass(kw_only=True)
@@ -274,6 +284,10 @@ class RolloutConfig:
     # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
     sglang: dict[str, Any] = field(default_factory=dict)
     sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    # vLLM server arguments the framework does not set itself (slime.engine.vllm.engine_args), e.g.
+    # gpu_memory_utilization: 0.7; prefill_num_servers: N (PD) is the framework's
+    vllm: dict[str, Any] = field(default_factory=dict)
+    vllm_launch: VLLMLaunchConfig = field(default_factory=VLLMLaunchConfig)
     # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
     models: list[ServedModelConfig] = field(default_factory=list)
     # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped

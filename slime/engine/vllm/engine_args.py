@@ -1,0 +1,295 @@
+"""`rollout.vllm`: vLLM server arguments passed through to every server, checked before anything starts.
+
+The keys are the argument names of vLLM's OpenAI server (`EngineArgs`, `AsyncEngineArgs` and the
+frontend's `FrontendArgs`, dashes as underscores: `gpu_memory_utilization` -> `--gpu-memory-utilization`).
+They are checked against the installed vllm's own parser when vllm is importable (the GPU install),
+otherwise against `engine_args_fields.json`, the argument list of the pinned vLLM version (0.33.0) kept
+in the repo (regenerate it with `tools/gen_vllm_engine_args.py`). Arguments the framework sets itself
+(`OWNED_FIELDS`) are rejected: each is decided by another config key or by the runtime.
+`FRAMEWORK_KEYS` are read by the framework and never passed to vLLM.
+
+`server_args(...)` turns `rollout.vllm` (+ a server group's overrides) and the framework's values into
+the server's command-line arguments. Importing this module never imports vllm; `known_fields()` tries
+it only when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+from slime.engine import process
+
+FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
+LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.33.0)
+# Log-probs after temperature, as the trainer computes them (vLLM's raw_logprobs are before it); with top_p < 1 or
+# top_k vLLM also renormalises over the kept tokens, which the trainer does not.
+LOGPROBS_MODE = "processed_logprobs"
+
+# Server arguments the framework sets (or keeps at vLLM's default) -> the config key deciding it, or why.
+OWNED_FIELDS: dict[str, str] = {
+    "model": "model.hf_checkpoint",
+    "tokenizer": "model.hf_checkpoint",
+    "served_model_name": "model.hf_checkpoint (requests name the model by its path)",
+    "tensor_parallel_size": "cluster.rollout.num_gpus_per_engine",
+    "seed": "seed",
+    "enable_sleep_mode": "cluster.colocate",
+    "host": "cluster.host",
+    "port": "a port the framework reserves",
+    "uds": "a port the framework reserves",
+    "grpc": "the framework's HTTP client",
+    "grpc_port": "the framework's HTTP client",
+    "headless": "one HTTP server per engine",
+    "api_server_count": "one HTTP server per engine",
+    "config": "the framework (rollout.vllm holds the server options; a YAML file of them would skip validation)",
+    "device_ids": "the engine's bundles (CUDA_VISIBLE_DEVICES)",
+    "distributed_executor_backend": "the engine's bundles (workers are local processes on them)",
+    "nnodes": "the placement group",
+    "node_rank": "the placement group",
+    "master_addr": "the placement group",
+    "master_port": "a port the framework reserves",
+    "data_parallel_rank": "the placement group",
+    "data_parallel_start_rank": "the placement group",
+    "data_parallel_size_local": "the placement group",
+    "data_parallel_address": "the placement group",
+    "data_parallel_rpc_port": "a port the framework reserves",
+    "kv_transfer_config": "rollout.models[*].server_groups[*].worker_type",
+    "weight_transfer_config": "rollout.weight_sync.mode",
+    "logprobs_mode": f"the rollout's log-probs ({LOGPROBS_MODE}: after temperature, as the trainer computes them)",
+}
+_CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config keys
+
+# rollout.vllm keys the framework reads itself, never passed to vLLM -> what they mean.
+FRAMEWORK_KEYS: dict[str, str] = {
+    "prefill_num_servers": "PD disaggregation: this many of the policy's servers prefill, the rest decode",
+}
+
+# Sizes whose product with tensor_parallel_size is the GPUs of one server (vLLM's world size x data parallel).
+PARALLEL_SIZES = ("pipeline_parallel_size", "prefill_context_parallel_size", "data_parallel_size")
+
+# FrontendArgs lists that vLLM 0.33.0 parses as one JSON value, or as a repeated flag (_customize_cli_kwargs).
+_JSON_LISTS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
+_REPEATED = frozenset({"middleware"})
+
+_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+class EngineArgIssue(NamedTuple):
+    """One problem with a `rollout.vllm` key: the full config key, what is wrong, how to fix it."""
+
+    key: str
+    message: str
+    fix: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FieldList:
+    """Server argument names (-> annotation text, "" when unknown) of one vLLM version, and where they came from."""
+
+    version: str
+    source: str
+    types: dict[str, str]
+
+
+def known_fields() -> FieldList:
+    """The installed vllm's server arguments when it imports, else the pinned list in FIELDS_FILE."""
+    installed = _installed_fields()
+    if installed is not None:
+        return installed
+    data = json.loads(FIELDS_FILE.read_text())
+    return FieldList(
+        version=data["vllm_version"],
+        source=f"pinned list {FIELDS_FILE.name}",
+        types={name: spec.get("type", "") for name, spec in data["fields"].items()},
+    )
+
+
+def _installed_fields() -> Optional[FieldList]:
+    try:
+        import vllm
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:  # not installed, installed without its GPU stack, or another layout: use the pinned list
+        return None
+    parser = make_arg_parser(FlexibleArgumentParser())
+    types = {f.name: type_text(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
+    names = [a.dest for a in parser._actions if a.option_strings and a.dest != "help"]  # no public accessor
+    return FieldList(
+        version=vllm.__version__,
+        source="installed vllm",
+        types={name: types.get(name, "") for name in names if not name.startswith("_")},
+    )
+
+
+def type_text(annotation: Any) -> str:
+    """An annotation as source text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` -> "int | None"."""
+    if isinstance(annotation, str):
+        return annotation
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
+def check_engine_args(
+    args: dict[str, Any], fields: Optional[FieldList] = None, *, prefix: str = "rollout.vllm"
+) -> list[EngineArgIssue]:
+    """Every problem with `args` (argument name -> value): owned names, unknown names, simple wrong types."""
+    fields = fields or known_fields()
+    issues = []
+    for name, value in args.items():
+        key = f"{prefix}.{name}"
+        if name in FRAMEWORK_KEYS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                issues.append(EngineArgIssue(key, f"must be an integer >= 0 ({FRAMEWORK_KEYS[name]})", f"fix {key}"))
+        elif name in OWNED_FIELDS:
+            owner = OWNED_FIELDS[name]
+            config_key = "." in owner.split(" ")[0] or owner in _CONFIG_KEYS
+            fix = f"remove {key}; set {owner.split(' ')[0]} instead" if config_key else f"remove {key}"
+            issues.append(EngineArgIssue(key, f"the framework sets vLLM's --{_flag(name)} itself, from {owner}", fix))
+        elif name not in fields.types:
+            names = [*fields.types, *FRAMEWORK_KEYS]
+            close = difflib.get_close_matches(name, [n for n in names if n not in OWNED_FIELDS], n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            issues.append(
+                EngineArgIssue(
+                    key,
+                    f"not an argument of vLLM {fields.version}'s server ({fields.source}){hint}",
+                    "use a `vllm serve` argument name (vllm serve --help=all, dashes as underscores) or remove it",
+                )
+            )
+        elif not _type_ok(fields.types[name], value):
+            issues.append(
+                EngineArgIssue(
+                    key,
+                    f"vLLM's --{_flag(name)} is {fields.types[name]}, got {type(value).__name__}",
+                    f"set {key} to a value of type {fields.types[name]}",
+                )
+            )
+    return issues
+
+
+def tensor_parallel_size(num_gpus: int, args: dict[str, Any]) -> int:
+    """The server's tensor parallel size: its GPUs over pipeline x prefill-context x data parallel sizes.
+
+    ValueError when the GPUs do not split evenly (validation reports it first as a Problem)."""
+    others = 1
+    for name in PARALLEL_SIZES:
+        others *= int(args.get(name) or 1)
+    if others <= 0 or num_gpus % others:
+        sizes = " x ".join(f"{name}={args.get(name) or 1}" for name in PARALLEL_SIZES)
+        raise ValueError(f"{num_gpus} GPU(s) per server do not split into {sizes} (tensor_parallel_size is the rest)")
+    return num_gpus // others
+
+
+def owned_args(
+    *, model_path: str, host: str, port: int, num_gpus: int, seed: int, sleep_mode: bool, args: dict[str, Any]
+) -> dict[str, Any]:
+    """The arguments the framework decides for one server (`num_gpus`: its bundles; `args`: its rollout.vllm)."""
+    tp = tensor_parallel_size(max(num_gpus, 1), args)
+    owned: dict[str, Any] = {
+        "model": model_path,
+        "host": host,
+        "port": port,
+        "tensor_parallel_size": tp,
+        "seed": seed,
+        "enable_sleep_mode": sleep_mode,
+        "logprobs_mode": LOGPROBS_MODE,
+    }
+    if max(num_gpus, 1) > 1:  # inside a Ray actor vLLM would pick its Ray executor; the GPUs are already ours
+        owned["distributed_executor_backend"] = "mp"
+    return owned
+
+
+def server_args(
+    args: dict[str, Any], *, model_path: str, host: str, port: int, num_gpus: int, seed: int, sleep_mode: bool
+) -> list[str]:
+    """The command-line arguments of one server: the framework's, then `args` (rollout.vllm + group overrides).
+
+    Example: `server_args({"gpu_memory_utilization": 0.7}, model_path="/m", host="h", port=8000, num_gpus=2,
+    seed=1, sleep_mode=False)` -> `["--model", "/m", ..., "--tensor-parallel-size", "2", ...,
+    "--gpu-memory-utilization", "0.7"]`. ValueError when `args` sets an owned argument."""
+    clash = sorted(set(OWNED_FIELDS) & set(args))
+    if clash:  # validation rejects these first; a programmatic caller gets the same answer
+        raise ValueError(f"vLLM arguments {clash} are set by the framework; remove them from rollout.vllm")
+    owned = owned_args(
+        model_path=model_path, host=host, port=port, num_gpus=num_gpus, seed=seed, sleep_mode=sleep_mode, args=args
+    )
+    passed = {name: value for name, value in args.items() if name not in FRAMEWORK_KEYS}
+    return [*cli_flags(owned), *cli_flags(passed)]
+
+
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """vLLM's argparse conventions: True -> `--flag`, False -> `--no-flag` (BooleanOptionalAction), None -> omitted,
+    lists -> `--flag a b` (nargs="+"), dicts -> one JSON value (its config dataclasses and dict arguments)."""
+    flags: list[str] = []
+    for name, value in args.items():
+        flag = "--" + _flag(name)
+        if value is None:
+            continue
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + _flag(name))
+        elif isinstance(value, dict) or (name in _JSON_LISTS and isinstance(value, (list, tuple))):
+            flags += [flag, json.dumps(value)]
+        elif isinstance(value, (list, tuple)):
+            flags += (
+                [part for item in value for part in (flag, str(item))]
+                if name in _REPEATED
+                else [flag, *map(str, value)]
+            )
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _type_ok(annotation: str, value: Any) -> bool:
+    """Checks `T`, `T | None` and `Optional[T]` for the simple types; anything else is vLLM's to check."""
+    parts = [part.strip() for part in annotation.split("|")]
+    if annotation.startswith("Optional[") and annotation.endswith("]"):
+        parts = [annotation[len("Optional[") : -1], "None"]
+    if value is None:
+        return "None" in parts or not all(part in _SIMPLE_TYPES for part in parts)
+    inner = [part for part in parts if part != "None"]
+    if len(inner) != 1 or inner[0] not in _SIMPLE_TYPES:
+        return True  # unions, literals, lists, config dataclasses: vLLM checks them itself
+    allowed = _SIMPLE_TYPES[inner[0]]
+    if isinstance(value, bool) and bool not in allowed:
+        return False
+    return isinstance(value, allowed)
+
+
+# ---------------------------------------------------------------------------------------------- vllm-router
+# `python -m vllm_router.launch_router` flags the framework sets itself; rollout.router.extra_args may not.
+ROUTER_OWNED_FLAGS = frozenset(
+    {
+        "host",
+        "port",
+        "prometheus_host",
+        "prometheus_port",
+        "policy",
+        "request_timeout_secs",
+        "worker_urls",
+        "vllm_pd_disaggregation",
+        "prefill",
+        "decode",
+    }
+)
+
+
+def router_flags(extra_args: dict[str, Any]) -> list[str]:
+    """`rollout.router.extra_args` as vllm-router flags (`{"balance_abs_threshold": 0}` -> `--balance-abs-threshold
+    0`; its boolean flags are store_true: True -> bare flag, False -> omitted). ValueError for an owned flag."""
+    for key in extra_args:
+        if key.replace("-", "_") in ROUTER_OWNED_FLAGS:
+            raise ValueError(
+                f"rollout.router.extra_args.{key} is set by the framework; use rollout.router.policy / "
+                "request_timeout_secs / cluster.host / rollout.models server groups instead"
+            )
+    return process.cli_flags(extra_args)
