@@ -47,13 +47,35 @@ DEFAULT_VLLM_MEM_FRACTION = 0.92  # vLLM 0.33.0 CacheConfig.gpu_memory_utilizati
 
 
 def parameter_count(cfg: RunConfig) -> tuple[int, int]:
-    """(parameters of the model, parameters of one decoder layer)."""
+    """(parameters of the model, parameters of one decoder layer), MoE experts and routers included."""
     m = cfg.model
-    h, f, d = m.hidden_size, m.ffn_hidden_size, m.kv_channels
+    h, d = m.hidden_size, m.kv_channels
     q, kv = m.num_attention_heads * d, m.num_query_groups * d
-    layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + 2 * d
+    layer = h * q + 2 * h * kv + q * h + 2 * h + 2 * d + _expert_parameters(cfg) // m.num_layers
+    if m.num_experts is None:
+        layer += 3 * h * m.ffn_hidden_size
+    else:  # the router, and the shared expert with its gate where the family has one
+        shared = m.moe_shared_expert_intermediate_size
+        layer += h * m.num_experts + (3 * h * shared + h if shared else 0)
     embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
     return embed + m.num_layers * layer + h, layer
+
+
+def _expert_parameters(cfg: RunConfig) -> int:
+    """Parameters of every routed expert of the model (0 for a dense model): megatron splits them by ep x etp."""
+    m = cfg.model
+    if m.num_experts is None:
+        return 0
+    return m.num_layers * m.num_experts * 3 * m.hidden_size * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+
+
+def _active_ffn_width(cfg: RunConfig) -> int:
+    """FFN width one token passes through in a layer: the dense FFN, or top-k routed experts plus the shared one."""
+    m = cfg.model
+    if m.num_experts is None:
+        return m.ffn_hidden_size
+    routed = m.moe_router_topk * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+    return routed + (m.moe_shared_expert_intermediate_size or 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,14 +156,15 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         shard = n / max(derived.dp_size * p.tp, 1)
         state = {"weights": 4 * shard + 2 * n_layer, "gradients": 4 * shard, "optimizer": 8 * shard}
     else:
-        shard = n / max(p.tp * p.pp, 1)
+        experts = _expert_parameters(cfg)
+        shard = (n - experts) / max(p.tp * p.pp, 1) + experts / max(p.ep * p.etp * p.pp, 1)
         state = {"weights": (2 if bf16 else 4) * shard, "gradients": 4 * shard}
         state["optimizer"] = 12 * shard / max(derived.dp_size, 1)
     kl = cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
     state["reference"] = 0.0 if not kl or cfg.train.ref_offload else (2 if bf16 else 4) * shard
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
     split = max(p.tp * p.cp, 1)
-    per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * m.ffn_hidden_size)
+    per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * _active_ffn_width(cfg))
     if p.gradient_checkpointing:
         acts = tokens * (m.num_layers * m.hidden_size * 2 + per_token_layer) / split
     else:

@@ -74,6 +74,14 @@ def test_config_errors_still_fail_the_dry_run():
     assert "train.global_batch_size=100" in lines[0] and "Placement plan" not in "\n".join(lines)
 
 
+def test_moe_parameters_count_every_expert_and_megatron_splits_them_by_ep():
+    cfg = typed_config([*GPU_RUN, "model=qwen3_30b_a3b", "parallelism=megatron", "parallelism.ep=8"])
+    assert parameter_count(cfg)[0] == 30_532_122_624  # Qwen3-30B-A3B: the published total (128 experts, untied)
+    experts = 48 * 128 * 3 * 2048 * 768
+    est = estimate_memory(cfg, derive(cfg))
+    assert est.train["gradients"] == pytest.approx(4 * ((30_532_122_624 - experts) + experts / 8))
+
+
 def test_memory_estimate_numbers_and_colocation_warning():
     cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "rollout.hf.max_batch_size=8", "debug.gpu_memory_gib=80"])
     n, _ = parameter_count(cfg)
