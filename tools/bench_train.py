@@ -77,6 +77,7 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
     "megatron_16k_compile": ("megatron", [*MEGATRON_16K, COMPILE]),
     "megatron_16k_selective": ("megatron", [*MEGATRON_16K, *SELECTIVE_MLP]),
     "megatron_16k_selective_compile": ("megatron", [*MEGATRON_16K, *SELECTIVE_MLP, COMPILE]),
+    "megatron_32k_compile": ("megatron", [*MEGATRON_32K, COMPILE]),
     "megatron_32k_selective": ("megatron", [*MEGATRON_32K, *SELECTIVE_MLP]),
     "megatron_32k_selective_compile": ("megatron", [*MEGATRON_32K, *SELECTIVE_MLP, COMPILE]),
     "megatron_16k_full_recompute_compile": ("megatron", [*MEGATRON_16K, FULL_RECOMPUTE, COMPILE]),
