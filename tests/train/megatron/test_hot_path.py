@@ -1,5 +1,6 @@
 """What the megatron model does per layer, on one CPU rank in bf16: no host reads of device values, parameters
-in the compute dtype, and RoPE from the micro-batch's tables equal to megatron's own THD RoPE."""
+in the compute dtype, and RoPE from the micro-batch's tables equal to megatron's own THD RoPE; and the fused
+AdamW the CUDA runs switch to steps under megatron's optimizer."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytest.importorskip("megatron.core")
 from slime.config.schema import ModelConfig  # noqa: E402
 from slime.train.megatron import batch as mbatch  # noqa: E402
 from slime.train.megatron import rope, standalone  # noqa: E402
+from slime.train.megatron.optimizer import fused_adam  # noqa: E402
 from tests.conftest import model_fields  # noqa: E402
 
 # Tensor -> Python conversions: on CUDA each one waits for every queued kernel
@@ -32,7 +34,7 @@ class CountHostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_forward_reads_nothing_back_and_rope_equals_megatrons(tiny_model_dir):
+def test_hot_path_host_reads_dtypes_rope_and_fused_adam(tiny_model_dir):
     from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_thd
     from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -67,5 +69,15 @@ def test_forward_reads_nothing_back_and_rope_equals_megatrons(tiny_model_dir):
         ours = rope.apply(q, params.rope_cos, params.rope_sin, interleaved=False)
         assert torch.equal(ours, theirs)
         assert isinstance(params, PackedSeqParams)
+
+        # torch's fused AdamW under megatron's (chained, distributed) optimizer, as on CUDA
+        fused_adam(backend.optimizer)
+        before = standalone.forward_log_probs(backend, [(s, [1, 1]) for s in samples]).clone()
+        step = standalone.train_step(backend, [(s, [1, 1]) for s in samples])
+        after = standalone.forward_log_probs(backend, [(s, [1, 1]) for s in samples])
+        inner = backend.optimizer.chained_optimizers[0].optimizer
+        assert all(g["fused"] and not g["foreach"] for g in inner.param_groups)
+        assert {state["step"].item() for state in inner.state.values()} == {1.0}
+        assert step["train/grad_norm"] > 0 and not torch.equal(before, after)
     finally:
         backend.shutdown()
