@@ -3,8 +3,9 @@
 The samples of a micro-batch are concatenated into one stream without per-sample padding, except
 that with context parallelism (cp > 1) each sample is right-padded to a multiple of 2·cp and split
 zigzag: CP rank r keeps chunks r and 2cp−1−r of every sample. With sequence parallelism a padding
-sample makes the local stream a multiple of tp. Positions restart at 0 per sample (megatron's THD
-RoPE reads them from `cu_seqlens`, which keep the full padded lengths).
+sample makes the local stream a multiple of tp. Positions restart at 0 per sample; the micro-batch's
+RoPE tables are gathered by them once (`packed_seq_params`), and `cu_seqlens` keep the full padded
+lengths (the attention's sample boundaries).
 """
 
 from __future__ import annotations
