@@ -8,6 +8,7 @@ memory is its own and an out-of-memory variant does not stop the others:
     python tools/bench_train.py                                   # every variant, Qwen3-1.7B shape
     python tools/bench_train.py --variants hf_padded_mb2 fsdp     # some of them
     python tools/bench_train.py --shape tiny --device cpu --steps 1   # a smoke run on CPU
+    python tools/bench_train.py --variants megatron_16k_compile --profile /tmp/prof   # + a profiler table
 
 MFU counts the model FLOPs of the real tokens only (REFERENCE.md §9.6): per token of a sequence of
 length S, 3 × [L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F) + 2·H·V + L·2·Q·S] (every matmul, the LM head on
@@ -30,7 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# name -> (kind, config overrides of the fsdp backend or options of the padded baseline)
+MEGATRON_16K = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=16384"]
+MEGATRON_32K = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32768"]
+FULL_RECOMPUTE = "parallelism.recompute.granularity=full"
+# the MLP keeps only its input (its fc1 output and SwiGLU output, 3 x ffn per token, are recomputed)
+SELECTIVE_MLP = ["parallelism.recompute.granularity=selective", "parallelism.recompute.modules=[mlp]"]
+COMPILE = "parallelism.compile_layers=true"
+
+# name -> (kind, config overrides of the fsdp/megatron backend or options of the padded baseline)
 VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
     "hf_padded_mb1": ("hf_padded", {"micro_batch_size": 1}),
     "hf_padded_mb2": ("hf_padded", {"micro_batch_size": 2}),
@@ -63,12 +71,17 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
             "parallelism.fsdp.compile=true",
         ],
     ),
-    "megatron": ("megatron", ["parallelism=megatron", "parallelism.max_tokens_per_gpu=16384"]),
-    "megatron_32k": ("megatron", ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32768"]),
-    "megatron_16k_recompute": (
-        "megatron",
-        ["parallelism=megatron", "parallelism.max_tokens_per_gpu=16384", "parallelism.recompute.granularity=full"],
-    ),
+    "megatron": ("megatron", MEGATRON_16K),
+    "megatron_32k": ("megatron", MEGATRON_32K),
+    "megatron_16k_recompute": ("megatron", [*MEGATRON_16K, FULL_RECOMPUTE]),
+    "megatron_16k_compile": ("megatron", [*MEGATRON_16K, COMPILE]),
+    "megatron_16k_selective": ("megatron", [*MEGATRON_16K, *SELECTIVE_MLP]),
+    "megatron_16k_selective_compile": ("megatron", [*MEGATRON_16K, *SELECTIVE_MLP, COMPILE]),
+    "megatron_32k_compile": ("megatron", [*MEGATRON_32K, COMPILE]),
+    "megatron_32k_selective": ("megatron", [*MEGATRON_32K, *SELECTIVE_MLP]),
+    "megatron_32k_selective_compile": ("megatron", [*MEGATRON_32K, *SELECTIVE_MLP, COMPILE]),
+    "megatron_16k_full_recompute_compile": ("megatron", [*MEGATRON_16K, FULL_RECOMPUTE, COMPILE]),
+    "megatron_32k_full_recompute_compile": ("megatron", [*MEGATRON_32K, FULL_RECOMPUTE, COMPILE]),
 }
 DEFAULT_VARIANTS = [name for name, (kind, _) in VARIANTS.items() if kind != "megatron"]
 SHAPES = {"qwen3_1p7b": "qwen3_1p7b", "tiny": "tiny_qwen3"}

@@ -96,6 +96,7 @@ class ParallelismConfig:
     # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
     vpp: Optional[int] = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    compile_layers: bool = False  # megatron backend: torch.compile each transformer layer; CUDA only
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
     megatron: dict[str, Any] = field(default_factory=dict)
 

@@ -1,7 +1,8 @@
 """GPU tier: the megatron backend on CUDA in bf16 (varlen attention), against transformers on the same weights.
 
-A small Qwen3 shape (4 layers, hidden 512, 8 query / 4 KV heads of 64, vocab 4096), created locally.
-Prints the mean absolute log-prob difference; the bar is 0.02 (bf16 rounding, not a different model).
+A small Qwen3 shape (4 layers, hidden 512, 8 query / 4 KV heads of 64, vocab 4096), and the Qwen3-1.7B shape
+with random weights (issue 7's acceptance shape), both created locally. Prints the mean absolute log-prob
+difference; the bar is 0.02 (bf16 rounding, not a different model).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
-from slime.config.schema import ModelConfig  # noqa: E402
+from slime.config.schema import ModelConfig, ParallelismConfig  # noqa: E402
 from slime.train.megatron import standalone  # noqa: E402
+from slime.train.megatron.model_config import compile_layers  # noqa: E402
+from tests.conftest import model_fields  # noqa: E402
 
 
 def small_qwen3(path) -> ModelConfig:
@@ -40,12 +43,12 @@ def small_qwen3(path) -> ModelConfig:
     )
 
 
-def rl_samples(n: int, vocab: int, seed: int = 0) -> standalone.Samples:
+def rl_samples(n: int, vocab: int, seed: int = 0, *, longest_response: int = 600) -> standalone.Samples:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         prompt = [rng.randrange(4, vocab) for _ in range(rng.randint(16, 200))]
-        response = [rng.randrange(4, vocab) for _ in range(rng.randint(8, 600))]
+        response = [rng.randrange(4, vocab) for _ in range(rng.randint(8, longest_response))]
         out.append((prompt + response, [1] * len(response)))
     return out
 
@@ -83,4 +86,32 @@ def test_bf16_log_probs_match_transformers_and_a_step_trains(tmp_path):
     # advantages alternate +1 / -1 by sample: the step raises the first kind relative to the second
     change = [d.mean().item() for d in torch.split(after - ours, [len(m) for _, m in samples])]
     assert sum(change[0::2]) / len(change[0::2]) > sum(change[1::2]) / len(change[1::2])
+    backend.shutdown()
+
+
+def test_bf16_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
+    """Qwen3-1.7B shape, random weights: plain and with compiled layers (inductor, forward and backward)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from slime.assets.tiny_model import hf_config_dict
+
+    model_cfg = ModelConfig(**{**model_fields("qwen3_1_7b"), "hf_checkpoint": str(tmp_path / "qwen3_1p7b")})
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**hf_config_dict(model_cfg, eos_token_id=0, pad_token_id=0))
+    with torch.device("cuda"):  # random init on the GPU: seconds, not minutes
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_cfg.hf_checkpoint)
+    samples = rl_samples(6, model_cfg.vocab_size, seed=1, longest_response=2048)
+    theirs = hf_log_probs(model_cfg.hf_checkpoint, samples)
+    torch.cuda.empty_cache()
+    parallelism = ParallelismConfig(backend="megatron", max_tokens_per_gpu=8192)
+    backend = standalone.build(model_cfg, device="cuda", precision="bf16", parallelism=parallelism)
+    plain = standalone.forward_log_probs(backend, samples).cpu()
+    compile_layers([chunk.module for chunk in backend.model])
+    compiled = standalone.forward_log_probs(backend, samples).cpu()
+    for name, ours in (("plain", plain), ("compiled layers", compiled)):
+        diff = (ours - theirs).abs().mean().item()
+        print(f"1.7B shape, megatron bf16 ({name}) vs transformers bf16: mean |log-prob diff| = {diff:.5f}")
+        assert diff < 0.02, name
+    step = standalone.train_step(backend, samples)  # the compiled layers' backward
+    assert torch.isfinite(torch.tensor(step["train/grad_norm"])) and step["train/grad_norm"] > 0
     backend.shutdown()

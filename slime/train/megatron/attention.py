@@ -1,9 +1,10 @@
 """`PackedAttention`: the core attention of the megatron layer spec for packed (THD) micro-batches.
 
-megatron's SelfAttention hands it q [t, hq, d] and k, v [t, hkv, d] of the packed stream (RoPE applied
-with positions restarting per sample) plus `PackedSeqParams` whose `cu_seqlens_q` are the full
-(padded) sample boundaries. Attention is causal within each sample only; the [t, t] score matrix of
-megatron's local spec never exists.
+megatron's SelfAttention hands it q [t, hq, d] and k, v [t, hkv, d] of the packed stream (after the
+q/k norms) plus the micro-batch's `PackedParams` (`slime.train.megatron.batch`): `cu_seqlens_q` are the
+full (padded) sample boundaries, and its RoPE tables, built once per micro-batch, are applied here to q
+and k (the GPTModel itself has no RoPE: `slime.train.megatron.rope`). Attention is causal within each
+sample only; the [t, t] score matrix of megatron's local spec never exists.
 
 Context parallel (zigzag, REFERENCE.md §9.4): each sample of padded length L is cut into 2·cp chunks of
 c = L/(2cp) tokens and CP rank r holds chunks r and 2cp−1−r. K and V are all-gathered over the CP
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from slime.train.megatron import rope
 
 
 @dataclass(frozen=True)
@@ -118,13 +121,12 @@ def _varlen(kernel, q: Tensor, k: Tensor, v: Tensor, seg: Segments, scale: float
     return kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=(-1, 0))
 
 
-def _varlen_packed(q: Tensor, k: Tensor, v: Tensor, params, scale: float) -> Tensor:
+def _varlen_packed(kernel, native_gqa: bool, q: Tensor, k: Tensor, v: Tensor, params, scale: float) -> Tensor:
     """One varlen call over the whole packed stream (no context parallel): causal per sample; GQA
     natively where this torch's varlen_attn takes `enable_gqa`, else with K/V heads repeated."""
-    kernel = _varlen_kernel()
     groups = q.shape[1] // k.shape[1]
     gqa = {}
-    if groups > 1 and _takes_gqa(kernel):
+    if groups > 1 and native_gqa:
         gqa = {"enable_gqa": True}
     elif groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -152,17 +154,35 @@ class PackedAttention(torch.nn.Module):
         self.scale = kwargs.get("softmax_scale") or config.kv_channels**-0.5
         pg = kwargs.get("pg_collection")
         self.cp_group = getattr(pg, "cp", None) if pg is not None else None
+        # looked up once here, not per call (a compiled layer then traces no import or signature check)
+        self.kernel = _varlen_kernel()
+        self.native_gqa = self.kernel is not None and _takes_gqa(self.kernel)
 
     def forward(
         self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
     ):
-        if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
-            raise ValueError("PackedAttention runs packed THD micro-batches only (slime.train.megatron.batch)")
+        params = packed_seq_params
+        if getattr(params, "rope_cos", None) is None or params.qkv_format != "thd":
+            raise ValueError(
+                "PackedAttention runs packed THD micro-batches with their RoPE tables only "
+                "(slime.train.megatron.batch.MicroBatch.packed_seq_params)"
+            )
+        interleaved = self.config.rotary_interleaved
+        query = rope.apply(query, params.rope_cos, params.rope_sin, interleaved=interleaved)
+        key = rope.apply(key, params.rope_cos, params.rope_sin, interleaved=interleaved)
         cp = self.config.context_parallel_size
-        if cp == 1 and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and _varlen_kernel():
-            out = _varlen_packed(query, key, value, packed_seq_params, self.scale)  # no host sync
+        if cp == 1 and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and self.kernel:
+            out = _varlen_packed(self.kernel, self.native_gqa, query, key, value, params, self.scale)  # no host sync
             return out.reshape(out.shape[0], -1)
-        cu = packed_seq_params.cu_seqlens_q.tolist()
+        out = self._per_segment(query, key, value, params)
+        return out.reshape(out.shape[0], -1)
+
+    # a Python loop over the samples (the host cu_seqlens): never traced into a compiled layer, where every
+    # new set of sample lengths would be a recompile
+    @torch.compiler.disable
+    def _per_segment(self, query: Tensor, key: Tensor, value: Tensor, params) -> Tensor:
+        cp = self.config.context_parallel_size
+        cu = list(params.host_cu_seqlens)
         if cp > 1:
             group = self.cp_group if self.cp_group is not None else _cp_group()
             rank = torch.distributed.get_rank(group)
@@ -170,8 +190,7 @@ class PackedAttention(torch.nn.Module):
             seg = segments(cu, cp, rank)
         else:
             seg = segments(cu, 1, 0)
-        out = attend(query, key, value, seg, scale=self.scale)
-        return out.reshape(out.shape[0], -1)
+        return attend(query, key, value, seg, scale=self.scale)
 
 
 def _cp_group():

@@ -3,16 +3,21 @@
 The samples of a micro-batch are concatenated into one stream without per-sample padding, except
 that with context parallelism (cp > 1) each sample is right-padded to a multiple of 2·cp and split
 zigzag: CP rank r keeps chunks r and 2cp−1−r of every sample. With sequence parallelism a padding
-sample makes the local stream a multiple of tp. Positions restart at 0 per sample (megatron's THD
-RoPE reads them from `cu_seqlens`, which keep the full padded lengths).
+sample makes the local stream a multiple of tp. Positions restart at 0 per sample; the micro-batch's
+RoPE tables are gathered by them once (`packed_seq_params`), and `cu_seqlens` keep the full padded
+lengths (the attention's sample boundaries).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from torch import Tensor
+
+from slime.train.megatron import rope
 
 
 @dataclass
@@ -34,18 +39,40 @@ class MicroBatch:
     targets: list[Tensor]
     num_tokens: int  # N, the response tokens of the micro-batch
     cp_rank: int
+    host_cu_seqlens: tuple[int, ...] = ()  # cu_seqlens on the host (the per-segment attention paths read it)
+    _params: object = field(default=None, repr=False)
 
-    def packed_seq_params(self, cp_group=None):
-        from megatron.core.packed_seq_params import PackedSeqParams
+    def packed_seq_params(self, *, rotary, dtype: torch.dtype, cp_group=None):
+        """The micro-batch's `PackedParams` (built once, then reused by every layer and model chunk)."""
+        if self._params is None:
+            cos, sin = rope.tables(rotary, self.position_ids, self.max_seqlen, dtype)
+            self._params = _params_class()(
+                qkv_format="thd",
+                cu_seqlens_q=self.cu_seqlens,
+                cu_seqlens_kv=self.cu_seqlens,
+                max_seqlen_q=self.max_seqlen,
+                max_seqlen_kv=self.max_seqlen,
+                cp_group=cp_group,
+                host_cu_seqlens=self.host_cu_seqlens,
+                rope_cos=cos,
+                rope_sin=sin,
+            )
+        return self._params
 
-        return PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=self.cu_seqlens,
-            cu_seqlens_kv=self.cu_seqlens,
-            max_seqlen_q=self.max_seqlen,
-            max_seqlen_kv=self.max_seqlen,
-            cp_group=cp_group,
-        )
+
+@functools.cache
+def _params_class():
+    """megatron's PackedSeqParams plus what every layer would otherwise recompute or read back from the
+    device: the host copy of cu_seqlens and the micro-batch's RoPE tables (`slime.train.megatron.rope`)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    @dataclass
+    class PackedParams(PackedSeqParams):
+        host_cu_seqlens: tuple[int, ...] = ()
+        rope_cos: Optional[Tensor] = None  # [t, 1, 1, d] in the compute dtype
+        rope_sin: Optional[Tensor] = None
+
+    return PackedParams
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -116,6 +143,7 @@ def build(
         input_ids=full_ids[keep].unsqueeze(0).to(device),
         position_ids=full_pos[keep].unsqueeze(0).to(device),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
+        host_cu_seqlens=tuple(cu),
         max_seqlen=max(b - a for a, b in zip(cu[:-1], cu[1:])),
         rows=rows,
         index=index,

@@ -122,7 +122,11 @@ def check_megatron(cfg: RunConfig) -> Iterator[Problem]:
     if p.backend == "megatron":
         yield from check_backend_options(cfg)
         return
-    for key, value in (("vpp", p.vpp), ("recompute.granularity", p.recompute.granularity)):
+    for key, value in (
+        ("vpp", p.vpp),
+        ("recompute.granularity", p.recompute.granularity),
+        ("compile_layers", p.compile_layers or None),
+    ):
         if value is not None:
             yield Problem(
                 f"parallelism.{key}",
@@ -196,6 +200,11 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
     yield from _check_recompute(cfg)
 
 
+# megatron-core's selective recompute modules that run on the local spec without Transformer Engine:
+# "layernorm" and "moe_act" use CheckpointWithoutOutput, which reads TE's FP8GlobalStateManager in 0.16.1
+SELECTIVE_MODULES = ("core_attn", "mlp", "moe", "shared_experts")
+
+
 def _check_recompute(cfg: RunConfig) -> Iterator[Problem]:
     r = cfg.parallelism.recompute
     if r.granularity not in (None, "full", "selective"):
@@ -218,6 +227,15 @@ def _check_recompute(cfg: RunConfig) -> Iterator[Problem]:
             {"method": r.method, "num_layers": r.num_layers},
             "method and num_layers apply to granularity=full only",
             "set parallelism.recompute.granularity=full or remove them",
+        )
+    unusable = sorted(set(r.modules or ()) - set(SELECTIVE_MODULES))
+    if r.granularity == "selective" and unusable:
+        yield Problem(
+            "parallelism.recompute.modules",
+            r.modules,
+            f"{unusable} cannot be recomputed by this backend: {SELECTIVE_MODULES} can ('layernorm' and 'moe_act'"
+            " need Transformer Engine in megatron-core 0.16, 'mla_up_proj' multi-latent attention)",
+            f"keep parallelism.recompute.modules within {SELECTIVE_MODULES}",
         )
     if r.granularity != "selective" and r.modules is not None:
         yield Problem(

@@ -9,19 +9,28 @@ logits are never gathered. Per token, in fp32 at temperature T:
 The all-reduces carry megatron's tensor-parallel convention (forward sum, backward identity), and the
 hidden states enter through `copy_to_tensor_model_parallel_region` (backward sum), like megatron's
 vocab-parallel cross entropy. Rows are processed `chunk_size` at a time under activation
-checkpointing, so the fp32 logits of at most one chunk exist at once.
+checkpointing, so the fp32 logits of at most one chunk exist at once; on CUDA without tensor
+parallelism each chunk runs torch.compile'd (like `slime.algo.logprobs`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 
-def _chunk(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool, group) -> Tensor:
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+@functools.cache
+def _compiled_chunk():
+    """`_chunk` compiled for CUDA without tensor parallelism (no collectives inside): the fp32 [rows, V]
+    logits go through a few fused kernels instead of one kernel, and one full read and write, per
+    elementwise op; dynamic shapes, one graph for every chunk."""
+    return torch.compile(_chunk, dynamic=True)
 
+
+def _chunk(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool, group) -> Tensor:
     z = torch.matmul(hidden, weight.t()).float() / temperature  # [n, V/tp]
     tp = torch.distributed.get_world_size(group) if group is not None else 1
     shard = weight.shape[0]
@@ -39,6 +48,8 @@ def _chunk(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, 
         sums.append((exp * shifted).sum(-1))
     stacked = torch.stack(sums, dim=-1)
     if tp > 1:
+        from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
         stacked = reduce_from_tensor_model_parallel_region(stacked, group=group)
     log_s = stacked[:, 0].log()
     log_probs = stacked[:, 1] - log_s
@@ -70,6 +81,7 @@ def vocab_parallel_log_probs(
         hidden = copy_to_tensor_model_parallel_region(hidden, group=group)
     group = group if tp > 1 else None
     track = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    chunk = _compiled_chunk() if hidden.is_cuda and group is None else _chunk
     parts = []
     for start in range(0, max(hidden.shape[0], 1), chunk_size):
         args = (
@@ -80,6 +92,6 @@ def vocab_parallel_log_probs(
             with_entropy,
             group,
         )
-        parts.append(checkpoint(_chunk, *args, use_reentrant=False) if track else _chunk(*args))
+        parts.append(checkpoint(chunk, *args, use_reentrant=False) if track else chunk(*args))
     out = torch.cat(parts)
     return out[:, 0], (out[:, 1] if with_entropy else None)

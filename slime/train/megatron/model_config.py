@@ -3,7 +3,8 @@
 `transformer_config` maps ModelConfig (HF-style architecture fields) and ParallelismConfig onto
 megatron-core's TransformerConfig; `layer_spec` is megatron's local layer spec (standard parameter
 names: decoder.layers.N.self_attention.linear_qkv.weight, ...mlp.experts.local_experts.E.linear_fc1.weight)
-with the project's packed attention in place of core_attention; `build_model_chunks` builds one GPTModel
+with the project's packed attention in place of core_attention (which also applies RoPE, from tables
+built once per micro-batch: `slime.train.megatron.rope`); `build_model_chunks` builds one GPTModel
 per virtual pipeline stage of this rank. megatron is imported inside the functions only: the package
 must import on machines without megatron-core.
 """
@@ -72,7 +73,9 @@ def transformer_config(
         perform_initialization=True,
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
-        bias_activation_fusion=False,
+        # megatron's SwiGLU autograd function (torch.compile'd, keeps only its input for the backward); its
+        # compile on CPU needs a C++ toolchain and takes seconds, so CUDA only
+        bias_activation_fusion=device == "cuda",
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
@@ -157,6 +160,7 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
 
     if config.num_moe_experts:
         _moe_without_te()
+    rope_kwargs(model_cfg)  # a rope_scaling megatron lacks fails here, before anything is built
     spec = layer_spec(config)
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
@@ -171,14 +175,34 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             parallel_output=True,
             share_embeddings_and_output_weights=model_cfg.tie_word_embeddings and head == "lm",
-            position_embedding_type="rope",
+            position_embedding_type="none",  # RoPE: once per micro-batch, applied in PackedAttention
             vp_stage=vp_stage,
-            **rope_kwargs(model_cfg),
         )
+        _norms_in_params_dtype(model, config.params_dtype)
         if model.post_process:
             _hidden_output(model, head=head)
         chunks.append(model)
     return chunks
+
+
+def compile_layers(chunks: list[torch.nn.Module], *, backend: str = "inductor") -> None:
+    """torch.compile every transformer layer of these GPTModel chunks in place, dynamic shapes (one graph
+    for every packed length). megatron's Python between the kernels (activation-offload contexts, a
+    deprecation warning in RowParallelLinear) splits a layer into several graphs; the norms, RoPE, SwiGLU
+    and residual adds inside each still fuse. Before DDP wraps the chunks (its hooks sit on parameters)."""
+    for chunk in chunks:
+        for layer in chunk.decoder.layers:
+            layer.compile(dynamic=True, backend=backend)
+
+
+def _norms_in_params_dtype(model, dtype: torch.dtype) -> None:
+    """The local spec's torch norms are created in fp32 whatever params_dtype is (megatron's Float16Module
+    would cast them). A bf16 input with an fp32 weight misses torch's fused RMSNorm kernel: the composite
+    path upcasts the [t, h] input and keeps several fp32 intermediates per norm for the backward (four
+    norms per Qwen3 layer). The optimizer keeps fp32 main copies of them like of every bf16 parameter."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
+            module.to(dtype)
 
 
 def _moe_without_te() -> None:

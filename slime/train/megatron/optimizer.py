@@ -6,6 +6,8 @@ Gradients are summed (never averaged) over data-parallel ranks: the losses carry
 
 from __future__ import annotations
 
+import torch
+
 from slime.train.setup import TrainSetup
 
 NO_CLIP = 1e30  # clip_grad = 0: megatron still reports the norm, and never clips at this bound
@@ -51,6 +53,8 @@ def build(model: list, setup: TrainSetup, *, lr: float, warmup_steps: int):
         use_distributed_optimizer=True,
     )
     optimizer = get_megatron_optimizer(config, model)
+    if setup.device == "cuda":
+        fused_adam(optimizer)
     total = max(setup.num_optimizer_steps, warmup_steps + 1)
     scheduler = OptimizerParamScheduler(
         optimizer,
@@ -66,3 +70,14 @@ def build(model: list, setup: TrainSetup, *, lr: float, warmup_steps: int):
         wd_incr_style="constant",
     )
     return optimizer, scheduler
+
+
+def fused_adam(optimizer) -> None:
+    """megatron-core without Transformer Engine or apex steps torch's Adam/AdamW with its default foreach
+    kernels, about ten passes over the fp32 parameters and moments per step; torch's fused kernel makes one.
+    The groups' flags are what torch reads at each step (and saves with the state, so a resume keeps them)."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if isinstance(torch_optimizer, torch.optim.Adam | torch.optim.AdamW):
+            for group in torch_optimizer.param_groups:
+                group.update(foreach=False, fused=True)

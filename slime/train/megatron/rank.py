@@ -21,8 +21,8 @@ from slime.train import batching
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
 from slime.train.megatron import batch as mbatch
-from slime.train.megatron import hf_weights, parallel
-from slime.train.megatron.model_config import build_model_chunks, transformer_config
+from slime.train.megatron import hf_weights, parallel, rope
+from slime.train.megatron.model_config import build_model_chunks, compile_layers, transformer_config
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 
@@ -57,9 +57,12 @@ class MegatronRank(BatchColumns, TrainBackend):
             s.model, s.parallelism, params_dtype=dtype, device=s.device, extra=dict(s.parallelism.megatron)
         )
         chunks = build_model_chunks(s.model, self.config, head=self.head)
+        self.rotary = rope.rotary_embedding(s.model, self.config)
         if s.device == "cuda":
             chunks = [c.cuda() for c in chunks]
         hf_weights.load_hf(chunks, init_path, s.model, head=self.head)
+        if s.parallelism.compile_layers and s.device == "cuda":
+            compile_layers(chunks)
         from slime.train.megatron import optimizer
 
         self.model = optimizer.wrap_ddp(chunks, self.config)
@@ -160,7 +163,12 @@ class MegatronRank(BatchColumns, TrainBackend):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         packs = list(zip(micro, self._pack_all(micro)))
-        params = functools.partial(mbatch.MicroBatch.packed_seq_params, cp_group=self.cp_group)
+        params = functools.partial(
+            mbatch.MicroBatch.packed_seq_params,
+            rotary=self.rotary,
+            dtype=self.config.params_dtype,
+            cp_group=self.cp_group,
+        )
 
         def forward_step(data_iterator: Iterator, model):
             mb, packed = next(data_iterator)

@@ -73,8 +73,13 @@ def test_backend_option_rules():
     assert "pair up wrongly on CPU" in found["parallelism.vpp"]
     found = problems_for(["parallelism=megatron", "parallelism.recompute.method=uniform"])
     assert "granularity=full only" in found["parallelism.recompute"]
-    found = problems_for(["parallelism.recompute.granularity=full"])  # the fsdp backend
+    found = problems_for(["parallelism.recompute.granularity=full", "parallelism.compile_layers=true"])  # fsdp
     assert "the fsdp backend would ignore it" in found["parallelism.recompute.granularity"]
+    assert "the fsdp backend would ignore it" in found["parallelism.compile_layers"]
+    selective = ["parallelism=megatron", "parallelism.recompute.granularity=selective"]
+    found = problems_for([*selective, "parallelism.recompute.modules=[core_attn,layernorm]"])
+    assert "['layernorm'] cannot be recomputed" in found["parallelism.recompute.modules"]
+    validate(typed_config([*selective, "parallelism.recompute.modules=[core_attn,mlp]"]))  # no problem
     found = problems_for(
         ["model=tiny_qwen3_moe", "parallelism=megatron", "parallelism.tp=2", "cluster.actor.num_gpus_per_node=2"]
     )

@@ -11,6 +11,7 @@ from slime.algo import log_probs_and_entropy, response_logits_slice  # noqa: E40
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
 from slime.train.megatron.backend import MegatronBackend  # noqa: E402
+from slime.train.megatron.model_config import compile_layers  # noqa: E402
 from tests.conftest import typed_config  # noqa: E402
 from tests.train.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 
@@ -33,9 +34,11 @@ def hf_log_probs(model_dir: str, batch, temperature: float) -> torch.Tensor:
     return torch.cat(out)
 
 
-def megatron_run(setup, batch, port: int, *, train: bool = False) -> dict:
+def megatron_run(setup, batch, port: int, *, train: bool = False, compile_backend: str | None = None) -> dict:
     backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=port)
     backend.init()
+    if compile_backend is not None:
+        compile_layers([chunk.module for chunk in backend.model], backend=compile_backend)
     try:
         backend.load_batch(0, batch)
         backend.compute_log_probs("old")
@@ -62,15 +65,28 @@ def test_log_probs_equal_transformers(kind, tiny_model_dir, tmp_path):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 
-def test_full_recompute_changes_nothing(tiny_model_dir):
-    """Recomputing every layer in the backward gives the same log-probs and gradient norm."""
+def test_recompute_and_compiled_layers_change_nothing(tiny_model_dir):
+    """Full recompute, selective recompute of attention and MLP, and layers captured by torch.compile's
+    dynamo (graph breaks and guards as on CUDA; the "eager" backend runs the captured graphs without
+    inductor's CPU codegen, which tests/gpu/test_megatron_cuda.py covers) give the same log-probs and
+    gradient norm as the plain model."""
     base = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=24"]
     batch = batches_for(make_samples(6, seed=6), dp=1, k=1)[0]
     plain = megatron_run(make_setup(tiny_model_dir, base), batch, 29655, train=True)
-    recompute = ["parallelism.recompute.granularity=full", "parallelism.recompute.num_layers=1"]
-    again = megatron_run(make_setup(tiny_model_dir, base + recompute), batch, 29656, train=True)
-    torch.testing.assert_close(again["log_probs"], plain["log_probs"], rtol=0, atol=1e-6)
-    assert again["steps"][0]["train/grad_norm"] == pytest.approx(plain["steps"][0]["train/grad_norm"], rel=1e-5)
+    variants = {
+        "full": ["parallelism.recompute.granularity=full", "parallelism.recompute.num_layers=1"],
+        "selective": [
+            "parallelism.recompute.granularity=selective",
+            "parallelism.recompute.modules=[core_attn,mlp]",
+        ],
+        "compiled": [],
+    }
+    for port, (name, overrides) in enumerate(variants.items(), start=29656):
+        setup = make_setup(tiny_model_dir, base + overrides)
+        again = megatron_run(setup, batch, port, train=True, compile_backend="eager" if name == "compiled" else None)
+        torch.testing.assert_close(again["log_probs"], plain["log_probs"], rtol=0, atol=1e-6, msg=name)
+        grad_norm = again["steps"][0]["train/grad_norm"]
+        assert grad_norm == pytest.approx(plain["steps"][0]["train/grad_norm"], rel=1e-5), name
 
 
 def test_critic_values_start_at_zero_and_fit_the_returns(tiny_model_dir):

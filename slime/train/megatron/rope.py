@@ -1,0 +1,54 @@
+"""Rotary position embeddings of a packed micro-batch, computed once per micro-batch instead of per layer.
+
+megatron-core's unfused THD RoPE (`rope_utils._apply_rotary_pos_emb_thd`, no Transformer Engine) runs for
+q and for k in every layer: it reads `cu_seqlens` to the host (`.tolist()` and a `cu_seqlens[-1]` compare,
+two device syncs each), splits the stream per sample, concatenates the per-sample frequency slices and
+takes cos and sin of them in fp32. Here the GPTModel is built without RoPE (`position_embedding_type=
+"none"`); the micro-batch's cos/sin tables (Tensor[t, 1, 1, d] in the compute dtype) are gathered once
+from megatron's own `RotaryEmbedding` frequencies by each token's position (positions restart per
+sample, and under zigzag CP they are the positions the rank holds), and `PackedAttention` applies them to
+q and k. The arithmetic is megatron's (`t·cos + rotate_half(t)·sin`, cos/sin rounded to the compute
+dtype), so the values are the same as megatron's THD path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from slime.config.schema import ModelConfig
+
+
+def rotary_embedding(model_cfg: ModelConfig, config):
+    """megatron's RotaryEmbedding with the arguments GPTModel would give it (base, percent, llama3 scaling)."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from slime.train.megatron.model_config import rope_kwargs
+
+    return RotaryEmbedding(
+        kv_channels=config.kv_channels,
+        rotary_interleaved=config.rotary_interleaved,
+        use_cpu_initialization=config.use_cpu_initialization,
+        **rope_kwargs(model_cfg),
+    )
+
+
+def tables(rotary, position_ids: Tensor, max_seqlen: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(cos, sin), each Tensor[t, 1, 1, d] in `dtype`, for the tokens at `position_ids` (Tensor[1, t] or [t],
+    every entry < max_seqlen)."""
+    emb = rotary.get_emb(max_seqlen)  # [max_seqlen, 1, 1, d] fp32
+    freqs = emb[position_ids.reshape(-1).to(emb.device)]
+    return torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+
+
+def apply(t: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool) -> Tensor:
+    """RoPE of t: Tensor[t, heads, head_dim] with the micro-batch's tables (the first d dims rotate)."""
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+
+    x = t.unsqueeze(1)  # [t, 1, heads, head_dim], megatron's sbhd layout with b = 1
+    rot = cos.shape[-1]
+    x, rest = x[..., :rot], x[..., rot:]
+    out = x * cos + _rotate_half(x, interleaved) * sin
+    if rest.shape[-1]:
+        out = torch.cat((out, rest), dim=-1)
+    return out.squeeze(1)
