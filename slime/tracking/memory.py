@@ -156,10 +156,14 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         shard = n / max(derived.dp_size * p.tp, 1)
         state = {"weights": 4 * shard + 2 * n_layer, "gradients": 4 * shard, "optimizer": 8 * shard}
     else:
+        # Experts are split by ep x etp and their optimizer state over the expert-data-parallel ranks
+        # (world / (ep x etp x pp)), which are fewer than the dense parameters' dp ranks.
         experts = _expert_parameters(cfg)
-        shard = (n - experts) / max(p.tp * p.pp, 1) + experts / max(p.ep * p.etp * p.pp, 1)
+        dense, expert = (n - experts) / max(p.tp * p.pp, 1), experts / max(p.ep * p.etp * p.pp, 1)
+        shard = dense + expert
+        world = derived.dp_size * p.tp * p.pp * p.cp
         state = {"weights": (2 if bf16 else 4) * shard, "gradients": 4 * shard}
-        state["optimizer"] = 12 * shard / max(derived.dp_size, 1)
+        state["optimizer"] = 12 * (dense / max(derived.dp_size, 1) + expert * p.ep * p.etp * p.pp / max(world, 1))
     kl = cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
     state["reference"] = 0.0 if not kl or cfg.train.ref_offload else (2 if bf16 else 4) * shard
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)

@@ -75,11 +75,16 @@ def test_config_errors_still_fail_the_dry_run():
 
 
 def test_moe_parameters_count_every_expert_and_megatron_splits_them_by_ep():
-    cfg = typed_config([*GPU_RUN, "model=qwen3_30b_a3b", "parallelism=megatron", "parallelism.ep=8"])
+    cfg = typed_config(
+        ["recipe=gpu/qwen3_30b_a3b_grpo_ep", "data.prompt_data=/nonexistent/train.jsonl", "debug=dry_run"]
+    )
     assert parameter_count(cfg)[0] == 30_532_122_624  # Qwen3-30B-A3B: the published total (128 experts, untied)
     experts = 48 * 128 * 3 * 2048 * 768
     est = estimate_memory(cfg, derive(cfg))
-    assert est.train["gradients"] == pytest.approx(4 * ((30_532_122_624 - experts) + experts / 8))
+    dense = (30_532_122_624 - experts) / 4  # tp 4
+    assert est.train["gradients"] == pytest.approx(4 * (dense + experts / 8))
+    # the recipe's 16 GPUs: dp 4 for the dense part, 16 / ep 8 = 2 expert-data-parallel ranks for the experts
+    assert est.train["optimizer"] == pytest.approx(12 * (dense / 4 + experts / 8 / 2))
 
 
 def test_memory_estimate_numbers_and_colocation_warning():

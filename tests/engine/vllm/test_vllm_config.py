@@ -321,7 +321,7 @@ def test_main_dry_run_prints_the_vllm_plan():
     "recipe,servers,kv_gib",
     [
         ("gpu/qwen3_4b_grpo_math_vllm", "4, each 2 GPU(s) = tp 2", 0.4 * 80 - 3.75),
-        ("gpu/qwen3_30b_a3b_grpo_ep_vllm", "1, each 8 GPU(s) = tp 4 x dp 2", 0.5 * 80 - 0.78),
+        ("gpu/qwen3_30b_a3b_grpo_ep_vllm", "2, each 8 GPU(s) = tp 4 x dp 2", 0.4 * 80 - 7.11),
     ],
 )
 def test_vllm_recipe_dry_run(recipe, servers, kv_gib):
