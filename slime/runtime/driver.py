@@ -49,7 +49,8 @@ class RunState:
     path: on entering that phase (of that rollout id, when given) a thread sends the signal to this
     process, so it arrives while the phase is under way, as a user's Ctrl-C would (SIGKILL: the whole
     run dies at once, as in a crash). `hang_at`
-    (`debug.hang_at`) calls `hang` on entering its phase: the driver waits on a rank that never answers.
+    (`debug.hang_at`) calls `hang` on entering its phase (a save: mid-way, its data-source state written and
+    the trainer's not): the driver waits on a rank that never answers.
     """
 
     phase: str = "config"
@@ -76,9 +77,8 @@ class RunState:
         self.phase, self.phase_rollout, self.phase_started = phase, rollout_id, now
         if self.on_enter is not None:
             self.on_enter(phase, rollout_id)
-        if _matches(self.hang_at, phase, rollout_id) and self.hang is not None:
-            self.hang_at = None
-            self.hang()
+        if phase != "save":  # a save hangs mid-way (_save)
+            self.fault_point(phase, rollout_id)
         if self.signal_at is None:
             return
         target, target_id, signum, delay_s = self.signal_at
@@ -87,6 +87,12 @@ class RunState:
             timer = threading.Timer(delay_s, _send_signal, args=(signum,))
             timer.daemon = True
             timer.start()
+
+    def fault_point(self, phase: str, rollout_id: int | None) -> None:
+        """Hang here if `debug.hang_at` names this phase (and rollout id)."""
+        if _matches(self.hang_at, phase, rollout_id) and self.hang is not None:
+            self.hang_at = None
+            self.hang()
 
 
 def _send_signal(signum: int) -> None:
@@ -237,14 +243,18 @@ def _loop(
     pusher: WeightPush | None,
 ) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
-    k = cfg.train.num_steps_per_rollout
     state.enter("weight_sync", start - 1)
     if pusher is not None:
         pusher.push(weight_version=start)  # engines hold the run's weights before rollout 0
-    if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
+    if start > 0:  # metrics.jsonl back to the checkpoint; its eval, when the crash came before it, runs now
+        tracker.resume(cfg.checkpoint.load, start)
+        due = _due(start - 1, cfg.eval.interval) and not tracker.has_eval(start)
+    else:
+        due = cfg.eval.interval and not cfg.eval.skip_eval_before_train
+    if due:
         state.enter("eval", start - 1)
-        state.last_eval = ray.get(manager.evaluate.remote(0))
-        tracker.log(state.last_eval, eval=0)
+        state.last_eval = ray.get(manager.evaluate.remote(start))
+        tracker.log(state.last_eval, eval=start)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
@@ -258,8 +268,9 @@ def _loop(
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
             state.enter("save", rollout_id)
+            tracker.stage_step(cfg.checkpoint.save, rollout_id, steps, metrics)  # a resume logs them if we die
             save_start = time.perf_counter()
-            _save(cfg, rollout_id, manager, actor, critic)
+            _save(cfg, rollout_id, manager, actor, critic, state)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
             # the run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)
             tracker.on_save(cfg.checkpoint.save, plot=rollout_id + 1 < cfg.train.num_rollout)
@@ -268,9 +279,7 @@ def _loop(
             metrics.update(pusher.sync(weight_version=rollout_id + 1))
             metrics["rollout/engine_restarts"] += restarted
         metrics["perf/step_time"] = time.perf_counter() - step_start
-        for step_id, step_metrics in enumerate(steps):
-            tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
-        tracker.log(metrics, rollout=rollout_id)
+        tracker.log_step(rollout_id, steps, metrics)
         if steps:
             metrics.update(steps[-1])
         tracker.log_samples(rollout_id, preview)
@@ -322,12 +331,15 @@ def train_step(
     return steps
 
 
-def _save(cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None) -> None:
+def _save(
+    cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None, state: RunState
+) -> None:
     """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one.
 
     The actor goes last: its tracker file, replaced at the very end of its save, is what makes the checkpoint
     the one a resume picks (the critic's and the data source's files of this id exist by then)."""
     ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+    state.fault_point("save", rollout_id)  # debug.hang_at=save: a crash mid-save, in tests
     if critic is not None:
         critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
     actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
