@@ -22,6 +22,7 @@ import ray
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs
+from slime.runtime.debug_modes import rollout_only
 from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
@@ -148,6 +149,11 @@ def run(
         try:
             # Startup overlaps: the engines come up while the trainers build, and wandb starts meanwhile.
             engines_ready = manager.start.remote()
+            if cfg.debug.rollout_only:  # no trainer: engines generate, rewards and metrics logged
+                tracker = _tracker(cfg, run_dir, config_dict, identity)
+                rollout_only(cfg, state, manager, engines_ready, tracker)
+                exit_code = 0
+                return
             layout = train_layout(cfg, derived)
             actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
             critic = (
@@ -156,14 +162,7 @@ def run(
                 else None
             )
             actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
-            tracker = Tracker(
-                cfg.logger,
-                run_dir=run_dir,
-                config=config_dict,
-                identity=identity,
-                total_rollouts=cfg.train.num_rollout,
-                steps_per_rollout=cfg.train.num_steps_per_rollout,
-            )
+            tracker = _tracker(cfg, run_dir, config_dict, identity)
             state.on_enter = tracker.progress.on_phase
             state.hang = actor.hang
             state.start_rollout = start = actor.finish_init(actor_init)
@@ -185,6 +184,17 @@ def run(
         finally:
             interrupts.begin_teardown()
             _teardown(state, manager, engines_ready, tracker, (actor, critic), exit_code=exit_code)
+
+
+def _tracker(cfg: RunConfig, run_dir: Path, config_dict: dict[str, Any], identity: RunIdentity) -> Tracker:
+    return Tracker(
+        cfg.logger,
+        run_dir=run_dir,
+        config=config_dict,
+        identity=identity,
+        total_rollouts=cfg.train.num_rollout,
+        steps_per_rollout=cfg.train.num_steps_per_rollout,
+    )
 
 
 def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, groups, *, exit_code: int) -> None:
