@@ -78,16 +78,14 @@ class RunState:
         self.phase, self.phase_rollout, self.phase_started = phase, rollout_id, now
         if self.on_enter is not None:
             self.on_enter(phase, rollout_id)
-        if phase != "save":  # a save hangs mid-way (_save)
-            self.fault_point(phase, rollout_id)
-        if self.signal_at is None:
-            return
-        target, target_id, signum, delay_s = self.signal_at
-        if _matches((target, target_id), phase, rollout_id):
+        if self.signal_at is not None and _matches(self.signal_at[:2], phase, rollout_id):
+            signum, delay_s = self.signal_at[2:]
             self.signal_at = None
             timer = threading.Timer(delay_s, _send_signal, args=(signum,))
             timer.daemon = True
             timer.start()
+        if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way (_save)
+            self.fault_point(phase, rollout_id)
 
     def fault_point(self, phase: str, rollout_id: int | None) -> None:
         """Hang here if `debug.hang_at` names this phase (and rollout id)."""

@@ -47,6 +47,8 @@ def test_killed_after_the_commit_before_logging_recovers_the_staged_records(tmp_
     missing = reconcile(path, root, start=2, steps_per_rollout=K)
     assert read_jsonl(path) == _records(0)  # the partial step of rollout 1 dropped, the torn line too
     assert missing == _records(1)
+    stage(root, 2, _records(2), run_dir=run_dir)  # the next save: staged files older than the tracker's go
+    assert sorted(p.name for p in (root / "tracking").iterdir()) == ["records_1.json", "records_2.json"]
 
 
 def test_records_past_the_checkpoint_are_rolled_back(tmp_path):
