@@ -1,18 +1,17 @@
-"""Exact resume: a run SIGKILLed mid-rollout, mid-train and mid-save, resumed each time with
-checkpoint.resume=auto, ends bit-identical to a run never interrupted, with the same metrics.
+"""Exact resume: runs SIGKILLed mid-rollout, mid-train and mid-save, each resumed with
+checkpoint.resume=auto, end bit-identical to a run never interrupted, with the same metrics.
 
-One chain of four starts of the same run directory (three killed, the last completes) runs beside one
-uninterrupted reference run. Each kill is `debug.signal_at=...` with `debug.signal=SIGKILL`: the driver
-kills every process of the run at once, as a crash does. Mid-train and mid-save also set `debug.hang_at`
-at that point (the trainer never finishes its step; the save hangs with its data-source state written and
-the trainer's not), so the kill lands there whatever the machine's speed.
+The three killed runs start beside one uninterrupted reference run (their start-up waits overlap; their
+Ray nodes one after another), and each is resumed as soon as it died. Each kill is `debug.signal_at=...` with `debug.signal=SIGKILL`: the
+driver kills every process of the run at once, as a crash does. Mid-train and mid-save also set
+`debug.hang_at` at that point (the trainer never finishes its step; the save hangs with its data-source
+state written and the trainer's not), so the kill lands there whatever the machine's speed.
 """
-
-from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,23 +25,22 @@ from tests.test_end_to_end import assert_no_run_processes
 
 pytestmark = pytest.mark.slow
 
-NUM_ROLLOUT, K = 3, 2  # rollouts; optimizer steps per rollout
+NUM_ROLLOUT, K = 2, 2  # rollouts; optimizer steps per rollout
 COMMON = [
     f"train.num_rollout={NUM_ROLLOUT}",
     f"train.num_steps_per_rollout={K}",
     "checkpoint.save_interval=1",
     "checkpoint.resume=auto",
 ]
-# (where the kill lands, its overrides, the phase main.log shows under way, the checkpoint left)
+# (where the kill lands, its overrides, the phase main.log shows under way); each leaves checkpoint 0
 KILLS = [
-    ("mid-rollout", ["debug.signal_at=rollout:1", "debug.signal_delay_s=0.3"], "rollout (rollout 1)", 0),
+    ("mid_rollout", ["debug.signal_at=rollout:1", "debug.signal_delay_s=0.3"], "rollout (rollout 1)"),
     (
-        "mid-train",
+        "mid_train",
         ["debug.hang_at=train:1", "debug.signal_at=train:1", "debug.signal_delay_s=0.2"],
         "train (rollout 1)",
-        0,
     ),
-    ("mid-save", ["debug.hang_at=save:2", "debug.signal_at=save:2", "debug.signal_delay_s=1"], "save (rollout 2)", 1),
+    ("mid_save", ["debug.hang_at=save:1", "debug.signal_at=save:1", "debug.signal_delay_s=1"], "save (rollout 1)"),
 ]
 
 
@@ -54,6 +52,16 @@ def _start(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _start_alone(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
+    """`_start`, returning once the run's Ray is up (its rollout manager made logs/): the next run's Ray
+    starts after it, as Ray gives a starting node 30 s, which a loaded 2-core machine can exceed."""
+    proc = _start(run_dir, overrides)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "logs").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return proc
 
 
 def _wait(proc: subprocess.Popen) -> int:
@@ -90,40 +98,35 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "_timestamp"} for r in records]
 
 
-def test_killed_three_times_resumes_bit_identical(tmp_path):
-    reference = _start(tmp_path / "reference", [])
-    run_dir = tmp_path / "run"
-    root = run_dir / "checkpoints"
-    log = run_dir / "main.log"
-    for name, overrides, phase, left in KILLS:
-        seen = log.read_text() if log.exists() else ""
-        proc = _start(run_dir, [*overrides, "debug.signal=SIGKILL"])
-        assert _wait(proc) == -9, f"{name}: {proc.stderr_tail}"
-        assert _last_phase(log.read_text()[len(seen) :]) == phase, name
-        assert tracked_iteration(str(root)) == left, name
-    # mid-save left the data source's state of rollout 2 beside checkpoint 1; the resume must not use it
-    assert (root / "rollout" / "global_dataset_state_dict_2.pt").exists()
-    assert not (root / "iter_0000002").exists()
-
-    resumed = _start(run_dir, [])
-    assert _wait(resumed) == 0, resumed.stderr_tail
+def test_killed_mid_rollout_train_and_save_resume_bit_identical(tmp_path):
+    reference = _start_alone(tmp_path / "reference", [])
+    killed = {name: _start_alone(tmp_path / name, [*overrides, "debug.signal=SIGKILL"]) for name, overrides, _ in KILLS}
+    resumed = {}
+    for name, _, phase in KILLS:
+        assert _wait(killed[name]) == -9, f"{name}: {killed[name].stderr_tail}"
+        assert _last_phase((tmp_path / name / "main.log").read_text()) == phase, name
+        assert tracked_iteration(str(tmp_path / name / "checkpoints")) == 0, name
+        resumed[name] = _start(tmp_path / name, [])
+    # mid-save left the data source's state of rollout 1 beside checkpoint 0; the resume must not use it
+    assert (tmp_path / "mid_save" / "checkpoints" / "rollout" / "global_dataset_state_dict_1.pt").exists()
     assert _wait(reference) == 0, reference.stderr_tail
-    result = json.loads((run_dir / "result.json").read_text())
-    assert (result["status"], result["start_rollout"], result["rollouts_completed"]) == ("completed", 2, 1)
-
-    weights, optimizer = _checkpoint(root)
     ref_weights, ref_optimizer = _checkpoint(tmp_path / "reference" / "checkpoints")
-    assert weights.keys() == ref_weights.keys()
-    assert all(torch.equal(weights[n], ref_weights[n]) for n in weights)
-    flat, ref_flat = _flat(optimizer), _flat(ref_optimizer)
-    assert flat.keys() == ref_flat.keys()
-    for key, value in flat.items():
-        same = torch.equal(value, ref_flat[key]) if isinstance(value, torch.Tensor) else value == ref_flat[key]
-        assert same, key
-
-    # continuous metrics: every train step and rollout step once, in order, with the reference's values
-    metrics = _metrics(run_dir)
-    assert [r["train/step"] for r in metrics if "train/step" in r] == list(range(NUM_ROLLOUT * K))
-    assert [r["rollout/step"] for r in metrics if "train/step" not in r] == list(range(NUM_ROLLOUT))
-    assert metrics == _metrics(tmp_path / "reference")
+    ref_metrics = _metrics(tmp_path / "reference")
+    for name, proc in resumed.items():
+        assert _wait(proc) == 0, f"{name}: {proc.stderr_tail}"
+        result = json.loads((tmp_path / name / "result.json").read_text())
+        assert (result["status"], result["start_rollout"], result["rollouts_completed"]) == ("completed", 1, 1)
+        weights, optimizer = _checkpoint(tmp_path / name / "checkpoints")
+        assert weights.keys() == ref_weights.keys()
+        assert all(torch.equal(weights[n], ref_weights[n]) for n in weights), name
+        flat, ref_flat = _flat(optimizer), _flat(ref_optimizer)
+        assert flat.keys() == ref_flat.keys()
+        for key, value in flat.items():
+            same = torch.equal(value, ref_flat[key]) if isinstance(value, torch.Tensor) else value == ref_flat[key]
+            assert same, f"{name}: optimizer {key}"
+        # continuous metrics: every train step and rollout step once, in order, with the reference's values
+        metrics = _metrics(tmp_path / name)
+        assert [r["train/step"] for r in metrics if "train/step" in r] == list(range(NUM_ROLLOUT * K)), name
+        assert [r["rollout/step"] for r in metrics if "train/step" not in r] == list(range(NUM_ROLLOUT)), name
+        assert metrics == ref_metrics, name
     assert_no_run_processes()
