@@ -12,11 +12,9 @@ then the tracker replaced; a save killed at any point leaves the previous checkp
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -30,6 +28,7 @@ from slime.sync.hf_files import copy_side_files
 from slime.train.checkpoint_files import publish as _publish
 from slime.train.checkpoint_files import replace_text, staging_dir
 from slime.train.fsdp import parallel
+from slime.train.rng import rng_state, set_rng_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -67,7 +66,7 @@ def save(backend, root: Path, rollout_id: int) -> None:
                 },
                 target / "optimizer.pt",
             )
-    torch.save(_rng_state(), target / f"rng_rank{backend.rank}.pt")
+    torch.save(rng_state(), target / f"rng_rank{backend.rank}.pt")
     parallel.barrier()
     if backend.rank == 0:
         _publish(target, final)
@@ -106,26 +105,5 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
         backend.global_step = saved["global_step"]
     rng_file = target / f"rng_rank{backend.rank}.pt"
     if rng_file.exists():
-        _set_rng_state(torch.load(rng_file, weights_only=True))
+        set_rng_state(torch.load(rng_file, weights_only=True))
     return rollout_id + 1
-
-
-def _rng_state() -> dict:
-    """This process's Python, NumPy and torch (CPU, CUDA) generators, in types `weights_only` loads."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "cpu": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "random": random.getstate(),
-        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
-    }
-
-
-def _set_rng_state(rng: dict) -> None:
-    torch.set_rng_state(rng["cpu"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    if "random" in rng:  # checkpoints of earlier versions hold torch's only
-        random.setstate(rng["random"])
-        name, keys, pos, has_gauss, cached = rng["numpy"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
