@@ -32,6 +32,7 @@ NEEDS = {
     ("cluster", "one_gpu"): "gpu_cluster",
     ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",
     ("data", "prompt_file"): "prompt_file",
+    ("debug", "train_only"): "rollout_dumps",
 }
 
 
@@ -64,6 +65,12 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text('{"prompt": "hi", "label": "1"}\n')
         overrides.append(f"data.prompt_data={prompts}")
+    if "rollout_dumps" in needs:  # one (here empty) dump per rollout of the embedded run
+        dumps = tmp_path / "rollout_data"
+        dumps.mkdir()
+        for i in range(typed_config([]).train.num_rollout):
+            (dumps / f"{i}.jsonl").touch()
+        overrides.append(f"debug.load_rollout_data={dumps}")
     cfg = typed_config(overrides)
     derived = validate(cfg)
     assert (

@@ -494,8 +494,8 @@ class DebugConfig:
     signal_at: Optional[str] = None
     signal: str = "SIGINT"  # SIGINT | SIGTERM | SIGKILL (kills every process of the run at once: a crash)
     signal_delay_s: float = 0.0  # seconds after entering the phase
-    # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID") the driver makes
-    # training rank 0 sleep forever and waits for it (runtime.phase_timeout_s then fires)
+    # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID"; a save: once its
+    # data-source state is written) the driver makes training rank 0 sleep forever and waits for it
     hang_at: Optional[str] = None
     # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
     # mismatch); needs an engine with GET /weights_checksum (the hf engine)
@@ -503,6 +503,11 @@ class DebugConfig:
     # Write each rollout's trained samples to <run dir>/rollout_data/<rollout_id>.jsonl (slime.rollout.dumps)
     save_rollout_data: bool = False
     load_rollout_data: Optional[str] = None  # a rollout_data/ directory: train from its dumps, no engines
+    # Debug modes (conf/debug/): rollout_only starts no trainer (the engines generate with model.hf_checkpoint's
+    # weights, rewards and rollout metrics are logged, nothing trained or saved: for tuning engines);
+    # train_only starts no engines and trains from debug.load_rollout_data's dumps (required)
+    rollout_only: bool = False
+    train_only: bool = False
     # Compose, validate, print the placement plan, batch arithmetic and per-GPU memory estimate, then exit 0 without
     # starting anything (debug=dry_run; slime.tracking.dry_run)
     dry_run: bool = False

@@ -5,7 +5,8 @@ train.num_rollout/epoch  exactly one of them; num_epoch derives num_rollout from
 data.source_class        importable, a DataSourceBase, built as cls(dataset, n_samples_per_prompt=, ...)
 rollout.custom_rm_path   rm(args, sample), or rm(args, samples) with rollout.group_rm
 rollout.rm_url           required by rm_type=remote_rm
-debug.load_rollout_data  a directory holding <rollout_id>.jsonl for every rollout of the run; no eval
+debug.load_rollout_data  a directory holding <rollout_id>.jsonl for every rollout of the run; no eval;
+                         required by debug=train_only; debug=rollout_only: no dumps, colocation or checkpoint.load
 """
 
 from __future__ import annotations
@@ -144,7 +145,39 @@ def _check_rewards(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
 
 
+def _check_debug_modes(cfg: RunConfig) -> Iterator[Problem]:
+    """debug=rollout_only (no trainer) and debug=train_only (no engines: dumps required)."""
+    d, key = cfg.debug, "debug.load_rollout_data"
+    if d.train_only and d.load_rollout_data is None:
+        yield Problem(
+            key,
+            None,
+            "debug=train_only starts no engines and trains from rollout dumps: it needs their directory",
+            f"set {key}=<a run dir>/rollout_data (written by a run with debug.save_rollout_data=true)",
+        )
+    if not d.rollout_only:
+        return
+    if d.train_only or d.load_rollout_data is not None:
+        conflict = "debug.train_only=true" if d.train_only else f"{key}={d.load_rollout_data}"
+        yield Problem("debug.rollout_only", True, f"conflicts with {conflict}", "pick one debug mode")
+    if cfg.cluster.colocate:
+        yield Problem(
+            "cluster.colocate",
+            True,
+            "debug=rollout_only starts no trainer to share the GPUs with",
+            "set cluster.colocate=false",
+        )
+    if cfg.checkpoint.load is not None:
+        yield Problem(
+            "checkpoint.load",
+            cfg.checkpoint.load,
+            "debug=rollout_only starts no trainer to load it into: the engines serve model.hf_checkpoint",
+            "set checkpoint.load=null (or model.hf_checkpoint to an HF export of that checkpoint)",
+        )
+
+
 def _check_dumps(cfg: RunConfig) -> Iterator[Problem]:
+    yield from _check_debug_modes(cfg)
     source: Any = cfg.debug.load_rollout_data
     if source is None:
         return

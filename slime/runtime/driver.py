@@ -22,6 +22,7 @@ import ray
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs
+from slime.runtime.debug_modes import rollout_only
 from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
@@ -49,7 +50,8 @@ class RunState:
     path: on entering that phase (of that rollout id, when given) a thread sends the signal to this
     process, so it arrives while the phase is under way, as a user's Ctrl-C would (SIGKILL: the whole
     run dies at once, as in a crash). `hang_at`
-    (`debug.hang_at`) calls `hang` on entering its phase: the driver waits on a rank that never answers.
+    (`debug.hang_at`) calls `hang` on entering its phase (a save: mid-way, its data-source state written and
+    the trainer's not): the driver waits on a rank that never answers.
     """
 
     phase: str = "config"
@@ -76,17 +78,20 @@ class RunState:
         self.phase, self.phase_rollout, self.phase_started = phase, rollout_id, now
         if self.on_enter is not None:
             self.on_enter(phase, rollout_id)
-        if _matches(self.hang_at, phase, rollout_id) and self.hang is not None:
-            self.hang_at = None
-            self.hang()
-        if self.signal_at is None:
-            return
-        target, target_id, signum, delay_s = self.signal_at
-        if _matches((target, target_id), phase, rollout_id):
+        if self.signal_at is not None and _matches(self.signal_at[:2], phase, rollout_id):
+            signum, delay_s = self.signal_at[2:]
             self.signal_at = None
             timer = threading.Timer(delay_s, _send_signal, args=(signum,))
             timer.daemon = True
             timer.start()
+        if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way (_save)
+            self.fault_point(phase, rollout_id)
+
+    def fault_point(self, phase: str, rollout_id: int | None) -> None:
+        """Hang here if `debug.hang_at` names this phase (and rollout id)."""
+        if _matches(self.hang_at, phase, rollout_id) and self.hang is not None:
+            self.hang_at = None
+            self.hang()
 
 
 def _send_signal(signum: int) -> None:
@@ -142,6 +147,11 @@ def run(
         try:
             # Startup overlaps: the engines come up while the trainers build, and wandb starts meanwhile.
             engines_ready = manager.start.remote()
+            if cfg.debug.rollout_only:  # no trainer: engines generate, rewards and metrics logged
+                tracker = _tracker(cfg, run_dir, config_dict, identity)
+                rollout_only(cfg, state, manager, engines_ready, tracker)
+                exit_code = 0
+                return
             layout = train_layout(cfg, derived)
             actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), placement.actor, layout)
             critic = (
@@ -150,14 +160,7 @@ def run(
                 else None
             )
             actor_init, critic_init = actor.begin_init(), critic.begin_init() if critic is not None else None
-            tracker = Tracker(
-                cfg.logger,
-                run_dir=run_dir,
-                config=config_dict,
-                identity=identity,
-                total_rollouts=cfg.train.num_rollout,
-                steps_per_rollout=cfg.train.num_steps_per_rollout,
-            )
+            tracker = _tracker(cfg, run_dir, config_dict, identity)
             state.on_enter = tracker.progress.on_phase
             state.hang = actor.hang
             state.start_rollout = start = actor.finish_init(actor_init)
@@ -179,6 +182,17 @@ def run(
         finally:
             interrupts.begin_teardown()
             _teardown(state, manager, engines_ready, tracker, (actor, critic), exit_code=exit_code)
+
+
+def _tracker(cfg: RunConfig, run_dir: Path, config_dict: dict[str, Any], identity: RunIdentity) -> Tracker:
+    return Tracker(
+        cfg.logger,
+        run_dir=run_dir,
+        config=config_dict,
+        identity=identity,
+        total_rollouts=cfg.train.num_rollout,
+        steps_per_rollout=cfg.train.num_steps_per_rollout,
+    )
 
 
 def _teardown(state: RunState, manager, engines_ready, tracker: Tracker | None, groups, *, exit_code: int) -> None:
@@ -237,14 +251,18 @@ def _loop(
     pusher: WeightPush | None,
 ) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
-    k = cfg.train.num_steps_per_rollout
     state.enter("weight_sync", start - 1)
     if pusher is not None:
         pusher.push(weight_version=start)  # engines hold the run's weights before rollout 0
-    if cfg.eval.interval and not cfg.eval.skip_eval_before_train and start == 0:
+    if start > 0:  # metrics.jsonl back to the checkpoint; its eval, when the crash came before it, runs now
+        tracker.resume(cfg.checkpoint.load, start)
+        due = _due(start - 1, cfg.eval.interval) and not tracker.has_eval(start)
+    else:
+        due = cfg.eval.interval and not cfg.eval.skip_eval_before_train
+    if due:
         state.enter("eval", start - 1)
-        state.last_eval = ray.get(manager.evaluate.remote(0))
-        tracker.log(state.last_eval, eval=0)
+        state.last_eval = ray.get(manager.evaluate.remote(start))
+        tracker.log(state.last_eval, eval=start)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
@@ -258,8 +276,9 @@ def _loop(
         metrics["perf/train_time"] = time.perf_counter() - train_start
         if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
             state.enter("save", rollout_id)
+            tracker.stage_step(cfg.checkpoint.save, rollout_id, steps, metrics)  # a resume logs them if we die
             save_start = time.perf_counter()
-            _save(cfg, rollout_id, manager, actor, critic)
+            _save(cfg, rollout_id, manager, actor, critic, state)
             metrics["perf/save_model_time"] = time.perf_counter() - save_start
             # the run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)
             tracker.on_save(cfg.checkpoint.save, plot=rollout_id + 1 < cfg.train.num_rollout)
@@ -268,9 +287,7 @@ def _loop(
             metrics.update(pusher.sync(weight_version=rollout_id + 1))
             metrics["rollout/engine_restarts"] += restarted
         metrics["perf/step_time"] = time.perf_counter() - step_start
-        for step_id, step_metrics in enumerate(steps):
-            tracker.log(step_metrics, rollout=rollout_id, train=rollout_id * k + step_id)
-        tracker.log(metrics, rollout=rollout_id)
+        tracker.log_step(rollout_id, steps, metrics)
         if steps:
             metrics.update(steps[-1])
         tracker.log_samples(rollout_id, preview)
@@ -322,12 +339,15 @@ def train_step(
     return steps
 
 
-def _save(cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None) -> None:
+def _save(
+    cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None, state: RunState
+) -> None:
     """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one.
 
     The actor goes last: its tracker file, replaced at the very end of its save, is what makes the checkpoint
     the one a resume picks (the critic's and the data source's files of this id exist by then)."""
     ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
+    state.fault_point("save", rollout_id)  # debug.hang_at=save: a crash mid-save, in tests
     if critic is not None:
         critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
     actor.save_checkpoint(rollout_id, cfg.checkpoint.save)

@@ -363,11 +363,19 @@ class RolloutManager:
 
         if self.data_source is None:  # replaying dumps: no data source
             return
-        target = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")  # renamed once complete: a killed save leaves no .pt
-        torch.save(self.data_source.state_dict(), partial)
-        partial.replace(target)
+        from slime.train.rng import rng_state
+
+        directory = Path(root) / "rollout"
+        directory.mkdir(parents=True, exist_ok=True)
+        # this actor's generators (user hooks may draw from them), then the data source's cursor and buffer
+        states = {
+            f"rng_{rollout_id}.pt": rng_state(),
+            f"global_dataset_state_dict_{rollout_id}.pt": self.data_source.state_dict(),
+        }
+        for name, state in states.items():
+            partial = directory / f"{name}.partial"  # renamed once complete: a killed save leaves no .pt
+            torch.save(state, partial)
+            partial.replace(directory / name)
 
     def load(self, rollout_id: int, root: str) -> None:
         import torch
@@ -379,3 +387,8 @@ class RolloutManager:
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
         # weights_only: tensors and plain containers only, nothing a checkpoint file could execute
         self.data_source.load_state_dict(torch.load(path, weights_only=True))
+        rng = path.with_name(f"rng_{rollout_id}.pt")
+        if rng.exists():  # absent from checkpoints of earlier versions
+            from slime.train.rng import set_rng_state
+
+            set_rng_state(torch.load(rng, weights_only=True))

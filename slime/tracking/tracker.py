@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.config.schema import LoggerConfig
+from slime.tracking import continuity
 from slime.tracking.jsonl import JsonlWriter
 from slime.tracking.naming import RunIdentity, store_run_id
 from slime.tracking.progress import RunProgress
@@ -39,6 +40,7 @@ class Tracker:
         self.cfg = cfg
         self.run_dir = run_dir
         self.identity = identity
+        self.steps_per_rollout = steps_per_rollout
         run_dir.mkdir(parents=True, exist_ok=True)
         if "env" in config:
             (run_dir / "env.json").write_text(json.dumps(config["env"], indent=2))
@@ -59,10 +61,41 @@ class Tracker:
         """Write one event; `steps` are its axes by short name, e.g. rollout=3 -> {"rollout/step": 3}."""
         record = {f"{axis}/step": value for axis, value in steps.items()}
         record.update(metrics)
+        self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         self.wandb.log(record)
         if self.tensorboard is not None:
             self.tensorboard.log(record)
+
+    def step_records(self, rollout_id: int, steps: list[dict[str, float]], metrics: dict[str, float]) -> list[dict]:
+        """A rollout's records as logged: one per optimizer step (train/step), then the rollout's own."""
+        k = self.steps_per_rollout
+        records = [{"rollout/step": rollout_id, "train/step": rollout_id * k + i, **m} for i, m in enumerate(steps)]
+        return [*records, {"rollout/step": rollout_id, **metrics}]
+
+    def log_step(self, rollout_id: int, steps: list[dict[str, float]], metrics: dict[str, float]) -> None:
+        for record in self.step_records(rollout_id, steps, metrics):
+            self._write(record)
+
+    def stage_step(self, root: str, rollout_id: int, steps: list[dict[str, float]], metrics: dict[str, float]) -> None:
+        """Before rollout `rollout_id`'s checkpoint is saved: its records go with it (slime.tracking.continuity)."""
+        continuity.stage(root, rollout_id, self.step_records(rollout_id, steps, metrics), run_dir=self.run_dir)
+
+    def resume(self, root: str, start: int) -> None:
+        """The run continues at rollout `start` from the checkpoint under `root`: metrics.jsonl is cut back to
+        the checkpoint, and the checkpoint's staged records of rollout start-1 are logged if missing."""
+        self.metrics.close()
+        missing = continuity.reconcile(self.metrics.path, root, start, self.steps_per_rollout)
+        self.metrics = JsonlWriter(self.metrics.path)
+        if missing:
+            logger.info("logging the %d records of rollout %d kept with its checkpoint", len(missing), start - 1)
+        for record in missing:
+            self._write(record)
+
+    def has_eval(self, eval_step: int) -> bool:
+        return continuity.has_eval(self.metrics.path, eval_step)
 
     def log_samples(self, rollout_id: int, samples: list[dict[str, Any]]) -> None:
         """samples.jsonl every rollout; a wandb table every `logger.log_samples_every` rollouts."""

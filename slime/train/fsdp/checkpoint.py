@@ -3,18 +3,15 @@
     <root>/latest_checkpointed_iteration.txt      the last complete rollout id
     <root>/iter_0000007/model/                    HF safetensors + config + tokenizer
     <root>/iter_0000007/optimizer.pt              AdamW + LR scheduler + step counter (full state)
-    <root>/iter_0000007/rng_rank<r>.pt            torch RNG states per rank
+    <root>/iter_0000007/rng_rank<r>.pt            Python, NumPy and torch RNG states per rank
 
 Full (unsharded) state dicts through torch.distributed.checkpoint.state_dict work for a plain module
-and for FSDP2 alike; rank 0 writes. A save is atomic: everything goes to `<root>/.iter_0000007.partial/`,
-which is renamed to `iter_0000007/` once complete; then the tracker is replaced (write + rename). A save
-killed at any point leaves the previous checkpoint the one a resume picks, and its debris is ignored
-(and cleared by the next save of that id).
+and for FSDP2 alike; rank 0 writes. A save is atomic (slime.train.checkpoint_files): staged, renamed,
+then the tracker replaced; a save killed at any point leaves the previous checkpoint the one a resume picks.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -28,7 +25,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from slime.sync.hf_files import copy_side_files
+from slime.train.checkpoint_files import publish as _publish
+from slime.train.checkpoint_files import replace_text, staging_dir
 from slime.train.fsdp import parallel
+from slime.train.rng import rng_state, set_rng_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -51,7 +51,7 @@ def save_model_dir(backend, path: Path) -> None:
 
 def save(backend, root: Path, rollout_id: int) -> None:
     final = iter_dir(root, rollout_id)
-    target = root / f".{final.name}.partial"
+    target = staging_dir(final)
     if backend.rank == 0 and target.exists():  # a save of this id that was killed
         shutil.rmtree(target)
     save_model_dir(backend, target / "model")
@@ -66,37 +66,12 @@ def save(backend, root: Path, rollout_id: int) -> None:
                 },
                 target / "optimizer.pt",
             )
-    torch.save(
-        {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
-        target / f"rng_rank{backend.rank}.pt",
-    )
+    torch.save(rng_state(), target / f"rng_rank{backend.rank}.pt")
     parallel.barrier()
     if backend.rank == 0:
         _publish(target, final)
         replace_text(root / TRACKER, str(rollout_id))
     parallel.barrier()
-
-
-def _publish(staging: Path, final: Path) -> None:
-    """Rename the complete `staging` directory to `final`; an untracked `final` already there is replaced."""
-    if final.exists():
-        old = final.with_name(f".{final.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-        staging.rename(final)
-        shutil.rmtree(old)
-    else:
-        staging.rename(final)
-
-
-def replace_text(path: Path, text: str) -> None:
-    """Write `path` atomically: a reader sees the old content or the new, never a partial file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(path)
 
 
 def latest_rollout_id(root: Path) -> int | None:
@@ -130,8 +105,5 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
         backend.global_step = saved["global_step"]
     rng_file = target / f"rng_rank{backend.rank}.pt"
     if rng_file.exists():
-        rng = torch.load(rng_file, weights_only=True)
-        torch.set_rng_state(rng["cpu"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+        set_rng_state(torch.load(rng_file, weights_only=True))
     return rollout_id + 1

@@ -8,8 +8,9 @@ A checkpoint holds every model chunk's sharded state dict (global tensor names: 
 loads it), the distributed optimizer in megatron's `dp_reshardable` format (reloads into the same
 tp/pp/ep layout at any dp size; left out with `checkpoint.no_save_optim`), the LR scheduler, the step
 counters, and each rank's RNG states (restored only on the same world size). Pass the ROOT, never an iter_ directory; `ckpt_step` picks an
-iteration, else the tracker does. The tracker is written last, after a barrier, so an interrupted save
-never becomes the one a resume picks.
+iteration, else the tracker does. A save is atomic (slime.train.checkpoint_files): every rank writes into
+`.iter_0000007.partial/`, renamed once complete, then the tracker is replaced; an interrupted save (a
+re-save of the tracker's own iteration included) never damages the checkpoint a resume picks.
 
 `load` is the actor's resume: a root with a tracker restores everything and returns iteration + 1; a
 missing root or one without a tracker falls back to `checkpoint.ref_load` (weights only, rollout 0),
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from slime.config.schema import ModelConfig
+from slime.train.checkpoint_files import publish, replace_text, staging_dir
 from slime.train.megatron.hf_weights import load_hf, unwrap
 
 logger = logging.getLogger(__name__)
@@ -169,12 +171,12 @@ def _fresh_dir(path: Path) -> None:
     dist.barrier()
 
 
-def _write_tracker(root: Path, iteration: int | str) -> None:
+def _commit(staging: Path, final: Path, root: Path, iteration: int | str) -> None:
+    """Every rank's shards are in `staging`: rank 0 renames it to `final`, then replaces the tracker."""
     dist.barrier()
     if dist.get_rank() == 0:
-        tmp = root / (TRACKER + ".tmp")
-        tmp.write_text(str(iteration))
-        tmp.replace(root / TRACKER)
+        publish(staging, final)
+        replace_text(root / TRACKER, str(iteration))
     dist.barrier()
 
 
@@ -190,10 +192,10 @@ def save(backend, root: Path, rollout_id: int) -> None:
         world_size=dist.get_world_size(),
         has_optimizer=with_optimizer,
     )
-    target = iter_dir(root, rollout_id)
-    _fresh_dir(target)
-    dist_checkpointing.save(state, str(target))
-    _write_tracker(Path(root), rollout_id)
+    final = iter_dir(root, rollout_id)
+    _fresh_dir(staging_dir(final))
+    dist_checkpointing.save(state, str(staging_dir(final)))
+    _commit(staging_dir(final), final, Path(root), rollout_id)
 
 
 def save_weights(chunks, root: str | Path, *, iteration: int | str = RELEASE) -> Path:
@@ -201,11 +203,11 @@ def save_weights(chunks, root: str | Path, *, iteration: int | str = RELEASE) ->
     from megatron.core import dist_checkpointing
 
     target = iter_dir(root, iteration)
-    _fresh_dir(target)
+    _fresh_dir(staging_dir(target))
     state = _model_state(chunks)
     state.update(iteration=iteration, world_size=dist.get_world_size(), has_optimizer=False)
-    dist_checkpointing.save(state, str(target))
-    _write_tracker(Path(root), iteration)
+    dist_checkpointing.save(state, str(staging_dir(target)))
+    _commit(staging_dir(target), target, Path(root), iteration)
     return target
 
 
