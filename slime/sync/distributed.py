@@ -73,7 +73,12 @@ class DistributedWeightSync(WeightSync):
         address = wire.local_address_towards(host)
         tp_sizes = [int(e.server_info().get("tp_size", 1) or 1) for e in self.engines]
         world_size = 1 + sum(tp_sizes)
-        name = f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
+        # engines told no group name (vLLM keeps one group per server) rendezvous under their fixed one; each
+        # group has its own store (a fresh port), so a fixed name never meets another group's ranks
+        fixed = {getattr(e, "weight_group_name", None) for e in self.engines}
+        name = (
+            fixed.pop() if len(fixed) == 1 and None not in fixed else f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
+        )
         store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
         backend = self.backend
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
