@@ -3,8 +3,7 @@ same path as vLLM (`python -m <module>` with vLLM's CLI), behind the real vllm-r
 environment, health wait, registration (regular, PD, external router), token-level generation recorded on a
 Sample, every control call, the three weight-sync modes, sleep/wake order and the error paths.
 
-Three fake servers start once for the module, in parallel: a regular one (TP 2 on two "GPUs", sleep mode,
-NCCL-backend transfers), a PD prefill server and a PD decode server (IPC-backend transfers)."""
+Two fake servers start once for the module, in parallel (see the `servers` fixture)."""
 
 from __future__ import annotations
 
@@ -105,18 +104,19 @@ def test_a_server_that_rejects_its_arguments_fails_with_the_log_tail(tmp_path):
 
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir, tmp_path_factory):
-    """(regular, prefill, decode) fake vLLM servers started by the adapter, in parallel."""
+    """(main, prefill): two fake vLLM servers started by the adapter, in parallel. `main` is a PD decode server
+    of TP 2 on two "GPUs" with sleep mode and the NCCL transfer backend (it also serves as a regular worker);
+    `prefill` a PD prefill server with the IPC transfer backend."""
     logs = tmp_path_factory.mktemp("vllm_logs")
-    regular = make_engine(tiny_model_dir, logs, gpu_ids=("0", "1"), memory_saver=True)
-    prefill = make_engine(tiny_model_dir, logs, rank=1, worker_type="prefill")
-    decode = make_engine(tiny_model_dir, logs, rank=2, worker_type="decode", weight_transfer_backend="ipc")
-    engines = [regular, prefill, decode]
+    main = make_engine(tiny_model_dir, logs, gpu_ids=("0", "1"), memory_saver=True, worker_type="decode")
+    prefill = make_engine(tiny_model_dir, logs, rank=1, worker_type="prefill", weight_transfer_backend="ipc")
+    engines = [main, prefill]
     try:
         for engine in engines:
             engine.launch()
         for engine in engines:
             engine.wait_until_ready()
-        yield regular, prefill, decode
+        yield main, prefill
     finally:
         for engine in engines:
             engine.shutdown()
@@ -224,11 +224,11 @@ def _buckets(tiny_model_dir: str, scale: float) -> list[list[tuple[str, torch.Te
 @pytest.mark.parametrize("mode", ["distributed", "tensor", "disk"])
 def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tmp_path, mode):
     """A push of scaled weights changes the engine's greedy output; pushing the originals back restores it
-    bit for bit, and the version is the push's. distributed -> the regular server's NCCL backend (gloo here),
-    tensor -> the decode server's IPC backend (/dev/shm), disk -> /collective_rpc reload_weights."""
+    bit for bit, and the version is the push's. distributed -> the main server's NCCL backend (gloo here, all
+    its TP ranks join), tensor -> the prefill server's IPC backend (/dev/shm), disk -> /collective_rpc."""
     from slime.registry import WEIGHT_SYNC
 
-    engine = servers[2] if mode == "tensor" else servers[0]
+    engine = servers[1] if mode == "tensor" else servers[0]
     client = VLLMClient(engine.url)
     context = SyncContext(source_checkpoint=tiny_model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20)
     reference = generate_sample(engine.url, tiny_model_dir, GREEDY)
@@ -261,7 +261,7 @@ def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tm
 
 
 def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_kv(servers, tiny_model_dir, tmp_path):
-    _, prefill, decode = servers
+    decode, prefill = servers
     router = VLLMRouter.launch(cfg=RouterConfig(), log_path=tmp_path / "pd_router.log", pd=True)
     try:
         assert router.process is None and router.list_workers() == []  # vllm-router needs both kinds to start
@@ -362,3 +362,43 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
         assert entry["restarts"] == 1 and entry["pid"] == regular.pid and entry["kind"] == "vllm"
     finally:
         fleet._monitor_stop.set()
+
+
+# ------------------------------------------------------------------------------------------ server groups
+def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
+    """The seeds' --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
+    the rest decode; served models with per-group overrides where only one is updated."""
+    from slime.config import ConfigError, validate
+    from slime.engine.groups import engine_specs, model_specs, policy_model
+    from tests.conftest import typed_config
+
+    cfg = typed_config(
+        [
+            "rollout=vllm",
+            "cluster.rollout.num_gpus=4",
+            "cluster.num_gpus_per_node=8",
+            "+rollout.vllm.prefill_num_servers=1",
+        ]
+    )
+    validate(cfg)
+    assert [s.worker_type for s in engine_specs(cfg, 4)] == ["prefill", "decode", "decode", "decode"]
+    models = (
+        "rollout.models=[{name: actor, server_groups: [{worker_type: prefill, num_gpus: 1},"
+        " {worker_type: decode, num_gpus: 2, overrides: {max_num_seqs: 8}}]},"
+        " {name: ref, update_weights: false, server_groups: [{num_gpus: 1}]}]"
+    )
+    cfg = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=4", "cluster.num_gpus_per_node=8", models])
+    validate(cfg)
+    specs = engine_specs(cfg, 4)
+    assert [(s.model, s.worker_type, s.overrides) for s in specs] == [
+        ("actor", "prefill", {}),
+        ("actor", "decode", {"max_num_seqs": 8}),
+        ("actor", "decode", {"max_num_seqs": 8}),
+        ("ref", "regular", {}),
+    ]
+    assert policy_model(model_specs(cfg)).name == "actor"
+    config = VLLMEngine.config_from(cfg.rollout, worker_type=specs[1].worker_type, overrides=specs[1].overrides)
+    assert config.args == {"max_num_seqs": 8} and config.worker_type == "decode"
+    bad = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.prefill_num_servers"):
+        validate(bad)
