@@ -24,6 +24,7 @@ import torch
 
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
+from slime.engine.process import free_port
 from slime.sync import wire
 from slime.sync.base import SyncContext, WeightSync
 from slime.sync.hf_files import Bucket
@@ -79,15 +80,20 @@ class DistributedWeightSync(WeightSync):
         name = (
             fixed.pop() if len(fixed) == 1 and None not in fixed else f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
         )
-        store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
         backend = self.backend
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+        # engines with their own NCCL rendezvous (vLLM) get the trainer's end from their client class
+        own_group = getattr(type(self.engines[0]), "trainer_weight_group", None) if backend == "nccl" else None
+        store = (
+            None if own_group else wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
+        )
+        port = free_port(address) if own_group else store.port
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" and not own_group else None
         offsets = itertools.accumulate([1, *tp_sizes])
         futures = {
             self._pool.submit(
                 engine.init_weights_update_group,
                 master_address=address,
-                master_port=store.port,
+                master_port=port,
                 rank_offset=offset,
                 world_size=world_size,
                 group_name=name,
@@ -98,6 +104,8 @@ class DistributedWeightSync(WeightSync):
         }
 
         def join():
+            if own_group:
+                return own_group(address=address, port=port, world_size=world_size)
             return wire.WeightGroup(
                 store,
                 rank=0,

@@ -141,6 +141,13 @@ class VLLMClient(EngineClient):
     def destroy_weights_update_group(self, group_name: str, timeout: float = 60.0) -> dict:
         return self._call("POST", "/shutdown_weight_transfer_engine", {}, timeout=timeout)
 
+    @staticmethod
+    def trainer_weight_group(*, address: str, port: int, world_size: int):
+        """Distributed mode over NCCL: the trainer's end of vLLM's own rendezvous (`slime.engine.vllm.nccl_group`)."""
+        from slime.engine.vllm.nccl_group import VLLMNCCLGroup
+
+        return VLLMNCCLGroup(address=address, port=port, world_size=world_size)
+
     def begin_weight_update(self) -> None:
         self._call("POST", "/start_weight_update", {}, timeout=600.0)
 

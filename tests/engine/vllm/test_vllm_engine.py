@@ -402,3 +402,50 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     bad = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.prefill_num_servers"):
         validate(bad)
+
+
+def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendezvous(monkeypatch, tmp_path):
+    """On GPU the trainer joins vLLM's NCCL group through vLLM's trainer API (`nccl_common.trainer_init`, rank 0
+    hosting the rendezvous on the port the engines are told), then broadcasts each tensor in the listed order.
+    vLLM is not importable here: its module is stood in for, the engine's HTTP calls are recorded."""
+    import types
+
+    from slime.sync.distributed import DistributedWeightSync
+
+    calls, sent = [], []
+
+    class Comm:
+        device = "cpu"
+
+        def broadcast(self, tensor, src, stream):
+            sent.append((src, tensor.clone()))
+
+    def trainer_init(info, rank):
+        calls.append(("trainer_init", info, rank))
+        return Comm()
+
+    module = types.ModuleType("vllm.distributed.weight_transfer.nccl_common")
+    module.trainer_init = trainer_init
+    monkeypatch.setitem(sys.modules, "vllm.distributed.weight_transfer.nccl_common", module)
+    monkeypatch.setattr(DistributedWeightSync, "backend", property(lambda self: "nccl"))
+
+    class Recorded(VLLMClient):
+        def _call(self, method, path, payload=None, timeout=None):
+            calls.append((path, payload))
+            return {"world_size": 2} if path.startswith("/get_world_size") else {"success": True}
+
+    sync = DistributedWeightSync(
+        [Recorded("http://127.0.0.1:9")], SyncContext(source_checkpoint="", work_dir="", bucket_bytes=1)
+    )
+    (init,) = [c for c in calls if c[0] == "/init_weight_transfer_engine"]
+    (opened,) = [c for c in calls if c[0] == "trainer_init"]
+    assert init[1]["init_info"]["world_size"] == 3 and init[1]["init_info"]["rank_offset"] == 1
+    assert opened[1] == {
+        "master_address": "127.0.0.1",
+        "master_port": init[1]["init_info"]["master_port"],
+        "world_size": 3,
+    }
+    bucket = [("a", torch.ones(2)), ("b", torch.zeros(3))]
+    sync.push([bucket], weight_version=1)
+    assert [(src, t.tolist()) for src, t in sent] == [(0, [1.0, 1.0]), (0, [0.0, 0.0, 0.0])]
+    sync.close()
