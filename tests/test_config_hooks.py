@@ -220,13 +220,13 @@ def test_tensor_weight_sync_needs_colocated_engines():
 
 
 def test_choices_come_from_the_registries(monkeypatch):
-    found = problems_for(["parallelism.backend=fsdpp", "rollout.engine=vllm", "rollout.rm_type=exact"])
+    found = problems_for(["parallelism.backend=fsdpp", "rollout.engine=trtllm", "rollout.rm_type=exact"])
     assert "did you mean fsdp?" in found["parallelism.backend"]
-    assert "registered: hf, sglang" in found["rollout.engine"]
+    assert "registered: hf, sglang, vllm" in found["rollout.engine"]
     assert "did you mean exact_match?" in found["rollout.rm_type"]
-    monkeypatch.setattr(ENGINES, "_entries", {**ENGINES._entries, "vllm": "slime.engine.sglang.engine.SGLangEngine"})
+    monkeypatch.setattr(ENGINES, "_entries", {**ENGINES._entries, "trtllm": "slime.engine.sglang.engine.SGLangEngine"})
     monkeypatch.setattr(TRAIN_BACKENDS, "_entries", {**TRAIN_BACKENDS._entries, "megatron": {}})
-    validate(typed_config(["parallelism.backend=megatron", "rollout.engine=vllm"]))  # one line registers a part
+    validate(typed_config(["parallelism.backend=megatron", "rollout.engine=trtllm"]))  # one line registers a part
 
 
 def test_every_registered_name_resolves():

@@ -224,7 +224,7 @@ def test_help_lists_the_registered_names():
     }
     assert listing == {
         "parallelism.backend": "fsdp, megatron",
-        "rollout.engine": "hf, sglang",
+        "rollout.engine": "hf, sglang, vllm",
         "rollout.weight_sync.mode": "disk, distributed, tensor",
         "rollout.rm_type": "dapo, deepscaler, exact_match, f1, first_word, gpqa, last_number, math, remote_rm",
         "rollout.function": "default, sft",

@@ -25,6 +25,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from slime.engine.vllm.engine_args import type_text  # noqa: E402  (the same annotation text validation reads)
+
 OUT = Path(__file__).resolve().parents[1] / "slime" / "engine" / "vllm" / "engine_args_fields.json"
 ARG_UTILS = "vllm/engine/arg_utils.py"
 FRONTEND_CLASSES = ("BaseFrontendArgs", "FrontendArgs")
@@ -44,7 +47,7 @@ def from_installed() -> dict | None:
     except Exception:  # absent, or present without its GPU stack: use a wheel instead
         return None
     parser = make_arg_parser(FlexibleArgumentParser())
-    types = {f.name: str(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
+    types = {f.name: type_text(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
     fields = {
         action.dest: {"flag": _long_flag(action.option_strings), "type": types.get(action.dest, "")}
         for action in parser._actions  # argparse keeps no public list of its actions

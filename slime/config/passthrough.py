@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Optional
 
 from slime.config.problems import Problem, did_you_mean
-from slime.config.schema import RunConfig
+from slime.config.schema import RouterConfig, RunConfig
 
 
 def check_passthrough(cfg: RunConfig) -> Iterator[Problem]:
@@ -87,7 +87,14 @@ def _parse(parser: argparse.ArgumentParser, flags: list[str], engine: str = "sgl
 
 
 def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
-    engine, r = cfg.rollout.engine, cfg.rollout.router
+    """`rollout.router` and every served model's own `router` (the router each launch gets)."""
+    engine = cfg.rollout.engine
+    yield from _check_router("rollout.router", cfg.rollout.router, engine)
+    for i, model in enumerate(cfg.rollout.models):
+        yield from _check_router(f"rollout.models[{i}].router", model.router, engine)
+
+
+def _check_router(prefix: str, r: RouterConfig, engine: str) -> Iterator[Problem]:
     if engine == "vllm":
         from slime.engine.vllm.engine_args import router_flags  # what the vllm-router launch appends
     else:
@@ -96,32 +103,32 @@ def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
     if r.address is not None:
         if r.extra_args:
             yield Problem(
-                "rollout.router.extra_args",
+                f"{prefix}.extra_args",
                 dict(r.extra_args),
-                "launch flags do nothing for a router that is joined (rollout.router.address), not launched",
-                "remove rollout.router.extra_args or rollout.router.address",
+                f"launch flags do nothing for a router that is joined ({prefix}.address), not launched",
+                f"remove {prefix}.extra_args or {prefix}.address",
             )
         return
     parser = router_parser(engine)
     if parser is None:
         yield Problem(
-            "rollout.router",
+            prefix,
             None,
             f"{router} is not installed; the run launches it",
-            f"pip install {router}, or set rollout.router.address=<host:port> of a running router",
+            f"pip install {router}, or set {prefix}.address=<host:port> of a running router",
         )
         return
     names = sorted(vars(parser.parse_known_args([])[0]))
     error = _parse(parser, ["--policy", r.policy, "--request-timeout-secs", str(r.request_timeout_secs)], engine)
     if error:
         yield Problem(
-            "rollout.router.policy",
+            f"{prefix}.policy",
             r.policy,
             f"{router} rejects it: {error}",
-            "set rollout.router.policy to one of the router's policies (e.g. round_robin, cache_aware)",
+            f"set {prefix}.policy to one of the router's policies (e.g. round_robin, cache_aware)",
         )
     for name, value in r.extra_args.items():
-        key = f"rollout.router.extra_args.{name}"
+        key = f"{prefix}.extra_args.{name}"
         try:
             flags = router_flags({name: value})
         except ValueError as exc:  # a flag the framework sets itself
@@ -173,8 +180,8 @@ def _group_overrides(cfg: RunConfig) -> list[tuple[str, dict]]:
 # ---------------------------------------------------------------------------------------------- vllm
 def check_vllm_args(cfg: RunConfig) -> Iterator[Problem]:
     """`rollout.vllm` and (with rollout.engine=vllm) every server group's `overrides`: vLLM server arguments
-    the framework does not own; the parallel sizes they set must split each server's GPUs."""
-    from slime.engine.vllm.engine_args import check_engine_args, tensor_parallel_size
+    the framework does not own; the parallel sizes each server ends up with must split its GPUs."""
+    from slime.engine.vllm.engine_args import check_engine_args
 
     base, engine = dict(cfg.rollout.vllm), cfg.rollout.engine
     if base and engine != "vllm":
@@ -184,22 +191,72 @@ def check_vllm_args(cfg: RunConfig) -> Iterator[Problem]:
             f"vLLM server arguments do nothing with rollout.engine={engine}",
             "remove them or use the vllm engine (rollout=vllm)",
         )
-    per_engine = cfg.cluster.rollout.num_gpus_per_engine
-    sources = [("rollout.vllm", base, per_engine)]
-    if engine == "vllm":
+    problems = _engine_arg_problems("rollout.vllm", base, check_engine_args)
+    yield from problems
+    if engine != "vllm":
+        return
+    # (the key holding the server's arguments, those arguments, the key deciding its GPUs, their number)
+    servers = [("rollout.vllm", base, *_cluster_gpus(cfg))]
+    if cfg.rollout.models:
+        servers = []
         groups = [group for model in cfg.rollout.models for group in model.server_groups]
         for (prefix, overrides), group in zip(_group_overrides(cfg), groups):
-            sources.append((prefix, overrides, group.num_gpus_per_engine or per_engine))
-    for prefix, args, num_gpus in sources:
-        issues = check_engine_args(args, prefix=prefix)
-        for issue in issues:
-            yield Problem(issue.key, args[issue.key.rpartition(".")[2]], issue.message, issue.fix)
-        merged = args if prefix == "rollout.vllm" else {**base, **args}
-        if engine == "vllm" and not issues and num_gpus > 0:
-            try:
-                tensor_parallel_size(num_gpus, merged)
-            except ValueError as exc:
-                yield Problem(prefix, args, str(exc), "pick parallel sizes whose product divides the server's GPUs")
+            group_problems = _engine_arg_problems(prefix, overrides, check_engine_args)
+            yield from group_problems
+            own = prefix.replace(".overrides", ".num_gpus_per_engine")
+            gpus = (own, group.num_gpus_per_engine) if group.num_gpus_per_engine else _cluster_gpus(cfg)
+            if not group_problems:  # sizes of a wrong type are reported above
+                servers.append((prefix, {**base, **overrides}, *gpus))
+    if not problems:
+        yield from _split_problems(servers)
+        yield from _prefill_problems(cfg)
+
+
+def _cluster_gpus(cfg: RunConfig) -> tuple[str, int]:
+    return "cluster.rollout.num_gpus_per_engine", cfg.cluster.rollout.num_gpus_per_engine
+
+
+def _engine_arg_problems(prefix: str, args: dict, check) -> list[Problem]:
+    return [Problem(i.key, args[i.key.rpartition(".")[2]], i.message, i.fix) for i in check(args, prefix=prefix)]
+
+
+def _prefill_problems(cfg: RunConfig) -> Iterator[Problem]:
+    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers) leaves at least one decode server."""
+    from slime.config.derive import derive
+
+    n, key = cfg.rollout.vllm.get("prefill_num_servers"), "rollout.vllm.prefill_num_servers"
+    if not n:
+        return
+    if cfg.rollout.models:
+        yield Problem(
+            key,
+            n,
+            "rollout.models sets each server group's worker type itself",
+            f"remove {key}; give the groups worker_type: prefill / decode",
+        )
+        return
+    servers = derive(cfg).rollout_gpus // max(cfg.cluster.rollout.num_gpus_per_engine, 1)
+    if n >= servers:
+        yield Problem(
+            key,
+            n,
+            f"leaves no decode server: the policy has {servers} server(s)",
+            f"set {key} below {servers}, or give the rollout more GPUs (cluster.rollout.num_gpus)",
+        )
+
+
+def _split_problems(servers: list[tuple[str, dict, str, int]]) -> Iterator[Problem]:
+    from slime.engine.vllm.engine_args import tensor_parallel_size
+
+    for prefix, args, gpus_key, num_gpus in servers:
+        if num_gpus <= 0:
+            continue  # reported by the resource checks
+        try:
+            tensor_parallel_size(num_gpus, args)
+        except ValueError as exc:
+            yield Problem(
+                prefix, args, f"{gpus_key}={num_gpus}: {exc}", f"pick parallel sizes whose product divides {gpus_key}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- megatron

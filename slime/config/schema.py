@@ -142,14 +142,15 @@ class ClusterConfig:
 
 @dataclass(kw_only=True)
 class RouterConfig:
-    """sglang-router: launched by the rollout manager unless `address` is given."""
+    """sglang-router (vllm-router with rollout.engine=vllm): launched by the rollout manager unless `address` is given."""
 
     address: Optional[str] = None
     policy: str = "round_robin"
     request_timeout_secs: int = 14400
     startup_timeout_s: float = 60.0
-    # Further `sglang_router.launch_router` flags by name (cache_threshold: 0.3 -> --cache-threshold 0.3; true: a bare
-    # flag); checked against the installed router's own parser. host/port/prometheus/policy/timeout are the framework's.
+    # Further `sglang_router.launch_router` (`vllm_router.launch_router`) flags by name (cache_threshold: 0.3 ->
+    # --cache-threshold 0.3; true: a bare flag); checked against the installed router's own parser.
+    # host/port/prometheus/policy/timeout (and the worker lists) are the framework's.
     extra_args: dict[str, Any] = field(default_factory=dict)
 
 

@@ -9,7 +9,7 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
     validate_paths.py      paths that must exist, paths a run writes
     validate_hooks.py      import-path fields: resolved and call-shape checked
     validate_data.py       prompt files (every record), run length, data source class, rewards, rollout dumps
-    passthrough.py         rollout.router.extra_args, rollout.sglang, parallelism.megatron
+    passthrough.py         rollout.router.extra_args, rollout.sglang, rollout.vllm, parallelism.megatron
 """
 
 from __future__ import annotations

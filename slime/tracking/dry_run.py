@@ -16,7 +16,7 @@ from slime.config.derive import Derived, derive
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
 from slime.config.validate import collect_problems
-from slime.engine.groups import engine_specs
+from slime.engine.groups import EngineSpec, engine_specs
 from slime.runtime.plan import assign_roles, packed_device
 from slime.tracking.memory import GIB, estimate_memory, gpu_capacity_gib, parameter_count
 from slime.train.layout import RankLayout
@@ -27,7 +27,8 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     c, p = cfg.cluster, cfg.parallelism
     ppo = cfg.algo.advantage_estimator == "ppo"
     with_actor = ppo and c.critic.colocate_with_actor
-    engine_gpus = [spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)]
+    specs = engine_specs(cfg, derived.rollout_gpus)
+    engine_gpus = [spec.num_gpus for spec in specs]
     plan = assign_roles(derived, colocate=c.colocate, engine_gpus=engine_gpus, critic_with_actor=with_actor)
     layout = RankLayout.for_world(derived.actor_gpus, tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep, etp=p.etp)
     holds: dict[int, list[str]] = {i: [] for i in range(derived.total_gpus)}
@@ -53,7 +54,7 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
         lines.append(f"  node {node} {unit} {gpu}: {' + '.join(holds.get(index, [])) or 'free'}")
     router = "vllm-router" if cfg.rollout.engine == "vllm" else "sglang-router"
     if cfg.rollout.engine == "vllm":
-        lines.append(vllm_line(cfg, engine_gpus))
+        lines.append(vllm_line(cfg, specs))
     lines.append(
         f"  router ({cfg.rollout.router.address or router + ', launched'}) and rollout manager: "
         "the driver's node, no GPU"
@@ -61,18 +62,21 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     return lines
 
 
-def vllm_line(cfg: RunConfig, engine_gpus: list[int]) -> str:
-    """How the vLLM servers split their GPUs (the policy's rollout.vllm; server groups may override it)."""
+def vllm_line(cfg: RunConfig, specs: list[EngineSpec]) -> str:
+    """How the vLLM servers split their GPUs: rollout.vllm with each server group's overrides on top."""
     from slime.engine.vllm.engine_args import PARALLEL_SIZES, tensor_parallel_size
 
-    args, per_engine = dict(cfg.rollout.vllm), cfg.cluster.rollout.num_gpus_per_engine
-    sizes = [f"tp {tensor_parallel_size(per_engine, args)}"]
     short = {"pipeline_parallel_size": "pp", "prefill_context_parallel_size": "pcp", "data_parallel_size": "dp"}
-    sizes += [f"{short[name]} {args[name]}" for name in PARALLEL_SIZES if (args.get(name) or 1) > 1]
-    return (
-        f"  vLLM servers: {len(engine_gpus)}, each {per_engine} {'GPU' if cfg.cluster.device == 'cuda' else 'CPU slot'}(s)"
-        f" = {' x '.join(sizes)} (python -m {cfg.rollout.vllm_launch.module})"
-    )
+    unit = "GPU" if cfg.cluster.device == "cuda" else "CPU slot"
+    shapes: dict[str, int] = {}  # "each 2 GPU(s) = tp 2" -> servers of that shape, in GPU order
+    for spec in specs:
+        args = {**cfg.rollout.vllm, **spec.overrides}
+        sizes = [f"tp {tensor_parallel_size(spec.num_gpus, args)}"]
+        sizes += [f"{short[name]} {args[name]}" for name in PARALLEL_SIZES if (args.get(name) or 1) > 1]
+        shape = f"each {spec.num_gpus} {unit}(s) = {' x '.join(sizes)}"
+        shapes[shape] = shapes.get(shape, 0) + 1
+    described = "; ".join(f"{count}, {shape}" for shape, count in shapes.items())
+    return f"  vLLM servers: {described} (python -m {cfg.rollout.vllm_launch.module})"
 
 
 def batch_lines(cfg: RunConfig, derived: Derived) -> list[str]:

@@ -70,7 +70,7 @@ def _gone(pid: int) -> bool:
 def test_registry():
     assert get_engine_class("hf") is HFEngine
     with pytest.raises(
-        ValueError, match="unknown rollout engine 'hff' \\(did you mean hf\\?\\); registered: hf, sglang"
+        ValueError, match="unknown rollout engine 'hff' \\(did you mean hf\\?\\); registered: hf, sglang, vllm"
     ):
         get_engine_class("hff")
 

@@ -25,7 +25,9 @@ from slime.engine import process
 
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
 LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.33.0)
-LOGPROBS_MODE = "processed_logprobs"  # log-probs after temperature, as the trainer computes them
+# Log-probs after temperature, as the trainer computes them (vLLM's raw_logprobs are before it); with top_p < 1 or
+# top_k vLLM also renormalises over the kept tokens, which the trainer does not.
+LOGPROBS_MODE = "processed_logprobs"
 
 # Server arguments the framework sets (or keeps at vLLM's default) -> the config key deciding it, or why.
 OWNED_FIELDS: dict[str, str] = {
@@ -114,13 +116,20 @@ def _installed_fields() -> Optional[FieldList]:
     except Exception:  # not installed, installed without its GPU stack, or another layout: use the pinned list
         return None
     parser = make_arg_parser(FlexibleArgumentParser())
-    types = {f.name: str(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
+    types = {f.name: type_text(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
     names = [a.dest for a in parser._actions if a.option_strings and a.dest != "help"]  # no public accessor
     return FieldList(
         version=vllm.__version__,
         source="installed vllm",
         types={name: types.get(name, "") for name in names if not name.startswith("_")},
     )
+
+
+def type_text(annotation: Any) -> str:
+    """An annotation as source text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` -> "int | None"."""
+    if isinstance(annotation, str):
+        return annotation
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 def check_engine_args(
@@ -170,10 +179,7 @@ def tensor_parallel_size(num_gpus: int, args: dict[str, Any]) -> int:
         others *= int(args.get(name) or 1)
     if others <= 0 or num_gpus % others:
         sizes = " x ".join(f"{name}={args.get(name) or 1}" for name in PARALLEL_SIZES)
-        raise ValueError(
-            f"cluster.rollout.num_gpus_per_engine={num_gpus} GPUs do not split into {sizes} "
-            "(tensor_parallel_size is the rest)"
-        )
+        raise ValueError(f"{num_gpus} GPU(s) per server do not split into {sizes} (tensor_parallel_size is the rest)")
     return num_gpus // others
 
 

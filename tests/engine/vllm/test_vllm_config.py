@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -53,6 +54,59 @@ def test_pinned_argument_list_is_vllm_0_33_0():
     assert set(OWNED_FIELDS) <= set(fields.types)  # every owned argument exists in the pinned version
     assert not set(FRAMEWORK_KEYS) & set(fields.types)  # the framework's own keys shadow no vLLM argument
     assert not [name for name in fields.types if name.startswith("_")]
+
+
+def test_generator_tool_reads_the_servers_parser_from_source():
+    """The AST reader: add_argument calls (explicit dest, aliases, a suppressed deprecated flag, the positional
+    model tag) of the three parser-building functions, and the frontend dataclasses' fields."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from gen_vllm_engine_args import ARG_UTILS, server_fields
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    sources = {
+        ARG_UTILS: textwrap.dedent("""
+            @dataclass
+            class EngineArgs:
+                model: str = "m"
+                gpu_memory_utilization: float = 0.92
+                max_model_len: int | None = None
+                LIMIT: ClassVar[int] = 3
+                @staticmethod
+                def add_cli_args(parser):
+                    group = parser.add_argument_group("Model")
+                    group.add_argument("--model", **kwargs["model"])
+                    group.add_argument("--max-model-len", "-mml", **kwargs["max_model_len"])
+                    group.add_argument("--gpu-memory-utilization", "--device-memory-utilization",
+                                       dest="gpu_memory_utilization")
+                    group.add_argument("--log-config-file", dest="log_config_file", default=argparse.SUPPRESS)
+            @dataclass
+            class AsyncEngineArgs(EngineArgs):
+                enable_log_requests: bool = False
+                @staticmethod
+                def add_cli_args(parser, async_args_only=False):
+                    parser.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction)
+            """),
+        "vllm/entrypoints/common/cli_args.py": textwrap.dedent("""
+            class BaseFrontendArgs:
+                lora_modules: list[str] | None = None
+            class FrontendArgs(BaseFrontendArgs):
+                port: int = 8000
+            def make_arg_parser(parser):
+                parser.add_argument("model_tag", type=str, nargs="?")
+                parser.add_argument("--headless", action="store_true")
+                return parser
+            """),
+    }
+    assert server_fields(sources) == {
+        "enable_log_requests": {"flag": "--enable-log-requests", "type": "bool"},
+        "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "type": "float"},
+        "headless": {"flag": "--headless", "type": ""},
+        "lora_modules": {"flag": "--lora-modules", "type": "list[str] | None"},
+        "max_model_len": {"flag": "--max-model-len", "type": "int | None"},
+        "model": {"flag": "--model", "type": "str"},
+        "port": {"flag": "--port", "type": "int"},
+    }
 
 
 STAND_IN = FieldList(
@@ -131,7 +185,7 @@ def test_server_args_is_vllms_command_line():
 def test_tensor_parallel_size_is_the_gpus_left_by_the_other_sizes():
     assert tensor_parallel_size(8, {"data_parallel_size": 2, "pipeline_parallel_size": 2}) == 2
     assert tensor_parallel_size(8, {"data_parallel_size": None}) == 8
-    with pytest.raises(ValueError, match="num_gpus_per_engine=4 GPUs do not split"):
+    with pytest.raises(ValueError, match=r"4 GPU\(s\) per server do not split"):
         tensor_parallel_size(4, {"data_parallel_size": 3})
 
 
@@ -170,7 +224,25 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
         validate(typed_config(["rollout=sglang", "+rollout.vllm.max_model_len=4096"]))
     assert "do nothing with rollout.engine=sglang" in str(info.value)
     found = problems_for(["cluster.rollout.num_gpus_per_engine=1", "+rollout.vllm.data_parallel_size=2"])
-    assert "num_gpus_per_engine=1 GPUs do not split into" in found["rollout.vllm"]
+    assert "cluster.rollout.num_gpus_per_engine=1: 1 GPU(s) per server do not split" in found["rollout.vllm"]
+    found = problems_for(["+rollout.vllm.prefill_num_servers=1"])  # one rollout GPU: one server
+    assert "leaves no decode server: the policy has 1 server(s)" in found["rollout.vllm.prefill_num_servers"]
+    validate(typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
+
+
+def test_server_groups_overrides_are_vllm_arguments_and_each_models_router_is_checked():
+    models = (
+        "rollout.models=[{name: actor, router: {extra_args: {balance_abs_treshold: 0}}, server_groups: ["
+        "{num_gpus: 2, num_gpus_per_engine: 2, overrides: {data_parallel_size: 2, gpu_memory_utilisation: 0.5}},"
+        "{num_gpus: 2, num_gpus_per_engine: 1, overrides: {data_parallel_size: 2}},"
+        "{num_gpus: 2, num_gpus_per_engine: 2, overrides: {data_parallel_size: 2}}]}]"
+    )
+    found = problems_for(["cluster.num_gpus_per_node=8", "cluster.rollout.num_gpus=6", models])
+    assert "did you mean balance_abs_threshold" in found["rollout.models[0].router.extra_args.balance_abs_treshold"]
+    group = "rollout.models[0].server_groups"
+    assert "did you mean gpu_memory_utilization?" in found[f"{group}[0].overrides.gpu_memory_utilisation"]
+    assert f"{group}[1].num_gpus_per_engine=1: 1 GPU(s) per server do not split" in found[f"{group}[1].overrides"]
+    assert len(found) == 3, found  # group 2: 2 GPUs = dp 2 x tp 1; rollout.vllm (unused with models) is not split
 
 
 def test_bad_keys_stop_the_cli_with_exit_2_before_ray(tmp_path):
@@ -264,3 +336,17 @@ def test_vllm_recipe_dry_run(recipe, servers, kv_gib):
     est = estimate_memory(cfg, derive(cfg))  # vLLM reserves gpu_memory_utilization of the GPU (80 GiB assumed)
     assert est.engine["kv_cache"] / GIB == pytest.approx(kv_gib, abs=0.01)
     assert "a colocated GPU" not in text  # fits: the estimate uses vLLM's reservation, not the hf engine's
+
+
+def test_dry_run_names_each_vllm_server_shape_of_the_server_groups():
+    groups = (
+        "rollout.models=[{name: actor, server_groups: [{num_gpus: 4, num_gpus_per_engine: 2, overrides: "
+        "{data_parallel_size: 2}}, {num_gpus: 2, num_gpus_per_engine: 1}]}]"
+    )
+    lines: list[str] = []
+    cfg = typed_config(["rollout=vllm", "cluster.num_gpus_per_node=8", "cluster.rollout.num_gpus=6", groups])
+    assert dry_run(cfg, out=lines.append) == 0, "\n".join(lines)
+    assert (
+        "  vLLM servers: 2, each 2 CPU slot(s) = tp 1 x dp 2; 2, each 1 CPU slot(s) = tp 1 "
+        "(python -m vllm.entrypoints.launchers.api_server.entry)"
+    ) in lines[0].splitlines()
