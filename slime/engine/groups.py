@@ -92,7 +92,8 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
 
 
 def _prefill_num_servers(cfg: RunConfig) -> int:
-    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers): PD without `rollout.models`."""
+    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers): PD without `rollout.models`
+    (validation, slime.config.passthrough, checks it leaves a decode server)."""
     if cfg.rollout.engine != "vllm":
         return 0
     value = cfg.rollout.vllm.get("prefill_num_servers") or 0
@@ -112,20 +113,6 @@ def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, st
         for url in r.external_engines
         if not str(url).startswith(("http://", "https://"))
     ]
-    prefill, engines = _prefill_num_servers(cfg), rollout_gpus // max(cfg.cluster.rollout.num_gpus_per_engine, 1)
-    if prefill and (r.models or prefill >= engines):
-        problems.append(
-            (
-                "rollout.vllm.prefill_num_servers",
-                prefill,
-                "PD needs at least one decode server besides the prefill ones, and applies only without rollout.models"
-                if not r.models
-                else "set together with rollout.models (whose server groups give worker types themselves)",
-                f"set it below the {engines} server(s) of the rollout"
-                if not r.models
-                else "use worker_type: prefill / decode server groups instead",
-            )
-        )
     if not r.models:
         return problems
     names = [m.name for m in r.models]
