@@ -2,7 +2,9 @@
 
 The router is the stock Rust `sglang_router` (0.3.2 API: `POST /workers`, `GET /workers`,
 `DELETE /workers/{id}`; the legacy `/add_worker` is gone). `Router.launch` picks its HTTP and
-Prometheus ports by bind-probing (the router cannot report a port it bound itself).
+Prometheus ports by bind-probing (the router cannot report a port it bound itself). vLLM servers register
+with vllm-router instead (`slime.engine.vllm.router.VLLMRouter`, the same interface); an engine kind names
+its router class (`EngineServer.router_class`).
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
 
         payload = protocol.generate_payload(prompt_ids(args, sample), params)
         out = await post_json(args.session, args.router_url + protocol.GENERATE_PATH, payload, args.request_timeout_s)
-        return protocol.as_sglang_output(out, args.tokenizer.decode)
+        skip = params.get("skip_special_tokens", True)  # the text SGLang would return for these params
+        return protocol.as_sglang_output(out, lambda ids: args.tokenizer.decode(ids, skip_special_tokens=skip))
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
     return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
 
