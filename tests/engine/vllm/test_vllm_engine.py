@@ -449,3 +449,44 @@ def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendez
     sync.push([bucket], weight_version=1)
     assert [(src, t.tolist()) for src, t in sent] == [(0, [1.0, 1.0]), (0, [0.0, 0.0, 0.0])]
     sync.close()
+
+
+def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
+    from slime.engine.vllm.protocol import as_sglang_output, sampling_params
+
+    params = {"max_new_tokens": 4, "top_k": -1, "sampling_seed": 3, "no_stop_trim": True, "stop_token_ids": [2]}
+    assert sampling_params(params) == {
+        "max_tokens": 4,
+        "top_k": 0,
+        "seed": 3,
+        "include_stop_str_in_output": True,
+        "stop_token_ids": [2],
+        "logprobs": 0,
+    }
+    with pytest.raises(ValueError, match=r"\['json_schema'\] have no vLLM SamplingParams field"):
+        sampling_params({"json_schema": "{}"})
+    choice = {
+        "finish_reason": "abort",
+        "token_ids": [3, 4],
+        "weight_versions": [{"version": "2", "start": 0, "end": 2}],
+    }
+    choice["logprobs"] = {"content": [{"token_id": 3, "logprob": -0.5}, {"token_id": 4, "logprob": -1.5}]}
+    out = as_sglang_output({"choices": [choice], "usage": {"prompt_tokens": 7}}, lambda ids: "x" * len(ids))
+    assert out == {
+        "text": "xx",
+        "meta_info": {
+            "finish_reason": {"type": "abort"},
+            "output_token_logprobs": [[-0.5, 3], [-1.5, 4]],
+            "weight_version": "2",
+            "prompt_tokens": 7,
+            "completion_tokens": 2,
+        },
+    }
+    sample = Sample(index=0, tokens=[1], response_length=0)
+    from slime.rollout.generate import append_engine_output
+
+    append_engine_output(sample, out)
+    assert sample.status == SampleStatus.ABORTED and sample.rollout_log_probs == [-0.5, -1.5]
+    del choice["logprobs"]
+    with pytest.raises(ValueError, match="must set sampling_params.logprobs=0"):
+        as_sglang_output({"choices": [choice]}, str)
