@@ -15,7 +15,8 @@ fails here too (exit status 2). The routes and payloads are vLLM 0.33.0's (read 
                         /shutdown_weight_transfer_engine, /update_weight_version, GET /weight_info, /get_world_size
 
 Generation, weight loading and the broadcast group are the hf engine's (`slime.engine.hf`) on the tiny model,
-in one process whatever the parallel sizes say. The weight transfer backends are `--weight-transfer-config`'s:
+in one process whatever the parallel sizes say (the RL weight-transfer routes live in
+`tests/fakes/fake_vllm_transfer.py`). The weight transfer backends are `--weight-transfer-config`'s:
 "nccl" joins the trainer's group (gloo on CPU, `slime.sync.wire`), "ipc" opens packed buckets whose handle
 key is "cpu" (a /dev/shm file: (path, nbytes)) and needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 for the pickled
 handles, as vLLM. Sleeping servers refuse generation (503) and weight writes into slept weights (500), the
@@ -31,11 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import logging
 import os
-import pickle
 import sys
 import time
 import uuid
@@ -48,7 +47,6 @@ REQUEST_MARK = "FAKE_VLLM_REQUEST"
 GENERATE_MARK = "FAKE_VLLM_GENERATE"
 _QUIET = {"/health", "/metrics", "/load", "/server_info", "/get_world_size", "/weight_info", "/is_sleeping"}
 _QUIET |= {"/is_paused", "/v1/models", "/version", "/inference/v1/generate"}
-_GROUP = "vllm-weight-transfer"  # vLLM keeps one weight-transfer engine per server
 # vLLM SamplingParams field -> the hf engine's (SGLang-named) sampling param
 _SAMPLING = {
     "max_tokens": "max_new_tokens",
@@ -104,26 +102,16 @@ def hf_args(cli: argparse.Namespace) -> argparse.Namespace:
     return hf_server.parse_args(argv)
 
 
-def error(message: str, status: int, kind: str = "BadRequestError"):
-    """vLLM's ErrorResponse body."""
-    from aiohttp import web
-
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status
-    )
-
-
 def make_server(cli: argparse.Namespace):
     """The fake server over an hf engine (torch loads here, after the command line was accepted)."""
-    import torch
     from aiohttp import web
 
     from slime.engine.hf import server as hf_server
     from slime.engine.hf.protocol import parse_generate
     from slime.engine.hf.weights import load_weights_strict, read_safetensors_dir
-    from slime.sync import wire
+    from tests.fakes.fake_vllm_transfer import WeightTransferRoutes, error
 
-    class FakeVLLMServer(hf_server.HFServer):
+    class FakeVLLMServer(WeightTransferRoutes, hf_server.HFServer):
         def __init__(self):
             super().__init__(hf_args(cli))
             self.cli = cli
@@ -132,10 +120,7 @@ def make_server(cli: argparse.Namespace):
             self.paused = ""  # "" | abort | wait | keep
             self.in_flight = 0
             self.engine_id = uuid.uuid4().hex
-            self.backend = (cli.weight_transfer_config or {}).get("backend", "nccl")
-            self.packed = False
-            self.updating = False  # between /start_weight_update and /finish_weight_update
-            self.groups: list = []  # the weight-transfer group, one member per worker (nccl backend)
+            self.init_transfer_state()
 
         def routes(self) -> list:
             routes = [
@@ -156,12 +141,7 @@ def make_server(cli: argparse.Namespace):
                 "/pause": self.pause,
                 "/resume": self.resume,
                 "/abort_requests": self.abort_requests,
-                "/init_weight_transfer_engine": self.init_transfer,
-                "/shutdown_weight_transfer_engine": self.shutdown_transfer,
-                "/start_weight_update": self.start_update,
-                "/update_weights": self.update_weights,
-                "/finish_weight_update": self.finish_update,
-                "/update_weight_version": self.update_weight_version,
+                **self.transfer_routes(),
             }
             gets = {
                 "/is_sleeping": lambda r: web.json_response({"is_sleeping": bool(self.sleeping)}),
@@ -318,112 +298,6 @@ def make_server(cli: argparse.Namespace):
             ids = (await request.json()).get("request_ids")
             n = self.scheduler.abort(abort_all=True) if not ids else sum(self.scheduler.abort(rid=i) for i in ids)
             return web.json_response({"status": "aborted", "aborted": n})
-
-        # ---- weight transfer --------------------------------------------------------------------
-        async def init_transfer(self, request):
-            init = (await request.json()).get("init_info") or {}
-            if self.backend == "ipc":
-                self.packed = bool(init.get("packed", False))
-                return web.json_response({"message": "Weight transfer initialized"})
-            missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in init]
-            if missing:
-                return error(f"init_info misses {missing} (backend {self.backend})", 500, "InternalServerError")
-            self._drop_groups()
-            # every worker of the server joins as its own rank (rank_offset + i) under the group's one store
-            # prefix, as vLLM's workers do; the trainer (rank 0) uses the same prefix (VLLMClient.weight_group_name)
-            address, port, world = str(init["master_address"]), int(init["master_port"]), int(init["world_size"])
-
-            def join(rank: int) -> wire.WeightGroup:
-                store = wire.create_store(address, port, world, is_master=False, timeout_s=600)
-                return wire.WeightGroup(
-                    store,
-                    rank=rank,
-                    world_size=world,
-                    group_name=_GROUP,
-                    backend="gloo",
-                    timeout_s=600,
-                    address=address,
-                )
-
-            offset = int(init["rank_offset"])
-            self.groups = await asyncio.gather(*(asyncio.to_thread(join, offset + i) for i in range(self._world())))
-            return web.json_response({"message": "Weight transfer initialized"})
-
-        def _drop_groups(self) -> None:
-            groups, self.groups = self.groups, []
-            for group in groups:
-                group.close()
-
-        def _receive(self, group, names, dtypes, shapes) -> dict:
-            out = {}
-            for name, dtype, shape in zip(names, dtypes, shapes):
-                out[name] = torch.empty([int(x) for x in shape], dtype=wire.parse_dtype(dtype))
-                group.broadcast(out[name])
-            return out
-
-        async def shutdown_transfer(self, request):
-            self._drop_groups()
-            return web.json_response({"message": "Weight transfer shut down"})
-
-        async def start_update(self, request):
-            self.updating = True
-            return web.json_response({"message": "Weight update started"})
-
-        async def update_weights(self, request):
-            info = (await request.json()).get("update_info") or {}
-            if not self.updating:
-                return error("update_weights before /start_weight_update", 500, "InternalServerError")
-            if "weights" in self.sleeping:
-                return error("weights are asleep: wake_up(tags=['weights']) before updating", 500, "Internal")
-            names, dtypes, shapes = info.get("names", []), info.get("dtype_names", []), info.get("shapes", [])
-            if not len(names) == len(dtypes) == len(shapes):
-                return error("`dtype_names` should be of the same size as `names`", 500, "InternalServerError")
-            if self.backend == "ipc":
-                tensors = self._open_ipc(info, names, dtypes, shapes)
-                if isinstance(tensors, web.Response):
-                    return tensors
-            else:
-                if not self.groups:
-                    return error("weight transfer engine not initialized", 500, "InternalServerError")
-                received = await asyncio.gather(
-                    *(asyncio.to_thread(self._receive, g, names, dtypes, shapes) for g in self.groups)
-                )
-                tensors = received[0]  # every worker got the same broadcasts
-            await self.scheduler.run_exclusive(self.receiver.load, tensors, None)
-            return web.json_response({"message": "Weights updated"})
-
-        def _open_ipc(self, info: dict, names, dtypes, shapes):
-            if (
-                info.get("ipc_handles_pickled") is not None
-                and os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") != "1"
-            ):
-                return error(
-                    "Refusing to deserialize `ipc_handles_pickled` without VLLM_ALLOW_INSECURE_SERIALIZATION=1", 500
-                )
-            if not self.packed or info.get("tensor_sizes") is None:
-                return error("`tensor_sizes` is required when packed=True", 500, "InternalServerError")
-            handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
-            if "cpu" not in handles:
-                return error(f"IPC handle not found for GPU UUID cpu. Available UUIDs: {list(handles)}", 500)
-            path, nbytes = handles["cpu"]
-            buffer = wire.open_handle({"kind": "shm_file", "path": path, "nbytes": nbytes})
-            metadata, start = [], 0
-            for name, dtype, shape, size in zip(names, dtypes, shapes, info["tensor_sizes"]):
-                metadata.append({"name": name, "dtype": dtype, "shape": shape, "start": start, "end": start + size})
-                start += size
-            return {k: v.clone() for k, v in wire.unflatten(buffer, metadata).items()}
-
-        async def finish_update(self, request):
-            version = (await request.json()).get("weight_version")
-            self.updating = False
-            if version is not None:
-                self.scheduler.weight_version = str(version)
-            return web.json_response({"message": "Weight update finished"})
-
-        async def update_weight_version(self, request):
-            version = (await request.json()).get("new_version")
-            self.scheduler.weight_version = str(version)
-            return web.json_response({"success": True, "new_version": version})
 
         def _world(self) -> int:
             return (cli.tensor_parallel_size or 1) * (cli.pipeline_parallel_size or 1) * (cli.data_parallel_size or 1)
