@@ -87,6 +87,8 @@ class VLLMRouter(Router):
             raise RouterError(f"{self.url} is not a PD router; cannot add {worker_type} worker {url}")
         if self._launch is None:
             raise RouterError(f"a PD vllm-router given by address takes workers only from its own command line: {url}")
+        if url in [u for u, _ in self.prefill] + self.decode:
+            raise RouterError(f"worker {url} is already registered with {self.url}")
         if worker_type == "prefill":
             self.prefill.append((url, bootstrap_port))
         elif worker_type == "decode":

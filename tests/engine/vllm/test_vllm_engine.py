@@ -19,6 +19,7 @@ import torch
 from slime.config.schema import RolloutConfig, RouterConfig, WeightSyncConfig
 from slime.engine import http_client
 from slime.engine.base import EngineLaunch, EngineStartupError, get_engine_class
+from slime.engine.router import RouterError
 from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
 from slime.engine.vllm.router import VLLMRouter
@@ -281,6 +282,8 @@ def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_k
         assert router.remove_worker(decode.url) and [w["url"] for w in router.list_workers()] == [prefill.url]
         router.add_worker(decode.url, worker_type="decode")  # a restarted decode server comes back
         assert len(router.list_workers()) == 2
+        with pytest.raises(RouterError, match="already registered"):
+            router.add_worker(prefill.url, worker_type="prefill")
     finally:
         router.shutdown()
 
