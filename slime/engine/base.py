@@ -1,6 +1,6 @@
 """`EngineServer`: the contract every rollout engine kind (hf, sglang, vllm) implements.
 
-An engine is one inference server process that speaks SGLang's HTTP API. The framework, not the
+An engine is one inference server process (SGLang's HTTP API, or vLLM's through `VLLMClient`). The framework, not the
 server, owns its placement and its ports:
 
 1. `EngineLaunch` says where and as what the engine runs (rank, model, host, seed, device, the
@@ -10,8 +10,9 @@ server, owns its placement and its ports:
    with `command(ports)` from the launch and the kind's config only, starts it in its own process
    group (dies with its parent), and polls GET `health_path` on the server's URL until 200;
    a crash or a timeout raises `EngineStartupError` with the tail of the server log.
-3. Control calls go through `client` (`EngineClient`, plain HTTP), so the weight-sync classes and
-   the rollout manager drive any engine kind alike. `shutdown()` stops the process tree.
+3. Control calls go through `client` (the kind's `client_class`, an `EngineClient` speaking the framework's
+   vocabulary over the kind's HTTP API), so the weight-sync classes and the rollout manager drive any
+   engine kind alike; servers register with the kind's `router_class`. `shutdown()` stops the process tree.
 
 A kind subclasses `EngineServer`, implements `command(ports)` (and `env()` if it needs more than the
 GPU and thread variables), and is registered by name in `slime.registry.ENGINES`. Plain class, no
@@ -31,6 +32,7 @@ from typing import Any, ClassVar, Optional
 from slime.engine.client import EngineClient
 from slime.engine.ports import PortLease, reserve_ports
 from slime.engine.process import child_env, http_url, launch_process, log_tail, terminate_process
+from slime.engine.router import Router
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ class EngineServer(abc.ABC):
     health_path: ClassVar[str] = "/health_generate"
     kind: ClassVar[str] = "base"  # the registry name (rollout.engine)
     unset_env: ClassVar[tuple[str, ...]] = ()  # variables of the parent's environment the server must not see
+    client_class: ClassVar[type[EngineClient]] = EngineClient  # the kind's HTTP control calls
+    router_class: ClassVar[type[Router]] = Router  # the router the kind's servers register with
 
     def __init__(self, launch: EngineLaunch, config: Any):
         self.launch_spec = launch
@@ -102,7 +106,7 @@ class EngineServer(abc.ABC):
 
     @property
     def client(self) -> EngineClient:
-        return EngineClient(self.url)
+        return self.client_class(self.url)
 
     def start(self) -> str:
         """Launch and wait until healthy; returns the URL. Raises EngineStartupError on failure."""
@@ -189,6 +193,11 @@ class EngineServer(abc.ABC):
     def __repr__(self) -> str:
         where = self.url if self.lease else "not started"
         return f"{type(self).__name__}(rank={self.rank}, {where})"
+
+
+def engine_client(kind: str, url: str) -> EngineClient:
+    """The control client of a server of engine kind `kind` (`rollout.engine`) at `url`."""
+    return get_engine_class(kind).client_class(url)
 
 
 def get_engine_class(name: str) -> type[EngineServer]:

@@ -55,6 +55,12 @@ class EngineClient:
     def continue_generation(self) -> None:
         self._post("/continue_generation", {})
 
+    def begin_weight_update(self) -> None:
+        """Before a push's first bucket (tensor and distributed modes). SGLang needs nothing; vLLM opens its update."""
+
+    def finish_weight_update(self, weight_version: Optional[str]) -> None:
+        """After a push's last bucket. SGLang stamped the version with each bucket; vLLM loads and stamps it here."""
+
     def update_weights_from_disk(
         self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
     ) -> dict:

@@ -68,9 +68,11 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
     the group's remainder size (validation reports it, see `group_problems`)."""
     r, per_engine = cfg.rollout, max(cfg.cluster.rollout.num_gpus_per_engine, 1)
     if not r.models:
+        count, prefill = rollout_gpus // per_engine, _prefill_num_servers(cfg)
+        kinds = ["regular"] * count if not prefill else ["prefill"] * prefill + ["decode"] * (count - prefill)
         return [
-            EngineSpec(model=DEFAULT_MODEL, worker_type="regular", num_gpus=per_engine, overrides={}, key="cluster")
-            for _ in range(rollout_gpus // per_engine)
+            EngineSpec(model=DEFAULT_MODEL, worker_type=kind, num_gpus=per_engine, overrides={}, key="cluster")
+            for kind in kinds
         ]
     specs = []
     for i, model in enumerate(r.models):
@@ -87,6 +89,15 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
                     )
                 )
     return specs
+
+
+def _prefill_num_servers(cfg: RunConfig) -> int:
+    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers): PD without `rollout.models`
+    (validation, slime.config.passthrough, checks it leaves a decode server)."""
+    if cfg.rollout.engine != "vllm":
+        return 0
+    value = cfg.rollout.vllm.get("prefill_num_servers") or 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, str, str]]:
@@ -164,13 +175,13 @@ def _group_problems(key: str, group: Any, default_per_engine: int, engine: str) 
         problems.append(
             (f"{key}.worker_type", group.worker_type, "unknown worker type", f"use one of {', '.join(WORKER_TYPES)}")
         )
-    elif group.worker_type != "regular" and engine != "sglang":
+    elif group.worker_type != "regular" and engine not in ("sglang", "vllm"):
         problems.append(
             (
                 f"{key}.worker_type",
                 group.worker_type,
-                f"PD disaggregation needs SGLang servers, not rollout.engine={engine}",
-                "use rollout=sglang, or worker_type: regular",
+                f"PD disaggregation needs SGLang or vLLM servers, not rollout.engine={engine}",
+                "use rollout=sglang or rollout=vllm, or worker_type: regular",
             )
         )
     size = group.num_gpus_per_engine or default_per_engine

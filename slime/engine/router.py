@@ -2,7 +2,9 @@
 
 The router is the stock Rust `sglang_router` (0.3.2 API: `POST /workers`, `GET /workers`,
 `DELETE /workers/{id}`; the legacy `/add_worker` is gone). `Router.launch` picks its HTTP and
-Prometheus ports by bind-probing (the router cannot report a port it bound itself).
+Prometheus ports by bind-probing (the router cannot report a port it bound itself). vLLM servers register
+with vllm-router instead (`slime.engine.vllm.router.VLLMRouter`, the same interface); an engine kind names
+its router class (`EngineServer.router_class`).
 """
 
 from __future__ import annotations
@@ -47,48 +49,49 @@ def router_flags(extra_args: dict[str, Any]) -> list[str]:
 
 
 class Router:
-    """Handle on an sglang-router. Use `Router.launch(...)` or `Router.connect(address)`."""
+    """Handle on an sglang-router. Use `Router.launch(...)` or `Router.connect(address)`.
+
+    Subclasses for other router packages (vllm-router) override `launch_module`, `flags` and the worker calls."""
+
+    launch_module = "sglang_router.launch_router"
 
     def __init__(self, url: str, process: Optional[subprocess.Popen] = None, log_path: Optional[Path] = None):
         self._url = url.rstrip("/")
         self.process = process
         self.log_path = log_path
+        self._launch: Optional[tuple[str, int, int, Any, bool]] = None  # (host, port, prometheus port, cfg, pd)
 
     @classmethod
     def launch(cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path, pd: bool = False) -> Router:
-        """Start `python -m sglang_router.launch_router` bound to `host` (`--pd-disaggregation` when `pd`), wait
-        for GET /health = 200 (at most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail."""
+        """Start `python -m <launch_module>` bound to `host` (PD mode when `pd`), wait for GET /health = 200 (at
+        most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail."""
         port, prom_port = free_port(host), free_port(host)  # racy by nature; see free_port
-        cmd = [
-            sys.executable,
-            "-m",
-            "sglang_router.launch_router",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--policy",
-            cfg.policy,
-            "--prometheus-host",
-            host,
-            "--prometheus-port",
-            str(prom_port),
-            "--request-timeout-secs",
-            str(cfg.request_timeout_secs),
-            "--log-level",
-            "warn",
+        router = cls(http_url(host, port), None, Path(log_path))
+        router._launch = (host, port, prom_port, cfg, pd)
+        router.start_process()
+        return router
+
+    def flags(self, host: str, port: int, prom_port: int, cfg: RouterConfig, pd: bool) -> list[str]:
+        """The router's command-line flags (after `python -m <launch_module>`)."""
+        return [
+            *("--host", host, "--port", str(port), "--policy", cfg.policy),
+            *("--prometheus-host", host, "--prometheus-port", str(prom_port)),
+            *("--request-timeout-secs", str(cfg.request_timeout_secs), "--log-level", "warn"),
             *router_flags(cfg.extra_args),
             *(["--pd-disaggregation"] if pd else []),
         ]
-        log_path = Path(log_path)
-        router = cls(http_url(host, port), launch_process(cmd, log_path=log_path), log_path)
+
+    def start_process(self) -> None:
+        """(Re)start the launched router's process on its port and wait until it is healthy."""
+        host, port, prom_port, cfg, pd = self._launch
+        cmd = [sys.executable, "-m", self.launch_module, *self.flags(host, port, prom_port, cfg, pd)]
+        self.process = launch_process(cmd, log_path=self.log_path)
         try:
-            router._wait_healthy(cfg.startup_timeout_s)
+            self._wait_healthy(cfg.startup_timeout_s)
         except BaseException:
-            router.shutdown()
+            self.shutdown()
             raise
-        logger.info("router ready at %s (pid %d, log %s)", router.url, router.process.pid, log_path)
-        return router
+        logger.info("router ready at %s (pid %d, log %s)", self.url, self.process.pid, self.log_path)
 
     @classmethod
     def connect(cls, address: str) -> Router:

@@ -86,6 +86,9 @@ def _judge(args: RolloutContext, group: list[Sample], step: _Step) -> bool:
 async def _abort_engines(args: RolloutContext) -> None:
     """POST /abort_request {abort_all} to every worker the router lists (SGLang's abort of in-flight requests)."""
     workers = await asyncio.to_thread(Router(args.router_url).list_workers)
+    if args.config.engine == "vllm":  # vLLM's POST /abort_requests {} aborts everything in flight
+        await asyncio.gather(*(post_json(args.session, f"{w['url']}/abort_requests", {}) for w in workers))
+        return
     await asyncio.gather(*(post_json(args.session, f"{w['url']}/abort_request", {"abort_all": True}) for w in workers))
 
 

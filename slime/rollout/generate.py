@@ -61,7 +61,8 @@ def prompt_ids(args: RolloutContext, sample: Sample) -> list[int]:
 
 async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dict[str, Any]) -> dict | None:
     """POST router /generate continuing `sample` for the rest of its budget; None when no budget is left
-    (the sample is then TRUNCATED). `sampling_params["max_new_tokens"]` is the budget of the whole response."""
+    (the sample is then TRUNCATED). `sampling_params["max_new_tokens"]` is the budget of the whole response.
+    With rollout.engine=vllm the call is vLLM's /inference/v1/generate; the answer has SGLang's shape either way."""
     budget = sampling_params["max_new_tokens"] - sample.response_length
     if budget <= 0:
         sample.status = SampleStatus.TRUNCATED
@@ -69,6 +70,13 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
     params = {**sampling_params, "max_new_tokens": budget}
     if args.sampling_seed is not None:
         params["sampling_seed"] = request_seed(args.sampling_seed, sample)
+    if args.config.engine == "vllm":  # vLLM's token-level endpoint, answered in the SGLang shape (as vime does)
+        from slime.engine.vllm import protocol
+
+        payload = protocol.generate_payload(prompt_ids(args, sample), params)
+        out = await post_json(args.session, args.router_url + protocol.GENERATE_PATH, payload, args.request_timeout_s)
+        skip = params.get("skip_special_tokens", True)  # the text SGLang would return for these params
+        return protocol.as_sglang_output(out, lambda ids: args.tokenizer.decode(ids, skip_special_tokens=skip))
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
     return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
 

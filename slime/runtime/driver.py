@@ -233,6 +233,7 @@ def _sync_context(cfg: RunConfig, run_dir: Path) -> SyncContext:
     w = cfg.rollout.weight_sync
     return SyncContext(
         source_checkpoint=cfg.model.hf_checkpoint,
+        engine=cfg.rollout.engine,
         work_dir=str(run_dir),
         bucket_bytes=w.bucket_mb << 20,
         keep=w.keep,

@@ -121,12 +121,13 @@ class EngineFleet:
     def start_routers(self) -> None:
         """Launch (or join) one router per served model while the engines come up."""
         for model in self.setup.models:
+            router_cls = get_engine_class(self.setup.rollout.engine).router_class
             if model.router.address:
-                self.routers[model.name] = Router.connect(model.router.address)
+                self.routers[model.name] = router_cls.connect(model.router.address)
                 continue
             pd = any(spec.model == model.name and spec.worker_type != "regular" for spec in self.setup.specs)
             log = self.log_dir / ("router.log" if len(self.setup.models) == 1 else f"router_{model.name}.log")
-            self.routers[model.name] = Router.launch(host=self.setup.host, cfg=model.router, log_path=log, pd=pd)
+            self.routers[model.name] = router_cls.launch(host=self.setup.host, cfg=model.router, log_path=log, pd=pd)
 
     def finish_start(self) -> None:
         """Wait for every engine, register each (and the external engines), write engines.json, start the monitor."""
@@ -213,7 +214,11 @@ class EngineFleet:
 
     def clients(self, *, updatable_only: bool = False) -> list[EngineClient]:
         urls = self.sync_urls() if updatable_only else [s.url for s in self.slots if not s.dead] + self.external
-        return [EngineClient(url) for url in urls]
+        return [self.client(url) for url in urls]
+
+    def client(self, url: str) -> EngineClient:
+        """The control client of this fleet's engine kind (`rollout.engine`) for the server at `url`."""
+        return get_engine_class(self.setup.rollout.engine).client_class(url)
 
     def write_engines_json(self) -> Path:
         """`<run dir>/engines.json`: one entry per engine (rank, model, worker type, url, pid, log, restarts)."""
@@ -255,11 +260,11 @@ class EngineFleet:
             if slot.dead:
                 continue
             try:
-                EngineClient(slot.url).abort_all_and_wait_idle(timeout_s=timeout_s)
+                self.client(slot.url).abort_all_and_wait_idle(timeout_s=timeout_s)
             except EngineHTTPError as exc:
                 self.mark_dead(slot.rank, f"did not answer abort_request ({exc})")
         for url in self.external:
-            EngineClient(url).abort_all_and_wait_idle(timeout_s=timeout_s)
+            self.client(url).abort_all_and_wait_idle(timeout_s=timeout_s)
 
     def release_memory(self) -> None:
         """Colocation, before training: flush the cache, then release every tag (weights, kv_cache, cuda_graph)."""
@@ -279,7 +284,7 @@ class EngineFleet:
             for slot in list(self.slots):
                 if slot.dead or not slot.registered or self._released:
                     continue
-                if not EngineClient(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
+                if not self.client(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
                     self.mark_dead(slot.rank, "failed its health check")
 
     def mark_dead(self, rank: int, why: str) -> None:
@@ -300,7 +305,7 @@ class EngineFleet:
         ranks. Raises RuntimeError when an engine died more than `max_restarts` times."""
         ft = self.setup.rollout.fault_tolerance
         for slot in self.slots:  # the monitor may not have probed since the engine died
-            if not slot.dead and not EngineClient(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
+            if not slot.dead and not self.client(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
                 self.mark_dead(slot.rank, "failed its health check")
         dead = [slot for slot in self.slots if slot.dead]
         for slot in dead:

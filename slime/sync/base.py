@@ -35,6 +35,7 @@ class SyncContext:
     """What every mode may use besides the engines."""
 
     source_checkpoint: str  # HF dir whose config and tokenizer files describe the model
+    engine: str = "sglang"  # rollout.engine: which control client talks to the engines
     work_dir: str  # scratch space of this run (disk mode writes weight_v<N> dirs under it)
     bucket_bytes: int  # bucket size the exporter fills, in bytes
     keep: bool = False  # disk: keep each pushed directory
@@ -51,6 +52,7 @@ class WeightSync(abc.ABC):
     """Pushes weights into `engines` (every one of them receives each push)."""
 
     mode = "base"
+    bracketed = True  # the buckets go between the engines' begin_weight_update and finish_weight_update
 
     def __init__(self, engines: Sequence[EngineClient], context: SyncContext):
         self.engines = list(engines)
@@ -69,7 +71,13 @@ class WeightSync(abc.ABC):
             expected: dict[str, dict[str, str]] = {}
             if self.context.check_weight_update_equal:
                 buckets = self._hashing(buckets, expected)
+            if self.bracketed:
+                for engine in self.engines:
+                    engine.begin_weight_update()
             transferred = self._transfer(buckets, weight_version=str(weight_version))
+            if self.bracketed:
+                for engine in self.engines:
+                    engine.finish_weight_update(str(weight_version))
             if self.context.check_weight_update_equal:
                 self.check_engines_equal(expected)
         except BaseException:

@@ -20,6 +20,7 @@ class DiskWeightSync(WeightSync):
     """`rollout.weight_sync.mode=disk`: write an HF directory, every engine reloads it."""
 
     mode = "disk"
+    bracketed = False  # a reload from disk is one call per engine
 
     @property
     def root(self) -> Path:

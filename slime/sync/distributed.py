@@ -24,6 +24,7 @@ import torch
 
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
+from slime.engine.process import free_port
 from slime.sync import wire
 from slime.sync.base import SyncContext, WeightSync
 from slime.sync.hf_files import Bucket
@@ -73,16 +74,26 @@ class DistributedWeightSync(WeightSync):
         address = wire.local_address_towards(host)
         tp_sizes = [int(e.server_info().get("tp_size", 1) or 1) for e in self.engines]
         world_size = 1 + sum(tp_sizes)
-        name = f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
-        store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
+        # engines told no group name (vLLM keeps one group per server) rendezvous under their fixed one; each
+        # group has its own store (a fresh port), so a fixed name never meets another group's ranks
+        fixed = {getattr(e, "weight_group_name", None) for e in self.engines}
+        name = (
+            fixed.pop() if len(fixed) == 1 and None not in fixed else f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
+        )
         backend = self.backend
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+        # engines with their own NCCL rendezvous (vLLM) get the trainer's end from their client class
+        own_group = getattr(type(self.engines[0]), "trainer_weight_group", None) if backend == "nccl" else None
+        store = (
+            None if own_group else wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
+        )
+        port = free_port(address) if own_group else store.port
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" and not own_group else None
         offsets = itertools.accumulate([1, *tp_sizes])
         futures = {
             self._pool.submit(
                 engine.init_weights_update_group,
                 master_address=address,
-                master_port=store.port,
+                master_port=port,
                 rank_offset=offset,
                 world_size=world_size,
                 group_name=name,
@@ -93,6 +104,8 @@ class DistributedWeightSync(WeightSync):
         }
 
         def join():
+            if own_group:
+                return own_group(address=address, port=port, world_size=world_size)
             return wire.WeightGroup(
                 store,
                 rank=0,

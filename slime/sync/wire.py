@@ -178,7 +178,8 @@ def make_handle(buffer: torch.Tensor, shm_path: str | None) -> dict[str, Any]:
     if buffer.is_cuda:
         from torch.multiprocessing.reductions import reduce_tensor
 
-        return {"kind": "cuda_ipc", "rebuild": reduce_tensor(buffer)}
+        uuid = str(torch.cuda.get_device_properties(buffer.device).uuid)  # how vLLM's IPC receiver finds its handle
+        return {"kind": "cuda_ipc", "rebuild": reduce_tensor(buffer), "device_uuid": uuid}
     return {"kind": "shm_file", "path": shm_path, "nbytes": buffer.numel()}
 
 

@@ -128,10 +128,11 @@ class TrainBackend(abc.ABC):
             self.weight_sync.close()
             self.weight_sync = None
         if self.layout.is_source(self.rank):
-            from slime.engine.client import EngineClient
+            from slime.engine.base import engine_client
             from slime.registry import WEIGHT_SYNC
 
-            self.weight_sync = WEIGHT_SYNC.load(mode)([EngineClient(url) for url in engine_urls], context)
+            engines = [engine_client(context.engine, url) for url in engine_urls]
+            self.weight_sync = WEIGHT_SYNC.load(mode)(engines, context)
         elif mode == "tensor":
             from slime.sync.tensor import TensorHandleFollower, needs_follower
 

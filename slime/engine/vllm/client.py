@@ -1,0 +1,192 @@
+"""`VLLMClient`: the framework's engine control calls mapped onto vLLM 0.33.0's HTTP API.
+
+The weight-sync classes and the rollout manager speak `EngineClient`'s vocabulary (pause, flush, abort,
+release/resume memory, the three weight-update modes); this subclass answers it with the routes of
+`python -m vllm.entrypoints.launchers.api_server.entry` started with VLLM_SERVER_DEV_MODE=1 (which mounts
+the dev and RL routers):
+
+    pause / continue          POST /pause?mode=abort, POST /resume
+    flush cache               POST /reset_prefix_cache                -> {"success": bool} (false while blocks are held)
+    abort everything          POST /abort_requests {}                 ; in flight: GET /load {"server_load"}
+    release / resume memory   POST /sleep?level=2, POST /wake_up?tags=weights | tags=kv_cache
+    weight version            GET /weight_info, POST /update_weight_version {"new_version"}
+    disk                      POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}
+    distributed (nccl) and    POST /init_weight_transfer_engine {"init_info"}, per push POST /start_weight_update,
+    tensor (ipc) transfers    per bucket POST /update_weights {"update_info"}, POST /finish_weight_update
+                              {"weight_version"}; POST /shutdown_weight_transfer_engine drops the group
+
+Sleep level 2 drops the weights instead of keeping a host copy (level 1): every push rewrites all of
+them, so the copy would only cost host memory. vLLM has no "cuda_graph" tag (its graphs survive sleep),
+so resuming ["kv_cache", "cuda_graph"] wakes "kv_cache". Plain HTTP, no vllm import.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from slime.engine import http_client
+from slime.engine.client import EngineClient
+from slime.engine.http_client import EngineHTTPError
+
+SLEEP_LEVEL = 2
+WAKE_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
+
+
+class VLLMClient(EngineClient):
+    """Control calls of one vLLM 0.33.0 server at `url`; see the module docstring."""
+
+    # the broadcast group's store prefix: vLLM's init_info carries no group name, so both sides use this one
+    weight_group_name = "vllm-weight-transfer"
+
+    def __init__(self, url: str, *, timeout_s: float = 60.0):
+        super().__init__(url, timeout_s=timeout_s)
+        self._ipc_ready = False  # tensor mode: init_weight_transfer_engine {packed} sent on this client
+
+    def _call(self, method: str, path: str, payload: Any = None, timeout: Optional[float] = None) -> Any:
+        return http_client.call(method, self.url + path, payload, timeout=timeout or self.timeout_s)
+
+    def is_healthy(self, path: str = "/health", timeout: float = 10.0) -> bool:
+        return super().is_healthy(path, timeout)
+
+    # ---- generation control ---------------------------------------------------------------------
+    def flush_cache(self, max_attempts: int = 60, interval_s: float = 1.0) -> None:
+        """POST /reset_prefix_cache until it reports success (it fails while running requests hold blocks)."""
+        body = None
+        for _ in range(max(1, max_attempts)):
+            body = self._call("POST", "/reset_prefix_cache", {})
+            if isinstance(body, dict) and body.get("success"):
+                return
+            time.sleep(interval_s)
+        raise EngineHTTPError("POST", self.url + "/reset_prefix_cache", 200, f"still failing: {body}")
+
+    def pause_generation(self, mode: Optional[str] = None) -> None:
+        """POST /pause?mode=abort (in-flight requests end as aborted, new ones get 503 until /resume)."""
+        self._call("POST", "/pause?mode=" + (mode or "abort"), {})
+
+    def continue_generation(self) -> None:
+        self._call("POST", "/resume", {})
+
+    def abort_all(self) -> None:
+        self._call("POST", "/abort_requests", {})
+
+    def num_requests(self) -> int:
+        """Requests in flight on the generate routes (needs --enable-server-load-tracking, set by the engine)."""
+        return int(self._call("GET", "/load").get("server_load", 0))
+
+    def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        """POST /sleep?level=2 (vLLM sleeps as a whole: weights and KV cache; `tags` must be all or None)."""
+        self._call("POST", f"/sleep?level={SLEEP_LEVEL}", {})
+
+    def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+        """POST /wake_up?tags=... with the vLLM tags among `tags` (None: wake everything)."""
+        wanted = list(WAKE_TAGS) if tags is None else [t for t in tags if t in WAKE_TAGS]
+        unknown = [t for t in (tags or []) if t not in WAKE_TAGS and t != "cuda_graph"]
+        if unknown:
+            raise ValueError(f"vLLM has no memory tags {unknown}; its tags are {list(WAKE_TAGS)}")
+        if wanted:
+            self._call("POST", "/wake_up?" + urllib.parse.urlencode([("tags", t) for t in wanted]), {})
+
+    def is_sleeping(self) -> bool:
+        return bool(self._call("GET", "/is_sleeping")["is_sleeping"])
+
+    # ---- what the sync classes read ------------------------------------------------------------
+    def server_info(self) -> dict:
+        """GET /server_info?config_format=json plus the two fields the sync classes read: `tp_size` (the
+        server's workers, from GET /get_world_size: the ranks it adds to a weight-transfer group) and `dtype`."""
+        info = self._call("GET", "/server_info?config_format=json")
+        config = info.get("vllm_config") if isinstance(info.get("vllm_config"), dict) else {}
+        world = self._call("GET", "/get_world_size?include_dp=true")["world_size"]
+        dtype = str((config.get("model_config") or {}).get("dtype", "")).removeprefix("torch.")
+        return {**info, "tp_size": int(world), "dtype": dtype}
+
+    def get_weight_version(self) -> str:
+        return str(self._call("GET", "/weight_info")["weight_version"])
+
+    def weights_checksum(self, timeout: float = 600.0) -> dict:
+        raise NotImplementedError(
+            "debug.check_weight_update_equal compares sha256 per tensor; vLLM's /weight_checker uses its own "
+            "checksum, so this check is not available with rollout.engine=vllm"
+        )
+
+    # ---- weight updates ------------------------------------------------------------------------
+    def update_weights_from_disk(
+        self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
+    ) -> dict:
+        """Every worker reloads the HF directory in place (`reload_weights` over /collective_rpc)."""
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": timeout}
+        self._call("POST", "/collective_rpc", rpc, timeout=timeout)
+        if weight_version is not None:
+            self._call("POST", "/update_weight_version", {"new_version": str(weight_version)})
+        return {"success": True}
+
+    def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout: float = 600.0,
+    ) -> dict:
+        """Join the trainer's broadcast group (vLLM keeps one per server, so `group_name` is not sent)."""
+        init = {"master_address": master_address, "master_port": int(master_port)}
+        init.update(rank_offset=int(rank_offset), world_size=int(world_size), packed=False)
+        return self._call("POST", "/init_weight_transfer_engine", {"init_info": init}, timeout=timeout)
+
+    def destroy_weights_update_group(self, group_name: str, timeout: float = 60.0) -> dict:
+        return self._call("POST", "/shutdown_weight_transfer_engine", {}, timeout=timeout)
+
+    @staticmethod
+    def trainer_weight_group(*, address: str, port: int, world_size: int):
+        """Distributed mode over NCCL: the trainer's end of vLLM's own rendezvous (`slime.engine.vllm.nccl_group`)."""
+        from slime.engine.vllm.nccl_group import VLLMNCCLGroup
+
+        return VLLMNCCLGroup(address=address, port=port, world_size=world_size)
+
+    def begin_weight_update(self) -> None:
+        self._call("POST", "/start_weight_update", {}, timeout=600.0)
+
+    def finish_weight_update(self, weight_version: Optional[str]) -> None:
+        body = {} if weight_version is None else {"weight_version": str(weight_version)}
+        self._call("POST", "/finish_weight_update", body, timeout=600.0)
+
+    def update_weights_from_distributed(
+        self,
+        *,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        group_name: str,
+        weight_version: Optional[str] = None,
+        flush_cache: bool = False,
+        timeout: float = 600.0,
+    ) -> dict:
+        """POST /update_weights; the workers then receive the broadcasts in `names` order."""
+        info = {"names": list(names), "dtype_names": list(dtypes), "shapes": [list(s) for s in shapes]}
+        return self._call("POST", "/update_weights", {"update_info": info}, timeout=timeout)
+
+    def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: Sequence[str],
+        *,
+        load_format: str = "flattened_bucket",
+        weight_version: Optional[str] = None,
+        flush_cache: bool = False,
+        timeout: float = 600.0,
+    ) -> dict:
+        """One flattened bucket (`slime.sync.wire` items, one per engine TP rank) as vLLM's packed IPC update."""
+        from slime.engine.vllm.protocol import ipc_update_info
+
+        if not self._ipc_ready:
+            self._call("POST", "/init_weight_transfer_engine", {"init_info": {"packed": True}}, timeout=timeout)
+            self._ipc_ready = True
+        info = ipc_update_info(serialized_named_tensors)
+        return self._call("POST", "/update_weights", {"update_info": info}, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"VLLMClient({self.url})"

@@ -1,0 +1,112 @@
+"""`VLLMEngine`: one vLLM 0.33.0 OpenAI-compatible server as an `EngineServer`.
+
+Command line: `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve` runs) with the
+framework's arguments (`engine_args.owned_args`: model, host, the reserved port, tensor parallel size from
+the engine's GPUs, seed, sleep mode when colocated, log-probs mode) plus the ones only the engine adapter
+decides: `--weight-transfer-config {"backend": "nccl" | "ipc"}` from `rollout.weight_sync.mode`, the NIXL
+`--kv-transfer-config` of a PD server, and `--enable-server-load-tracking` (GET /load counts in-flight
+generate requests, polled after an abort); then `rollout.vllm` and the server group's overrides.
+
+Environment: the engine's GPUs as CUDA_VISIBLE_DEVICES; VLLM_SERVER_DEV_MODE=1 (mounts /sleep, /wake_up,
+/reset_prefix_cache, /collective_rpc and the RL weight-transfer routes); VLLM_ALLOW_INSECURE_SERIALIZATION=1
+(the IPC handles travel pickled over HTTP, from this run's trainer only); a PD server's NIXL side channel
+on its second reserved port; no PYTORCH_CUDA_ALLOC_CONF (expandable segments break vLLM's sleep allocator).
+
+Control calls go through `VLLMClient`, routers are `VLLMRouter`s. Nothing here imports vllm; `launch_module`
+swaps the entry point for a server that parses the same CLI (the CPU tests' `tests/fakes/fake_vllm.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from slime.engine.base import EngineLaunch, EngineServer
+from slime.engine.vllm import engine_args
+from slime.engine.vllm.client import VLLMClient
+from slime.engine.vllm.router import VLLMRouter
+
+if TYPE_CHECKING:
+    from slime.config.schema import RolloutConfig
+
+# rollout.weight_sync.mode -> vLLM weight transfer backend (disk reloads through /collective_rpc instead)
+TRANSFER_BACKENDS = {"tensor": "ipc", "distributed": "nccl"}
+PD_CONNECTOR = "NixlConnector"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VLLMEngineConfig:
+    """What one vLLM server is started with besides its `EngineLaunch`."""
+
+    args: dict[str, Any]  # rollout.vllm + the group's overrides, already validated (framework keys included)
+    launch_module: str = engine_args.LAUNCH_MODULE
+    startup_timeout_s: float = 600.0
+    worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
+    weight_transfer_backend: Optional[str] = "nccl"  # vLLM's weight transfer backend, None: disk syncs only
+
+
+class VLLMEngine(EngineServer):
+    """One vLLM server over `len(launch.gpu_ids)` GPUs; see the module docstring."""
+
+    kind = "vllm"
+    num_ports: ClassVar[int] = 2  # HTTP, the NIXL side channel of a PD server
+    health_path = "/health"
+    unset_env = ("PYTORCH_CUDA_ALLOC_CONF",)
+    client_class = VLLMClient
+    router_class = VLLMRouter
+
+    def __init__(self, launch: EngineLaunch, config: VLLMEngineConfig):
+        super().__init__(launch, config)
+
+    @classmethod
+    def config_from(
+        cls, rollout: RolloutConfig, *, worker_type: str = "regular", overrides: dict | None = None
+    ) -> VLLMEngineConfig:
+        """`rollout.vllm` with the server group's `overrides` on top, the group's worker type, the sync backend."""
+        return VLLMEngineConfig(
+            args={**rollout.vllm, **(overrides or {})},
+            launch_module=rollout.vllm_launch.module,
+            startup_timeout_s=rollout.vllm_launch.startup_timeout_s,
+            worker_type=worker_type,
+            weight_transfer_backend=TRANSFER_BACKENDS.get(rollout.weight_sync.mode),
+        )
+
+    def adapter_args(self) -> dict[str, Any]:
+        """The owned arguments the engine adapter decides (not the launch: the sync backend, PD, load tracking)."""
+        cfg = self.config
+        args: dict[str, Any] = {"enable_server_load_tracking": True}
+        if cfg.weight_transfer_backend:
+            args["weight_transfer_config"] = {"backend": cfg.weight_transfer_backend}
+        if cfg.worker_type != "regular":
+            args["kv_transfer_config"] = {"kv_connector": PD_CONNECTOR, "kv_role": "kv_both"}
+        return args
+
+    def command(self, ports: list[int]) -> list[str]:
+        launch, cfg = self.launch_spec, self.config
+        if cfg.args.get("enable_server_load_tracking") is False:
+            raise ValueError(
+                "rollout.vllm.enable_server_load_tracking=false: the framework polls GET /load after every abort; "
+                "remove the key"
+            )
+        user = {k: v for k, v in cfg.args.items() if k != "enable_server_load_tracking"}
+        argv = engine_args.server_args(
+            user,
+            model_path=launch.model_path,
+            host=launch.host,
+            port=ports[0],
+            num_gpus=len(launch.gpu_ids),
+            seed=launch.seed,
+            sleep_mode=launch.memory_saver,
+        )
+        return [sys.executable, "-m", cfg.launch_module, *argv, *engine_args.cli_flags(self.adapter_args())]
+
+    def env(self) -> dict[str, str]:
+        env = {**super().env(), "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        if self.config.worker_type != "regular" and self.lease is not None:
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.launch_spec.host
+            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.lease.ports[1])
+        return env
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "worker_type": self.config.worker_type, "bootstrap_port": None}

@@ -1,0 +1,32 @@
+"""The trainer's side of vLLM 0.33.0's NCCL weight-transfer group (distributed mode with vLLM servers on GPU).
+
+vLLM's workers join the group that `/init_weight_transfer_engine {"init_info": {master_address, master_port,
+rank_offset, world_size}}` names through vLLM's own rendezvous (`StatelessProcessGroup` hosted by rank 0 on
+`master_port`, then a `PyNcclCommunicator`), not through torch.distributed's store protocol, so the trainer
+must open its end with vLLM's trainer API: `vllm.distributed.weight_transfer.nccl_common.trainer_init`. Each
+tensor of an `/update_weights` call (packed=False) is then one broadcast from rank 0, in the listed order.
+This needs vllm importable in the trainer's process (the GPU image); the CPU tests' fake speaks gloo instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class VLLMNCCLGroup:
+    """Rank 0 of a vLLM weight-transfer group; `broadcast(tensor)` sends one tensor to every worker."""
+
+    def __init__(self, *, address: str, port: int, world_size: int):
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
+
+        self.comm = trainer_init({"master_address": address, "master_port": port, "world_size": world_size}, rank=0)
+        self.device = torch.device(self.comm.device)
+        self.world_size = world_size
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream() if tensor.is_cuda else None
+        self.comm.broadcast(tensor, src=0, stream=stream)
+
+    def close(self) -> None:
+        """vLLM's communicator has no destroy call; dropping it releases the NCCL communicator."""
+        self.comm = None

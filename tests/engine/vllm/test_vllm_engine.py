@@ -1,0 +1,367 @@
+"""The vLLM engine adapter against the fake vLLM 0.33.0 server (tests/fakes/fake_vllm.py), launched through the
+same path as vLLM (`python -m <module>` with vLLM's CLI), behind the real vllm-router: command line and
+environment, health wait, registration (regular, PD, external router), token-level generation recorded on a
+Sample, every control call, the three weight-sync modes, sleep/wake order and the error paths.
+
+Two fake servers start once for the module, in parallel (see the `servers` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import aiohttp
+import pytest
+import torch
+
+from slime.config.schema import RolloutConfig, RouterConfig, WeightSyncConfig
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch, EngineStartupError, get_engine_class
+from slime.engine.router import RouterError
+from slime.engine.vllm.client import VLLMClient
+from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
+from slime.engine.vllm.router import VLLMRouter
+from slime.rollout.base import RolloutContext
+from slime.rollout.generate import generate
+from slime.sync.base import SyncContext
+from slime.types import Sample, SampleStatus
+from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK, build_parser
+
+FAKE = "tests.fakes.fake_vllm"
+
+
+def make_engine(model_dir, log_dir, *, rank=0, gpu_ids=(), device="cpu", memory_saver=False, timeout_s=120.0, **config):
+    launch = EngineLaunch(
+        rank=rank,
+        model_path=str(model_dir),
+        host="127.0.0.1",
+        seed=11 + rank,
+        device=device,
+        log_dir=str(log_dir),
+        gpu_ids=tuple(gpu_ids),
+        startup_timeout_s=timeout_s,
+        shutdown_grace_s=5,
+        memory_saver=memory_saver,
+    )
+    return VLLMEngine(launch, VLLMEngineConfig(**{"args": {}, "launch_module": FAKE, **config}))
+
+
+def logged(engine, mark=REQUEST_MARK) -> list[dict]:
+    lines = engine.log_path.read_text().splitlines()
+    return [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith(mark)]
+
+
+def test_registered_and_command_is_vllms_cli_with_the_framework_owned_arguments(tmp_path):
+    assert get_engine_class("vllm") is VLLMEngine
+    engine = make_engine("/models/qwen", tmp_path, gpu_ids=("3", "5"), device="cuda", memory_saver=True)
+    engine.config = VLLMEngineConfig(
+        args={"gpu_memory_utilization": 0.7, "max_model_len": 2048, "prefill_num_servers": 1},
+        launch_module="vllm.entrypoints.launchers.api_server.entry",
+        worker_type="prefill",
+        weight_transfer_backend="ipc",
+    )
+    cmd = engine.command([15001, 15002])
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    args = vars(build_parser().parse_args(cmd[3:]))  # vLLM's parser (pinned field list) accepts all of it
+    expected = {
+        "model": "/models/qwen",
+        "host": "127.0.0.1",
+        "port": 15001,
+        "tensor_parallel_size": 2,
+        "seed": 11,
+        "enable_sleep_mode": True,
+        "distributed_executor_backend": "mp",
+        "logprobs_mode": "processed_logprobs",
+        "gpu_memory_utilization": 0.7,
+        "max_model_len": 2048,
+        "enable_server_load_tracking": True,
+        "weight_transfer_config": {"backend": "ipc"},
+        "kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+    }
+    assert {k: args[k] for k in expected} == expected
+    assert "--prefill-num-servers" not in cmd  # the framework's key, not vLLM's
+    engine.lease = type("Lease", (), {"ports": [15001, 15002]})()
+    env = engine.env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "3,5" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "15002"
+    assert "PYTORCH_CUDA_ALLOC_CONF" in VLLMEngine.unset_env
+    rollout = RolloutConfig(
+        engine="vllm", vllm={"enforce_eager": True}, weight_sync=WeightSyncConfig(mode="distributed")
+    )
+    config = VLLMEngine.config_from(rollout, worker_type="decode", overrides={"max_num_seqs": 8})
+    assert config.args == {"enforce_eager": True, "max_num_seqs": 8} and config.weight_transfer_backend == "nccl"
+    with pytest.raises(ValueError, match=r"\['tensor_parallel_size'\] are set by the framework"):
+        make_engine("/m", tmp_path, args={"tensor_parallel_size": 4}).command([1, 2])
+
+
+def test_a_server_that_rejects_its_arguments_fails_with_the_log_tail(tmp_path):
+    engine = make_engine("/m", tmp_path, args={"no_such_engine_arg": 1})
+    with pytest.raises(EngineStartupError, match=r"(?s)exited with status 2.*unrecognized arguments: --no-such"):
+        engine.start()
+    assert engine.process is None
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir, tmp_path_factory):
+    """(main, prefill): two fake vLLM servers started by the adapter, in parallel. `main` is a PD decode server
+    of TP 2 on two "GPUs" with sleep mode and the NCCL transfer backend (it also serves as a regular worker);
+    `prefill` a PD prefill server with the IPC transfer backend."""
+    logs = tmp_path_factory.mktemp("vllm_logs")
+    main = make_engine(tiny_model_dir, logs, gpu_ids=("0", "1"), memory_saver=True, worker_type="decode")
+    prefill = make_engine(tiny_model_dir, logs, rank=1, worker_type="prefill", weight_transfer_backend="ipc")
+    engines = [main, prefill]
+    try:
+        for engine in engines:
+            engine.launch()
+        for engine in engines:
+            engine.wait_until_ready()
+        yield main, prefill
+    finally:
+        for engine in engines:
+            engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def router(servers, tmp_path_factory):
+    router = VLLMRouter.launch(cfg=RouterConfig(), log_path=tmp_path_factory.mktemp("router") / "router.log")
+    router.add_worker(servers[0].url)
+    yield router
+    router.shutdown()
+
+
+def rollout_context(router_url: str, tiny_model_dir: str, session) -> RolloutContext:
+    from transformers import AutoTokenizer
+
+    return RolloutContext(
+        config=RolloutConfig(engine="vllm"),
+        router_url=router_url,
+        tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir),
+        batch_size=1,
+        over_sampling_batch_size=1,
+        sampling_params={},
+        max_in_flight=4,
+        rewards=None,
+        session=session,
+        sampling_seed=5,
+    )
+
+
+def generate_sample(router_url: str, tiny_model_dir: str, params: dict, tokens=(1, 5, 11)) -> Sample:
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            sample = Sample(index=0, prompt="", tokens=list(tokens), response_length=0)
+            return await generate(rollout_context(router_url, tiny_model_dir, session), sample, params)
+
+    return asyncio.run(run())
+
+
+GREEDY = {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.0, "top_k": -1}
+
+
+def test_generation_through_the_router_is_recorded_on_the_sample_as_with_sglang(servers, router, tiny_model_dir):
+    regular = servers[0]
+    assert [(w["url"], w["worker_type"], w["is_healthy"]) for w in router.list_workers()] == [
+        (regular.url, "regular", True)
+    ]
+    sample = generate_sample(router.url, tiny_model_dir, GREEDY)
+    assert sample.response_length == 6 and len(sample.tokens) == 9 and len(sample.rollout_log_probs) == 6
+    assert all(lp <= 0 for lp in sample.rollout_log_probs) and sample.loss_mask == [1] * 6
+    assert sample.status == SampleStatus.TRUNCATED and sample.weight_versions == ["0"]
+    (call,) = [g for g in logged(regular, GENERATE_MARK)][-1:]
+    assert call["max_tokens"] == 6  # max_new_tokens became vLLM's max_tokens
+    again = generate_sample(router.url, tiny_model_dir, GREEDY)
+    assert again.tokens == sample.tokens and again.rollout_log_probs == sample.rollout_log_probs  # greedy
+    info = regular.client.server_info()
+    assert info["tp_size"] == 2 and info["fake_cli"]["enable_sleep_mode"] is True
+
+
+def test_control_calls_and_the_colocated_sleep_wake_order(servers, router, tiny_model_dir):
+    """REFERENCE.md §2.3 with vLLM's levels: sleep (all) -> wake weights -> write weights -> wake kv_cache; a
+    generation while asleep and a weight write into slept weights both fail, as on a GPU."""
+    regular = servers[0]
+    client = regular.client
+    before = len(logged(regular))
+    client.pause_generation()
+    client.flush_cache()
+    client.continue_generation()
+    client.abort_all_and_wait_idle(timeout_s=10)
+    client.release_memory()
+    assert client.is_sleeping()
+    status, body = http_client.request("POST", regular.url + "/inference/v1/generate", {"token_ids": [1]})
+    assert status == 503 and "sleeping" in body["error"]["message"]
+    with pytest.raises(http_client.EngineHTTPError, match="weights are asleep"):
+        client.update_weights_from_disk(tiny_model_dir, weight_version="5")
+    client.resume_memory(["weights"])
+    client.update_weights_from_disk(tiny_model_dir, weight_version="5")
+    client.resume_memory(["kv_cache", "cuda_graph"])
+    assert not client.is_sleeping() and client.get_weight_version() == "5"
+    calls = [(r["path"], r["query"]) for r in logged(regular)[before:]]
+    assert calls == [
+        ("/pause", "mode=abort"),
+        ("/reset_prefix_cache", ""),
+        ("/resume", ""),
+        ("/abort_requests", ""),
+        ("/sleep", "level=2"),
+        ("/collective_rpc", ""),  # refused: weights asleep
+        ("/wake_up", "tags=weights"),
+        ("/collective_rpc", ""),
+        ("/update_weight_version", ""),
+        ("/wake_up", "tags=kv_cache"),
+    ]
+    assert generate_sample(router.url, tiny_model_dir, GREEDY).weight_versions == ["5"]
+
+
+def _buckets(tiny_model_dir: str, scale: float) -> list[list[tuple[str, torch.Tensor]]]:
+    from slime.engine.hf.weights import read_safetensors_dir
+
+    tensors = read_safetensors_dir(tiny_model_dir)
+    names = sorted(tensors)
+    half = len(names) // 2
+    return [[(n, tensors[n] * scale) for n in part] for part in (names[:half], names[half:])]
+
+
+@pytest.mark.parametrize("mode", ["distributed", "tensor", "disk"])
+def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tmp_path, mode):
+    """A push of scaled weights changes the engine's greedy output; pushing the originals back restores it
+    bit for bit, and the version is the push's. distributed -> the main server's NCCL backend (gloo here, all
+    its TP ranks join), tensor -> the prefill server's IPC backend (/dev/shm), disk -> /collective_rpc."""
+    from slime.registry import WEIGHT_SYNC
+
+    engine = servers[1] if mode == "tensor" else servers[0]
+    client = VLLMClient(engine.url)
+    context = SyncContext(source_checkpoint=tiny_model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20)
+    reference = generate_sample(engine.url, tiny_model_dir, GREEDY)
+    before = len(logged(engine))
+    sync = WEIGHT_SYNC.load(mode)([client], context)
+    try:
+        sync.push(_buckets(tiny_model_dir, 0.5), weight_version=7)
+        changed = generate_sample(engine.url, tiny_model_dir, GREEDY)
+        sync.push(_buckets(tiny_model_dir, 1.0), weight_version=8)
+    finally:
+        sync.close()
+    restored = generate_sample(engine.url, tiny_model_dir, GREEDY)
+    assert changed.weight_versions == ["7"] and changed.rollout_log_probs != reference.rollout_log_probs
+    assert restored.weight_versions == ["8"] and restored.rollout_log_probs == reference.rollout_log_probs
+    paths = [r["path"] for r in logged(engine)[before:]]
+    one_push = {
+        "distributed": ["/start_weight_update", "/update_weights", "/update_weights", "/finish_weight_update"],
+        "tensor": ["/start_weight_update", "/update_weights", "/update_weights", "/finish_weight_update"],
+        "disk": ["/collective_rpc", "/update_weight_version"],
+    }[mode]
+    bracket = ["/pause", "/reset_prefix_cache", *one_push, "/resume"]
+    setup = {"distributed": ["/init_weight_transfer_engine"], "tensor": [], "disk": []}[mode]
+    teardown = ["/shutdown_weight_transfer_engine"] if mode == "distributed" else []
+    first_init = ["/init_weight_transfer_engine"] if mode == "tensor" else []
+    expected = setup + bracket[:3] + first_init + bracket[3:] + bracket + teardown
+    assert paths == expected
+    if mode == "tensor":
+        update = next(r for r in logged(engine)[before:] if r["path"] == "/update_weights")
+        assert set(update["body"]["update_info"]) == {"names", "dtype_names", "shapes", "tensor_sizes"}
+
+
+def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_kv(servers, tiny_model_dir, tmp_path):
+    decode, prefill = servers
+    router = VLLMRouter.launch(cfg=RouterConfig(), log_path=tmp_path / "pd_router.log", pd=True)
+    try:
+        assert router.process is None and router.list_workers() == []  # vllm-router needs both kinds to start
+        router.add_worker(prefill.url, worker_type="prefill")
+        router.add_worker(decode.url, worker_type="decode")
+        assert sorted((w["url"], w["worker_type"]) for w in router.list_workers()) == sorted(
+            [(prefill.url, "prefill"), (decode.url, "decode")]
+        )
+        assert "--vllm-pd-disaggregation" in router.log_path.read_text()
+        sample = generate_sample(router.url, tiny_model_dir, GREEDY)
+        assert sample.response_length == 6 and sample.status == SampleStatus.TRUNCATED
+        first = logged(prefill, GENERATE_MARK)[-1]
+        second = logged(decode, GENERATE_MARK)[-1]
+        assert first["max_tokens"] == 1 and first["kv_transfer_params"]["do_remote_decode"] is True
+        assert second["max_tokens"] == 6 and second["kv_transfer_params"]["do_remote_prefill"] is True
+        assert second["kv_transfer_params"]["remote_port"] == prefill.lease.ports[1]  # the NIXL side channel
+        assert router.remove_worker(decode.url) and [w["url"] for w in router.list_workers()] == [prefill.url]
+        router.add_worker(decode.url, worker_type="decode")  # a restarted decode server comes back
+        assert len(router.list_workers()) == 2
+        with pytest.raises(RouterError, match="already registered"):
+            router.add_worker(prefill.url, worker_type="prefill")
+    finally:
+        router.shutdown()
+
+
+def test_an_external_router_gets_the_workers_and_is_left_running(servers, tiny_model_dir, tmp_path):
+    regular = servers[0]
+    external = VLLMRouter.launch(cfg=RouterConfig(policy="round_robin"), log_path=tmp_path / "external.log")
+    try:
+        joined = VLLMRouter.connect(external.url.removeprefix("http://"))
+        joined.add_worker(regular.url)
+        assert [w["url"] for w in external.list_workers()] == [regular.url]
+        assert generate_sample(joined.url, tiny_model_dir, GREEDY).response_length == 6
+        assert joined.remove_worker(regular.url) and external.list_workers() == []
+        joined.shutdown()
+        assert external.process.poll() is None  # a connected router is never stopped
+    finally:
+        external.shutdown()
+    with pytest.raises(Exception, match="does not answer"):
+        VLLMRouter.connect(external.url)
+
+
+class LocalActor:
+    """An engine as the fleet sees its Ray actor (`actor.method.remote(...)`), called in this process."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        method = getattr(self.engine, name)
+        return type("Method", (), {"remote": staticmethod(method)})
+
+
+def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_again(
+    servers, router, tiny_model_dir, tmp_path, monkeypatch
+):
+    """The fleet's fault tolerance (slime.runtime.engine_fleet, Ray calls run locally) with a vLLM server
+    (last: it kills the regular server): the health monitor removes it from the vllm-router, `recover()`
+    restarts it on fresh ports, it gets the weights, then `register_restarted` puts it back."""
+    from slime.config.schema import FaultToleranceConfig
+    from slime.engine.groups import EngineSpec, ModelSpec
+    from slime.runtime import engine_fleet
+
+    monkeypatch.setattr(engine_fleet.ray, "get", lambda refs: refs)
+    regular = servers[0]
+    router.remove_worker(regular.url)
+    ft = FaultToleranceConfig(enabled=True, health_check_interval_s=0.1, health_check_timeout_s=2.0)
+    spec = EngineSpec(model="default", worker_type="regular", num_gpus=2, overrides={}, key="cluster")
+    setup = engine_fleet.FleetSetup(
+        rollout=RolloutConfig(engine="vllm", fault_tolerance=ft),
+        models=[ModelSpec(name="default", model_path=tiny_model_dir, update_weights=True, router=RouterConfig())],
+        specs=[spec],
+        host="127.0.0.1",
+        device="cpu",
+        colocate=False,
+        seed=1,
+        run_dir=str(tmp_path),
+        trainer_gpus=1,
+    )
+    fleet = engine_fleet.EngineFleet(setup, placements=[None])
+    fleet.slots = [engine_fleet.EngineSlot(rank=0, spec=spec, actor=LocalActor(regular))]
+    fleet.routers = {"default": router}
+    fleet.finish_start()
+    try:
+        assert [w["url"] for w in router.list_workers()] == [regular.url]
+        assert [type(c).__name__ for c in fleet.clients()] == ["VLLMClient"]
+        old_pid = regular.pid
+        regular.process.kill()
+        for _ in range(100):
+            if fleet.dead_ranks():
+                break
+            time.sleep(0.05)
+        assert fleet.dead_ranks() == [0] and router.list_workers() == []  # removed from the router
+        assert fleet.recover() == [0]
+        regular.client.update_weights_from_disk(tiny_model_dir, weight_version="9")
+        fleet.register_restarted([0])
+        assert [w["url"] for w in router.list_workers()] == [regular.url] and regular.pid != old_pid
+        assert generate_sample(router.url, tiny_model_dir, GREEDY).weight_versions == ["9"]
+        (entry,) = json.loads((tmp_path / "engines.json").read_text())["engines"]
+        assert entry["restarts"] == 1 and entry["pid"] == regular.pid and entry["kind"] == "vllm"
+    finally:
+        fleet._monitor_stop.set()

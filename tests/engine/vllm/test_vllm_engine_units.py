@@ -1,0 +1,142 @@
+"""vLLM adapter pieces that need no server: engine specs of PD and server groups, the SGLang <-> vLLM
+generate translation, and the trainer's end of vLLM's NCCL group (vLLM's module stood in for)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from slime.engine.vllm.client import VLLMClient
+from slime.engine.vllm.engine import VLLMEngine
+from slime.sync.base import SyncContext
+from slime.types import Sample, SampleStatus
+
+
+# ------------------------------------------------------------------------------------------ server groups
+def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
+    """The seeds' --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
+    the rest decode; served models with per-group overrides where only one is updated."""
+    from slime.config import ConfigError, validate
+    from slime.engine.groups import engine_specs, model_specs, policy_model
+    from tests.conftest import typed_config
+
+    cfg = typed_config(
+        [
+            "rollout=vllm",
+            "cluster.rollout.num_gpus=4",
+            "cluster.num_gpus_per_node=8",
+            "+rollout.vllm.prefill_num_servers=1",
+        ]
+    )
+    validate(cfg)
+    assert [s.worker_type for s in engine_specs(cfg, 4)] == ["prefill", "decode", "decode", "decode"]
+    models = (
+        "rollout.models=[{name: actor, server_groups: [{worker_type: prefill, num_gpus: 1},"
+        " {worker_type: decode, num_gpus: 2, overrides: {max_num_seqs: 8}}]},"
+        " {name: ref, update_weights: false, server_groups: [{num_gpus: 1}]}]"
+    )
+    cfg = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=4", "cluster.num_gpus_per_node=8", models])
+    validate(cfg)
+    specs = engine_specs(cfg, 4)
+    assert [(s.model, s.worker_type, s.overrides) for s in specs] == [
+        ("actor", "prefill", {}),
+        ("actor", "decode", {"max_num_seqs": 8}),
+        ("actor", "decode", {"max_num_seqs": 8}),
+        ("ref", "regular", {}),
+    ]
+    assert policy_model(model_specs(cfg)).name == "actor"
+    config = VLLMEngine.config_from(cfg.rollout, worker_type=specs[1].worker_type, overrides=specs[1].overrides)
+    assert config.args == {"max_num_seqs": 8} and config.worker_type == "decode"
+    bad = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.prefill_num_servers"):
+        validate(bad)
+
+
+def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendezvous(monkeypatch, tmp_path):
+    """On GPU the trainer joins vLLM's NCCL group through vLLM's trainer API (`nccl_common.trainer_init`, rank 0
+    hosting the rendezvous on the port the engines are told), then broadcasts each tensor in the listed order.
+    vLLM is not importable here: its module is stood in for, the engine's HTTP calls are recorded."""
+    import types
+
+    from slime.sync.distributed import DistributedWeightSync
+
+    calls, sent = [], []
+
+    class Comm:
+        device = "cpu"
+
+        def broadcast(self, tensor, src, stream):
+            sent.append((src, tensor.clone()))
+
+    def trainer_init(info, rank):
+        calls.append(("trainer_init", info, rank))
+        return Comm()
+
+    module = types.ModuleType("vllm.distributed.weight_transfer.nccl_common")
+    module.trainer_init = trainer_init
+    monkeypatch.setitem(sys.modules, "vllm.distributed.weight_transfer.nccl_common", module)
+    monkeypatch.setattr(DistributedWeightSync, "backend", property(lambda self: "nccl"))
+
+    class Recorded(VLLMClient):
+        def _call(self, method, path, payload=None, timeout=None):
+            calls.append((path, payload))
+            return {"world_size": 2} if path.startswith("/get_world_size") else {"success": True}
+
+    sync = DistributedWeightSync(
+        [Recorded("http://127.0.0.1:9")], SyncContext(source_checkpoint="", work_dir="", bucket_bytes=1)
+    )
+    (init,) = [c for c in calls if c[0] == "/init_weight_transfer_engine"]
+    (opened,) = [c for c in calls if c[0] == "trainer_init"]
+    assert init[1]["init_info"]["world_size"] == 3 and init[1]["init_info"]["rank_offset"] == 1
+    assert opened[1] == {
+        "master_address": "127.0.0.1",
+        "master_port": init[1]["init_info"]["master_port"],
+        "world_size": 3,
+    }
+    bucket = [("a", torch.ones(2)), ("b", torch.zeros(3))]
+    sync.push([bucket], weight_version=1)
+    assert [(src, t.tolist()) for src, t in sent] == [(0, [1.0, 1.0]), (0, [0.0, 0.0, 0.0])]
+    sync.close()
+
+
+def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
+    from slime.engine.vllm.protocol import as_sglang_output, sampling_params
+
+    params = {"max_new_tokens": 4, "top_k": -1, "sampling_seed": 3, "no_stop_trim": True, "stop_token_ids": [2]}
+    assert sampling_params(params) == {
+        "max_tokens": 4,
+        "top_k": 0,
+        "seed": 3,
+        "include_stop_str_in_output": True,
+        "stop_token_ids": [2],
+        "logprobs": 0,
+    }
+    with pytest.raises(ValueError, match=r"\['json_schema'\] have no vLLM SamplingParams field"):
+        sampling_params({"json_schema": "{}"})
+    choice = {
+        "finish_reason": "abort",
+        "token_ids": [3, 4],
+        "weight_versions": [{"version": "2", "start": 0, "end": 2}],
+    }
+    choice["logprobs"] = {"content": [{"token_id": 3, "logprob": -0.5}, {"token_id": 4, "logprob": -1.5}]}
+    out = as_sglang_output({"choices": [choice], "usage": {"prompt_tokens": 7}}, lambda ids: "x" * len(ids))
+    assert out == {
+        "text": "xx",
+        "meta_info": {
+            "finish_reason": {"type": "abort"},
+            "output_token_logprobs": [[-0.5, 3], [-1.5, 4]],
+            "weight_version": "2",
+            "prompt_tokens": 7,
+            "completion_tokens": 2,
+        },
+    }
+    sample = Sample(index=0, tokens=[1], response_length=0)
+    from slime.rollout.generate import append_engine_output
+
+    append_engine_output(sample, out)
+    assert sample.status == SampleStatus.ABORTED and sample.rollout_log_probs == [-0.5, -1.5]
+    del choice["logprobs"]
+    with pytest.raises(ValueError, match="must set sampling_params.logprobs=0"):
+        as_sglang_output({"choices": [choice]}, str)
