@@ -187,7 +187,7 @@ def check_hf_engine_options(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_weight_sync(cfg: RunConfig) -> Iterator[Problem]:
-    """`keep` is disk-only; tensor mode needs the engines on the trainer's node and devices."""
+    """`keep` is disk-only; tensor mode needs the engines on the trainer's node and devices; checksums need SGLang/hf."""
     c, ws = cfg.cluster, cfg.rollout.weight_sync
     if ws.keep and ws.mode != "disk":
         yield Problem(
@@ -211,6 +211,13 @@ def check_weight_sync(cfg: RunConfig) -> Iterator[Problem]:
             f"tensor mode hands every bucket from the source rank's node "
             f"to the engines; cluster.num_nodes={c.num_nodes} puts engines on other nodes",
             "set rollout.weight_sync.mode=distributed (or disk), or cluster.num_nodes=1",
+        )
+    if cfg.debug.check_weight_update_equal and cfg.rollout.engine == "vllm":
+        yield Problem(
+            "debug.check_weight_update_equal",
+            True,
+            "the check compares per-tensor sha256 sums, which vLLM servers do not report",
+            "set debug.check_weight_update_equal=false with rollout.engine=vllm",
         )
 
 

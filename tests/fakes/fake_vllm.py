@@ -40,7 +40,7 @@ import time
 import uuid
 from typing import Any
 
-from slime.engine.vllm.engine_args import _JSON_LISTS, _REPEATED, FIELDS_FILE
+from slime.engine.vllm.engine_args import FIELDS_FILE, JSON_LISTS, REPEATED
 
 logger = logging.getLogger("fake_vllm")
 REQUEST_MARK = "FAKE_VLLM_REQUEST"
@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, dest=name, type=int)
         elif simple == "float":
             parser.add_argument(flag, dest=name, type=float)
-        elif name in _JSON_LISTS or simple.endswith("Config") or simple.startswith("dict["):
+        elif name in JSON_LISTS or simple.endswith("Config") or simple.startswith("dict["):
             parser.add_argument(flag, dest=name, type=json.loads)
-        elif name in _REPEATED:
+        elif name in REPEATED:
             parser.add_argument(flag, dest=name, action="append")
         elif simple.startswith("list["):
             parser.add_argument(flag, dest=name, nargs="+")

@@ -84,14 +84,8 @@ class VLLMEngine(EngineServer):
 
     def command(self, ports: list[int]) -> list[str]:
         launch, cfg = self.launch_spec, self.config
-        if cfg.args.get("enable_server_load_tracking") is False:
-            raise ValueError(
-                "rollout.vllm.enable_server_load_tracking=false: the framework polls GET /load after every abort; "
-                "remove the key"
-            )
-        user = {k: v for k, v in cfg.args.items() if k != "enable_server_load_tracking"}
         argv = engine_args.server_args(
-            user,
+            cfg.args,
             model_path=launch.model_path,
             host=launch.host,
             port=ports[0],

@@ -58,6 +58,7 @@ OWNED_FIELDS: dict[str, str] = {
     "data_parallel_rpc_port": "a port the framework reserves",
     "kv_transfer_config": "rollout.models[*].server_groups[*].worker_type",
     "weight_transfer_config": "rollout.weight_sync.mode",
+    "enable_server_load_tracking": "the framework (it polls GET /load after every abort)",
     "logprobs_mode": f"the rollout's log-probs ({LOGPROBS_MODE}: after temperature, as the trainer computes them)",
 }
 _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config keys
@@ -71,8 +72,8 @@ FRAMEWORK_KEYS: dict[str, str] = {
 PARALLEL_SIZES = ("pipeline_parallel_size", "prefill_context_parallel_size", "data_parallel_size")
 
 # FrontendArgs lists that vLLM 0.33.0 parses as one JSON value, or as a repeated flag (_customize_cli_kwargs).
-_JSON_LISTS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
-_REPEATED = frozenset({"middleware"})
+JSON_LISTS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
+REPEATED = frozenset({"middleware"})
 
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 
@@ -232,13 +233,11 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
             flags.append(flag)
         elif value is False:
             flags.append("--no-" + _flag(name))
-        elif isinstance(value, dict) or (name in _JSON_LISTS and isinstance(value, (list, tuple))):
+        elif isinstance(value, dict) or (name in JSON_LISTS and isinstance(value, (list, tuple))):
             flags += [flag, json.dumps(value)]
         elif isinstance(value, (list, tuple)):
             flags += (
-                [part for item in value for part in (flag, str(item))]
-                if name in _REPEATED
-                else [flag, *map(str, value)]
+                [part for item in value for part in (flag, str(item))] if name in REPEATED else [flag, *map(str, value)]
             )
         else:
             flags += [flag, str(value)]
