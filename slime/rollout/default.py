@@ -110,6 +110,12 @@ async def _train(args: RolloutContext, data_source, rollout_id: int, semaphore: 
                 task = _generate_group(args, semaphore, group, args.sampling_params, **call)
                 step.pending.append(asyncio.create_task(task))
                 step.submitted += 1
+        if not step.pending:  # a bounded source (train.num_epoch) serves every group of the run, no more
+            raise RuntimeError(
+                f"rollout {rollout_id}: the data source ran out with {len(step.kept)} of rollout.batch_size="
+                f"{args.batch_size} groups kept: the run's prompts (train.num_epoch) are spent; a filter dropped "
+                "groups the run needed"
+            )
         if args.sampling_seed is not None:  # deterministic: the oldest group first, whenever it finishes
             await asyncio.wait(step.pending[:1])
             done = step.pending[:1]

@@ -73,6 +73,7 @@ class RolloutSetup:
     fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
     save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
     load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
+    max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
@@ -106,7 +107,15 @@ class RolloutSetup:
             load_rollout_data=(
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
             ),
+            max_train_groups=max_train_groups(cfg),
         )
+
+
+def max_train_groups(cfg: RunConfig) -> int | None:
+    """The fresh groups of the whole run when train.num_epoch sized it (num_rollout × batch_size), else None."""
+    if cfg.train.num_epoch is None or cfg.train.num_rollout is None:
+        return None
+    return cfg.train.num_rollout * cfg.rollout.batch_size
 
 
 class RolloutManager:
@@ -146,7 +155,9 @@ class RolloutManager:
 
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
-        self.data_source = self._prompt_source(d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle)
+        self.data_source = self._prompt_source(
+            d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle, max_groups=s.max_train_groups
+        )
         self.rewards = RewardHub.from_config(r)
         self.eval_sources = {}
         if s.eval.interval:
@@ -161,10 +172,16 @@ class RolloutManager:
         self.hooks = RolloutHooks.load(r, s.algo)
 
     def _prompt_source(
-        self, path: str, n_samples_per_prompt: int, *, shuffle: bool = False, **keys: str | None
+        self,
+        path: str,
+        n_samples_per_prompt: int,
+        *,
+        shuffle: bool = False,
+        max_groups: int | None = None,
+        **keys: str | None,
     ) -> DataSourceBase:
         """A data source over the prompt file at `path`, read with `data`'s keys (or `keys`) and templating; the
-        class is `data.source_class` when set."""
+        class is `data.source_class` when set; `max_groups` bounds its fresh groups (train.num_epoch)."""
         return build_data_source(
             dataclasses.replace(self.setup.data, **keys),
             path,
@@ -172,6 +189,7 @@ class RolloutManager:
             n_samples_per_prompt=n_samples_per_prompt,
             shuffle=shuffle,
             max_prompt_len=self.setup.rollout.max_prompt_len,
+            max_groups=max_groups,
         )
 
     def urls(self) -> list[str]:
