@@ -27,6 +27,7 @@ from slime.rollout.base import (
     RolloutContext,
     RolloutHooks,
     RolloutOutput,
+    RolloutProgress,
     as_eval_output,
     as_rollout_output,
 )
@@ -48,6 +49,9 @@ _CONTROL_CALLS = {
     "resume_memory",
 }
 
+# The manager's `ray.remote` options (Ray takes concurrency groups there, not in .options()): `progress` answers on its own thread while `generate` runs (every other
+# method stays on the one default thread, one call at a time).
+ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
 
@@ -130,6 +134,7 @@ class RolloutManager:
         self.setup = setup
         self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
+        self.rollout_progress: tuple[int, RolloutProgress] = (-1, RolloutProgress())  # (rollout id, its counts)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -285,6 +290,7 @@ class RolloutManager:
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 
         ctx = self._context(evaluation=False)
+        self.rollout_progress = (rollout_id, ctx.progress)
         out = self._rollout(ctx, rollout_id)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
@@ -323,6 +329,12 @@ class RolloutManager:
             balance_tokens=s.balance_tokens,
         )
         return batches, metrics, preview
+
+    @ray.method(concurrency_group="progress")
+    def progress(self) -> tuple[int, dict[str, int]]:
+        """(rollout id, its group counts so far: RolloutProgress fields) of the latest train rollout."""
+        rollout_id, counts = self.rollout_progress
+        return rollout_id, dataclasses.asdict(counts)
 
     def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
         """The rollout function's step, or the step's dump under debug.load_rollout_data."""

@@ -1,4 +1,5 @@
-"""main.py over two epochs with over-sampling, aborts and partial rollout: each prompt trained once per epoch.
+"""main.py over two epochs with over-sampling, aborts and partial rollout: each prompt trained once per epoch;
+the progress display shows each rollout's groups.
 
 Issue 10's acceptance at a CPU test's size (16 prompts, batch 4 of 6 over-sampled groups, 2 epochs -> 8
 rollout steps); the full-size command and its numbers are in the README ("Data").
@@ -27,7 +28,7 @@ def test_two_epochs_with_over_sampling_train_each_prompt_once_per_epoch(tmp_path
             sys.executable,
             "main.py",
             f"hydra.run.dir={run_dir}",
-            "logger.progress=false",
+            "logger.progress_every_s=0",  # off a terminal: every rollout's group counts as a line
             f"data.prompt_data='{data}@[0:16]'",
             "data.generator=null",
             "train.num_rollout=null",
@@ -54,5 +55,8 @@ def test_two_epochs_with_over_sampling_train_each_prompt_once_per_epoch(tmp_path
     dumped = [json.loads(line) for path in (run_dir / "rollout_data").iterdir() for line in path.open()]
     assert any("start_rollout_id" in s["metadata"] for s in dumped)  # cut groups were trained in a later step
     assert epoch_coverage(run_dir / "rollout_data") == {0: dict.fromkeys(range(16), 1), 1: dict.fromkeys(range(16), 1)}
+    lines = proc.stderr.splitlines()  # the progress display's group counts, fetched from the rollout manager
+    assert "rollout 0: 4/4 groups kept, 6 drawn, 2 cut, 0 filtered" in lines
+    assert "rollout 7: 4/4 groups kept, 4 drawn, 0 cut, 0 filtered" in lines  # the last step: the 4 groups left
     assert main([str(run_dir / "rollout_data"), "16"]) == 0
     assert "epoch 1: 16 of 16 prompts trained, repeated [], in the buffer 0, missing 0 []" in capsys.readouterr().out
