@@ -49,8 +49,8 @@ _CONTROL_CALLS = {
     "resume_memory",
 }
 
-# The manager's `ray.remote` options (Ray takes concurrency groups there, not in .options()): `progress` answers on its own thread while `generate` runs (every other
-# method stays on the one default thread, one call at a time).
+# The manager's `ray.remote` options (Ray takes concurrency groups there, not in .options()): `progress`
+# answers on its own thread while `generate` runs; every other method stays on the one default thread.
 ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
