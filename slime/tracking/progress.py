@@ -102,7 +102,7 @@ class RunProgress:
     def rollout_groups(self, rollout_id: int, counts: dict[str, int], *, final: bool = False) -> None:
         """Group counts of rollout `rollout_id` so far (`slime.rollout.base.RolloutProgress` fields); `final`:
         generation ended (the groups still in flight were cut and go back to the data source)."""
-        if not self.enabled:
+        if not self.enabled or not counts["needed"]:  # a rollout function that reports no counts (e.g. sft)
             return
         detail = f"{counts['submitted']} drawn, {counts['in_flight']} {'cut' if final else 'in flight'}"
         detail += f", {counts['dropped']} filtered"

@@ -45,6 +45,7 @@ def test_plain_group_lines_every_interval_and_at_the_end_of_a_slow_rollout(monke
     progress.rollout_groups(0, {**COUNTS, "kept": 4, "in_flight": 2}, final=True)  # t=21: a slow rollout's end
     progress.on_phase("rollout", 1)  # t=30 (the rollout phase lasted 30 s: its own line)
     progress.rollout_groups(1, {**COUNTS, "kept": 4}, final=True)  # t=30.5: a fast rollout, no line
+    progress.rollout_groups(1, dict.fromkeys(COUNTS, 0), final=True)  # no counts reported (sft): nothing shown
     progress.close()
     assert out.getvalue().splitlines() == [
         "rollout 0: 1/4 groups kept, 6 drawn, 5 in flight, 0 filtered",
