@@ -463,6 +463,7 @@ class LoggerConfig:
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
     progress: bool = True  # live progress display on the console
+    progress_every_s: float = 10.0  # off a terminal: lines for phases slower than this, rollout group counts this often
     plot: bool = True  # PNG plots in the run dir at each save and at the end of the run
     log_samples: int = 4  # samples per rollout written to samples.jsonl
     log_samples_every: Optional[int] = 10  # rollouts between wandb tables of sampled generations; None: never

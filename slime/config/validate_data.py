@@ -103,6 +103,15 @@ def _check_num_rollout(cfg: RunConfig) -> Iterator[Problem]:
                 f"(rollout.batch_size={cfg.rollout.batch_size})",
                 "raise train.num_epoch or lower rollout.batch_size",
             )
+        elif cfg.algo.dynamic_filter is not None:
+            yield Problem(
+                "train.num_epoch",
+                t.num_epoch,
+                f"algo.dynamic_filter={cfg.algo.dynamic_filter} drops groups, which use up prompts: "
+                f"{t.num_epoch} epoch(s) may fill fewer rollout steps than the {rollouts_for_epochs(cfg)} derived from them",
+                "set train.num_rollout=<steps> and train.num_epoch=null (the data source then runs through "
+                "epochs as long as the run asks), or algo.dynamic_filter=null",
+            )
 
 
 def _check_source_class(spec: str) -> Iterator[Problem]:

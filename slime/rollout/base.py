@@ -69,6 +69,21 @@ class EvalDataset:
     reward_key: str | None
 
 
+@dataclasses.dataclass
+class RolloutProgress:
+    """Group counts of the train rollout under way, for the live progress display (counts of groups).
+
+    The rollout function updates it as groups finish (`args.progress`); the rollout manager hands a copy
+    to the driver when asked, from another thread, so fields are only ever replaced, never half-written.
+    """
+
+    needed: int = 0  # rollout.batch_size: groups the step keeps
+    kept: int = 0  # finished and past the dynamic filter
+    submitted: int = 0  # drawn from the data source (over-sampling draws more than needed)
+    in_flight: int = 0  # submitted, not judged yet
+    dropped: int = 0  # rejected by the dynamic filter
+
+
 @dataclasses.dataclass(kw_only=True)
 class RolloutContext:
     """`args` of every rollout hook; built by the rollout manager for each rollout call."""
@@ -93,6 +108,7 @@ class RolloutContext:
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False
     session: Any = None
+    progress: RolloutProgress = dataclasses.field(default_factory=RolloutProgress)  # group counts so far
 
 
 @dataclasses.dataclass

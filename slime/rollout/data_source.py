@@ -8,6 +8,13 @@ served before fresh prompts, and is part of the saved state, so a resumed run lo
 Every sample records `prompt_index` (its row in the dataset) and `epoch` (when it was drawn): the
 rollout dumps (`debug.save_rollout_data`) show which prompt was trained in which epoch.
 
+When `train.num_epoch` sizes the run, `max_groups` = `train.num_rollout` × `rollout.batch_size` bounds the
+fresh groups served in the whole run: over-sampling draws ahead of training, and without the bound the
+last steps would draw into an epoch past `num_epoch` while groups of the earlier epochs wait in the buffer.
+With the bound, every group drawn is trained (the last step gets exactly what is left), so each prompt is
+trained once per epoch; the last epoch is cut to whole rollout steps (its last prompts in shuffled order,
+fewer than `batch_size`, are not drawn, like a data loader's `drop_last`).
+
 A custom source (`data.source_class`) subclasses `DataSourceBase` and is built as
 `cls(dataset, n_samples_per_prompt=..., shuffle=..., seed=...)`; `dataset` is the `PromptDataset` or None.
 """
@@ -117,9 +124,12 @@ def render_prompt(tokenizer, messages: list[dict], *, tools=None, template_kwarg
 class DataSourceBase(abc.ABC):
     """What the rollout asks of a data source (the `data.source_class` contract)."""
 
+    max_groups: Optional[int] = None  # fresh groups to serve in the whole run (None: epochs without end)
+
     @abc.abstractmethod
     def get_groups(self, num_groups: int) -> list[list[Sample]]:
-        """`num_groups` groups of n samples each: returned groups first, then fresh prompts."""
+        """`num_groups` groups of n samples each: returned groups first, then fresh prompts (fewer once
+        `max_groups` fresh groups were served)."""
 
     @abc.abstractmethod
     def add_groups(self, groups: list[list[Sample]]) -> None:
@@ -143,6 +153,7 @@ class DataSource(DataSourceBase):
 
     Without a dataset (None) it serves empty PENDING samples, for rollout functions that make their own
     prompts. `buffer_filter(buffer, num)` picks which buffered groups to serve (default: the oldest).
+    `max_groups` bounds the fresh groups of the whole run (the module docstring says why).
     """
 
     def __init__(
@@ -153,8 +164,10 @@ class DataSource(DataSourceBase):
         shuffle: bool,
         seed: int,
         buffer_filter: Optional[BufferFilter] = None,
+        max_groups: Optional[int] = None,
     ):
         self.dataset = dataset
+        self.max_groups = max_groups
         self.n = n_samples_per_prompt
         self.shuffle = shuffle
         self.seed = seed
@@ -177,9 +190,14 @@ class DataSource(DataSourceBase):
 
     def get_groups(self, num_groups: int) -> list[list[Sample]]:
         groups = self._pop_buffer(num_groups)
-        while len(groups) < num_groups:
+        while len(groups) < num_groups and not self.exhausted:
             groups.append(self._fresh_group())
         return groups
+
+    @property
+    def exhausted(self) -> bool:
+        """Every fresh group of the run was served (`max_groups`); the buffer may still hold some."""
+        return self.max_groups is not None and self.sample_group_index >= self.max_groups
 
     def _pop_buffer(self, num: int) -> list[list[Sample]]:
         if not self.buffer:
@@ -249,9 +267,11 @@ def build_data_source(
     n_samples_per_prompt: int,
     shuffle: bool,
     max_prompt_len: Optional[int] = None,
+    max_groups: Optional[int] = None,
 ) -> DataSourceBase:
     """The data source over the prompt file at `path`, read with `data`'s (a DataConfig) keys and templating;
-    its class is `data.source_class` when set."""
+    its class is `data.source_class` when set. `max_groups` (see the module docstring) is set on it after
+    construction, so a custom class keeps the documented constructor and may honour the bound or not."""
     dataset = PromptDataset(
         path,
         tokenizer=tokenizer,
@@ -264,4 +284,6 @@ def build_data_source(
         max_prompt_len=max_prompt_len,
     )
     cls = load_callable(data.source_class, key="data.source_class") if data.source_class else DataSource
-    return cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=data.seed)
+    source = cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=data.seed)
+    source.max_groups = max_groups
+    return source

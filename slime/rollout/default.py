@@ -104,15 +104,30 @@ async def _drain(args: RolloutContext, pending: list[asyncio.Task], *, abort: bo
     return [task.result() for task in pending]
 
 
+def _report(args: RolloutContext, step: _Step) -> None:
+    """The step's group counts so far, for the progress display."""
+    dropped = sum(n for reason, n in step.drops.items() if reason.startswith("drop"))
+    args.progress.kept, args.progress.submitted, args.progress.dropped = len(step.kept), step.submitted, dropped
+    args.progress.in_flight = len(step.pending)
+
+
 async def _train(args: RolloutContext, data_source, rollout_id: int, semaphore: asyncio.Semaphore) -> _Step:
     step = _Step()
     call = dict(rollout_id=rollout_id, evaluation=False)
+    args.progress.needed = args.batch_size
     while len(step.kept) < args.batch_size:
         if len(step.kept) + len(step.pending) < args.batch_size:  # slime: (submitted - dropped) < batch_size
             for group in data_source.get_groups(args.over_sampling_batch_size):
                 task = _generate_group(args, semaphore, group, args.sampling_params, **call)
                 step.pending.append(asyncio.create_task(task))
                 step.submitted += 1
+        _report(args, step)
+        if not step.pending:  # a bounded source (train.num_epoch) serves every group of the run, no more
+            raise RuntimeError(
+                f"rollout {rollout_id}: the data source ran out with {len(step.kept)} of rollout.batch_size="
+                f"{args.batch_size} groups kept: the run's prompts (train.num_epoch) are spent; a filter dropped "
+                "groups the run needed"
+            )
         if args.sampling_seed is not None:  # deterministic: the oldest group first, whenever it finishes
             await asyncio.wait(step.pending[:1])
             done = step.pending[:1]
@@ -126,6 +141,7 @@ async def _train(args: RolloutContext, data_source, rollout_id: int, semaphore: 
                 step.pending.insert(0, task)  # finished after the batch filled: a leftover like the rest
             elif _judge(args, group, step):
                 step.kept.append(group)
+        _report(args, step)
     return step
 
 

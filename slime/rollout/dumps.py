@@ -81,7 +81,8 @@ def buffered_prompts(state_file: str | Path) -> dict[int, set[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m slime.rollout.dumps <rollout_data dir> <num prompts> [<data-source state .pt>]`: per epoch,
-    prompts trained, repeated, waiting in the buffer (with the run's last data-source state) and missing."""
+    prompts trained, repeated, waiting in the buffer (with the run's last data-source state) and missing.
+    Exit 1 when a prompt was trained twice in an epoch, or is missing from an epoch before the last."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
@@ -90,11 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     num_prompts, ok = int(args[1]), True
     pending = buffered_prompts(args[2]) if len(args) == 3 else {}
-    for epoch, counts in sorted(epoch_coverage(args[0]).items()):
+    coverage = epoch_coverage(args[0])
+    for epoch, counts in sorted(coverage.items()):
         repeated = sorted(i for i, c in counts.items() if c > 1)
         waiting = pending.get(epoch, set())
         missing = sorted(set(range(num_prompts)) - set(counts) - waiting)
-        ok = ok and not repeated and not (waiting & set(counts))
+        ok = ok and not repeated and not (waiting & set(counts)) and not (missing and epoch < max(coverage))
         print(
             f"epoch {epoch}: {len(counts)} of {num_prompts} prompts trained, repeated {repeated[:10]}, "
             f"in the buffer {len(waiting)}, missing {len(missing)} {missing[:10]}"

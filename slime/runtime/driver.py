@@ -26,7 +26,8 @@ from slime.runtime.debug_modes import rollout_only
 from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
-from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
+from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager, RolloutSetup
+from slime.runtime.rollout_watch import generate_watched
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.watchdog import STACKS_ENV
 from slime.runtime.weight_push import WeightPush
@@ -137,10 +138,8 @@ def run(
             engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
             critic_with_actor=ppo and cfg.cluster.critic.colocate_with_actor,
         )
-        manager = (
-            ray.remote(RolloutManager)
-            .options(num_cpus=0)
-            .remote(RolloutSetup.from_run_config(cfg, derived), placement.rollout)
+        manager = ray.remote(**ACTOR_OPTIONS)(RolloutManager).remote(
+            RolloutSetup.from_run_config(cfg, derived), placement.rollout
         )
         actor = critic = tracker = engines_ready = None
         exit_code = 1
@@ -268,7 +267,8 @@ def _loop(
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
         restarted = pusher.recover(weight_version=rollout_id) if pusher is not None else 0
-        batches, metrics, preview = ray.get(manager.generate.remote(rollout_id))
+        progress = tracker.progress
+        batches, metrics, preview = generate_watched(manager, rollout_id, progress.rollout_groups, progress.poll_s)
         state.enter("log_probs", rollout_id)
         if pusher is not None:
             pusher.before_train(rollout_id)

@@ -27,6 +27,7 @@ from slime.rollout.base import (
     RolloutContext,
     RolloutHooks,
     RolloutOutput,
+    RolloutProgress,
     as_eval_output,
     as_rollout_output,
 )
@@ -48,6 +49,9 @@ _CONTROL_CALLS = {
     "resume_memory",
 }
 
+# The manager's `ray.remote` options (Ray takes concurrency groups there, not in .options()): `progress`
+# answers on its own thread while `generate` runs; every other method stays on the one default thread.
+ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
 
@@ -73,6 +77,7 @@ class RolloutSetup:
     fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
     save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
     load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
+    max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
@@ -106,7 +111,15 @@ class RolloutSetup:
             load_rollout_data=(
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
             ),
+            max_train_groups=max_train_groups(cfg),
         )
+
+
+def max_train_groups(cfg: RunConfig) -> int | None:
+    """The fresh groups of the whole run when train.num_epoch sized it (num_rollout × batch_size), else None."""
+    if cfg.train.num_epoch is None or cfg.train.num_rollout is None:
+        return None
+    return cfg.train.num_rollout * cfg.rollout.batch_size
 
 
 class RolloutManager:
@@ -121,6 +134,7 @@ class RolloutManager:
         self.setup = setup
         self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
+        self.rollout_progress: tuple[int, RolloutProgress] = (-1, RolloutProgress())  # (rollout id, its counts)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -146,7 +160,9 @@ class RolloutManager:
 
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
-        self.data_source = self._prompt_source(d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle)
+        self.data_source = self._prompt_source(
+            d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle, max_groups=s.max_train_groups
+        )
         self.rewards = RewardHub.from_config(r)
         self.eval_sources = {}
         if s.eval.interval:
@@ -161,10 +177,16 @@ class RolloutManager:
         self.hooks = RolloutHooks.load(r, s.algo)
 
     def _prompt_source(
-        self, path: str, n_samples_per_prompt: int, *, shuffle: bool = False, **keys: str | None
+        self,
+        path: str,
+        n_samples_per_prompt: int,
+        *,
+        shuffle: bool = False,
+        max_groups: int | None = None,
+        **keys: str | None,
     ) -> DataSourceBase:
         """A data source over the prompt file at `path`, read with `data`'s keys (or `keys`) and templating; the
-        class is `data.source_class` when set."""
+        class is `data.source_class` when set; `max_groups` bounds its fresh groups (train.num_epoch)."""
         return build_data_source(
             dataclasses.replace(self.setup.data, **keys),
             path,
@@ -172,6 +194,7 @@ class RolloutManager:
             n_samples_per_prompt=n_samples_per_prompt,
             shuffle=shuffle,
             max_prompt_len=self.setup.rollout.max_prompt_len,
+            max_groups=max_groups,
         )
 
     def urls(self) -> list[str]:
@@ -267,6 +290,7 @@ class RolloutManager:
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 
         ctx = self._context(evaluation=False)
+        self.rollout_progress = (rollout_id, ctx.progress)
         out = self._rollout(ctx, rollout_id)
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
@@ -305,6 +329,12 @@ class RolloutManager:
             balance_tokens=s.balance_tokens,
         )
         return batches, metrics, preview
+
+    @ray.method(concurrency_group="progress")
+    def progress(self) -> tuple[int, dict[str, int]]:
+        """(rollout id, its group counts so far: RolloutProgress fields) of the latest train rollout."""
+        rollout_id, counts = self.rollout_progress
+        return rollout_id, dataclasses.asdict(counts)
 
     def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
         """The rollout function's step, or the step's dump under debug.load_rollout_data."""

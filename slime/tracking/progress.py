@@ -1,9 +1,12 @@
 """Live console progress: a rich progress bar over rollout steps with the current phase and the latest reward.
 
 On a terminal the bar shows `rollout N · <phase>` while a phase runs (generation, training, save, weight
-sync, eval) and the last step's reward, loss and time after it. Elsewhere (a log file, a Ray job, CI)
-it prints plain lines instead: one per finished rollout step, and one for each phase that took
-`slow_phase_s` seconds or more, so a long phase is visible in the log.
+sync, eval) and the last step's reward, loss and time after it; while a rollout generates, a second bar
+counts its groups (kept of `rollout.batch_size`, with the groups drawn by over-sampling, still in flight
+and dropped by the dynamic filter). Elsewhere (a log file, a Ray job, CI) it prints plain lines instead:
+one per finished rollout step, one for each phase that took `slow_phase_s` seconds or more, and the
+group counts every `slow_phase_s` seconds while generating (and once at its end when it was that slow),
+so a long phase is visible in the log.
 """
 
 from __future__ import annotations
@@ -44,12 +47,20 @@ class RunProgress:
         self.slow_phase_s = slow_phase_s
         self.progress = None
         self._phase: tuple[str, int | None, float] | None = None
+        self._groups_printed = float("-inf")  # when the last plain line of group counts was printed
+
+    @property
+    def poll_s(self) -> float | None:
+        """How often the driver should fetch the rollout's group counts (None: not shown)."""
+        if not self.enabled:
+            return None
+        return 0.5 if self.live else max(self.slow_phase_s, 0.1)
 
     def begin(self, start: int) -> None:
         if not self.enabled or not self.live:
             return
         self.progress = Progress(
-            TextColumn("[bold]rollout"),
+            TextColumn("[bold]{task.fields[label]}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -57,7 +68,8 @@ class RunProgress:
             console=self.console,
             transient=False,
         )
-        self.task = self.progress.add_task("starting...", total=self.total, completed=start)
+        self.task = self.progress.add_task("starting...", total=self.total, completed=start, label="rollout")
+        self.groups_task = self.progress.add_task("", total=1, visible=False, label=" groups")
         self.progress.start()
 
     def on_phase(self, phase: str, rollout_id: int | None) -> None:
@@ -71,6 +83,8 @@ class RunProgress:
                 where = f"rollout {rid} " if rid is not None and rid >= 0 else ""
                 self.console.print(f"{where}{PHASE_TEXT.get(name, name)}: {now - started:.1f}s", highlight=False)
         self._phase = (phase, rollout_id, now)
+        if self.progress is not None:  # the group bar belongs to the generation phase
+            self.progress.update(self.groups_task, visible=False, completed=0)
         text = PHASE_TEXT.get(phase, phase)
         if phase == "train":
             k = self.steps_per_rollout
@@ -84,6 +98,26 @@ class RunProgress:
     def phase(self, text: str) -> None:
         if self.progress is not None:
             self.progress.update(self.task, description=text)
+
+    def rollout_groups(self, rollout_id: int, counts: dict[str, int], *, final: bool = False) -> None:
+        """Group counts of rollout `rollout_id` so far (`slime.rollout.base.RolloutProgress` fields); `final`:
+        generation ended (the groups still in flight were cut and go back to the data source)."""
+        if not self.enabled or not counts["needed"]:  # a rollout function that reports no counts (e.g. sft)
+            return
+        detail = f"{counts['submitted']} drawn, {counts['in_flight']} {'cut' if final else 'in flight'}"
+        detail += f", {counts['dropped']} filtered"
+        if self.progress is not None:
+            self.progress.update(
+                self.groups_task, total=counts["needed"], completed=counts["kept"], description=detail, visible=True
+            )
+            return
+        now = time.monotonic()
+        started = self._phase[2] if self._phase is not None else now
+        # while generating: a line every slow_phase_s; at the end: one if generation was slow
+        if now - (started if final else self._groups_printed) >= self.slow_phase_s:
+            self._groups_printed = now
+            line = f"rollout {rollout_id}: {counts['kept']}/{counts['needed']} groups kept, {detail}"
+            self.console.print(line, highlight=False)
 
     def step_done(self, rollout_id: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

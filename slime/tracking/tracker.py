@@ -55,7 +55,12 @@ class Tracker:
             cfg.wandb, run_dir=run_dir, config=config, identity=identity, steps_per_rollout=steps_per_rollout
         )
         # shown from progress.begin(start): the first rollout is known once the trainers are up
-        self.progress = RunProgress(total=total_rollouts, enabled=cfg.progress, steps_per_rollout=steps_per_rollout)
+        self.progress = RunProgress(
+            total=total_rollouts,
+            enabled=cfg.progress,
+            steps_per_rollout=steps_per_rollout,
+            slow_phase_s=cfg.progress_every_s,
+        )
 
     def log(self, metrics: dict[str, float], **steps: int) -> None:
         """Write one event; `steps` are its axes by short name, e.g. rollout=3 -> {"rollout/step": 3}."""

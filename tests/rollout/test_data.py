@@ -280,7 +280,46 @@ def test_num_epoch_derives_num_rollout(tmp_path):
     ]:
         cfg.train.num_rollout, cfg.train.num_epoch = num_rollout, num_epoch
         assert [(p.key, text in str(p)) for p in collect_problems(cfg)] == [(key, True)]
+    cfg.train.num_rollout, cfg.train.num_epoch = None, 2
+    cfg.algo.dynamic_filter = "slime.rollout.filters.check_reward_nonzero_std"  # drops use up the epochs' prompts
+    assert [(p.key, "may fill fewer rollout steps than the 4 derived" in str(p)) for p in collect_problems(cfg)] == [
+        ("train.num_epoch", True)
+    ]
+    cfg.algo.dynamic_filter = None
     cfg.train.num_epoch, cfg.rollout.batch_size, cfg.train.global_batch_size = 1, 16, 128
     assert ("train.num_epoch", True) in [
         (p.key, "fewer prompts than one rollout step" in str(p)) for p in collect_problems(cfg)
     ]
+
+
+def _over_sampled_steps(source, *, steps: int, batch: int, over: int, seed: int) -> list[list[Sample]]:
+    """The default rollout's bookkeeping without engines: each step draws `over` groups (the buffer first),
+    trains the `batch` that finish first (a seeded shuffle stands in for timing) and hands the rest back."""
+    rng, trained = random.Random(seed), []
+    for _ in range(steps):
+        drawn = source.get_groups(over)
+        assert len(drawn) >= batch
+        rng.shuffle(drawn)
+        trained += drawn[:batch]
+        source.add_groups(sorted(drawn[batch:], key=lambda g: g[0].index))
+    return trained
+
+
+def test_num_epoch_bound_trains_each_prompt_once_per_epoch_under_over_sampling(tmp_path, tok):
+    """10 prompts, 2 epochs, batch 4 (5 steps), 6 groups drawn per step: unbounded, the source draws into a
+    third epoch and prompts of the first wait in the buffer; bounded by num_rollout × batch it serves exactly
+    the run's groups, the last step gets the 4 left, and a resume keeps the bound."""
+    unbounded = _over_sampled_steps(_source(tmp_path, tok, 10), steps=5, batch=4, over=6, seed=0)
+    # the bug: a third epoch trained, so as many prompts of the first two were not
+    assert max(g[0].epoch for g in unbounded) == 2
+    assert len({(g[0].epoch, g[0].prompt_index) for g in unbounded if g[0].epoch < 2}) < 20
+    bounded = _source(tmp_path, tok, 10, max_groups=20)
+    trained = _over_sampled_steps(bounded, steps=3, batch=4, over=6, seed=0)
+    resumed = _source(tmp_path, tok, 10, max_groups=20)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(bounded.state_dict())))
+    trained += _over_sampled_steps(resumed, steps=2, batch=4, over=6, seed=0)
+    per_epoch = {e: sorted(g[0].prompt_index for g in trained if g[0].epoch == e) for e in (0, 1)}
+    assert per_epoch == {0: list(range(10)), 1: list(range(10))} and len(trained) == 20
+    assert resumed.buffer == [] and resumed.exhausted and resumed.get_groups(3) == []
+    resumed.add_groups([trained[0]])  # a group handed back after the end is still served
+    assert resumed.get_groups(3) == [trained[0]]

@@ -157,6 +157,19 @@ def test_without_partial_rollout_leftovers_return_fresh(served, tmp_path):
         assert s.status == SampleStatus.PENDING and s.tokens == [] and s.reward is None and s.loss_mask is None
 
 
+def test_bounded_source_last_steps_take_what_is_left_then_run_out(served, tmp_path):
+    """train.num_epoch bounds the source at 3 groups: the later steps draw fewer than over-sampled, the last
+    keeps the last group, and a step past the bound is an error naming the cause (never a silent short batch)."""
+    data = source(tmp_path, served.tokenizer, "bounded", num_prompts=5, n=2)
+    data.max_groups = 3
+    fn = rollout_fn()
+    ctx = lambda: context(served, batch_size=1, over_sampling=3, max_new_tokens=4, partial_rollout=True)  # noqa: E731
+    trained = [fn(ctx(), rollout_id, data).groups for rollout_id in range(3)]
+    assert sorted(g[0].group_index for groups in trained for g in groups) == [0, 1, 2] and data.buffer == []
+    with pytest.raises(RuntimeError, match=r"rollout 3: the data source ran out with 0 of rollout.batch_size=1"):
+        fn(ctx(), 3, data)
+
+
 def test_deterministic_partial_rollout_finishes_leftovers_and_returns_them_whole(served, tmp_path):
     """Where an abort cuts a response depends on timing: a deterministic run lets the leftovers finish, and the
     next step keeps them as they are (rewarded, not generated again)."""

@@ -54,6 +54,8 @@ def test_dumps_round_trip_and_show_each_prompt_once_per_epoch(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "epoch 0: 3 of 3 prompts trained, repeated [], in the buffer 0, missing 0 []" in out
     assert "epoch 1: 2 of 3 prompts trained, repeated [], in the buffer 1, missing 0 []" in out
+    save_rollout_data(tmp_path / "skipped", 0, step1)  # epoch 1 drawn while 2 prompts of epoch 0 are lost
+    assert main([str(tmp_path / "skipped" / "rollout_data"), "3"]) == 1
     save_rollout_data(tmp_path / "run", 3, step0)  # the same prompts again in epoch 0
     assert main([str(dump_dir), "3"]) == 1
     (dump_dir / "4.jsonl").write_text('{"index": 0, "tokens": [1], "response_length": 3}\n')
