@@ -226,6 +226,18 @@ def test_cli_async_colocated_exits_2_before_starting_anything(tmp_path):
     assert not (run_dir / "result.json").exists() and not (run_dir / "checkpoints").exists()
 
 
+def test_async_recipe_dry_run_plans_separate_train_and_engine_gpus():
+    from slime.tracking.dry_run import dry_run
+
+    missing = ["model.hf_checkpoint=/absent/Qwen3-4B", "data.prompt_data=/absent/train.jsonl"]
+    lines: list[str] = []
+    assert dry_run(typed_config(["recipe=gpu/qwen3_4b_grpo_async", *missing]), out=lines.append) == 0
+    text = "\n".join(lines)
+    assert "Placement plan (8 GPU(s) of 1 node(s) x 8; disaggregated;" in text
+    assert "node 0 GPU 3: actor rank 3 (dp 1, tp 1, pp 0, cp 0)\n  node 0 GPU 4: engine 0" in text
+    assert "loop: one-step async (rollout k+1 generated while step k trains), weight sync every 1 rollout" in text
+
+
 # ---- the real thing -----------------------------------------------------------------------------------------------
 
 
