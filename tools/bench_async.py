@@ -10,6 +10,10 @@ to the synchronous baseline measured in the same invocation:
     python tools/bench_async.py                                  # the embedded default, 60 rollout steps
     python tools/bench_async.py train.num_rollout=10             # any main.py overrides, for both runs
     python tools/bench_async.py --out /tmp/bench rollout.weight_sync.interval=2   # (async run only)
+    python tools/bench_async.py --repeats 3 train.num_rollout=20   # sync, async, sync, ...: medians per mode
+
+On a busy machine the repeats alternate the modes, so load drifting during the benchmark hits both; each
+mode's row is then the per-run median of every column.
 
 Overrides starting with rollout.weight_sync.interval go to the async run only (the synchronous loop
 refuses an interval > 1). Run directories land under --out (default: a temporary directory).
@@ -49,7 +53,7 @@ def summarise(rows: list[dict], wall: float) -> dict[str, float]:
     mean = lambda key, rs=rows: statistics.fmean(r.get(key, 0.0) for r in rs)  # noqa: E731
     rewards = [r["rollout/raw_reward"] for r in rows]
     return {
-        "steps": len(rows),
+        "steps": float(len(rows)),
         "step_s": mean("perf/step_time"),
         "step_s_after_first": mean("perf/step_time", rows[1:]) if len(rows) > 1 else float("nan"),
         "loop_s": sum(r["perf/step_time"] for r in rows),
@@ -68,7 +72,7 @@ def table(results: dict[str, dict[str, float]]) -> str:
     cols += ["last3_reward", "wall_s"]
     lines = [f"{'mode':<6} " + " ".join(f"{c:>18}" for c in cols) + f" {'step_s vs sync':>15}"]
     for mode, r in results.items():
-        cells = " ".join(f"{r[c]:>18.3f}" if isinstance(r[c], float) else f"{r[c]:>18}" for c in cols)
+        cells = " ".join(f"{r[c]:>18.3f}" for c in cols)
         lines.append(f"{mode:<6} {cells} {r['step_s'] / base['step_s']:>15.3f}")
     return "\n".join(lines)
 
@@ -76,17 +80,20 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="directory for the two run directories")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating sync and async")
     parser.add_argument("overrides", nargs="*", help="main.py overrides for both runs")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_async_"))
-    results = {}
-    for mode in ("sync", "async"):
-        rows, wall = run_mode(out / mode, args.overrides, is_async=mode == "async")
-        results[mode] = summarise(rows, wall)
-        print(f"{mode}: {results[mode]['steps']} steps, {results[mode]['step_s']:.3f} s/step", flush=True)
-    print(f"overrides: {' '.join(args.overrides) or '(embedded default)'}; runs in {out}")
+    runs: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
+    for repeat in range(args.repeats):
+        for mode in runs:
+            rows, wall = run_mode(out / f"{mode}_{repeat}", args.overrides, is_async=mode == "async")
+            runs[mode].append(summarise(rows, wall))
+            print(f"{mode} #{repeat}: {len(rows)} steps, {runs[mode][-1]['step_s']:.3f} s/step", flush=True)
+    results = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
+    print(f"overrides: {' '.join(args.overrides) or '(embedded default)'}; {args.repeats} run(s) per mode in {out}")
     print(table(results))
-    (out / "bench_async.json").write_text(json.dumps(results, indent=2))
+    (out / "bench_async.json").write_text(json.dumps({"median": results, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":
