@@ -4,6 +4,7 @@ Runs `python main.py` twice in this process's sequence — train.async=false, th
 same overrides (the embedded default unless given), and prints one table: per-rollout wall time (mean
 perf/step_time: a step's wall time from waiting for its rollout to its log, so the steps add up to the
 loop), the same without the first step (no overlap is possible there), the rollout and train phase means,
+the step time beyond the rollout's (what the overlap can hide: train, sync, logging),
 how much generation ran during training, staleness, the last-3 mean raw reward, and each mode's ratio
 to the synchronous baseline measured in the same invocation:
 
@@ -58,6 +59,7 @@ def summarise(rows: list[dict], wall: float) -> dict[str, float]:
         "step_s_after_first": mean("perf/step_time", rows[1:]) if len(rows) > 1 else float("nan"),
         "loop_s": sum(r["perf/step_time"] for r in rows),
         "rollout_s": mean("perf/rollout_time"),
+        "beyond_rollout_s": mean("perf/step_time") - mean("perf/rollout_time"),
         "train_s": mean("perf/train_time"),
         "overlap_s": mean("perf/rollout_overlap_time"),
         "staleness": mean("rollout/staleness_mean"),
@@ -68,7 +70,8 @@ def summarise(rows: list[dict], wall: float) -> dict[str, float]:
 
 def table(results: dict[str, dict[str, float]]) -> str:
     base = results["sync"]
-    cols = ["steps", "step_s", "step_s_after_first", "loop_s", "rollout_s", "train_s", "overlap_s", "staleness"]
+    cols = ["steps", "step_s", "step_s_after_first", "loop_s", "rollout_s", "beyond_rollout_s", "train_s", "overlap_s"]
+    cols += ["staleness"]
     cols += ["last3_reward", "wall_s"]
     lines = [f"{'mode':<6} " + " ".join(f"{c:>18}" for c in cols) + f" {'step_s vs sync':>15}"]
     for mode, r in results.items():
