@@ -60,6 +60,7 @@ class Sample:
     reward: float | dict[str, Any] | None = None
     status: SampleStatus = SampleStatus.PENDING
     weight_versions: list[str] = dataclasses.field(default_factory=list)
+    staleness: int | None = None  # trainer weight version minus the oldest of weight_versions (rollout/staleness.py)
     error: str | None = None  # why the sample FAILED (e.g. the reward function raised)
     # flags
     remove_sample: bool = False

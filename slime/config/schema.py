@@ -15,6 +15,21 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 
+def _keyword_field(name: str, annotation: str, default: Any):
+    """Add a config key named like a Python keyword (`train.async`), which a class body cannot declare.
+
+    The field stays out of `__init__`, `repr` and `==` (their generated code would not compile); OmegaConf
+    reads and sets it by name like any other. `dataclasses.replace` does not copy such a field (it resets
+    to `default`), so code reads it from the run's config, never from a replaced copy."""
+
+    def add(cls):
+        cls.__annotations__[name] = annotation
+        setattr(cls, name, field(default=default, init=False, repr=False, compare=False))
+        return cls
+
+    return add
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """Architecture of the policy plus its HF checkpoint directory.
@@ -176,6 +191,8 @@ class WeightSyncConfig:
     mode: str = "disk"
     bucket_mb: int = 512  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
     keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
+    # rollout steps between syncs (the seeds' --update-weights-interval); > 1 needs train.async=true
+    interval: int = 1
 
 
 @dataclass(kw_only=True)
@@ -328,8 +345,13 @@ class CriticTrainConfig:
 
 
 @dataclass(kw_only=True)
+@_keyword_field("async", "bool", False)
 class TrainConfig:
-    """Optimizer and schedule; batch sizes in samples, steps in optimizer steps."""
+    """Optimizer and schedule; batch sizes in samples, steps in optimizer steps.
+
+    `async` (a keyword, declared by `_keyword_field`; read it as `is_async`): the one-step-async loop
+    (REFERENCE.md §2.4): rollout k+1 is generated while step k trains; disaggregated runs only.
+    """
 
     num_rollout: Optional[int] = None  # rollout steps in the run; None: derived from num_epoch
     num_epoch: Optional[int] = None  # passes over data.prompt_data: num_rollout = num_epoch × prompts // batch_size
@@ -350,6 +372,10 @@ class TrainConfig:
     # on CPU runs
     ref_offload: bool = False
     critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
+
+    @property
+    def is_async(self) -> bool:
+        return getattr(self, "async")
 
 
 @dataclass(kw_only=True)

@@ -9,6 +9,7 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
     validate_paths.py      paths that must exist, paths a run writes
     validate_hooks.py      import-path fields: resolved and call-shape checked
     validate_data.py       prompt files (every record), run length, data source class, rewards, rollout dumps
+    validate_async.py      the one-step-async loop (train.async) and the weight-sync interval
     passthrough.py         rollout.router.extra_args, rollout.sglang, rollout.vllm, parallelism.megatron
 """
 
@@ -23,6 +24,7 @@ from slime.config.passthrough import check_passthrough
 from slime.config.problems import ConfigError, Problem, get, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
 from slime.config.validate_algo import check_algo, check_rewards
+from slime.config.validate_async import check_async
 from slime.config.validate_data import check_data
 from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_hooks import check_hooks
@@ -207,6 +209,7 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
         check_batch_arithmetic(cfg),
         check_cluster(cfg, derived),
         check_parts_honour_options(cfg, derived),
+        check_async(cfg),
         check_algo(cfg),
         check_rewards(cfg),
         check_hooks(cfg),

@@ -1,8 +1,12 @@
-"""The synchronous RL loop (REFERENCE.md §2.2) over Ray actors.
+"""The run over Ray actors: start-up, the training loop, teardown.
 
-initial weight push -> [eval at 0] -> for each rollout id:
-    rollout + rewards -> train (log-probs, advantages, K optimizer steps) -> save if due
-    -> weight sync -> eval if due -> log
+The synchronous loop (REFERENCE.md §2.2):
+
+    initial weight push -> [eval at 0] -> for each rollout id:
+        rollout + rewards -> train (log-probs, advantages, K optimizer steps) -> save if due
+        -> weight sync -> eval if due -> log
+
+`train.async=true` runs the one-step-async loop instead (async_loop.py); steps.py holds what both share.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ import ray
 from slime.config.derive import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs
+from slime.runtime.async_loop import run_async_loop
 from slime.runtime.debug_modes import rollout_only
 from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager, RolloutSetup
 from slime.runtime.rollout_watch import generate_watched
+from slime.runtime.steps import begin_loop, finish_rollout, save_if_due, sync_weights, timed_train_step
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.watchdog import STACKS_ENV
 from slime.runtime.weight_push import WeightPush
@@ -35,7 +41,7 @@ from slime.sync.base import SyncContext
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
+from slime.train.setup import TrainSetup
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +91,9 @@ class RunState:
             timer = threading.Timer(delay_s, _send_signal, args=(signum,))
             timer.daemon = True
             timer.start()
-        if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way (_save)
+        if (
+            phase != "save"
+        ):  # after the signal's timer: a hang there meets the signal; a save hangs mid-way (steps.save_checkpoint)
             self.fault_point(phase, rollout_id)
 
     def fault_point(self, phase: str, rollout_id: int | None) -> None:
@@ -108,10 +116,6 @@ def _matches(target: tuple[str, int | None] | None, phase: str, rollout_id: int 
 
 def _phase_name(phase: str, rollout_id: int | None) -> str:
     return f"phase {phase}" + (f" (rollout {rollout_id})" if rollout_id is not None else "")
-
-
-def _due(rollout_id: int, interval: int | None) -> bool:
-    return interval is not None and (rollout_id + 1) % interval == 0
 
 
 def run(
@@ -176,7 +180,8 @@ def run(
                 pusher.connect()
             if start > 0:
                 ray.get(manager.load.remote(start - 1, cfg.checkpoint.load))
-            _loop(cfg, state, start, manager, actor, critic, tracker, pusher)
+            loop = run_async_loop if cfg.train.is_async else _loop
+            loop(cfg, state, start, manager, actor, critic, tracker, pusher)
             exit_code = 0
         finally:
             interrupts.begin_teardown()
@@ -251,106 +256,20 @@ def _loop(
     pusher: WeightPush | None,
 ) -> None:
     """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, eval."""
-    state.enter("weight_sync", start - 1)
-    if pusher is not None:
-        pusher.push(weight_version=start)  # engines hold the run's weights before rollout 0
-    if start > 0:  # metrics.jsonl back to the checkpoint; its eval, when the crash came before it, runs now
-        tracker.resume(cfg.checkpoint.load, start)
-        due = _due(start - 1, cfg.eval.interval) and not tracker.has_eval(start)
-    else:
-        due = cfg.eval.interval and not cfg.eval.skip_eval_before_train
-    if due:
-        state.enter("eval", start - 1)
-        state.last_eval = ray.get(manager.evaluate.remote(start))
-        tracker.log(state.last_eval, eval=start)
+    clock = begin_loop(cfg, state, start, manager, tracker, pusher)
     for rollout_id in range(start, cfg.train.num_rollout):
         step_start = time.perf_counter()
         state.enter("rollout", rollout_id)
         restarted = pusher.recover(weight_version=rollout_id) if pusher is not None else 0
         progress = tracker.progress
         batches, metrics, preview = generate_watched(manager, rollout_id, progress.rollout_groups, progress.poll_s)
+        clock.rebase(metrics)
         state.enter("log_probs", rollout_id)
         if pusher is not None:
             pusher.before_train(rollout_id)
-        train_start = time.perf_counter()
-        steps = train_step(cfg, rollout_id, batches, actor, critic, metrics, state=state)
-        metrics["perf/train_time"] = time.perf_counter() - train_start
-        if _due(rollout_id, cfg.checkpoint.save_interval) or rollout_id + 1 == cfg.train.num_rollout:
-            state.enter("save", rollout_id)
-            tracker.stage_step(cfg.checkpoint.save, rollout_id, steps, metrics)  # a resume logs them if we die
-            save_start = time.perf_counter()
-            _save(cfg, rollout_id, manager, actor, critic, state)
-            metrics["perf/save_model_time"] = time.perf_counter() - save_start
-            # the run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)
-            tracker.on_save(cfg.checkpoint.save, plot=rollout_id + 1 < cfg.train.num_rollout)
+        steps = timed_train_step(cfg, rollout_id, batches, actor, critic, metrics, state=state, clock=clock)
+        save_if_due(cfg, state, rollout_id, manager, actor, critic, tracker, metrics, steps)
         state.enter("weight_sync", rollout_id)
-        if pusher is not None:
-            metrics.update(pusher.sync(weight_version=rollout_id + 1))
-            metrics["rollout/engine_restarts"] += restarted
+        sync_weights(pusher, rollout_id, metrics, restarted)
         metrics["perf/step_time"] = time.perf_counter() - step_start
-        tracker.log_step(rollout_id, steps, metrics)
-        if steps:
-            metrics.update(steps[-1])
-        tracker.log_samples(rollout_id, preview)
-        tracker.progress.step_done(rollout_id, metrics)
-        if _due(rollout_id, cfg.eval.interval):
-            state.enter("eval", rollout_id)
-            state.last_eval = ray.get(manager.evaluate.remote(rollout_id + 1))
-            tracker.log(state.last_eval, eval=rollout_id + 1)
-        state.rollouts_completed += 1
-        state.last_metrics = metrics
-
-
-def train_step(
-    cfg: RunConfig,
-    rollout_id: int,
-    batches,
-    actor: TrainGroup,
-    critic: TrainGroup | None,
-    metrics: dict[str, float],
-    *,
-    state: RunState | None = None,
-) -> list[dict[str, float]]:
-    """REFERENCE.md §2.2 step 5 on the training groups; adds rollout-side and perf metrics to `metrics`.
-
-    `state` (the driver's) moves from phase log_probs (batch, values, log-probs, advantages) to train.
-
-    Returns the merged actor (+ critic) `train/*` metrics of every optimizer step.
-    """
-    actor.load_batch(rollout_id, batches)
-    if critic is not None:  # PPO: the critic's old values feed the actor's GAE
-        critic.load_batch(rollout_id, batches)
-        actor.set_column("values", critic.compute_values())
-    if needs_ref(cfg.algo):
-        metrics.update(actor.compute_log_probs("ref"))
-    if needs_old_log_probs(cfg.algo, cfg.train.num_steps_per_rollout):
-        metrics.update(actor.compute_log_probs("old"))
-    metrics.update(actor.compute_advantages())
-    if state is not None:
-        state.enter("train", rollout_id)
-    result = actor.train(update=rollout_id >= cfg.algo.num_critic_only_steps)
-    metrics.update(result["perf"])
-    steps = [dict(step) for step in result["steps"]]
-    if critic is not None:  # then the critic learns the actor's returns
-        critic.set_column("returns", actor.get_column("returns"))
-        critic_result = critic.train()
-        metrics.update(critic_result["perf"])
-        critic_steps = critic_result["steps"]
-        steps = [{**(steps[i] if i < len(steps) else {}), **critic_steps[i]} for i in range(len(critic_steps))]
-    return steps
-
-
-def _save(
-    cfg: RunConfig, rollout_id: int, manager, actor: TrainGroup, critic: TrainGroup | None, state: RunState
-) -> None:
-    """Checkpoint every role and the data source; plus an HF export where `checkpoint.save_hf` asks for one.
-
-    The actor goes last: its tracker file, replaced at the very end of its save, is what makes the checkpoint
-    the one a resume picks (the critic's and the data source's files of this id exist by then)."""
-    ray.get(manager.save.remote(rollout_id, cfg.checkpoint.save))
-    state.fault_point("save", rollout_id)  # debug.hang_at=save: a crash mid-save, in tests
-    if critic is not None:
-        critic.save_checkpoint(rollout_id, TrainSetup.for_critic_save_root(cfg))
-    actor.save_checkpoint(rollout_id, cfg.checkpoint.save)
-    if cfg.checkpoint.save_hf:
-        actor.save_hf(cfg.checkpoint.save_hf.format(rollout_id=rollout_id))
+        finish_rollout(cfg, state, rollout_id, manager, tracker, metrics, steps, preview)

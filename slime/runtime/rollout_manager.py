@@ -7,6 +7,7 @@ also brackets weight updates (pause -> flush -> update -> continue) on every eng
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -34,6 +35,7 @@ from slime.rollout.base import (
 from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.rewards import RewardHub, check_failures
+from slime.rollout.staleness import record_staleness
 from slime.runtime.engine_fleet import EngineFleet, FleetSetup
 from slime.runtime.placement import EnginePlacement
 from slime.runtime.watchdog import arm_stack_dump
@@ -54,6 +56,8 @@ _CONTROL_CALLS = {
 ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
+# generate()'s wall-clock window (time.time(), s); the driver rebases them to its loop's start
+ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -135,6 +139,9 @@ class RolloutManager:
         self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
         self.rollout_progress: tuple[int, RolloutProgress] = (-1, RolloutProgress())  # (rollout id, its counts)
+        # (rollout id, the data source's state before that rollout drew): a save of the rollout before it writes
+        # this state, so the one-step-async loop's in-flight rollout is drawn again on resume (never skipped)
+        self._cursor_before: tuple[int, dict[str, Any]] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -286,9 +293,14 @@ class RolloutManager:
         return self.setup.seed + (EVAL_SEED_OFFSET if evaluation else 0)
 
     def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
-        """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log)."""
+        """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log).
+
+        Each sample's staleness is taken against trainer weight version `rollout_id` (rollout/staleness.py)."""
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 
+        started = time.time()
+        if self.data_source is not None:
+            self._cursor_before = (rollout_id, copy.deepcopy(self.data_source.state_dict()))
         ctx = self._context(evaluation=False)
         self.rollout_progress = (rollout_id, ctx.progress)
         out = self._rollout(ctx, rollout_id)
@@ -301,6 +313,7 @@ class RolloutManager:
         samples = [s for g in groups for s in g]
         if len({s.index for s in samples}) != len(samples):  # a retried request must replace, never add
             raise RuntimeError(f"rollout {rollout_id}: a sample index appears twice in the rollout function's groups")
+        staleness = record_staleness(samples, trainer_version=rollout_id)
         if self.setup.save_rollout_data:
             save_rollout_data(self.setup.log_dir, rollout_id, groups)
         failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
@@ -310,6 +323,7 @@ class RolloutManager:
             **failures,
             **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt),
             **shaping,
+            **staleness,
         }
         metrics["rollout/rewards"] = float(rewards.mean())
         metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
@@ -328,6 +342,7 @@ class RolloutManager:
             dp_size=s.dp_size,
             balance_tokens=s.balance_tokens,
         )
+        metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
         return batches, metrics, preview
 
     @ray.method(concurrency_group="progress")
@@ -397,10 +412,14 @@ class RolloutManager:
 
         directory = Path(root) / "rollout"
         directory.mkdir(parents=True, exist_ok=True)
-        # this actor's generators (user hooks may draw from them), then the data source's cursor and buffer
+        # this actor's generators (user hooks may draw from them), then the data source's cursor and buffer; the
+        # one-step-async loop's in-flight rollout drew ahead: its cursor before that draw is saved instead
+        drawn_ahead = self._cursor_before is not None and self._cursor_before[0] == rollout_id + 1
         states = {
             f"rng_{rollout_id}.pt": rng_state(),
-            f"global_dataset_state_dict_{rollout_id}.pt": self.data_source.state_dict(),
+            f"global_dataset_state_dict_{rollout_id}.pt": self._cursor_before[1]
+            if drawn_ahead
+            else self.data_source.state_dict(),
         }
         for name, state in states.items():
             partial = directory / f"{name}.partial"  # renamed once complete: a killed save leaves no .pt

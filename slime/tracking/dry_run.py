@@ -90,7 +90,18 @@ def batch_lines(cfg: RunConfig, derived: Derived) -> list[str]:
         f"  run: {t.num_rollout} rollout steps = {derived.num_optimizer_steps} optimizer steps, "
         f"{t.num_rollout * derived.samples_per_rollout} samples; {derived.num_engines} engine(s) x "
         f"{cfg.cluster.rollout.num_gpus_per_engine} GPU(s)",
+        f"  loop: {_loop_line(cfg)}",
     ]
+
+
+def _loop_line(cfg: RunConfig) -> str:
+    if not cfg.train.is_async:
+        return "synchronous (rollout, then train, then weight sync; samples 0 versions stale)"
+    interval = cfg.rollout.weight_sync.interval
+    return (
+        f"one-step async (rollout k+1 generated while step k trains), weight sync every {interval} rollout "
+        f"step(s); samples up to {interval} version(s) stale"
+    )
 
 
 def memory_lines(cfg: RunConfig, derived: Derived) -> tuple[list[str], list[str]]:

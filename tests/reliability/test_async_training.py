@@ -1,0 +1,277 @@
+"""train.async=true, the one-step-async loop (REFERENCE.md §2.4): staleness bookkeeping, its schedule, the
+checkpointed cursor of the in-flight rollout, the colocated refusal, and one real run that overlaps."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from slime.config import derive
+from slime.config.validate import collect_problems
+from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
+from slime.rollout.data_source import DataSource
+from slime.rollout.staleness import record_staleness, sample_staleness
+from slime.runtime import async_loop, driver
+from slime.runtime.rollout_manager import ROLLOUT_CLOCK, RolloutManager, RolloutSetup
+from slime.types import Sample, SampleStatus
+from tests.conftest import ROOT, typed_config
+
+
+def test_sample_staleness_counts_the_oldest_engine_version():
+    assert sample_staleness(["4"], trainer_version=5) == 1
+    assert sample_staleness(["3", "5"], trainer_version=5) == 2  # a partial rollout resumed under newer weights
+    assert sample_staleness([], trainer_version=5) is None  # no engine call (SFT data, a custom rollout)
+    assert sample_staleness(["None", "default"], trainer_version=5) is None  # an engine that reports no version
+    samples = [Sample(weight_versions=v) for v in (["2"], ["1", "2"], [], ["2"])]
+    assert record_staleness(samples, trainer_version=2) == {
+        "rollout/staleness_mean": 1 / 3,
+        "rollout/staleness_max": 1.0,
+    }
+    assert [s.staleness for s in samples] == [0, 1, None, 0]
+    assert record_staleness([Sample()], trainer_version=0) == {}
+
+
+# ---- the loops' schedules, with the Ray calls made eager (a `.remote()` runs at once) ------------------------
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = lambda *args: _Ref(fn(*args))
+
+
+class _World:
+    """The rollout manager, trainer, weight pusher and tracker, as fakes that log what happens, in order.
+
+    A generation reads the engines' weight version when it starts (weights never change under it)."""
+
+    def __init__(self, batch_size: int = 2):
+        self.events: list[str] = []
+        self.engine_version = None
+        self.batch_size = batch_size
+        self.generate, self.save = _Remote(self._generate), _Remote(self._save)
+        self.evaluate = _Remote(lambda rollout_id: {})
+        self.logged: list[dict] = []
+        self.progress = self
+
+    def _generate(self, rollout_id):
+        self.events.append(f"generate {rollout_id}")
+        samples = [Sample(weight_versions=[str(self.engine_version)]) for _ in range(self.batch_size)]
+        metrics = record_staleness(samples, trainer_version=rollout_id)
+        return [], {**metrics, **dict(zip(ROLLOUT_CLOCK, (time.time(), time.time())))}, []
+
+    def _save(self, rollout_id, root):
+        self.events.append(f"save {rollout_id}")
+
+    # the trainer (TrainGroup)
+    def load_batch(self, rollout_id, batches):
+        self.rollout_id = rollout_id
+
+    def compute_log_probs(self, which):
+        return {}
+
+    def compute_advantages(self):
+        return {}
+
+    def train(self, update=True):
+        self.events.append(f"train {self.rollout_id}")
+        return {"perf": {}, "steps": [{"train/loss": 0.0}]}
+
+    def save_checkpoint(self, rollout_id, root):
+        pass
+
+    # the weight pusher (WeightPush)
+    def push(self, weight_version):
+        self.events.append(f"push {weight_version}")
+        self.engine_version = weight_version
+        return {}
+
+    def sync(self, weight_version):
+        self.push(weight_version)
+        return {"rollout/engine_restarts": 0.0}
+
+    def recover(self, weight_version):
+        return 0
+
+    def before_train(self, rollout_id):
+        pass
+
+    # the tracker (Tracker, its progress display)
+    def log(self, metrics, **steps):
+        if "rollout" in steps and "train" not in steps:
+            self.logged.append(metrics)
+
+    def log_step(self, rollout_id, steps, metrics):
+        self.logged.append(metrics)
+
+    def stage_step(self, root, rollout_id, steps, metrics):
+        pass
+
+    def log_samples(self, rollout_id, preview):
+        pass
+
+    def on_save(self, root, plot=True):
+        pass
+
+    def step_done(self, rollout_id, metrics):
+        pass
+
+    poll_s = None  # the sync loop's rollout waits without polling the group counts
+
+    def rollout_groups(self, rollout_id, counts, final=False):
+        pass
+
+
+def _run(loop, overrides: list[str], monkeypatch) -> _World:
+    monkeypatch.setattr(driver.ray, "get", lambda ref: ref.value)
+    monkeypatch.setattr(driver.ray, "wait", lambda refs: (refs, []))
+    cfg = typed_config(["train.num_rollout=5", *overrides])
+    world = _World()
+    loop(cfg, driver.RunState(), 0, world, world, None, world, world)
+    return world
+
+
+def test_async_loop_launches_the_next_rollout_before_training_and_syncs_after_it(monkeypatch):
+    world = _run(async_loop.run_async_loop, ["train.async=true"], monkeypatch)
+    expected = ["push 0", "generate 0"]
+    for k in range(5):
+        expected += ([f"generate {k + 1}"] if k < 4 else []) + [f"train {k}"] + (["save 4"] if k == 4 else [])
+        expected.append(f"push {k + 1}")
+    assert world.events == expected
+    assert [m["rollout/staleness_max"] for m in world.logged] == [0, 1, 1, 1, 1]
+    for m in world.logged[1:]:  # the wait for a rollout: none, its generation was waited for before the push
+        assert m["perf/rollout_started_at"] <= m["perf/rollout_ended_at"] and "perf/rollout_overlap_time" in m
+
+
+def test_async_loop_with_a_sync_interval_of_two(monkeypatch):
+    world = _run(async_loop.run_async_loop, ["train.async=true", "rollout.weight_sync.interval=2"], monkeypatch)
+    assert [e for e in world.events if e.startswith("push")] == ["push 0", "push 2", "push 4", "push 5"]
+    assert [m["rollout/staleness_max"] for m in world.logged] == [0, 1, 2, 1, 2]
+
+
+def test_async_loop_syncs_before_each_eval(monkeypatch):
+    overrides = ["train.async=true", "rollout.weight_sync.interval=4", "eval=digit_task", "eval.interval=3"]
+    world = _run(async_loop.run_async_loop, overrides, monkeypatch)
+    assert [e for e in world.events if e.startswith("push")] == ["push 0", "push 3", "push 4", "push 5"]
+
+
+def test_sync_loop_trains_on_fresh_weights(monkeypatch):
+    world = _run(driver._loop, [], monkeypatch)
+    assert world.events[:5] == ["push 0", "generate 0", "train 0", "push 1", "generate 1"]
+    assert [m["rollout/staleness_max"] for m in world.logged] == [0, 0, 0, 0, 0]
+
+
+# ---- the rollout manager: per-sample staleness, and the cursor a checkpoint keeps -------------------------------
+
+
+def _manager(engine: dict[str, int]) -> RolloutManager:
+    """A rollout manager without engines whose rollout function answers under `engine["version"]`."""
+    cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
+    setup = RolloutSetup.from_run_config(cfg, derive(cfg))
+    manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
+    manager.data_source = DataSource(None, n_samples_per_prompt=2, shuffle=False, seed=0)
+    manager.hooks = RolloutHooks()
+    manager._context = lambda evaluation: types.SimpleNamespace(progress=RolloutProgress())
+
+    def rollout(ctx, rollout_id, data_source, evaluation):
+        groups = data_source.get_groups(2)
+        for s in (s for g in groups for s in g):
+            s.tokens, s.response_length, s.loss_mask, s.rollout_log_probs = [1, 2], 1, [1], [-0.5]
+            s.reward, s.status, s.weight_versions = float(s.index % 2), SampleStatus.COMPLETED, [str(engine["version"])]
+        return RolloutOutput(groups=groups)
+
+    manager.rollout_fn = rollout
+    return manager
+
+
+def test_manager_records_staleness_and_a_checkpoint_keeps_the_in_flight_rollouts_prompts(tmp_path):
+    engine = {"version": 0}
+    manager = _manager(engine)
+    _, metrics, preview = manager.generate(0)
+    assert metrics["rollout/staleness_max"] == 0 and [p["staleness"] for p in preview] == [0, 0, 0, 0]
+    _, metrics, preview = manager.generate(1)  # launched while step 0 trains: the engines still hold version 0
+    assert metrics["rollout/staleness_mean"] == 1 and {p["staleness"] for p in preview} == {1}
+    assert metrics["perf/rollout_started_at"] <= metrics["perf/rollout_ended_at"] <= time.time()
+    manager.save(0, str(tmp_path))  # step 0's checkpoint, taken after rollout 1 drew its prompts
+    resumed = _manager(engine)
+    resumed.load(0, str(tmp_path))
+    _, _, preview = resumed.generate(1)  # the resume draws rollout 1's prompts again: none lost
+    assert [p["group_index"] for p in preview] == [2, 2, 3, 3]
+    manager.save(1, str(tmp_path))  # no rollout drawn ahead (the synchronous loop, or the last step)
+    resumed.load(1, str(tmp_path))
+    assert resumed.data_source.sample_group_index == 4
+
+
+# ---- validation: async needs engines of its own ------------------------------------------------------------------
+
+
+def test_async_refuses_colocation_and_a_sync_interval_without_async():
+    problems = collect_problems(typed_config(["train.async=true", "cluster.colocate=true"]))
+    assert [p.key for p in problems] == ["train.async"]
+    assert "cluster.colocate=true" in problems[0].message and "train.async=false" in problems[0].fix
+    problems = collect_problems(typed_config(["rollout.weight_sync.interval=2"]))
+    assert [(p.key, p.value) for p in problems] == [("rollout.weight_sync.interval", 2)]
+    assert "train.async=true" in problems[0].fix
+    assert [p.key for p in collect_problems(typed_config(["train.async=true", "rollout.weight_sync.interval=0"]))] == [
+        "rollout.weight_sync.interval"
+    ]
+    assert collect_problems(typed_config(["train.async=true", "rollout.weight_sync.interval=3"])) == []
+    problems = collect_problems(typed_config(["train.async=true", "debug=rollout_only"]))
+    assert [p.key for p in problems] == ["train.async"] and "debug.rollout_only runs only one" in problems[0].message
+
+
+def test_cli_async_colocated_exits_2_before_starting_anything(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "main.py", "train.async=true", "cluster.colocate=true", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "train.async=True: the one-step-async loop generates rollout k+1 while step k trains" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (run_dir / "result.json").exists() and not (run_dir / "checkpoints").exists()
+
+
+def test_async_recipe_dry_run_plans_separate_train_and_engine_gpus():
+    from slime.tracking.dry_run import dry_run
+
+    missing = ["model.hf_checkpoint=/absent/Qwen3-4B", "data.prompt_data=/absent/train.jsonl"]
+    lines: list[str] = []
+    assert dry_run(typed_config(["recipe=gpu/qwen3_4b_grpo_async", *missing]), out=lines.append) == 0
+    text = "\n".join(lines)
+    assert "Placement plan (8 GPU(s) of 1 node(s) x 8; disaggregated;" in text
+    assert "node 0 GPU 3: actor rank 3 (dp 1, tp 1, pp 0, cp 0)\n  node 0 GPU 4: engine 0" in text
+    assert "loop: one-step async (rollout k+1 generated while step k trains), weight sync every 1 rollout" in text
+
+
+# ---- the real thing -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_async_run_overlaps_generation_with_training(tmp_path):
+    """main.py train.async=true on the embedded default, 3 rollout steps: rollout k+1's generation starts
+    before step k's training ends, staleness is 0 then 1 (per sample too), and the run completes."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"]
+    proc = subprocess.run(
+        [*cmd, "train.async=true", "train.num_rollout=3"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "perf/step_time" in r]
+    assert [r["rollout/step"] for r in steps] == [0, 1, 2]
+    for before, after in zip(steps, steps[1:]):
+        assert after["perf/rollout_started_at"] < before["perf/train_ended_at"], (before, after)
+        assert after["perf/rollout_overlap_time"] > 0
+    assert [(r["rollout/staleness_mean"], r["rollout/staleness_max"]) for r in steps] == [(0, 0), (1, 1), (1, 1)]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {(s["rollout_step"], s["staleness"]) for s in samples} == {(0, 0), (1, 1), (2, 1)}
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
