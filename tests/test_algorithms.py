@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
+import re
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONF, ROOT
-from tests.test_end_to_end import assert_no_run_processes, main_py
+from tests.conftest import CONF
+from tests.test_end_to_end import assert_no_run_processes, main_py_concurrently, selected_runs
 
 pytestmark = pytest.mark.slow
 
@@ -37,24 +37,104 @@ KNOBS = {"grpo": ["algo.use_tis=true"]}
 TIS_METRICS = {"train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois"}
 
 
+# (overrides, the key the error must name): each run exits 2 at validation
+INVALID = [
+    (["algo.use_kl_loss=true", "algo.kl_coef=0.1", "algo=ppo"], "algo.kl_coef"),
+    (["algo=reinforce_plus_plus", "algo.normalize_advantages=false"], "algo.normalize_advantages"),
+    (["algo.eps_clip_c=1.0"], "algo.eps_clip_c"),
+    (["algo=ppo", "cluster.critic.num_gpus_per_node=0"], "cluster.critic.num_gpus_per_node"),
+    (["algo=sft", "algo.use_tis=true"], "algo.use_tis"),
+    (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis"),
+]
+
+
+def invalid_run(overrides: list[str]) -> str:
+    return "invalid:" + " ".join(overrides)
+
+
+def sft_chat_rows() -> list[dict]:
+    """Two-turn chats: the first answer is masked out (step_loss_mask 0), the last one is trained."""
+    rows = []
+    for d in range(10):
+        rows.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"what comes after {d} ?"},
+                    {"role": "assistant", "content": "no", "step_loss_mask": 0},
+                    {"role": "user", "content": f"what comes after {(d + 1) % 10} ?"},
+                    {"role": "assistant", "content": str((d + 2) % 10)},
+                ]
+            }
+        )
+    return rows
+
+
+def run_overrides(data_file: Path) -> dict[str, list[str]]:
+    """Every run of this module by key, the longest first (the full ppo run overlaps all the short ones)."""
+    runs = {"ppo_learns": ["algo=ppo"]}
+    common = ["train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001"]
+    runs |= {f"algo={algo}": [f"algo={algo}", *common, *KNOBS.get(algo, [])] for algo in ALGO_OPTIONS}
+    runs["sft_chat"] = [
+        "algo=sft",
+        "data=prompt_file",
+        f"data.prompt_data={data_file}",
+        "data.input_key=messages",
+        "data.label_key=null",
+        "rollout.batch_size=8",
+        "train.global_batch_size=32",
+        "train.num_rollout=10",
+        "train.lr=3e-3",
+    ]
+    runs["ppo_critic"] = [
+        "algo=ppo",
+        "train.num_rollout=3",
+        "algo.num_critic_only_steps=2",
+        "cluster.critic.colocate_with_actor=true",
+        "train.critic.lr=1e-2",
+    ]
+    runs["rollout_logprobs"] = ["algo.use_rollout_logprobs=true", "train.num_rollout=2"]
+    runs |= {invalid_run(overrides): overrides for overrides, _ in INVALID}
+    return runs
+
+
+def run_of(test: pytest.Item) -> str | None:
+    """The key of the run `test` checks (None: it starts its own processes)."""
+    if test.originalname == "test_every_algo_runs_and_its_first_step_is_on_policy":
+        return f"algo={test.callspec.params['algo']}"
+    if test.originalname == "test_invalid_algorithm_combinations_exit_2":
+        return invalid_run(test.callspec.params["overrides"])
+    return RUN_OF_TEST.get(test.originalname)
+
+
+RUN_OF_TEST = {
+    "test_ppo_learns_and_its_value_loss_falls": "ppo_learns",
+    "test_sft_trains_on_chat_jsonl_with_step_loss_mask": "sft_chat",
+    "test_ppo_critic_roles_colocation_and_critic_only_steps": "ppo_critic",
+    "test_rollout_logprobs_as_old_log_probs": "rollout_logprobs",
+}
+
+
 @pytest.fixture(scope="module")
-def algo_runs(tmp_path_factory) -> dict[str, tuple]:
-    """Every algo option's 2-rollout run (run dir, finished process), three at a time: a short run is mostly
-    start-up waits, which overlap. Returns once every run has ended, so no run's processes are left."""
+def runs(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """{key: (run dir, finished process)} of the runs the selected tests check, three at a time: a short run
+    is mostly start-up waits, which overlap. Returns once every run has ended, so no run's processes are left."""
     root = tmp_path_factory.mktemp("algos")
-    overrides = ["train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001"]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {
-            algo: pool.submit(main_py, root / algo, f"algo={algo}", *overrides, *KNOBS.get(algo, []))
-            for algo in ALGO_OPTIONS
-        }
-        return {algo: (root / algo, future.result()) for algo, future in futures.items()}
+    data_file = root / "chats.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in sft_chat_rows()))
+    wanted = selected_runs(request, run_of)
+    jobs = {
+        key: (root / re.sub(r"[^\w.-]+", "_", key), overrides)
+        for key, overrides in run_overrides(data_file).items()
+        if key in wanted
+    }
+    procs = main_py_concurrently(jobs)
+    return {key: (run_dir, procs[key]) for key, (run_dir, _) in jobs.items()}
 
 
 @pytest.mark.parametrize("algo", ALGO_OPTIONS)
-def test_every_algo_runs_and_its_first_step_is_on_policy(algo, algo_runs):
+def test_every_algo_runs_and_its_first_step_is_on_policy(algo, runs):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
-    run_dir, proc = algo_runs[algo]
+    run_dir, proc = runs[f"algo={algo}"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     steps = [r for r in logged if "train/step" in r]
@@ -85,11 +165,10 @@ def check_engine_log_probs(steps: list[dict], expected: set[str]) -> None:
     assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in steps)
 
 
-def test_ppo_learns_and_its_value_loss_falls(tmp_path):
+def test_ppo_learns_and_its_value_loss_falls(runs):
     """The full embedded run with algo=ppo. Rewards start near 0 (nothing for the critic to predict), so the
     value loss first rises with the rewards, then falls as the critic catches up with the policy."""
-    run_dir = tmp_path / "run"
-    proc = main_py(run_dir, "algo=ppo")
+    run_dir, proc = runs["ppo_learns"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     # Spread over seeds 1-5 and 1234 (deterministic runs): last-3 mean reward 0.882-0.975; the value loss
@@ -105,34 +184,8 @@ def test_ppo_learns_and_its_value_loss_falls(tmp_path):
     assert windows[-1] < 0.4 * windows[peak], windows  # then falls as the critic catches up
 
 
-def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):
-    data = tmp_path / "chats.jsonl"
-    rows = []
-    for d in range(10):
-        rows.append(
-            {
-                "messages": [
-                    {"role": "user", "content": f"what comes after {d} ?"},
-                    {"role": "assistant", "content": "no", "step_loss_mask": 0},
-                    {"role": "user", "content": f"what comes after {(d + 1) % 10} ?"},
-                    {"role": "assistant", "content": str((d + 2) % 10)},
-                ]
-            }
-        )
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run_dir = tmp_path / "run"
-    proc = main_py(
-        run_dir,
-        "algo=sft",
-        "data=prompt_file",
-        f"data.prompt_data={data}",
-        "data.input_key=messages",
-        "data.label_key=null",
-        "rollout.batch_size=8",
-        "train.global_batch_size=32",
-        "train.num_rollout=10",
-        "train.lr=3e-3",
-    )
+def test_sft_trains_on_chat_jsonl_with_step_loss_mask(runs):
+    run_dir, proc = runs["sft_chat"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [r["train/pg_loss"] for r in records(run_dir) if "train/pg_loss" in r]
     assert losses[-1] < 0.5 * losses[0], losses
@@ -140,39 +193,15 @@ def test_sft_trains_on_chat_jsonl_with_step_loss_mask(tmp_path):
     assert set(lengths) == {2.0}  # only "<digit> <|im_end|>" of the last turn is trained
 
 
-@pytest.mark.parametrize(
-    "overrides,key",
-    [
-        (["algo.use_kl_loss=true", "algo.kl_coef=0.1", "algo=ppo"], "algo.kl_coef"),
-        (["algo=reinforce_plus_plus", "algo.normalize_advantages=false"], "algo.normalize_advantages"),
-        (["algo.eps_clip_c=1.0"], "algo.eps_clip_c"),
-        (["algo=ppo", "cluster.critic.num_gpus_per_node=0"], "cluster.critic.num_gpus_per_node"),
-        (["algo=sft", "algo.use_tis=true"], "algo.use_tis"),
-        (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis"),
-    ],
-)
-def test_invalid_algorithm_combinations_exit_2(overrides, key, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "main.py", *overrides, f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.mark.parametrize("overrides,key", INVALID)
+def test_invalid_algorithm_combinations_exit_2(overrides, key, runs):
+    _, proc = runs[invalid_run(overrides)]
     assert proc.returncode == 2, proc.stderr
     assert key in proc.stderr
 
 
-def test_ppo_critic_roles_colocation_and_critic_only_steps(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = main_py(
-        run_dir,
-        "algo=ppo",
-        "train.num_rollout=3",
-        "algo.num_critic_only_steps=2",
-        "cluster.critic.colocate_with_actor=true",
-        "train.critic.lr=1e-2",
-    )
+def test_ppo_critic_roles_colocation_and_critic_only_steps(runs):
+    run_dir, proc = runs["ppo_critic"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r for r in records(run_dir) if "train/step" in r]
     assert [r["train/step"] for r in steps] == list(range(6))
@@ -184,9 +213,8 @@ def test_ppo_critic_roles_colocation_and_critic_only_steps(tmp_path):
     assert (critic_ckpt / "iter_0000002" / "model" / "model.safetensors").exists()
 
 
-def test_rollout_logprobs_as_old_log_probs(tmp_path):
+def test_rollout_logprobs_as_old_log_probs(runs):
     """algo.use_rollout_logprobs (TIS is checked in the grpo run of test_every_algo...)."""
-    run_dir = tmp_path / "run"
-    proc = main_py(run_dir, "algo.use_rollout_logprobs=true", "train.num_rollout=2")
+    run_dir, proc = runs["rollout_logprobs"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_engine_log_probs([r for r in records(run_dir) if "train/step" in r], {"train/train_rollout_logprob_abs_diff"})

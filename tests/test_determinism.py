@@ -1,8 +1,8 @@
 """rollout.deterministic (the embedded default): same config and seed, same run, whatever the load.
 
-Two runs (and a third with another seed) start at once, so each is the others' background load and
-their requests interleave differently; the two must log the same metrics (timings aside) and end
-with bit-identical weights, and the third must differ.
+Two runs (and a third with another seed) start at once, with those of the other case, so each is the
+others' background load and their requests interleave differently; the two must log the same metrics
+(timings aside) and end with bit-identical weights, and the third must differ.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,21 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import ROOT
-from tests.test_end_to_end import assert_no_run_processes
+from tests.test_end_to_end import assert_no_run_processes, selected_runs
 
 pytestmark = pytest.mark.slow
 
 
 def _start(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """main.py in the background; its stderr goes to `<run dir>.stderr` (no pipe to fill while others run)."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with run_dir.with_suffix(".stderr").open("w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -44,36 +47,56 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(ckpt / f"iter_{step:07d}" / "model" / "model.safetensors")
 
 
-def _finish(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        _, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr[-3000:]
-
-
 def _responses(run_dir: Path) -> list[str]:
     return [json.loads(line)["response"] for line in (run_dir / "samples.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["train.num_rollout=3"],
-        # over-sampling with the zero-std filter: which groups are kept must not depend on completion order,
-        # nor on which of two engines served a request
-        [
-            "train.num_rollout=2",
-            "algo=dapo",
-            "rollout.batch_size=8",
-            "rollout.over_sampling_batch_size=12",
-            "train.global_batch_size=32",
-            "cluster.rollout.num_gpus=2",
-        ],
+CASES = {
+    "grpo": ["train.num_rollout=3"],
+    # over-sampling with the zero-std filter: which groups are kept must not depend on completion order,
+    # nor on which of two engines served a request
+    "dapo_oversampling_2_engines": [
+        "train.num_rollout=2",
+        "algo=dapo",
+        "rollout.batch_size=8",
+        "rollout.over_sampling_batch_size=12",
+        "train.global_batch_size=32",
+        "cluster.rollout.num_gpus=2",
     ],
-    ids=["grpo", "dapo_oversampling_2_engines"],
-)
-def test_same_seed_same_run(overrides, tmp_path):
-    runs = [tmp_path / "a", tmp_path / "b", tmp_path / "other_seed"]
-    _finish([_start(runs[0], overrides), _start(runs[1], overrides), _start(runs[2], [*overrides, "seed=1"])])
+}
+
+
+STAGGER_S = 4.0
+
+
+def _case_of(test: pytest.Item) -> str | None:
+    return test.callspec.params["case"] if test.originalname == "test_same_seed_same_run" else None
+
+
+@pytest.fixture(scope="module")
+def case_runs(request, tmp_path_factory) -> dict[str, list[tuple[Path, int, str]]]:
+    """{case: [(run dir, exit code, stderr)] for runs a, b (same seed) and other_seed}: the runs of every
+    selected case start at once, each the others' background load. Returns once every run has ended."""
+    root = tmp_path_factory.mktemp("determinism")
+    started: dict[str, list[tuple[Path, subprocess.Popen]]] = {}
+    for case in sorted(selected_runs(request, _case_of)):
+        started[case] = []
+        for name, seed in [("a", []), ("b", []), ("other_seed", ["seed=1"])]:
+            if len(started) + len(started[case]) > 1:  # Ray gives a new node's raylet 30 s to register:
+                time.sleep(STAGGER_S)  # the clusters start a little apart
+            started[case].append((root / case / name, _start(root / case / name, [*CASES[case], *seed])))
+    return {
+        case: [(run_dir, proc.wait(timeout=600), run_dir.with_suffix(".stderr").read_text()) for run_dir, proc in runs]
+        for case, runs in started.items()
+    }
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_seed_same_run(case, case_runs):
+    overrides = CASES[case]
+    for _, code, stderr in case_runs[case]:
+        assert code == 0, stderr[-3000:]
+    runs = [run_dir for run_dir, _, _ in case_runs[case]]
     first, second = (_metrics(run_dir) for run_dir in runs[:2])
     rewards = [r["rollout/raw_reward"] for r in first if "rollout/raw_reward" in r]
     assert len(rewards) == int(overrides[0].split("=")[1])

@@ -12,8 +12,9 @@ import time
 import psutil
 import pytest
 
+from slime.runtime.watchdog import ARMED
 from tests.conftest import ROOT
-from tests.test_end_to_end import assert_no_run_processes, main_py
+from tests.test_end_to_end import assert_no_run_processes, main_py_concurrently, selected_runs
 
 POLICY_SCRIPT = textwrap.dedent("""
     import os, signal, subprocess, sys, time
@@ -68,20 +69,53 @@ PHASE_CASES = [
 ]  # SIGTERM from outside, during a run: test_end_to_end.py::test_interrupt_stops_everything
 
 
+def phase_run(signal_at: str, delay: float, sig: str) -> str:
+    return f"{signal_at}_{delay}s_{sig}".replace(":", "_")
+
+
+def run_of(test: pytest.Item) -> str | None:
+    if test.originalname == "test_hung_trainer_rank_is_caught_dumped_and_torn_down":
+        return "hung"
+    if test.originalname != "test_signal_in_each_phase_tears_down":
+        return None
+    params = test.callspec.params
+    return phase_run(params["signal_at"], params["delay"], params["sig"])
+
+
+# debug.hang_at puts training rank 0 to sleep forever in train of rollout 1: the watchdog names the phase.
+# The limit (40 s when this run was alone) leaves start-up, the longest phase, room to share the cores with
+# the two runs starting beside it; its wait overlaps their work.
+HUNG_RUN = ["debug.hang_at=train:1", "runtime.phase_timeout_s=60", "train.num_rollout=3", "checkpoint.save_interval=1"]
+
+
+@pytest.fixture(scope="module")
+def phase_runs(request, tmp_path_factory) -> dict[str, tuple]:
+    """{key: (run dir, finished process)} of the selected runs, three at a time (each signals only itself),
+    the hung run first: it waits out its phase timeout while the others run. Returns once every run has
+    ended, so no run's processes are left."""
+    root = tmp_path_factory.mktemp("phases")
+    wanted = selected_runs(request, run_of)
+    jobs = {"hung": (root / "hung", HUNG_RUN)} if "hung" in wanted else {}
+    for signal_at, delay, sig, _ in PHASE_CASES:
+        key = phase_run(signal_at, delay, sig)
+        if key in wanted:
+            overrides = [
+                f"debug.signal_at={signal_at}",
+                f"debug.signal={sig}",
+                f"debug.signal_delay_s={delay}",
+                "train.num_rollout=4",
+                "checkpoint.save_interval=2",
+            ]
+            jobs[key] = (root / key, overrides)
+    procs = main_py_concurrently(jobs)
+    return {key: (run_dir, procs[key]) for key, (run_dir, _) in jobs.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_at,delay,sig,code", PHASE_CASES)
-def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, tmp_path):
+def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, phase_runs):
     """The signal arrives from another thread while the phase's work is under way, as a Ctrl-C does."""
-    run_dir = tmp_path / "run"
-    proc = main_py(
-        run_dir,
-        f"debug.signal_at={signal_at}",
-        f"debug.signal={sig}",
-        f"debug.signal_delay_s={delay}",
-        "train.num_rollout=4",
-        "checkpoint.save_interval=2",
-        timeout=300,
-    )
+    run_dir, proc = phase_runs[phase_run(signal_at, delay, sig)]
     assert proc.returncode == code, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted" and result["error"] == sig
@@ -89,6 +123,32 @@ def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, tmp_path):
     if signal_at != "startup":
         rollout_id = int(signal_at.partition(":")[2])
         assert result["rollouts_completed"] == rollout_id  # the interrupted rollout is not counted
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+def test_hung_trainer_rank_is_caught_dumped_and_torn_down(phase_runs):
+    """The phase watchdog (slime.runtime.watchdog; its units: tests/test_watchdog.py) catches a hung trainer
+    rank, dumps every process's stacks, names the phase and tears the run down."""
+    run_dir, proc = phase_runs["hung"]
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "hung" and result["phase"] == "train"
+    assert result["error"].startswith("phase train of rollout 1 exceeded runtime.phase_timeout_s=60s")
+    assert result["rollouts_completed"] == 1
+    dumps = {p.name: p.read_text() for p in (run_dir / "stacks").glob("*.txt")}
+    assert len(dumps) >= 3, dumps.keys()  # the driver, the rollout manager, the trainer rank
+    hung = [text for text in dumps.values() if "_injected_hang" in text]
+    assert len(hung) == 1 and "TrainRank" in hung[0].splitlines()[0], dumps
+    assert any("RolloutManager" in text.splitlines()[0] for text in dumps.values())
+    assert not (run_dir / "stacks" / ARMED).exists()
+    assert "watchdog: phase train of rollout 1 exceeded" in proc.stderr
+    log = (run_dir / "main.log").read_text()  # the heartbeat: each phase's start, and its end with its time
+    assert "phase rollout (rollout 1) started" in log and "phase rollout (rollout 1) done in" in log
+    assert "phase log_probs (rollout 1) done in" in log and "phase train (rollout 1) started" in log
+    # the checkpoint of rollout 0 is intact
+    assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "0"
+    assert result["elapsed_s"] < 240
     assert_no_run_processes()
 
 

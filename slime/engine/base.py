@@ -134,7 +134,8 @@ class EngineServer(abc.ABC):
         )
 
     def wait_until_ready(self) -> str:
-        """Poll GET `health_path` (every 0.2-2 s) until 200, the process dies, or the timeout passes."""
+        """Poll GET `health_path` (every 0.2-0.5 s: a ready engine waits little) until 200, the process dies,
+        or the timeout passes."""
         deadline = self._launched_at + self.launch_spec.startup_timeout_s
         interval = 0.2
         try:
@@ -149,7 +150,7 @@ class EngineServer(abc.ABC):
                         f"{log_tail(self.log_path)}"
                     )
                 time.sleep(interval)
-                interval = min(2.0, interval * 1.5)
+                interval = min(0.5, interval * 1.5)
         except BaseException:
             self.shutdown()
             raise
