@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import ray
 
 from slime.config.schema import ClusterConfig
+from slime.runtime.interrupts import kill_descendants
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,19 @@ def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool
         num_cpus = max(num_bundles, os.cpu_count() or 1)
         num_gpus = num_bundles if cluster.device == "cuda" else 0
         with _environment(worker_env):
+            _start_local(num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=log_to_driver)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _start_local(*, num_cpus: int, num_gpus: int, log_to_driver: bool, attempts: int = 2) -> None:
+    """`ray.init` of a local cluster. Ray gives a new raylet a fixed 30 s to register with its GCS; on a
+    saturated machine that start fails, so it is retried once after its half-started daemons are killed
+    (nothing else runs below the driver yet)."""
+    for attempt in range(1, attempts + 1):
+        try:
             ray.init(
                 num_cpus=num_cpus,
                 num_gpus=num_gpus,
@@ -50,10 +64,13 @@ def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool
                 configure_logging=True,
                 logging_level=logging.WARNING,
             )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+            return
+        except Exception as error:  # Ray raises a bare Exception for this one
+            if "timed out during startup" not in str(error) or attempt == attempts:
+                raise
+            logger.warning("Ray's local node did not start in time (%s); starting it again", error)
+            ray.shutdown()
+            kill_descendants()
 
 
 @contextlib.contextmanager
