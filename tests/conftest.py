@@ -27,9 +27,11 @@ os.environ[TEST_SESSION_VAR] = str(os.getpid())
 def session_processes() -> list[str]:
     """Live processes (not zombies) started by this test session, as 'pid: command line'."""
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
         if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["pid"] == os.getpid():
             continue
+        if proc.info["ppid"] == os.getpid() and "from multiprocessing." in " ".join(proc.info["cmdline"] or []):
+            continue  # this test process's own helpers (megatron's checkpoint Manager, spawn's resource tracker)
         try:
             if proc.environ().get(TEST_SESSION_VAR) != os.environ[TEST_SESSION_VAR]:
                 continue

@@ -40,7 +40,9 @@ def test_group_sizes_worker_types_and_pd_pairs():
     )
     assert "needs both prefill and decode" in found["rollout.models[0].server_groups"]
     found = problems_for(["rollout.models=[{name: a, server_groups: [{worker_type: decode, num_gpus: 1}]}]"])
-    assert "needs SGLang servers, not rollout.engine=hf" in found["rollout.models[0].server_groups[0].worker_type"]
+    assert (
+        "needs SGLang or vLLM servers, not rollout.engine=hf" in found["rollout.models[0].server_groups[0].worker_type"]
+    )
     found = problems_for(["rollout.external_engines=[127.0.0.1:3000]"])
     assert "http://host:port" in found["rollout.external_engines"]
 
