@@ -1,0 +1,169 @@
+"""Typed schemas of the rollout side: `rollout.*` (router, engines and their launch, server groups, weight sync,
+fault tolerance, rewards). Re-exported by `slime.config.schema`, which holds the run's other groups; the same
+rules apply (registered in Hydra's ConfigStore, units stated per field).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass(kw_only=True)
+class RouterConfig:
+    """sglang-router (vllm-router with rollout.engine=vllm): launched by the rollout manager unless `address` is given."""
+
+    address: Optional[str] = None
+    policy: str = "round_robin"
+    request_timeout_secs: int = 14400
+    startup_timeout_s: float = 60.0
+    # Further `sglang_router.launch_router` (`vllm_router.launch_router`) flags by name (cache_threshold: 0.3 ->
+    # --cache-threshold 0.3; true: a bare flag); checked against the installed router's own parser.
+    # host/port/prometheus/policy/timeout (and the worker lists) are the framework's.
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class HFEngineConfig:
+    """The built-in transformers server (`rollout.engine=hf`)."""
+
+    max_batch_size: Optional[int] = None  # sequences decoded together; None: 256, or 1 with rollout.deterministic
+    batch_wait_ms: float = 5.0  # how long the batcher waits for more requests
+    dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
+    num_threads: int = 1  # torch threads per CPU engine
+    prefix_cache_tokens: int = 8192  # prompt tokens of one-request prefills kept for reuse; 0: no prefix cache
+    startup_timeout_s: float = 120.0
+
+
+@dataclass(kw_only=True)
+class WeightSyncConfig:
+    """How new weights reach the engines after each training step (REFERENCE.md §8)."""
+
+    # a name of slime.registry.WEIGHT_SYNC: disk (HF files) | distributed (broadcast group) | tensor (shared
+    # memory / CUDA IPC; colocated engines only)
+    mode: str = "disk"
+    bucket_mb: int = 512  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
+    keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
+    # rollout steps between syncs (the seeds' --update-weights-interval); > 1 needs train.async=true
+    interval: int = 1
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    """Reward failures and the remote reward model (`rollout.rm_type=remote_rm`, REFERENCE.md §6.5)."""
+
+    # A sample whose reward function raises or returns NaN is FAILED (its error recorded, zero reward); a rollout
+    # step fails the run when more than this fraction of its samples failed.
+    max_failure_ratio: float = 0.05
+    timeout_s: float = 120.0  # remote_rm: per request
+    max_retries: int = 10  # remote_rm: retries of connection errors and 5xx, backoff min(2^attempt, 30) s + jitter
+    max_connections: int = 64  # remote_rm: pooled HTTP connections
+
+
+@dataclass(kw_only=True)
+class SGLangLaunchConfig:
+    """How each SGLang server starts (`rollout.engine=sglang`); its ServerArgs are `rollout.sglang`."""
+
+    module: str = "sglang.launch_server"  # run as `python -m <module>` with SGLang's CLI (CPU tests: a fake server)
+    startup_timeout_s: float = 600.0  # launch until GET /health_generate answers 200
+
+
+@dataclass(kw_only=True)
+class VLLMLaunchConfig:
+    """How each vLLM server starts (`rollout.engine=vllm`); its server arguments are `rollout.vllm`."""
+
+    # run as `python -m <module>` with vLLM's server CLI (`vllm serve`'s; CPU tests: a fake server)
+    module: str = "vllm.entrypoints.launchers.api_server.entry"
+    startup_timeout_s: float = 600.0  # launch until GET /health answers 200
+
+
+@dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """Engine health checks and restarts (slime's --use-fault-tolerance)."""
+
+    enabled: bool = False
+    health_check_interval_s: float = 2.0  # between GET /health_generate probes of each engine
+    health_check_timeout_s: float = 10.0  # a probe slower than this counts as a failure
+    max_restarts: int = 3  # per engine over the run; one more death fails the run
+
+
+@dataclass(kw_only=True)
+class ServerGroupConfig:
+    """Servers of one kind for one served model (the seeds' --sglang-config `server_groups`)."""
+
+    worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
+    num_gpus: int = MISSING  # GPUs of the whole group
+    num_gpus_per_engine: Optional[int] = None  # default cluster.rollout.num_gpus_per_engine
+    overrides: dict[str, Any] = field(default_factory=dict)  # ServerArgs applied on top of rollout.sglang
+
+
+@dataclass(kw_only=True)
+class ServedModelConfig:
+    """One served model: its own router and server groups; only `update_weights` models receive syncs."""
+
+    name: str = MISSING  # the key a custom rollout function reaches its router by (ctx.model_routers)
+    model_path: Optional[str] = None  # HF dir; default model.hf_checkpoint (the policy)
+    update_weights: bool = True
+    router: RouterConfig = field(default_factory=RouterConfig)
+    server_groups: list[ServerGroupConfig] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
+
+    engine: str = "hf"  # a name of slime.registry.ENGINES
+    batch_size: int = MISSING  # prompts (groups) per rollout step: B_p
+    n_samples_per_prompt: int = 1  # n
+    over_sampling_batch_size: Optional[int] = None  # groups per refill; default batch_size
+    max_response_len: int = 1024  # tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    concurrency: int = 512  # in-flight requests per engine
+    # A name of slime.registry.ROLLOUT_FUNCTIONS or the import path (or `_target_` node) of
+    # `fn(args, rollout_id, data_source, evaluation=False)`; None: the algorithm's default (sft: "sft", every other:
+    # "default"). fill_derived writes the import path.
+    function: Optional[Any] = None
+    rm_type: Optional[str] = None  # a name of slime.registry.REWARD_TYPES
+    custom_rm_path: Optional[str] = None  # import path of `rm(sample) -> float | dict` (def or async def)
+    reward_key: Optional[str] = None  # picks the scalar from dict rewards
+    # Rewards hub (slime.rollout.rewards): group_rm calls custom_rm_path once per group as rm(args, samples) -> list
+    group_rm: bool = False
+    rm_url: Optional[str] = None  # remote_rm: the reward model's URL (POST {prompt, response, label} -> JSON)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    max_prompt_len: Optional[int] = None  # tokens of the templated prompt; longer prompts are dropped at load
+    # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
+    # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
+    # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
+    deterministic: bool = False
+    # The rollout loop and its extension points (REFERENCE.md §6.1, §6.4): hooks are import paths or `_target_`
+    # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
+    partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
+    mask_offpolicy_in_partial_rollout: bool = False  # a continued sample's earlier (older-policy) tokens: loss mask 0
+    max_turns: int = 1  # generate calls a multi-turn generate function may make per sample
+    generate_function: Optional[Any] = None  # async fn(args, sample, sampling_params) -> Sample; None: one /generate
+    buffer_filter: Optional[Any] = None  # fn(args, rollout_id, buffer, num) -> the groups taken out of the buffer
+    reward_post_process: Optional[Any] = None  # fn(args, samples) -> (raw_rewards, rewards); None: the algorithm's
+    sample_hooks: list[Any] = field(default_factory=list)  # fn(args, sample, rollout_id=, evaluation=) -> Sample|None
+    router: RouterConfig = field(default_factory=RouterConfig)
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
+    sglang: dict[str, Any] = field(default_factory=dict)
+    sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
+    # vLLM server arguments the framework does not set itself (slime.engine.vllm.engine_args), e.g.
+    # gpu_memory_utilization: 0.7; prefill_num_servers: N (PD) is the framework's
+    vllm: dict[str, Any] = field(default_factory=dict)
+    vllm_launch: VLLMLaunchConfig = field(default_factory=VLLMLaunchConfig)
+    # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
+    models: list[ServedModelConfig] = field(default_factory=list)
+    # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped
+    external_engines: list[str] = field(default_factory=list)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    request_timeout_s: float = 3600.0  # one /generate request (then retried, like a failed one)
