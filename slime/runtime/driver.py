@@ -31,7 +31,8 @@ from slime.runtime.debug_modes import rollout_only
 from slime.runtime.interrupts import Interrupts, kill_descendants
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
-from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager, RolloutSetup
+from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
+from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.rollout_watch import generate_watched
 from slime.runtime.steps import begin_loop, finish_rollout, save_if_due, sync_weights, timed_train_step
 from slime.runtime.train_group import TrainGroup

@@ -18,7 +18,8 @@ from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
 from slime.rollout.staleness import record_staleness, sample_staleness
 from slime.runtime import async_loop, driver
-from slime.runtime.rollout_manager import ROLLOUT_CLOCK, RolloutManager, RolloutSetup
+from slime.runtime.rollout_manager import ROLLOUT_CLOCK, RolloutManager
+from slime.runtime.rollout_setup import RolloutSetup
 from slime.types import Sample, SampleStatus
 from tests.conftest import ROOT, typed_config
 

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from slime.config import derive
-from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
+from slime.runtime.rollout_manager import RolloutManager
+from slime.runtime.rollout_setup import RolloutSetup
 from tests.conftest import typed_config
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from slime.config import derive
 from slime.rollout.base import RolloutHooks
-from slime.runtime.rollout_manager import RolloutManager, RolloutSetup
+from slime.runtime.rollout_manager import RolloutManager
+from slime.runtime.rollout_setup import RolloutSetup
 from slime.types import Sample
 from tests.conftest import typed_config
 

@@ -1,0 +1,78 @@
+"""The rollout manager's configuration: its typed sub-config and the run-level numbers it needs, taken from the
+run's config once in the driver (the manager actor never sees the whole RunConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from slime.config.derive import Derived
+from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
+from slime.engine.groups import engine_specs, model_specs
+from slime.runtime.engine_fleet import FleetSetup
+
+
+@dataclasses.dataclass(kw_only=True)
+class RolloutSetup:
+    """The rollout manager's typed sub-config and the run-level numbers it needs."""
+
+    rollout: RolloutConfig
+    data: DataConfig
+    eval: EvalConfig
+    algo: AlgoConfig
+    model_path: str
+    host: str
+    device: str
+    colocate: bool  # engines share the trainer's GPUs (fractional actors)
+    seed: int
+    log_dir: str
+    dp_size: int
+    global_batch_size: int  # G
+    num_steps_per_rollout: int  # K
+    balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
+    fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
+    save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
+    load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
+    max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
+
+    @classmethod
+    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
+        return cls(
+            rollout=cfg.rollout,
+            data=cfg.data,
+            eval=cfg.eval,
+            algo=cfg.algo,
+            model_path=cfg.model.hf_checkpoint,
+            host=cfg.cluster.host,
+            device=cfg.cluster.device,
+            colocate=cfg.cluster.colocate,
+            seed=cfg.seed,
+            log_dir=cfg.paths.output_dir,
+            dp_size=derived.dp_size,
+            global_batch_size=derived.global_batch_size,
+            num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+            balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
+            fleet=FleetSetup(
+                rollout=cfg.rollout,
+                models=model_specs(cfg),
+                specs=engine_specs(cfg, derived.rollout_gpus),
+                host=cfg.cluster.host,
+                device=cfg.cluster.device,
+                colocate=cfg.cluster.colocate,
+                seed=cfg.seed,
+                run_dir=cfg.paths.output_dir,
+                trainer_gpus=derived.actor_gpus,
+            ),
+            save_rollout_data=cfg.debug.save_rollout_data,
+            load_rollout_data=(
+                str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
+            ),
+            max_train_groups=max_train_groups(cfg),
+        )
+
+
+def max_train_groups(cfg: RunConfig) -> int | None:
+    """The fresh groups of the whole run when train.num_epoch sized it (num_rollout × batch_size), else None."""
+    if cfg.train.num_epoch is None or cfg.train.num_rollout is None:
+        return None
+    return cfg.train.num_rollout * cfg.rollout.batch_size
