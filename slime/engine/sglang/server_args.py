@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
+
+from slime.engine.arg_fields import ArgIssue, FieldList, pinned_fields, type_ok
 
 FIELDS_FILE = Path(__file__).with_name("server_args_fields.json")
 
@@ -45,29 +46,6 @@ _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config ke
 
 
 # Python types of the annotations whose values can be checked without sglang; others are not checked.
-_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-    "str": (str,),
-}
-
-
-class ServerArgIssue(NamedTuple):
-    """One problem with a `rollout.sglang` key: the full config key, what is wrong, how to fix it."""
-
-    key: str
-    message: str
-    fix: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FieldList:
-    """ServerArgs field names (-> annotation text, "" when unknown) of one SGLang version, and where they came from."""
-
-    version: str
-    source: str
-    types: dict[str, str]
 
 
 def known_fields() -> FieldList:
@@ -75,12 +53,7 @@ def known_fields() -> FieldList:
     installed = _installed_fields()
     if installed is not None:
         return installed
-    data = json.loads(FIELDS_FILE.read_text())
-    return FieldList(
-        version=data["sglang_version"],
-        source=f"pinned list {FIELDS_FILE.name}",
-        types={name: spec.get("type", "") for name, spec in data["fields"].items()},
-    )
+    return pinned_fields(FIELDS_FILE, "sglang_version")
 
 
 def _installed_fields() -> Optional[FieldList]:
@@ -104,7 +77,7 @@ def _installed_fields() -> Optional[FieldList]:
 
 def check_server_args(
     args: dict[str, Any], fields: Optional[FieldList] = None, *, prefix: str = "rollout.sglang"
-) -> list[ServerArgIssue]:
+) -> list[ArgIssue]:
     """Every problem with `args` (ServerArgs field -> value): owned fields, unknown names, simple wrong types."""
     fields = fields or known_fields()
     issues = []
@@ -114,46 +87,31 @@ def check_server_args(
             owner = OWNED_FIELDS[name]
             if "." in owner or owner in _CONFIG_KEYS:
                 issues.append(
-                    ServerArgIssue(
+                    ArgIssue(
                         key,
                         f"the framework sets ServerArgs.{name} itself, from {owner}",
                         f"remove {key}; set {owner} instead",
                     )
                 )
             else:
-                issues.append(
-                    ServerArgIssue(key, f"the framework sets ServerArgs.{name} itself ({owner})", f"remove {key}")
-                )
+                issues.append(ArgIssue(key, f"the framework sets ServerArgs.{name} itself ({owner})", f"remove {key}"))
         elif name not in fields.types:
             close = difflib.get_close_matches(name, list(fields.types), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             issues.append(
-                ServerArgIssue(
+                ArgIssue(
                     key,
                     f"not a ServerArgs field of sglang {fields.version} ({fields.source}){hint}",
                     "use a ServerArgs field name (python -m sglang.launch_server --help, "
                     "dashes as underscores) or remove it",
                 )
             )
-        elif not _type_ok(fields.types[name], value):
+        elif not type_ok(fields.types[name], value):
             issues.append(
-                ServerArgIssue(
+                ArgIssue(
                     key,
                     f"ServerArgs.{name} is {fields.types[name]}, got {type(value).__name__}",
                     f"set {key} to a value of type {fields.types[name]}",
                 )
             )
     return issues
-
-
-def _type_ok(annotation: str, value: Any) -> bool:
-    optional = annotation.startswith("Optional[") and annotation.endswith("]")
-    inner = annotation[len("Optional[") : -1] if optional else annotation
-    if value is None:
-        return optional or inner not in _SIMPLE_TYPES
-    allowed = _SIMPLE_TYPES.get(inner)
-    if allowed is None:
-        return True  # unions, literals, lists...: SGLang checks them itself
-    if isinstance(value, bool) and bool not in allowed:
-        return False
-    return isinstance(value, allowed)

@@ -19,9 +19,10 @@ import dataclasses
 import difflib
 import json
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 from slime.engine import process
+from slime.engine.arg_fields import ArgIssue, FieldList, pinned_fields, type_ok
 
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
 LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.33.0)
@@ -75,37 +76,13 @@ PARALLEL_SIZES = ("pipeline_parallel_size", "prefill_context_parallel_size", "da
 JSON_LISTS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
 REPEATED = frozenset({"middleware"})
 
-_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
-
-
-class EngineArgIssue(NamedTuple):
-    """One problem with a `rollout.vllm` key: the full config key, what is wrong, how to fix it."""
-
-    key: str
-    message: str
-    fix: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FieldList:
-    """Server argument names (-> annotation text, "" when unknown) of one vLLM version, and where they came from."""
-
-    version: str
-    source: str
-    types: dict[str, str]
-
 
 def known_fields() -> FieldList:
     """The installed vllm's server arguments when it imports, else the pinned list in FIELDS_FILE."""
     installed = _installed_fields()
     if installed is not None:
         return installed
-    data = json.loads(FIELDS_FILE.read_text())
-    return FieldList(
-        version=data["vllm_version"],
-        source=f"pinned list {FIELDS_FILE.name}",
-        types={name: spec.get("type", "") for name, spec in data["fields"].items()},
-    )
+    return pinned_fields(FIELDS_FILE, "vllm_version")
 
 
 def _installed_fields() -> Optional[FieldList]:
@@ -135,7 +112,7 @@ def type_text(annotation: Any) -> str:
 
 def check_engine_args(
     args: dict[str, Any], fields: Optional[FieldList] = None, *, prefix: str = "rollout.vllm"
-) -> list[EngineArgIssue]:
+) -> list[ArgIssue]:
     """Every problem with `args` (argument name -> value): owned names, unknown names, simple wrong types."""
     fields = fields or known_fields()
     issues = []
@@ -143,26 +120,26 @@ def check_engine_args(
         key = f"{prefix}.{name}"
         if name in FRAMEWORK_KEYS:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                issues.append(EngineArgIssue(key, f"must be an integer >= 0 ({FRAMEWORK_KEYS[name]})", f"fix {key}"))
+                issues.append(ArgIssue(key, f"must be an integer >= 0 ({FRAMEWORK_KEYS[name]})", f"fix {key}"))
         elif name in OWNED_FIELDS:
             owner = OWNED_FIELDS[name]
             config_key = "." in owner.split(" ")[0] or owner in _CONFIG_KEYS
             fix = f"remove {key}; set {owner.split(' ')[0]} instead" if config_key else f"remove {key}"
-            issues.append(EngineArgIssue(key, f"the framework sets vLLM's --{_flag(name)} itself, from {owner}", fix))
+            issues.append(ArgIssue(key, f"the framework sets vLLM's --{_flag(name)} itself, from {owner}", fix))
         elif name not in fields.types:
             names = [*fields.types, *FRAMEWORK_KEYS]
             close = difflib.get_close_matches(name, [n for n in names if n not in OWNED_FIELDS], n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             issues.append(
-                EngineArgIssue(
+                ArgIssue(
                     key,
                     f"not an argument of vLLM {fields.version}'s server ({fields.source}){hint}",
                     "use a `vllm serve` argument name (vllm serve --help=all, dashes as underscores) or remove it",
                 )
             )
-        elif not _type_ok(fields.types[name], value):
+        elif not type_ok(fields.types[name], value):
             issues.append(
-                EngineArgIssue(
+                ArgIssue(
                     key,
                     f"vLLM's --{_flag(name)} is {fields.types[name]}, got {type(value).__name__}",
                     f"set {key} to a value of type {fields.types[name]}",
@@ -246,22 +223,6 @@ def cli_flags(args: dict[str, Any]) -> list[str]:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
-
-
-def _type_ok(annotation: str, value: Any) -> bool:
-    """Checks `T`, `T | None` and `Optional[T]` for the simple types; anything else is vLLM's to check."""
-    parts = [part.strip() for part in annotation.split("|")]
-    if annotation.startswith("Optional[") and annotation.endswith("]"):
-        parts = [annotation[len("Optional[") : -1], "None"]
-    if value is None:
-        return "None" in parts or not all(part in _SIMPLE_TYPES for part in parts)
-    inner = [part for part in parts if part != "None"]
-    if len(inner) != 1 or inner[0] not in _SIMPLE_TYPES:
-        return True  # unions, literals, lists, config dataclasses: vLLM checks them itself
-    allowed = _SIMPLE_TYPES[inner[0]]
-    if isinstance(value, bool) and bool not in allowed:
-        return False
-    return isinstance(value, allowed)
 
 
 # ---------------------------------------------------------------------------------------------- vllm-router
