@@ -268,7 +268,11 @@ def test_interrupt_stops_everything(runs):
     assert running, "the run ended before it could be interrupted"
     assert code == 143
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "interrupted" and result["error"] == "SIGTERM" and result["rollouts_completed"] >= 2
+    assert result["status"] == "interrupted" and result["error"] == "SIGTERM"
+    # SIGTERM came once 2 steps were logged; a step counts as completed after its logging (and eval), so the
+    # signal may land between the two
+    logged = len(rewards(run_dir))
+    assert logged >= 2 and logged - 1 <= result["rollouts_completed"] <= logged, (logged, result)
     assert_no_run_processes()
 
 
