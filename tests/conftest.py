@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import psutil
@@ -39,6 +40,18 @@ def session_processes() -> list[str]:
             continue
         found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])[:120]}")
     return found
+
+
+def main_argv(run_dir, *overrides: str, tracked: bool = False, progress: bool = False) -> list[str]:
+    """`python main.py` writing to `run_dir`, as a test runs it: without what the test does not check.
+
+    No progress display unless `progress`; no wandb run and no end-of-run plots unless `tracked` (wandb's
+    service and matplotlib cost ~5 CPU-seconds a run, a fifth of a short run's on 2 cores; the runs of
+    test_end_to_end.py keep both, as shipped, and check them)."""
+    quiet = [] if progress else ["logger.progress=false"]
+    if not tracked:
+        quiet += ["logger.wandb.mode=disabled", "logger.plot=false"]
+    return [sys.executable, "main.py", f"hydra.run.dir={run_dir}", *quiet, *overrides]
 
 
 def compose_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
@@ -85,6 +98,11 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    _skip_gpu_tier(items)
+    _group_for_workers(items)
+
+
+def _skip_gpu_tier(items: list[pytest.Item]) -> None:
     """GPU-tier tests (marked `gpu`) run on a CUDA machine only; on CPU machines they are reported as skipped."""
     import torch
 
@@ -94,3 +112,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+RUNS_GROUP = "runs"
+
+
+def _group_for_workers(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's `--dist loadgroup` (tools/test.sh runs two workers): a module's tests stay
+    on one worker, so its module fixtures run once; every module with an end-to-end run (`slow`) goes to one
+    worker, first, one module after another, since those runs (three at a time) keep both cores busy and a
+    second pool beside them would only lengthen their phases; the other worker takes the unit tests, which
+    use one core each. The order is stable within a group."""
+    with_runs = {item.module.__name__ for item in items if "slow" in item.keywords}
+    for item in items:
+        name = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(RUNS_GROUP if name in with_runs else name))
+    items.sort(key=lambda item: item.module.__name__ not in with_runs)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from tests.conftest import ROOT, session_processes
+from tests.conftest import ROOT, main_argv, session_processes
 from tests.tracking.wandb_files import offline_runs
 
 pytestmark = pytest.mark.slow
@@ -31,9 +31,10 @@ def assert_no_run_processes(timeout_s: float = 20.0) -> None:
     assert session_processes() == []
 
 
-def main_py(run_dir: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def main_py(run_dir: Path, *overrides: str, timeout: float = 600, tracked: bool = False) -> subprocess.CompletedProcess:
+    """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots)."""
     return subprocess.run(
-        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *overrides],
+        main_argv(run_dir, *overrides, tracked=tracked),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -58,11 +59,11 @@ def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, 
 
 
 def main_py_concurrently(
-    runs: dict[str, tuple[Path, list[str]]], *, max_workers: int = 3, timeout: float = 600
+    runs: dict[str, tuple[Path, list[str]]], *, max_workers: int = 3, timeout: float = 600, tracked: bool = False
 ) -> dict[str, subprocess.CompletedProcess]:
     """`main_py(run_dir, *overrides)` for each {key: (run_dir, overrides)}, through `run_concurrently`."""
     jobs = {
-        key: functools.partial(main_py, run_dir, *overrides, timeout=timeout)
+        key: functools.partial(main_py, run_dir, *overrides, timeout=timeout, tracked=tracked)
         for key, (run_dir, overrides) in runs.items()
     }
     return run_concurrently(jobs, max_workers=max_workers)
@@ -81,7 +82,7 @@ def rewards(run_dir: Path) -> list[float]:
 
 def _embedded_default(run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    proc = main_py(run_dir)
+    proc = main_py(run_dir, tracked=True)
     return proc, time.monotonic() - started
 
 
@@ -94,19 +95,25 @@ def _data_parallel(run_dir: Path) -> dict[str, subprocess.CompletedProcess]:
         "train.num_rollout=3",
         "checkpoint.save_interval=2",
         "debug.save_rollout_data=true",
+        tracked=True,
     )
     if first.returncode != 0:
         return {"first": first}
     resumed = ["recipe=embedded_dp2", "train.num_rollout=5", f"checkpoint.load={first_dir / 'checkpoints'}"]
     replay = ["recipe=embedded_dp2", "train.num_rollout=2", f"debug.load_rollout_data={first_dir / 'rollout_data'}"]
-    later = main_py_concurrently({"second": (run_dir / "second", resumed), "replay": (run_dir / "replay", replay)})
+    later = run_concurrently(
+        {
+            "second": functools.partial(main_py, run_dir / "second", *resumed, tracked=True),
+            "replay": functools.partial(main_py, run_dir / "replay", *replay),
+        }
+    )
     return {"first": first, **later}
 
 
 def _sigterm_after_two_rollouts(run_dir: Path) -> tuple[bool, int]:
     """The embedded default, sent SIGTERM once 2 rollouts are logged: (still running then, exit code)."""
     proc = subprocess.Popen(
-        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"],
+        main_argv(run_dir),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

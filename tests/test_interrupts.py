@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from slime.runtime.watchdog import ARMED
-from tests.conftest import ROOT
+from tests.conftest import ROOT, main_argv
 from tests.test_end_to_end import assert_no_run_processes, main_py_concurrently, selected_runs
 
 POLICY_SCRIPT = textwrap.dedent("""
@@ -156,14 +156,8 @@ def test_hung_trainer_rank_is_caught_dumped_and_torn_down(phase_runs):
 def test_second_ctrl_c_during_teardown_leaves_nothing(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "main.py",
-            f"hydra.run.dir={run_dir}",
-            "logger.progress=false",
-            "debug.signal_at=rollout:1",
-            "train.num_rollout=4",
-        ],
+        # tracked: the second signal may land in wandb's finish, whose service must not be left behind
+        main_argv(run_dir, "debug.signal_at=rollout:1", "train.num_rollout=4", tracked=True),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -8,13 +8,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, main_argv
 from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK
 from tests.test_end_to_end import assert_no_run_processes
 
@@ -63,7 +62,7 @@ def test_served_models_external_router_and_engine_and_kill_9_mid_rollout(tmp_pat
         "rollout.models=[{name: actor, server_groups: [{num_gpus: 2}]},"
         " {name: ref, update_weights: false, server_groups: [{num_gpus: 1}]}]"
     )
-    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *FAKE_SGLANG, *SMALL]
+    cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL)
     cmd += ["train.num_rollout=2", "cluster.rollout.num_gpus=3", models, f"rollout.router.address={router.url}"]
     cmd += [f"rollout.external_engines=[{external.url}]", "rollout.fault_tolerance.enabled=true"]
     cmd += ["rollout.fault_tolerance.health_check_interval_s=0.3", "rollout.max_response_len=8"]
@@ -115,7 +114,7 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
     hand-off steps (handoff.jsonl) and the engine's own request log follow REFERENCE.md §2.3; each TP rank
     gets the bucket staged by the training rank on its device; the engine runs the trainer's weights."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *FAKE_SGLANG, *SMALL]
+    cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL)
     cmd += ["train.num_rollout=2", "cluster.colocate=true", "rollout.weight_sync.mode=tensor"]
     cmd += ["cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus_per_engine=2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

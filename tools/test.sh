@@ -6,7 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh test || exit 1
 .venv/bin/python -c "import megatron.core" || { echo "megatron-core did not install: the megatron tests would be skipped" >&2; exit 1; }
-.venv/bin/python -m pytest tests "$@"
+# Two workers: one runs the end-to-end modules, the other the unit tests beside them (tests/conftest.py).
+.venv/bin/python -m pytest tests -n 2 --dist loadgroup "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: failing" >&2

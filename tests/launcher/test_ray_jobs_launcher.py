@@ -58,6 +58,8 @@ def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_
             f"rollout.custom_rm_path=choice({GOOD},{BAD})",
             "train.num_rollout=1",
             "logger.progress=false",
+            "logger.wandb.mode=disabled",  # the jobs' wandb runs and plots: test_end_to_end.py's sweep checks them
+            "logger.plot=false",
             f"hydra.sweep.dir={sweep_dir}",
         ],
         cwd=ROOT,

@@ -21,7 +21,7 @@ from slime.runtime import async_loop, driver
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK, RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.types import Sample, SampleStatus
-from tests.conftest import ROOT, typed_config
+from tests.conftest import ROOT, main_argv, typed_config
 
 
 def test_sample_staleness_counts_the_oldest_engine_version():
@@ -261,7 +261,7 @@ def test_async_run_overlaps_generation_with_training(tmp_path):
     """main.py train.async=true on the embedded default, 3 rollout steps: rollout k+1's generation starts
     before step k's training ends, staleness is 0 then 1 (per sample too), and the run completes."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"]
+    cmd = main_argv(run_dir)
     proc = subprocess.run(
         [*cmd, "train.async=true", "train.num_rollout=3"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )

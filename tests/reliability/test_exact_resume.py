@@ -10,7 +10,6 @@ state written and the trainer's not), so the kill lands there whatever the machi
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from safetensors.torch import load_file
 
 from slime.config.resume import tracked_iteration
 from slime.tracking.jsonl import read_jsonl
-from tests.conftest import ROOT
+from tests.conftest import ROOT, main_argv
 from tests.test_end_to_end import assert_no_run_processes
 
 pytestmark = pytest.mark.slow
@@ -46,7 +45,7 @@ KILLS = [
 
 def _start(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *COMMON, *overrides],
+        main_argv(run_dir, *COMMON, *overrides),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

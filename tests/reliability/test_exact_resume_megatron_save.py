@@ -4,8 +4,6 @@ intact (a fresh backend resumes from its exact weights); the next save of it rep
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ pytest.importorskip("megatron.core")
 
 from megatron.core import dist_checkpointing  # noqa: E402
 
+from slime.engine.process import free_port  # noqa: E402
 from slime.train.megatron import checkpoint  # noqa: E402
 from tests.train.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 
@@ -21,17 +20,11 @@ class Killed(BaseException):
     """Stands for the process dying at that point of the save."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _backend(setup):
     from slime.train.layout import RankLayout
     from slime.train.megatron.backend import MegatronBackend
 
-    backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=_free_port())
+    backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=free_port())
     return backend, backend.init()
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from slime.assets.digit_task import write_dataset
 from slime.rollout.dumps import epoch_coverage, main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, main_argv
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +23,8 @@ def test_two_epochs_with_over_sampling_train_each_prompt_once_per_epoch(tmp_path
     data = write_dataset(tmp_path / "digits.jsonl", num_prompts=20, seed=0)
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "main.py",
-            f"hydra.run.dir={run_dir}",
+        main_argv(
+            run_dir,
             "logger.progress_every_s=0",  # off a terminal: every rollout's group counts as a line
             f"data.prompt_data='{data}@[0:16]'",
             "data.generator=null",
@@ -41,7 +38,8 @@ def test_two_epochs_with_over_sampling_train_each_prompt_once_per_epoch(tmp_path
             "rollout.deterministic=false",
             "rollout.hf.max_batch_size=4",
             "debug.save_rollout_data=true",
-        ],
+            progress=True,
+        ),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -8,13 +8,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, main_argv
 from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK
 from tests.test_end_to_end import assert_no_run_processes
 
@@ -47,7 +46,7 @@ def test_served_models_external_router_and_kill_9_mid_rollout(tmp_path):
         "rollout.models=[{name: actor, server_groups: [{num_gpus: 2}]},"
         " {name: ref, update_weights: false, server_groups: [{num_gpus: 1}]}]"
     )
-    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", *FAKE_VLLM, *SMALL]
+    cmd = main_argv(run_dir, *FAKE_VLLM, *SMALL)
     cmd += ["train.num_rollout=2", "cluster.rollout.num_gpus=3", models, f"rollout.router.address={router.url}"]
     cmd += ["rollout.fault_tolerance.enabled=true", "rollout.fault_tolerance.health_check_interval_s=0.3"]
     cmd += ["rollout.max_response_len=8"]

@@ -3,21 +3,14 @@ root without a tracker falls back to ref_load; the tracker and iteration directo
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
 
+from slime.engine.process import free_port  # noqa: E402
 from slime.train.megatron import checkpoint  # noqa: E402
 from tests.train.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(setup, batches: list, *, save_at: int | None = None) -> dict:
@@ -27,7 +20,7 @@ def _run(setup, batches: list, *, save_at: int | None = None) -> dict:
     from slime.train.megatron import parallel
     from slime.train.megatron.backend import MegatronBackend
 
-    backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=_free_port())
+    backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=free_port())
     start = backend.init()
     params = {n: p.detach().clone() for n, p in backend.model[0].module.named_parameters()}
     steps = []

@@ -9,6 +9,7 @@ pytest.importorskip("megatron.core")
 
 from slime.algo import log_probs_and_entropy, response_logits_slice  # noqa: E402
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
+from slime.engine.process import free_port  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
 from slime.train.megatron.backend import MegatronBackend  # noqa: E402
 from slime.train.megatron.model_config import compile_layers  # noqa: E402
@@ -95,7 +96,7 @@ def test_critic_values_start_at_zero_and_fit_the_returns(tiny_model_dir):
 
     setup = make_setup(tiny_model_dir, ["parallelism=megatron", "algo=ppo", "train.lr=1e-2"])
     batch = batches_for(make_samples(6, seed=7), dp=1, k=1)[0]
-    critic = MegatronCritic(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=29657)
+    critic = MegatronCritic(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=free_port())
     critic.init()
     try:
         losses = []

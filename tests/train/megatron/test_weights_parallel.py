@@ -4,13 +4,12 @@ then the export (collective) against the checkpoint, bit for bit."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
 
+from slime.engine.process import free_port  # noqa: E402
 from tests.train.megatron.tiny_checkpoints import make_checkpoint  # noqa: E402
 
 # (family, checkpoint overrides, parallel sizes): untied with bias over tp; tied over pp (the last stage
@@ -21,12 +20,6 @@ LAYOUTS = [
     ("qwen3_moe", {}, {"ep": 2}),
     ("qwen3_moe", {}, {"tp": 2, "ep": 2}),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_local_shards(chunks, model, sizes) -> None:
@@ -98,4 +91,4 @@ def _worker(rank: int, port: int, cases: list) -> None:
 
 def test_load_and_export_on_two_ranks(tmp_path):
     cases = [(make_checkpoint(family, tmp_path, **over), sizes) for family, over, sizes in LAYOUTS]
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), cases), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_worker, args=(free_port(), cases), nprocs=2, join=True)
