@@ -98,11 +98,6 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    _skip_gpu_tier(items)
-    _group_for_workers(items)
-
-
-def _skip_gpu_tier(items: list[pytest.Item]) -> None:
     """GPU-tier tests (marked `gpu`) run on a CUDA machine only; on CPU machines they are reported as skipped."""
     import torch
 
@@ -112,19 +107,3 @@ def _skip_gpu_tier(items: list[pytest.Item]) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-RUNS_GROUP = "runs"
-
-
-def _group_for_workers(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's `--dist loadgroup` (tools/test.sh runs two workers): a module's tests stay
-    on one worker, so its module fixtures run once; every module with an end-to-end run (`slow`) goes to one
-    worker, first, one module after another, since those runs (three at a time) keep both cores busy and a
-    second pool beside them would only lengthen their phases; the other worker takes the unit tests, which
-    use one core each. The order is stable within a group."""
-    with_runs = {item.module.__name__ for item in items if "slow" in item.keywords}
-    for item in items:
-        name = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(RUNS_GROUP if name in with_runs else name))
-    items.sort(key=lambda item: item.module.__name__ not in with_runs)

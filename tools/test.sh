@@ -2,15 +2,37 @@
 # Set up (tools/setup.sh test) and run the CPU test suite. pytest's "no tests ran" (exit 5) fails.
 # The test extra pulls megatron-core (the megatron backend's CPU tests); on a CPU machine tools/setup.sh
 # keeps torch at the CPU build (constraints-cpu.txt), which megatron-core's torch requirement accepts.
+#
+# Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
+# main.py runs that keep both cores of a 2-core machine busy) and the unit tests (one core at a time); the
+# unit tests' report is printed after the runs'. With arguments, one pytest process runs `tests` with them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh test || exit 1
 .venv/bin/python -c "import megatron.core" || { echo "megatron-core did not install: the megatron tests would be skipped" >&2; exit 1; }
-# Two workers: one runs the end-to-end modules, the other the unit tests beside them (tests/conftest.py).
-.venv/bin/python -m pytest tests -n 2 --dist loadgroup "$@"
-status=$?
-if [ "$status" -eq 5 ]; then
+
+no_tests() {
   echo "pytest collected no tests: failing" >&2
   exit 1
+}
+
+if [ $# -gt 0 ]; then
+  .venv/bin/python -m pytest tests "$@"
+  status=$?
+  [ "$status" -eq 5 ] && no_tests
+  exit "$status"
 fi
-exit "$status"
+
+unit_log=$(mktemp)
+.venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
+unit_pid=$!
+trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log"' EXIT
+.venv/bin/python -m pytest tests -m slow
+runs=$?
+wait "$unit_pid"
+unit=$?
+echo "========================== unit tests (they ran beside the end-to-end runs) =========================="
+cat "$unit_log"
+[ "$runs" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests  # each half has tests: one without is a broken selection
+[ "$runs" -ne 0 ] && exit "$runs"
+exit "$unit"
