@@ -44,7 +44,7 @@ def due(rollout_id: int, interval: int | None) -> bool:
 def begin_loop(cfg: RunConfig, state: RunState, start: int, manager, tracker: Tracker, pusher) -> LoopClock:
     """REFERENCE.md §2.2 steps 0-1: the engines get the run's weights (version `start`), then eval at 0.
 
-    On a resume (`start` > 0), metrics.jsonl is cut back to the checkpoint, and the checkpoint's eval runs now
+    On a resume (`start` > 0), metrics.jsonl and samples.jsonl are cut back to the checkpoint, and its eval runs now
     when the crash came before it was logged."""
     state.enter("weight_sync", start - 1)
     if pusher is not None:

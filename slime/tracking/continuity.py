@@ -1,4 +1,5 @@
-"""Continuous metrics across a crash and resume: every step in metrics.jsonl once, none missing.
+"""Continuous metrics across a crash and resume: every step in metrics.jsonl once, none missing (and
+each rollout's sample previews in samples.jsonl at most once).
 
 A rollout's records (its K `train/step` records, then its `rollout/step` record) are logged after its
 checkpoint is saved, so a run killed in between has a checkpoint of rollout k and no records of it.
@@ -62,17 +63,30 @@ def reconcile(metrics_path: Path, root: str | Path, start: int, steps_per_rollou
     kept = [
         r for r in records if owner(r, steps_per_rollout) < last or (complete and owner(r, steps_per_rollout) == last)
     ]
-    tmp = metrics_path.with_name(metrics_path.name + ".tmp")
-    with tmp.open("w") as out:
-        out.writelines(json.dumps(r) + "\n" for r in kept)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(metrics_path)
+    _rewrite(metrics_path, kept)
     staged = staged_path(root, last)
     if complete or not staged.exists():
         return []
     saved = json.loads(staged.read_text())
     return saved["records"] if saved["run_dir"] == str(metrics_path.parent) else []
+
+
+def cut_samples(samples_path: Path, start: int) -> None:
+    """samples.jsonl of a run resumed at rollout `start`: the previews of rollouts from `start` on are
+    dropped (those rollouts run again and log their own), a torn last line as well."""
+    if samples_path.exists():
+        records = read_jsonl(samples_path, tolerant=True)
+        _rewrite(samples_path, [r for r in records if r.get("rollout_step", -1) < start])
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace the JSONL file at `path` by `records`, atomically (a crash leaves the old file or the new one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as out:
+        out.writelines(json.dumps(r) + "\n" for r in records)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
 
 
 def has_eval(metrics_path: Path, eval_step: int) -> bool:

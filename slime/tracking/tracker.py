@@ -89,11 +89,15 @@ class Tracker:
         continuity.stage(root, rollout_id, self.step_records(rollout_id, steps, metrics), run_dir=self.run_dir)
 
     def resume(self, root: str, start: int) -> None:
-        """The run continues at rollout `start` from the checkpoint under `root`: metrics.jsonl is cut back to
-        the checkpoint, and the checkpoint's staged records of rollout start-1 are logged if missing."""
+        """The run continues at rollout `start` from the checkpoint under `root`: metrics.jsonl and
+        samples.jsonl are cut back to the checkpoint, and the checkpoint's staged records of rollout start-1 are
+        logged if missing."""
         self.metrics.close()
+        self.samples.close()
         missing = continuity.reconcile(self.metrics.path, root, start, self.steps_per_rollout)
+        continuity.cut_samples(self.samples.path, start)
         self.metrics = JsonlWriter(self.metrics.path)
+        self.samples = JsonlWriter(self.samples.path)
         if missing:
             logger.info("logging the %d records of rollout %d kept with its checkpoint", len(missing), start - 1)
         for record in missing:

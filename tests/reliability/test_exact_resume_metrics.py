@@ -1,5 +1,6 @@
 """metrics.jsonl across a crash and resume (slime.tracking.continuity): every step once, none missing,
-wherever the kill landed relative to the checkpoint's commit and the step's logging."""
+wherever the kill landed relative to the checkpoint's commit and the step's logging; samples.jsonl keeps
+each rollout's previews at most once."""
 
 from __future__ import annotations
 
@@ -68,20 +69,42 @@ def test_another_runs_checkpoint_adds_nothing(tmp_path):
     assert reconcile(path, root, start=2, steps_per_rollout=K) == [] and read_jsonl(path) == []
 
 
-def test_tracker_resume_logs_the_recovered_records_once(tmp_path):
-    root, run_dir = tmp_path / "ckpt", tmp_path / "run"
+def _tracker(run_dir: Path) -> Tracker:
     cfg = typed_config(["logger.wandb.mode=disabled", "logger.plot=false"])
     identity = RunIdentity(project="p", entity=None, group="g", name="n", tags=[], notes="", id="r")
-    tracker = Tracker(cfg.logger, run_dir=run_dir, config={}, identity=identity, total_rollouts=3, steps_per_rollout=K)
+    return Tracker(cfg.logger, run_dir=run_dir, config={}, identity=identity, total_rollouts=3, steps_per_rollout=K)
+
+
+def test_tracker_resume_logs_the_recovered_records_once(tmp_path):
+    root, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    tracker = _tracker(run_dir)
     steps = [{"train/loss": 0.0}, {"train/loss": 1.0}]
     tracker.log_step(0, steps, {"rollout/raw_reward": 0.5})
     tracker.stage_step(str(root), 1, steps, {"rollout/raw_reward": 1.5})
     tracker.finish(0)  # the run died here, checkpoint 1 written, rollout 1 not logged
 
-    resumed = Tracker(cfg.logger, run_dir=run_dir, config={}, identity=identity, total_rollouts=3, steps_per_rollout=K)
+    resumed = _tracker(run_dir)
     resumed.resume(str(root), 2)
     resumed.log_step(2, steps, {"rollout/raw_reward": 2.5})
     resumed.finish(0)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/step"] for r in records if "train/step" in r] == list(range(3 * K))
     assert [r["rollout/raw_reward"] for r in records if "train/step" not in r] == [0.5, 1.5, 2.5]
+
+
+def test_tracker_resume_drops_the_sample_previews_of_rollouts_that_run_again(tmp_path):
+    """Killed in rollout 2 (a line half written) with checkpoint 0: rollouts 1 and 2 run again on resume."""
+    run_dir = tmp_path / "run"
+    tracker = _tracker(run_dir)
+    for rollout_id in range(3):
+        tracker.log_samples(rollout_id, [{"rollout_step": rollout_id, "response": f"first {rollout_id}"}])
+    tracker.finish(0)
+    with (run_dir / "samples.jsonl").open("a") as f:
+        f.write('{"rollout_step": 2, "resp')
+
+    resumed = _tracker(run_dir)
+    resumed.resume(str(tmp_path / "ckpt"), 1)
+    resumed.log_samples(1, [{"rollout_step": 1, "response": "again 1"}])
+    resumed.finish(0)
+    rows = read_jsonl(run_dir / "samples.jsonl")
+    assert [(r["rollout_step"], r["response"]) for r in rows] == [(0, "first 0"), (1, "again 1")]
