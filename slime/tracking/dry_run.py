@@ -88,10 +88,25 @@ def batch_lines(cfg: RunConfig, derived: Derived) -> list[str]:
         f"  = {k} optimizer step(s) x global batch {derived.global_batch_size} samples"
         f" = {derived.dp_size} data-parallel rank(s) x {derived.samples_per_dp_rank} samples",
         f"  run: {t.num_rollout} rollout steps = {derived.num_optimizer_steps} optimizer steps, "
-        f"{t.num_rollout * derived.samples_per_rollout} samples; {derived.num_engines} engine(s) x "
-        f"{cfg.cluster.rollout.num_gpus_per_engine} GPU(s)",
+        f"{t.num_rollout * derived.samples_per_rollout} samples; {_engines_phrase(cfg, derived)}",
         f"  loop: {_loop_line(cfg)}",
     ]
+
+
+def _engines_phrase(cfg: RunConfig, derived: Derived) -> str:
+    """'4 engine(s) x 2 GPU(s)'; with server groups (`rollout.models`), one such part per model and engine
+    size, in GPU order: '2 engine(s) x 2 GPU(s) (actor), 1 engine(s) x 1 GPU(s) (ref)'."""
+    unit = "GPU" if cfg.cluster.device == "cuda" else "CPU slot"
+    shapes: dict[tuple[str, int], int] = {}
+    for spec in engine_specs(cfg, derived.rollout_gpus):
+        shapes[spec.model, spec.num_gpus] = shapes.get((spec.model, spec.num_gpus), 0) + 1
+    if not shapes:
+        return "no engine"
+    named = bool(cfg.rollout.models)
+    return ", ".join(
+        f"{count} engine(s) x {gpus} {unit}(s)" + (f" ({model})" if named else "")
+        for (model, gpus), count in shapes.items()
+    )
 
 
 def _loop_line(cfg: RunConfig) -> str:

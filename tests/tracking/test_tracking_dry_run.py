@@ -67,6 +67,19 @@ def test_default_8gpu_plan_is_4_trainers_4_engines_and_machine_checks_are_warnin
     assert any("data.prompt_data" in w for w in warnings) and any("model.hf_checkpoint" in w for w in warnings)
 
 
+def test_engine_line_counts_each_models_engines_by_size():
+    lines = plan_of(["cluster=one_node_8gpu"])
+    assert any(line.endswith("samples; 4 engine(s) x 1 GPU(s)") for line in lines), lines
+    models = (
+        "rollout.models=[{name: actor, server_groups: [{num_gpus: 4, num_gpus_per_engine: 2}]},"
+        " {name: ref, update_weights: false, server_groups: [{num_gpus: 2}]}]"
+    )
+    lines = plan_of(
+        ["cluster=one_node_8gpu", "cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus=6", models]
+    )
+    assert any(line.endswith("samples; 2 engine(s) x 2 GPU(s) (actor), 2 engine(s) x 1 GPU(s) (ref)") for line in lines)
+
+
 def test_config_errors_still_fail_the_dry_run():
     lines: list[str] = []
     cfg = typed_config([*GPU_RUN, "train.global_batch_size=100"])
