@@ -59,11 +59,11 @@ def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, 
 
 
 def main_py_concurrently(
-    runs: dict[str, tuple[Path, list[str]]], *, max_workers: int = 3, timeout: float = 600, tracked: bool = False
+    runs: dict[str, tuple[Path, list[str]]], *, max_workers: int = 3, timeout: float = 600
 ) -> dict[str, subprocess.CompletedProcess]:
     """`main_py(run_dir, *overrides)` for each {key: (run_dir, overrides)}, through `run_concurrently`."""
     jobs = {
-        key: functools.partial(main_py, run_dir, *overrides, timeout=timeout, tracked=tracked)
+        key: functools.partial(main_py, run_dir, *overrides, timeout=timeout)
         for key, (run_dir, overrides) in runs.items()
     }
     return run_concurrently(jobs, max_workers=max_workers)
