@@ -115,6 +115,7 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
     data = source(tmp_path, served.tokenizer, "train", num_prompts=5, n=2)
     fn = rollout_fn()
     kept, partial = [], {}  # partial: sample index -> its tokens when it went back to the buffer
+    aborted = 0.0
     for rollout_id in range(4):
         ctx = context(
             served,
@@ -126,7 +127,10 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
         )
         out = fn(ctx, rollout_id, data)
         assert len(out.groups) == 1 and len(out.groups[0]) == 2
-        assert out.metrics["perf/rollout_aborted_samples"] >= 1 and out.metrics["perf/rollout_leftover_groups"] == 2
+        # the two groups not kept go back to the buffer; whether they were still generating (aborted) depends on
+        # the machine's timing (a busy one may finish every request of a step in the same decode batch)
+        assert out.metrics["perf/rollout_leftover_groups"] == 2
+        aborted += out.metrics["perf/rollout_aborted_samples"]
         kept += out.groups
         for group in data.buffer:
             assert len(group) == 2 and all(s.metadata["start_rollout_id"] <= rollout_id for s in group)
@@ -137,6 +141,7 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
     trained = [g[0].group_index for g in kept]
     assert len(trained) == len(set(trained)) == 4  # no group trained twice
     assert drawn == set(range(data.sample_group_index))  # and every drawn group is trained or still buffered
+    assert aborted >= 1
     resumed = [s for g in kept for s in g if s.index in partial]
     assert resumed, "no partial response was cut by the abort and resumed later"
     for s in resumed:
