@@ -22,6 +22,11 @@ from slime.tracking.memory import GIB, estimate_memory, gpu_capacity_gib, parame
 from slime.train.layout import RankLayout
 
 
+def _device_unit(cfg: RunConfig) -> str:
+    """What one bundle is on this cluster: a GPU, or on CPU a slot that stands for one."""
+    return "GPU" if cfg.cluster.device == "cuda" else "CPU slot"
+
+
 def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     """One line per device of the nodes the run uses: which training rank, engine (and critic) it holds."""
     c, p = cfg.cluster, cfg.parallelism
@@ -42,7 +47,7 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
         for part, bundle in enumerate(bundles):
             share = f" [GPU {part + 1}/{len(bundles)}]" if len(bundles) > 1 else ""
             holds[bundle].append(f"engine {engine}{share}")
-    unit = "GPU" if c.device == "cuda" else "CPU slot"
+    unit = _device_unit(cfg)
     per_node = c.num_gpus_per_node
     nodes_used = (derived.total_gpus + per_node - 1) // per_node
     lines = [
@@ -67,7 +72,7 @@ def vllm_line(cfg: RunConfig, specs: list[EngineSpec]) -> str:
     from slime.engine.vllm.engine_args import PARALLEL_SIZES, tensor_parallel_size
 
     short = {"pipeline_parallel_size": "pp", "prefill_context_parallel_size": "pcp", "data_parallel_size": "dp"}
-    unit = "GPU" if cfg.cluster.device == "cuda" else "CPU slot"
+    unit = _device_unit(cfg)
     shapes: dict[str, int] = {}  # "each 2 GPU(s) = tp 2" -> servers of that shape, in GPU order
     for spec in specs:
         args = {**cfg.rollout.vllm, **spec.overrides}
@@ -96,7 +101,7 @@ def batch_lines(cfg: RunConfig, derived: Derived) -> list[str]:
 def _engines_phrase(cfg: RunConfig, derived: Derived) -> str:
     """'4 engine(s) x 2 GPU(s)'; with server groups (`rollout.models`), one such part per model and engine
     size, in GPU order: '2 engine(s) x 2 GPU(s) (actor), 1 engine(s) x 1 GPU(s) (ref)'."""
-    unit = "GPU" if cfg.cluster.device == "cuda" else "CPU slot"
+    unit = _device_unit(cfg)
     shapes: dict[tuple[str, int], int] = {}
     for spec in engine_specs(cfg, derived.rollout_gpus):
         shapes[spec.model, spec.num_gpus] = shapes.get((spec.model, spec.num_gpus), 0) + 1

@@ -45,9 +45,6 @@ OWNED_FIELDS: dict[str, str] = {
 _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config keys
 
 
-# Python types of the annotations whose values can be checked without sglang; others are not checked.
-
-
 def known_fields() -> FieldList:
     """The installed sglang's ServerArgs fields when it imports, else the pinned list in FIELDS_FILE."""
     installed = _installed_fields()
