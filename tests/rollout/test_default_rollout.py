@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -32,6 +33,14 @@ HERE = "tests.rollout.test_default_rollout"
 def parity_reward(response: str, label: str, metadata=None) -> float:
     """1.0 for an even number of characters: about half the samples of a random policy."""
     return float(len(response) % 2 == 0)
+
+
+def slow_parity_reward(response: str, label: str, metadata=None) -> float:
+    """The parity reward after a 30 ms pause of the rollout's event loop: while the last sample of the first
+    finished group is scored, the engine decodes the next wave, so the abort that follows cuts it mid-response
+    (about 20 tokens on a 2-core machine) whatever the machine's load."""
+    time.sleep(0.03)
+    return parity_reward(response, label, metadata)
 
 
 async def tagging_generate(args, sample, sampling_params, evaluation=False):
@@ -82,7 +91,9 @@ def source(tmp_path, tokenizer, name: str, num_prompts: int, n: int) -> DataSour
 TEMPLATE = {"apply_chat_template": True}
 
 
-def context(served, *, batch_size, over_sampling, max_new_tokens, hooks=None, **config) -> RolloutContext:
+def context(
+    served, *, batch_size, over_sampling, max_new_tokens, hooks=None, rm_type="parity", **config
+) -> RolloutContext:
     return RolloutContext(
         config=RolloutConfig(batch_size=batch_size, **config),
         router_url=served.url,
@@ -91,7 +102,7 @@ def context(served, *, batch_size, over_sampling, max_new_tokens, hooks=None, **
         over_sampling_batch_size=over_sampling,
         sampling_params={"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
         max_in_flight=64,
-        rewards=RewardHub(rm_type="parity", custom_rm_path=None),
+        rewards=RewardHub(rm_type=rm_type, custom_rm_path=None),
         hooks=hooks or RolloutHooks(),
         max_filter_drops=100,
     )
@@ -100,6 +111,7 @@ def context(served, *, batch_size, over_sampling, max_new_tokens, hooks=None, **
 @pytest.fixture(autouse=True)
 def parity_reward_type(monkeypatch):
     monkeypatch.setitem(REWARD_TYPES._entries, "parity", f"{HERE}.parity_reward")
+    monkeypatch.setitem(REWARD_TYPES._entries, "slow_parity", f"{HERE}.slow_parity_reward")
 
 
 def rollout_fn():
@@ -122,6 +134,7 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
             batch_size=1,
             over_sampling=3,
             max_new_tokens=MAX_NEW,
+            rm_type="slow_parity",
             partial_rollout=True,
             mask_offpolicy_in_partial_rollout=True,
         )
