@@ -26,7 +26,8 @@ tolerances 0.02 (log-probs) and 5% (grad norm); on CPU the tiny_qwen3 shape in f
 GB/s is the bytes the trainer broadcast per sync (its exported dtype) over the seconds of the whole sync
 (pause, flush, transfer, continue). With fewer than two GPUs the multi-GPU checks print SKIPPED with the
 reason; on one GPU the training checks still run their single-rank baseline (the CUDA path, one bf16 step:
-its grad norm is printed). NCCL_NVLS_ENABLE=0 (NVLink multicast off) is set for every child process.
+its grad norm is printed). NVLink multicast is off for every child process (NCCL_NVLS_ENABLE=0 and PyTorch's
+and NVSHMEM's switches). Each check's rows are printed, and --out rewritten, as soon as it ends.
 Rank logs: <work dir>/logs/<check>.world<n>.rank<r>.log. Exit status: 0 when every executed check passed,
 1 when one failed, 2 on bad arguments.
 """
@@ -41,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +52,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import validate_multigpu_ranks as ranks  # noqa: E402
 
+# NVLink multicast off in NCCL, PyTorch and NVSHMEM: a program that uses it can take a shared host's GPUs down
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CHECKS = ("megatron_tp2", "megatron_pp2", "fsdp_dp2", "sync_distributed", "colocated")
 
 
@@ -194,7 +198,8 @@ def check_colocated(name: str, profile: ranks.Profile, opts) -> list[Row]:
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl of an earlier call must not be read
     cluster = ["cluster=one_gpu", "cluster.num_gpus_per_node=2"] if opts.device == "cuda" else ["cluster.colocate=true"]
     command = [
-        sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", "train.num_rollout=3",
+        sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false", "logger.wandb.mode=disabled",
+        "train.num_rollout=3",
         *cluster, "cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus=2", *opts.main_overrides,
     ]  # fmt: skip
     start = time.perf_counter()
@@ -243,28 +248,27 @@ CHECK_FUNCTIONS = {
 
 
 # ---- driver -------------------------------------------------------------------------------------------
-def run_checks(selected: list[str], profile: ranks.Profile, opts) -> list[Row]:
+def run_checks(selected: list[str], profile: ranks.Profile, opts) -> Iterator[list[Row]]:
+    """Each check's rows as soon as it ends (a later check that outlives the caller's time leaves them kept)."""
     gpus = ranks.gpu_count() if profile.device == "cuda" else None
-    rows: list[Row] = []
     for check in selected:
         one_gpu = gpus == 1 and check in BASELINES
         if gpus is not None and gpus < 2 and not one_gpu:
             hint = " (--device cpu runs the checks on CPU over gloo)" if gpus == 0 else ""
-            rows.append(_skipped(check, _layout(check, opts), f"needs 2 GPUs; this machine has {gpus}{hint}"))
+            yield [_skipped(check, _layout(check, opts), f"needs 2 GPUs; this machine has {gpus}{hint}")]
             continue
         print(f"== {check} (logs: {_logs(opts, check)}*)", flush=True)
         start = time.perf_counter()
         try:
             if check != "colocated":  # main.py creates its own model
                 ranks.ensure_model(profile)
-            rows += (baseline_only if one_gpu else CHECK_FUNCTIONS[check])(check, profile, opts)
+            yield (baseline_only if one_gpu else CHECK_FUNCTIONS[check])(check, profile, opts)
         except Exception as exc:  # noqa: BLE001 - one failed check is a FAIL row; the others still run
             lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
-            rows.append(
+            yield [
                 Row(check=check, layout=_layout(check, opts), metric="error", value=None, tolerance="-", status="FAIL",
                     seconds=time.perf_counter() - start, note=f"{lines[-1][:300]} (logs: {_logs(opts, check)}*)")
-            )  # fmt: skip
-    return rows
+            ]  # fmt: skip
 
 
 def _fmt(value) -> str:
@@ -281,7 +285,8 @@ def render(rows: list[Row], header: str) -> str:
         (r.check, r.layout, r.metric, _fmt(r.value), r.tolerance, r.status, f"{r.seconds:.1f}") for r in rows
     ]
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
-    lines = [header, "  ".join(c.ljust(w) for c, w in zip(table[0], widths))]
+    lines = [header] if header else []
+    lines.append("  ".join(c.ljust(w) for c, w in zip(table[0], widths)))
     lines.append("  ".join("-" * w for w in widths))
     for row, line in zip(rows, table[1:]):
         lines.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
@@ -318,24 +323,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
-    os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off for every child (device README)
+    os.environ.update(NO_MULTICAST)  # for every child process (device README)
     opts.work_dir = str(Path(opts.work_dir).resolve())
     Path(opts.work_dir, "logs").mkdir(parents=True, exist_ok=True)
     profile = ranks.make_profile(opts.device, Path(opts.work_dir) / "models")
     start = time.perf_counter()
-    rows = run_checks(opts.selected, profile, opts)
     payload = {
         "device": ranks.describe_device(opts.device),
         "model": profile.model.name,
         "precision": profile.precision,
         "command": " ".join(["python", "tools/validate_multigpu.py", *(sys.argv[1:] if argv is None else argv)]),
-        "seconds": round(time.perf_counter() - start, 1),
-        "rows": [dataclasses.asdict(r) for r in rows],
     }
     header = f"validate_multigpu on {payload['device']}: model {profile.model.name}, {profile.precision}, "
+    rows: list[Row] = []
+    for check_rows in run_checks(opts.selected, profile, opts):
+        rows += check_rows
+        print(render(check_rows, ""), flush=True)
+        payload.update(seconds=round(time.perf_counter() - start, 1), rows=[dataclasses.asdict(r) for r in rows])
+        if opts.out:  # rewritten after every check
+            Path(opts.out).write_text(json.dumps(payload, indent=2))
     print(render(rows, header + f"{payload['seconds']} s\n$ {payload['command']}"), flush=True)
-    if opts.out:
-        Path(opts.out).write_text(json.dumps(payload, indent=2))
     return 1 if any(r.status == "FAIL" for r in rows) else 0
 
 

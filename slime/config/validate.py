@@ -3,7 +3,7 @@
 Each problem names the key, its value, what is wrong and the override that fixes it. `main.py`
 turns a `ConfigError` into exit status 2. The rules live by topic:
 
-    validate.py            choices (from slime.registry), ranges, batch arithmetic, debug hooks
+    validate.py            choices (from slime.registry), logger packages, ranges, batch arithmetic, debug hooks
     validate_resources.py  GPU arithmetic, roles' placement, options the chosen parts cannot honour
     validate_algo.py       algorithm knobs and rewards
     validate_paths.py      paths that must exist, paths a run writes
@@ -15,6 +15,8 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
@@ -67,6 +69,26 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
     yield from one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+
+
+def check_sinks(cfg: RunConfig) -> Iterator[Problem]:
+    """The logger's packages are installed (found at start-up, not after the cluster has started)."""
+    mode = cfg.logger.wandb.mode
+    resolved = (os.environ.get("WANDB_MODE") or "online or offline") if mode == "auto" else mode
+    if resolved != "disabled" and importlib.util.find_spec("wandb") is None:
+        yield Problem(
+            "logger.wandb.mode",
+            mode,
+            f"logs to wandb ({resolved}), but the wandb package is not installed",
+            "pip install wandb, or set logger.wandb.mode=disabled",
+        )
+    if cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        yield Problem(
+            "logger.tensorboard",
+            True,
+            "writes TensorBoard event files, but the tensorboard package is not installed",
+            "pip install '.[tensorboard]', or set logger.tensorboard=false",
+        )
 
 
 def check_debug(cfg: RunConfig) -> Iterator[Problem]:
@@ -203,6 +225,7 @@ def collect_problems(cfg: RunConfig) -> list[Problem]:
     checks = [
         check_unknown_keys(cfg),
         check_choices(cfg),
+        check_sinks(cfg),
         check_debug(cfg),
         check_ranges(cfg),
         check_model(cfg.model, backend=cfg.parallelism.backend),

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from tests.conftest import ROOT, compose_config
+from slime.config import validate
+from tests.conftest import ROOT, compose_config, typed_config
 from tests.hostile.conftest import problems_for, snapshot
 
 # (overrides, the key named, text of the message); {tmp} is the test's tmp_path
@@ -90,6 +92,30 @@ def test_wrong_types_are_refused_when_composing(override, key):
     with pytest.raises(ConfigCompositionException) as info:
         compose_config([override])
     assert key in f"{info.value} {info.value.__cause__}"
+
+
+@pytest.mark.parametrize(
+    "overrides,key,fix",
+    [
+        (["logger.wandb.mode=offline"], "logger.wandb.mode", "pip install wandb, or set logger.wandb.mode=disabled"),
+        (["logger.wandb.mode=auto"], "logger.wandb.mode", "logs to wandb (online or offline)"),
+        (
+            ["logger.wandb.mode=disabled", "logger.tensorboard=true"],
+            "logger.tensorboard",
+            "set logger.tensorboard=false",
+        ),
+    ],
+)
+def test_a_logger_package_missing_is_found_before_the_run(overrides, key, fix, tmp_path, monkeypatch):
+    """A machine without wandb (the lent GPU image has none): an error at start-up, not an ImportError after the
+    cluster and engines have started; with the sink disabled, the same machine runs."""
+    find_spec = importlib.util.find_spec
+    missing = {"wandb", "tensorboard"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else find_spec(name, *a))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    found = problems_for(overrides, tmp_path / "run")
+    assert list(found) == [key] and fix in found[key], found
+    validate(typed_config(["logger.wandb.mode=disabled"], str(tmp_path / "run")))
 
 
 def run_main(run_dir, *overrides: str) -> subprocess.CompletedProcess:
