@@ -27,7 +27,8 @@ GB/s is the bytes the trainer broadcast per sync (its exported dtype) over the s
 (pause, flush, transfer, continue). With fewer than two GPUs the multi-GPU checks print SKIPPED with the
 reason; on one GPU the training checks still run their single-rank baseline (the CUDA path, one bf16 step:
 its grad norm is printed). NVLink multicast is off for every child process (NCCL_NVLS_ENABLE=0 and PyTorch's
-and NVSHMEM's switches). Each check's rows are printed, and --out rewritten, as soon as it ends.
+and NVSHMEM's switches), and so is torch.compile unless --compile is given (TORCHDYNAMO_DISABLE=1). Each
+check's rows are printed, and --out rewritten, as soon as it ends.
 Rank logs: <work dir>/logs/<check>.world<n>.rank<r>.log. Exit status: 0 when every executed check passed,
 1 when one failed, 2 on bad arguments.
 """
@@ -308,6 +309,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync-backend", choices=("fsdp", "megatron"), default="fsdp")
     parser.add_argument("--num-syncs", type=int, default=5, help="weight syncs timed (the first is reported apart)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per spawned group of ranks / main.py run")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="keep torch.compile on (off by default: on a fresh 2-GPU machine compiling took 66 s of a 3-rollout "
+        "colocated run and most of each training check; the checks are about layouts, not speed)",
+    )
     parser.add_argument("main_overrides", nargs="*", help="extra Hydra overrides for the colocated main.py run")
     opts = parser.parse_args(argv)
     selected = [c.strip() for c in opts.checks.split(",") if c.strip()]
@@ -324,6 +331,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     os.environ.update(NO_MULTICAST)  # for every child process (device README)
+    if not opts.compile:
+        os.environ["TORCHDYNAMO_DISABLE"] = "1"  # every child's torch.compile runs eagerly
     opts.work_dir = str(Path(opts.work_dir).resolve())
     Path(opts.work_dir, "logs").mkdir(parents=True, exist_ok=True)
     profile = ranks.make_profile(opts.device, Path(opts.work_dir) / "models")
