@@ -4,7 +4,8 @@
     python tools/validate_multigpu.py --device cpu --out /tmp/validate.json                # gloo, fp32, tiny
     python tools/validate_multigpu.py --checks megatron_tp2,fsdp_dp2                       # a subset
 
-All five checks take several minutes on 2 GPUs; where one command may run at most 10 minutes, split them:
+All five checks took 272 s on 2x H100 (README, performance section); with --compile they take several times
+longer on a fresh machine, so split them where one command may run at most 10 minutes, e.g.
 `--checks megatron_tp2,megatron_pp2,fsdp_dp2` then `--checks sync_distributed,colocated` (the model under
 --work-dir is created once and reused). Positional arguments are extra Hydra overrides of the colocated
 main.py run, e.g. `rollout.weight_sync.mode=tensor` (CUDA IPC between colocated trainer and engine).
