@@ -16,7 +16,6 @@ turns a `ConfigError` into exit status 2. The rules live by topic:
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterator
 
 from slime.config.derive import Derived, derive
@@ -73,12 +72,13 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
 
 def check_sinks(cfg: RunConfig) -> Iterator[Problem]:
     """The logger's packages are installed (found at start-up, not after the cluster has started)."""
-    mode = cfg.logger.wandb.mode
-    resolved = (os.environ.get("WANDB_MODE") or "online or offline") if mode == "auto" else mode
+    from slime.tracking.wandb_run import resolve_mode  # pure Python: the run's own rule for mode=auto
+
+    resolved = resolve_mode(cfg.logger.wandb)
     if resolved != "disabled" and importlib.util.find_spec("wandb") is None:
         yield Problem(
             "logger.wandb.mode",
-            mode,
+            cfg.logger.wandb.mode,
             f"logs to wandb ({resolved}), but the wandb package is not installed",
             "pip install wandb, or set logger.wandb.mode=disabled",
         )

@@ -98,7 +98,7 @@ def test_wrong_types_are_refused_when_composing(override, key):
     "overrides,key,fix",
     [
         (["logger.wandb.mode=offline"], "logger.wandb.mode", "pip install wandb, or set logger.wandb.mode=disabled"),
-        (["logger.wandb.mode=auto"], "logger.wandb.mode", "logs to wandb (online or offline)"),
+        (["logger.wandb.mode=auto"], "logger.wandb.mode", "logs to wandb (offline)"),  # auto without an API key
         (
             ["logger.wandb.mode=disabled", "logger.tensorboard=true"],
             "logger.tensorboard",
@@ -113,6 +113,8 @@ def test_a_logger_package_missing_is_found_before_the_run(overrides, key, fix, t
     missing = {"wandb", "tensorboard"}
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else find_spec(name, *a))
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a wandb key
     found = problems_for(overrides, tmp_path / "run")
     assert list(found) == [key] and fix in found[key], found
     validate(typed_config(["logger.wandb.mode=disabled"], str(tmp_path / "run")))
