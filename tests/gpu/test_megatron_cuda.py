@@ -2,7 +2,8 @@
 
 A small Qwen3 shape (4 layers, hidden 512, 8 query / 4 KV heads of 64, vocab 4096), and the Qwen3-1.7B shape
 with random weights (issue 7's acceptance shape), both created locally. Prints the mean absolute log-prob
-difference; the bar is 0.02 (bf16 rounding, not a different model).
+difference: bf16 rounding, not a different model (on the 1.7B shape, megatron in fp32 is checked against
+transformers in fp32 too). The small shape's bar is 0.02.
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ def rl_samples(n: int, vocab: int, seed: int = 0, *, longest_response: int = 600
     return out
 
 
-def hf_log_probs(model_dir: str, samples: standalone.Samples) -> torch.Tensor:
+def hf_log_probs(model_dir: str, samples: standalone.Samples, *, dtype=torch.bfloat16) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
     from slime.algo import log_probs_and_entropy, response_logits_slice
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").cuda()
     out = []
     with torch.no_grad():
         for tokens, mask in samples:
@@ -66,6 +67,8 @@ def hf_log_probs(model_dir: str, samples: standalone.Samples) -> torch.Tensor:
             rows = logits[response_logits_slice(len(tokens) - len(mask), len(mask))]
             target = torch.tensor(tokens[-len(mask) :], device="cuda")
             out.append(log_probs_and_entropy(rows, target, temperature=1.0, with_entropy=False)[0])
+    del model
+    torch.cuda.empty_cache()
     return torch.cat(out).float().cpu()
 
 
@@ -89,8 +92,13 @@ def test_bf16_log_probs_match_transformers_and_a_step_trains(tmp_path):
     backend.shutdown()
 
 
-def test_bf16_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
-    """Qwen3-1.7B shape, random weights: plain and with compiled layers (inductor, forward and backward)."""
+def test_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
+    """Qwen3-1.7B shape, random weights. In fp32 megatron is transformers' model (1e-4). In bf16 the mean
+    |log-prob diff| to transformers' bf16 run is printed (issue 7's figure); asserted is that megatron's bf16 error
+    against the exact fp32 values is no larger than transformers' own bf16 error, plain and with compiled layers
+    (inductor, forward and backward). Measured on an H200 (2026-11-27): megatron bf16 vs transformers bf16 0.0265;
+    against the fp32 values megatron bf16 0.0266, transformers bf16 0.0271, transformers under bf16 autocast 0.0219:
+    at this depth with random weights, bf16 rounding moves log-probs by about 0.027 in either implementation."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from slime.assets.tiny_model import hf_config_dict
@@ -101,17 +109,33 @@ def test_bf16_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
     with torch.device("cuda"):  # random init on the GPU: seconds, not minutes
         AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_cfg.hf_checkpoint)
     samples = rl_samples(6, model_cfg.vocab_size, seed=1, longest_response=2048)
+    exact = hf_log_probs(model_cfg.hf_checkpoint, samples, dtype=torch.float32)
     theirs = hf_log_probs(model_cfg.hf_checkpoint, samples)
     torch.cuda.empty_cache()
     parallelism = ParallelismConfig(backend="megatron", max_tokens_per_gpu=8192)
+
+    backend = standalone.build(model_cfg, device="cuda", precision="fp32", parallelism=parallelism)
+    fp32_diff = (standalone.forward_log_probs(backend, samples).cpu() - exact).abs().mean().item()
+    backend.shutdown()
+    del backend
+    torch.cuda.empty_cache()
+    print(f"1.7B shape, megatron fp32 vs transformers fp32: mean |log-prob diff| = {fp32_diff:.2e}")
+    assert fp32_diff < 1e-4
+
     backend = standalone.build(model_cfg, device="cuda", precision="bf16", parallelism=parallelism)
     plain = standalone.forward_log_probs(backend, samples).cpu()
     compile_layers([chunk.module for chunk in backend.model])
     compiled = standalone.forward_log_probs(backend, samples).cpu()
+    their_error = (theirs - exact).abs().mean().item()
+    print(f"1.7B shape, transformers bf16 vs transformers fp32: mean |log-prob diff| = {their_error:.5f}")
     for name, ours in (("plain", plain), ("compiled layers", compiled)):
         diff = (ours - theirs).abs().mean().item()
-        print(f"1.7B shape, megatron bf16 ({name}) vs transformers bf16: mean |log-prob diff| = {diff:.5f}")
-        assert diff < 0.02, name
+        our_error = (ours - exact).abs().mean().item()
+        print(
+            f"1.7B shape, megatron bf16 ({name}): vs transformers bf16 {diff:.5f}, vs transformers fp32 {our_error:.5f}"
+        )
+        assert our_error <= 1.1 * their_error, name
+        assert diff < 0.04, name
     step = standalone.train_step(backend, samples)  # the compiled layers' backward
     assert torch.isfinite(torch.tensor(step["train/grad_norm"])) and step["train/grad_norm"] > 0
     backend.shutdown()

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from slime.train.layout import RankLayout
-from slime.train.megatron import cpu_shims
+from slime.train.megatron import cpu_shims, multi_tensor
 
 
 def init(*, device: str, rank: int, layout: RankLayout, vpp: int | None, master_addr: str, master_port: int, seed: int):
@@ -23,6 +23,7 @@ def init(*, device: str, rank: int, layout: RankLayout, vpp: int | None, master_
     from megatron.core import tensor_parallel
 
     cpu_shims.activate(device)
+    multi_tensor.activate(device)
     if device == "cuda":
         torch.cuda.set_device(torch.cuda.current_device())
     if not dist.is_initialized():

@@ -1,6 +1,7 @@
 """What the megatron model does per layer, on one CPU rank in bf16: no host reads of device values, parameters
-in the compute dtype, and RoPE from the micro-batch's tables equal to megatron's own THD RoPE; and the fused
-AdamW the CUDA runs switch to steps under megatron's optimizer."""
+in the compute dtype, and RoPE from the micro-batch's tables equal to megatron's own THD RoPE; the fused
+AdamW the CUDA runs switch to steps under megatron's optimizer; and the foreach multi-tensor ops that replace
+megatron's per-tensor fallbacks on CUDA give the fallbacks' gradient norm and clipped step."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytest.importorskip("megatron.core")
 
 from slime.config.schema import ModelConfig  # noqa: E402
 from slime.train.megatron import batch as mbatch  # noqa: E402
-from slime.train.megatron import rope, standalone  # noqa: E402
+from slime.train.megatron import multi_tensor, rope, standalone  # noqa: E402
 from slime.train.megatron.optimizer import fused_adam  # noqa: E402
 from tests.conftest import model_fields  # noqa: E402
 
@@ -81,3 +82,53 @@ def test_hot_path_host_reads_dtypes_rope_and_fused_adam(tiny_model_dir):
         assert step["train/grad_norm"] > 0 and not torch.equal(before, after)
     finally:
         backend.shutdown()
+
+
+def test_foreach_multi_tensor_ops_match_megatron_fallbacks(tiny_model_dir, monkeypatch):
+    from megatron.core import utils
+    from megatron.core.optimizer import clip_grads, optimizer
+
+    flag = torch.zeros(1, dtype=torch.int)
+    tensors = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 2, 2)]
+    norm, per_tensor = multi_tensor.l2_norm(0, flag, [tensors[:2], tensors[2:]], False)
+    expected = torch.linalg.vector_norm(torch.cat([t.flatten() for t in tensors]))
+    assert per_tensor is None and norm.shape == (1,) and norm.dtype == torch.float32
+    assert torch.allclose(norm[0], expected, rtol=1e-6)
+    halves = [torch.empty_like(t, dtype=torch.bfloat16) for t in tensors]
+    multi_tensor.scale(0, flag, [tensors, halves], 0.5)  # scaled copies, cast like copy_
+    assert all(torch.equal(h, (t * 0.5).to(torch.bfloat16)) for h, t in zip(halves, tensors))
+    in_place = [t.clone() for t in tensors]
+    multi_tensor.scale(0, flag, [in_place, in_place], 0.25)
+    assert all(torch.equal(a, t * 0.25) for a, t in zip(in_place, tensors))
+
+    def clipped_step():
+        """grad norm of one step clipped at train.clip_grad = 1 (the tiny model's is ~11), and log-probs after"""
+        backend = standalone.build(model_cfg, device="cpu", precision="fp32", max_tokens_per_gpu=64)
+        try:
+            step = standalone.train_step(backend, samples)
+            return step["train/grad_norm"], standalone.forward_log_probs(backend, samples)
+        finally:
+            backend.shutdown()
+
+    model_cfg = ModelConfig(**{**model_fields("tiny_qwen3"), "hf_checkpoint": tiny_model_dir})
+    rng = random.Random(5)
+    samples = [([rng.randrange(1, model_cfg.vocab_size) for _ in range(rng.randint(4, 12))], [1, 1]) for _ in range(4)]
+    for module in (clip_grads, optimizer):
+        monkeypatch.setattr(module, "multi_tensor_scale_impl", utils.local_multi_tensor_scale)
+    monkeypatch.setattr(clip_grads, "l2_norm_impl", utils.local_multi_tensor_l2_norm)
+    theirs = clipped_step()
+    multi_tensor.activate("cpu")  # CPU runs keep megatron's own fallbacks
+    assert clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm
+    multi_tensor.activate("cuda")
+    assert clip_grads.l2_norm_impl is multi_tensor.l2_norm
+    assert clip_grads.multi_tensor_scale_impl is optimizer.multi_tensor_scale_impl is multi_tensor.scale
+    ours = clipped_step()
+    assert theirs[0] > 2 and ours[0] == pytest.approx(theirs[0], rel=1e-6)
+    assert torch.allclose(ours[1], theirs[1], atol=1e-6)
+
+    def real_kernel(*args):  # what Transformer Engine or apex would have bound
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(clip_grads, "l2_norm_impl", real_kernel)
+    multi_tensor.activate("cuda")
+    assert clip_grads.l2_norm_impl is real_kernel
