@@ -12,6 +12,14 @@ KL_IN_REWARD = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 def check_algo(cfg: RunConfig) -> Iterator[Problem]:
+    """The `algo.*` knobs: KL, what the estimator needs, ranges."""
+    yield from _check_kl(cfg)
+    yield from _check_estimator(cfg)
+    yield from _check_ranges(cfg)
+
+
+def _check_kl(cfg: RunConfig) -> Iterator[Problem]:
+    """The KL options: the loss or the reward term, never both, each with a reference model."""
     a = cfg.algo
     if a.use_kl_loss and cfg.checkpoint.ref_load is None:
         yield Problem(
@@ -28,10 +36,6 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
             "KL in the reward and the KL loss are mutually exclusive",
             "set algo.kl_coef=0 or algo.use_kl_loss=false",
         )
-    if a.eps_clip_c is not None and a.eps_clip_c <= 1:
-        yield Problem(
-            "algo.eps_clip_c", a.eps_clip_c, "the dual-clip constant must be > 1", "set algo.eps_clip_c=3.0 or null"
-        )
     if a.kl_coef != 0 and a.advantage_estimator not in KL_IN_REWARD:
         yield Problem(
             "algo.kl_coef",
@@ -46,6 +50,11 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
             "KL in the reward needs a reference model but checkpoint.ref_load is null",
             "set checkpoint.ref_load=<HF dir of the reference model>",
         )
+
+
+def _check_estimator(cfg: RunConfig) -> Iterator[Problem]:
+    """What the advantage estimator needs or cannot use."""
+    a = cfg.algo
     if a.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline") and not a.normalize_advantages:
         yield Problem(
             "algo.normalize_advantages",
@@ -75,16 +84,25 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
             "rloo's leave-one-out baseline needs at least 2 samples per prompt",
             "set it to 2 or more",
         )
-    if a.tis_clip_low > a.tis_clip:
-        yield Problem(
-            "algo.tis_clip_low", a.tis_clip_low, f"must be <= algo.tis_clip={a.tis_clip}", "lower algo.tis_clip_low"
-        )
     if a.num_critic_only_steps and a.advantage_estimator != "ppo":
         yield Problem(
             "algo.num_critic_only_steps",
             a.num_critic_only_steps,
             "only ppo has a critic",
             "set algo.num_critic_only_steps=0",
+        )
+
+
+def _check_ranges(cfg: RunConfig) -> Iterator[Problem]:
+    """Numeric ranges of the clipping and length knobs."""
+    a = cfg.algo
+    if a.eps_clip_c is not None and a.eps_clip_c <= 1:
+        yield Problem(
+            "algo.eps_clip_c", a.eps_clip_c, "the dual-clip constant must be > 1", "set algo.eps_clip_c=3.0 or null"
+        )
+    if a.tis_clip_low > a.tis_clip:
+        yield Problem(
+            "algo.tis_clip_low", a.tis_clip_low, f"must be <= algo.tis_clip={a.tis_clip}", "lower algo.tis_clip_low"
         )
     if a.pg_loss_constant_length is not None and a.pg_loss_constant_length <= 0:
         yield Problem(

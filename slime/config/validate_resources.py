@@ -38,26 +38,7 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             f"a node has {c.num_gpus_per_node} GPU(s) (cluster.num_gpus_per_node)",
             f"set cluster.actor.num_gpus_per_node<={c.num_gpus_per_node}",
         )
-    if (
-        not cfg.rollout.models
-        and c.rollout.num_gpus_per_engine >= 1
-        and derived.rollout_gpus % c.rollout.num_gpus_per_engine
-    ):
-        yield Problem(
-            "cluster.rollout.num_gpus",
-            derived.rollout_gpus,
-            f"not a multiple of cluster.rollout.num_gpus_per_engine={c.rollout.num_gpus_per_engine}",
-            "make cluster.rollout.num_gpus a multiple of num_gpus_per_engine",
-        )
-    for key, value, message, fix in group_problems(cfg, derived.rollout_gpus):
-        yield Problem(key, value, message, fix)
-    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1 and not cfg.rollout.models:
-        yield Problem(
-            "cluster.rollout.num_gpus",
-            c.rollout.num_gpus,
-            "no rollout engine fits",
-            f"set cluster.rollout.num_gpus>={c.rollout.num_gpus_per_engine}",
-        )
+    yield from _check_engines(cfg, derived)
     capacity = c.num_nodes * c.num_gpus_per_node
     if derived.total_gpus > capacity:
         yield Problem(
@@ -78,6 +59,37 @@ def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
             f"must split evenly over {derived.dp_size} data-parallel ranks",
             f"use a multiple of {derived.dp_size}",
         )
+    yield from _check_local_devices(cfg, derived)
+
+
+def _check_engines(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
+    """The rollout GPUs split into engines (or into the server groups of `rollout.models`)."""
+    c = cfg.cluster
+    if (
+        not cfg.rollout.models
+        and c.rollout.num_gpus_per_engine >= 1
+        and derived.rollout_gpus % c.rollout.num_gpus_per_engine
+    ):
+        yield Problem(
+            "cluster.rollout.num_gpus",
+            derived.rollout_gpus,
+            f"not a multiple of cluster.rollout.num_gpus_per_engine={c.rollout.num_gpus_per_engine}",
+            "make cluster.rollout.num_gpus a multiple of num_gpus_per_engine",
+        )
+    for key, value, message, fix in group_problems(cfg, derived.rollout_gpus):
+        yield Problem(key, value, message, fix)
+    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1 and not cfg.rollout.models:
+        yield Problem(
+            "cluster.rollout.num_gpus",
+            c.rollout.num_gpus,
+            "no rollout engine fits",
+            f"set cluster.rollout.num_gpus>={c.rollout.num_gpus_per_engine}",
+        )
+
+
+def _check_local_devices(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
+    """A CUDA run without a Ray cluster needs the GPUs on this machine."""
+    c = cfg.cluster
     if c.device == "cuda" and c.ray_address is None:
         local = _local_cuda_count()
         if local < min(derived.total_gpus, c.num_gpus_per_node):

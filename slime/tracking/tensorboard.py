@@ -17,12 +17,9 @@ from slime.tracking.wandb_run import STEP_AXES, axis_of
 
 class TensorBoardSink:
     def __init__(self, run_dir: Path):
-        try:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        except ImportError as exc:
-            raise ImportError(
-                "logger.tensorboard=true needs the tensorboard package: pip install '.[tensorboard]'"
-            ) from exc
+        # a missing package is a config error at start-up (slime.config.validate.check_sinks)
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
         self.log_dir = Path(run_dir) / "tensorboard"
         self._writer = EventFileWriter(str(self.log_dir))
 

@@ -111,7 +111,6 @@ def test_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
     samples = rl_samples(6, model_cfg.vocab_size, seed=1, longest_response=2048)
     exact = hf_log_probs(model_cfg.hf_checkpoint, samples, dtype=torch.float32)
     theirs = hf_log_probs(model_cfg.hf_checkpoint, samples)
-    torch.cuda.empty_cache()
     parallelism = ParallelismConfig(backend="megatron", max_tokens_per_gpu=8192)
 
     backend = standalone.build(model_cfg, device="cuda", precision="fp32", parallelism=parallelism)
