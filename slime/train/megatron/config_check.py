@@ -167,6 +167,13 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
             "set parallelism.sequence_parallel=true (CUDA), or split experts with parallelism.ep instead of tp",
         )
+    yield from _check_pipeline_stages(cfg)
+    yield from _check_recompute(cfg)
+
+
+def _check_pipeline_stages(cfg: RunConfig) -> Iterator[Problem]:
+    """The layers split into pp (x vpp virtual) equal stages."""
+    p, m = cfg.parallelism, cfg.model
     if p.vpp is not None:
         if p.pp < 2 or p.vpp < 2:
             yield Problem(
@@ -197,7 +204,6 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             f"model.num_layers={m.num_layers} does not split into {p.pp} equal stages",
             "pick a pp dividing model.num_layers",
         )
-    yield from _check_recompute(cfg)
 
 
 # megatron-core's selective recompute modules that run on the local spec without Transformer Engine:

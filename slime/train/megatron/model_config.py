@@ -37,8 +37,19 @@ def transformer_config(
     m, p = model_cfg, parallelism_cfg
     if m.architecture not in ARCHITECTURES:
         raise ValueError(f"model.architecture={m.architecture!r}: expected one of {ARCHITECTURES}")
-    moe = m.num_experts is not None
-    kwargs: dict[str, Any] = dict(
+    kwargs = {
+        **_model_fields(m),
+        **_layout_fields(p, params_dtype),
+        **_kernel_fields(device),
+        **_recompute_fields(p),
+        **(extra or {}),
+    }
+    return TransformerConfig(**kwargs)
+
+
+def _model_fields(m: ModelConfig) -> dict[str, Any]:
+    """The architecture (dense, and the MoE router and experts where the model has them)."""
+    fields: dict[str, Any] = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         ffn_hidden_size=m.ffn_hidden_size,
@@ -54,6 +65,27 @@ def transformer_config(
         qk_layernorm=m.qk_layernorm,
         attention_dropout=0.0,
         hidden_dropout=0.0,
+    )
+    if m.num_experts is not None:
+        fields.update(
+            num_moe_experts=m.num_experts,
+            moe_router_topk=m.moe_router_topk,
+            moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+            # softmax over the top-k logits == softmax over all, top-k, renormalised (HF norm_topk_prob)
+            moe_router_pre_softmax=not m.moe_norm_topk_prob,
+            moe_router_score_function="softmax",
+            moe_router_dtype="fp32",
+            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+            moe_router_load_balancing_type="aux_loss" if m.moe_aux_loss_coeff else "none",
+            moe_grouped_gemm=False,
+        )
+    return fields
+
+
+def _layout_fields(p: ParallelismConfig, params_dtype: torch.dtype) -> dict[str, Any]:
+    """Parallel sizes, dtypes, and how micro-batches and losses cross them."""
+    return dict(
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
         virtual_pipeline_model_parallel_size=p.vpp,
@@ -69,6 +101,12 @@ def transformer_config(
         variable_seq_lengths=p.vpp is None,
         moe_token_dispatcher_type="alltoall",  # megatron: the only dispatcher with variable sequence lengths
         calculate_per_token_loss=True,  # losses carry step-level weights: gradients are summed, never averaged
+    )
+
+
+def _kernel_fields(device: str) -> dict[str, Any]:
+    """Initialisation and fusions: none that needs Transformer Engine or apex."""
+    return dict(
         use_cpu_initialization=device == "cpu",
         perform_initialization=True,
         gradient_accumulation_fusion=False,
@@ -81,23 +119,6 @@ def transformer_config(
         persist_layer_norm=False,
         deallocate_pipeline_outputs=device == "cuda",
     )
-    if moe:
-        kwargs.update(
-            num_moe_experts=m.num_experts,
-            moe_router_topk=m.moe_router_topk,
-            moe_ffn_hidden_size=m.moe_ffn_hidden_size or m.ffn_hidden_size,
-            moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
-            # softmax over the top-k logits == softmax over all, top-k, renormalised (HF norm_topk_prob)
-            moe_router_pre_softmax=not m.moe_norm_topk_prob,
-            moe_router_score_function="softmax",
-            moe_router_dtype="fp32",
-            moe_aux_loss_coeff=m.moe_aux_loss_coeff,
-            moe_router_load_balancing_type="aux_loss" if m.moe_aux_loss_coeff else "none",
-            moe_grouped_gemm=False,
-        )
-    kwargs.update(_recompute_fields(p))
-    kwargs.update(extra or {})
-    return TransformerConfig(**kwargs)
 
 
 def _recompute_fields(p: ParallelismConfig) -> dict[str, Any]:
