@@ -40,6 +40,39 @@ def actor_loss(
     metrics named as in REFERENCE.md §3.13 without the `train/` prefix, each a partial sum of the
     step value.
     """
+    pg_loss, metrics = _policy_gradient_loss(
+        log_probs, old_log_probs, advantages, weights, pg_weights, algo, loss_mask, response_lengths, rollout_log_probs
+    )
+    metrics["pg_loss"] = pg_loss.detach()
+    loss = pg_loss
+    if entropy is not None:  # always logged; a gradient only with entropy_coef != 0
+        entropy_loss = reduce(entropy if algo.entropy_coef else entropy.detach(), weights)
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * entropy_loss
+        metrics["entropy_loss"] = entropy_loss.detach()
+    if algo.use_kl_loss:
+        kl_loss = reduce(approx_kl(log_probs, ref_log_probs, algo.kl_loss_type), weights)
+        loss = loss + algo.kl_loss_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    if rollout_log_probs is not None:
+        metrics["train_rollout_logprob_abs_diff"] = reduce((old_log_probs - rollout_log_probs).abs(), weights).detach()
+    metrics["loss"] = loss.detach()
+    return loss, metrics
+
+
+def _policy_gradient_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    weights: Tensor,
+    pg_weights: Tensor,
+    algo: AlgoConfig,
+    loss_mask: Tensor,
+    response_lengths: list[int],
+    rollout_log_probs: Tensor | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The policy-gradient term (SFT's NLL, or the clipped surrogate with GSPO's sequence ratio and TIS
+    weights) reduced by `pg_weights`, and its metrics (clip fractions, PPO KL, TIS ratios)."""
     metrics: dict[str, Tensor] = {}
     if algo.advantage_estimator == "sft":
         pg_loss = reduce(sft_loss(log_probs), pg_weights)
@@ -76,21 +109,7 @@ def actor_loss(
             )
         pg_loss = reduce(per_token, pg_weights)
         metrics.update(pg_clipfrac=reduce(pg["clipfrac"], weights), ppo_kl=reduce(pg["ppo_kl"], weights))
-    metrics["pg_loss"] = pg_loss.detach()
-    loss = pg_loss
-    if entropy is not None:  # always logged; a gradient only with entropy_coef != 0
-        entropy_loss = reduce(entropy if algo.entropy_coef else entropy.detach(), weights)
-        if algo.entropy_coef:
-            loss = loss - algo.entropy_coef * entropy_loss
-        metrics["entropy_loss"] = entropy_loss.detach()
-    if algo.use_kl_loss:
-        kl_loss = reduce(approx_kl(log_probs, ref_log_probs, algo.kl_loss_type), weights)
-        loss = loss + algo.kl_loss_coef * kl_loss
-        metrics["kl_loss"] = kl_loss.detach()
-    if rollout_log_probs is not None:
-        metrics["train_rollout_logprob_abs_diff"] = reduce((old_log_probs - rollout_log_probs).abs(), weights).detach()
-    metrics["loss"] = loss.detach()
-    return loss, metrics
+    return pg_loss, metrics
 
 
 def sum_metrics(into: dict[str, Tensor], new: dict[str, Tensor]) -> None:
