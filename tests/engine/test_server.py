@@ -190,6 +190,20 @@ def _wait_for(predicate, timeout=20.0):
         time.sleep(0.01)
 
 
+def _generated_tokens(engine) -> int:
+    return http_client.get(engine.url + "/server_info")["internal_states"][0]["num_generated_tokens"]
+
+
+def _start_long_generation(engine, **params):
+    """A 480-token request in a thread, returned once it runs and has sampled a token (a pause or an
+    abort then cuts it mid-decode, however slow the machine: being in the batch is not enough)."""
+    before = _generated_tokens(engine)
+    running = _in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True, **params))
+    _wait_for(lambda: _generated_tokens(engine) > before)
+    assert http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1
+    return running
+
+
 def _perturbed_copy(src: str, dst: Path, *, noise: float = 0.3, bad_shape: bool = False, drop: bool = False) -> str:
     tensors = load_file(str(Path(src) / "model.safetensors"))
     gen = torch.Generator().manual_seed(0)
@@ -208,8 +222,7 @@ def test_update_weights_from_disk(cluster, tmp_path):
     engine = cluster.engines[0]
     before = _generate(engine.url)
     # An update never lands mid-batch: it waits for the running generation, which keeps version "0".
-    running, box = _in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True))
-    _wait_for(lambda: http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1)
+    running, box = _start_long_generation(engine)
     engine.client.update_weights_from_disk(_perturbed_copy(cluster.model_dir, tmp_path / "v1"), weight_version="1")
     running.join(20)
     meta = box["result"]["meta_info"]
@@ -236,34 +249,33 @@ def test_update_weights_from_disk(cluster, tmp_path):
 def test_pause_aborts_running_and_holds_new_requests(cluster):
     engine = cluster.engines[0]
     loads = lambda: http_client.get(engine.url + "/v1/loads")["loads"][0]  # noqa: E731
-    long_params = {"max_new_tokens": 480, "temperature": 1.0, "ignore_eos": True}
-    running, running_box = _in_thread(lambda: _generate(engine.url, **long_params))
-    _wait_for(lambda: loads()["num_running_reqs"] == 1)
-    engine.client.pause_generation()  # SGLang's default mode: in-flight requests are aborted
-    running.join(20)
-    aborted = running_box["result"]["meta_info"]
-    assert aborted["finish_reason"]["type"] == "abort"
-    assert 0 < aborted["completion_tokens"] < 480
-    assert len(aborted["output_token_logprobs"]) == aborted["completion_tokens"]
+    running, running_box = _start_long_generation(engine, temperature=1.0)
+    try:
+        engine.client.pause_generation()  # SGLang's default mode: in-flight requests are aborted
+        running.join(20)
+        aborted = running_box["result"]["meta_info"]
+        assert aborted["finish_reason"]["type"] == "abort"
+        assert 0 < aborted["completion_tokens"] < 480
+        assert len(aborted["output_token_logprobs"]) == aborted["completion_tokens"]
 
-    held, held_box = _in_thread(lambda: _generate(engine.url))
-    _wait_for(lambda: loads()["num_waiting_reqs"] == 1)
-    time.sleep(0.3)
-    assert held.is_alive() and "result" not in held_box
-    engine.client.flush_cache(max_attempts=1)  # a request held by the pause holds no cache
-    engine.client.continue_generation()
+        held, held_box = _in_thread(lambda: _generate(engine.url))
+        _wait_for(lambda: loads()["num_waiting_reqs"] == 1)
+        time.sleep(0.3)
+        assert held.is_alive() and "result" not in held_box
+        engine.client.flush_cache(max_attempts=1)  # a request held by the pause holds no cache
+    finally:  # a failed check must not leave the shared engine paused for the tests after it
+        engine.client.continue_generation()
     held.join(20)
     assert held_box["result"]["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_abort_request(cluster):
     engine = cluster.engines[0]
-    thread, box = _in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True))
-    _wait_for(lambda: http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1)
+    thread, box = _start_long_generation(engine)
     engine.client.abort_all()
     thread.join(20)
     assert box["result"]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert box["result"]["meta_info"]["completion_tokens"] < 480
+    assert 0 < box["result"]["meta_info"]["completion_tokens"] < 480
 
 
 def test_release_and_resume_memory(cluster):

@@ -86,6 +86,7 @@ class Generator:
     ):
         self.model = model
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.num_generated_tokens = 0  # tokens sampled since start, over all requests (progress, for /server_info)
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
@@ -220,6 +221,7 @@ class Generator:
             tokens, logprobs = sampler.step(logits, step)
             step += 1
             token_list, lp_list = tokens.tolist(), logprobs.tolist()
+            self.num_generated_tokens += len(live)
             keep: list[int] = []
             for row, i in enumerate(live):
                 out_ids[i].append(token_list[row])

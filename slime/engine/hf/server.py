@@ -164,6 +164,7 @@ class HFServer:
                         "paused": self.scheduler.paused,
                         "released_tags": sorted(self.scheduler.released_tags),
                         "num_finished_reqs": self.scheduler.num_finished,
+                        "num_generated_tokens": self.generator.num_generated_tokens,
                         **self.scheduler.loads(),
                         **self.generator.prefix_cache.stats(),
                     }
