@@ -66,10 +66,9 @@ def make_profile(device: str, models_dir: Path) -> Profile:
 
 def ensure_model(profile: Profile) -> None:
     """Create the profile's random-weight HF model unless this exact one exists."""
-    from slime.assets.tiny_model import create_tiny_model, is_current
+    from slime.assets.tiny_model import ensure_tiny_model
 
-    if not is_current(profile.model, profile.model.hf_checkpoint):
-        create_tiny_model(profile.model, profile.model.hf_checkpoint)
+    ensure_tiny_model(profile.model)
 
 
 def gpu_count() -> int:

@@ -7,9 +7,10 @@ a constant answer scores 0.1 at best.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from slime.assets.files import write_jsonl
 
 
 def make_prompt(digit: int) -> dict:
@@ -23,12 +24,5 @@ def make_prompt(digit: int) -> dict:
 
 def write_dataset(path: str | Path, *, num_prompts: int, seed: int) -> Path:
     """Write `num_prompts` records with digits drawn by `random.Random(seed)`; atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for _ in range(num_prompts):
-            f.write(json.dumps(make_prompt(rng.randrange(10))) + "\n")
-    tmp.rename(path)
-    return path
+    return write_jsonl(path, (make_prompt(rng.randrange(10)) for _ in range(num_prompts)))

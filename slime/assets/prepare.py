@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from slime.assets.tiny_model import create_tiny_model, is_current
+from slime.assets.files import creation_lock
+from slime.assets.tiny_model import ensure_tiny_model
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
 from slime.config.validate_eval import valid_eval_datasets
@@ -22,17 +23,20 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
     (prompt_data == generator.path): a prompt_data pointing elsewhere is never created here.
     """
     created = []
-    if cfg.model.create_if_missing and not is_current(cfg.model, cfg.model.hf_checkpoint):
-        created.append(str(create_tiny_model(cfg.model)))
+    if cfg.model.create_if_missing and ensure_tiny_model(cfg.model):
+        created.append(cfg.model.hf_checkpoint)
     files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
     if cfg.eval.interval:
         for name, dataset in valid_eval_datasets(cfg).items():
             files.append((f"eval.datasets.{name}.generator", dataset.prompt_data, dataset.generator))
     for key, prompt_data, generator in files:
         path = generated_file(prompt_data, generator)
-        if path is not None and not Path(path).exists():
-            load_callable(generator, key=key, **GENERATOR_SHAPE)()  # path and the rest are bound in the node
-            created.append(path)
+        if path is None or Path(path).exists():
+            continue
+        with creation_lock(path):  # runs starting together write it once, never under a reader
+            if not Path(path).exists():
+                load_callable(generator, key=key, **GENERATOR_SHAPE)()  # path and the rest are bound in the node
+                created.append(path)
     for path in created:
         logger.info("created %s", path)
     return created

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from slime.assets.files import creation_lock
 from slime.assets.tokenizer import build_tokenizer, vocabulary
 from slime.config.hf_config import hf_fields, mismatches
 from slime.config.schema import ModelConfig
@@ -35,6 +36,21 @@ def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
         and actual.get("initializer_range") == model.init_std
         and actual.get("slime_init_seed") == model.init_seed
     )
+
+
+def ensure_tiny_model(model: ModelConfig) -> bool:
+    """Create `model.hf_checkpoint` unless it already holds exactly this model; True when it was created.
+
+    Runs that start together (a sweep's jobs) make it once: the check is repeated under a lock, so a model
+    another run has just written, and may be reading, is never replaced.
+    """
+    if is_current(model, model.hf_checkpoint):
+        return False
+    with creation_lock(model.hf_checkpoint):
+        if is_current(model, model.hf_checkpoint):
+            return False
+        create_tiny_model(model)
+        return True
 
 
 def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) -> Path:

@@ -6,9 +6,10 @@ followed by "=" and let the calculator of `slime.rollout.tool_use` answer.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from slime.assets.files import write_jsonl
 
 
 def make_prompt(a: int, b: int) -> dict:
@@ -22,12 +23,5 @@ def make_prompt(a: int, b: int) -> dict:
 
 def write_dataset(path: str | Path, *, num_prompts: int, seed: int) -> Path:
     """Write `num_prompts` records with operands 0-9 drawn by `random.Random(seed)`; atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for _ in range(num_prompts):
-            f.write(json.dumps(make_prompt(rng.randrange(10), rng.randrange(10))) + "\n")
-    tmp.rename(path)
-    return path
+    return write_jsonl(path, (make_prompt(rng.randrange(10), rng.randrange(10)) for _ in range(num_prompts)))
