@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from slime.assets.files import write_jsonl
+from slime.assets import files
 
 
 def make_prompt(digit: int) -> dict:
@@ -25,4 +25,4 @@ def make_prompt(digit: int) -> dict:
 def write_dataset(path: str | Path, *, num_prompts: int, seed: int) -> Path:
     """Write `num_prompts` records with digits drawn by `random.Random(seed)`; atomic rename."""
     rng = random.Random(seed)
-    return write_jsonl(path, (make_prompt(rng.randrange(10)) for _ in range(num_prompts)))
+    return files.write_jsonl(path, (make_prompt(rng.randrange(10)) for _ in range(num_prompts)))

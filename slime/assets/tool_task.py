@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from slime.assets.files import write_jsonl
+from slime.assets import files
 
 
 def make_prompt(a: int, b: int) -> dict:
@@ -24,4 +24,4 @@ def make_prompt(a: int, b: int) -> dict:
 def write_dataset(path: str | Path, *, num_prompts: int, seed: int) -> Path:
     """Write `num_prompts` records with operands 0-9 drawn by `random.Random(seed)`; atomic rename."""
     rng = random.Random(seed)
-    return write_jsonl(path, (make_prompt(rng.randrange(10), rng.randrange(10)) for _ in range(num_prompts)))
+    return files.write_jsonl(path, (make_prompt(rng.randrange(10), rng.randrange(10)) for _ in range(num_prompts)))
