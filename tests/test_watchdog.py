@@ -98,5 +98,8 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
         on_stuck=lambda: calls.append("stuck"),
         grace_s=0.3,
     ).start()
-    time.sleep(1.5)
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # over three times the grace: a forced exit would have come
     assert calls == ["fire"]
