@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -40,6 +41,14 @@ def session_processes() -> list[str]:
             continue
         found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])[:120]}")
     return found
+
+
+def in_thread(fn) -> tuple[threading.Thread, dict]:
+    """Run `fn()` in a daemon thread, started; its return value lands in the dict under "result"."""
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
+    thread.start()
+    return thread, box
 
 
 def main_argv(run_dir, *overrides: str, tracked: bool = False, progress: bool = False) -> list[str]:

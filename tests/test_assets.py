@@ -3,7 +3,6 @@ never replaced under a run that is reading it."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from slime.assets.digit_task import write_dataset
@@ -11,21 +10,14 @@ from slime.assets.files import creation_lock
 from slime.assets.prepare import prepare_assets
 from slime.assets.tiny_model import create_tiny_model, ensure_tiny_model
 from slime.config.schema import ModelConfig
-from tests.conftest import model_fields, typed_config
-
-
-def _in_thread(fn) -> tuple[threading.Thread, dict]:
-    box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
-    thread.start()
-    return thread, box
+from tests.conftest import in_thread, model_fields, typed_config
 
 
 def test_a_creator_that_waited_keeps_the_model_made_meanwhile(tmp_path):
     model = ModelConfig(**{**model_fields("tiny_qwen3"), "hf_checkpoint": str(tmp_path / "tiny_qwen3")})
     weights = Path(model.hf_checkpoint) / "model.safetensors"
     with creation_lock(model.hf_checkpoint):  # another run is creating it
-        waiter, box = _in_thread(lambda: ensure_tiny_model(model))
+        waiter, box = in_thread(lambda: ensure_tiny_model(model))
         waiter.join(0.5)
         assert waiter.is_alive() and not weights.exists()
         create_tiny_model(model)
@@ -38,7 +30,7 @@ def test_a_creator_that_waited_keeps_the_model_made_meanwhile(tmp_path):
 
 def test_runs_starting_together_create_each_asset_once(tmp_path):
     cfg = typed_config([f"paths.cache_dir={tmp_path / 'cache'}"])
-    runs = [_in_thread(lambda: prepare_assets(cfg)) for _ in range(3)]
+    runs = [in_thread(lambda: prepare_assets(cfg)) for _ in range(3)]
     for thread, _ in runs:
         thread.join(120)
     created = [box["result"] for _, box in runs]

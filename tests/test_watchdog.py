@@ -26,6 +26,13 @@ SLEEPER = textwrap.dedent("""
 """)
 
 
+def _wait_until(predicate, timeout_s: float = 10.0) -> None:
+    """Poll `predicate` every 50 ms until it holds or `timeout_s` passed (the caller's assertion tells which)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_dump_stacks_reads_every_armed_process(tmp_path):
     stacks = tmp_path / "stacks"
     proc = subprocess.Popen(
@@ -55,9 +62,7 @@ def test_watchdog_fires_once_on_the_overrunning_phase_and_not_in_teardown(tmp_pa
     time.sleep(0.5)
     assert fired == []
     state.phase_started -= 2.0  # train has now run 2.5 s
-    deadline = time.monotonic() + 10
-    while not fired and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until(lambda: fired)
     assert fired == [f"phase train of rollout 0 exceeded runtime.phase_timeout_s=2s; stacks in {tmp_path / 'stacks'}"]
     assert (tmp_path / "stacks" / f"{os.getpid()}.txt").exists()
     dog.stop()
@@ -82,9 +87,7 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
         on_stuck=lambda: calls.append("stuck"),
         grace_s=0.3,
     ).start()
-    deadline = time.monotonic() + 10
-    while len(calls) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until(lambda: len(calls) >= 2)
     assert calls == ["fire", "stuck"]
 
     state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
@@ -98,8 +101,6 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
         on_stuck=lambda: calls.append("stuck"),
         grace_s=0.3,
     ).start()
-    deadline = time.monotonic() + 10
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until(lambda: calls)
     time.sleep(1.0)  # over three times the grace: a forced exit would have come
     assert calls == ["fire"]

@@ -54,6 +54,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import validate_multigpu_ranks as ranks  # noqa: E402
 
+from slime.assets.tiny_model import ensure_tiny_model  # noqa: E402
+
 # NVLink multicast off in NCCL, PyTorch and NVSHMEM: a program that uses it can take a shared host's GPUs down
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CHECKS = ("megatron_tp2", "megatron_pp2", "fsdp_dp2", "sync_distributed", "colocated")
@@ -263,7 +265,7 @@ def run_checks(selected: list[str], profile: ranks.Profile, opts) -> Iterator[li
         start = time.perf_counter()
         try:
             if check != "colocated":  # main.py creates its own model
-                ranks.ensure_model(profile)
+                ensure_tiny_model(profile.model)
             yield (baseline_only if one_gpu else CHECK_FUNCTIONS[check])(check, profile, opts)
         except Exception as exc:  # noqa: BLE001 - one failed check is a FAIL row; the others still run
             lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]

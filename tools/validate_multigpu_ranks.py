@@ -64,13 +64,6 @@ def make_profile(device: str, models_dir: Path) -> Profile:
     )  # fmt: skip
 
 
-def ensure_model(profile: Profile) -> None:
-    """Create the profile's random-weight HF model unless this exact one exists."""
-    from slime.assets.tiny_model import ensure_tiny_model
-
-    ensure_tiny_model(profile.model)
-
-
 def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

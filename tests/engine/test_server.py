@@ -6,7 +6,6 @@ everything down and checks that no process survives).
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from slime.engine import http_client
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
+from tests.conftest import in_thread
 
 PROMPT = [1, 5, 11, 16, 28]
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -176,13 +176,6 @@ def test_prefix_cache_serves_a_repeated_lone_prompt(cluster):
     assert _generate(url, prompt, **params)["meta_info"]["cached_tokens"] == 0
 
 
-def _in_thread(fn):
-    box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
-    thread.start()
-    return thread, box
-
-
 def _wait_for(predicate, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -198,7 +191,7 @@ def _start_long_generation(engine, **params):
     """A 480-token request in a thread, returned once it runs and has sampled a token (a pause or an
     abort then cuts it mid-decode, however slow the machine: being in the batch is not enough)."""
     before = _generated_tokens(engine)
-    running = _in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True, **params))
+    running = in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True, **params))
     _wait_for(lambda: _generated_tokens(engine) > before)
     assert http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1
     return running
@@ -258,7 +251,7 @@ def test_pause_aborts_running_and_holds_new_requests(cluster):
         assert 0 < aborted["completion_tokens"] < 480
         assert len(aborted["output_token_logprobs"]) == aborted["completion_tokens"]
 
-        held, held_box = _in_thread(lambda: _generate(engine.url))
+        held, held_box = in_thread(lambda: _generate(engine.url))
         _wait_for(lambda: loads()["num_waiting_reqs"] == 1)
         time.sleep(0.3)
         assert held.is_alive() and "result" not in held_box
