@@ -1,0 +1,331 @@
+"""SGLang's own code as a judge, in a process of its own (`tests.helpers.sglang_real.bootstrap`).
+
+`SGLangProbe.start()` launches `python -m tests.helpers.sglang_probe`; each method sends one JSON line and
+returns the probe's answer, computed by SGLang 0.5.23's functions:
+
+- `routes()`: `[path, [methods]]` of the real FastAPI app (`sglang/srt/entrypoints/http_server.py`, its
+  `app.routes`, `/v1/loads` included);
+- `check_request(method, path, body)`: the io_struct type the route's handler takes, built from `body` the way
+  FastAPI builds it (pydantic, SGLang's own schema), the body keys that type does not have, and any error;
+  `/generate` bodies also pass SGLang's JSON contract gate (`api_contract.generate_contract_error`) and their
+  `sampling_params` bind to `SamplingParams`;
+- `parse_cli(argv)`: the namespace of `ServerArgs.add_cli_args`'s parser for `argv`, and whether
+  `ServerArgs.from_cli_args` accepts it;
+- `open_bucket(items)`: each TP rank's `serialized_named_tensors` item deserialised as a TP worker does
+  (`monkey_patch_torch_reductions` + `MultiprocessingSerializer.deserialize`) and loaded through the model
+  runner's `WeightUpdater._update_weights_from_flattened_bucket`; returns `[{name: {dtype, shape, sha256}}]`;
+- `join_and_receive(...)`: joins a weight-update group through `WeightUpdater.init_weights_update_group`
+  (SGLang's `init_custom_process_group`, gloo) as rank `rank_offset`, receives one
+  `/update_weights_from_distributed` request's tensors with `receive_weights_from_distributed`, destroys
+  the group; returns `{name: {dtype, shape, sha256}}`. It blocks until the trainer side joins and sends.
+
+The real methods are called on stand-in `self` objects holding only the attributes they read.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from typing import Any
+
+MARK = "SGLANG_PROBE "
+
+
+class SGLangProbe:
+    """Client of one probe process (thread-safe: one request at a time per call, answers matched by id)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self._lock = threading.Lock()
+        self._next = 0
+        self._answers: dict[int, dict] = {}
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(cls) -> SGLangProbe:
+        from tests.helpers.sglang_real import child_env, require
+
+        require()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.sglang_probe"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=child_env(),
+        )
+        probe = cls(proc)
+        probe.call("ping", timeout=120)
+        return probe
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                answer = json.loads(line[len(MARK) :])
+                with self._cond:
+                    self._answers[answer["id"]] = answer
+                    self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def call(self, command: str, timeout: float = 60.0, **kwargs: Any) -> Any:
+        with self._lock:
+            self._next += 1
+            ident = self._next
+            self.proc.stdin.write(json.dumps({"id": ident, "command": command, "kwargs": kwargs}) + "\n")
+            self.proc.stdin.flush()
+        with self._cond:
+            if not self._cond.wait_for(lambda: ident in self._answers or self.proc.poll() is not None, timeout):
+                raise TimeoutError(f"SGLang probe: no answer to {command} in {timeout:.0f} s")
+            if ident not in self._answers:
+                raise RuntimeError(f"SGLang probe exited with status {self.proc.returncode} during {command}")
+            answer = self._answers.pop(ident)
+        if "error" in answer:
+            raise RuntimeError(f"SGLang probe {command}: {answer['error']}")
+        return answer["result"]
+
+    def routes(self) -> list[tuple[str, list[str]]]:
+        return [(path, methods) for path, methods in self.call("routes")]
+
+    def check_request(self, method: str, path: str, body: Any) -> dict:
+        return self.call("check_request", method=method, path=path, body=body)
+
+    def parse_cli(self, argv: list[str]) -> dict:
+        return self.call("parse_cli", argv=argv)
+
+    def open_bucket(self, items: list[str]) -> list[dict]:
+        return self.call("open_bucket", items=items)
+
+    def join_and_receive(self, timeout: float = 120.0, **kwargs: Any) -> dict:
+        return self.call("join_and_receive", timeout=timeout, **kwargs)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ------------------------------------------------------------------------------------------- the probe's side
+def _builtins(value: Any) -> Any:
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+
+    return json.loads(json.dumps(msgspec_to_builtins(value), default=repr))
+
+
+def _route(method: str, path: str):
+    from fastapi.routing import APIRoute
+
+    from sglang.srt.entrypoints.http_server import app
+
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path == path and method in route.methods:
+            return route
+    raise LookupError(f"{method} {path} is not a route of SGLang's app")
+
+
+def routes() -> list:
+    from fastapi.routing import APIRoute
+
+    from sglang.srt.entrypoints.http_server import app
+
+    return [[r.path, sorted(r.methods)] for r in app.routes if isinstance(r, APIRoute)]
+
+
+def _body_type(route) -> Any:
+    import typing
+
+    hints = typing.get_type_hints(route.endpoint, include_extras=True)
+    for name, hint in hints.items():
+        if name in ("request", "return", "raw_request"):
+            continue
+        while typing.get_origin(hint) is typing.Annotated:
+            hint = typing.get_args(hint)[0]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+        if isinstance(hint, type) and (hasattr(hint, "__struct_fields__") or hasattr(hint, "__dataclass_fields__")):
+            return hint
+    return None
+
+
+def check_request(method: str, path: str, body: Any) -> dict:
+    import dataclasses
+    import inspect
+
+    import pydantic
+
+    route = _route(method, path)
+    body_type = _body_type(route)
+    answer: dict[str, Any] = {"type": None, "unknown": [], "error": None, "value": None}
+    if body_type is None:
+        answer["unknown"] = sorted(body) if isinstance(body, dict) else []
+        return answer
+    answer["type"] = body_type.__name__
+    names = (
+        list(body_type.__struct_fields__)
+        if hasattr(body_type, "__struct_fields__")
+        else [f.name for f in dataclasses.fields(body_type)]
+    )
+    answer["unknown"] = sorted(set(body or {}) - set(names))
+    try:
+        value = pydantic.TypeAdapter(body_type).validate_python(body or {})
+    except Exception as exc:  # noqa: BLE001 - what FastAPI would answer 422 with
+        answer["error"] = f"{type(exc).__name__}: {exc}"
+        return answer
+    answer["value"] = _builtins(value)
+    if path == "/generate":
+        from sglang.srt.entrypoints.api_contract import generate_contract_error
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        errors = [generate_contract_error(body)]
+        try:
+            inspect.signature(SamplingParams).bind(**(body.get("sampling_params") or {}))
+        except TypeError as exc:
+            errors.append(f"SamplingParams: {exc}")
+        answer["error"] = "; ".join(e for e in errors if e) or None
+    return answer
+
+
+def parse_cli(argv: list[str]) -> dict:
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        namespace = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        return {"namespace": None, "parse_error": str(exc), "server_args_error": None}
+    try:
+        ServerArgs.from_cli_args(namespace)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: GPU-only checks may refuse a CPU machine
+        error = f"{type(exc).__name__}: {exc}"
+    return {"namespace": _builtins(vars(namespace)), "parse_error": None, "server_args_error": error}
+
+
+def _digest(tensors) -> dict:
+    import hashlib
+
+    import torch
+
+    out = {}
+    for name, tensor in tensors:
+        flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        out[name] = {
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": list(tensor.shape),
+            "sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+        }
+    return out
+
+
+class _Model:
+    """What the weight updater loads into: records the tensors `load_weights` receives."""
+
+    def __init__(self):
+        self.loaded: list = []
+
+    def load_weights(self, named_tensors):
+        self.loaded.extend((name, tensor.clone()) for name, tensor in named_tensors)
+
+
+def open_bucket(items: list[str]) -> list[dict]:
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()
+    per_rank = []
+    for item in items:  # TP rank i deserialises item i (TpModelWorker.deserialize_own_rank)
+        payload = MultiprocessingSerializer.deserialize(item)
+        model = _Model()
+        WeightUpdater._update_weights_from_flattened_bucket(SimpleNamespace(get_model=lambda m=model: m), payload)
+        per_rank.append(_digest(model.loaded))
+    return per_rank
+
+
+def join_and_receive(
+    *,
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    group_name: str,
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+) -> dict:
+    import datetime
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    if not dist.is_initialized():  # an SGLang TP worker has its own world; the updater asserts it exists
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    updater = SimpleNamespace(tp_rank=0, device="cpu", _model_update_group={})
+    ok, message = WeightUpdater.init_weights_update_group(
+        updater, master_address, master_port, rank_offset, world_size, group_name, backend="gloo"
+    )
+    if not ok:
+        raise RuntimeError(message)
+    try:
+        weights = WeightUpdater.receive_weights_from_distributed(
+            updater, names=names, dtypes=dtypes, shapes=shapes, group_name=group_name
+        )
+    finally:
+        WeightUpdater.destroy_weights_update_group(updater, group_name)
+    return _digest(weights)
+
+
+_COMMANDS = {
+    "ping": lambda: "pong",
+    "routes": routes,
+    "check_request": check_request,
+    "parse_cli": parse_cli,
+    "open_bucket": open_bucket,
+    "join_and_receive": join_and_receive,
+}
+
+
+def main() -> None:
+    import concurrent.futures
+    import os
+
+    from tests.helpers.sglang_real import bootstrap
+
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr  # SGLang's prints must not interleave with answers
+    bootstrap()
+    import sglang.srt.entrypoints.http_server  # noqa: F401 - imported once, before the first request
+
+    write_lock = threading.Lock()
+
+    def answer(request: dict) -> None:
+        try:
+            reply = {"id": request["id"], "result": _COMMANDS[request["command"]](**request["kwargs"])}
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the test
+            reply = {"id": request["id"], "error": f"{type(exc).__name__}: {exc}"}
+        with write_lock:
+            out.write(MARK + json.dumps(reply) + "\n")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:  # a join blocks; others go on
+        for line in sys.stdin:
+            pool.submit(answer, json.loads(line))
+
+
+if __name__ == "__main__":
+    main()
