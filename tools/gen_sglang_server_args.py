@@ -1,67 +1,178 @@
-"""Regenerate slime/engine/sglang/server_args_fields.json: the ServerArgs fields of one SGLang version.
+"""Regenerate slime/engine/sglang/server_args_fields.json: every ServerArgs field of one SGLang version, with
+the command-line action SGLang's own parser registers for it.
 
-`rollout.sglang` keys are checked against this list where sglang itself is not importable (the CPU
-install, CI). Two sources, the first that applies:
+    python tools/gen_sglang_server_args.py           # write the JSON
+    python tools/gen_sglang_server_args.py --print   # print it instead (the contract test compares the two)
 
-    python tools/gen_sglang_server_args.py                    # the installed sglang (its ServerArgs fields)
-    python tools/gen_sglang_server_args.py --version 0.5.23   # `pip download --no-deps sglang==0.5.23`, read with ast
+The parser is built exactly as `sglang/srt/server_args.py:prepare_server_args` builds it
+(`argparse.ArgumentParser()` + `ServerArgs.add_cli_args`), from the importable sglang, or where it does not
+import (the CPU install: no triton) from the pinned wheel in `.venv/sglang-cpu` through
+`tests.helpers.sglang_real.bootstrap()` (`bash tools/setup_sglang_cpu.sh` installs it).
 
-The second never imports sglang (it needs a GPU stack): it reads `sglang/srt/server_args.py` from the
-wheel with `ast`. Up to 0.5.x ServerArgs was one dataclass there; later 0.5.x releases assemble it from
-the namespace classes listed in `_INPUT_NAMESPACES` (sglang/srt/arg_groups/fields/*.py), which are
-followed through the module's `from ... import` lines.
+Per field: `type` and `default` as written in the source (read with `ast`), and `cli`, the argparse action
+whose dest is the field (the first one registered: a deprecated alias registered later never wins), or
+null when SGLang registers none (the field cannot be set at launch):
+
+    flag, option_strings, dest   the option string actually registered first, all of them, the dest
+    action                       store | store_true | store_false | boolean_optional | store_const | custom
+    class                        the action class's name, for custom actions
+    type                         the argparse type by name: int, float, str, json.loads or a function's name
+    value_type                   what that type makes of a command-line word: int, float, str, json (a JSON
+                                 object or list from one word), or null when it cannot tell
+    nargs, choices, const, default   as registered (sets of choices sorted)
+
+There is no mode that reads a wheel without importing it: the actions exist only once `add_cli_args` has
+run (names, types and choices come from `Arg` metadata, `Literal` annotations and choices computed then).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
+from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "slime" / "engine" / "sglang" / "server_args_fields.json"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "slime" / "engine" / "sglang" / "server_args_fields.json"
 SERVER_ARGS = "sglang/srt/server_args.py"
+_KINDS = {
+    "_StoreAction": "store",
+    "_StoreTrueAction": "store_true",
+    "_StoreFalseAction": "store_false",
+    "BooleanOptionalAction": "boolean_optional",
+    "_StoreConstAction": "store_const",
+}
 
 
-def from_installed() -> dict | None:
-    """{version, source, fields} from an importable sglang, or None when it is not importable."""
+def load_server_args() -> tuple[type, str, Path, str]:
+    """(ServerArgs, version, the directory holding the `sglang` package, how it was imported)."""
     try:
         import sglang
         from sglang.srt.server_args import ServerArgs
-    except Exception:  # absent, or present without its GPU stack: use a wheel instead
+
+        how = "the installed sglang"
+    except Exception:  # absent, or present without its GPU stack: the pinned CPU wheel
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]  # a half-imported package would shadow the bootstrapped one
+        sys.path.insert(0, str(ROOT))
+        from tests.helpers.sglang_real import bootstrap
+
+        with contextlib.redirect_stdout(sys.stderr):
+            sglang = bootstrap()
+            from sglang.srt.server_args import ServerArgs
+        how = "the pinned wheel in .venv/sglang-cpu (tests.helpers.sglang_real.bootstrap)"
+    return ServerArgs, sglang.__version__, Path(sglang.__path__[0]).parent, how
+
+
+def generate() -> dict:
+    """{sglang_version, source, generated_by, fields: {name: {type, default, cli}}}, public fields sorted."""
+    ServerArgs, version, package_root, how = load_server_args()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    actions = record_actions(parser)
+    written = server_args_fields(_Sources(package_root))
+    fields = {}
+    for name in _field_names(ServerArgs):
+        fields[name] = {**written.get(name, {"type": "", "default": ""}), "cli": actions.get(name)}
+    return {
+        "sglang_version": version,
+        "source": f"ServerArgs.add_cli_args of {how}",
+        "generated_by": "tools/gen_sglang_server_args.py",
+        "fields": public(fields),
+    }
+
+
+def _field_names(server_args: type) -> list[str]:
+    """ServerArgs' fields: a dataclass up to 0.5.x, a msgspec struct assembled from namespaces later."""
+    if dataclasses.is_dataclass(server_args):
+        return [f.name for f in dataclasses.fields(server_args)]
+    import msgspec.structs
+
+    return [f.name for f in msgspec.structs.fields(server_args)]
+
+
+def record_actions(parser: argparse.ArgumentParser) -> dict[str, dict]:
+    """dest -> the first action registered for it (see the module docstring for the keys)."""
+    recorded: dict[str, dict] = {}
+    for action in parser._actions:  # argparse keeps no public list of its actions
+        if not action.option_strings or action.dest in recorded or action.dest == "help":
+            continue
+        kind = _KINDS.get(type(action).__name__, "custom")
+        record = {
+            "flag": action.option_strings[0],
+            "option_strings": list(action.option_strings),
+            "dest": action.dest,
+            "action": kind,
+            "type": _type_name(action.type),
+            "value_type": None if action.nargs == 0 else _value_type(action.type),
+            "nargs": action.nargs,
+            "choices": _jsonable(sorted(action.choices) if isinstance(action.choices, set) else action.choices),
+            "const": _jsonable(action.const),
+            "default": _jsonable(action.default),
+        }
+        if kind == "custom":
+            record["class"] = type(action).__name__
+        if kind == "boolean_optional":
+            record["no_flag"] = next(s for s in action.option_strings if s.startswith("--no-"))
+        recorded[action.dest] = record
+    return recorded
+
+
+def _type_name(func: Any) -> str | None:
+    if func is None:
         return None
-    if dataclasses.is_dataclass(ServerArgs):
-        fields = {f.name: {"type": str(f.type)} for f in dataclasses.fields(ServerArgs)}
-    else:  # later 0.5.x: a msgspec struct
-        import msgspec.structs
-
-        fields = {f.name: {"type": str(f.type)} for f in msgspec.structs.fields(ServerArgs)}
-    return {"sglang_version": sglang.__version__, "source": "installed sglang", "fields": fields}
+    name = getattr(func, "__name__", repr(func))
+    return f"json.{name}" if getattr(func, "__module__", "") == "json" else name
 
 
-def from_wheel(version: str) -> dict:
-    """{version, source, fields} parsed with ast from the sglang==version wheel (downloaded, never imported)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"sglang=={version}", "-d", tmp],
-            check=True,
-        )
-        wheels = list(Path(tmp).glob("sglang-*.whl"))
-        if not wheels:
-            raise SystemExit(f"pip downloaded no sglang wheel for {version} (sdist only?)")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            sources = {name: wheel.read(name).decode() for name in wheel.namelist() if name.endswith(".py")}
-    fields = server_args_fields(sources)
-    return {"sglang_version": version, "source": f"ast of {wheels[0].name}", "fields": fields}
+def _value_type(func: Any) -> str | None:
+    """What `func` makes of one command-line word: json when "{}" or "[]" becomes an object or list, else the
+    type of what "1" becomes (argparse passes words unchanged without a type: str)."""
+    if func is None:
+        return "str"
+    for word in ("{}", "[]"):
+        with contextlib.suppress(Exception):
+            if isinstance(func(word), (dict, list)):
+                return "json"
+    try:
+        made = func("1")
+    except Exception:  # a parser that takes no plain number: nothing to say about its values
+        return None
+    return {int: "int", float: "float", str: "str"}.get(type(made))
+
+
+def _jsonable(value: Any) -> Any:
+    """JSON data as is, tuples as lists; anything else by repr (a default that no command line produces)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class _Sources(dict):
+    """Module source by path ("sglang/srt/server_args.py"), read from the package's directory on first use."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, path: str) -> str:
+        self[path] = (self.root / path).read_text()
+        return self[path]
 
 
 def server_args_fields(sources: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Field name -> {"type", "default"} of ServerArgs, from the package's module sources by path."""
+    """Field name -> {"type", "default"} as written in ServerArgs' source, from the package's module sources.
+
+    Up to 0.5.x ServerArgs was one dataclass; later 0.5.x releases assemble it from the namespace classes
+    listed in `_INPUT_NAMESPACES` (sglang/srt/arg_groups/fields/*.py), followed through `from ... import`.
+    """
     tree = ast.parse(sources[SERVER_ARGS])
     server_args = _class(tree, "ServerArgs")
     own = _annotated_fields(server_args)
@@ -78,7 +189,7 @@ def server_args_fields(sources: dict[str, str]) -> dict[str, dict[str, str]]:
     return fields
 
 
-def public(fields: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+def public(fields: dict[str, dict]) -> dict[str, dict]:
     """Underscore fields are SGLang's own bookkeeping (e.g. `_x_explicitly_set`), not settings."""
     return {name: spec for name, spec in sorted(fields.items()) if not name.startswith("_")}
 
@@ -127,16 +238,19 @@ def _imported_from(tree: ast.Module) -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", help="read this sglang version's wheel instead of the installed sglang")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--print", action="store_true", help="print the JSON to stdout instead of writing --out")
     args = parser.parse_args()
-    data = from_wheel(args.version) if args.version else from_installed()
-    if data is None:
-        raise SystemExit("sglang is not importable here: pass --version X.Y.Z to read that version's wheel")
-    data["fields"] = public(data["fields"])
-    data["generated_by"] = "tools/gen_sglang_server_args.py"
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{args.out}: {len(data['fields'])} ServerArgs fields of sglang {data['sglang_version']}")
+    text = json.dumps(generate(), indent=1) + "\n"
+    if args.print:
+        sys.stdout.write(text)
+        return
+    args.out.write_text(text)
+    data = json.loads(text)
+    silent = [name for name, spec in data["fields"].items() if spec["cli"] is None]
+    print(
+        f"{args.out}: {len(data['fields'])} ServerArgs fields of sglang {data['sglang_version']}, {len(silent)} without a flag"
+    )
 
 
 if __name__ == "__main__":
