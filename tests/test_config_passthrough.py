@@ -11,7 +11,13 @@ import textwrap
 import pytest
 
 from slime.config import ConfigError, validate
-from slime.engine.sglang.server_args import FIELDS_FILE, OWNED_FIELDS, FieldList, check_server_args, known_fields
+from slime.engine.sglang.server_args import (
+    FIELDS_FILE,
+    OWNED_FIELDS,
+    ServerArgsFields,
+    check_server_args,
+    known_fields,
+)
 from tests.conftest import ROOT, typed_config
 from tests.test_config_presets import assert_stopped_in_validation, run_main
 
@@ -76,7 +82,24 @@ def test_bad_router_flag_stops_the_cli_before_ray(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- sglang
-STAND_IN = FieldList(
+def stored(name: str, value_type: str, default=None, choices=None) -> dict:
+    """A recorded `store` action, in the shape tools/gen_sglang_server_args.py writes."""
+    flag = "--" + name.replace("_", "-")
+    return {
+        "flag": flag,
+        "option_strings": [flag],
+        "dest": name,
+        "action": "store",
+        "type": value_type,
+        "value_type": value_type,
+        "nargs": None,
+        "choices": choices,
+        "const": None,
+        "default": default,
+    }
+
+
+STAND_IN = ServerArgsFields(
     version="9.9",
     source="test",
     types={
@@ -86,6 +109,14 @@ STAND_IN = FieldList(
         "port": "int",
         "log_level": "str",
         "json_model_override_args": "str",
+    },
+    actions={
+        "mem_fraction_static": stored("mem_fraction_static", "float"),
+        "dp_size": stored("dp_size", "int", 1),
+        "attention_backend": stored("attention_backend", "str", choices=["triton", "fa3"]),
+        "port": stored("port", "int", 30000),
+        "log_level": stored("log_level", "str", "info"),
+        "json_model_override_args": stored("json_model_override_args", "str", "{}"),
     },
 )
 
@@ -105,9 +136,21 @@ STAND_IN = FieldList(
             {"port": 30000},
             ["rollout.sglang.port: the framework sets ServerArgs.port itself (a port the framework reserves)"],
         ),
-        ({"dp_size": "2"}, ["rollout.sglang.dp_size: ServerArgs.dp_size is int, got str"]),
-        ({"dp_size": True}, ["rollout.sglang.dp_size: ServerArgs.dp_size is int, got bool"]),
+        (
+            {"dp_size": "2"},
+            ["rollout.sglang.dp_size: ServerArgs.dp_size is int (--dp-size, argparse type int), got str"],
+        ),
+        (
+            {"dp_size": True},
+            ["rollout.sglang.dp_size: ServerArgs.dp_size is int (--dp-size, argparse type int), got bool"],
+        ),
         ({"mem_fraction_static": 1}, []),
+        (
+            {"attention_backend": "flash"},
+            [
+                "rollout.sglang.attention_backend: 'flash' is not one of SGLang's choices for --attention-backend: triton, fa3"
+            ],
+        ),
     ],
 )
 def test_server_args_against_a_field_list(args, expected):
@@ -122,6 +165,8 @@ def test_pinned_field_list_is_a_real_sglang_version():
     assert {"mem_fraction_static", "context_length", "dp_size", "attention_backend"} <= set(fields.types)
     assert set(OWNED_FIELDS) <= set(fields.types)  # every owned field exists in the pinned version
     assert not [name for name in fields.types if name.startswith("_")]
+    assert fields.actions["fp8_gemm_runner_backend"]["flag"] == "--fp8-gemm-backend"  # SGLang's parser, not the name
+    assert sum(action is None for action in fields.actions.values()) == 14  # fields SGLang gives no flag
 
 
 def test_sglang_keys_are_checked_even_with_the_hf_engine():

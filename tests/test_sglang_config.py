@@ -61,6 +61,42 @@ def test_framework_owned_server_args_are_rejected():
     assert "rollout.models[0].server_groups[0].overrides.mem_fraction_static" not in found
 
 
+def test_server_args_the_command_line_cannot_carry_are_rejected():
+    found = problems_for(
+        [
+            "rollout=sglang",
+            "+rollout.sglang.watermark_key=k",
+            "+rollout.sglang.enable_multimodal=false",
+            "+rollout.sglang.attention_backend=flash",
+            "cluster.rollout.num_gpus=1",
+            "rollout.models=[{name: a, server_groups: [{num_gpus: 1, overrides: {sidecar_args: [--x, '1'], numa_node: 0}}]}]",
+        ]
+    )
+    assert (
+        "SGLang 0.5.23 has no command-line flag for ServerArgs.watermark_key" in found["rollout.sglang.watermark_key"]
+    )
+    assert "false cannot be expressed on its command line" in found["rollout.sglang.enable_multimodal"]
+    assert "set it to true" in found["rollout.sglang.enable_multimodal"]
+    assert "not one of SGLang's choices for --attention-backend" in found["rollout.sglang.attention_backend"]
+    overrides = "rollout.models[0].server_groups[0].overrides"
+    assert f"{overrides}.sidecar_args" not in found  # a list goes as one JSON word
+    assert "takes a list (--numa-node V1 V2 ...), got int" in found[f"{overrides}.numa_node"]
+
+
+def test_an_installed_sglang_of_another_version_is_rejected(tmp_path, monkeypatch):
+    """The command line is rendered from 0.5.23's recorded parser: another installed version must be recorded."""
+    dist = tmp_path / "sglang-9.9.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 9.9.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = problems_for(["rollout=sglang", "cluster.rollout.num_gpus=1"])
+    assert (
+        "the installed sglang is 9.9.0, but server command lines are rendered from sglang 0.5.23"
+        in found["rollout.sglang"]
+    )
+    assert "python tools/gen_sglang_server_args.py" in found["rollout.sglang"]
+
+
 def test_main_exits_2_naming_each_problem():
     proc = subprocess.run(
         [

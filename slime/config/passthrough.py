@@ -95,9 +95,13 @@ def check_router_args(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def _check_router(prefix: str, r: RouterConfig, engine: str) -> Iterator[Problem]:
+    from slime.engine.router import health_switch_error
+
     if engine == "vllm":
         from slime.engine.vllm.engine_args import router_flags  # what the vllm-router launch appends
+        from slime.engine.vllm.router import VLLMRouter as router_class
     else:
+        from slime.engine.router import Router as router_class
         from slime.engine.router import router_flags  # the flags Router.launch appends, built by the same code
     router, module = _router_name(engine), _router_name(engine).replace("-", "_")
     if r.address is not None:
@@ -129,6 +133,10 @@ def _check_router(prefix: str, r: RouterConfig, engine: str) -> Iterator[Problem
         )
     for name, value in r.extra_args.items():
         key = f"{prefix}.extra_args.{name}"
+        error = health_switch_error(name, value, router_class.health_switches)
+        if error:  # would turn the router's health checks or circuit breaker back on
+            yield Problem(key, value, error, f"remove {key}; rollout.fault_tolerance.enabled=true watches the engines")
+            continue
         try:
             flags = router_flags({name: value})
         except ValueError as exc:  # a flag the framework sets itself
@@ -149,9 +157,14 @@ def _check_router(prefix: str, r: RouterConfig, engine: str) -> Iterator[Problem
 
 # ---------------------------------------------------------------------------------------------- sglang
 def check_sglang_args(cfg: RunConfig) -> Iterator[Problem]:
-    """`rollout.sglang` and every server group's `overrides`: ServerArgs fields the framework does not own."""
-    from slime.engine.sglang.server_args import check_server_args
+    """`rollout.sglang` and every server group's `overrides`: ServerArgs fields the framework does not own, with
+    values SGLang's command line carries; and an installed sglang must be the version whose parser is recorded."""
+    from slime.engine.sglang.server_args import check_server_args, installed_version_issue
 
+    if cfg.rollout.engine == "sglang":
+        issue = installed_version_issue()
+        if issue is not None:
+            yield Problem(issue.key, None, issue.message, issue.fix)
     sources = [("rollout.sglang", dict(cfg.rollout.sglang))]
     if cfg.rollout.engine != "vllm":  # with vllm the groups' overrides are vLLM arguments (check_vllm_args)
         sources += _group_overrides(cfg)

@@ -15,7 +15,8 @@ from slime.engine import http_client
 from slime.engine.base import EngineLaunch, EngineStartupError, get_engine_class
 from slime.engine.router import Router
 from slime.engine.sglang.engine import SGLangEngine, SGLangEngineConfig
-from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK, build_parser
+from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK
+from tests.helpers.sglang_probe import SGLangProbe
 
 FAKE = "tests.fakes.fake_sglang"
 
@@ -47,7 +48,21 @@ def test_registered_as_rollout_engine_sglang():
     assert get_engine_class("sglang") is SGLangEngine
 
 
-def test_command_is_sglangs_cli_with_the_framework_owned_fields(tmp_path):
+@pytest.fixture(scope="module")
+def sglang_parser():
+    """SGLang 0.5.23's own parser (ServerArgs.add_cli_args) in a probe process: argv -> its namespace."""
+    probe = SGLangProbe.start()
+
+    def parse(argv: list[str]) -> dict:
+        answer = probe.parse_cli(argv)
+        assert answer["parse_error"] is None, f"SGLang's parser refuses {argv}: {answer['parse_error']}"
+        return answer["namespace"]
+
+    yield parse
+    probe.close()
+
+
+def test_command_is_sglangs_cli_with_the_framework_owned_fields(tmp_path, sglang_parser):
     engine = make_engine(
         "/models/qwen",
         tmp_path,
@@ -60,7 +75,7 @@ def test_command_is_sglangs_cli_with_the_framework_owned_fields(tmp_path):
     )
     cmd = engine.command([15001, 15002, 15003])
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
-    args = vars(build_parser().parse_args(cmd[3:]))  # SGLang's parser (pinned field list) accepts all of it
+    args = sglang_parser(cmd[3:])  # SGLang's own parser accepts all of it
     expected = {
         "model_path": "/models/qwen",
         "host": "127.0.0.1",
@@ -78,7 +93,7 @@ def test_command_is_sglangs_cli_with_the_framework_owned_fields(tmp_path):
         "mem_fraction_static": 0.7,
         "context_length": 2048,
         "disable_radix_cache": True,
-        "disaggregation_mode": None,
+        "disaggregation_mode": "null",
         "device": None,  # SGLang picks cuda itself
     }
     assert {k: args[k] for k in expected} == expected
@@ -87,9 +102,9 @@ def test_command_is_sglangs_cli_with_the_framework_owned_fields(tmp_path):
     assert "PYTORCH_CUDA_ALLOC_CONF" in SGLangEngine.unset_env
 
 
-def test_prefill_server_gets_disaggregation_mode_and_bootstrap_port(tmp_path):
+def test_prefill_server_gets_disaggregation_mode_and_bootstrap_port(tmp_path, sglang_parser):
     engine = make_engine("/m", tmp_path, worker_type="prefill", server_args={"pp_size": 2}, gpu_ids=("0", "1"))
-    args = vars(build_parser().parse_args(engine.command([1, 2, 3])[3:]))
+    args = sglang_parser(engine.command([1, 2, 3])[3:])
     assert (args["disaggregation_mode"], args["disaggregation_bootstrap_port"], args["tp_size"]) == ("prefill", 3, 1)
 
 

@@ -1,10 +1,11 @@
 """`SGLangEngine`: one SGLang server (`python -m sglang.launch_server ...`) as an `EngineServer`.
 
-The command line is SGLang's own CLI: the fields the framework owns (`server_args.OWNED_FIELDS`: model
-path, tp size, host and the reserved ports, seed, memory saver, ...) from the launch, then every
-`rollout.sglang` field and the server group's overrides as `--field-name value`. The server runs with
-the engine's GPUs as CUDA_VISIBLE_DEVICES (so base_gpu_id is 0), without PYTORCH_CUDA_ALLOC_CONF
-(expandable segments break SGLang's memory release) and with NCCL_CUMEM_ENABLE=0 (REFERENCE.md §7.1).
+The command line is SGLang's own CLI, rendered from the actions its parser registers
+(`server_args.server_args_cli`): the fields the framework owns (`server_args.OWNED_FIELDS`: model path, tp
+size, host and the reserved ports, seed, memory saver, ...) from the launch, then every `rollout.sglang`
+field and the server group's overrides. The server runs with the engine's GPUs as CUDA_VISIBLE_DEVICES (so
+base_gpu_id is 0), without PYTORCH_CUDA_ALLOC_CONF (expandable segments break SGLang's memory release) and
+with NCCL_CUMEM_ENABLE=0 (REFERENCE.md §7.1).
 
 Nothing here imports sglang: the server is a child process. `launch_module` swaps the entry point for a
 server that parses the same CLI (the CPU tests' fake, `tests/fakes/fake_sglang.py`).
@@ -17,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from slime.engine.base import EngineLaunch, EngineServer
-from slime.engine.process import cli_flags
+from slime.engine.sglang.server_args import server_args_cli
 
 if TYPE_CHECKING:
     from slime.config.schema import RolloutConfig
@@ -92,13 +93,8 @@ class SGLangEngine(EngineServer):
         clash = sorted(set(owned) & set(self.config.server_args))
         if clash:  # validation rejects these first; a programmatic caller gets the same answer
             raise ValueError(f"ServerArgs {clash} are set by the framework; remove them from rollout.sglang")
-        return [
-            sys.executable,
-            "-m",
-            self.config.launch_module,
-            *cli_flags(owned),
-            *cli_flags(self.config.server_args),
-        ]
+        cli = server_args_cli({**owned, **self.config.server_args})
+        return [sys.executable, "-m", self.config.launch_module, *cli]
 
     def env(self) -> dict[str, str]:
         return {**super().env(), "NCCL_CUMEM_ENABLE": "0"}
