@@ -209,11 +209,21 @@ def test_owned_args_of_a_cuda_colocated_prefill_engine_parse_to_the_intended_val
         "enable_memory_saver": True,
         "weight_version": "3",
         "device": None,  # cuda: SGLang picks the device itself
+        "trust_remote_code": True,
+        "cuda_graph_backend_prefill": "disabled",  # the memory saver cannot release breakable prefill graphs
         "pp_size": 2,
         "enable_tf32_matmul": False,
     }
     assert {name: namespace[name] for name in expected} == expected
     assert namespace["random_seed"] == 5 and namespace["enable_deterministic_inference"] is False
+
+
+def test_users_keep_the_last_word_on_the_launch_defaults(probe):
+    engine = make_engine(server_args={"trust_remote_code": False, "cuda_graph_backend_prefill": "full"})
+    namespace = parse_argv(probe, engine.command([1, 2, 3])[3:])
+    assert (namespace["trust_remote_code"], namespace["cuda_graph_backend_prefill"]) == (False, "full")
+    not_colocated = parse_argv(probe, make_engine(memory_saver=False).command([1, 2, 3])[3:])
+    assert (not_colocated["trust_remote_code"], not_colocated["cuda_graph_backend_prefill"]) == (True, None)
 
 
 def test_recorded_actions_are_what_the_installed_wheel_registers():

@@ -2,10 +2,11 @@
 
 The command line is SGLang's own CLI, rendered from the actions its parser registers
 (`server_args.server_args_cli`): the fields the framework owns (`server_args.OWNED_FIELDS`: model path, tp
-size, host and the reserved ports, seed, memory saver, ...) from the launch, then every `rollout.sglang`
-field and the server group's overrides. The server runs with the engine's GPUs as CUDA_VISIBLE_DEVICES (so
-base_gpu_id is 0), without PYTORCH_CUDA_ALLOC_CONF (expandable segments break SGLang's memory release) and
-with NCCL_CUMEM_ENABLE=0 (REFERENCE.md §7.1).
+size, host and the reserved ports, seed, memory saver, ...) from the launch, then the framework's defaults
+overridden by every `rollout.sglang` field and the server group's overrides. The server runs with the
+engine's GPUs as CUDA_VISIBLE_DEVICES (so base_gpu_id is 0), without PYTORCH_CUDA_ALLOC_CONF or its newer
+name PYTORCH_ALLOC_CONF (expandable segments break SGLang's memory saver) and with NCCL_CUMEM_ENABLE=0
+(REFERENCE.md §7.1).
 
 Nothing here imports sglang: the server is a child process. `launch_module` swaps the entry point for a
 server that parses the same CLI (the CPU tests' fake, `tests/fakes/fake_sglang.py`).
@@ -40,7 +41,7 @@ class SGLangEngine(EngineServer):
 
     kind = "sglang"
     num_ports: ClassVar[int] = 3  # HTTP, NCCL, PD bootstrap
-    unset_env = ("PYTORCH_CUDA_ALLOC_CONF",)
+    unset_env = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
     def __init__(self, launch: EngineLaunch, config: SGLangEngineConfig):
         super().__init__(launch, config)
@@ -88,12 +89,27 @@ class SGLangEngine(EngineServer):
             args["disaggregation_bootstrap_port"] = ports[2]
         return args
 
+    def launch_args(self) -> dict[str, Any]:
+        """The server's other ServerArgs: the framework's defaults, then `rollout.sglang` and the overrides.
+
+        trust_remote_code is on by default, as slime launches every server (`_compute_server_args`): checkpoints
+        may ship their own modelling code. It stays the user's to turn off (`rollout.sglang.trust_remote_code:
+        false`; a flag left out is False), since no config key decides it. A colocated server's prefill graphs
+        default to disabled: SGLang's default prefill backend on CUDA (breakable) does not work with the memory
+        saver (slime does the same). A None from the user keeps these defaults.
+        """
+        defaults: dict[str, Any] = {"trust_remote_code": True}
+        if self.launch_spec.memory_saver:
+            defaults["cuda_graph_backend_prefill"] = "disabled"
+        user = self.config.server_args
+        return {**defaults, **{k: v for k, v in user.items() if v is not None or k not in defaults}}
+
     def command(self, ports: list[int]) -> list[str]:
         owned = self.owned_args(ports)
         clash = sorted(set(owned) & set(self.config.server_args))
         if clash:  # validation rejects these first; a programmatic caller gets the same answer
             raise ValueError(f"ServerArgs {clash} are set by the framework; remove them from rollout.sglang")
-        cli = server_args_cli({**owned, **self.config.server_args})
+        cli = server_args_cli({**owned, **self.launch_args()})
         return [sys.executable, "-m", self.config.launch_module, *cli]
 
     def env(self) -> dict[str, str]:
