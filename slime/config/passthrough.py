@@ -1,7 +1,8 @@
 """Passthrough dicts, checked against the library they pass through to, before anything starts.
 
     rollout.router.extra_args  the installed router's own argument parser (names and values): sglang-router,
-                               or vllm-router with rollout.engine=vllm
+                               or vllm-router with rollout.engine=vllm; its health checks and circuit breaker
+                               stay off (slime.engine.router.HEALTH_SWITCHES)
     rollout.sglang             SGLang ServerArgs fields (slime.engine.sglang.server_args: the only sglang code)
     rollout.vllm               vLLM server arguments (slime.engine.vllm.engine_args: the only vllm code)
     parallelism.megatron       megatron-core's config dataclasses (slime.train.megatron.config_check)

@@ -5,6 +5,10 @@ The router is the stock Rust `sglang_router` (0.3.2 API: `POST /workers`, `GET /
 Prometheus ports by bind-probing (the router cannot report a port it bound itself). vLLM servers register
 with vllm-router instead (`slime.engine.vllm.router.VLLMRouter`, the same interface); an engine kind names
 its router class (`EngineServer.router_class`).
+
+The router's own worker health checks and circuit breaker are off and stay off (`HEALTH_SWITCHES`): engine
+health is the fleet's (`rollout.fault_tolerance`), which probes only while the engines serve.
+`DROPPED_SAMPLING_PARAMS` are the SGLang sampling params this router does not forward.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -29,6 +34,36 @@ logger = logging.getLogger(__name__)
 # launch_router flags this class sets itself; extra_args may not override them.
 _OWNED_FLAGS = {"host", "port", "prometheus_host", "prometheus_port", "policy", "request_timeout_secs"}
 
+# Router features the framework switches off, as slime launches its router (slime/ray/rollout.py:_start_router):
+# switch flag -> the prefix of the flags that tune what it switches off. A router health probe is SGLang's GET
+# /health, a one-token generation (sglang/srt/entrypoints/http_server.py:health_generate): on a colocated engine
+# it would generate on released memory, and one in flight breaks release_memory_occupation's idle assertion
+# (sglang/srt/managers/scheduler_components/weight_updater.py). The circuit breaker takes workers out after
+# failed or slow requests (a long weight push) on its own. Engine health is rollout.fault_tolerance's.
+HEALTH_SWITCHES: Mapping[str, str] = {"disable_health_check": "health_", "disable_circuit_breaker": "cb_"}
+
+# SGLang 0.5.23 SamplingParams fields (sglang/srt/sampling/sampling_params.py) that sglang-router 0.3.2 does not
+# forward in a /generate body (its request type has no such field): the engine would sample without them.
+# Measured with the real router by tests/engine/test_router_contract.py.
+DROPPED_SAMPLING_PARAMS = frozenset(
+    {
+        "stop_regex",
+        "beam_width",
+        "structural_tag",
+        "spaces_between_special_tokens",
+        "stream_interval",
+        "logit_bias",
+        "custom_params",
+        "watermark",
+        "stop_strs",
+        "stop_regex_strs",
+        "stop_str_max_len",
+        "stop_regex_max_len",
+        "is_normalized",
+        "ebnf_full_assistant",
+    }
+)
+
 
 class RouterError(RuntimeError):
     """The router did not start, did not become healthy, or did not take a worker in time."""
@@ -37,15 +72,51 @@ class RouterError(RuntimeError):
 def router_flags(extra_args: dict[str, Any]) -> list[str]:
     """`{"cache_threshold": 0.3, "disable_health_check": True}` → `--cache-threshold 0.3 --disable-health-check`.
 
-    True → bare flag; False/None → omitted; lists → one flag followed by each value.
+    True → bare flag; False/None → omitted; lists → one flag followed by each value. ValueError for a flag the
+    framework sets, or one that would turn a `HEALTH_SWITCHES` feature back on or tune it.
     """
-    for key in extra_args:
+    for key, value in extra_args.items():
         if key.replace("-", "_") in _OWNED_FLAGS:
             raise ValueError(
                 f"rollout.router.extra_args.{key} is set by the framework; use rollout.router.policy / "
                 f"request_timeout_secs / cluster.host instead"
             )
+        check_health_switch(key, value, HEALTH_SWITCHES)
     return cli_flags(extra_args)
+
+
+def check_health_switch(key: str, value: Any, switches: Mapping[str, str]) -> None:
+    """ValueError naming `rollout.router.extra_args.<key>` when `health_switch_error` finds one."""
+    error = health_switch_error(key, value, switches)
+    if error:
+        raise ValueError(f"rollout.router.extra_args.{key}: {error}")
+
+
+def health_switch_error(key: str, value: Any, switches: Mapping[str, str]) -> Optional[str]:
+    """Why `extra_args.<key>=value` is refused: it would turn a switched-off router feature back on (a switch set
+    to anything but true) or tune it (a flag with the switch's prefix); None when it does neither."""
+    name = key.replace("-", "_")
+    for switch, prefix in switches.items():
+        if name == switch and value is not True or name != switch and name.startswith(prefix):
+            return f"{_SWITCHED_OFF[switch]} (--{_flag(switch)}, set by the framework); engine health is rollout.fault_tolerance's"
+    return None
+
+
+_SWITCHED_OFF = {
+    "disable_health_check": "the router's own health checks stay off: each probe is a generation on the engine, "
+    "which hangs while generation is paused and breaks an engine that released its memory",
+    "disable_circuit_breaker": "the router's circuit breaker stays off: it takes engines out after failed or slow "
+    "requests (a long weight push) on its own",
+}
+
+
+def health_switch_flags(switches: Mapping[str, str]) -> list[str]:
+    """The framework's switch flags, e.g. `--disable-health-check --disable-circuit-breaker`."""
+    return ["--" + _flag(switch) for switch in switches]
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 class Router:
@@ -54,6 +125,7 @@ class Router:
     Subclasses for other router packages (vllm-router) override `launch_module`, `flags` and the worker calls."""
 
     launch_module = "sglang_router.launch_router"
+    health_switches: Mapping[str, str] = HEALTH_SWITCHES
 
     def __init__(self, url: str, process: Optional[subprocess.Popen] = None, log_path: Optional[Path] = None):
         self._url = url.rstrip("/")
@@ -77,7 +149,8 @@ class Router:
             *("--host", host, "--port", str(port), "--policy", cfg.policy),
             *("--prometheus-host", host, "--prometheus-port", str(prom_port)),
             *("--request-timeout-secs", str(cfg.request_timeout_secs), "--log-level", "warn"),
-            *router_flags(cfg.extra_args),
+            *health_switch_flags(self.health_switches),
+            *router_flags(cfg.extra_args),  # a redundant `disable_health_check: true` repeats a bare flag: harmless
             *(["--pd-disaggregation"] if pd else []),
         ]
 

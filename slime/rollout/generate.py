@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from slime.engine.router import DROPPED_SAMPLING_PARAMS
 from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
 from slime.types import Sample, SampleStatus
 
@@ -77,6 +78,12 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
         out = await post_json(args.session, args.router_url + protocol.GENERATE_PATH, payload, args.request_timeout_s)
         skip = params.get("skip_special_tokens", True)  # the text SGLang would return for these params
         return protocol.as_sglang_output(out, lambda ids: args.tokenizer.decode(ids, skip_special_tokens=skip))
+    dropped = sorted(DROPPED_SAMPLING_PARAMS.intersection(params))
+    if dropped:  # the engine would sample without them, and nothing would say so
+        raise ValueError(
+            f"sampling params {dropped} do not reach the engine: sglang-router drops them from /generate "
+            "(slime.engine.router.DROPPED_SAMPLING_PARAMS); remove them from the generate function's sampling params"
+        )
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
     return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
 

@@ -58,6 +58,24 @@ EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (r
 ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
 
 
+def sampling_params(node, rollout) -> dict[str, Any]:
+    """SGLang sampling params from `node` (the rollout config or an eval dataset), the rest from `rollout`.
+
+    Each survives sglang-router 0.3.2 (tests/engine/test_router_contract.py): `spaces_between_special_tokens`
+    is not sent, as the router drops it (slime.engine.router.DROPPED_SAMPLING_PARAMS); engines use SGLang's
+    default, which fast tokenizers ignore when decoding."""
+    return {
+        "temperature": node.temperature,
+        "top_p": node.top_p,
+        "top_k": node.top_k,
+        "max_new_tokens": node.max_response_len,
+        "stop": list(rollout.stop),
+        "stop_token_ids": list(rollout.stop_token_ids),
+        "skip_special_tokens": rollout.skip_special_tokens,
+        "no_stop_trim": True,
+    }
+
+
 class RolloutManager:
     """Created at once; `start()` brings up the engines, the router and the data sources.
 
@@ -186,19 +204,7 @@ class RolloutManager:
         )
 
     def _sampling_params(self, node) -> dict[str, Any]:
-        """SGLang sampling params from `node` (the rollout config or an eval dataset), the rest from the rollout."""
-        r = self.setup.rollout
-        return {
-            "temperature": node.temperature,
-            "top_p": node.top_p,
-            "top_k": node.top_k,
-            "max_new_tokens": node.max_response_len,
-            "stop": list(r.stop),
-            "stop_token_ids": list(r.stop_token_ids),
-            "skip_special_tokens": r.skip_special_tokens,
-            "no_stop_trim": True,
-            "spaces_between_special_tokens": False,
-        }
+        return sampling_params(node, self.setup.rollout)
 
     def _eval_datasets(self) -> list[EvalDataset]:
         """Every eval dataset from its first prompt (its source rewound), with its own settings."""

@@ -12,6 +12,9 @@ add_prefill_server or add_decode_server methods") and the router refuses to star
 once both kinds are known, again whenever a worker is added back (a restart after a crash); removal goes
 through POST /remove_worker in both modes. The router runs a prefill server with max_tokens=1 and
 `kv_transfer_params`, then the decode server with the prefill's `kv_transfer_params`.
+
+Its circuit breaker is off, as sglang-router's (`Router.health_switches`); its health checks stay on: vllm-router
+has no switch for them, and vLLM's GET /health generates nothing (it asks the engine core whether it is alive).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any, Optional
 
 from slime.engine import http_client
-from slime.engine.router import Router, RouterError
+from slime.engine.router import Router, RouterError, check_health_switch, health_switch_flags
 from slime.engine.vllm.engine_args import router_flags
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ class VLLMRouter(Router):
     """Handle on a vllm-router; see the module docstring."""
 
     launch_module = "vllm_router.launch_router"
+    health_switches = {"disable_circuit_breaker": "cb_"}
 
     def __init__(self, url: str, process=None, log_path=None):
         super().__init__(url, process, log_path)
@@ -39,10 +43,13 @@ class VLLMRouter(Router):
         self.decode: list[str] = []
 
     def flags(self, host: str, port: int, prom_port: int, cfg: RouterConfig, pd: bool) -> list[str]:
+        for key, value in cfg.extra_args.items():
+            check_health_switch(key, value, self.health_switches)
         flags = [
             *("--host", host, "--port", str(port), "--policy", cfg.policy),
             *("--prometheus-host", host, "--prometheus-port", str(prom_port)),
             *("--request-timeout-secs", str(cfg.request_timeout_secs), "--log-level", "warning"),
+            *health_switch_flags(self.health_switches),
             *router_flags(cfg.extra_args),
         ]
         if pd:
