@@ -2,7 +2,8 @@
 which /generate fields reach the engine, and that the router's own health checks and circuit breaker are off.
 
 The router runs as the run launches it (`Router.launch`); only the worker behind it is a stand-in, answering the
-router's registration probes and recording every request body it receives.
+router's registration probes and recording every request body it receives. Last, `rollout.router.extra_args`
+cannot turn the router's health checks or circuit breaker back on (validation, and the launch itself).
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ import urllib.request
 import aiohttp
 import pytest
 
+from slime.config import ConfigError, validate
 from slime.config.schema import RolloutConfig, RouterConfig
 from slime.engine.router import DROPPED_SAMPLING_PARAMS, Router
+from slime.engine.vllm.router import VLLMRouter
 from slime.rollout.base import RolloutContext
 from slime.rollout.generate import call_engine
 from slime.runtime.rollout_manager import sampling_params
 from slime.types import Sample
+from tests.conftest import typed_config
 from tests.helpers.recording_worker import RecordingWorker
 from tests.helpers.sglang_real import require
+from tests.test_config_presets import assert_stopped_in_validation, run_main
 
 # A value of the wire type SGLang 0.5.23 gives each SamplingParams field (sglang/srt/sampling/sampling_params.py).
 SAMPLING_VALUES = {
@@ -185,3 +190,35 @@ def test_the_routers_health_checks_and_circuit_breaker_are_off(tiny_model_dir, t
     finally:
         router.shutdown()
         worker.stop()
+
+
+@pytest.mark.parametrize(
+    "overrides,key,text",
+    [
+        (["+rollout.router.extra_args.disable_health_check=false"], "disable_health_check", "health checks stay off"),
+        (["+rollout.router.extra_args.health_check_interval_secs=5"], "health_check_interval_secs", "stay off"),
+        (["+rollout.router.extra_args.disable_circuit_breaker=false"], "disable_circuit_breaker", "breaker stays off"),
+        (["+rollout.router.extra_args.cb_failure_threshold=3"], "cb_failure_threshold", "breaker stays off"),
+        (
+            ["rollout=vllm", "+rollout.router.extra_args.cb_window_duration_secs=3"],
+            "cb_window_duration_secs",
+            "breaker",
+        ),
+    ],
+)
+def test_extra_args_cannot_turn_the_routers_health_checks_or_breaker_back_on(overrides, key, text):
+    with pytest.raises(ConfigError) as info:
+        validate(typed_config(overrides))
+    (problem,) = info.value.problems
+    assert problem.key == f"rollout.router.extra_args.{key}" and text in problem.message
+    assert "rollout.fault_tolerance" in problem.fix
+    with pytest.raises(ValueError, match=key):  # a launch that skipped validation refuses it too
+        router_cls = VLLMRouter if "rollout=vllm" in overrides else Router
+        router_cls(url="http://127.0.0.1:1").flags("127.0.0.1", 1, 2, typed_config(overrides).rollout.router, False)
+
+
+def test_redundant_switches_are_accepted_and_the_cli_stops_a_bad_one(tmp_path):
+    validate(typed_config(["+rollout.router.extra_args.disable_health_check=true"]))
+    proc, imported = run_main("+rollout.router.extra_args.disable_health_check=false", f"hydra.run.dir={tmp_path}")
+    assert_stopped_in_validation(proc, imported)
+    assert "rollout.router.extra_args.disable_health_check" in proc.stderr
