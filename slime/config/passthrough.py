@@ -3,6 +3,7 @@
     rollout.router.extra_args  the installed router's own argument parser (names and values): sglang-router,
                                or vllm-router with rollout.engine=vllm; its health checks and circuit breaker
                                stay off (slime.engine.router.HEALTH_SWITCHES)
+    rollout.fault_tolerance    what replaces them: a probe timeout above SGLang's own /health timeout
     rollout.sglang             SGLang ServerArgs fields (slime.engine.sglang.server_args: the only sglang code)
     rollout.vllm               vLLM server arguments (slime.engine.vllm.engine_args: the only vllm code)
     parallelism.megatron       megatron-core's config dataclasses (slime.train.megatron.config_check)
@@ -15,15 +16,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 from collections.abc import Iterator
 from typing import Optional
 
-from slime.config.problems import Problem, did_you_mean
+from slime.config.problems import Problem, did_you_mean, positive
 from slime.config.schema import RouterConfig, RunConfig
 
 
 def check_passthrough(cfg: RunConfig) -> Iterator[Problem]:
     yield from check_router_args(cfg)
+    yield from check_fault_tolerance(cfg)
     yield from check_sglang_args(cfg)
     yield from check_vllm_args(cfg)
     yield from check_megatron_args(cfg)
@@ -154,6 +157,49 @@ def _check_router(prefix: str, r: RouterConfig, engine: str) -> Iterator[Problem
         error = _parse(parser, flags, engine)
         if error:
             yield Problem(key, value, f"{router} rejects {' '.join(flags)}: {error}", f"fix the value of {key}")
+
+
+# ---------------------------------------------------------------------------------------------- fault tolerance
+# SGLang's GET /health generates one token and answers 503 after HEALTH_CHECK_TIMEOUT s without one
+# (sglang/srt/entrypoints/http_server.py: `health_generate`, env SGLANG_HEALTH_CHECK_TIMEOUT, default 20); the
+# hf engine answers the same way. Its loop looks once a second; the margin covers that and the answer's way back.
+SGLANG_HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
+SGLANG_HEALTH_TIMEOUT_S = 20.0
+HEALTH_TIMEOUT_MARGIN_S = 5.0
+_GENERATING_HEALTH = ("sglang", "hf")  # engine kinds whose /health is that generation
+
+
+def check_fault_tolerance(cfg: RunConfig) -> Iterator[Problem]:
+    """With `rollout.fault_tolerance.enabled`: positive interval and timeout, and a timeout that outlasts the
+    engine's own /health verdict (a shorter one restarts engines SGLang still calls healthy)."""
+    ft, key = cfg.rollout.fault_tolerance, "rollout.fault_tolerance"
+    if not ft.enabled:
+        return
+    yield from positive(cfg, f"{key}.health_check_interval_s", f"{key}.health_check_timeout_s")
+    if ft.max_restarts < 0:
+        yield Problem(f"{key}.max_restarts", ft.max_restarts, "must be >= 0", f"set {key}.max_restarts=3")
+    if cfg.rollout.engine not in _GENERATING_HEALTH:
+        return
+    engine_timeout, source = _engine_health_timeout()
+    floor = engine_timeout + HEALTH_TIMEOUT_MARGIN_S
+    if ft.health_check_timeout_s < floor:
+        yield Problem(
+            f"{key}.health_check_timeout_s",
+            ft.health_check_timeout_s,
+            f"must be >= {floor:g} s with rollout.engine={cfg.rollout.engine}: the engine's GET /health generates "
+            f"a token and waits up to {SGLANG_HEALTH_TIMEOUT_ENV}={engine_timeout:g} s ({source}) for it, so a "
+            "shorter probe restarts engines the engine itself calls healthy",
+            f"set {key}.health_check_timeout_s={floor:g} (or more)",
+        )
+
+
+def _engine_health_timeout() -> tuple[float, str]:
+    """SGLang's /health timeout as the engines will see it (they inherit this environment), and where it came from."""
+    value = os.environ.get(SGLANG_HEALTH_TIMEOUT_ENV)
+    try:
+        return float(value), "set in the environment"
+    except (TypeError, ValueError):
+        return SGLANG_HEALTH_TIMEOUT_S, "SGLang's default"
 
 
 # ---------------------------------------------------------------------------------------------- sglang

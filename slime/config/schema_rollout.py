@@ -81,11 +81,16 @@ class VLLMLaunchConfig:
 
 @dataclass(kw_only=True)
 class FaultToleranceConfig:
-    """Engine health checks and restarts (slime's --use-fault-tolerance)."""
+    """Engine health checks and restarts (slime's --use-fault-tolerance): GET /health of each engine while the
+    engines serve (never during a weight push, a pause or a memory release)."""
 
     enabled: bool = False
-    health_check_interval_s: float = 2.0  # between GET /health_generate probes of each engine
-    health_check_timeout_s: float = 10.0  # a probe slower than this counts as a failure
+    # between probe rounds; short enough that a dead engine leaves its router before a request's retries
+    # through it run out (rollout/generate.py: 5 attempts over about 6 s)
+    health_check_interval_s: float = 5.0
+    # a probe slower than this counts as a failure; SGLang's /health is a generation that gives up after its
+    # own SGLANG_HEALTH_CHECK_TIMEOUT (20 s): validation keeps this above that (slime's default: 30 s)
+    health_check_timeout_s: float = 30.0
     max_restarts: int = 3  # per engine over the run; one more death fails the run
 
 
