@@ -34,7 +34,6 @@ from slime.config.schema import HFEngineConfig, ModelConfig  # noqa: E402
 from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
-from slime.sync import wire  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
 from slime.sync.hf_files import Bucket, write_hf_dir  # noqa: E402
 
@@ -135,7 +134,6 @@ def bench_mode(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Pat
         source_checkpoint=str(engine.launch_spec.model_path),
         work_dir=str(work_dir),
         bucket_bytes=args.bucket_mb << 20,
-        check_weight_update_equal=args.check,
     )
     sync = WEIGHT_SYNC.load(mode)([engine.client], context)
     times = []
@@ -144,9 +142,21 @@ def bench_mode(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Pat
             start = time.perf_counter()
             sync.push(iter(buckets), weight_version=version)
             times.append(time.perf_counter() - start)
+            if args.check:
+                check_bit_exact(engine, buckets)
     finally:
         sync.close()
     return times[1:]
+
+
+def check_bit_exact(engine: HFEngine, buckets: list[Bucket]) -> None:
+    """Every pushed tensor's checksum in the engine (`/weights_checker`) equals the bucket's; raises otherwise."""
+    from slime.engine.hf.weight_checker import tensor_checksum
+
+    got = engine.client.check_weights("checksum")["ranks"][0]["checksums"]
+    differ = [n for b in buckets for n, t in b if got.get(n) != tensor_checksum(t.to(torch.bfloat16))]
+    if differ:
+        raise RuntimeError(f"{len(differ)} tensors differ in the engine after the sync: {differ[:8]}")
 
 
 def main() -> None:
@@ -156,7 +166,9 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--bucket-mb", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3, help="timed syncs per mode, after one warm-up sync")
-    p.add_argument("--check", action="store_true", help="compare every tensor's sha256 after each sync (slow)")
+    p.add_argument(
+        "--check", action="store_true", help="compare every tensor's checksum with the engine's after each sync (slow)"
+    )
     p.add_argument("--work-dir", default=None, help="model dir, disk-sync dirs and logs (default: a temp dir)")
     args = p.parse_args()
     device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda:0"))
@@ -196,8 +208,8 @@ def main() -> None:
             f"| {floor * 1e3:.2f} | {nbytes / floor / 1e9:.2f} |"
         )
     print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per mode after one warm-up; work dir {work}")
-    if wire.SHM_DIR and device.type == "cpu":
-        print("(CPU: tensor mode hands buckets over as /dev/shm files; GPU: CUDA IPC handles)")
+    if device.type == "cpu":
+        print("(CPU: tensor mode hands buckets over as shared-memory segments; GPU: CUDA IPC handles)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Checks (`--checks`, comma-separated; default all):
                               two optimizer steps): log-probs, every step's grad norm and pg_loss
   sync_distributed            trainer (`--sync-backend`, one rank) on GPU 0, an hf engine on GPU 1,
                               `distributed` weight sync (NCCL; gloo on CPU): per-tensor sha256 of the engine
-                              (`GET /weights_checksum`) against the trainer's export, seconds per sync and GB/s
+                              (`POST /weights_checker` checksum) against the trainer's export, seconds per sync and GB/s
   colocated                   `python main.py` colocated on two GPUs (two training ranks, two engines),
                               train.num_rollout=3: exit status and last reward; needs Ray (SKIPPED without it)
 

@@ -40,6 +40,11 @@ class Profile:
     lr: float
 
 
+def _engine_checksums(engine) -> dict[str, str]:
+    """The hf engine's checksum per tensor (`/weights_checker`), SGLang's hash text."""
+    return engine.client.check_weights("checksum")["ranks"][0]["checksums"]
+
+
 def make_profile(device: str, models_dir: Path) -> Profile:
     """CUDA: Qwen3-0.6B's shape with 4 layers in bf16; CPU: the tiny_qwen3 shape in fp32."""
     if device == "cuda":
@@ -226,11 +231,12 @@ def fsdp_rank(rank: int, job: Job) -> dict:
 
 def sync_rank(rank: int, job: Job) -> dict:
     """Trainer rank 0 (GPU 0) moves its weights by one step, then `distributed`-syncs them into an hf engine
-    (GPU 1) `job.num_syncs` times; the engine's sha256 per tensor is compared with the trainer's export."""
+    (GPU 1) `job.num_syncs` times; the engine's checksum per tensor (`/weights_checker`) is compared with the
+    trainer's export."""
     from slime.config.schema import HFEngineConfig
-    from slime.engine import http_client
     from slime.engine.base import EngineLaunch
     from slime.engine.hf.engine import HFEngine
+    from slime.engine.hf.weight_checker import tensor_checksum
     from slime.sync import wire
     from slime.sync.base import SyncContext
 
@@ -250,20 +256,16 @@ def sync_rank(rank: int, job: Job) -> dict:
     bucket_bytes = 512 << 20
     try:
         context = SyncContext(source_checkpoint=p.model.hf_checkpoint, work_dir=job.log_dir, bucket_bytes=bucket_bytes)
-        before = http_client.get(engine.url + "/weights_checksum")["checksums"]  # the checkpoint's weights
+        before = _engine_checksums(engine)  # the checkpoint's weights
         backend.connect_weight_sync("distributed", [engine.url], context)
         times, moved = [], 0.0
         for version in range(1, job.num_syncs + 1):
             perf = backend.update_weights(weight_version=version)
             times.append(perf["perf/update_weights_time"])
             moved = perf["perf/update_weights_bytes"]
-        reply = http_client.get(engine.url + "/weights_checksum")
-        expected = {
-            n: wire.tensor_sha256(t.to(wire.parse_dtype(reply["dtype"])))
-            for b in backend.export_weights(bucket_bytes)
-            for n, t in b
-        }
-        got = reply["checksums"]
+        got, version = _engine_checksums(engine), engine.client.get_weight_version()
+        engine_dtype = wire.parse_dtype(dtype)
+        expected = {n: tensor_checksum(t.to(engine_dtype)) for b in backend.export_weights(bucket_bytes) for n, t in b}
         mismatched = sum(got.get(n) != h for n, h in expected.items()) + len(set(got) - set(expected))
         changed = sum(before.get(n) != h for n, h in got.items())
     finally:
@@ -276,5 +278,5 @@ def sync_rank(rank: int, job: Job) -> dict:
         "mismatched": float(mismatched),
         "num_tensors": len(expected),
         "changed": float(changed),
-        "engine_version": reply["weight_version"],
+        "engine_version": version,
     }

@@ -2,7 +2,8 @@
 
 Plain HTTP, no process and no Ray: the engine's launcher, the weight-sync classes, the rollout
 manager and the tests all talk to a server through this, whoever started it (an external engine
-included). Timeouts are in seconds.
+included). Timeouts are in seconds. Every route and body is SGLang 0.5.23's (its route table and
+io_struct request types; `tests/engine/test_sglang_contract.py` checks each call against the wheel).
 """
 
 from __future__ import annotations
@@ -56,10 +57,13 @@ class EngineClient:
         self._post("/continue_generation", {})
 
     def begin_weight_update(self) -> None:
-        """Before a push's first bucket (tensor and distributed modes). SGLang needs nothing; vLLM opens its update."""
+        """POST /begin_weight_update: open the session SGLang's tensor and distributed updates must run in
+        (`scheduler_components/weight_updater.py`: an update outside one fails)."""
+        self._weights_call("/begin_weight_update", {}, self.timeout_s)
 
     def finish_weight_update(self, weight_version: Optional[str]) -> None:
-        """After a push's last bucket. SGLang stamped the version with each bucket; vLLM loads and stamps it here."""
+        """POST /end_weight_update: close the session (SGLang stamped the version with each bucket)."""
+        self._weights_call("/end_weight_update", {}, self.timeout_s)
 
     def update_weights_from_disk(
         self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
@@ -133,6 +137,16 @@ class EngineClient:
             payload["weight_version"] = str(weight_version)
         return self._weights_call("/update_weights_from_distributed", payload, timeout)
 
+    @staticmethod
+    def trainer_weight_group(*, address: str, world_size: int, group_name: str, backend: str, timeout_s: float):
+        """The trainer's (rank 0's) end of the group `/init_weights_update_group` joins: SGLang's
+        `init_custom_process_group` rendezvous (`slime.sync.weight_group`); `.port` to send, `.join()`."""
+        from slime.sync.weight_group import HostedWeightGroup
+
+        return HostedWeightGroup(
+            address=address, world_size=world_size, group_name=group_name, backend=backend, timeout_s=timeout_s
+        )
+
     def destroy_weights_update_group(self, group_name: str, timeout: float = 60.0) -> dict:
         return self._weights_call("/destroy_weights_update_group", {"group_name": group_name}, timeout)
 
@@ -155,9 +169,11 @@ class EngineClient:
             payload["weight_version"] = str(weight_version)
         return self._weights_call("/update_weights_from_tensor", payload, timeout)
 
-    def weights_checksum(self, timeout: float = 600.0) -> dict:
-        """GET /weights_checksum (slime's hf engine): `{weight_version, dtype, checksums: {name: sha256}}`."""
-        return self._get("/weights_checksum", timeout=timeout)
+    def check_weights(self, action: str, timeout: float = 600.0) -> dict:
+        """POST /weights_checker {action}: snapshot | reset_tensors | compare | checksum (checksum: `ranks`, one
+        `{checksums, per_gpu_checksum, parallelism_info}` per TP rank, and `per_engine_checksum`). Raises
+        EngineHTTPError with the engine's message unless it reports success (compare: tensors differ)."""
+        return self._weights_call("/weights_checker", {"action": action}, timeout)
 
     def server_info(self) -> dict:
         return self._get("/server_info")
@@ -173,30 +189,28 @@ class EngineClient:
         self._post("/abort_request", {"abort_all": True})
 
     def num_requests(self) -> int:
-        """Running plus waiting requests over every data-parallel rank: GET /v1/loads, or GET /get_load on
-        servers without it (older SGLang: `[{dp_rank, num_reqs, num_waiting_reqs, num_tokens}]`)."""
-        try:
-            loads = self.loads().get("loads", [])
-            return sum(int(e.get("num_running_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
-        except EngineHTTPError as err:
-            if err.status != 404:
-                raise
-        loads = self._get("/get_load")
-        return sum(int(e.get("num_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
+        """Running plus waiting requests over every data-parallel rank (GET /v1/loads)."""
+        loads = self.loads().get("loads", [])
+        return sum(int(e.get("num_running_reqs", 0)) + int(e.get("num_waiting_reqs", 0)) for e in loads)
 
     def abort_all_and_wait_idle(self, timeout_s: float = 60.0, interval_s: float = 0.05) -> None:
-        """POST /abort_request {abort_all}, then poll /v1/loads until no request runs or waits.
+        """POST /abort_request {abort_all} on every poll of /v1/loads until no request runs or waits (requests
+        the router forwards after an abort start anyway; slime re-sends it the same way).
 
         Raises TimeoutError naming the engine when requests remain after `timeout_s` seconds."""
-        self.abort_all()
         deadline = time.monotonic() + timeout_s
-        while (left := self.num_requests()) > 0:
+        while True:
+            self.abort_all()
+            left = self.num_requests()
+            if left == 0:
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.url}: {left} requests still in flight {timeout_s:.0f} s after abort_all")
             time.sleep(interval_s)
 
     def get_weight_version(self) -> str:
-        return str(self._get("/get_weight_version")["weight_version"])
+        """The version the engine stamps on responses (GET /model_info's `weight_version`)."""
+        return str(self._get("/model_info")["weight_version"])
 
     def loads(self) -> dict:
         """GET /v1/loads (engine-specific shape; the hf engine's is documented in its server)."""

@@ -6,20 +6,28 @@ it exports (`TrainBackend.export_weights`), and it talks to the engines through 
 (plain HTTP). No Ray inside: the runtime builds it from engine URLs and the config.
 
 The protocol every mode follows (`push`): pause generation and flush the cache on every updatable
-engine, transfer the buckets (the mode's own `_transfer`), then continue generation, so that no
-request ever runs on half-updated weights; engines stamp the new `weight_version` on every later
-response, and the rollout records it on each Sample. With `check_weight_update_equal`, every engine's
-per-tensor sha256 (`GET /weights_checksum`) is compared with the trainer's exported tensors, cast to the
-engine's dtype, before generation continues.
+engine, open each engine's update session (tensor and distributed modes: SGLang's
+`/begin_weight_update`), transfer the buckets (the mode's own `_transfer`), close the sessions, then
+continue generation, so that no request ever runs on half-updated weights; engines stamp the new
+`weight_version` on every later response, and the rollout records it on each Sample. A failed push
+still closes the sessions it opened and continues generation, then raises.
+
+`check_weight_update_equal` (slime's `--check-weight-update-equal`) drives SGLang's `/weights_checker`: once
+the engines are up, each snapshots the weights it loaded from the checkpoint and overwrites them with random
+values (the rollout manager, before a colocated engine first releases its memory); after the run's first push
+(weight version 0: a fresh run, whose trainer starts from the same checkpoint) every engine compares with its
+snapshot, so a tensor the push did not deliver, or delivered changed, fails the run naming it; after every
+push, engines of one parallel layout must report the same checksum.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from slime.engine.client import EngineClient
@@ -39,7 +47,7 @@ class SyncContext:
     work_dir: str  # scratch space of this run (disk mode writes weight_v<N> dirs under it)
     bucket_bytes: int  # bucket size the exporter fills, in bytes
     keep: bool = False  # disk: keep each pushed directory
-    check_weight_update_equal: bool = False  # debug: compare engine checksums with the trainer's after each push
+    check_weight_update_equal: bool = False  # debug: engines' /weights_checker around the pushes (module docstring)
     # tensor mode: per engine (in push order), the training rank colocated with each engine TP rank (-1: none)
     tp_trainer_ranks: tuple[tuple[int, ...], ...] = ()
 
@@ -59,28 +67,31 @@ class WeightSync(abc.ABC):
         self.context = context
 
     def push(self, buckets: Iterable[Bucket], *, weight_version: int) -> dict[str, float]:
-        """pause -> flush -> transfer -> continue on every engine; returns `perf/*` timings in seconds."""
+        """pause -> flush -> begin -> transfer -> end -> continue on every engine; returns `perf/*` timings (s)."""
         start = time.perf_counter()
         paused: list[EngineClient] = []
+        opened: list[EngineClient] = []
+        check_first = self.context.check_weight_update_equal and weight_version == 0
         try:
             for engine in self.engines:
                 engine.pause_generation()
                 paused.append(engine)
             for engine in self.engines:
                 engine.flush_cache()
-            expected: dict[str, dict[str, str]] = {}
-            if self.context.check_weight_update_equal:
-                buckets = self._hashing(buckets, expected)
             if self.bracketed:
                 for engine in self.engines:
                     engine.begin_weight_update()
+                    opened.append(engine)
             transferred = self._transfer(buckets, weight_version=str(weight_version))
-            if self.bracketed:
-                for engine in self.engines:
-                    engine.finish_weight_update(str(weight_version))
+            for engine in list(opened):
+                engine.finish_weight_update(str(weight_version))
+                opened.remove(engine)
+            if check_first:
+                self._each_check("compare")
             if self.context.check_weight_update_equal:
-                self.check_engines_equal(expected)
+                self.check_engines_agree()
         except BaseException:
+            self._end_sessions(opened)
             self._continue(paused, raise_errors=False)  # the sync's own error is the one to report
             raise
         self._continue(paused, raise_errors=True)
@@ -88,6 +99,14 @@ class WeightSync(abc.ABC):
             "perf/update_weights_time": time.perf_counter() - start,
             "perf/update_weights_bytes": float(transferred),
         }
+
+    def _end_sessions(self, engines: Sequence[EngineClient]) -> None:
+        """Close the update sessions a failed push left open (the next push could not open one)."""
+        for engine in engines:
+            try:
+                engine.finish_weight_update(None)
+            except Exception as exc:  # noqa: BLE001 - an engine that died mid-push has no session to close
+                logger.warning("%s: end_weight_update after a failed push failed: %s", engine.url, exc)
 
     def _continue(self, engines: Sequence[EngineClient], *, raise_errors: bool) -> None:
         """Continue generation on every engine, even when one of them fails."""
@@ -105,37 +124,34 @@ class WeightSync(abc.ABC):
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         """Move every bucket into every engine and have them load it; returns the bytes moved."""
 
-    def _hashing(self, buckets: Iterable[Bucket], expected: dict[str, dict[str, str]]) -> Iterator[Bucket]:
-        """Pass the buckets through, recording per engine dtype each tensor's sha256 in that dtype."""
-        from slime.sync.wire import parse_dtype, tensor_sha256
+    def _each_check(self, action: str) -> None:
+        """`/weights_checker {action}` on every engine; WeightMismatchError with the engine's message on failure."""
+        from slime.engine.http_client import EngineHTTPError
 
-        dtypes = {str(e.server_info().get("dtype", "float32")) for e in self.engines}
-        for bucket in buckets:
-            for name, tensor in bucket:
-                for dtype in dtypes:
-                    expected.setdefault(dtype, {})[name] = tensor_sha256(tensor.to(parse_dtype(dtype)))
-            yield bucket
-
-    def check_engines_equal(self, expected: dict[str, dict[str, str]]) -> None:
-        """Raise WeightMismatchError naming the engine and tensors whose bytes differ from `expected`."""
         for engine in self.engines:
-            reply = engine.weights_checksum()
-            want = expected.get(reply["dtype"], {})
-            got = reply["checksums"]
-            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            differ = sorted(n for n in set(want) & set(got) if want[n] != got[n])
-            if missing or extra or differ:
+            try:
+                engine.check_weights(action)
+            except EngineHTTPError as exc:
                 raise WeightMismatchError(
-                    f"{engine.url}: weights differ from the trainer's after the sync ({reply['dtype']}): "
-                    f"{len(differ)} tensors differ {differ[:8]}, not in the engine {missing[:8]}, "
-                    f"not exported by the trainer {extra[:8]}"
+                    f"{engine.url}: weights_checker {action} failed (debug.check_weight_update_equal): {exc.body}"
+                ) from None
+
+    def check_engines_agree(self) -> None:
+        """Every engine's checksum (`per_engine_checksum`) equals that of each other engine of its parallel
+        layout; WeightMismatchError naming the engines that differ."""
+        by_layout: dict[str, dict[str, list[str]]] = {}
+        for engine in self.engines:
+            reply = engine.check_weights("checksum")
+            ranks = reply.get("ranks") or []
+            layout = json.dumps([r.get("parallelism_info") for r in ranks], sort_keys=True)
+            by_layout.setdefault(layout, {}).setdefault(str(reply.get("per_engine_checksum")), []).append(engine.url)
+        for groups in by_layout.values():
+            if len(groups) > 1:
+                raise WeightMismatchError(
+                    "engines hold different weights after the sync (debug.check_weight_update_equal): "
+                    + "; ".join(f"{urls} checksum {checksum[:16]}" for checksum, urls in groups.items())
                 )
-        logger.info(
-            "weights of %d engines equal the trainer's (%d tensors, sha256, version %s)",
-            len(self.engines),
-            len(next(iter(expected.values()), {})),
-            self.engines and reply.get("weight_version"),
-        )
+        logger.info("weights of %d engines agree after the sync (weights_checker checksum)", len(self.engines))
 
     def close(self) -> None:
         """Release what the mode holds (directories, process groups)."""

@@ -1,7 +1,7 @@
 """Distributed weight sync (REFERENCE.md §8.2): the trainer's source rank broadcasts into every engine.
 
     group:      trainer = rank 0, engine e's TP ranks = rank_offset(e) .. + tp_size(e) - 1,
-                world size 1 + sum of engine TP sizes; gloo on CPU, NCCL on CUDA (`slime.sync.wire`)
+                world size 1 + sum of engine TP sizes; gloo on CPU, NCCL on CUDA (`slime.sync.weight_group`)
     per bucket: POST /update_weights_from_distributed {names, dtypes, shapes} to every engine (threads),
                 broadcast each tensor from rank 0 in that order, then await every reply
 
@@ -24,7 +24,6 @@ import torch
 
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
-from slime.engine.process import free_port
 from slime.sync import wire
 from slime.sync.base import SyncContext, WeightSync
 from slime.sync.hf_files import Bucket
@@ -56,9 +55,9 @@ class DistributedWeightSync(WeightSync):
 
     def __init__(self, engines: Sequence[EngineClient], context: SyncContext):
         super().__init__(engines, context)
-        self.group: wire.WeightGroup | None = None
+        self.group = None  # the trainer's end: `.device`, `.broadcast(tensor)`, `.close()`
         self.group_name: str | None = None
-        self._stale: list[tuple[str, wire.WeightGroup | None]] = []  # dropped groups the engines may still hold
+        self._stale: list[tuple[str, object | None]] = []  # dropped groups the engines may still hold
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.engines)), thread_name_prefix="weight-sync")
         self._local = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-sync-trainer")
         self.connect()
@@ -68,32 +67,25 @@ class DistributedWeightSync(WeightSync):
         return "nccl" if torch.cuda.is_available() and torch.cuda.is_initialized() else "gloo"
 
     def connect(self) -> None:
-        """(Re)create the group: the trainer hosts the rendezvous and joins while every engine joins."""
+        """(Re)create the group: the trainer hosts the rendezvous and joins while every engine joins. The
+        engines' client class gives the trainer's end (SGLang's `init_custom_process_group` rendezvous, or
+        vLLM's own); each group has its own store on a fresh port and a name unique in this process."""
         self._destroy_group()
         host = urlparse(self.engines[0].url).hostname or "127.0.0.1"
         address = wire.local_address_towards(host)
         tp_sizes = [int(e.server_info().get("tp_size", 1) or 1) for e in self.engines]
         world_size = 1 + sum(tp_sizes)
-        # engines told no group name (vLLM keeps one group per server) rendezvous under their fixed one; each
-        # group has its own store (a fresh port), so a fixed name never meets another group's ranks
-        fixed = {getattr(e, "weight_group_name", None) for e in self.engines}
-        name = (
-            fixed.pop() if len(fixed) == 1 and None not in fixed else f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
-        )
+        name = f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
         backend = self.backend
-        # engines with their own NCCL rendezvous (vLLM) get the trainer's end from their client class
-        own_group = getattr(type(self.engines[0]), "trainer_weight_group", None) if backend == "nccl" else None
-        store = (
-            None if own_group else wire.create_store(address, 0, world_size, is_master=True, timeout_s=GROUP_TIMEOUT_S)
+        end = type(self.engines[0]).trainer_weight_group(
+            address=address, world_size=world_size, group_name=name, backend=backend, timeout_s=GROUP_TIMEOUT_S
         )
-        port = free_port(address) if own_group else store.port
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" and not own_group else None
         offsets = itertools.accumulate([1, *tp_sizes])
         futures = {
             self._pool.submit(
                 engine.init_weights_update_group,
                 master_address=address,
-                master_port=port,
+                master_port=end.port,
                 rank_offset=offset,
                 world_size=world_size,
                 group_name=name,
@@ -102,22 +94,7 @@ class DistributedWeightSync(WeightSync):
             ): engine
             for engine, offset in zip(self.engines, offsets)
         }
-
-        def join():
-            if own_group:
-                return own_group(address=address, port=port, world_size=world_size)
-            return wire.WeightGroup(
-                store,
-                rank=0,
-                world_size=world_size,
-                group_name=name,
-                backend=backend,
-                timeout_s=GROUP_TIMEOUT_S,
-                address=address,
-                device=device,
-            )
-
-        self.group = self._alongside(join, futures, "POST /init_weights_update_group")
+        self.group = self._alongside(end.join, futures, "POST /init_weights_update_group")
         self.group_name = name
         logger.info("weight-update group %s: %d ranks over %s (%s)", name, world_size, address, backend)
 
@@ -189,9 +166,7 @@ class DistributedWeightSync(WeightSync):
                 try:
                     engine.destroy_weights_update_group(name)
                 except Exception as exc:  # noqa: BLE001 - a restarted or stopped engine no longer knows the group
-                    gone = isinstance(exc, EngineHTTPError) and (
-                        exc.status is None or "no weight-update group" in exc.body
-                    )
+                    gone = isinstance(exc, EngineHTTPError) and (exc.status is None or "does not exist" in exc.body)
                     logger.log(
                         logging.INFO if gone else logging.WARNING,
                         "%s: destroying weight-update group %s failed: %s",

@@ -1,11 +1,11 @@
 """Colocated "tensor" weight sync (REFERENCE.md §8.1): buckets handed over in memory, on the same node.
 
-Per bucket: flatten the bucket's tensors into one fresh byte buffer (`slime.sync.wire`), a file in
-/dev/shm on CPU or a CUDA buffer on GPU, then POST /update_weights_from_tensor
-{serialized_named_tensors: [one per engine TP rank], load_format: "flattened_bucket"} to each engine
-in turn. An engine copies into its parameters before replying; only then is the buffer freed (the
-file deleted, the CUDA buffer dropped), and the next bucket gets a fresh one (reuse raced with the
-engine's asynchronous copy in SGLang). The engines must run on the source rank's node.
+Per bucket: flatten the bucket's tensors into one fresh byte buffer, shared memory on CPU or a CUDA buffer
+on GPU, serialised as SGLang reads it (`slime.sync.bucket_codec`), then POST /update_weights_from_tensor
+{serialized_named_tensors: [one per engine TP rank], load_format: "flattened_bucket"} to each engine in
+turn. An engine copies into its parameters before replying; only then is the buffer freed, and the next
+bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). The engines must run
+on the source rank's node.
 
 Per-TP-rank handles: engine TP rank i opens the handle made on its own device. When
 `SyncContext.tp_trainer_ranks` names, per engine, the training rank colocated with each TP rank, every
@@ -17,37 +17,31 @@ trainer (-1) gets the source's handle.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
 
-from slime.sync import wire
+from slime.sync import bucket_codec, wire
 from slime.sync.base import SyncContext, WeightSync
 from slime.sync.hf_files import Bucket
 
 
 @contextmanager
 def staged(bucket: Bucket) -> Iterator[str]:
-    """The bucket flattened into a fresh buffer on its device; yields the encoded handle item and frees
-    the buffer (deletes the /dev/shm file) on exit."""
-    nbytes = wire.bucket_nbytes(bucket)
-    on_cuda = any(t.is_cuda for _, t in bucket)
-    shm_path = None
-    if on_cuda:
-        buffer = torch.empty(nbytes, dtype=torch.uint8, device=next(t.device for _, t in bucket if t.is_cuda))
-    else:
-        buffer, shm_path = wire.new_shm_buffer(nbytes)
+    """The bucket flattened into a fresh buffer on its device; yields its serialised item (SGLang's format)
+    and drops the buffer on exit."""
+    metadata = bucket_codec.bucket_metadata(bucket)
+    nbytes = metadata[-1].end_idx if metadata else 0
+    device = next((t.device for _, t in bucket if t.is_cuda), torch.device("cpu"))
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     try:
-        metadata = wire.flatten_into(bucket, buffer)
-        if on_cuda:
-            torch.cuda.current_stream(buffer.device).synchronize()  # the copy lands before the engine reads
-        yield wire.encode({"handle": wire.make_handle(buffer, shm_path), "metadata": metadata})
+        bucket_codec.flatten(bucket, flat, metadata)
+        if flat.is_cuda:
+            torch.cuda.current_stream(flat.device).synchronize()  # the copy lands before the engine reads
+        yield bucket_codec.encode(flat, metadata)
     finally:
-        del buffer
-        if shm_path is not None:
-            os.unlink(shm_path)
+        del flat
 
 
 def _per_rank(context: SyncContext) -> bool:
@@ -77,12 +71,13 @@ class TensorWeightSync(WeightSync):
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         total = 0
         per_rank = _per_rank(self.context)
+        tp_sizes = [int(engine.server_info().get("tp_size", 1) or 1) for engine in self.engines]
         for bucket in buckets:
             with staged(bucket) as item:
                 items = _gather(item) if per_rank else None
                 for index, engine in enumerate(self.engines):
                     engine.update_weights_from_tensor(
-                        self._handles(index, engine, item, items, bucket), weight_version=weight_version
+                        self._handles(index, tp_sizes[index], item, items), weight_version=weight_version
                     )
                 if per_rank:
                     import torch.distributed as dist
@@ -92,13 +87,11 @@ class TensorWeightSync(WeightSync):
         _release_cuda_ipc()
         return total
 
-    def _handles(self, index: int, engine, item: str, items: list[str] | None, bucket: Bucket) -> list[str]:
-        """One handle item per engine TP rank."""
+    def _handles(self, index: int, tp_size: int, item: str, items: list[str] | None) -> list[str]:
+        """One item per engine TP rank (SGLang's TP rank i reads item i)."""
         ranks = self.context.tp_trainer_ranks[index] if index < len(self.context.tp_trainer_ranks) else ()
         if items is not None and ranks:
             return [items[r] if r >= 0 else item for r in ranks]
-        on_cuda = any(t.is_cuda for _, t in bucket)
-        tp_size = int(engine.server_info().get("tp_size", 1) or 1) if on_cuda else 1
         return [item] * tp_size
 
 

@@ -1,61 +1,59 @@
-"""A fake SGLang server for CPU tests: SGLang's CLI and HTTP contract, the hf engine's real generation.
+"""A fake SGLang server for CPU tests: SGLang 0.5.23's own code around the hf engine's generation.
 
 Run as SGLang is run: `python -m tests.fakes.fake_sglang --model-path P --port N --tp-size 2 ...`
-(`rollout.sglang_launch.module=tests.fakes.fake_sglang`). The command line is parsed the way
-`sglang.launch_server` parses it: one `--field-name` option per ServerArgs field of the pinned SGLang
-version (`slime/engine/sglang/server_args_fields.json`), bool fields as bare flags, so an argument
-SGLang would reject fails here too. Generation, weight updates and every control endpoint are the hf
-engine's (`slime.engine.hf.server`, which implements SGLang's endpoints and payloads) on the tiny
-model; `/server_info` reports the parsed ServerArgs as SGLang does.
+(`rollout.sglang_launch.module=tests.fakes.fake_sglang`). It imports the pinned SGLang wheel
+(`tests.helpers.sglang_real`) and uses its code wherever that code runs on a CPU:
 
-For assertions, every request other than `/generate` and health probes is logged to stderr (the
-engine log) as one line `FAKE_SGLANG_REQUEST {"method", "path", "body"}`, in arrival order; a
-`/generate` adds `FAKE_SGLANG_GENERATE {"weight_version"}` when it arrives.
+- the command line: `sglang.srt.server_args.prepare_server_args` (SGLang's parser and ServerArgs; a bad
+  flag exits 2 with argparse's message, as `sglang.launch_server` does);
+- routes: a request to a method and path SGLang's FastAPI app does not serve answers 404; a body is built
+  into the route's own request type (io_struct, or GenerateReqInput plus SGLang's JSON contract gate and
+  `SamplingParams`) the way FastAPI builds it, and answers 422 (400 for /generate) when SGLang would refuse it;
+- `/server_info` is `build_server_info(server_args, ...)`; `/v1/loads` is SGLang's `LoadSnapshot` shape;
+- tensor updates: TP rank i's item is deserialised with `MultiprocessingSerializer` after
+  `monkey_patch_torch_reductions` (`tp_worker.deserialize_own_rank`) and rebuilt by the model runner's
+  `WeightUpdater._update_weights_from_flattened_bucket`; every rank must get the same tensors;
+- distributed updates: the group is joined through `WeightUpdater.init_weights_update_group`
+  (`init_custom_process_group`), received with `receive_weights_from_distributed` and left with
+  `destroy_weights_update_group` (one rank: a tp_size > 1 fake refuses distributed updates).
+
+Generation, sessions, memory tags, `/weights_checker` and the health probe are the hf engine's, which
+follows SGLang's rules (`slime/engine/hf/control.py`, `weight_receiver.py`, `weight_checker.py`). Where SGLang's
+scheduler dies (release while requests run, resume of a tag that is not released, a health generation on
+released memory, a TP rank without its item), this server dies too, as `run_scheduler_process`'s handler
+makes SGLang's (`sglang/srt/managers/scheduler.py`): it logs `Scheduler hit an exception` and exits.
+
+For assertions, every request other than `/generate` and the quiet reads is logged to stderr (the engine
+log) as one line `FAKE_SGLANG_REQUEST {"method", "path", "body"}`, in arrival order; a `/generate` adds
+`FAKE_SGLANG_GENERATE {"weight_version"}` when it arrives.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
 import sys
+import time
+from types import SimpleNamespace
 from typing import Any
-
-from slime.engine.sglang.server_args import FIELDS_FILE
 
 logger = logging.getLogger("fake_sglang")
 REQUEST_MARK = "FAKE_SGLANG_REQUEST"
 GENERATE_MARK = "FAKE_SGLANG_GENERATE"
+CRASH_MARK = "Scheduler hit an exception"
 _QUIET = {"/generate", "/health", "/health_generate", "/server_info", "/get_server_info", "/model_info"}
-_QUIET |= {"/get_model_info", "/weights_checksum", "/v1/loads", "/get_load", "/get_weight_version"}
+_QUIET |= {"/get_model_info", "/v1/loads"}
 
 
-def _list_type(annotation: str) -> bool:
-    return "List[" in annotation or "list[" in annotation
+def crash(reason: str) -> None:
+    """Die as SGLang does when its scheduler raises (the parent gets SIGQUIT and the server is gone)."""
+    print(f"{CRASH_MARK}: {reason}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """SGLang's CLI: `--<field-name>` per ServerArgs field; bools are store_true, lists take several values."""
-    fields = json.loads(FIELDS_FILE.read_text())["fields"]
-    parser = argparse.ArgumentParser(prog="sglang.launch_server", allow_abbrev=False)
-    for name, spec in fields.items():
-        flag, annotation = "--" + name.replace("_", "-"), spec.get("type", "")
-        if annotation == "bool":
-            parser.add_argument(flag, dest=name, action="store_true")
-        elif _list_type(annotation):
-            parser.add_argument(flag, dest=name, nargs="*")
-        elif annotation.removeprefix("Optional[").startswith("int"):
-            parser.add_argument(flag, dest=name, type=int)
-        elif annotation.removeprefix("Optional[").startswith("float"):
-            parser.add_argument(flag, dest=name, type=float)
-        else:
-            parser.add_argument(flag, dest=name)
-    return parser
-
-
-def hf_args(server_args: argparse.Namespace) -> argparse.Namespace:
+def hf_args(server_args):
     """The hf server's arguments for these ServerArgs (one CPU process, whatever tp_size says)."""
     from slime.engine.hf import server as hf_server
 
@@ -67,76 +65,210 @@ def hf_args(server_args: argparse.Namespace) -> argparse.Namespace:
     return hf_server.parse_args(argv)
 
 
-def make_server(server_args: argparse.Namespace):
-    """The hf server, reporting SGLang's ServerArgs on /server_info and logging control requests (torch is
-    imported here, after the command line was accepted, as SGLang rejects bad arguments before loading)."""
+def make_receiver_class():
+    """The hf engine's weight receiver with SGLang's deserialiser and process-group calls."""
+    import torch
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    from slime.engine.hf.weight_receiver import WeightReceiver
+    from slime.engine.hf.weights import WeightLoadError
+
+    class Recorder:
+        """The model `WeightUpdater` loads into: keeps what `load_weights` is given."""
+
+        def __init__(self):
+            self.loaded: list = []
+
+        def load_weights(self, named_tensors):
+            self.loaded.extend(named_tensors)
+
+    class SGLangWeightReceiver(WeightReceiver):
+        tp_size = 1
+
+        def open_items(self, items):
+            if len(items) < self.tp_size:
+                crash(f"IndexError: TP rank {len(items)} of {self.tp_size} has no serialized_named_tensors item")
+            monkey_patch_torch_reductions()
+            per_rank = []
+            for item in items[: self.tp_size]:
+                model = Recorder()
+                payload = MultiprocessingSerializer.deserialize(item)
+                WeightUpdater._update_weights_from_flattened_bucket(
+                    SimpleNamespace(get_model=lambda m=model: m), payload
+                )
+                per_rank.append(model.loaded)
+            for rank, loaded in enumerate(per_rank[1:], start=1):
+                same = [n for n, _ in loaded] == [n for n, _ in per_rank[0]]
+                if not same or not all(torch.equal(a, b) for (_, a), (_, b) in zip(loaded, per_rank[0])):
+                    raise WeightLoadError(f"the bucket of TP rank {rank} differs from TP rank 0's")
+            return per_rank[0]
+
+        def join(self, address, port, rank, world_size, name, backend):
+            if self.tp_size != 1:
+                raise WeightLoadError("fake_sglang: distributed weight updates need --tp-size 1 (one process)")
+            updater = SimpleNamespace(tp_rank=0, device="cpu", _model_update_group={})
+            ok, message = WeightUpdater.init_weights_update_group(
+                updater, address, port, rank, world_size, name, backend=backend
+            )
+            if not ok:
+                raise WeightLoadError(message)
+            return SimpleNamespace(updater=updater, name=name, close=lambda: self._destroy(updater, name))
+
+        @staticmethod
+        def _destroy(updater, name) -> None:
+            WeightUpdater.destroy_weights_update_group(updater, name)
+
+        def receive(self, group, names, dtypes, shapes):
+            return WeightUpdater.receive_weights_from_distributed(
+                group.updater, names=names, dtypes=dtypes, shapes=shapes, group_name=group.name
+            )
+
+    return SGLangWeightReceiver
+
+
+def make_server(server_args):
+    """The hf server behind SGLang's route table, request types and rules (see the module docstring)."""
     from aiohttp import web
+    from sglang.srt.managers.load_snapshot import LoadSnapshot
+    from sglang.srt.utils.common import build_server_info
+    from sglang.version import __version__
 
     from slime.engine.hf import server as hf_server
+    from slime.engine.hf.control import ControlRuleError
+    from tests.helpers import sglang_routes
+
+    receiver_class = make_receiver_class()
+    receiver_class.tp_size = int(server_args.tp_size)
 
     class FakeSGLangServer(hf_server.HFServer):
+        def __init__(self, args):
+            super().__init__(args)
+            self.receiver = receiver_class(self.model, self.scheduler, device=args.device)
+            self.startup_time = time.time()
+
         async def server_info(self, request: web.Request) -> web.Response:
-            info: dict[str, Any] = {k: v for k, v in vars(server_args).items() if v is not None}
-            info.update(
-                version="fake-sglang",
-                dtype=self.dtype,
-                weight_version=self.scheduler.weight_version,
-                internal_states=[
-                    {"paused": self.scheduler.paused, "released_tags": sorted(self.scheduler.released_tags)}
-                ],
+            info = build_server_info(server_args, {"max_req_input_len": self.generator.context_length})
+            state = {
+                "paused": self.scheduler.paused,
+                "released_tags": sorted(self.scheduler.released_tags),
+                "num_generated_tokens": self.generator.num_generated_tokens,
+            }
+            info.update(startup_time=self.startup_time, internal_states=[state], version=__version__)
+            return web.json_response(sglang_routes.to_builtins(info))
+
+        async def v1_loads(self, request: web.Request) -> web.Response:
+            loads = self.scheduler.loads()
+            snapshot = LoadSnapshot(
+                timestamp=time.time(),
+                num_running_reqs=loads["num_running_reqs"],
+                num_waiting_reqs=loads["num_waiting_reqs"],
             )
-            return web.json_response(info)
+            include = request.query.get("include")
+            body = {
+                "timestamp": snapshot.timestamp,
+                "version": __version__,
+                "accelerator": None,
+                "num_accelerators": int(server_args.tp_size),
+                "loads": [snapshot.to_dict(set(include.split(",")) if include else None)],
+            }
+            return web.json_response(body)
 
         @web.middleware
-        async def log_requests(self, request: web.Request, handler) -> web.StreamResponse:
-            if request.path == "/generate":
-                mark = {"weight_version": self.scheduler.weight_version}
-                print(f"{GENERATE_MARK} {json.dumps(mark)}", file=sys.stderr, flush=True)
-            elif request.path not in _QUIET:
-                try:
-                    body = await request.json() if request.body_exists else None
-                except ValueError:  # the handler answers it with SGLang's 400
-                    body = "<not JSON>"
-                line = {"method": request.method, "path": request.path, "body": _summary(body)}
-                print(f"{REQUEST_MARK} {json.dumps(line)}", file=sys.stderr, flush=True)
-            return await handler(request)
+        async def sglang_contract(self, request: web.Request, handler) -> web.StreamResponse:
+            table = sglang_routes.route_table()
+            if (request.method, request.path) not in table:
+                return web.json_response({"detail": "Not Found"}, status=404)
+            body = await _json_or_none(request)
+            _log(request, body, self.scheduler.weight_version)
+            body_type = table[(request.method, request.path)]
+            if body_type is not None and (body is not None or request.method != "GET"):
+                _, detail = sglang_routes.parse_body(body_type, body)
+                if detail is not None:
+                    return web.json_response({"detail": detail}, status=422)
+            if request.path == "/generate" and isinstance(body, dict):
+                errors = sglang_routes.generate_errors(body)
+                if errors:
+                    return web.json_response({"error": "; ".join(errors)}, status=400)
+            if request.path in ("/health", "/health_generate") and self.scheduler.released_tags:
+                crash(f"a health generation on released memory ({sorted(self.scheduler.released_tags)})")
+            try:
+                return await handler(request)
+            except ControlRuleError as exc:
+                crash(f"{type(exc).__name__}: {exc}")
+                raise
 
     return FakeSGLangServer(hf_args(server_args))
 
 
+async def _json_or_none(request) -> Any:
+    if not request.body_exists:
+        return None
+    try:
+        return await request.json()
+    except ValueError:
+        return "<not JSON>"
+
+
+def _log(request, body: Any, weight_version: str) -> None:
+    if request.path == "/generate":
+        print(f"{GENERATE_MARK} {json.dumps({'weight_version': weight_version})}", file=sys.stderr, flush=True)
+    elif request.path not in _QUIET:
+        line = {"method": request.method, "path": request.path, "body": _summary(body)}
+        print(f"{REQUEST_MARK} {json.dumps(line)}", file=sys.stderr, flush=True)
+
+
 def _summary(body: Any) -> Any:
-    """The body without bulky payloads (weight names); serialised buckets as their handles' shm paths."""
+    """The body without bulky payloads: long values as their length, serialised buckets as their count."""
     if not isinstance(body, dict):
         return body
     summary = {k: (v if len(json.dumps(v)) < 200 else f"<{len(json.dumps(v))} chars>") for k, v in body.items()}
     if isinstance(body.get("serialized_named_tensors"), list):
-        from slime.sync import wire
-
-        handles = [wire.decode(item)["handle"] for item in body["serialized_named_tensors"]]
-        summary["serialized_named_tensors"] = [h.get("path", h.get("kind")) for h in handles]
+        summary["serialized_named_tensors"] = f"<{len(body['serialized_named_tensors'])} items>"
     return summary
 
 
-async def serve(server_args: argparse.Namespace) -> None:
+async def serve(server_args) -> None:
     from aiohttp import web
 
     from slime.engine.hf import server as hf_server
     from slime.engine.hf.http_util import errors_as_json
 
     server = make_server(server_args)
-    app = web.Application(client_max_size=1 << 30, middlewares=[server.log_requests, errors_as_json])
+    app = web.Application(client_max_size=1 << 30, middlewares=[errors_as_json, server.sglang_contract])
     await hf_server.run_app(server, app)
 
 
+def _init_world() -> None:
+    """A one-rank gloo world: an SGLang TP worker has its own, and `init_weights_update_group` asserts one."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(hours=1))
+
+
 def main(argv: list[str] | None = None) -> None:
-    server_args = build_parser().parse_args(argv)
-    if not server_args.model_path or server_args.port is None:
-        sys.exit("fake_sglang: --model-path and --port are required")
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s [fake-sglang] %(message)s")
-    logger.info("ServerArgs %s", json.dumps({k: v for k, v in vars(server_args).items() if v not in (None, False)}))
+    from tests.helpers.sglang_real import bootstrap
+
+    bootstrap()
+    from sglang.srt.server_args import prepare_server_args
+
+    server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s [fake-sglang] %(message)s", force=True
+    )
+    logger.info(
+        "ServerArgs from SGLang %s's parser: tp_size=%s port=%s",
+        server_args.tp_size,
+        server_args.port,
+        server_args.model_path,
+    )
     import torch
 
     torch.set_num_threads(1)
+    _init_world()
     asyncio.run(serve(server_args))
     sys.stderr.flush()
     os._exit(0)

@@ -247,7 +247,7 @@ def make_server(cli: argparse.Namespace):
                 return error("Sleep mode is not enabled (start the server with --enable-sleep-mode)", 500, "Internal")
             self.scheduler.abort(abort_all=True)
             self.sleeping = {"weights", "kv_cache"}
-            await self.scheduler.run_exclusive(self._release, ["weights", "kv_cache", "cuda_graph"])
+            await self.scheduler.run_exclusive(self.control.release_tags, ["weights", "kv_cache", "cuda_graph"])
             return web.json_response({"status": "sleeping", "level": level})
 
         async def wake_up(self, request):
@@ -257,13 +257,13 @@ def make_server(cli: argparse.Namespace):
                 return error(f"unknown sleep tags {unknown}", 500, "InternalServerError")
             self.sleeping.difference_update(tags)
             hf_tags = [*tags, "cuda_graph"] if "kv_cache" in tags else tags
-            await self.scheduler.run_exclusive(self._resume, hf_tags)
+            await self.scheduler.run_exclusive(self.control.resume_tags, hf_tags)
             return web.json_response({"status": "sleeping" if self.sleeping else "awake", "tags": tags})
 
         async def reset_prefix_cache(self, request):
             if self.scheduler.is_busy:
                 return web.json_response({"success": False})
-            await self.scheduler.run_exclusive(self._flush)
+            await self.scheduler.run_exclusive(self.control.flush_now)
             return web.json_response({"success": True})
 
         async def collective_rpc(self, request):

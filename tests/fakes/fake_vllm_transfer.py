@@ -132,8 +132,8 @@ class WeightTransferRoutes:
         handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
         if "cpu" not in handles:
             return error(f"IPC handle not found for GPU UUID cpu. Available UUIDs: {list(handles)}", 500)
-        path, nbytes = handles["cpu"]
-        buffer = wire.open_handle({"kind": "shm_file", "path": path, "nbytes": nbytes})
+        path, offset, nbytes = handles["cpu"]
+        buffer = torch.from_file(path, shared=False, size=offset + nbytes, dtype=torch.uint8)[offset:]
         metadata, start = [], 0
         for name, dtype, shape, size in zip(names, dtypes, shapes, info["tensor_sizes"]):
             metadata.append({"name": name, "dtype": dtype, "shape": shape, "start": start, "end": start + size})

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from slime.engine import http_client
-from slime.sync import wire
+from slime.engine.hf.weight_checker import tensor_checksum
 from slime.sync.base import SyncContext
 from tests.gpu.test_fsdp_cuda import free_port
+from tests.helpers.weights import engine_checksums
 from tests.sync.test_disk_sync import start_engine
 from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
@@ -44,10 +45,9 @@ def test_cuda_sync_is_bit_exact(trained_cuda, tiny_model_dir, tmp_path, mode, gp
         trained_cuda.connect_weight_sync(mode, [engine.url], context)
         buckets = list(trained_cuda.export_weights(20_000))
         assert all(t.is_cuda for b in buckets for _, t in b)
-        trained_cuda.update_weights(weight_version=2)  # raises on any checksum mismatch
-        reply = http_client.get(engine.url + "/weights_checksum")
-        expected = {n: wire.tensor_sha256(t.to(torch.bfloat16)) for b in buckets for n, t in b}
-        assert reply["weight_version"] == "2" and reply["dtype"] == "bfloat16" and reply["checksums"] == expected
+        trained_cuda.update_weights(weight_version=2)
+        expected = {n: tensor_checksum(t.to(torch.bfloat16)) for b in buckets for n, t in b}
+        assert engine.client.get_weight_version() == "2" and engine_checksums(engine.url) == expected
         body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
         assert http_client.post(engine.url + "/generate", body)["meta_info"]["weight_version"] == "2"
     finally:

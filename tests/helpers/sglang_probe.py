@@ -114,82 +114,35 @@ class SGLangProbe:
 
 
 # ------------------------------------------------------------------------------------------- the probe's side
-def _builtins(value: Any) -> Any:
-    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
-
-    return json.loads(json.dumps(msgspec_to_builtins(value), default=repr))
-
-
-def _route(method: str, path: str):
-    from fastapi.routing import APIRoute
-
-    from sglang.srt.entrypoints.http_server import app
-
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path == path and method in route.methods:
-            return route
-    raise LookupError(f"{method} {path} is not a route of SGLang's app")
-
-
 def routes() -> list:
-    from fastapi.routing import APIRoute
+    from tests.helpers.sglang_routes import route_table
 
-    from sglang.srt.entrypoints.http_server import app
-
-    return [[r.path, sorted(r.methods)] for r in app.routes if isinstance(r, APIRoute)]
-
-
-def _body_type(route) -> Any:
-    import typing
-
-    hints = typing.get_type_hints(route.endpoint, include_extras=True)
-    for name, hint in hints.items():
-        if name in ("request", "return", "raw_request"):
-            continue
-        while typing.get_origin(hint) is typing.Annotated:
-            hint = typing.get_args(hint)[0]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        hint = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
-        if isinstance(hint, type) and (hasattr(hint, "__struct_fields__") or hasattr(hint, "__dataclass_fields__")):
-            return hint
-    return None
+    by_path: dict[str, list[str]] = {}
+    for method, path in route_table():
+        by_path.setdefault(path, []).append(method)
+    return [[path, sorted(methods)] for path, methods in sorted(by_path.items())]
 
 
 def check_request(method: str, path: str, body: Any) -> dict:
-    import dataclasses
-    import inspect
+    from tests.helpers import sglang_routes
 
-    import pydantic
-
-    route = _route(method, path)
-    body_type = _body_type(route)
+    table = sglang_routes.route_table()
+    if (method, path) not in table:
+        raise LookupError(f"{method} {path} is not a route of SGLang's app")
+    body_type = table[(method, path)]
     answer: dict[str, Any] = {"type": None, "unknown": [], "error": None, "value": None}
     if body_type is None:
         answer["unknown"] = sorted(body) if isinstance(body, dict) else []
         return answer
     answer["type"] = body_type.__name__
-    names = (
-        list(body_type.__struct_fields__)
-        if hasattr(body_type, "__struct_fields__")
-        else [f.name for f in dataclasses.fields(body_type)]
-    )
-    answer["unknown"] = sorted(set(body or {}) - set(names))
-    try:
-        value = pydantic.TypeAdapter(body_type).validate_python(body or {})
-    except Exception as exc:  # noqa: BLE001 - what FastAPI would answer 422 with
-        answer["error"] = f"{type(exc).__name__}: {exc}"
+    answer["unknown"] = sorted(set(body or {}) - set(sglang_routes.field_names(body_type)))
+    value, detail = sglang_routes.parse_body(body_type, body)
+    if detail is not None:
+        answer["error"] = json.dumps(detail)
         return answer
-    answer["value"] = _builtins(value)
+    answer["value"] = sglang_routes.to_builtins(value)
     if path == "/generate":
-        from sglang.srt.entrypoints.api_contract import generate_contract_error
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        errors = [generate_contract_error(body)]
-        try:
-            inspect.signature(SamplingParams).bind(**(body.get("sampling_params") or {}))
-        except TypeError as exc:
-            errors.append(f"SamplingParams: {exc}")
-        answer["error"] = "; ".join(e for e in errors if e) or None
+        answer["error"] = "; ".join(sglang_routes.generate_errors(body)) or None
     return answer
 
 
@@ -209,7 +162,9 @@ def parse_cli(argv: list[str]) -> dict:
         error = None
     except Exception as exc:  # noqa: BLE001 - reported, not raised: GPU-only checks may refuse a CPU machine
         error = f"{type(exc).__name__}: {exc}"
-    return {"namespace": _builtins(vars(namespace)), "parse_error": None, "server_args_error": error}
+    from tests.helpers.sglang_routes import to_builtins
+
+    return {"namespace": to_builtins(vars(namespace)), "parse_error": None, "server_args_error": error}
 
 
 def _digest(tensors) -> dict:
@@ -270,7 +225,6 @@ def join_and_receive(
     from types import SimpleNamespace
 
     import torch.distributed as dist
-
     from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
 
     if not dist.is_initialized():  # an SGLang TP worker has its own world; the updater asserts it exists

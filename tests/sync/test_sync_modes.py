@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from slime.engine import http_client
+from slime.engine.hf.weights import read_safetensors_dir
 from slime.engine.http_client import EngineHTTPError
-from slime.sync import wire
 from slime.sync.base import SyncContext, WeightMismatchError
+from tests.helpers.weights import engine_checksums, trainer_checksums
 from tests.sync.test_disk_sync import start_engine, trained  # noqa: F401 - the module-scoped trained fsdp rank
 from tests.train.test_fsdp_backend import response_log_probs
 
@@ -30,10 +31,6 @@ def engine(tiny_model_dir, tmp_path_factory):
     engine.shutdown()
 
 
-def trainer_checksums(backend) -> dict[str, str]:
-    return {name: wire.tensor_sha256(p) for name, p in backend.model.named_parameters()}
-
-
 def context(model_dir, tmp_path, check=True) -> SyncContext:
     return SyncContext(
         source_checkpoint=model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, check_weight_update_equal=check
@@ -41,9 +38,8 @@ def context(model_dir, tmp_path, check=True) -> SyncContext:
 
 
 def assert_runs_trainer_weights(backend, url: str, version: str) -> None:
-    reply = http_client.get(url + "/weights_checksum")
-    assert reply["weight_version"] == version and reply["dtype"] == "float32"
-    assert reply["checksums"] == trainer_checksums(backend)  # bit-exact, every tensor
+    assert http_client.get(url + "/model_info")["weight_version"] == version
+    assert engine_checksums(url) == trainer_checksums(backend.model)  # bit-exact, every tensor
     after = http_client.post(url + "/generate", PROMPT)
     assert after["meta_info"]["weight_version"] == version
     trainer_lp = response_log_probs(backend, PROMPT["input_ids"], after["output_ids"])
@@ -54,26 +50,38 @@ def assert_runs_trainer_weights(backend, url: str, version: str) -> None:
 @pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
 def test_sync_makes_the_engine_bit_exact(trained, engine, tiny_model_dir, tmp_path, mode):  # noqa: F811
     engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")  # back to the checkpoint
-    assert http_client.get(engine.url + "/weights_checksum")["checksums"] != trainer_checksums(trained)
+    assert engine_checksums(engine.url) != trainer_checksums(trained.model)
+    shm_before = set(os.listdir("/dev/shm"))
     trained.connect_weight_sync(mode, [engine.url], context(tiny_model_dir, tmp_path))
     try:
         perf = trained.update_weights(weight_version=3)
         assert perf["perf/update_weights_bytes"] == sum(p.numel() * 4 for p in trained.model.parameters())
         assert_runs_trainer_weights(trained, engine.url, "3")
-        if mode == "tensor":
-            assert not [f for f in os.listdir(wire.SHM_DIR) if f.startswith(f"slime-weights-{os.getpid()}-")]
+        assert set(os.listdir("/dev/shm")) <= shm_before  # every bucket's shared memory was freed
     finally:
         trained.close_weight_sync()
 
 
-def test_the_check_fails_loudly_on_a_mismatch(trained, engine, tiny_model_dir, tmp_path):  # noqa: F811
+def test_the_first_push_is_compared_with_the_checkpoint_snapshot(trained, engine, tiny_model_dir, tmp_path):  # noqa: F811
+    """slime's --check-weight-update-equal: snapshot the checkpoint, reset to random, push version 0, compare."""
+    engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")
     trained.connect_weight_sync("tensor", [engine.url], context(tiny_model_dir, tmp_path))
     try:
-        trained.update_weights(weight_version=4)
-        expected = {"float32": trainer_checksums(trained)}
-        expected["float32"]["model.norm.weight"] = "0" * 64
-        with pytest.raises(WeightMismatchError, match=rf"{engine.url}.*model\.norm\.weight"):
-            trained.weight_sync.check_engines_equal(expected)
+        for action in ("snapshot", "reset_tensors"):
+            engine.client.check_weights(action)
+        with pytest.raises(WeightMismatchError, match=rf"{engine.url}.*compare.*tensors differ"):
+            trained.update_weights(weight_version=0)  # the trained weights are not the checkpoint's
+        assert len(http_client.post(engine.url + "/generate", PROMPT, timeout=30)["output_ids"]) == 6  # continued
+        engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")
+        for action in ("snapshot", "reset_tensors"):
+            engine.client.check_weights(action)
+        checkpoint = [[(n, t) for n, t in read_safetensors_dir(tiny_model_dir).items() if n != "lm_head.weight"]]
+        trained.weight_sync.push(checkpoint, weight_version=0)  # the checkpoint itself: every tensor restored
+        without_norm = [[(n, t) for n, t in checkpoint[0] if n != "model.norm.weight"]]
+        for action in ("snapshot", "reset_tensors"):
+            engine.client.check_weights(action)
+        with pytest.raises(WeightMismatchError, match=r"model\.norm\.weight"):
+            trained.weight_sync.push(without_norm, weight_version=0)  # one tensor not delivered
     finally:
         trained.close_weight_sync()
 
@@ -110,8 +118,10 @@ def test_distributed_group_is_rebuilt_for_a_restarted_engine(trained, tiny_model
         first.shutdown()
     second = start_engine(tiny_model_dir, tmp_path / "logs2")  # fresh process: knows no group
     try:
-        with pytest.raises(EngineHTTPError, match="no weight-update group"):
+        second.client.begin_weight_update()
+        with pytest.raises(EngineHTTPError, match=f"Group {old_group} not in"):
             second.client.update_weights_from_distributed(names=[], dtypes=[], shapes=[], group_name=old_group)
+        second.client.finish_weight_update(None)
         trained.connect_weight_sync("distributed", [second.url], context(tiny_model_dir, tmp_path))
         assert trained.weight_sync.group_name != old_group
         trained.update_weights(weight_version=7)
@@ -129,9 +139,7 @@ def test_engine_failing_before_the_broadcast_raises_at_once(trained, engine, tin
         sync = trained.weight_sync
         engine.client.destroy_weights_update_group(sync.group_name)  # as if the engine lost the group
         start = time.monotonic()
-        with pytest.raises(
-            EngineHTTPError, match=rf"{engine.url}/update_weights_from_distributed.*no weight-update group"
-        ):
+        with pytest.raises(EngineHTTPError, match=rf"{engine.url}/update_weights_from_distributed.*Group \S+ not in"):
             trained.update_weights(weight_version=8)
         assert time.monotonic() - start < 30 and sync.group is None
         assert len(http_client.post(engine.url + "/generate", PROMPT, timeout=30)["output_ids"]) == 6

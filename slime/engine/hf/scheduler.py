@@ -136,6 +136,11 @@ class Scheduler:
         """True while a batch is running (the state in which SGLang refuses to flush its cache)."""
         return bool(self._running)
 
+    def is_fully_idle(self, *, ignore_waiting: bool = False) -> bool:
+        """No batch running and (unless `ignore_waiting`) nothing queued: SGLang's condition for releasing
+        memory (`ignore_waiting` while paused, when queued requests cannot start)."""
+        return not self._running and (ignore_waiting or not self._queue)
+
     def loads(self) -> dict[str, int]:
         """Request counts: running = in the batch being decoded; waiting = queued (incl. held by pause)."""
         running, waiting = len(self._running), len(self._queue)

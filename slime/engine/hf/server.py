@@ -1,25 +1,17 @@
-"""The built-in engine server: a transformers model behind SGLang's HTTP contract (REFERENCE §7.2).
+"""The built-in engine server: a transformers model behind SGLang 0.5.23's HTTP contract (REFERENCE §7.2).
 
 Run: `python -m slime.engine.hf.server --model-path P --host 127.0.0.1 --port PORT ...` (the engine
 launcher reserves PORT, as it does for SGLang). Logs go to stderr; SIGTERM/SIGINT exit cleanly (status 0).
 
-Endpoints (SGLang names and payloads; errors are `{"error": {"message": ...}}` with HTTP 400):
+Endpoints (SGLang's names, payloads and rules; errors are `{"error": {"message": ...}}` with HTTP 400):
   POST /generate                       single or batch (`protocol.py`); unknown top-level keys are
                                        ignored, unknown `sampling_params` keys are a 400 naming the key
-  GET  /health, /health_generate       200; the latter after a real 1-token generation (503 if not)
   GET  /server_info, /get_server_info  launch arguments and state
   GET  /model_info, /get_model_info    model_path, architectures, weight_version, ...
-  GET|POST /flush_cache                200 when no batch is running, else 400 (callers retry); empties
-                                       the prefix cache, as do weight updates and memory release
-  GET  /get_weight_version             {"weight_version"}
-  POST /pause_generation {mode?}       "abort" (default, as SGLang): abort in-flight, hold new ones
-  POST /continue_generation
-  POST /abort_request {rid | abort_all}
-  POST /release_memory_occupation {tags?}, /resume_memory_occupation {tags?}
+  GET  /v1/loads                       request counts; shape documented on `HFServer.v1_loads`
   POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?}
-  GET  /v1/loads, /get_load            request counts; shape documented on `HFServer.v1_loads`
-  POST /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group,
-       /update_weights_from_tensor; GET /weights_checksum     tensor and distributed syncs: `weight_receiver.py`
+  health, flush, pause/continue, abort, memory release/resume: `control.py`
+  weight-update sessions, tensor and distributed syncs, /weights_checker: `weight_receiver.py`
 """
 
 from __future__ import annotations
@@ -35,18 +27,17 @@ from typing import Any
 
 from aiohttp import web
 
-from slime.engine.hf.generator import GenerationError, GenerationRequest, Generator
-from slime.engine.hf.http_util import DropMalformedRequestErrors, error_response, errors_as_json, json_body
+from slime.engine.hf.control import EngineControl
+from slime.engine.hf.generator import GenerationError, Generator
+from slime.engine.hf.http_util import DropMalformedRequestErrors, errors_as_json, json_body
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS
 from slime.engine.hf.protocol import generate_response, parse_generate
-from slime.engine.hf.sampling import SamplingParams
 from slime.engine.hf.scheduler import Scheduler
 from slime.engine.hf.weight_receiver import WeightReceiver
 from slime.engine.hf.weights import WeightLoadError, load_weights_strict, read_safetensors_dir
 
 logger = logging.getLogger("slime.engine.hf.server")
 
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU_MEMORY_TYPE_* names
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
@@ -84,27 +75,20 @@ class HFServer:
         )
         self.port: int | None = None
         self.receiver = WeightReceiver(self.model, self.scheduler, device=args.device)
+        self.control = EngineControl(
+            model=self.model, generator=self.generator, scheduler=self.scheduler, device=args.device
+        )
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/generate", self.generate),
-            web.get("/health", self.health),
-            web.get("/health_generate", self.health_generate),
             web.get("/server_info", self.server_info),
             web.get("/get_server_info", self.server_info),
             web.get("/model_info", self.model_info),
             web.get("/get_model_info", self.model_info),
-            web.get("/flush_cache", self.flush_cache),
-            web.post("/flush_cache", self.flush_cache),
-            web.get("/get_weight_version", self.get_weight_version),
-            web.post("/pause_generation", self.pause_generation),
-            web.post("/continue_generation", self.continue_generation),
-            web.post("/abort_request", self.abort_request),
-            web.post("/release_memory_occupation", self.release_memory),
-            web.post("/resume_memory_occupation", self.resume_memory),
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
             web.get("/v1/loads", self.v1_loads),
-            web.get("/get_load", self.get_load),
+            *self.control.routes(),
             *self.receiver.routes(),
         ]
 
@@ -117,21 +101,6 @@ class HFServer:
         completions = await self.scheduler.submit(call.requests)
         decode_token = lambda tid: self.generator.decode([tid], skip_special_tokens=False)  # noqa: E731
         return web.json_response(generate_response(call, completions, decode_token, arrived))
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def health_generate(self, request: web.Request) -> web.Response:
-        if self.scheduler.released_tags:
-            return error_response(f"memory released: {sorted(self.scheduler.released_tags)}", status=503)
-        req = GenerationRequest(
-            [self.generator.pad_token_id], SamplingParams(max_new_tokens=1, temperature=0.0), "health"
-        )
-        try:
-            await asyncio.wait_for(self.scheduler.run_exclusive(self.generator.generate, [req]), timeout=60)
-        except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
-            return error_response(f"health generation failed: {exc!r}", status=503)
-        return web.Response(text="")
 
     # ---------------------------------------------------------------- info
     async def server_info(self, request: web.Request) -> web.Response:
@@ -188,75 +157,12 @@ class HFServer:
             }
         )
 
-    async def get_weight_version(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": self.scheduler.weight_version})
-
     async def v1_loads(self, request: web.Request) -> web.Response:
         """`{"loads": [{"dp_rank": 0, "num_running_reqs", "num_waiting_reqs", "num_total_reqs"}]}`:
         one entry per data-parallel rank (always one here); waiting includes requests held by a pause."""
         return web.json_response({"loads": [{"dp_rank": 0, **self.scheduler.loads()}]})
 
-    async def get_load(self, request: web.Request) -> web.Response:
-        loads = self.scheduler.loads()
-        return web.json_response(
-            [
-                {
-                    "dp_rank": 0,
-                    "num_reqs": loads["num_total_reqs"],
-                    "num_waiting_reqs": loads["num_waiting_reqs"],
-                    "num_tokens": 0,
-                }
-            ]
-        )
-
-    # ---------------------------------------------------------------- control
-    async def flush_cache(self, request: web.Request) -> web.Response:
-        if self.scheduler.is_busy:
-            return web.Response(status=400, text="Cache not flushed: there are running requests.")
-        await self.scheduler.run_exclusive(self._flush)
-        return web.Response(text="Cache flushed.")
-
-    def _flush(self) -> None:
-        self.generator.flush_cache()
-        _empty_device_cache(self.args.device, collect=False)
-
-    async def pause_generation(self, request: web.Request) -> web.Response:
-        body = await json_body(request)
-        await self.scheduler.pause(mode=str(body.get("mode") or "abort"))
-        return web.json_response({})
-
-    async def continue_generation(self, request: web.Request) -> web.Response:
-        self.scheduler.resume()
-        return web.json_response({})
-
-    async def abort_request(self, request: web.Request) -> web.Response:
-        body = await json_body(request)
-        n = self.scheduler.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
-        return web.json_response({"num_aborted": n})
-
-    async def release_memory(self, request: web.Request) -> web.Response:
-        tags = _parse_tags((await json_body(request)).get("tags"))
-        await self.scheduler.run_exclusive(self._release, tags)
-        return web.json_response({"success": True, "released_tags": sorted(self.scheduler.released_tags)})
-
-    async def resume_memory(self, request: web.Request) -> web.Response:
-        tags = _parse_tags((await json_body(request)).get("tags"))
-        await self.scheduler.run_exclusive(self._resume, tags)
-        return web.json_response({"success": True, "released_tags": sorted(self.scheduler.released_tags)})
-
-    def _release(self, tags: list[str]) -> None:
-        """On CUDA, releasing "weights" moves them to host memory; elsewhere tags are only tracked."""
-        if "weights" in tags and "weights" not in self.scheduler.released_tags and self.args.device.startswith("cuda"):
-            self.model.to("cpu")
-        self.scheduler.released_tags.update(tags)
-        self.generator.flush_cache()
-        _empty_device_cache(self.args.device, collect=True)
-
-    def _resume(self, tags: list[str]) -> None:
-        if "weights" in tags and "weights" in self.scheduler.released_tags and self.args.device.startswith("cuda"):
-            self.model.to(self.args.device)
-        self.scheduler.released_tags.difference_update(tags)
-
+    # ---------------------------------------------------------------- weights from disk
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         try:
             body = await json_body(request)
@@ -285,37 +191,11 @@ class HFServer:
         return count
 
 
-def _parse_tags(tags: Any) -> list[str]:
-    if tags is None:
-        return list(MEMORY_TAGS)
-    if isinstance(tags, str):
-        tags = [tags]
-    if not isinstance(tags, list):
-        raise GenerationError(f"tags must be a list of strings, got {tags!r}")
-    unknown = [t for t in tags if t not in MEMORY_TAGS]
-    if unknown:
-        raise GenerationError(f"unknown memory tags {unknown}; valid: {list(MEMORY_TAGS)}")
-    return list(tags)
-
-
 def _device_memory_allocated(device: str) -> int:
     """Bytes held by torch's CUDA allocator on the current device (0 on CPU)."""
     import torch
 
     return int(torch.cuda.memory_allocated()) if device.startswith("cuda") and torch.cuda.is_available() else 0
-
-
-def _empty_device_cache(device: str, *, collect: bool) -> None:
-    """Return cached CUDA blocks to the driver; `collect` first frees unreachable tensors (a full
-    `gc.collect()` takes 0.2-0.3 s with torch and transformers loaded, so only memory release does it)."""
-    import gc
-
-    import torch
-
-    if collect:
-        gc.collect()
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 async def serve(args: argparse.Namespace) -> None:

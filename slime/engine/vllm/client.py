@@ -39,7 +39,6 @@ class VLLMClient(EngineClient):
     """Control calls of one vLLM 0.33.0 server at `url`; see the module docstring."""
 
     # the broadcast group's store prefix: vLLM's init_info carries no group name, so both sides use this one
-    weight_group_name = "vllm-weight-transfer"
 
     def __init__(self, url: str, *, timeout_s: float = 60.0):
         super().__init__(url, timeout_s=timeout_s)
@@ -105,10 +104,10 @@ class VLLMClient(EngineClient):
     def get_weight_version(self) -> str:
         return str(self._call("GET", "/weight_info")["weight_version"])
 
-    def weights_checksum(self, timeout: float = 600.0) -> dict:
+    def check_weights(self, action: str, timeout: float = 600.0) -> dict:
         raise NotImplementedError(
-            "debug.check_weight_update_equal compares sha256 per tensor; vLLM's /weight_checker uses its own "
-            "checksum, so this check is not available with rollout.engine=vllm"
+            "debug.check_weight_update_equal drives SGLang's /weights_checker (snapshot, reset_tensors, compare, "
+            "checksum); vLLM has no such route, so this check is not available with rollout.engine=vllm"
         )
 
     # ---- weight updates ------------------------------------------------------------------------
@@ -142,11 +141,13 @@ class VLLMClient(EngineClient):
         return self._call("POST", "/shutdown_weight_transfer_engine", {}, timeout=timeout)
 
     @staticmethod
-    def trainer_weight_group(*, address: str, port: int, world_size: int):
-        """Distributed mode over NCCL: the trainer's end of vLLM's own rendezvous (`slime.engine.vllm.nccl_group`)."""
-        from slime.engine.vllm.nccl_group import VLLMNCCLGroup
+    def trainer_weight_group(*, address: str, world_size: int, group_name: str, backend: str, timeout_s: float):
+        """The trainer's end of the group `/init_weight_transfer_engine` joins (one per server, so `group_name`
+        is not used): vLLM's own NCCL rendezvous (`slime.engine.vllm.nccl_group`), or on CPU a gloo group under
+        the fixed store prefix `weight_group_name`."""
+        from slime.engine.vllm.nccl_group import VLLMTrainerEnd
 
-        return VLLMNCCLGroup(address=address, port=port, world_size=world_size)
+        return VLLMTrainerEnd(address=address, world_size=world_size, backend=backend, timeout_s=timeout_s)
 
     def begin_weight_update(self) -> None:
         self._call("POST", "/start_weight_update", {}, timeout=600.0)
@@ -179,7 +180,7 @@ class VLLMClient(EngineClient):
         flush_cache: bool = False,
         timeout: float = 600.0,
     ) -> dict:
-        """One flattened bucket (`slime.sync.wire` items, one per engine TP rank) as vLLM's packed IPC update."""
+        """One flattened bucket (`slime.sync.bucket_codec` items, one per engine TP rank) as vLLM's packed IPC update."""
         from slime.engine.vllm.protocol import ipc_update_info
 
         if not self._ipc_ready:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+WEIGHT_GROUP_PREFIX = "vllm-weight-transfer"  # the store prefix of a gloo group (the CPU tests' fake joins it)
+
 
 class VLLMNCCLGroup:
     """Rank 0 of a vLLM weight-transfer group; `broadcast(tensor)` sends one tensor to every worker."""
@@ -30,3 +32,34 @@ class VLLMNCCLGroup:
     def close(self) -> None:
         """vLLM's communicator has no destroy call; dropping it releases the NCCL communicator."""
         self.comm = None
+
+
+class VLLMTrainerEnd:
+    """Rank 0's end before the group forms: `port` to send in `init_info`, `join()` once the workers join."""
+
+    def __init__(self, *, address: str, world_size: int, backend: str, timeout_s: float):
+        from slime.engine.process import free_port
+        from slime.sync import wire
+
+        self.address, self.world_size, self.backend, self.timeout_s = address, world_size, backend, timeout_s
+        self.store = None
+        if backend == "nccl":
+            self.port = free_port(address)  # vLLM's StatelessProcessGroup binds it itself
+        else:
+            self.store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=timeout_s)
+            self.port = int(self.store.port)
+
+    def join(self):
+        if self.store is None:
+            return VLLMNCCLGroup(address=self.address, port=self.port, world_size=self.world_size)
+        from slime.sync import wire
+
+        return wire.WeightGroup(
+            self.store,
+            rank=0,
+            world_size=self.world_size,
+            group_name=WEIGHT_GROUP_PREFIX,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+            address=self.address,
+        )

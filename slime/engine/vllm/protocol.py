@@ -93,30 +93,32 @@ def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str
 
 
 def ipc_update_info(items: Sequence[str]) -> dict[str, Any]:
-    """vLLM's packed IPC `update_info` for one flattened bucket given as `slime.sync.wire` items (one per engine
-    TP rank): names, dtype_names, shapes, tensor_sizes (bytes, in buffer order) and `ipc_handles_pickled`,
-    base64 of a pickled {device key: rebuild args} (the GPU's UUID for CUDA IPC, "cpu" for a /dev/shm file)."""
-    from slime.sync import wire
+    """vLLM's packed IPC `update_info` for one flattened bucket given as SGLang-format items
+    (`slime.sync.bucket_codec`, one per engine TP rank): names, dtype_names, shapes, tensor_sizes (bytes, in
+    buffer order) and `ipc_handles_pickled`, base64 of a pickled {device key: rebuild args} (the GPU's UUID
+    for CUDA IPC, with torch's device index of this process; "cpu" for a shared-memory segment:
+    (path, byte offset of the data, bytes))."""
+    from slime.sync import bucket_codec
 
     handles: dict[str, Any] = {}
     metadata = None
     for item in items:
-        payload = wire.decode(item)
-        if metadata is not None and payload["metadata"] != metadata:
+        rebuild, meta = bucket_codec.describe(item)
+        if metadata is not None and meta != metadata:
             raise ValueError("the TP ranks' buckets hold different tensors")
-        metadata = payload["metadata"]
-        handle = payload["handle"]
-        if handle["kind"] == "cuda_ipc":
-            handles[handle["device_uuid"]] = tuple(handle["rebuild"][1])
+        metadata = meta
+        if rebuild.function == "rebuild_cuda_tensor":
+            uuid, args = bucket_codec.cuda_rebuild_args(rebuild)
+            handles[uuid] = args
         else:
-            handles["cpu"] = (handle["path"], int(handle["nbytes"]))
+            handles["cpu"] = bucket_codec.shm_segment(rebuild)
     metadata = metadata or []
-    if [m["start"] for m in metadata] != [0, *(m["end"] for m in metadata[:-1])]:
-        raise ValueError("a packed bucket must hold its tensors back to back")
+    if [m.start_idx for m in metadata] != [0, *(m.end_idx for m in metadata[:-1])]:
+        raise ValueError("a packed bucket must hold its tensors back to back (one dtype per bucket)")
     return {
-        "names": [m["name"] for m in metadata],
-        "dtype_names": [m["dtype"] for m in metadata],
-        "shapes": [list(m["shape"]) for m in metadata],
-        "tensor_sizes": [m["end"] - m["start"] for m in metadata],
+        "names": [m.name for m in metadata],
+        "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
+        "shapes": [list(m.shape) for m in metadata],
+        "tensor_sizes": [m.numel for m in metadata],
         "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("ascii"),
     }
