@@ -14,10 +14,11 @@ returns the probe's answer, computed by SGLang 0.5.23's functions:
 - `open_bucket(items)`: each TP rank's `serialized_named_tensors` item deserialised as a TP worker does
   (`monkey_patch_torch_reductions` + `MultiprocessingSerializer.deserialize`) and loaded through the model
   runner's `WeightUpdater._update_weights_from_flattened_bucket`; returns `[{name: {dtype, shape, sha256}}]`;
-- `join_and_receive(...)`: joins a weight-update group through `WeightUpdater.init_weights_update_group`
-  (SGLang's `init_custom_process_group`, gloo) as rank `rank_offset`, receives one
-  `/update_weights_from_distributed` request's tensors with `receive_weights_from_distributed`, destroys
-  the group; returns `{name: {dtype, shape, sha256}}`. It blocks until the trainer side joins and sends.
+- `join_group(...)`, `receive(...)`, `destroy(group_name)`: a weight-update group joined through
+  `WeightUpdater.init_weights_update_group` (SGLang's `init_custom_process_group`) as rank `rank_offset`
+  (blocks until the trainer side joins), one `/update_weights_from_distributed` request's tensors received
+  with `receive_weights_from_distributed` (`{name: {dtype, shape, sha256}}`), the group destroyed;
+- `checksums(model_path)`: `WeightChecker`'s "checksum" action over an HF model directory.
 
 The real methods are called on stand-in `self` objects holding only the attributes they read.
 """
@@ -100,8 +101,17 @@ class SGLangProbe:
     def open_bucket(self, items: list[str]) -> list[dict]:
         return self.call("open_bucket", items=items)
 
-    def join_and_receive(self, timeout: float = 120.0, **kwargs: Any) -> dict:
-        return self.call("join_and_receive", timeout=timeout, **kwargs)
+    def join_group(self, timeout: float = 120.0, **kwargs: Any) -> str:
+        return self.call("join_group", timeout=timeout, **kwargs)
+
+    def receive(self, timeout: float = 120.0, **kwargs: Any) -> dict:
+        return self.call("receive", timeout=timeout, **kwargs)
+
+    def destroy(self, group_name: str) -> str:
+        return self.call("destroy", group_name=group_name)
+
+    def checksums(self, model_path: str) -> dict:
+        return self.call("checksums", timeout=120, model_path=model_path)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -210,17 +220,12 @@ def open_bucket(items: list[str]) -> list[dict]:
     return per_rank
 
 
-def join_and_receive(
-    *,
-    master_address: str,
-    master_port: int,
-    rank_offset: int,
-    world_size: int,
-    group_name: str,
-    names: list[str],
-    dtypes: list[str],
-    shapes: list[list[int]],
-) -> dict:
+_GROUPS: dict[str, Any] = {}  # this probe process's joined groups, by name (the stand-in updaters)
+
+
+def join_group(
+    *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> str:
     import datetime
     from types import SimpleNamespace
 
@@ -228,21 +233,49 @@ def join_and_receive(
     from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
 
     if not dist.is_initialized():  # an SGLang TP worker has its own world; the updater asserts it exists
-        store = dist.HashStore()
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(hours=1)
+        )
     updater = SimpleNamespace(tp_rank=0, device="cpu", _model_update_group={})
     ok, message = WeightUpdater.init_weights_update_group(
-        updater, master_address, master_port, rank_offset, world_size, group_name, backend="gloo"
+        updater, master_address, master_port, rank_offset, world_size, group_name, backend=backend
     )
     if not ok:
         raise RuntimeError(message)
-    try:
-        weights = WeightUpdater.receive_weights_from_distributed(
-            updater, names=names, dtypes=dtypes, shapes=shapes, group_name=group_name
-        )
-    finally:
-        WeightUpdater.destroy_weights_update_group(updater, group_name)
+    _GROUPS[group_name] = updater
+    return message
+
+
+def receive(*, group_name: str, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict:
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    weights = WeightUpdater.receive_weights_from_distributed(
+        _GROUPS[group_name], names=names, dtypes=dtypes, shapes=shapes, group_name=group_name
+    )
     return _digest(weights)
+
+
+def destroy(*, group_name: str) -> str:
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    ok, message = WeightUpdater.destroy_weights_update_group(_GROUPS.pop(group_name), group_name)
+    return message
+
+
+def checksums(*, model_path: str) -> dict:
+    """SGLang's `WeightChecker` checksum action over the HF model at `model_path` (fp32, one rank)."""
+    import torch
+    from sglang.srt.utils.weight_checker import WeightChecker
+    from transformers import AutoModelForCausalLM
+
+    class OneRank(WeightChecker):
+        def __init__(self, model):  # the parent reads the rank placement from SGLang's runtime context
+            self._get_model = lambda: model
+            self._placement = dict(tp_rank=0, tp_size=1, dp_rank=0, dp_size=1, pp_rank=0, pp_size=1)
+            self._snapshot_tensors = self._snapshot_arena = None
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return OneRank(model).handle("checksum", role="target")
 
 
 _COMMANDS = {
@@ -251,7 +284,10 @@ _COMMANDS = {
     "check_request": check_request,
     "parse_cli": parse_cli,
     "open_bucket": open_bucket,
-    "join_and_receive": join_and_receive,
+    "join_group": join_group,
+    "receive": receive,
+    "destroy": destroy,
+    "checksums": checksums,
 }
 
 
