@@ -6,13 +6,18 @@ external engines, the control calls the loop uses, engines.json, and fault toler
   router once healthy (`worker_type` and PD bootstrap port included). External engines (URLs) register
   with the policy's router and receive its weight syncs, but are never started or stopped.
 - Control (`EngineClient`, plain HTTP, every engine of the listed models): flush cache, pause/continue,
-  abort every request and wait until idle, release/resume memory by tag (colocation).
+  abort every request and wait until idle, release/resume memory by tag (colocation). The fleet knows which
+  tags each engine has released and resumes only those: SGLang's scheduler crashes on resuming a tag that was
+  not released (`offload_tags.remove` in weight_updater.py: `resume_memory_occupation`).
 - engines.json in the run directory: each engine's rank, model, worker type, URL, server PID and log;
   rewritten whenever an engine (re)starts.
-- Fault tolerance (`rollout.fault_tolerance`): a thread probes GET /health of every registered engine;
-  one that fails is removed from its router (requests in flight on it fail and the rollout retries them
-  through the router, on the others). `recover()` restarts dead engines before the next rollout; the
-  caller pushes weights to them and then `register_restarted()` puts them back behind the router.
+- Fault tolerance (`rollout.fault_tolerance`): a thread probes GET /health of every registered engine while
+  the engines serve (engine_health.py: never during a weight push, a pause or a memory release); one that
+  fails is removed from its router (requests in flight on it fail and the rollout retries them through the
+  router, on the others). `recover()` restarts dead engines (found by the probes, or by their server process
+  having exited); colocated, each new engine releases its memory at once, as slime's recovery does, so that
+  the push resumes its weights like everyone's. The caller pushes weights to them and then
+  `register_restarted()` puts them back behind the router.
 """
 
 from __future__ import annotations
@@ -28,15 +33,17 @@ from typing import Any, Optional
 
 import ray
 
-from slime.config.schema import FaultToleranceConfig, RolloutConfig
+from slime.config.schema import RolloutConfig
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.client import EngineClient
 from slime.engine.groups import EngineSpec, ModelSpec, policy_model
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
+from slime.runtime.engine_health import HealthGate, HealthMonitor
 from slime.runtime.placement import EnginePlacement
 
 logger = logging.getLogger(__name__)
+ALL_TAGS = frozenset({"weights", "kv_cache", "cuda_graph"})  # sglang/srt/constants.py: GPU_MEMORY_ALL_TYPES
 
 
 @dataclasses.dataclass
@@ -83,8 +90,8 @@ class EngineFleet:
         self.policy = policy_model(setup.models)
         self._lock = threading.Lock()
         self._monitor_stop = threading.Event()
-        self._monitor: Optional[threading.Thread] = None
-        self._released = False
+        self.health = HealthGate(wait_s=setup.rollout.fault_tolerance.health_check_timeout_s)
+        self._released: dict[str, frozenset[str]] = {}  # engine URL -> memory tags it has released
 
     # ---- start and stop ---------------------------------------------------------------------------
     def launch(self) -> list:
@@ -141,8 +148,7 @@ class EngineFleet:
             self.routers[self.policy.name].add_worker(url)
         self.write_engines_json()
         if self.setup.rollout.fault_tolerance.enabled:
-            self._monitor = threading.Thread(target=self._monitor_loop, name="engine-health", daemon=True)
-            self._monitor.start()
+            HealthMonitor(self.setup.rollout.fault_tolerance, self, self.health, self._monitor_stop).start()
 
     def _register(self, slot: EngineSlot) -> None:
         bootstrap = slot.info.get("bootstrap_port")
@@ -235,7 +241,10 @@ class EngineFleet:
 
     # ---- control calls ----------------------------------------------------------------------------
     def _each(self, call: Callable[[EngineClient], Any], *, updatable_only: bool = False) -> list:
-        clients = self.clients(updatable_only=updatable_only)
+        return self._map(call, self.clients(updatable_only=updatable_only))
+
+    @staticmethod
+    def _map(call: Callable[[EngineClient], Any], clients: list[EngineClient]) -> list:
         if not clients:
             return []
         with ThreadPoolExecutor(max_workers=min(16, len(clients))) as pool:
@@ -245,10 +254,19 @@ class EngineFleet:
         self._each(lambda c: c.flush_cache())
 
     def pause_generation(self) -> None:
+        self.health.hold("paused")  # SGLang's /health waits while paused
         self._each(lambda c: c.pause_generation())
 
     def continue_generation(self) -> None:
         self._each(lambda c: c.continue_generation())
+        self.health.release("paused")
+
+    def begin_push(self) -> None:
+        """A weight push starts (the driver's): no health probe until `end_push`."""
+        self.health.hold("push")
+
+    def end_push(self) -> None:
+        self.health.release("push")
 
     def abort_and_wait_idle(self, timeout_s: float = 60.0) -> None:
         """Abort every request on every engine, then wait until none reports running or waiting requests.
@@ -267,25 +285,42 @@ class EngineFleet:
             self.client(url).abort_all_and_wait_idle(timeout_s=timeout_s)
 
     def release_memory(self) -> None:
-        """Colocation, before training: flush the cache, then release every tag (weights, kv_cache, cuda_graph)."""
-        self._released = True  # no health checks until the KV cache is back: a released engine cannot generate
-        self._each(lambda c: (c.flush_cache(), c.release_memory()), updatable_only=True)
+        """Colocation, before training: flush the cache, then release every tag (weights, kv_cache, cuda_graph)
+        each updatable engine still holds."""
+        self._release(self.sync_urls())
+
+    def _release(self, urls: list[str]) -> None:
+        self.health.hold("released")  # no probe until every engine has its memory back
+
+        def release(client: EngineClient) -> None:
+            held = ALL_TAGS - self._released.get(client.url, frozenset())
+            if held:
+                client.flush_cache()
+                client.release_memory(None if held == ALL_TAGS else sorted(held))  # None: every tag
+                self._released[client.url] = ALL_TAGS
+
+        self._map(release, [self.client(url) for url in urls])
 
     def resume_memory(self, tags: list[str]) -> None:
-        """Colocation: resume `tags` (["weights"] before the push, ["kv_cache", "cuda_graph"] after it)."""
-        self._each(lambda c: c.resume_memory(tags), updatable_only=True)
-        if "kv_cache" in tags:
-            self._released = False
+        """Colocation: resume `tags` (["weights"] before the push, ["kv_cache", "cuda_graph"] after it) on each
+        updatable engine, those of them it has released (an engine restarted since holds them all)."""
+        clients = self.clients(updatable_only=True)
+
+        def resume(client: EngineClient) -> None:
+            released = self._released.get(client.url, frozenset())
+            wanted = [t for t in tags if t in released]
+            if wanted:
+                client.resume_memory(wanted)
+                self._released[client.url] = released - set(wanted)
+
+        self._map(resume, clients)
+        if not any(self._released.get(client.url) for client in clients):
+            self.health.release("released")
 
     # ---- fault tolerance --------------------------------------------------------------------------
-    def _monitor_loop(self) -> None:
-        ft: FaultToleranceConfig = self.setup.rollout.fault_tolerance
-        while not self._monitor_stop.wait(ft.health_check_interval_s):
-            for slot in list(self.slots):
-                if slot.dead or not slot.registered or self._released:
-                    continue
-                if not self.client(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
-                    self.mark_dead(slot.rank, "failed its health check")
+    def probe_targets(self) -> list[tuple[int, str]]:
+        """(rank, url) of every engine the health monitor probes: ours, registered and not dead."""
+        return [(slot.rank, slot.url) for slot in list(self.slots) if slot.registered and not slot.dead]
 
     def mark_dead(self, rank: int, why: str) -> None:
         """Take engine `rank` out of its router; `recover()` restarts it."""
@@ -300,14 +335,21 @@ class EngineFleet:
     def dead_ranks(self) -> list[int]:
         return [slot.rank for slot in self.slots if slot.dead]
 
+    def find_dead(self) -> list[int]:
+        """Mark dead each engine whose server process has exited (the probes rest while engines are held, and
+        a held engine is not to be probed), then return every dead rank."""
+        live = [slot for slot in self.slots if not slot.dead]
+        for slot, running in zip(live, ray.get([slot.actor.is_running.remote() for slot in live])):
+            if not running:
+                self.mark_dead(slot.rank, "has no server process")
+        return self.dead_ranks()
+
     def recover(self) -> list[int]:
         """Restart every dead engine (not yet registered: it needs the current weights first); returns their
-        ranks. Raises RuntimeError when an engine died more than `max_restarts` times."""
+        ranks. Colocated, each releases its memory once up. Raises RuntimeError when an engine died more than
+        `max_restarts` times."""
         ft = self.setup.rollout.fault_tolerance
-        for slot in self.slots:  # the monitor may not have probed since the engine died
-            if not slot.dead and not self.client(slot.url).is_healthy("/health", timeout=ft.health_check_timeout_s):
-                self.mark_dead(slot.rank, "failed its health check")
-        dead = [slot for slot in self.slots if slot.dead]
+        dead = [self.slots[rank] for rank in self.find_dead()]
         for slot in dead:
             if slot.restarts >= ft.max_restarts:
                 raise RuntimeError(
@@ -316,6 +358,7 @@ class EngineFleet:
                 )
             slot.restarts += 1
             ray.get(slot.actor.shutdown.remote())  # reaps the dead process, frees its ports
+            self._released.pop(slot.url, None)
         urls = ray.get([slot.actor.start.remote() for slot in dead])
         for slot, url in zip(dead, urls):
             slot.url, slot.dead = url, False
@@ -323,6 +366,8 @@ class EngineFleet:
         if dead:
             self._describe_all()
             self.write_engines_json()
+        if dead and self.setup.colocate:  # as slime's recovery: released first, then resumed with the others
+            self._release([url for url in self.sync_urls() if url in urls])
         return [slot.rank for slot in dead]
 
     def register_restarted(self, ranks: list[int]) -> None:

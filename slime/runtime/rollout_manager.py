@@ -1,8 +1,9 @@
 """The rollout manager: one CPU actor owning the router, the engines, the data sources and rewards.
 
 It runs the configured rollout function, post-processes rewards (group normalisation, REFERENCE.md
-§3.1) and returns the step's samples already split into one `TrainBatch` per data-parallel rank. It
-also brackets weight updates (pause -> flush -> update -> continue) on every engine.
+§3.1) and returns the step's samples already split into one `TrainBatch` per data-parallel rank. The
+driver's weight pushes (weight_push.py) run its engine control calls, and tell it when a push begins and
+ends: the engines' health checks rest in between (engine_health.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ _CONTROL_CALLS = {
     "abort_and_wait_idle",
     "release_memory",
     "resume_memory",
+    "begin_push",
+    "end_push",
 }
 
 # The manager's `ray.remote` options (Ray takes concurrency groups there, not in .options()): `progress`
@@ -164,13 +167,19 @@ class RolloutManager:
 
     def engine_control(self, call: str, *args: Any) -> None:
         """Run one of the fleet's control calls on the engines: flush_cache, pause_generation,
-        continue_generation, abort_and_wait_idle, release_memory, resume_memory(tags)."""
+        continue_generation, abort_and_wait_idle, release_memory, resume_memory(tags); begin_push and end_push
+        bracket a weight push (no health probe in between)."""
         if call not in _CONTROL_CALLS:
             raise ValueError(f"unknown engine control call {call!r}; one of {sorted(_CONTROL_CALLS)}")
         getattr(self.fleet, call)(*args)
 
+    def dead_engines(self) -> list[int]:
+        """Ranks of the engines the health checks found dead or whose server process has exited."""
+        return self.fleet.find_dead()
+
     def recover_engines(self) -> list[int]:
-        """Restart engines the health checks found dead (they get weights next); returns their ranks."""
+        """Restart dead engines (they get weights next; colocated, they release their memory first); returns
+        their ranks."""
         return self.fleet.recover()
 
     def register_engines(self, ranks: list[int]) -> None:

@@ -9,9 +9,15 @@ Disaggregated, a push is the weight sync alone (it pauses, flushes and continues
 Every step of the hand-off is appended to `<run dir>/handoff.jsonl` (`{"rollout_id", "step"}`) as it
 starts, so a test (or an operator) can check the order; on GPU the same calls free and retake memory.
 
-With fault tolerance, `recover()` runs before each rollout: engines the health checks found dead are
-restarted, the weight sync is reconnected (the distributed group is rebuilt for the new URLs), the
-current weights are pushed, and only then do the restarted engines rejoin their router.
+Every push is bracketed by the rollout manager's `begin_push` / `end_push`: the engines' health checks rest
+from its first step to its last (a paused SGLang engine does not answer /health; engine_health.py).
+
+With fault tolerance, dead engines are restarted inside the push, after the trainer went off the GPUs
+(colocated), and come up with their memory released, as slime's recovery does: the push then resumes their
+weights with everyone's (`engine_restart` in handoff.jsonl). The weight sync is reconnected (the distributed
+group is rebuilt for the new URLs), the weights are pushed, and only then do the restarted engines rejoin
+their router. `sync()` is the loop's push; `recover()` runs before each rollout and pushes only when an
+engine died since.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ class WeightPush:
         self.actor = actor
         self.context = context
         self.colocate = cfg.cluster.colocate
+        self.fault_tolerance = cfg.rollout.fault_tolerance.enabled
         self.log_path = run_dir / HANDOFF_FILE
+        self.trainer_on_device = True  # colocated: the trainer builds on the GPUs; each push offloads it
 
     def connect(self) -> None:
         """(Re)build the weight-sync object on the trainer for the engines' current URLs."""
@@ -63,18 +71,44 @@ class WeightPush:
 
     def push(self, weight_version: int) -> dict[str, float]:
         """Push the trainer's weights as `weight_version`; returns the sync's `perf/*` metrics."""
+        return self._push(weight_version, restart=False)[0]
+
+    def sync(self, weight_version: int) -> dict[str, float]:
+        """The loop's push: with fault tolerance, dead engines are restarted first and pushed to with the
+        others, then rejoin their routers; `rollout/engine_restarts` counts them."""
+        metrics, ranks = self._push(weight_version, restart=self.fault_tolerance)
+        return {**metrics, "rollout/engine_restarts": float(len(ranks))}
+
+    def recover(self, weight_version: int) -> int:
+        """Before a rollout: restart engines that died since the last push, sync them with the current
+        weights (`weight_version`), put them back behind their routers; returns how many restarted."""
+        if not self.fault_tolerance or not ray.get(self.manager.dead_engines.remote()):
+            return 0
+        return len(self._push(weight_version, restart=True)[1])
+
+    def _push(self, weight_version: int, *, restart: bool) -> tuple[dict[str, float], list[int]]:
+        """One push, the engines' health checks resting throughout: (the sync's metrics, restarted ranks)."""
         rollout_id = weight_version - 1
-        if not self.colocate:
-            return self.actor.update_weights(weight_version=weight_version)
-        self._step(rollout_id, "train_offload")
-        self.actor.offload()
-        self._step(rollout_id, "engine_resume_weights")
-        self._control("resume_memory", RESUME_WEIGHTS)
-        self._step(rollout_id, "weight_sync")
-        metrics = self.actor.update_weights(weight_version=weight_version)
-        self._step(rollout_id, "engine_resume_kv_cache")
-        self._control("resume_memory", RESUME_REST)
-        return metrics
+        self._control("begin_push")
+        try:
+            if self.colocate and self.trainer_on_device:
+                self._step(rollout_id, "train_offload")
+                self.actor.offload()
+                self.trainer_on_device = False
+            ranks = self._restart_dead(rollout_id) if restart else []
+            if self.colocate:
+                self._step(rollout_id, "engine_resume_weights")
+                self._control("resume_memory", RESUME_WEIGHTS)
+                self._step(rollout_id, "weight_sync")
+            metrics = self.actor.update_weights(weight_version=weight_version)
+            if self.colocate:
+                self._step(rollout_id, "engine_resume_kv_cache")
+                self._control("resume_memory", RESUME_REST)
+            if ranks:
+                ray.get(self.manager.register_engines.remote(ranks))
+        finally:
+            self._control("end_push")
+        return metrics, ranks
 
     def before_train(self, rollout_id: int) -> None:
         """Colocated: the engines give their memory back, then the trainer takes its own back."""
@@ -84,30 +118,14 @@ class WeightPush:
         self._control("release_memory")
         self._step(rollout_id, "train_onload")
         self.actor.onload()
+        self.trainer_on_device = True
 
-    def sync(self, weight_version: int) -> dict[str, float]:
-        """The loop's push: with fault tolerance, dead engines are restarted first and pushed to with the
-        others, then rejoin their routers; `rollout/engine_restarts` counts them."""
-        ranks = self._restart_dead()
-        metrics = self.push(weight_version)
-        if ranks:
-            ray.get(self.manager.register_engines.remote(ranks))
-        return {**metrics, "rollout/engine_restarts": float(len(ranks))}
-
-    def recover(self, weight_version: int) -> int:
-        """Before a rollout: restart engines that died since the last push, sync them with the current
-        weights (`weight_version`), put them back behind their routers; returns how many restarted."""
-        ranks = self._restart_dead()
-        if ranks:
-            self.push(weight_version)
-            ray.get(self.manager.register_engines.remote(ranks))
-        return len(ranks)
-
-    def _restart_dead(self) -> list[int]:
-        if not self.cfg.rollout.fault_tolerance.enabled:
+    def _restart_dead(self, rollout_id: int) -> list[int]:
+        if not ray.get(self.manager.dead_engines.remote()):
             return []
+        if self.colocate:
+            self._step(rollout_id, "engine_restart")
         ranks = ray.get(self.manager.recover_engines.remote())
-        if ranks:
-            logger.warning("engines %s restarted: they get the trainer's weights before they rejoin", ranks)
-            self.connect()  # new URLs (and a new broadcast group for distributed syncs)
+        logger.warning("engines %s restarted: they get the trainer's weights before they rejoin", ranks)
+        self.connect()  # new URLs (and a new broadcast group for distributed syncs)
         return ranks

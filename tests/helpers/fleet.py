@@ -1,0 +1,56 @@
+"""A real engine fleet outside a run: the Ray session, placement group, engine actors (their servers) and the
+router, built from a composed config by the code the rollout manager runs at start-up (`RolloutManager.start`).
+For tests of the fleet's control calls and fault tolerance without a trainer or a rollout."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import ray
+
+from slime.config.derive import derive
+from slime.engine.groups import engine_specs
+from slime.runtime.engine_fleet import EngineFleet
+from slime.runtime.placement import create_placement
+from slime.runtime.ray_session import ray_session
+from slime.runtime.rollout_setup import RolloutSetup
+from tests.conftest import typed_config
+
+
+@contextlib.contextmanager
+def running_fleet(
+    overrides: list[str], run_dir: Path, *, engine_env: dict[str, str] | None = None
+) -> Iterator[EngineFleet]:
+    """The fleet of the config `overrides` compose, started and registered; shut down (with Ray) on exit.
+    `engine_env`: variables every engine server sees (e.g. SGLANG_HEALTH_CHECK_TIMEOUT)."""
+    cfg = typed_config(overrides, output_dir=str(run_dir))
+    derived = derive(cfg)
+    with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=False, env=engine_env):
+        placement = create_placement(
+            derived,
+            device=cfg.cluster.device,
+            colocate=cfg.cluster.colocate,
+            engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
+            critic_with_actor=False,
+        )
+        fleet = EngineFleet(RolloutSetup.from_run_config(cfg, derived).fleet, placement.rollout)
+        try:
+            launched = fleet.launch()
+            fleet.start_routers()
+            ray.get(launched)
+            fleet.finish_start()
+            yield fleet
+        finally:
+            fleet.shutdown()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0, what: str = "the condition") -> None:
+    """Poll `condition` every 20 ms; AssertionError naming `what` after `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:.0f} s")
+        time.sleep(0.02)
