@@ -290,6 +290,19 @@ def test_release_and_resume_memory(cluster):
     assert status == 400
 
 
+def test_the_memory_calls_sglangs_scheduler_dies_on_are_refused(cluster):
+    """Where SGLang's scheduler dies (tests/engine/test_fake_sglang_rules.py), the built-in engine answers 400."""
+    engine = cluster.engines[1]
+    status, body = http_client.request("POST", engine.url + "/resume_memory_occupation", {"tags": ["weights"]})
+    assert status == 400 and "not released: ['weights']" in body["error"]["message"]
+    thread, box = _start_long_generation(engine)
+    status, body = http_client.request("POST", engine.url + "/release_memory_occupation", {})
+    assert status == 400 and "only when server is idle" in body["error"]["message"]
+    thread.join(30)
+    assert box["result"]["meta_info"]["completion_tokens"] == 480  # the request went on
+    assert http_client.get(engine.url + "/server_info")["internal_states"][0]["released_tags"] == []
+
+
 def test_connect_to_existing_router(cluster):
     external = Router.connect(cluster.router.url.removeprefix("http://"))
     assert external.url == cluster.router.url and external.process is None

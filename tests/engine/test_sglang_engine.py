@@ -4,7 +4,6 @@ router registration with the real sglang-router, every control call, and the err
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -12,36 +11,12 @@ import sys
 import pytest
 
 from slime.engine import http_client
-from slime.engine.base import EngineLaunch, EngineStartupError, get_engine_class
+from slime.engine.base import EngineStartupError, get_engine_class
 from slime.engine.router import Router
-from slime.engine.sglang.engine import SGLangEngine, SGLangEngineConfig
-from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK
+from slime.engine.sglang.engine import SGLangEngine
+from tests.fakes.fake_sglang import GENERATE_MARK
+from tests.helpers.fake_sglang_engine import make_engine, requests_logged
 from tests.helpers.sglang_probe import SGLangProbe
-
-FAKE = "tests.fakes.fake_sglang"
-
-
-def make_engine(model_dir, log_dir, *, gpu_ids=(), device="cpu", memory_saver=False, timeout_s=120.0, **config):
-    launch = EngineLaunch(
-        rank=3,
-        model_path=str(model_dir),
-        host="127.0.0.1",
-        seed=11,
-        device=device,
-        log_dir=str(log_dir),
-        gpu_ids=tuple(gpu_ids),
-        startup_timeout_s=timeout_s,
-        shutdown_grace_s=5,
-        memory_saver=memory_saver,
-    )
-    fields = {"server_args": {}, "launch_module": FAKE, **config}
-    return SGLangEngine(launch, SGLangEngineConfig(**fields))
-
-
-def requests_logged(engine) -> list[dict]:
-    """The fake's control-request lines from the engine log, in arrival order."""
-    lines = engine.log_path.read_text().splitlines()
-    return [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith(REQUEST_MARK)]
 
 
 def test_registered_as_rollout_engine_sglang():

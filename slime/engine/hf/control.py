@@ -45,7 +45,8 @@ class ControlRuleError(GenerationError):
 
 
 def health_timeout_s() -> float:
-    return float(os.environ.get(HEALTH_TIMEOUT_ENV, "20"))
+    """Seconds, read as `http_server.py` reads it (an integer)."""
+    return float(int(os.environ.get(HEALTH_TIMEOUT_ENV, "20")))
 
 
 def health_generates() -> bool:

@@ -1,0 +1,89 @@
+"""The rules of SGLang 0.5.23's scheduler and health route, as the fake SGLang server enforces them (each pins a
+comment of tests/fakes/fake_sglang.py or slime/engine/hf/control.py to SGLang's behaviour):
+
+- `/health` generates one token: it waits while generation is paused and answers 503 after
+  SGLANG_HEALTH_CHECK_TIMEOUT seconds (`http_server.py:health_generate`), 200 once generation continues;
+- the scheduler dies on `resume_memory_occupation` of a tag that is not released (`offload_tags.remove`), on
+  `release_memory_occupation` while a request runs (its idle assertion), and on a health generation while
+  memory is released (it would run on freed memory), and the server with it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slime.engine import http_client
+from slime.engine.http_client import EngineHTTPError
+from tests.conftest import in_thread
+from tests.fakes.fake_sglang import CRASH_MARK
+from tests.helpers.fake_sglang_engine import make_engine
+
+HEALTH_TIMEOUT_S = 2  # whole seconds: SGLang reads the variable with int()
+
+
+@pytest.fixture
+def fake(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", str(HEALTH_TIMEOUT_S))
+    engine = make_engine(tiny_model_dir, tmp_path)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def assert_crashed(engine, reason: str) -> None:
+    """The server process ended on its own, its log naming the scheduler's exception."""
+    deadline = time.monotonic() + 30
+    while engine.process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.process.poll() is not None, "the server is still running"
+    assert f"{CRASH_MARK}: " in engine.log_path.read_text() and reason in engine.log_path.read_text()
+
+
+def health(engine) -> tuple[int, float]:
+    start = time.monotonic()
+    status, _ = http_client.request("GET", engine.url + "/health", timeout=60)
+    return status, time.monotonic() - start
+
+
+def test_health_waits_while_paused_then_answers_503_and_200_once_generation_continues(fake):
+    assert health(fake)[0] == 200
+    fake.client.pause_generation()
+    status, waited = health(fake)
+    assert status == 503 and waited >= HEALTH_TIMEOUT_S
+    fake.client.continue_generation()
+    assert health(fake)[0] == 200
+
+
+def test_resuming_a_tag_that_was_not_released_kills_the_server(fake):
+    with pytest.raises(EngineHTTPError):
+        fake.client.resume_memory(["weights"])
+    assert_crashed(fake, "not released: ['weights']")
+
+
+def test_releasing_while_a_request_runs_kills_the_server(fake):
+    long_request = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
+
+    def generate():  # the server dies under it
+        try:
+            return http_client.request("POST", fake.url + "/generate", long_request, timeout=120)
+        except EngineHTTPError as exc:
+            return exc
+
+    sampled = lambda: fake.client.server_info()["internal_states"][0]["num_generated_tokens"]  # noqa: E731
+    before = sampled()  # the start-up health probe sampled one already
+    in_thread(generate)
+    deadline = time.monotonic() + 60
+    while sampled() == before:  # running and decoding: release arrives mid-request
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
+    with pytest.raises(EngineHTTPError):
+        fake.client.release_memory()
+    assert_crashed(fake, "only when server is idle")
+
+
+def test_a_health_probe_while_memory_is_released_kills_the_server(fake):
+    fake.client.release_memory()
+    with pytest.raises(EngineHTTPError):
+        http_client.get(fake.url + "/health", timeout=30)
+    assert_crashed(fake, "health generation on released memory")
