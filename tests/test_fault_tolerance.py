@@ -40,6 +40,8 @@ def test_the_floor_follows_the_engines_environment(monkeypatch):
     monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "3")
     validate(typed_config(["rollout=sglang", *FT, f"{TIMEOUT_KEY}=8"]))
     assert "must be >= 8 s" in problems(["rollout=sglang", *FT, f"{TIMEOUT_KEY}=7.5"])[TIMEOUT_KEY]
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2.5")  # SGLang's int() would fail at import
+    assert "'2.5' is no integer" in problems(["rollout=sglang", *FT])[TIMEOUT_KEY]
 
 
 def test_vllm_has_no_floor_and_every_engine_needs_positive_values(monkeypatch):

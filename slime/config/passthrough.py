@@ -181,6 +181,15 @@ def check_fault_tolerance(cfg: RunConfig) -> Iterator[Problem]:
     if cfg.rollout.engine not in _GENERATING_HEALTH:
         return
     engine_timeout, source = _engine_health_timeout()
+    if engine_timeout is None:
+        yield Problem(
+            f"{key}.health_check_timeout_s",
+            ft.health_check_timeout_s,
+            f"the environment's {SGLANG_HEALTH_TIMEOUT_ENV}={source!r} is no integer: SGLang reads it with int() "
+            "and would not start",
+            f"export {SGLANG_HEALTH_TIMEOUT_ENV}=20 (a whole number of seconds), or unset it",
+        )
+        return
     floor = engine_timeout + HEALTH_TIMEOUT_MARGIN_S
     if ft.health_check_timeout_s < floor:
         yield Problem(
@@ -193,13 +202,16 @@ def check_fault_tolerance(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
-def _engine_health_timeout() -> tuple[float, str]:
-    """SGLang's /health timeout as the engines will see it (they inherit this environment), and where it came from."""
+def _engine_health_timeout() -> tuple[Optional[float], str]:
+    """SGLang's /health timeout as the engines will read it (they inherit this environment; SGLang takes
+    `int(os.getenv(...))`) and where it came from; (None, the value) when SGLang could not read it."""
     value = os.environ.get(SGLANG_HEALTH_TIMEOUT_ENV)
-    try:
-        return float(value), "set in the environment"
-    except (TypeError, ValueError):
+    if value is None:
         return SGLANG_HEALTH_TIMEOUT_S, "SGLang's default"
+    try:
+        return float(int(value)), "set in the environment"
+    except ValueError:
+        return None, value
 
 
 # ---------------------------------------------------------------------------------------------- sglang
