@@ -32,8 +32,11 @@ def session_processes() -> list[str]:
     for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
         if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["pid"] == os.getpid():
             continue
-        if proc.info["ppid"] == os.getpid() and "from multiprocessing." in " ".join(proc.info["cmdline"] or []):
-            continue  # this test process's own helpers (megatron's checkpoint Manager, spawn's resource tracker)
+        command = " ".join(proc.info["cmdline"] or [])
+        if proc.info["ppid"] == os.getpid() and ("from multiprocessing." in command or "torch_shm_manager" in command):
+            # this test process's own helpers (megatron's checkpoint Manager, spawn's resource tracker, the
+            # shared-memory manager torch starts for the tensor sync's buckets)
+            continue
         try:
             if proc.environ().get(TEST_SESSION_VAR) != os.environ[TEST_SESSION_VAR]:
                 continue

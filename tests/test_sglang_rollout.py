@@ -154,7 +154,10 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
         for r in fake_requests(Path(engine["log"]))
         if r["path"] == "/update_weights_from_tensor"
     ]
-    assert handles and set(handles) == {"<2 items>"}  # one bucket per TP rank (the fake logs their count)
+    # one item per TP rank, each staged by the training rank on that rank's device: the fake logs the shared
+    # segment each item names, /torch_<producer pid>_...
+    producers = [{name.split("_")[1] for name in items} for items in handles]
+    assert handles and all(len(items) == 2 and len(pids) == 2 for items, pids in zip(handles, producers))
     diffs = [
         json.loads(line)["train/train_rollout_logprob_abs_diff"]
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -260,4 +263,40 @@ def test_a_weight_push_longer_than_the_probe_timeout_restarts_no_engine(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert_no_run_processes()
+
+
+LEARN_ROLLOUTS = 8
+LEARN_RUNS = {  # the embedded default (hf engine, disk sync), then rollout=sglang with each weight-sync mode
+    "hf": [],
+    "distributed": [*FAKE_SGLANG, "debug.check_weight_update_equal=true"],
+    "disk": [*FAKE_SGLANG, "rollout.weight_sync.mode=disk", "debug.check_weight_update_equal=true"],
+    "tensor": [*FAKE_SGLANG, "rollout.weight_sync.mode=tensor", "cluster.colocate=true"],
+}
+
+
+def test_every_weight_sync_mode_learns_as_the_embedded_default(tmp_path):
+    """The embedded default (deterministic) and `rollout=sglang` on the fake with the distributed, disk and
+    colocated tensor syncs: the same reward at every step, so the same learning (the fake's generation is
+    the hf engine's, so any difference is the SGLang path's: a weight not delivered, a version not stamped).
+    The distributed and disk runs also check every push (debug.check_weight_update_equal: the engines
+    snapshot and randomise the checkpoint's weights once up, the first push must restore them bit-exact)."""
+    from tests.test_end_to_end import main_py_concurrently, rewards
+
+    runs = {
+        key: (tmp_path / key, [*overrides, f"train.num_rollout={LEARN_ROLLOUTS}"])
+        for key, overrides in LEARN_RUNS.items()
+    }
+    procs = main_py_concurrently(runs, max_workers=2)
+    for key, proc in procs.items():
+        assert proc.returncode == 0, f"{key}: {proc.stderr[-3000:]}"
+    reference = rewards(tmp_path / "hf")
+    assert len(reference) == LEARN_ROLLOUTS and reference[-1] > reference[0] + 0.1, reference  # it learns
+    for key in ("distributed", "disk", "tensor"):
+        assert rewards(tmp_path / key) == reference, key
+    for key in ("distributed", "disk"):
+        engine = json.loads((tmp_path / key / "engines.json").read_text())["engines"][0]
+        checks = [r["body"]["action"] for r in fake_requests(Path(engine["log"])) if r["path"] == "/weights_checker"]
+        # once up: snapshot and randomise; the first push: compare; every push: the engines agree
+        assert checks == ["snapshot", "reset_tensors", "compare", *["checksum"] * (LEARN_ROLLOUTS + 1)], key
     assert_no_run_processes()

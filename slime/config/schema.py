@@ -379,8 +379,9 @@ class DebugConfig:
     # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID"; a save: once its
     # data-source state is written) the driver makes training rank 0 sleep forever and waits for it
     hang_at: Optional[str] = None
-    # After every weight sync compare each engine's per-tensor sha256 with the trainer's (fails the run on a
-    # mismatch); needs an engine with GET /weights_checksum (the hf engine)
+    # slime's --check-weight-update-equal, through SGLang's /weights_checker (SGLang or the hf engine): the engines
+    # snapshot the checkpoint's weights and randomise them once up; the first push of a fresh run must restore
+    # every tensor bit-exact, and after every push engines of one layout must agree (fails the run otherwise)
     check_weight_update_equal: bool = False
     # Write each rollout's trained samples to <run dir>/rollout_data/<rollout_id>.jsonl (slime.rollout.dumps)
     save_rollout_data: bool = False

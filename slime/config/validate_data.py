@@ -183,6 +183,13 @@ def _check_debug_modes(cfg: RunConfig) -> Iterator[Problem]:
             "debug=rollout_only starts no trainer to load it into: the engines serve model.hf_checkpoint",
             "set checkpoint.load=null (or model.hf_checkpoint to an HF export of that checkpoint)",
         )
+    if d.check_weight_update_equal:
+        yield Problem(
+            "debug.check_weight_update_equal",
+            True,
+            "debug=rollout_only pushes no weights to check: the check would leave the engines' weights random",
+            "set debug.check_weight_update_equal=false",
+        )
 
 
 def _check_dumps(cfg: RunConfig) -> Iterator[Problem]:

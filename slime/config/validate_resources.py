@@ -228,7 +228,8 @@ def check_weight_sync(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "debug.check_weight_update_equal",
             True,
-            "the check compares per-tensor sha256 sums, which vLLM servers do not report",
+            "the check drives SGLang's /weights_checker (snapshot, reset_tensors, compare, checksum), "
+            "which vLLM servers do not have",
             "set debug.check_weight_update_equal=false with rollout.engine=vllm",
         )
 

@@ -284,6 +284,11 @@ class EngineFleet:
         for url in self.external:
             self.client(url).abort_all_and_wait_idle(timeout_s=timeout_s)
 
+    def prepare_weight_check(self) -> None:
+        """`debug.check_weight_update_equal` (slime's): every updatable engine snapshots the weights it loaded from
+        the checkpoint and overwrites them with random values; the run's first push compares (slime.sync.base)."""
+        self._each(lambda c: (c.check_weights("snapshot"), c.check_weights("reset_tensors")), updatable_only=True)
+
     def release_memory(self) -> None:
         """Colocation, before training: flush the cache, then release every tag (weights, kv_cache, cuda_graph)
         each updatable engine still holds."""

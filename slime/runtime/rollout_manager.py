@@ -110,6 +110,8 @@ class RolloutManager:
         self._load_data()
         ray.get(launched)
         self.fleet.finish_start()
+        if s.check_weight_update_equal:  # before a colocated engine releases (and loses) the checkpoint's weights
+            self.fleet.prepare_weight_check()
         if s.colocate:  # the trainer builds next: engines give their memory back until the first push
             self.fleet.release_memory()
         return self.fleet.router_url()

@@ -32,6 +32,7 @@ class RolloutSetup:
     balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
     fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
     save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
+    check_weight_update_equal: bool = False  # debug: engines snapshot and randomise their weights once up
     load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
     max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
 
@@ -64,6 +65,7 @@ class RolloutSetup:
                 trainer_gpus=derived.actor_gpus,
             ),
             save_rollout_data=cfg.debug.save_rollout_data,
+            check_weight_update_equal=cfg.debug.check_weight_update_equal,
             load_rollout_data=(
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
             ),

@@ -62,6 +62,8 @@ def hf_args(server_args):
     argv += ["--weight-version", server_args.weight_version or "default", "--batch-wait-ms", "2"]
     if server_args.context_length:
         argv += ["--context-length", str(server_args.context_length)]
+    if server_args.enable_deterministic_inference:  # SGLang's is batch-invariant: here, each request on its own
+        argv += ["--max-batch-size", "1"]
     return hf_server.parse_args(argv)
 
 
@@ -220,13 +222,26 @@ def _log(request, body: Any, weight_version: str) -> None:
 
 
 def _summary(body: Any) -> Any:
-    """The body without bulky payloads: long values as their length, serialised buckets as their count."""
+    """The body without bulky payloads: long values as their length, serialised buckets as the names of the
+    memory they point at (a CPU item's shared segment, `/torch_<producer pid>_...`; a CUDA item's GPU UUID)."""
     if not isinstance(body, dict):
         return body
     summary = {k: (v if len(json.dumps(v)) < 200 else f"<{len(json.dumps(v))} chars>") for k, v in body.items()}
     if isinstance(body.get("serialized_named_tensors"), list):
-        summary["serialized_named_tensors"] = f"<{len(body['serialized_named_tensors'])} items>"
+        summary["serialized_named_tensors"] = [_memory_name(item) for item in body["serialized_named_tensors"]]
     return summary
+
+
+def _memory_name(item: Any) -> str:
+    from slime.sync import bucket_codec
+
+    try:
+        rebuild, _ = bucket_codec.describe(item)
+        if rebuild.function == "rebuild_cuda_tensor":
+            return str(rebuild.args[6])
+        return bucket_codec.shm_segment(rebuild)[0].removeprefix("/dev/shm")
+    except Exception as exc:  # noqa: BLE001 - a bad item is the handler's to refuse; the log says what it was
+        return f"<not a bucket: {type(exc).__name__}>"
 
 
 async def serve(server_args) -> None:

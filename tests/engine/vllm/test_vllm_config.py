@@ -229,7 +229,7 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
     assert "leaves no decode server: the policy has 1 server(s)" in found["rollout.vllm.prefill_num_servers"]
     validate(typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
     found = problems_for(["debug.check_weight_update_equal=true"])  # vLLM reports no per-tensor sha256
-    assert "vLLM servers do not report" in found["debug.check_weight_update_equal"]
+    assert "vLLM servers do not have" in found["debug.check_weight_update_equal"]
     found = problems_for(["+rollout.vllm.enable_server_load_tracking=false"])
     assert "polls GET /load" in found["rollout.vllm.enable_server_load_tracking"]
 
