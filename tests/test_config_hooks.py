@@ -210,6 +210,8 @@ def test_weight_sync_schema_and_checks():
     assert "did you mean disk?" in found["rollout.weight_sync.mode"]
     assert "must be > 0" in found["rollout.weight_sync.bucket_mb"]
     assert typed_config([]).debug.check_weight_update_equal is False
+    found = problems_for(["debug=rollout_only", "debug.check_weight_update_equal=true"])
+    assert "pushes no weights to check" in found["debug.check_weight_update_equal"]
 
 
 def test_tensor_weight_sync_needs_colocated_engines():
