@@ -182,3 +182,39 @@ def test_the_probe_judges_for_real(probe):
     assert probe.check_request("POST", "/update_weights_from_tensor", {"serialized_named_tensors": "x"})["error"]
     generate = {"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "spaces_between_special_tokens": 1.5}}
     assert "expected a boolean" in probe.check_request("POST", "/generate", generate)["error"]
+
+
+def test_abort_all_is_sent_again_on_every_poll_until_the_engine_is_idle():
+    """Requests the router forwards after an abort still start, so each poll of /v1/loads re-sends it (slime's
+    abort loop); here the engine reports requests for three polls."""
+
+    def loads(requests):
+        polls = sum(1 for _, path, _, _ in requests if path == "/v1/loads")
+        return {"loads": [{"dp_rank": 0, "num_running_reqs": 1 if polls <= 3 else 0, "num_waiting_reqs": 0}]}
+
+    recorder = RequestRecorder({"/v1/loads": loads}).start()
+    try:
+        EngineClient(recorder.url).abort_all_and_wait_idle(timeout_s=30, interval_s=0.01)
+    finally:
+        recorder.stop()
+    paths = [path for _, path, _, _ in recorder.requests]
+    assert paths == ["/abort_request", "/v1/loads"] * 4
+
+
+def test_the_built_in_engine_serves_what_the_client_calls_and_nothing_sglang_lacks(recorder, tiny_model_dir, tmp_path):
+    """The trainer side cannot tell the hf engine from SGLang: it serves every (method, path) the client calls,
+    and answers 404 where SGLang 0.5.23 does (the routes of older servers)."""
+    from slime.engine import http_client
+
+    client = EngineClient(recorder.url)
+    for call in CLIENT_CALLS.values():
+        call(client)
+    engine = start_engine(tiny_model_dir, tmp_path)
+    try:
+        for method, path, _query, _body in recorder.requests:
+            status, _ = http_client.request(method, engine.url + path, None if method == "GET" else {}, timeout=60)
+            assert status not in (404, 405), f"the hf engine does not serve {method} {path}"
+        for path in ("/get_weight_version", "/weights_checksum", "/get_load"):
+            assert http_client.request("GET", engine.url + path, timeout=10)[0] == 404
+    finally:
+        engine.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from typing import Any, Optional
 
 from aiohttp import web
@@ -17,10 +18,12 @@ ANSWER = {"success": True, "message": "ok", "loads": [], "weight_version": "1", 
 
 
 class RequestRecorder:
-    """Serves on 127.0.0.1 from a thread of its own; `requests` in arrival order."""
+    """Serves on 127.0.0.1 from a thread of its own; `requests` in arrival order. `answers` may give a path its
+    own answer: a function of the requests so far returning the JSON body."""
 
-    def __init__(self):
+    def __init__(self, answers: Optional[dict[str, Callable[[list], Any]]] = None):
         self.requests: list[tuple[str, str, dict[str, str], Any]] = []
+        self.answers = dict(answers or {})
         self.url = ""
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._runner: Optional[web.AppRunner] = None
@@ -54,4 +57,5 @@ class RequestRecorder:
         text = await request.text() if request.body_exists else ""
         body = json.loads(text) if text else None
         self.requests.append((request.method, request.path, dict(request.query), body))
-        return web.json_response(ANSWER)
+        answer = self.answers.get(request.path)
+        return web.json_response(ANSWER if answer is None else answer(self.requests))
