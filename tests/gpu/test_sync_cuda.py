@@ -22,7 +22,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def trained_cuda(tiny_model_dir):
-    setup = dataclasses.replace(make_setup(tiny_model_dir, ["train.lr=0.05"]), device="cuda", precision="bf16")
+    # the GPU image has neither wandb nor sglang-router, which validation asks of a whole run
+    overrides = ["train.lr=0.05", "logger.wandb.mode=disabled", "rollout.router.address=127.0.0.1:1"]
+    setup = dataclasses.replace(make_setup(tiny_model_dir, overrides), device="cuda", precision="bf16")
     backend = make_backend(setup, port=free_port())
     train_rollout(backend, batches_for(make_samples(8, seed=5), dp=1, k=2)[0])
     yield backend
