@@ -9,41 +9,26 @@ SGLang's shape (one sampled token), or with 503 while `failing` is set. Every re
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from aiohttp import web
 
-from slime.engine.process import free_port, http_url
+from tests.helpers.threaded_server import ThreadedServer
 
 
-class RecordingWorker:
+class RecordingWorker(ThreadedServer):
     """One recording worker on 127.0.0.1; `requests` lists `(method, path, body)` as they arrived."""
 
     def __init__(self, model_path: str):
+        super().__init__()
         self.model_path = model_path
         self.requests: list[tuple[str, str, Any]] = []
-        self.url = ""
         self.failing = False  # answer /generate with 503 (an engine that is unhealthy for a while)
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._runner: Optional[web.AppRunner] = None
 
     def start(self) -> RecordingWorker:
-        port = free_port("127.0.0.1")
-        self.url = http_url("127.0.0.1", port)
-        ready = threading.Event()
-        threading.Thread(target=self._serve, args=(port, ready), daemon=True, name="recording-worker").start()
-        if not ready.wait(30):
-            raise RuntimeError(f"recording worker did not start on port {port}")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        return super().start()
 
     def bodies(self, path: str) -> list[Any]:
         return [body for _, p, body in list(self.requests) if p == path]
@@ -58,19 +43,13 @@ class RecordingWorker:
         return found
 
     # ---- the server ------------------------------------------------------------------------------
-    def _serve(self, port: int, ready: threading.Event) -> None:
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
+    def app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])
         app.router.add_route("GET", "/health", self._ok)
         for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
             app.router.add_route("GET", path, self._info)
         app.router.add_route("POST", "/generate", self._generate)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", port).start())
-        ready.set()
-        self._loop.run_forever()
+        return app
 
     @web.middleware
     async def _record(self, request: web.Request, handler) -> web.StreamResponse:
