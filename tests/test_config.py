@@ -33,6 +33,7 @@ NEEDS = {
     ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",
     ("data", "prompt_file"): "prompt_file",
     ("debug", "train_only"): "rollout_dumps",
+    ("rollout", "vllm"): "vllm_cpu_model",
 }
 
 
@@ -65,6 +66,8 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text('{"prompt": "hi", "label": "1"}\n')
         overrides.append(f"data.prompt_data={prompts}")
+    if "vllm_cpu_model" in needs:  # the embedded model's head size is not one vLLM's CPU attention takes
+        overrides.append("model=tiny_qwen3_vllm")
     if "rollout_dumps" in needs:  # one (here empty) dump per rollout of the embedded run
         dumps = tmp_path / "rollout_data"
         dumps.mkdir()

@@ -140,6 +140,8 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
         )
     if cfg.rollout.engine == "hf":
         yield from check_hf_engine_options(cfg)
+    if cfg.rollout.engine == "vllm" and cfg.cluster.device == "cpu":
+        yield from check_vllm_on_cpu(cfg)
     yield from check_weight_sync(cfg)
 
 
@@ -195,6 +197,40 @@ def check_hf_engine_options(cfg: RunConfig) -> Iterator[Problem]:
             c.rollout.num_gpus_per_engine,
             "the built-in hf engine runs on one device",
             "set cluster.rollout.num_gpus_per_engine=1",
+        )
+
+
+def check_vllm_on_cpu(cfg: RunConfig) -> Iterator[Problem]:
+    """What a vLLM server on CPU cannot do (slime.engine.vllm.cpu): receive weights but from disk, sleep for a
+    colocated trainer, attend over head sizes its CPU kernel lacks."""
+    from slime.engine.vllm.cpu import CPU_ATTENTION_HEAD_SIZES
+
+    mode = cfg.rollout.weight_sync.mode
+    if mode != "disk":
+        why = {"tensor": "its IPC transfer and sleep mode need an accelerator"}.get(
+            mode, "its weight-transfer engine needs an accelerator"
+        )
+        yield Problem(
+            "rollout.weight_sync.mode",
+            mode,
+            f"a vLLM server on CPU cannot take {mode} weight syncs: {why}",
+            "set rollout.weight_sync.mode=disk",
+        )
+    if cfg.cluster.colocate:
+        yield Problem(
+            "cluster.colocate",
+            True,
+            "a vLLM server on CPU refuses --enable-sleep-mode, which colocation needs",
+            "set cluster.colocate=false",
+        )
+    head_dim = cfg.model.kv_channels
+    if head_dim not in CPU_ATTENTION_HEAD_SIZES:
+        yield Problem(
+            "model.kv_channels",
+            head_dim,
+            f"vLLM's CPU attention takes head sizes {list(CPU_ATTENTION_HEAD_SIZES)}; this model's is {head_dim} "
+            "(the server would die on its first request)",
+            "pick a model whose head size it takes, e.g. model=tiny_qwen3_vllm, or run the engine on GPUs",
         )
 
 

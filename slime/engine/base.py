@@ -53,6 +53,9 @@ class EngineLaunch:
     log_dir: str
     gpu_ids: tuple[str, ...] = ()  # physical GPU ids of the engine's bundles (cuda); empty on cpu
     weight_version: str = "0"  # reported until the first weight update
+    # the trainer's precision as a torch dtype name (float32 | bfloat16; auto: the engine's own choice), what an
+    # engine that takes a dtype serves in unless its own config sets one
+    dtype: str = "auto"
     memory_saver: bool = False  # colocated with the trainer: the server must release/resume memory by tag
     startup_timeout_s: float = 600.0  # launch until health answers 200
     shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL

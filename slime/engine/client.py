@@ -65,6 +65,11 @@ class EngineClient:
         """POST /end_weight_update: close the session (SGLang stamped the version with each bucket)."""
         self._weights_call("/end_weight_update", {}, self.timeout_s)
 
+    @staticmethod
+    def prepare_disk_checkpoint(path: str) -> None:
+        """Make a pushed HF directory loadable by this kind of server before any of them reloads it (SGLang:
+        nothing to do)."""
+
     def update_weights_from_disk(
         self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
     ) -> dict:

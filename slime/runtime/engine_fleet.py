@@ -73,6 +73,7 @@ class FleetSetup:
     seed: int
     run_dir: str
     trainer_gpus: int  # the actor's ranks; colocated, training rank i shares rollout bundle i
+    dtype: str = "auto"  # the trainer's precision as a torch dtype name (EngineLaunch.dtype)
 
 
 class EngineFleet:
@@ -119,6 +120,7 @@ class EngineFleet:
                 gpu_ids=placement.gpu_ids,
                 startup_timeout_s=getattr(config, "startup_timeout_s", 600.0),
                 memory_saver=s.colocate,
+                dtype=s.dtype,
             )
             options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
             actor = remote_cls.options(**options, **env).remote(launch, config)

@@ -63,6 +63,7 @@ class RolloutSetup:
                 seed=cfg.seed,
                 run_dir=cfg.paths.output_dir,
                 trainer_gpus=derived.actor_gpus,
+                dtype={"fp32": "float32", "bf16": "bfloat16"}.get(derived.precision, "auto"),
             ),
             save_rollout_data=cfg.debug.save_rollout_data,
             check_weight_update_equal=cfg.debug.check_weight_update_equal,

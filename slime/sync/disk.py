@@ -30,6 +30,8 @@ class DiskWeightSync(WeightSync):
         path = self.root / f"weight_v{int(weight_version):06d}"
         written = write_hf_dir(buckets, path, source_checkpoint=self.context.source_checkpoint)
         try:
+            for client_class in dict.fromkeys(type(engine) for engine in self.engines):
+                client_class.prepare_disk_checkpoint(str(path))
             for engine in self.engines:
                 engine.update_weights_from_disk(str(path), weight_version=weight_version)
         finally:

@@ -1,4 +1,4 @@
-"""`VLLMClient`: the framework's engine control calls mapped onto vLLM 0.33.0's HTTP API.
+"""`VLLMClient`: the framework's engine control calls mapped onto vLLM 0.32.0's HTTP API.
 
 The weight-sync classes and the rollout manager speak `EngineClient`'s vocabulary (pause, flush, abort,
 release/resume memory, the three weight-update modes); this subclass answers it with the routes of
@@ -36,7 +36,7 @@ WAKE_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
 
 
 class VLLMClient(EngineClient):
-    """Control calls of one vLLM 0.33.0 server at `url`; see the module docstring."""
+    """Control calls of one vLLM 0.32.0 server at `url`; see the module docstring."""
 
     # the broadcast group's store prefix: vLLM's init_info carries no group name, so both sides use this one
 
@@ -111,6 +111,14 @@ class VLLMClient(EngineClient):
         )
 
     # ---- weight updates ------------------------------------------------------------------------
+    @staticmethod
+    def prepare_disk_checkpoint(path: str) -> None:
+        """A tied checkpoint gets its LM head as a tensor of its own (`slime.engine.vllm.cpu.untie`): a CPU server
+        serves tied checkpoints untied, so that a reload loads (and repacks) the head; a tied server skips it."""
+        from slime.engine.vllm import cpu
+
+        cpu.untie(path)
+
     def update_weights_from_disk(
         self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
     ) -> dict:

@@ -1,11 +1,16 @@
-"""`VLLMEngine`: one vLLM 0.33.0 OpenAI-compatible server as an `EngineServer`.
+"""`VLLMEngine`: one vLLM OpenAI-compatible server as an `EngineServer`.
 
 Command line: `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve` runs) with the
 framework's arguments (`engine_args.owned_args`: model, host, the reserved port, tensor parallel size from
 the engine's GPUs, seed, sleep mode when colocated, log-probs mode) plus the ones only the engine adapter
 decides: `--weight-transfer-config {"backend": "nccl" | "ipc"}` from `rollout.weight_sync.mode`, the NIXL
-`--kv-transfer-config` of a PD server, and `--enable-server-load-tracking` (GET /load counts in-flight
-generate requests, polled after an abort); then `rollout.vllm` and the server group's overrides.
+`--kv-transfer-config` of a PD server, `--enable-server-load-tracking` (GET /load counts in-flight
+generate requests, polled after an abort) and `--enable-scale-out` (the token-level `/inference/v1/generate`
+the rollout calls answers 403 without it); then the launch's defaults, which `rollout.vllm` and the server
+group's overrides may change: `--dtype` of the trainer's precision (vLLM's `auto` would serve an fp32
+checkpoint in bf16) and, on CPU, a 1 GiB KV cache (`slime.engine.vllm.cpu`). On CPU a tied checkpoint is
+served through its untied view (`slime.engine.vllm.cpu.untied_view`, under the log directory), under the
+checkpoint's own name.
 
 Environment: the engine's GPUs as CUDA_VISIBLE_DEVICES; VLLM_SERVER_DEV_MODE=1 (mounts /sleep, /wake_up,
 /reset_prefix_cache, /collective_rpc and the RL weight-transfer routes); VLLM_ALLOW_INSECURE_SERIALIZATION=1
@@ -20,10 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from slime.engine.base import EngineLaunch, EngineServer
-from slime.engine.vllm import engine_args
+from slime.engine.vllm import cpu, engine_args
 from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.router import VLLMRouter
 
@@ -52,7 +58,7 @@ class VLLMEngine(EngineServer):
     kind = "vllm"
     num_ports: ClassVar[int] = 2  # HTTP, the NIXL side channel of a PD server
     health_path = "/health"
-    unset_env = ("PYTORCH_CUDA_ALLOC_CONF",)
+    unset_env = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # expandable segments break the sleep allocator
     client_class = VLLMClient
     router_class = VLLMRouter
 
@@ -73,20 +79,46 @@ class VLLMEngine(EngineServer):
         )
 
     def adapter_args(self) -> dict[str, Any]:
-        """The owned arguments the engine adapter decides (not the launch: the sync backend, PD, load tracking)."""
+        """The owned arguments the engine adapter decides (not the launch: the sync backend, PD, load tracking,
+        the generate route, the name a served view answers to)."""
         cfg = self.config
-        args: dict[str, Any] = {"enable_server_load_tracking": True}
+        args: dict[str, Any] = {"enable_server_load_tracking": True, "enable_scale_out": True}
+        if self.served_path() != self.launch_spec.model_path:
+            args["served_model_name"] = self.launch_spec.model_path
         if cfg.weight_transfer_backend:
             args["weight_transfer_config"] = {"backend": cfg.weight_transfer_backend}
         if cfg.worker_type != "regular":
             args["kv_transfer_config"] = {"kv_connector": PD_CONNECTOR, "kv_role": "kv_both"}
         return args
 
+    def launch_defaults(self) -> dict[str, Any]:
+        """Arguments the launch sets unless `rollout.vllm` (or the group's overrides) sets them."""
+        launch, given = self.launch_spec, self.config.args
+        defaults: dict[str, Any] = {}
+        if launch.dtype != "auto":
+            defaults["dtype"] = launch.dtype
+        if launch.device == "cpu" and "kv_cache_memory_bytes" not in given and "gpu_memory_utilization" not in given:
+            defaults["kv_cache_memory_bytes"] = cpu.DEFAULT_KV_CACHE_BYTES
+        return defaults
+
+    def served_path(self) -> str:
+        """The directory the server loads: the checkpoint, or on CPU the untied view of a tied one."""
+        launch = self.launch_spec
+        tied = (Path(launch.model_path) / "config.json").exists() and cpu.is_tied(launch.model_path)
+        if launch.device == "cpu" and tied:
+            return str(Path(launch.log_dir) / f"engine_{launch.rank}_untied_model")
+        return launch.model_path
+
+    def launch(self) -> None:
+        if self.served_path() != self.launch_spec.model_path:
+            cpu.untied_view(self.launch_spec.model_path, self.served_path())
+        super().launch()
+
     def command(self, ports: list[int]) -> list[str]:
         launch, cfg = self.launch_spec, self.config
         argv = engine_args.server_args(
-            cfg.args,
-            model_path=launch.model_path,
+            {**self.launch_defaults(), **cfg.args},
+            model_path=self.served_path(),
             host=launch.host,
             port=ports[0],
             num_gpus=len(launch.gpu_ids),

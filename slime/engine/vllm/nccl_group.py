@@ -1,4 +1,4 @@
-"""The trainer's side of vLLM 0.33.0's NCCL weight-transfer group (distributed mode with vLLM servers on GPU).
+"""The trainer's side of vLLM's NCCL weight-transfer group (distributed mode with vLLM servers on GPU).
 
 vLLM's workers join the group that `/init_weight_transfer_engine {"init_info": {master_address, master_port,
 rank_offset, world_size}}` names through vLLM's own rendezvous (`StatelessProcessGroup` hosted by rank 0 on
@@ -30,8 +30,10 @@ class VLLMNCCLGroup:
         self.comm.broadcast(tensor, src=0, stream=stream)
 
     def close(self) -> None:
-        """vLLM's communicator has no destroy call; dropping it releases the NCCL communicator."""
-        self.comm = None
+        """Destroy the communicator (`PyNcclCommunicator.destroy`, vllm/distributed/device_communicators/pynccl.py)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.destroy()
 
 
 class VLLMTrainerEnd:

@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's token-level generate endpoint and packed IPC update, translated to and from the framework's.
+"""vLLM 0.32.0's token-level generate endpoint and packed IPC update, translated to and from the framework's.
 
 Generation (what vime's rollout sends through vllm-router): POST `/inference/v1/generate`
 
@@ -53,7 +53,7 @@ def sampling_params(sglang: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(k for k in sglang if k not in _RENAMED and k not in _SAME)
     if unknown:
         raise ValueError(
-            f"sampling params {unknown} have no vLLM SamplingParams field; vLLM 0.33.0 takes "
+            f"sampling params {unknown} have no vLLM SamplingParams field; vLLM 0.32.0 takes "
             f"{sorted(_SAME | set(_RENAMED))} (SGLang names)"
         )
     params = {_RENAMED.get(k, k): v for k, v in sglang.items() if v is not None}
