@@ -54,7 +54,7 @@ CLIENT_CALLS = {
     "get_weight_version": lambda c: c.get_weight_version(),
     "loads": lambda c: c.loads(),
 }
-NOT_HTTP = {"trainer_weight_group"}  # builds the trainer's end of the weight group
+NOT_HTTP = {"trainer_weight_group", "prepare_disk_checkpoint"}  # the weight group's trainer end; a pushed dir
 
 
 @pytest.fixture(scope="module")
