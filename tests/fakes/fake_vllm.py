@@ -1,313 +1,243 @@
-"""A fake vLLM 0.33.0 server for CPU tests: vLLM's CLI and HTTP contract, the hf engine's real generation.
+"""A fake vLLM 0.32.0 server for CPU tests: vLLM's own server code around the hf engine's generation, faking only
+what a CPU vLLM cannot do (NCCL and IPC weight transfers, sleep levels).
 
 Run as vLLM is run: `python -m tests.fakes.fake_vllm --model P --port N --tensor-parallel-size 2 ...`
-(`rollout.vllm_launch.module=tests.fakes.fake_vllm`). The command line is parsed as vLLM's server parses
-it: one option per argument of the pinned field list (`slime/engine/vllm/engine_args_fields.json`), bools
-as `--flag` / `--no-flag`, config and dict arguments as one JSON value, so an argument vLLM would reject
-fails here too (exit status 2). The routes and payloads are vLLM 0.33.0's (read from its sources):
+(`rollout.vllm_launch.module=tests.fakes.fake_vllm`). It imports the installed vllm (0.32.0, the CPU build)
+and uses its code wherever that code runs without an engine (`tests/helpers/vllm_real.py`):
 
-    always              GET /health, /metrics, /load, /v1/models, /version; POST /inference/v1/generate
-    VLLM_SERVER_DEV_MODE=1 only (else 404, as vLLM mounts them only then):
-      dev               POST /sleep?level=, /wake_up?tags=, GET /is_sleeping, POST /reset_prefix_cache,
-                        POST /collective_rpc {method, args, kwargs} (method "reload_weights"), GET /server_info
-      RL                POST /pause?mode=, /resume, /abort_requests, GET /is_paused, POST
-                        /init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update,
-                        /shutdown_weight_transfer_engine, /update_weight_version, GET /weight_info, /get_world_size
+- the command line: vLLM's server parser and checks (a flag vLLM rejects exits 2 with argparse's message);
+- routes: those `build_app` mounts for these arguments and environment (VLLM_SERVER_DEV_MODE=1 for the dev
+  and RL routes, --enable-scale-out for /inference/v1/generate: without it vLLM's own 403 answers); anything
+  else is FastAPI's 404, a vLLM route the fake does not serve a 501;
+- requests: query and body bound by FastAPI's binding into the handler's own parameter types (the generate
+  route's `GenerateRequest` and `SamplingParams`, `init_info`, `update_info`, ...), refused with vLLM's 400;
+- responses: vLLM's types (`GenerateTokensResponse`, logprobs by `ServingTokens._create_tokens_logprobs`,
+  `ModelList`, `ErrorResponse`); /version is vLLM's handler;
+- weight transfers: vLLM's engine classes parse `init_info` / `update_info` (`tests/fakes/fake_vllm_transfer.py`).
 
-Generation, weight loading and the broadcast group are the hf engine's (`slime.engine.hf`) on the tiny model,
-in one process whatever the parallel sizes say (the RL weight-transfer routes live in
-`tests/fakes/fake_vllm_transfer.py`). The weight transfer backends are `--weight-transfer-config`'s:
-"nccl" joins the trainer's group (gloo on CPU, `slime.sync.wire`), "ipc" opens packed buckets whose handle
-key is "cpu" (a /dev/shm file: (path, nbytes)) and needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 for the pickled
-handles, as vLLM. Sleeping servers refuse generation (503) and weight writes into slept weights (500), the
-failures a wrong hand-off order causes on a GPU. A PD prefill (`--kv-transfer-config`, request
-`kv_transfer_params.do_remote_decode`) answers with `kv_transfer_params` for the decode server.
+Behind the routes the engine is the hf engine (`slime.engine.hf`) on the tiny model, in one process whatever
+the parallel sizes say; where it stands in for vLLM's engine each handler names the vLLM code it follows.
+A CPU vLLM refuses `--enable-sleep-mode`: sleep and wake here follow EngineCore and Executor (requests that
+arrive while the engine sleeps or is paused wait, as vLLM queues them), and a write into slept weights fails
+(on a GPU that memory is unmapped).
 
-For assertions, every control request is logged to stderr as `FAKE_VLLM_REQUEST {"method", "path", "query",
-"body"}` in arrival order, and every generate as `FAKE_VLLM_GENERATE {"weight_version", "max_tokens",
-"kv_transfer_params"}`.
+For assertions, every request other than generation and the quiet reads is logged to stderr as
+`FAKE_VLLM_REQUEST {"method", "path", "query", "body"}` in arrival order, and every generate as
+`FAKE_VLLM_GENERATE {"weight_version", "max_tokens", "kv_transfer_params"}` when it arrives
+(`tests/helpers/fake_vllm_generate.py`: the generate route).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
 import sys
-import time
 import uuid
 from typing import Any
-
-from slime.engine.vllm.engine_args import FIELDS_FILE, JSON_LISTS, REPEATED
 
 logger = logging.getLogger("fake_vllm")
 REQUEST_MARK = "FAKE_VLLM_REQUEST"
 GENERATE_MARK = "FAKE_VLLM_GENERATE"
 _QUIET = {"/health", "/metrics", "/load", "/server_info", "/get_world_size", "/weight_info", "/is_sleeping"}
 _QUIET |= {"/is_paused", "/v1/models", "/version", "/inference/v1/generate"}
-# vLLM SamplingParams field -> the hf engine's (SGLang-named) sampling param
-_SAMPLING = {
-    "max_tokens": "max_new_tokens",
-    "min_tokens": "min_new_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "seed": "sampling_seed",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-    "spaces_between_special_tokens": "spaces_between_special_tokens",
-    "include_stop_str_in_output": "no_stop_trim",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
+_API = "vllm.entrypoints."  # the handlers' modules, by vLLM's endpoint (module.function)
+_RL = _API + "rl.online.api_router."
+_DEV = _API + "serve.dev."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """vLLM's server CLI from the pinned field list (argparse rejects what vLLM's parser rejects)."""
-    fields = json.loads(FIELDS_FILE.read_text())["fields"]
-    parser = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
-    for name, spec in fields.items():
-        flag, annotation = spec["flag"], spec.get("type", "")
-        simple = annotation.removesuffix(" | None")
-        if simple == "bool":
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction)
-        elif simple == "int":
-            parser.add_argument(flag, dest=name, type=int)
-        elif simple == "float":
-            parser.add_argument(flag, dest=name, type=float)
-        elif name in JSON_LISTS or simple.endswith("Config") or simple.startswith("dict["):
-            parser.add_argument(flag, dest=name, type=json.loads)
-        elif name in REPEATED:
-            parser.add_argument(flag, dest=name, action="append")
-        elif simple.startswith("list["):
-            parser.add_argument(flag, dest=name, nargs="+")
-        else:
-            parser.add_argument(flag, dest=name)
-    return parser
-
-
-def hf_args(cli: argparse.Namespace) -> argparse.Namespace:
+def hf_args(cli):
+    """The hf server's arguments for vLLM's parsed command line (one CPU process; vLLM's first weight
+    version is "default", `EngineCore.__init__`)."""
     from slime.engine.hf import server as hf_server
 
     argv = ["--model-path", cli.model, "--host", cli.host or "127.0.0.1", "--port", str(cli.port)]
-    argv += ["--seed", str(cli.seed or 0), "--device", "cpu", "--weight-version", "0", "--batch-wait-ms", "2"]
+    argv += ["--seed", str(cli.seed or 0), "--device", "cpu", "--weight-version", "default", "--batch-wait-ms", "2"]
     if cli.max_model_len:
         argv += ["--context-length", str(cli.max_model_len)]
     return hf_server.parse_args(argv)
 
 
-def make_server(cli: argparse.Namespace):
-    """The fake server over an hf engine (torch loads here, after the command line was accepted)."""
+def make_server(cli):
+    """The fake server over an hf engine (torch loads here, after vLLM accepted the command line)."""
     from aiohttp import web
+    from vllm.config import ParallelConfig
 
     from slime.engine.hf import server as hf_server
-    from slime.engine.hf.protocol import parse_generate
-    from slime.engine.hf.weights import load_weights_strict, read_safetensors_dir
-    from tests.fakes.fake_vllm_transfer import WeightTransferRoutes, error
+    from tests.fakes.fake_vllm_transfer import WeightTransferRoutes, WorkerError
+    from tests.helpers import vllm_real
+    from tests.helpers.fake_vllm_generate import GenerateRoutes
 
-    class FakeVLLMServer(WeightTransferRoutes, hf_server.HFServer):
+    class FakeVLLMServer(GenerateRoutes, WeightTransferRoutes, hf_server.HFServer):
         def __init__(self):
             super().__init__(hf_args(cli))
+            self._load_like_vllm(cli.model)
             self.cli = cli
-            self.dev = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
-            self.sleeping: set[str] = set()  # asleep tags: weights, kv_cache
-            self.paused = ""  # "" | abort | wait | keep
-            self.in_flight = 0
+            self.table = vllm_real.route_table(cli)
+            self.parallel = ParallelConfig(
+                tensor_parallel_size=cli.tensor_parallel_size,
+                pipeline_parallel_size=cli.pipeline_parallel_size,
+                prefill_context_parallel_size=cli.prefill_context_parallel_size,
+                data_parallel_size=cli.data_parallel_size,
+            )
+            self.sleeping_tags: set[str] = set()  # Executor.sleeping_tags
+            self.paused = False  # the scheduler's pause state (EngineCore.is_scheduler_paused)
+            self.abort_epoch = 0  # bumped by an abort of everything (requests waiting for a wake-up end too)
+            self.in_flight = 0  # app.state.server_load_metrics, counted as load_aware_call counts
             self.engine_id = uuid.uuid4().hex
             self.init_transfer_state()
+            self.handlers = {
+                _API + "serve.instrumentator.health.health": self.health,
+                _API + "serve.instrumentator.basic.get_server_load_metrics": self.load,
+                "prometheus_fastapi_instrumentator.instrumentation.metrics": self.metrics,
+                _API + "openai.models.api_router.show_available_models": self.models,
+                _API + "scale_out.token_in_token_out.api_router.generate": self.generate,
+                _DEV + "sleep.api_router.sleep": self.sleep,
+                _DEV + "sleep.api_router.wake_up": self.wake_up,
+                _DEV + "sleep.api_router.is_sleeping": self.is_sleeping,
+                _DEV + "cache.api_router.reset_prefix_cache": self.reset_prefix_cache,
+                _DEV + "rpc.api_router.collective_rpc": self.collective_rpc,
+                _DEV + "server_info.api_router.show_server_info": self.server_info,
+                _RL + "pause_generation": self.pause,
+                _RL + "resume_generation": self.resume,
+                _RL + "abort_requests": self.abort_requests,
+                _RL + "is_paused": self.is_paused,
+                _RL + "get_world_size": self.world_size,
+                _RL + "weight_info": self.weight_info,
+                **self.transfer_handlers(_RL),
+            }
+
+        def _load_like_vllm(self, model_dir: str) -> None:
+            """vLLM reads every *.safetensors file of the model directory (model_loader/default_loader.py:
+            DefaultModelLoader._prepare_weights; the index only filters), transformers the index's or
+            model.safetensors: an LM head in a file of its own (an untied view) would stay as initialised."""
+            from slime.engine.hf.weights import load_weights_strict, read_safetensors_dir
+
+            load_weights_strict(self.model, read_safetensors_dir(model_dir), partial=True)
 
         def routes(self) -> list:
-            routes = [
-                web.get("/health", self.health),
-                web.get("/metrics", self.metrics),
-                web.get("/load", self.load),
-                web.get("/v1/models", self.models),
-                web.get("/version", lambda r: web.json_response({"version": "0.33.0"})),
-                web.post("/inference/v1/generate", self.generate_tokens),
-            ]
-            if not self.dev:
-                return routes
-            dev = {
-                "/sleep": self.sleep,
-                "/wake_up": self.wake_up,
-                "/reset_prefix_cache": self.reset_prefix_cache,
-                "/collective_rpc": self.collective_rpc,
-                "/pause": self.pause,
-                "/resume": self.resume,
-                "/abort_requests": self.abort_requests,
-                **self.transfer_routes(),
-            }
-            gets = {
-                "/is_sleeping": lambda r: web.json_response({"is_sleeping": bool(self.sleeping)}),
-                "/is_paused": lambda r: web.json_response({"is_paused": bool(self.paused)}),
-                "/weight_info": lambda r: web.json_response({"weight_version": self.scheduler.weight_version}),
-                "/get_world_size": self.world_size,
-                "/server_info": self.server_info,
-            }
-            return [
-                *routes,
-                *(web.post(p, h) for p, h in dev.items()),
-                *(web.get(p, h) for p, h in gets.items()),
-            ]
+            return [web.route("*", "/{tail:.*}", self.dispatch)]
+
+        async def dispatch(self, request: web.Request) -> web.StreamResponse:
+            route = self.table.get((request.method, request.path))
+            if route is None:  # Starlette's answers
+                known = any(path == request.path for _, path in self.table)
+                detail, status = ("Method Not Allowed", 405) if known else ("Not Found", 404)
+                return web.json_response({"detail": detail}, status=status)
+            body = await request.read()
+            _log(request, body)
+            name = vllm_real.endpoint_name(route)
+            handler = self.handlers.get(name)
+            if handler is None:
+                if vllm_real.takes_no_input(route):  # vLLM's own handler answers
+                    status, payload, content_type = await vllm_real.call_endpoint(route)
+                    return web.Response(status=status, body=payload, content_type=content_type)
+                return _json(vllm_real.error(NotImplementedError(f"the fake vLLM server does not serve {name}")))
+            try:  # a validator raising vLLM's own error (SamplingParams') escapes FastAPI's binding, as in vLLM
+                params, refused = await vllm_real.bind(route, cli, request.query_string, dict(request.headers), body)
+                if refused is not None:
+                    return _json(refused)
+                reply = await handler(request, **params)
+            except WorkerError as exc:
+                return _json(vllm_real.engine_call_failed(str(exc), self.parallel.world_size))
+            except Exception as exc:  # noqa: BLE001 - vLLM's app turns any exception into its ErrorResponse
+                logger.info("%s %s: %s: %s", request.method, request.path, type(exc).__name__, exc)
+                return _json(vllm_real.error(exc))
+            return reply if isinstance(reply, web.StreamResponse) else _json(reply)
 
         # ---- always mounted ---------------------------------------------------------------------
-        async def health(self, request):
-            return web.Response(text="")
+        async def health(self, http):
+            return web.Response(status=200)
 
-        async def metrics(self, request):
+        async def load(self, http):
+            return 200, {"server_load": self.in_flight}
+
+        async def metrics(self, http):
             return web.Response(text=f"vllm:num_requests_running {self.in_flight}\n")
 
-        async def load(self, request):
-            return web.json_response({"server_load": self.in_flight if cli.enable_server_load_tracking else 0})
+        async def models(self, http):
+            """`OpenAIModelRegistry.show_available_models` (vllm/entrypoints/openai/models/serving.py)."""
+            from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList, ModelPermission
 
-        async def models(self, request):
-            name = cli.served_model_name or cli.model
-            return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "root": cli.model}]})
+            cards = [
+                ModelCard(
+                    id=name, max_model_len=self.generator.context_length, root=cli.model, permission=[ModelPermission()]
+                )
+                for name in self.served_names
+            ]
+            return 200, ModelList(data=cards).model_dump()
 
-        async def generate_tokens(self, request):
-            body = await request.json()
-            if not isinstance(body.get("token_ids"), list) or not body["token_ids"]:
-                return error("token_ids: List should have at least 1 item", 400)
-            if body.get("model") not in (None, cli.served_model_name or cli.model):
-                return error(f"The model `{body['model']}` does not exist.", 404, "NotFoundError")
-            if self.paused in ("abort", "wait"):
-                return error("Generation is paused; retry after /resume", 503, "ServiceUnavailableError")
-            if "kv_cache" in self.sleeping or "weights" in self.sleeping:
-                return error("The engine is sleeping; call /wake_up first", 503, "ServiceUnavailableError")
-            sp = body.get("sampling_params") or {}
-            params = {_SAMPLING[k]: v for k, v in sp.items() if k in _SAMPLING and v is not None}
-            params.setdefault("max_new_tokens", 16)  # vLLM's SamplingParams.max_tokens default
-            if params.get("top_k") == 0:
-                params["top_k"] = -1
-            kv = body.get("kv_transfer_params")
-            if kv and cli.kv_transfer_config is None:
-                return error("kv_transfer_params needs a server started with --kv-transfer-config", 400)
-            mark = {"weight_version": self.scheduler.weight_version, "max_tokens": params["max_new_tokens"]}
-            print(f"{GENERATE_MARK} {json.dumps({**mark, 'kv_transfer_params': kv})}", file=sys.stderr, flush=True)
-            call = parse_generate({"input_ids": body["token_ids"], "sampling_params": params}, self.tokenizer.encode)
-            self.in_flight += 1
-            try:
-                (done,) = await self.scheduler.submit(call.requests)
-            finally:
-                self.in_flight -= 1
-            return web.json_response(self._tokens_response(body, sp, done, kv))
+        # ---- dev routes: vllm/v1/engine/core.py (EngineCore) and vllm/v1/executor/abstract.py (Executor)
+        async def sleep(self, http, level: int, mode: str):
+            """EngineCore.sleep: pause the scheduler (clearing caches from level 1), then Executor.sleep."""
+            if level >= 1 and not cli.enable_sleep_mode:  # the fake's guard: vLLM releases memory only with it
+                raise WorkerError("sleep mode is not enabled: start the server with --enable-sleep-mode")
+            await self._pause(mode, clear_cache=level >= 1)
+            if level >= 1 and "weights" not in self.sleeping_tags:
+                self.sleeping_tags |= {"weights", "kv_cache"}
+                await self.scheduler.run_exclusive(self.control.release_tags, ["weights", "kv_cache", "cuda_graph"])
+            return 200, {"status": "sleeping", "level": level}
 
-        def _tokens_response(self, body: dict, sp: dict, done, kv: Any) -> dict:
-            res = done.result
-            content = None
-            if sp.get("logprobs") is not None:
-                content = [
-                    {"token_id": t, "logprob": lp, "rank": None, "top_logprobs": []}
-                    for lp, t in zip(res.output_logprobs, res.output_ids)
-                ]
-            version = done.weight_version
-            reply_kv = None
-            if kv and kv.get("do_remote_decode"):  # this server prefilled for a decode server
-                reply_kv = {
-                    "do_remote_prefill": True,
-                    "do_remote_decode": False,
-                    "remote_engine_id": self.engine_id,
-                    "remote_block_ids": list(range(len(body["token_ids"]) // 16 + 1)),
-                    "remote_host": cli.host,
-                    "remote_port": int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "0")),
-                }
-            n = len(res.output_ids)
-            return {
-                "request_id": body.get("request_id") or uuid.uuid4().hex,
-                "model": cli.served_model_name or cli.model,
-                "created": int(time.time()),
-                "usage": {"prompt_tokens": len(body["token_ids"]), "completion_tokens": n, "total_tokens": n},
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": res.finish_reason["type"] if isinstance(res.finish_reason, dict) else None,
-                        "stop_reason": None,
-                        "token_ids": list(res.output_ids),
-                        "logprobs": None if content is None else {"content": content},
-                        "weight_versions": [{"version": version, "start": 0, "end": n}] if n else [],
-                    }
-                ],
-                "prompt_token_ids": None,
-                "kv_transfer_params": reply_kv,
-                "output_mode": "tokens",
-            }
+        async def wake_up(self, http):
+            """EngineCore.wake_up and Executor.wake_up: a tag that is not asleep makes the call a no-op, scheduling
+            resumes once every tag is awake."""
+            tags = http.query.getall("tags", []) or None
+            wake = None if tags is None else [t for t in tags if t != "scheduling"]
+            if self.sleeping_tags and (wake is None or (wake and set(wake) <= self.sleeping_tags)):
+                woken = set(self.sleeping_tags if wake is None else wake)
+                self.sleeping_tags -= woken
+                hf_tags = [*woken, "cuda_graph"] if "kv_cache" in woken else [*woken]
+                await self.scheduler.run_exclusive(self.control.resume_tags, hf_tags)
+            awake = not self.sleeping_tags
+            if awake:
+                self._resume()
+            return 200, {"status": "awake" if awake else "sleeping", "tags": tags}
 
-        # ---- dev routes -------------------------------------------------------------------------
-        async def sleep(self, request):
-            level = int(request.query.get("level", "1"))
-            if not 0 <= level <= 2:
-                return error("level: Input should be less than or equal to 2", 422)
-            if not cli.enable_sleep_mode:
-                return error("Sleep mode is not enabled (start the server with --enable-sleep-mode)", 500, "Internal")
-            self.scheduler.abort(abort_all=True)
-            self.sleeping = {"weights", "kv_cache"}
-            await self.scheduler.run_exclusive(self.control.release_tags, ["weights", "kv_cache", "cuda_graph"])
-            return web.json_response({"status": "sleeping", "level": level})
+        async def is_sleeping(self, http):
+            return 200, {"is_sleeping": self.paused or bool(self.sleeping_tags)}
 
-        async def wake_up(self, request):
-            tags = request.query.getall("tags", []) or ["weights", "kv_cache"]
-            unknown = [t for t in tags if t not in ("weights", "kv_cache")]
-            if unknown:
-                return error(f"unknown sleep tags {unknown}", 500, "InternalServerError")
-            self.sleeping.difference_update(tags)
-            hf_tags = [*tags, "cuda_graph"] if "kv_cache" in tags else tags
-            await self.scheduler.run_exclusive(self.control.resume_tags, hf_tags)
-            return web.json_response({"status": "sleeping" if self.sleeping else "awake", "tags": tags})
-
-        async def reset_prefix_cache(self, request):
-            if self.scheduler.is_busy:
-                return web.json_response({"success": False})
+        async def reset_prefix_cache(self, http, reset_running_requests: bool, reset_external: bool):
+            if self.scheduler.is_busy and not reset_running_requests:  # blocks still held: success false
+                return 200, {"success": False}
             await self.scheduler.run_exclusive(self.control.flush_now)
-            return web.json_response({"success": True})
+            return 200, {"success": True}
 
-        async def collective_rpc(self, request):
-            body = await request.json()
+        async def collective_rpc(self, http):
+            """The dev route's body checks (serve/dev/rpc/api_router.py); of the workers' methods the fake runs
+            `reload_weights(weights_path=...)` (Worker.reload_weights: every worker reloads in place)."""
+            try:
+                body = json.loads(await http.read())
+            except json.JSONDecodeError as exc:
+                return vllm_real.http_error(400, f"JSON decode error: {exc}")
+            if not isinstance(body, dict):
+                return vllm_real.http_error(400, "Request body must be a JSON object")
             if body.get("method") is None:
-                return error("Missing 'method' in request body", 400)
+                return vllm_real.http_error(400, "Missing 'method' in request body")
             if body["method"] != "reload_weights":
-                return error(f"'Worker' object has no attribute '{body['method']}'", 500, "InternalServerError")
+                raise NotImplementedError(f"the fake vLLM server runs only reload_weights, not {body['method']}")
             path = (body.get("kwargs") or {}).get("weights_path")
-            if "weights" in self.sleeping:
-                return error("weights are asleep: wake_up(tags=['weights']) before reloading", 500, "Internal")
+            if "weights" in self.sleeping_tags:  # on a GPU the weights' memory is unmapped: the copy would fault
+                raise WorkerError("weights are asleep: wake_up(tags=['weights']) before reloading")
             if not path or not os.path.isdir(path):
-                return error(f"weights_path {path!r} is not a directory", 500, "InternalServerError")
+                raise WorkerError(f"weights_path {path!r} is not a directory")
+            from slime.engine.hf.weights import load_weights_strict, read_safetensors_dir
+
+            # model_loader/reload/inplace.py: reload_weights loads what the checkpoint holds and only warns about
+            # parameters it does not (an untied LM head keeps its values)
             tensors = read_safetensors_dir(path)
-            await self.scheduler.run_exclusive(load_weights_strict, self.model, tensors)
-            return web.json_response({"results": [None] * self._world()})
+            unloaded = sorted({name for name, _ in self.model.named_parameters()} - set(tensors))
+            if unloaded:
+                logger.warning("Following weights were not loaded from checkpoint: %s", unloaded)
+            await self.scheduler.run_exclusive(
+                functools.partial(load_weights_strict, partial=True), self.model, tensors
+            )
+            return 200, {"results": [None] * self.parallel.world_size}
 
-        async def pause(self, request):
-            mode = request.query.get("mode", "abort")
-            if mode not in ("abort", "wait", "keep"):
-                return error(f"mode: Input should be 'abort', 'wait' or 'keep', got {mode!r}", 422)
-            await self.scheduler.pause(mode="abort" if mode == "abort" else "in_place")
-            self.paused = mode
-            return web.json_response({"status": "paused"})
-
-        async def resume(self, request):
-            self.paused = ""
-            self.scheduler.resume()
-            return web.json_response({"status": "resumed"})
-
-        async def abort_requests(self, request):
-            ids = (await request.json()).get("request_ids")
-            n = self.scheduler.abort(abort_all=True) if not ids else sum(self.scheduler.abort(rid=i) for i in ids)
-            return web.json_response({"status": "aborted", "aborted": n})
-
-        def _world(self) -> int:
-            return (cli.tensor_parallel_size or 1) * (cli.pipeline_parallel_size or 1) * (cli.data_parallel_size or 1)
-
-        async def world_size(self, request):
-            include_dp = request.query.get("include_dp", "true").lower() != "false"
-            tp_pp = (cli.tensor_parallel_size or 1) * (cli.pipeline_parallel_size or 1)
-            return web.json_response({"world_size": self._world() if include_dp else tp_pp})
-
-        async def server_info(self, request):
+        async def server_info(self, http, config_format: str):
+            """serve/dev/server_info: a VllmConfig needs the platform's checks (a CPU vLLM refuses sleep mode),
+            so only the fields the framework reads, in VllmConfig's layout."""
             config = {
                 "model_config": {
                     "model": cli.model,
@@ -315,54 +245,113 @@ def make_server(cli: argparse.Namespace):
                     "max_model_len": cli.max_model_len,
                 },
                 "parallel_config": {
-                    "tensor_parallel_size": cli.tensor_parallel_size or 1,
-                    "pipeline_parallel_size": cli.pipeline_parallel_size or 1,
-                    "data_parallel_size": cli.data_parallel_size or 1,
+                    "tensor_parallel_size": self.parallel.tensor_parallel_size,
+                    "pipeline_parallel_size": self.parallel.pipeline_parallel_size,
+                    "data_parallel_size": self.parallel.data_parallel_size,
                     "distributed_executor_backend": cli.distributed_executor_backend,
                 },
-                "cache_config": {"gpu_memory_utilization": cli.gpu_memory_utilization, "enable_prefix_caching": True},
-                "model_config_seed": cli.seed,
-                "weight_transfer_config": cli.weight_transfer_config,
-                "kv_transfer_config": cli.kv_transfer_config,
+                "cache_config": {"gpu_memory_utilization": cli.gpu_memory_utilization},
             }
-            if request.query.get("config_format", "text") == "text":
-                config = str(config)
             env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
-            return web.json_response({"vllm_config": config, "vllm_env": env, "system_env": {}, "fake_cli": vars(cli)})
+            fake_cli = json.loads(json.dumps(vars(cli), default=str))
+            info = {"vllm_config": config if config_format == "json" else str(config), "vllm_env": env}
+            return 200, {**info, "system_env": {}, "fake_cli": fake_cli}
 
-        @web.middleware
-        async def log_requests(self, request, handler):
-            if request.path not in _QUIET:
-                try:
-                    body = await request.json() if request.body_exists else None
-                except ValueError:
-                    body = "<not JSON>"
-                if isinstance(body, dict) and isinstance(body.get("update_info"), dict):
-                    body = {"update_info": {k: v for k, v in body["update_info"].items() if k != "ipc_handles_pickled"}}
-                line = {"method": request.method, "path": request.path, "query": request.query_string, "body": body}
-                print(f"{REQUEST_MARK} {json.dumps(line)}", file=sys.stderr, flush=True)
-            return await handler(request)
+        # ---- RL routes: vllm/entrypoints/rl/online/api_router.py over EngineCore's pause state ---------
+        async def pause(self, http, mode: str, clear_cache: bool):
+            await self._pause(mode, clear_cache)
+            return 200, {"status": "paused"}
+
+        async def _pause(self, mode: str, clear_cache: bool) -> None:
+            """EngineCore.pause_scheduler: "abort" ends every request, "wait" lets the running ones finish, "keep"
+            freezes them (the hf engine cannot stop a batch mid-way: it finishes); new requests queue in every
+            mode; caches are cleared after the drain unless "keep"."""
+            await self.scheduler.pause(mode="abort" if mode == "abort" else "in_place")
+            if mode == "abort":
+                self.abort_epoch += 1
+            while mode == "wait" and self.scheduler.is_busy:
+                await asyncio.sleep(0.005)
+            self.paused = True
+            if clear_cache and mode != "keep":
+                await self.scheduler.run_exclusive(self.control.flush_now)
+
+        async def resume(self, http):
+            self._resume()
+            return 200, {"status": "resumed"}
+
+        def _resume(self) -> None:
+            self.paused = False
+            self.scheduler.resume()
+
+        async def abort_requests(self, http):
+            """Empty `request_ids`: every request in flight; else those external ids (AsyncLLM.abort)."""
+            try:
+                body = json.loads(await http.read())
+            except json.JSONDecodeError:
+                return vllm_real.http_error(400, "Invalid JSON format")
+            if not isinstance(body, dict):
+                return vllm_real.http_error(400, "Request body must be a JSON object")
+            ids = body.get("request_ids")
+            if ids:
+                for rid in ids:
+                    self.scheduler.abort(rid=rid)
+                return 200, {"status": "aborted", "aborted": len(ids)}
+            self.abort_epoch += 1
+            return 200, {"status": "aborted", "aborted": self.scheduler.abort(abort_all=True)}
+
+        async def is_paused(self, http):
+            return 200, {"is_paused": self.paused}
+
+        async def world_size(self, http, include_dp: bool):
+            parallel = self.parallel
+            return 200, {"world_size": parallel.world_size_across_dp if include_dp else parallel.world_size}
+
+        async def weight_info(self, http):
+            return 200, {"weight_version": self.scheduler.weight_version}
+
+        @property
+        def served_names(self) -> list[str]:
+            return list(cli.served_model_name or [cli.model])  # init_app_state's base model paths
 
     return FakeVLLMServer()
 
 
-async def serve(cli: argparse.Namespace) -> None:
+def _json(reply) -> Any:
+    from aiohttp import web
+
+    status, body = reply
+    return web.json_response(body, status=int(status))
+
+
+def _log(request, body: bytes) -> None:
+    if request.path in _QUIET:
+        return
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        payload = "<not JSON>"
+    if isinstance(payload, dict) and isinstance(payload.get("update_info"), dict):  # not the pickled handles
+        payload = {"update_info": {k: v for k, v in payload["update_info"].items() if k != "ipc_handles_pickled"}}
+    line = {"method": request.method, "path": request.path, "query": request.query_string, "body": payload}
+    print(f"{REQUEST_MARK} {json.dumps(line)}", file=sys.stderr, flush=True)
+
+
+async def serve(cli) -> None:
     from aiohttp import web
 
     from slime.engine.hf import server as hf_server
-    from slime.engine.hf.http_util import errors_as_json
 
     server = make_server(cli)
-    app = web.Application(client_max_size=1 << 30, middlewares=[server.log_requests, errors_as_json])
-    await hf_server.run_app(server, app)
+    await hf_server.run_app(server, web.Application(client_max_size=1 << 30))
 
 
 def main(argv: list[str] | None = None) -> None:
-    cli = build_parser().parse_args(argv)
-    if not cli.model or cli.port is None:
-        sys.exit("fake_vllm: --model and --port are required")
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s [fake-vllm] %(message)s")
-    logger.info("args %s", json.dumps({k: v for k, v in vars(cli).items() if v is not None}))
+    from tests.helpers import vllm_real
+
+    argv = sys.argv[1:] if argv is None else argv
+    cli = vllm_real.parse_cli(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s [fake-vllm] %(message)s", force=True)
+    logger.info("accepted by vLLM %s's parser: %s", vllm_real.PINNED_VERSION, " ".join(argv))
     import torch
 
     torch.set_num_threads(1)

@@ -1,153 +1,199 @@
-"""The weight-transfer routes of the fake vLLM server (tests/fakes/fake_vllm.py): vLLM 0.33.0's RL router.
+"""The weight-transfer routes of the fake vLLM server (tests/fakes/fake_vllm.py): vLLM 0.32.0's RL routes over
+its own weight-transfer engine classes, with only the data movement faked (it needs an accelerator).
 
-    POST /init_weight_transfer_engine {"init_info"}   nccl: every worker joins the trainer's group as rank
-                                                      rank_offset + i (gloo here); ipc: records `packed`
-    POST /start_weight_update, /update_weights {"update_info"}, /finish_weight_update {"weight_version"}
-    POST /shutdown_weight_transfer_engine, /update_weight_version {"new_version"}
+    POST /init_weight_transfer_engine {"init_info"}, /start_weight_update, /update_weights {"update_info"},
+         /finish_weight_update {"weight_version"}, /shutdown_weight_transfer_engine,
+         /update_weight_version {"new_version"}
 
-Mixed into the fake server class, which provides `cli` (the parsed command line), `scheduler`, `receiver`,
-`sleeping` and `_world()`. Failures answer vLLM's ErrorResponse with the status vLLM gives them.
+The server keeps what each of vLLM's workers keeps (`vllm/v1/worker/gpu_worker.py`: `Worker`): the engine
+`WeightTransferEngineFactory.create_engine` makes for `--weight-transfer-config` (none without it) and whether
+a weight update is active; the session rules and their messages are Worker's (`init_weight_transfer_engine`,
+`start_weight_update`, `update_weights`, `finish_weight_update`, `shutdown_weight_transfer_engine`).
+`init_info` and `update_info` are parsed by that engine (`parse_init_info`, `parse_update_info`: vLLM's typed
+infos and their checks; pickled IPC handles need VLLM_ALLOW_INSECURE_SERIALIZATION=1). Faked, as a CPU
+vLLM's transfer engines need an accelerator:
+
+- nccl: every worker of the server (`world_size_across_dp` of them) joins the trainer's group as rank
+  `rank_offset + i` (`nccl_common.worker_init_process_group`), over gloo (`slime.sync.wire`, one store prefix
+  for the group, as `VLLMClient` uses) instead of PyNccl; unpacked transfers only: one broadcast per tensor
+  in the listed order (`NCCLWeightTransferEngine.receive_weights` with packed=False).
+- ipc: packed transfers only; the handle dict's key is "cpu" where vLLM's is the GPU's UUID, its value
+  (a /dev/shm path, byte offset, bytes) where vLLM's is CUDA IPC rebuild args; the buffer is cut by
+  `tensor_sizes` with vLLM's own `packed_tensor.unpack_tensor` (`packed_ipc_consumer`).
+
+Mixed into the fake server class, which provides `cli`, `parallel` (vLLM's ParallelConfig for the CLI's
+sizes), `scheduler`, `receiver` and `sleeping_tags`. Handlers return (status, JSON body); worker failures raise
+`WorkerError`, answered as vLLM's API server answers a failed collective_rpc.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import os
-import pickle
+from types import SimpleNamespace
 
 import torch
-from aiohttp import web
 
 from slime.sync import wire
 
-GROUP = "vllm-weight-transfer"  # the store prefix of the trainer's group (VLLMClient.weight_group_name)
+GROUP = "vllm-weight-transfer"  # the store prefix of the trainer's group (slime.engine.vllm.nccl_group)
 
 
-def error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
-    """vLLM's ErrorResponse body."""
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status
-    )
+class WorkerError(RuntimeError):
+    """An exception inside a worker's weight-transfer call (the API server answers 500)."""
 
 
 class WeightTransferRoutes:
     """State and handlers of the server's weight-transfer engine (see the module docstring)."""
 
     def init_transfer_state(self) -> None:
-        self.backend = (self.cli.weight_transfer_config or {}).get("backend", "nccl")
-        self.packed = False
-        self.updating = False  # between /start_weight_update and /finish_weight_update
-        self.groups: list = []  # the weight-transfer group, one member per worker (nccl backend)
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    def transfer_routes(self) -> dict:
+        self.transfer_engine = None
+        if self.cli.weight_transfer_config is not None:  # vLLM's worker makes it when it loads the model
+            config = SimpleNamespace(parallel_config=self.parallel, model_config=None)
+            self.transfer_engine = WeightTransferEngineFactory.create_engine(
+                self.cli.weight_transfer_config, config, torch.device("cpu"), self.model
+            )
+        self.updating = False  # Worker._weight_update_active
+        self.groups: list = []  # nccl: the trainer's group, one member per worker
+
+    def transfer_handlers(self, rl: str) -> dict:
         return {
-            "/init_weight_transfer_engine": self.init_transfer,
-            "/shutdown_weight_transfer_engine": self.shutdown_transfer,
-            "/start_weight_update": self.start_update,
-            "/update_weights": self.update_weights,
-            "/finish_weight_update": self.finish_update,
-            "/update_weight_version": self.update_weight_version,
+            rl + "init_weight_transfer_engine": self.init_transfer,
+            rl + "shutdown_weight_transfer_engine": self.shutdown_transfer,
+            rl + "start_weight_update": self.start_update,
+            rl + "update_weights": self.update_weights,
+            rl + "finish_weight_update": self.finish_update,
+            rl + "update_weight_version": self.update_weight_version,
         }
 
-    async def init_transfer(self, request):
-        init = (await request.json()).get("init_info") or {}
-        if self.backend == "ipc":
-            self.packed = bool(init.get("packed", False))
-            return web.json_response({"message": "Weight transfer initialized"})
-        missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in init]
-        if missing:
-            return error(f"init_info misses {missing} (backend {self.backend})", 500, "InternalServerError")
-        self._drop_groups()
-        # every worker of the server joins as its own rank (rank_offset + i) under the group's one store
-        # prefix, as vLLM's workers do; the trainer (rank 0) uses the same prefix (VLLMClient.weight_group_name)
-        address, port, world = str(init["master_address"]), int(init["master_port"]), int(init["world_size"])
+    def _engine(self):
+        if self.transfer_engine is None:  # Worker._check_weight_transfer_engine
+            raise WorkerError(
+                "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer."
+            )
+        return self.transfer_engine
+
+    @property
+    def _backend(self) -> str:
+        return self.cli.weight_transfer_config.backend
+
+    async def init_transfer(self, http, init_info: dict):
+        engine = self._engine()
+        try:
+            info = engine.parse_init_info(init_info)
+        except ValueError as exc:
+            raise WorkerError(str(exc)) from exc
+        if self._backend == "ipc":
+            engine.init_transfer_engine(info)  # vLLM's: records `packed`
+        elif self._backend == "nccl":
+            if info.packed or info.master_address is None:
+                raise NotImplementedError("the fake vLLM server joins NCCL groups by TCP store, unpacked, only")
+            self._drop_groups()
+            await self._join(info)
+        else:
+            raise NotImplementedError(f"the fake vLLM server fakes the nccl and ipc backends, not {self._backend}")
+        return 200, {"message": "Weight transfer initialized"}
+
+    async def _join(self, info) -> None:
+        address, port, world = str(info.master_address), int(info.master_port), int(info.world_size)
 
         def join(rank: int) -> wire.WeightGroup:
             store = wire.create_store(address, port, world, is_master=False, timeout_s=600)
             return wire.WeightGroup(
-                store,
-                rank=rank,
-                world_size=world,
-                group_name=GROUP,
-                backend="gloo",
-                timeout_s=600,
-                address=address,
+                store, rank=rank, world_size=world, group_name=GROUP, backend="gloo", timeout_s=600, address=address
             )
 
-        offset = int(init["rank_offset"])
-        self.groups = await asyncio.gather(*(asyncio.to_thread(join, offset + i) for i in range(self._world())))
-        return web.json_response({"message": "Weight transfer initialized"})
+        ranks = [info.rank_offset + i for i in range(self.parallel.world_size_across_dp)]
+        self.groups = await asyncio.gather(*(asyncio.to_thread(join, rank) for rank in ranks))
 
     def _drop_groups(self) -> None:
         groups, self.groups = self.groups, []
         for group in groups:
             group.close()
 
-    def _receive(self, group, names, dtypes, shapes) -> dict:
+    async def shutdown_transfer(self, http):
+        if self.updating:
+            raise WorkerError("Cannot release a trainer connection during a weight update")
+        if self.transfer_engine is not None:
+            self._drop_groups()
+            self.transfer_engine.shutdown()
+        return 200, {"message": "Weight transfer shut down"}
+
+    async def start_update(self, http):
+        self._engine()
+        if self.updating:
+            raise WorkerError(
+                "start_weight_update called while a weight update is already active. Call finish_weight_update first."
+            )
+        self.updating = True
+        return 200, {"message": "Weight update started"}
+
+    async def update_weights(self, http, update_info):
+        engine = self._engine()
+        if not self.updating:
+            raise WorkerError("start_weight_update must be called before update_weights.")
+        try:
+            tensors = await self._receive(engine, update_info)
+        except Exception as exc:  # Worker.update_weights ends the session on any failure
+            self.updating = False
+            raise WorkerError(str(exc)) from exc
+        await self.scheduler.run_exclusive(self.receiver.load, tensors, None)
+        return 200, {"message": "Weights updated"}
+
+    async def _receive(self, engine, update_info) -> dict[str, torch.Tensor]:
+        # a list holds one info per worker, indexed by its global rank (Worker.update_weights)
+        workers = self.parallel.world_size_across_dp
+        infos = [
+            engine.parse_update_info(update_info[i] if isinstance(update_info, list) else update_info)
+            for i in range(workers)
+        ]
+        if "weights" in self.sleeping_tags:  # on a GPU the weights' memory is unmapped: the copy would fault
+            raise RuntimeError("weights are asleep: wake_up(tags=['weights']) before updating")
+        if self._backend == "ipc":
+            return self._open_packed_ipc(engine, infos[0])
+        if not self.groups:  # NCCLWeightTransferEngine.receive_weights
+            raise RuntimeError("NCCL weight transfer not initialized. Call init_transfer_engine() first.")
+        received = await asyncio.gather(
+            *(asyncio.to_thread(self._broadcasts, group, info) for group, info in zip(self.groups, infos))
+        )
+        return received[0]  # every worker got the same broadcasts
+
+    @staticmethod
+    def _broadcasts(group, info) -> dict[str, torch.Tensor]:
         out = {}
-        for name, dtype, shape in zip(names, dtypes, shapes):
-            out[name] = torch.empty([int(x) for x in shape], dtype=wire.parse_dtype(dtype))
+        for name, dtype_name, shape in zip(info.names, info.dtype_names, info.shapes):
+            out[name] = torch.empty(shape, dtype=getattr(torch, dtype_name))
             group.broadcast(out[name])
         return out
 
-    async def shutdown_transfer(self, request):
-        self._drop_groups()
-        return web.json_response({"message": "Weight transfer shut down"})
+    @staticmethod
+    def _open_packed_ipc(engine, info) -> dict[str, torch.Tensor]:
+        from vllm.distributed.weight_transfer.packed_tensor import unpack_tensor
 
-    async def start_update(self, request):
-        self.updating = True
-        return web.json_response({"message": "Weight update started"})
-
-    async def update_weights(self, request):
-        info = (await request.json()).get("update_info") or {}
-        if not self.updating:
-            return error("update_weights before /start_weight_update", 500, "InternalServerError")
-        if "weights" in self.sleeping:
-            return error("weights are asleep: wake_up(tags=['weights']) before updating", 500, "Internal")
-        names, dtypes, shapes = info.get("names", []), info.get("dtype_names", []), info.get("shapes", [])
-        if not len(names) == len(dtypes) == len(shapes):
-            return error("`dtype_names` should be of the same size as `names`", 500, "InternalServerError")
-        if self.backend == "ipc":
-            tensors = self._open_ipc(info, names, dtypes, shapes)
-            if isinstance(tensors, web.Response):
-                return tensors
-        else:
-            if not self.groups:
-                return error("weight transfer engine not initialized", 500, "InternalServerError")
-            received = await asyncio.gather(
-                *(asyncio.to_thread(self._receive, g, names, dtypes, shapes) for g in self.groups)
-            )
-            tensors = received[0]  # every worker got the same broadcasts
-        await self.scheduler.run_exclusive(self.receiver.load, tensors, None)
-        return web.json_response({"message": "Weights updated"})
-
-    def _open_ipc(self, info: dict, names, dtypes, shapes):
-        if info.get("ipc_handles_pickled") is not None and os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") != "1":
-            return error(
-                "Refusing to deserialize `ipc_handles_pickled` without VLLM_ALLOW_INSECURE_SERIALIZATION=1", 500
-            )
-        if not self.packed or info.get("tensor_sizes") is None:
-            return error("`tensor_sizes` is required when packed=True", 500, "InternalServerError")
-        handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
-        if "cpu" not in handles:
-            return error(f"IPC handle not found for GPU UUID cpu. Available UUIDs: {list(handles)}", 500)
-        path, offset, nbytes = handles["cpu"]
+        if not engine.packed:
+            raise NotImplementedError("unpacked IPC handles are CUDA tensors; the fake opens packed buffers only")
+        if info.tensor_sizes is None:  # IPCWeightTransferEngine.receive_weights
+            raise ValueError("`tensor_sizes` is required when packed=True")
+        if "cpu" not in info.ipc_handles:  # packed_ipc_consumer, with "cpu" for the GPU's UUID
+            raise ValueError(f"IPC handle not found for GPU UUID cpu. Available UUIDs: {list(info.ipc_handles)}")
+        path, offset, nbytes = info.ipc_handles["cpu"]
         buffer = torch.from_file(path, shared=False, size=offset + nbytes, dtype=torch.uint8)[offset:]
-        metadata, start = [], 0
-        for name, dtype, shape, size in zip(names, dtypes, shapes, info["tensor_sizes"]):
-            metadata.append({"name": name, "dtype": dtype, "shape": shape, "start": start, "end": start + size})
-            start += size
-        return {k: v.clone() for k, v in wire.unflatten(buffer, metadata).items()}
+        buffer = buffer[: sum(info.tensor_sizes)]
+        dtypes = [getattr(torch, name) for name in info.dtype_names]
+        return {
+            name: t.clone() for name, t in unpack_tensor(buffer, info.names, info.shapes, dtypes, info.tensor_sizes)
+        }
 
-    async def finish_update(self, request):
-        version = (await request.json()).get("weight_version")
+    async def finish_update(self, http, weight_version=None):
+        self._engine()
+        if not self.updating:
+            raise WorkerError("finish_weight_update called without a matching start_weight_update.")
         self.updating = False
-        if version is not None:
-            self.scheduler.weight_version = str(version)
-        return web.json_response({"message": "Weight update finished"})
+        if weight_version is not None:  # AsyncLLM.finish_weight_update
+            self.scheduler.weight_version = weight_version
+        return 200, {"message": "Weight update finished"}
 
-    async def update_weight_version(self, request):
-        version = (await request.json()).get("new_version")
-        self.scheduler.weight_version = str(version)
-        return web.json_response({"success": True, "new_version": version})
+    async def update_weight_version(self, http, new_version: str):
+        self.scheduler.weight_version = new_version
+        return 200, {"success": True, "new_version": new_version}

@@ -1,7 +1,14 @@
-"""The vLLM engine adapter against the fake vLLM 0.33.0 server (tests/fakes/fake_vllm.py), launched through the
-same path as vLLM (`python -m <module>` with vLLM's CLI), behind the real vllm-router: command line and
-environment, health wait, registration (regular, PD, external router), token-level generation recorded on a
-Sample, every control call, the three weight-sync modes, sleep/wake order and the error paths.
+"""The vLLM engine adapter against the fake vLLM 0.32.0 server (tests/fakes/fake_vllm.py: vLLM's own parser,
+routes, request and response types around the hf engine), launched through the same path as vLLM (`python -m
+<module>` with vLLM's CLI), behind the real vllm-router: command line and environment, health wait,
+registration (regular, PD, external router), token-level generation recorded on a Sample, every control call,
+the three weight-sync modes, sleep/wake order and the error paths.
+
+The servers here are what a CPU vLLM cannot be: each fixture server runs with --enable-sleep-mode (a CPU vLLM
+refuses it) and a weight-transfer backend whose engine needs an accelerator (NCCL, CUDA IPC), and a PD pair
+would need NIXL's KV transfer. Each test says which of these it needs; what a real CPU vLLM can do (plain
+generation, abort, pause/resume, disk sync, engines.json, kill -9) tests/test_vllm_real.py covers on the real
+server, so those tests may be trimmed here later.
 
 Two fake servers start once for the module, in parallel (see the `servers` fixture)."""
 
@@ -27,7 +34,9 @@ from slime.rollout.base import RolloutContext
 from slime.rollout.generate import generate
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
-from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK, build_parser
+from tests.conftest import in_thread
+from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK
+from tests.helpers.vllm_real import parsed_by_vllm
 
 FAKE = "tests.fakes.fake_vllm"
 
@@ -64,7 +73,7 @@ def test_registered_and_command_is_vllms_cli_with_the_framework_owned_arguments(
     )
     cmd = engine.command([15001, 15002])
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
-    args = vars(build_parser().parse_args(cmd[3:]))  # vLLM's parser (pinned field list) accepts all of it
+    args = parsed_by_vllm(cmd[3:])  # the installed vLLM 0.32.0's own parser accepts all of it
     expected = {
         "model": "/models/qwen",
         "host": "127.0.0.1",
@@ -77,10 +86,12 @@ def test_registered_and_command_is_vllms_cli_with_the_framework_owned_arguments(
         "gpu_memory_utilization": 0.7,
         "max_model_len": 2048,
         "enable_server_load_tracking": True,
+        "enable_scale_out": True,
         "weight_transfer_config": {"backend": "ipc"},
-        "kv_transfer_config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
     }
     assert {k: args[k] for k in expected} == expected
+    kv = args["kv_transfer_config"]  # vLLM's KVTransferConfig, its defaults filled in
+    assert (kv["kv_connector"], kv["kv_role"]) == ("NixlConnector", "kv_both")
     assert "--prefill-num-servers" not in cmd  # the framework's key, not vLLM's
     engine.lease = type("Lease", (), {"ports": [15001, 15002]})()
     env = engine.env()
@@ -97,6 +108,8 @@ def test_registered_and_command_is_vllms_cli_with_the_framework_owned_arguments(
 
 
 def test_a_server_that_rejects_its_arguments_fails_with_the_log_tail(tmp_path):
+    """vLLM's own parser refuses the flag inside the fake as it would in vLLM; tests/test_vllm_real.py covers the
+    real server."""
     engine = make_engine("/m", tmp_path, args={"no_such_engine_arg": 1})
     with pytest.raises(EngineStartupError, match=r"(?s)exited with status 2.*unrecognized arguments: --no-such"):
         engine.start()
@@ -161,6 +174,8 @@ GREEDY = {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.0, "top_k": 
 
 
 def test_generation_through_the_router_is_recorded_on_the_sample_as_with_sglang(servers, router, tiny_model_dir):
+    """Plain generation, which tests/test_vllm_real.py covers on the real server; here on the fixture's TP-2
+    sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     regular = servers[0]
     assert [(w["url"], w["worker_type"], w["is_healthy"]) for w in router.list_workers()] == [
         (regular.url, "regular", True)
@@ -168,7 +183,7 @@ def test_generation_through_the_router_is_recorded_on_the_sample_as_with_sglang(
     sample = generate_sample(router.url, tiny_model_dir, GREEDY)
     assert sample.response_length == 6 and len(sample.tokens) == 9 and len(sample.rollout_log_probs) == 6
     assert all(lp <= 0 for lp in sample.rollout_log_probs) and sample.loss_mask == [1] * 6
-    assert sample.status == SampleStatus.TRUNCATED and sample.weight_versions == ["0"]
+    assert sample.status == SampleStatus.TRUNCATED and sample.weight_versions == ["default"]  # vLLM's first
     (call,) = [g for g in logged(regular, GENERATE_MARK)][-1:]
     assert call["max_tokens"] == 6  # max_new_tokens became vLLM's max_tokens
     again = generate_sample(router.url, tiny_model_dir, GREEDY)
@@ -178,8 +193,10 @@ def test_generation_through_the_router_is_recorded_on_the_sample_as_with_sglang(
 
 
 def test_control_calls_and_the_colocated_sleep_wake_order(servers, router, tiny_model_dir):
-    """REFERENCE.md §2.3 with vLLM's levels: sleep (all) -> wake weights -> write weights -> wake kv_cache; a
-    generation while asleep and a weight write into slept weights both fail, as on a GPU."""
+    """REFERENCE.md §2.3 with vLLM's levels: sleep (all) -> wake weights -> write weights -> wake kv_cache. A
+    generation sent while asleep waits (vLLM's EngineCore queues it while its scheduler is paused) and runs
+    with the new weights once every tag is awake; a weight write into slept weights fails, as on a GPU. Fake
+    only: sleep level 2 needs --enable-sleep-mode, which a CPU vLLM refuses."""
     regular = servers[0]
     client = regular.client
     before = len(logged(regular))
@@ -189,14 +206,16 @@ def test_control_calls_and_the_colocated_sleep_wake_order(servers, router, tiny_
     client.abort_all_and_wait_idle(timeout_s=10)
     client.release_memory()
     assert client.is_sleeping()
-    status, body = http_client.request("POST", regular.url + "/inference/v1/generate", {"token_ids": [1]})
-    assert status == 503 and "sleeping" in body["error"]["message"]
+    waiting, box = in_thread(lambda: generate_sample(router.url, tiny_model_dir, GREEDY))
     with pytest.raises(http_client.EngineHTTPError, match="weights are asleep"):
         client.update_weights_from_disk(tiny_model_dir, weight_version="5")
     client.resume_memory(["weights"])
     client.update_weights_from_disk(tiny_model_dir, weight_version="5")
+    assert client.is_sleeping() and waiting.is_alive()  # the KV cache still sleeps: nothing is scheduled
     client.resume_memory(["kv_cache", "cuda_graph"])
+    waiting.join(timeout=60)
     assert not client.is_sleeping() and client.get_weight_version() == "5"
+    assert box["result"].weight_versions == ["5"] and box["result"].response_length == 6
     calls = [(r["path"], r["query"]) for r in logged(regular)[before:]]
     assert calls == [
         ("/pause", "mode=abort"),
@@ -226,7 +245,9 @@ def _buckets(tiny_model_dir: str, scale: float) -> list[list[tuple[str, torch.Te
 def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tmp_path, mode):
     """A push of scaled weights changes the engine's greedy output; pushing the originals back restores it
     bit for bit, and the version is the push's. distributed -> the main server's NCCL backend (gloo here, all
-    its TP ranks join), tensor -> the prefill server's IPC backend (/dev/shm), disk -> /collective_rpc."""
+    its TP ranks join), tensor -> the prefill server's IPC backend (/dev/shm), disk -> /collective_rpc. Fake
+    only for distributed and tensor: a CPU vLLM's NCCL and IPC transfer engines need an accelerator; the disk
+    sync tests/test_vllm_real.py covers on the real server."""
     from slime.registry import WEIGHT_SYNC
 
     engine = servers[1] if mode == "tensor" else servers[0]
@@ -262,6 +283,8 @@ def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tm
 
 
 def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_kv(servers, tiny_model_dir, tmp_path):
+    """Fake only: PD disaggregation moves the KV cache over NIXL (`--kv-transfer-config` NixlConnector), which a
+    CPU vLLM cannot (the fake passes the prefill's `kv_transfer_params` on and recomputes the prompt)."""
     decode, prefill = servers
     router = VLLMRouter.launch(cfg=RouterConfig(), log_path=tmp_path / "pd_router.log", pd=True)
     try:
@@ -289,6 +312,8 @@ def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_k
 
 
 def test_an_external_router_gets_the_workers_and_is_left_running(servers, tiny_model_dir, tmp_path):
+    """Plain generation through a connected router, which tests/test_vllm_real.py covers on the real server;
+    here on the fixture's sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     regular = servers[0]
     external = VLLMRouter.launch(cfg=RouterConfig(policy="round_robin"), log_path=tmp_path / "external.log")
     try:
@@ -321,7 +346,9 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
 ):
     """The fleet's fault tolerance (slime.runtime.engine_fleet, Ray calls run locally) with a vLLM server
     (last: it kills the regular server): the health monitor removes it from the vllm-router, `recover()`
-    restarts it on fresh ports, it gets the weights, then `register_restarted` puts it back."""
+    restarts it on fresh ports, it gets the weights, then `register_restarted` puts it back. Kill and restart
+    with engines.json are what tests/test_vllm_real.py covers on the real server; here on the fixture's
+    sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     from slime.config.schema import FaultToleranceConfig
     from slime.engine.groups import EngineSpec, ModelSpec
     from slime.runtime import engine_fleet
