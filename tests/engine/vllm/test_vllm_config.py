@@ -28,6 +28,9 @@ from slime.tracking.memory import GIB, estimate_memory
 from tests.conftest import ROOT, compose_config, typed_config
 from tests.test_config_presets import assert_stopped_in_validation, run_main
 
+# What a vLLM server on this CPU machine takes (validation refuses the rest): disk syncs, a head size its
+# attention kernel has.
+CPU_VLLM = ["rollout=vllm", "rollout.weight_sync.mode=disk", "model=tiny_qwen3_vllm"]
 SEED_FLAGS = {  # the seeds' vime flags -> rollout keys (README "Using vLLM instead of SGLang")
     "gpu_memory_utilization": 0.7,
     "max_model_len": 4096,
@@ -38,7 +41,7 @@ SEED_FLAGS = {  # the seeds' vime flags -> rollout keys (README "Using vLLM inst
 
 def problems_for(overrides: list[str]) -> dict[str, str]:
     with pytest.raises(ConfigError) as info:
-        validate(typed_config(["rollout=vllm", *overrides]))
+        validate(typed_config([*CPU_VLLM, *overrides]))
     return {p.key: str(p) for p in info.value.problems}
 
 
@@ -221,7 +224,7 @@ def test_tensor_parallel_size_is_the_gpus_left_by_the_other_sizes():
 # ----------------------------------------------------------------------------------------------- validation
 def test_seed_flags_and_router_flags_pass():
     overrides = [f"+rollout.vllm.{k}={str(v).lower()}" for k, v in SEED_FLAGS.items()]
-    validate(typed_config(["rollout=vllm", *overrides, "+rollout.router.extra_args.balance_abs_threshold=0"]))
+    validate(typed_config([*CPU_VLLM, *overrides, "+rollout.router.extra_args.balance_abs_threshold=0"]))
 
 
 def test_bad_vllm_and_router_keys_each_name_the_key_and_nearest_names():
@@ -256,7 +259,7 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
     assert "cluster.rollout.num_gpus_per_engine=1: 1 GPU(s) per server do not split" in found["rollout.vllm"]
     found = problems_for(["+rollout.vllm.prefill_num_servers=1"])  # one rollout GPU: one server
     assert "leaves no decode server: the policy has 1 server(s)" in found["rollout.vllm.prefill_num_servers"]
-    validate(typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
+    validate(typed_config([*CPU_VLLM, "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
     found = problems_for(["debug.check_weight_update_equal=true"])  # vLLM reports no per-tensor sha256
     assert "vLLM servers do not have" in found["debug.check_weight_update_equal"]
     found = problems_for(["+rollout.vllm.enable_server_load_tracking=false", "+rollout.vllm.enable_scale_out=false"])
@@ -338,7 +341,7 @@ def test_same_experiment_on_either_engine_differs_only_in_engine_keys(sglang, vl
 # ----------------------------------------------------------------------------------------------- dry run
 def test_main_dry_run_prints_the_vllm_plan():
     proc = subprocess.run(
-        [sys.executable, "main.py", "rollout=vllm", "debug=dry_run"],
+        [sys.executable, "main.py", *CPU_VLLM, "debug=dry_run"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -381,7 +384,7 @@ def test_dry_run_names_each_vllm_server_shape_of_the_server_groups():
         "{data_parallel_size: 2}}, {num_gpus: 2, num_gpus_per_engine: 1}]}]"
     )
     lines: list[str] = []
-    cfg = typed_config(["rollout=vllm", "cluster.num_gpus_per_node=8", "cluster.rollout.num_gpus=6", groups])
+    cfg = typed_config([*CPU_VLLM, "cluster.num_gpus_per_node=8", "cluster.rollout.num_gpus=6", groups])
     assert dry_run(cfg, out=lines.append) == 0, "\n".join(lines)
     assert (
         "  vLLM servers: 2, each 2 CPU slot(s) = tp 1 x dp 2; 2, each 1 CPU slot(s) = tp 1 "

@@ -1,6 +1,8 @@
 """main.py with `rollout=vllm` on CPU (the fake vLLM server, launched as vLLM is, behind the real vllm-router):
 served models where only one is updated, an external router (left running), and fault tolerance under kill -9,
-in one run."""
+in one run. The fake because the run syncs weights the way `rollout=vllm` does by default (distributed: vLLM's
+NCCL transfer engine, which needs an accelerator on a CPU vLLM); kill -9, engines.json and the external router
+tests/test_vllm_real.py covers on the real server."""
 
 from __future__ import annotations
 
@@ -36,7 +38,9 @@ def update_calls(log: Path) -> int:
 def test_served_models_external_router_and_kill_9_mid_rollout(tmp_path):
     """An updated model "actor" of two vLLM servers behind an external vllm-router and a frozen model "ref"; the
     actor's second server is killed (kill -9, PID from engines.json) while rollout 0 runs: it leaves the router,
-    restarts, gets the trainer's weights before it rejoins, and the run completes with no prompt lost."""
+    restarts, gets the trainer's weights before it rejoins, and the run completes with no prompt lost. Fake only
+    for the NCCL weight transfer (a CPU vLLM's transfer engine needs an accelerator); tests/test_vllm_real.py
+    covers kill -9 on the real server."""
     from slime.config.schema import RouterConfig
     from slime.engine.vllm.router import VLLMRouter
 

@@ -1,5 +1,5 @@
 """vLLM adapter pieces that need no server: engine specs of PD and server groups, the SGLang <-> vLLM
-generate translation, and the trainer's end of vLLM's NCCL group (vLLM's module stood in for)."""
+generate translation, and the trainer's end of vLLM's NCCL group (vLLM's module stood in for: it needs CUDA)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
+from tests.engine.vllm.test_vllm_config import CPU_VLLM
 
 
 # ------------------------------------------------------------------------------------------ server groups
@@ -24,7 +25,7 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
 
     cfg = typed_config(
         [
-            "rollout=vllm",
+            *CPU_VLLM,
             "cluster.rollout.num_gpus=4",
             "cluster.num_gpus_per_node=8",
             "+rollout.vllm.prefill_num_servers=1",
@@ -37,7 +38,7 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
         " {worker_type: decode, num_gpus: 2, overrides: {max_num_seqs: 8}}]},"
         " {name: ref, update_weights: false, server_groups: [{num_gpus: 1}]}]"
     )
-    cfg = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=4", "cluster.num_gpus_per_node=8", models])
+    cfg = typed_config([*CPU_VLLM, "cluster.rollout.num_gpus=4", "cluster.num_gpus_per_node=8", models])
     validate(cfg)
     specs = engine_specs(cfg, 4)
     assert [(s.model, s.worker_type, s.overrides) for s in specs] == [
@@ -49,7 +50,7 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     assert policy_model(model_specs(cfg)).name == "actor"
     config = VLLMEngine.config_from(cfg.rollout, worker_type=specs[1].worker_type, overrides=specs[1].overrides)
     assert config.args == {"max_num_seqs": 8} and config.worker_type == "decode"
-    bad = typed_config(["rollout=vllm", "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
+    bad = typed_config([*CPU_VLLM, "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.prefill_num_servers"):
         validate(bad)
 
@@ -57,7 +58,8 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
 def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendezvous(monkeypatch, tmp_path):
     """On GPU the trainer joins vLLM's NCCL group through vLLM's trainer API (`nccl_common.trainer_init`, rank 0
     hosting the rendezvous on the port the engines are told), then broadcasts each tensor in the listed order.
-    vLLM is not importable here: its module is stood in for, the engine's HTTP calls are recorded."""
+    vLLM's `trainer_init` opens a PyNccl communicator on the current CUDA device, which this CPU machine lacks:
+    its module is stood in for, the engine's HTTP calls are recorded."""
     import types
 
     from slime.sync.distributed import DistributedWeightSync
@@ -69,6 +71,9 @@ def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendez
 
         def broadcast(self, tensor, src, stream):
             sent.append((src, tensor.clone()))
+
+        def destroy(self):
+            calls.append(("destroy",))
 
     def trainer_init(info, rank):
         calls.append(("trainer_init", info, rank))
@@ -99,6 +104,7 @@ def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendez
     sync.push([bucket], weight_version=1)
     assert [(src, t.tolist()) for src, t in sent] == [(0, [1.0, 1.0]), (0, [0.0, 0.0, 0.0])]
     sync.close()
+    assert ("destroy",) in calls  # the communicator is destroyed with the group (PyNcclCommunicator.destroy)
 
 
 def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
