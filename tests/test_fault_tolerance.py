@@ -13,6 +13,7 @@ import pytest
 from slime.config import ConfigError, validate
 from tests.conftest import typed_config
 from tests.helpers.fleet import running_fleet, wait_until
+from tests.helpers.vllm_real import CPU_VLLM
 from tests.test_config_presets import assert_stopped_in_validation, run_main
 
 FT = ["rollout.fault_tolerance.enabled=true"]
@@ -46,8 +47,8 @@ def test_the_floor_follows_the_engines_environment(monkeypatch):
 
 def test_vllm_has_no_floor_and_every_engine_needs_positive_values(monkeypatch):
     monkeypatch.delenv("SGLANG_HEALTH_CHECK_TIMEOUT", raising=False)
-    validate(typed_config(["rollout=vllm", *FT, f"{TIMEOUT_KEY}=2"]))  # vLLM's /health generates nothing
-    found = problems(["rollout=vllm", *FT, "rollout.fault_tolerance.health_check_interval_s=0"])
+    validate(typed_config([*CPU_VLLM, *FT, f"{TIMEOUT_KEY}=2"]))  # vLLM's /health generates nothing
+    found = problems([*CPU_VLLM, *FT, "rollout.fault_tolerance.health_check_interval_s=0"])
     assert "must be > 0" in found["rollout.fault_tolerance.health_check_interval_s"]
     validate(typed_config(["rollout=sglang", f"{TIMEOUT_KEY}=1"]))  # fault tolerance off: nothing to check
 

@@ -140,7 +140,7 @@ def check_parts_honour_options(cfg: RunConfig, derived: Derived) -> Iterator[Pro
         )
     if cfg.rollout.engine == "hf":
         yield from check_hf_engine_options(cfg)
-    if cfg.rollout.engine == "vllm" and cfg.cluster.device == "cpu":
+    if cfg.rollout.engine == "vllm" and cfg.cluster.device == "cpu" and _is_vllms_own(cfg.rollout.vllm_launch.module):
         yield from check_vllm_on_cpu(cfg)
     yield from check_weight_sync(cfg)
 
@@ -198,6 +198,14 @@ def check_hf_engine_options(cfg: RunConfig) -> Iterator[Problem]:
             "the built-in hf engine runs on one device",
             "set cluster.rollout.num_gpus_per_engine=1",
         )
+
+
+def _is_vllms_own(module: str) -> bool:
+    """Whether the servers are vLLM's own entry point (a stand-in server, such as the tests' fake of a GPU vLLM,
+    decides for itself what it can do)."""
+    from slime.engine.vllm.engine_args import LAUNCH_MODULE
+
+    return module == LAUNCH_MODULE
 
 
 def check_vllm_on_cpu(cfg: RunConfig) -> Iterator[Problem]:

@@ -19,7 +19,7 @@ KV = kv_heads·d (d = kv_channels). Training, per GPU of a rank (s = the rank's 
 Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
     weights N · 2 B / g (bf16); sglang reserves mem_fraction_static (rollout.sglang, default 0.8) of
     the GPU for weights + KV cache, so KV cache = fraction·GPU - weights (vllm: its gpu_memory_utilization,
-    rollout.vllm, default 0.92 in vLLM 0.33.0, the same way); the hf engine holds weights +
+    rollout.vllm, default 0.92 in vLLM 0.32.0, the same way); the hf engine holds weights +
     the KV cache of rollout.hf.max_batch_size sequences of 1024 + max_response_len tokens
     (2·L·KV·2 B per token).
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference) throughout, the
@@ -43,7 +43,7 @@ ASSUMED_PROMPT_TOKENS = 1024
 LOGITS_CHUNK_TOKENS = 1024
 DEFAULT_GPU_GIB = 80.0
 DEFAULT_MEM_FRACTION = 0.8
-DEFAULT_VLLM_MEM_FRACTION = 0.92  # vLLM 0.33.0 CacheConfig.gpu_memory_utilization
+DEFAULT_VLLM_MEM_FRACTION = 0.92  # vLLM 0.32.0 CacheConfig.gpu_memory_utilization
 
 
 def parameter_count(cfg: RunConfig) -> tuple[int, int]:

@@ -68,7 +68,7 @@ def test_the_launch_serves_a_tied_checkpoint_untied_in_the_trainers_dtype_with_a
         is False
     )
     assert cpu.is_tied(tied)  # the checkpoint itself is untouched
-    weights = {**load_file(f"{view}/model.safetensors"), **load_file(f"{view}/{cpu.LM_HEAD_FILE}")}
+    weights = {**load_file(f"{view}/model-base.safetensors"), **load_file(f"{view}/{cpu.LM_HEAD_FILE}")}
     assert torch.equal(weights["lm_head.weight"], weights["model.embed_tokens.weight"])
     sized = make_engine(tied, tmp_path / "logs2", kv_cache_memory_bytes=123, dtype="bfloat16").command([1, 2])
     assert flag(sized, "--kv-cache-memory-bytes") == "123"

@@ -33,6 +33,9 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_VERSION = "0.32.0"
 Reply = tuple[int, dict]  # (HTTP status, JSON body)
+# What a vLLM server on this CPU machine takes (validation refuses the rest): disk syncs, a head size its
+# attention kernel has.
+CPU_VLLM = ["rollout=vllm", "rollout.weight_sync.mode=disk", "model=tiny_qwen3_vllm"]
 
 
 class VLLMVersionError(RuntimeError):

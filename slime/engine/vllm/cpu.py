@@ -47,21 +47,33 @@ def _embedding(model_dir: Path):
 
 def untie(model_dir: str | Path) -> None:
     """Make the checkpoint at `model_dir` untied in place: `lm_head.weight` (a copy of the embedding) in its own
-    file, listed in the index if there is one, and `tie_word_embeddings: false`. Does nothing to an untied one."""
+    file, listed in the index (written when there was none), and `tie_word_embeddings: false`. Does nothing to
+    an untied one."""
     from safetensors.torch import save_file
 
     model_dir = Path(model_dir)
     if not is_tied(model_dir):
         return
-    save_file({LM_HEAD: _embedding(model_dir).contiguous()}, str(model_dir / LM_HEAD_FILE), metadata={"format": "pt"})
     index = model_dir / INDEX_FILE
-    if index.exists():
-        data = json.loads(index.read_text())
-        data.setdefault("weight_map", {})[LM_HEAD] = LM_HEAD_FILE
-        _replace(index, json.dumps(data, indent=2))
+    # with the head in a file of its own, an index lists every file (transformers reads one file without one)
+    data = json.loads(index.read_text()) if index.exists() else {"metadata": {}, "weight_map": _weight_map(model_dir)}
+    save_file({LM_HEAD: _embedding(model_dir).contiguous()}, str(model_dir / LM_HEAD_FILE), metadata={"format": "pt"})
+    data.setdefault("weight_map", {})[LM_HEAD] = LM_HEAD_FILE
+    _replace(index, json.dumps(data, indent=2))
     config = json.loads((model_dir / "config.json").read_text())
     config["tie_word_embeddings"] = False
     _replace(model_dir / "config.json", json.dumps(config, indent=2))
+
+
+def _weight_map(model_dir: Path) -> dict[str, str]:
+    """Tensor name -> file of every safetensors file under `model_dir` (an index's `weight_map`)."""
+    from safetensors import safe_open
+
+    found = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            found.update(dict.fromkeys(f.keys(), file.name))
+    return found
 
 
 def untied_view(model_dir: str | Path, view_dir: str | Path) -> Path:
@@ -73,7 +85,9 @@ def untied_view(model_dir: str | Path, view_dir: str | Path) -> Path:
         entry.unlink()
     for file in model_dir.iterdir():
         if file.is_file() and file.name not in ("config.json", INDEX_FILE):
-            os.symlink(file, view_dir / file.name)
+            # an index is only read when no `model.safetensors` is there (transformers): one file gets a shard name
+            name = "model-base.safetensors" if file.name == "model.safetensors" else file.name
+            os.symlink(file, view_dir / name)
     for name in ("config.json", INDEX_FILE):
         if (model_dir / name).exists():
             (view_dir / name).write_text((model_dir / name).read_text())

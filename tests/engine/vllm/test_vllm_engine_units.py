@@ -12,7 +12,7 @@ from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
-from tests.engine.vllm.test_vllm_config import CPU_VLLM
+from tests.helpers.vllm_real import CPU_VLLM
 
 
 # ------------------------------------------------------------------------------------------ server groups
