@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -24,6 +26,10 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # and runs of other sessions on the same machine are not mistaken for ours.
 TEST_SESSION_VAR = "SLIME_TEST_SESSION"
 os.environ[TEST_SESSION_VAR] = str(os.getpid())
+# The generated models and data of this session's runs (paths.cache_dir): never the checkout's .cache, so
+# sessions share nothing through the repository. Removed when the session ends.
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="slime-test-cache-"))
+os.environ["SLIME_CACHE_DIR"] = str(SESSION_CACHE)
 
 
 def session_processes() -> list[str]:
@@ -137,3 +143,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
