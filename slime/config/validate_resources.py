@@ -272,8 +272,8 @@ def check_weight_sync(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "debug.check_weight_update_equal",
             True,
-            "the check drives SGLang's /weights_checker (snapshot, reset_tensors, compare, checksum), "
-            "which vLLM servers do not have",
+            "the check drives SGLang's /weights_checker (snapshot, reset_tensors, compare, checksum); vLLM 0.32.0's "
+            "/weight_checker (checksum, reset, compare against a baseline the caller keeps) is not wired to it",
             "set debug.check_weight_update_equal=false with rollout.engine=vllm",
         )
 

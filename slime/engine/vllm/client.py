@@ -62,7 +62,9 @@ class VLLMClient(EngineClient):
         raise EngineHTTPError("POST", self.url + "/reset_prefix_cache", 200, f"still failing: {body}")
 
     def pause_generation(self, mode: Optional[str] = None) -> None:
-        """POST /pause?mode=abort (in-flight requests end as aborted, new ones get 503 until /resume)."""
+        """POST /pause?mode=abort: in-flight requests end as aborted; new ones wait in the scheduler until /resume
+        (0.32.0: `AsyncLLM.pause_generation` pauses `EngineCore`'s scheduler, the API server still queues them;
+        tests/engine/test_vllm_server.py holds one across a pause)."""
         self._call("POST", "/pause?mode=" + (mode or "abort"), {})
 
     def continue_generation(self) -> None:

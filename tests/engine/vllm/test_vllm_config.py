@@ -258,8 +258,8 @@ def test_vllm_keys_with_another_engine_and_unsplittable_servers():
     found = problems_for(["+rollout.vllm.prefill_num_servers=1"])  # one rollout GPU: one server
     assert "leaves no decode server: the policy has 1 server(s)" in found["rollout.vllm.prefill_num_servers"]
     validate(typed_config([*CPU_VLLM, "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=1"]))
-    found = problems_for(["debug.check_weight_update_equal=true"])  # vLLM reports no per-tensor sha256
-    assert "vLLM servers do not have" in found["debug.check_weight_update_equal"]
+    found = problems_for(["debug.check_weight_update_equal=true"])  # SGLang's checker, not vLLM's
+    assert "is not wired to it" in found["debug.check_weight_update_equal"]
     found = problems_for(["+rollout.vllm.enable_server_load_tracking=false", "+rollout.vllm.enable_scale_out=false"])
     assert "polls GET /load" in found["rollout.vllm.enable_server_load_tracking"]
     assert "the rollout's /inference/v1/generate route needs it" in found["rollout.vllm.enable_scale_out"]
