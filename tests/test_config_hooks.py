@@ -168,6 +168,7 @@ def test_rollout_function_resolves_names_and_the_algorithms_default(overrides, p
 def test_generator_writes_its_own_path_only_when_the_run_reads_it(tmp_path):
     default = typed_config([])
     assert default.data.prompt_data == default.data.generator["path"]  # the embedded run reads the generated file
+    prepare_assets(default)  # the tiny model (and the default data) first: only the generator's file is at stake
     own = tmp_path / "cache" / "train.jsonl"
     cfg = typed_config([f"data.generator.path={own}", f"data.prompt_data={own}", "data.generator.num_prompts=7"])
     assert prepare_assets(cfg) == [str(own)]
