@@ -29,6 +29,7 @@ from slime.types import Sample
 from tests.conftest import typed_config
 from tests.helpers.recording_worker import RecordingWorker
 from tests.helpers.sglang_real import require
+from tests.helpers.vllm_real import CPU_VLLM
 from tests.test_config_presets import assert_stopped_in_validation, run_main
 
 # A value of the wire type SGLang 0.5.23 gives each SamplingParams field (sglang/srt/sampling/sampling_params.py).
@@ -200,7 +201,7 @@ def test_the_routers_health_checks_and_circuit_breaker_are_off(tiny_model_dir, t
         (["+rollout.router.extra_args.disable_circuit_breaker=false"], "disable_circuit_breaker", "breaker stays off"),
         (["+rollout.router.extra_args.cb_failure_threshold=3"], "cb_failure_threshold", "breaker stays off"),
         (
-            ["rollout=vllm", "+rollout.router.extra_args.cb_window_duration_secs=3"],
+            [*CPU_VLLM, "+rollout.router.extra_args.cb_window_duration_secs=3"],
             "cb_window_duration_secs",
             "breaker",
         ),
