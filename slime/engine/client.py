@@ -3,7 +3,7 @@
 Plain HTTP, no process and no Ray: the engine's launcher, the weight-sync classes, the rollout
 manager and the tests all talk to a server through this, whoever started it (an external engine
 included). Timeouts are in seconds. Every route and body is SGLang 0.5.23's (its route table and
-io_struct request types; `tests/engine/test_sglang_contract.py` checks each call against the wheel).
+io_struct request types; `tests/engine/sglang/test_sglang_contract.py` checks each call against the wheel).
 """
 
 from __future__ import annotations

@@ -8,7 +8,14 @@ import socket
 import pytest
 import torch
 
-from tests.train.test_fsdp_backend import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
+from tests.train.fsdp.test_fsdp_backend import (
+    batches_for,
+    log_probs,
+    make_backend,
+    make_samples,
+    make_setup,
+    train_rollout,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -81,7 +88,7 @@ def test_fsdp2_critic_on_cuda(tiny_model_dir):
 def test_fsdp2_with_tensor_parallel_on_two_gpus(tiny_model_dir, tmp_path):
     """dp=1 × tp=2 over NCCL (FSDP2 on the dp dimension, DTensor tp) against one GPU, both bf16."""
     from slime.train.layout import RankLayout
-    from tests.train.test_tensor_parallel import OVERRIDES, run_group
+    from tests.train.fsdp.test_tensor_parallel import OVERRIDES, run_group
 
     base = make_setup(tiny_model_dir, [*OVERRIDES, f"checkpoint.ref_load={tiny_model_dir}"])
     setup = dataclasses.replace(base, device="cuda", precision="bf16")

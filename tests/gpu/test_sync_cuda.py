@@ -15,7 +15,7 @@ from slime.sync.base import SyncContext
 from tests.gpu.test_fsdp_cuda import free_port
 from tests.helpers.weights import engine_checksums
 from tests.sync.test_disk_sync import start_engine
-from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """Rollout dumps: what `debug.save_rollout_data` writes, reading it back, and the per-epoch coverage check.
 
-main.py with save and replay: tests/test_end_to_end.py::test_data_parallel_run_and_resume.
+main.py with save and replay: tests/e2e/test_end_to_end.py::test_data_parallel_run_and_resume.
 """
 
 from __future__ import annotations

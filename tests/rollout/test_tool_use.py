@@ -11,7 +11,7 @@ import pytest
 from slime.assets.tokenizer import build_tokenizer
 from slime.rollout.tool_use import ERROR, calculate
 from tests.conftest import ROOT
-from tests.test_end_to_end import main_py
+from tests.e2e.test_end_to_end import main_py
 
 
 def test_calculator_evaluates_arithmetic_only_within_its_time_limit():

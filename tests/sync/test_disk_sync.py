@@ -12,7 +12,7 @@ from slime.config.schema import HFEngineConfig
 from slime.engine.base import EngineLaunch
 from slime.engine.hf.engine import HFEngine
 from slime.sync.base import SyncContext
-from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 
 def start_engine(model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str, ...] = (), **config) -> HFEngine:

@@ -14,7 +14,7 @@ from slime.tracking.naming import HydraRun, run_identity, store_run_id, stored_r
 from slime.tracking.tracker import Tracker
 from slime.tracking.wandb_run import optimizer_step
 from tests.conftest import typed_config
-from tests.tracking.wandb_files import offline_runs
+from tests.helpers.wandb_files import offline_runs
 
 CHOICES = {"model": "tiny_qwen3", "algo": "grpo", "cluster": "local_cpu", "rollout": "hf", "recipe": None}
 

@@ -8,8 +8,8 @@ import torch
 from slime.algo import chunked_log_probs_and_entropy, log_probs_and_entropy
 from slime.train import batching
 from slime.train.fsdp.critic import FSDPCritic
-from tests.test_config import problems_for
-from tests.train.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.config.test_config import problems_for
+from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 
 def _unpacked(model, batch, indices, temperature):

@@ -64,7 +64,7 @@ class VLLMClient(EngineClient):
     def pause_generation(self, mode: Optional[str] = None) -> None:
         """POST /pause?mode=abort: in-flight requests end as aborted; new ones wait in the scheduler until /resume
         (0.32.0: `AsyncLLM.pause_generation` pauses `EngineCore`'s scheduler, the API server still queues them;
-        tests/engine/test_vllm_server.py holds one across a pause)."""
+        tests/engine/vllm/test_vllm_server.py holds one across a pause)."""
         self._call("POST", "/pause?mode=" + (mode or "abort"), {})
 
     def continue_generation(self) -> None:

@@ -25,9 +25,9 @@ from slime.engine.vllm.engine_args import (
 )
 from slime.tracking.dry_run import dry_run
 from slime.tracking.memory import GIB, estimate_memory
+from tests.config.test_config_presets import assert_stopped_in_validation, run_main
 from tests.conftest import ROOT, compose_config, typed_config
 from tests.helpers.vllm_real import CPU_VLLM
-from tests.test_config_presets import assert_stopped_in_validation, run_main
 
 SEED_FLAGS = {  # the seeds' vime flags -> rollout keys (README "Using vLLM instead of SGLang")
     "gpu_memory_utilization": 0.7,

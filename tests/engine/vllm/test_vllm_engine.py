@@ -7,7 +7,7 @@ the three weight-sync modes, sleep/wake order and the error paths.
 The servers here are what a CPU vLLM cannot be: each fixture server runs with --enable-sleep-mode (a CPU vLLM
 refuses it) and a weight-transfer backend whose engine needs an accelerator (NCCL, CUDA IPC), and a PD pair
 would need NIXL's KV transfer. Each test says which of these it needs; what a real CPU vLLM can do (plain
-generation, abort, pause/resume, disk sync, engines.json, kill -9) tests/test_vllm_real.py covers on the real
+generation, abort, pause/resume, disk sync, engines.json, kill -9) tests/e2e/test_vllm_real.py covers on the real
 server, so those tests may be trimmed here later.
 
 Two fake servers start once for the module, in parallel (see the `servers` fixture)."""
@@ -108,7 +108,7 @@ def test_registered_and_command_is_vllms_cli_with_the_framework_owned_arguments(
 
 
 def test_a_server_that_rejects_its_arguments_fails_with_the_log_tail(tmp_path):
-    """vLLM's own parser refuses the flag inside the fake as it would in vLLM; tests/test_vllm_real.py covers the
+    """vLLM's own parser refuses the flag inside the fake as it would in vLLM; tests/e2e/test_vllm_real.py covers the
     real server."""
     engine = make_engine("/m", tmp_path, args={"no_such_engine_arg": 1})
     with pytest.raises(EngineStartupError, match=r"(?s)exited with status 2.*unrecognized arguments: --no-such"):
@@ -174,7 +174,7 @@ GREEDY = {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.0, "top_k": 
 
 
 def test_generation_through_the_router_is_recorded_on_the_sample_as_with_sglang(servers, router, tiny_model_dir):
-    """Plain generation, which tests/test_vllm_real.py covers on the real server; here on the fixture's TP-2
+    """Plain generation, which tests/e2e/test_vllm_real.py covers on the real server; here on the fixture's TP-2
     sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     regular = servers[0]
     assert [(w["url"], w["worker_type"], w["is_healthy"]) for w in router.list_workers()] == [
@@ -247,7 +247,7 @@ def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tm
     bit for bit, and the version is the push's. distributed -> the main server's NCCL backend (gloo here, all
     its TP ranks join), tensor -> the prefill server's IPC backend (/dev/shm), disk -> /collective_rpc. Fake
     only for distributed and tensor: a CPU vLLM's NCCL and IPC transfer engines need an accelerator; the disk
-    sync tests/test_vllm_real.py covers on the real server."""
+    sync tests/e2e/test_vllm_real.py covers on the real server."""
     from slime.registry import WEIGHT_SYNC
 
     engine = servers[1] if mode == "tensor" else servers[0]
@@ -312,7 +312,7 @@ def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_k
 
 
 def test_an_external_router_gets_the_workers_and_is_left_running(servers, tiny_model_dir, tmp_path):
-    """Plain generation through a connected router, which tests/test_vllm_real.py covers on the real server;
+    """Plain generation through a connected router, which tests/e2e/test_vllm_real.py covers on the real server;
     here on the fixture's sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     regular = servers[0]
     external = VLLMRouter.launch(cfg=RouterConfig(policy="round_robin"), log_path=tmp_path / "external.log")
@@ -347,7 +347,7 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
     """The fleet's fault tolerance (slime.runtime.engine_fleet, Ray calls run locally) with a vLLM server
     (last: it kills the regular server): the health monitor removes it from the vllm-router, `recover()`
     restarts it on fresh ports, it gets the weights, then `register_restarted` puts it back. Kill and restart
-    with engines.json are what tests/test_vllm_real.py covers on the real server; here on the fixture's
+    with engines.json are what tests/e2e/test_vllm_real.py covers on the real server; here on the fixture's
     sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     from slime.config.schema import FaultToleranceConfig
     from slime.engine.groups import EngineSpec, ModelSpec

@@ -10,7 +10,7 @@ pytest.importorskip("megatron.core")
 
 from slime.engine.process import free_port  # noqa: E402
 from slime.train.megatron import checkpoint  # noqa: E402
-from tests.train.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
+from tests.train.fsdp.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 
 
 def _run(setup, batches: list, *, save_at: int | None = None) -> dict:

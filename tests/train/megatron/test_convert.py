@@ -15,7 +15,7 @@ pytest.importorskip("megatron.core")
 
 from slime.train.megatron.weights.hf_files import HFReader  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
-from tests.train.megatron.tiny_checkpoints import FAMILIES, make_checkpoint  # noqa: E402
+from tests.helpers.megatron_checkpoints import FAMILIES, make_checkpoint  # noqa: E402
 
 
 def _to_bf16(model_dir) -> None:

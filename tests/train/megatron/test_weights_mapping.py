@@ -7,7 +7,7 @@ import torch
 
 from slime.train.megatron.weights import names, sharding
 from slime.train.megatron.weights.hf_files import HFReader
-from tests.train.megatron.tiny_checkpoints import FAMILIES, make_checkpoint
+from tests.helpers.megatron_checkpoints import FAMILIES, make_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from slime.engine.process import free_port  # noqa: E402
-from tests.train.megatron.tiny_checkpoints import make_checkpoint  # noqa: E402
+from tests.helpers.megatron_checkpoints import make_checkpoint  # noqa: E402
 
 # (family, checkpoint overrides, parallel sizes): untied with bias over tp; tied over pp (the last stage
 # holds a copy of the embedding) with 2 virtual stages of 4 layers; MoE over ep, and over tp and ep

@@ -1,0 +1,328 @@
+"""The real thing on CPU: main.py with Ray, the router, engines and trainers, as a user runs it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, main_argv, session_processes
+from tests.helpers.wandb_files import offline_runs
+
+pytestmark = pytest.mark.slow
+T = TypeVar("T")
+
+
+def assert_no_run_processes(timeout_s: float = 20.0) -> None:
+    """Nothing a test started (Ray daemons and workers, the router, engines) is still alive."""
+    deadline = time.monotonic() + timeout_s
+    while session_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert session_processes() == []
+
+
+def main_py(run_dir: Path, *overrides: str, timeout: float = 600, tracked: bool = False) -> subprocess.CompletedProcess:
+    """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots)."""
+    return subprocess.run(
+        main_argv(run_dir, *overrides, tracked=tracked),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, stagger_s: float = 5.0) -> dict[str, T]:
+    """Each job (a function starting runs and waiting for them), `max_workers` at a time, in the order given
+    (put the longest first): a short run is mostly start-up waits (Ray, actors, engine health), which overlap.
+    The first jobs start `stagger_s` apart: Ray gives a new node's raylet 30 s to register, which several
+    clusters starting at the same instant on 2 busy cores can exceed. Returns {key: the job's result} once
+    every job has ended, so no run's processes are left."""
+
+    def staggered(index: int, job: Callable[[], T]) -> T:
+        time.sleep(stagger_s * index if index < max_workers else 0.0)  # later jobs start as earlier ones end
+        return job()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
+        futures = {key: pool.submit(staggered, index, job) for index, (key, job) in enumerate(jobs.items())}
+        return {key: future.result() for key, future in futures.items()}
+
+
+def main_py_concurrently(
+    runs: dict[str, tuple[Path, list[str]]], *, max_workers: int = 3, timeout: float = 600
+) -> dict[str, subprocess.CompletedProcess]:
+    """`main_py(run_dir, *overrides)` for each {key: (run_dir, overrides)}, through `run_concurrently`."""
+    jobs = {
+        key: functools.partial(main_py, run_dir, *overrides, timeout=timeout)
+        for key, (run_dir, overrides) in runs.items()
+    }
+    return run_concurrently(jobs, max_workers=max_workers)
+
+
+def selected_runs(request: pytest.FixtureRequest, run_of: Callable[[pytest.Item], str | None]) -> set[str]:
+    """The keys of the runs that this module's collected tests need (`run_of(test)`; None: no shared run), so
+    that a -k selection starts only the runs it checks."""
+    return {key for item in request.session.items if item.module is request.module and (key := run_of(item))}
+
+
+def rewards(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["rollout/raw_reward"] for r in records if "rollout/raw_reward" in r]
+
+
+def _embedded_default(run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    proc = main_py(run_dir, tracked=True)
+    return proc, time.monotonic() - started
+
+
+def _data_parallel(run_dir: Path) -> dict[str, subprocess.CompletedProcess]:
+    """A dp2 run saving a checkpoint and its rollouts; then, at once, its resume and a replay of its rollouts."""
+    first_dir = run_dir / "first"
+    first = main_py(
+        first_dir,
+        "recipe=embedded_dp2",
+        "train.num_rollout=3",
+        "checkpoint.save_interval=2",
+        "debug.save_rollout_data=true",
+        tracked=True,
+    )
+    if first.returncode != 0:
+        return {"first": first}
+    resumed = ["recipe=embedded_dp2", "train.num_rollout=5", f"checkpoint.load={first_dir / 'checkpoints'}"]
+    replay = ["recipe=embedded_dp2", "train.num_rollout=2", f"debug.load_rollout_data={first_dir / 'rollout_data'}"]
+    later = run_concurrently(
+        {
+            "second": functools.partial(main_py, run_dir / "second", *resumed, tracked=True),
+            "replay": functools.partial(main_py, run_dir / "replay", *replay),
+        }
+    )
+    return {"first": first, **later}
+
+
+def _sigterm_after_two_rollouts(run_dir: Path) -> tuple[bool, int]:
+    """The embedded default, sent SIGTERM once 2 rollouts are logged: (still running then, exit code)."""
+    proc = subprocess.Popen(
+        main_argv(run_dir),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while (
+        not (metrics.exists() and metrics.read_text().count("rollout/raw_reward") >= 2) and time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    running = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return running, proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return running, proc.wait()
+
+
+def _multirun(sweep_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "main.py",
+            "--multirun",
+            "recipe=glob(embedded_*)",
+            "train.num_rollout=1",
+            "logger.progress=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+# The runs of this module's tests, the longest first: they run three at a time (run_concurrently).
+JOBS: dict[str, Callable[[Path], Any]] = {
+    "embedded_default": _embedded_default,
+    "multirun": _multirun,
+    "data_parallel": _data_parallel,
+    "sigterm": _sigterm_after_two_rollouts,
+    "startup_failure": lambda run_dir: main_py(run_dir, "rollout.max_prompt_len=1", "train.num_rollout=2"),
+}
+RUN_OF_TEST = {
+    "test_embedded_default_learns": "embedded_default",
+    "test_multirun_sweeps_recipes_by_glob": "multirun",
+    "test_data_parallel_run_and_resume": "data_parallel",
+    "test_interrupt_stops_everything": "sigterm",
+    "test_failure_during_startup_writes_result_and_cleans_up": "startup_failure",
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> dict[str, tuple[Path, Any]]:
+    """{key: (run dir, what its job returned)} for the selected tests; returns once every run has ended."""
+    root = tmp_path_factory.mktemp("e2e")
+    wanted = selected_runs(request, lambda test: RUN_OF_TEST.get(test.originalname))
+    results = run_concurrently({key: functools.partial(job, root / key) for key, job in JOBS.items() if key in wanted})
+    return {key: (root / key, result) for key, result in results.items()}
+
+
+def test_embedded_default_learns(runs):
+    """`python main.py` as shipped: learns the digit task, leaves every artifact, no process behind."""
+    run_dir, (proc, elapsed) = runs["embedded_default"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    curve = rewards(run_dir)
+    assert len(curve) == 60
+    last3, first = sum(curve[-3:]) / 3, curve[0]
+    # Over seeds 1-5 and 1234 (deterministic runs): first 0.012-0.020, last-3 mean 0.954-0.974.
+    assert first <= 0.1 and last3 >= 0.8, curve
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = set().union(*records)
+    assert {"rollout/step", "rollout/raw_reward", "train/pg_loss", "train/grad_norm", "train/step"} <= keys
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["rollouts_completed"] == 60
+    assert (run_dir / "config.yaml").exists() and (run_dir / "reward_curve.png").stat().st_size > 10_000
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert "Derived values" in proc.stdout
+    assert_no_run_processes()
+    print(f"embedded default: {elapsed:.1f}s wall, first {first:.3f}, last3 {last3:.3f}")
+
+
+def test_data_parallel_run_and_resume(runs):
+    """Two training ranks over gloo; then a rerun with checkpoint.load continues at the next rollout; and the
+    first run's rollout dumps train again without engines (debug.load_rollout_data), step for step the same."""
+    run_dir, procs = runs["data_parallel"]
+    first_dir, second_dir, replay_dir = run_dir / "first", run_dir / "second", run_dir / "replay"
+    assert procs["first"].returncode == 0, procs["first"].stderr[-3000:]
+    ckpt = first_dir / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (ckpt / "iter_0000001" / "model" / "model.safetensors").exists()
+    assert (ckpt / "rollout" / "global_dataset_state_dict_2.pt").exists()
+    assert procs["second"].returncode == 0, procs["second"].stderr[-3000:]
+    steps = [
+        json.loads(line)["rollout/step"]
+        for line in (second_dir / "metrics.jsonl").read_text().splitlines()
+        if "rollout/raw_reward" in line
+    ]
+    assert steps == [3, 4]
+    result = json.loads((second_dir / "result.json").read_text())
+    assert (result["start_rollout"], result["rollouts_completed"]) == (3, 2)
+    # The resumed run appends to the same (offline) wandb run: same id, wandb steps continue, none twice.
+    (first_run,), (second_run,) = offline_runs(first_dir), offline_runs(second_dir)
+    assert first_run["id"] == second_run["id"] == json.loads((ckpt / "tracking_run.json").read_text())["id"]
+    wandb_steps = [row["_step"] for row in first_run["history"] + second_run["history"]]
+    assert wandb_steps == sorted(set(wandb_steps))
+    assert [r["rollout/step"] for r in second_run["history"] if "rollout/raw_reward" in r] == [3, 4]
+    assert second_run["config"]["checkpoint"]["load"] == str(ckpt) and "env" in second_run["config"]
+    check_rollout_dumps(first_dir / "rollout_data", num_rollout=3)
+    assert procs["replay"].returncode == 0, procs["replay"].stderr[-3000:]
+    assert not (replay_dir / "logs").exists()  # no router, no engine (their logs live there)
+    train = lambda d: [  # noqa: E731
+        (r["train/step"], r["train/pg_loss"], r["train/grad_norm"])
+        for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+        if "train/pg_loss" in r
+    ]
+    steps_per_rollout = len(train(first_dir)) // 3
+    assert steps_per_rollout >= 1 and train(replay_dir) == train(first_dir)[: 2 * steps_per_rollout]
+    assert rewards(replay_dir) == rewards(first_dir)[:2]
+    assert_no_run_processes()
+
+
+def check_rollout_dumps(dump_dir: Path, *, num_rollout: int) -> None:
+    """One file per rollout; whole groups of n samples with what training and the epoch check need."""
+    cfg = yaml.safe_load((dump_dir.parent / "config.yaml").read_text())
+    n, batch = cfg["rollout"]["n_samples_per_prompt"], cfg["rollout"]["batch_size"]
+    assert sorted(p.name for p in dump_dir.iterdir()) == [f"{i}.jsonl" for i in range(num_rollout)]
+    seen = set()
+    for i in range(num_rollout):
+        samples = [json.loads(line) for line in (dump_dir / f"{i}.jsonl").read_text().splitlines()]
+        assert len(samples) == n * batch
+        for s in samples:
+            assert {"index", "group_index", "prompt_index", "epoch", "prompt", "label", "metadata", "status"} <= set(s)
+            assert len(s["loss_mask"]) == len(s["rollout_log_probs"]) == s["response_length"] and s["reward"] in (0, 1)
+        groups = {s["group_index"]: s["prompt_index"] for s in samples}
+        assert [s["group_index"] for s in samples] == sorted(s["group_index"] for s in samples)
+        assert all(sum(s["group_index"] == g for s in samples) == n for g in groups)
+        assert seen.isdisjoint(groups.values()) and all(s["epoch"] == 0 for s in samples)  # no prompt twice
+        seen |= set(groups.values())
+
+
+def test_failure_during_startup_writes_result_and_cleans_up(runs):
+    """Every prompt is longer than rollout.max_prompt_len: only the rollout manager's tokenizer can tell, at
+    startup (a malformed file is a configuration error, exit 2: tests/rollout/test_data.py)."""
+    run_dir, proc = runs["startup_failure"]
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["phase"] == "startup"
+    assert "every prompt is longer than rollout.max_prompt_len=1" in result["error"]
+    assert_no_run_processes()
+
+
+def test_interrupt_stops_everything(runs):
+    """SIGTERM from outside, as `kill` or a job scheduler sends it (SIGINT in each phase: test_interrupts.py).
+    Ray's start replaces the SIGTERM handler; the run must still hear it."""
+    run_dir, (running, code) = runs["sigterm"]
+    assert running, "the run ended before it could be interrupted"
+    assert code == 143
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted" and result["error"] == "SIGTERM"
+    # SIGTERM came once 2 steps were logged; a step counts as completed after its logging (and eval), so the
+    # signal may land between the two
+    logged = len(rewards(run_dir))
+    assert logged >= 2 and logged - 1 <= result["rollouts_completed"] <= logged, (logged, result)
+    assert_no_run_processes()
+
+
+def test_multirun_sweeps_recipes_by_glob(runs):
+    """`--multirun 'recipe=glob(...)'` finds recipes/ through conf/recipe; jobs run one after another in one
+    process, each with its own Ray session (the second would reuse the first's without a shutdown).
+
+    The jobs start from the same weights and seed with one training rank (embedded_eval), two data-parallel
+    ranks (embedded_dp2) and two tensor-parallel ranks of one shard (embedded_tp2): the same rollout, and
+    the same step to float32 rounding, through the real runtime's dispatch and weight sync."""
+    sweep_dir, proc = runs["multirun"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {
+        json.loads((d / "result.json").read_text())["run_dir"]: d for d in sorted(sweep_dir.iterdir()) if d.is_dir()
+    }
+    assert len(results) == 3
+    first_steps = {}
+    for d in results.values():
+        records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        first_steps[d.name] = (
+            [r for r in records if "rollout/raw_reward" in r][0],
+            [r for r in records if "train/step" in r],
+        )
+    (rollout, steps), *others = first_steps.values()
+    for other_rollout, other_steps in others:
+        assert other_rollout["rollout/raw_reward"] == rollout["rollout/raw_reward"]
+        for mine, theirs in zip(steps, other_steps):
+            for key in ("train/pg_loss", "train/grad_norm", "train/entropy_loss"):
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
+    eval_records = [
+        json.loads(line)
+        for d in results.values()
+        for line in (d / "metrics.jsonl").read_text().splitlines()
+        if "eval/step" in line
+    ]
+    assert eval_records and {
+        "eval/digit_task",
+        "eval/digit_task/pass@1",
+        "eval/digit_task_sampled",
+        "eval/digit_task_sampled/response_len/mean",
+        "eval/digit_task_sampled/pass@4",
+    } <= set(eval_records[0])
+    assert (sweep_dir / "sweep_rewards.png").stat().st_size > 10_000  # the sweep's comparison (hydra callback)
+    groups = {run["group"] for d in results.values() for run in offline_runs(d)}
+    assert groups == {f"{sweep_dir.parent.name}_{sweep_dir.name}"}  # one wandb group: the sweep
+    assert_no_run_processes()

@@ -1,0 +1,302 @@
+"""main.py with `rollout=sglang` on CPU (the fake SGLang server, launched as SGLang is, dying where SGLang's
+scheduler dies): served models where only one is updated, an external router and an external engine (both
+left running), and fault tolerance under kill -9, in one run; the colocated hand-off; fault tolerance with
+colocation (a killed engine restarted and released before its weights are resumed); a weight push longer
+than the health-probe timeout, which restarts nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, main_argv
+from tests.e2e.test_end_to_end import assert_no_run_processes
+from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK
+
+pytestmark = pytest.mark.slow
+
+FAKE_SGLANG = ["rollout=sglang", "rollout.sglang_launch.module=tests.fakes.fake_sglang"]
+SMALL = ["rollout.batch_size=16", "train.global_batch_size=64", "rollout.deterministic=false"]
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    """Per rollout id, the merged rollout-level metrics."""
+    merged: dict[int, dict] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "rollout/raw_reward" in record:
+            merged.setdefault(record["rollout/step"], {}).update(record)
+    return merged
+
+
+def generate_versions(log: Path) -> list[str]:
+    text = log.read_text() if log.exists() else ""
+    return [
+        json.loads(line.split(" ", 1)[1])["weight_version"]
+        for line in text.splitlines()
+        if line.startswith(GENERATE_MARK)
+    ]
+
+
+def fake_requests(log: Path) -> list[dict]:
+    lines = log.read_text().splitlines()
+    return [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith(REQUEST_MARK)]
+
+
+def test_served_models_external_router_and_engine_and_kill_9_mid_rollout(tmp_path, tiny_model_dir):
+    """rollout=sglang (the fake, as SGLang is launched): an updated model "actor" of two engines behind an
+    external router, plus one external engine; a frozen model "ref" of one engine. Engine 1's server is
+    killed (kill -9, PID from engines.json) while rollout 0 runs; the run must complete."""
+    from slime.config.schema import RouterConfig
+    from slime.engine.router import Router
+    from tests.sync.test_disk_sync import start_engine
+
+    router = Router.launch(cfg=RouterConfig(), log_path=tmp_path / "external_router.log")
+    external = start_engine(tiny_model_dir, tmp_path / "external")
+    run_dir = tmp_path / "run"
+    models = (
+        "rollout.models=[{name: actor, server_groups: [{num_gpus: 2}]},"
+        " {name: ref, update_weights: false, server_groups: [{num_gpus: 1}]}]"
+    )
+    cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL)
+    cmd += ["train.num_rollout=2", "cluster.rollout.num_gpus=3", models, f"rollout.router.address={router.url}"]
+    cmd += [f"rollout.external_engines=[{external.url}]", "rollout.fault_tolerance.enabled=true"]
+    cmd += ["rollout.fault_tolerance.health_check_interval_s=0.3", "rollout.max_response_len=8"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = None
+        deadline = time.monotonic() + 300
+        while victim is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            if not (run_dir / "engines.json").exists():
+                continue
+            engine = json.loads((run_dir / "engines.json").read_text())["engines"][1]
+            if generate_versions(Path(engine["log"])).count("0") >= 10:  # rollout 0 is under way on engine 1
+                os.kill(engine["pid"], signal.SIGKILL)
+                victim = engine
+        out, err = proc.communicate(timeout=300)
+        assert victim is not None, err[-3000:]
+        assert proc.returncode == 0, err[-3000:]
+        per_rollout = metrics(run_dir)
+        # every prompt of the killed rollout trained once: none lost, none doubled, no aborted sample
+        assert per_rollout[0]["rollout/num_prompts"] == 16 and per_rollout[0]["rollout/num_aborted"] == 0
+        # restarted and re-synced with the others after training on rollout 0, before rollout 1
+        assert [per_rollout[i]["rollout/engine_restarts"] for i in range(2)] == [1, 0]
+        assert "removed from its router" in err
+        engines = json.loads((run_dir / "engines.json").read_text())["engines"]
+        assert [(e["model"], e.get("external", False)) for e in engines] == [
+            ("actor", False),
+            ("actor", False),
+            ("ref", False),
+            ("actor", True),
+        ]
+        assert engines[1]["restarts"] == 1 and engines[1]["pid"] != victim["pid"]
+        assert generate_versions(Path(engines[1]["log"]))[-1] == "1"  # the restarted server, with the new weights
+        synced = lambda e: [r for r in fake_requests(Path(e["log"])) if r["path"].startswith("/update_weights")]  # noqa: E731
+        assert synced(engines[0]) and synced(engines[1]) and not synced(engines[2])  # only "actor" is updated
+        assert external.client.get_weight_version() == "2"  # synced like ours
+        assert external.is_running() and router.process.poll() is None  # never stopped by the run
+        assert router.list_workers() == []  # every engine the run registered left again
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        external.shutdown()
+        router.shutdown()
+    assert_no_run_processes()  # the run's own engines, routers and Ray processes are gone
+
+
+def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
+    """cluster.colocate=true, two training ranks and one engine of TP 2 on their two devices: the driver's
+    hand-off steps (handoff.jsonl) and the engine's own request log follow REFERENCE.md §2.3; each TP rank
+    gets the bucket staged by the training rank on its device; the engine runs the trainer's weights."""
+    run_dir = tmp_path / "run"
+    cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL)
+    cmd += ["train.num_rollout=2", "cluster.colocate=true", "rollout.weight_sync.mode=tensor"]
+    cmd += ["cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus_per_engine=2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "handoff.jsonl").read_text().splitlines()]
+    push = ["train_offload", "engine_resume_weights", "weight_sync", "engine_resume_kv_cache"]
+    before_train = ["engine_release", "train_onload"]
+    expected = [(-1, s) for s in push] + [(i, s) for i in (0, 1) for s in before_train + push]
+    assert [(s["rollout_id"], s["step"]) for s in steps] == expected
+    engine = json.loads((run_dir / "engines.json").read_text())["engines"][0]
+    memory = [
+        (r["path"], (r["body"] or {}).get("tags"))
+        for r in fake_requests(Path(engine["log"]))
+        if "memory" in r["path"] or r["path"] == "/update_weights_from_tensor"
+    ]
+    release = ("/release_memory_occupation", None)
+    one_push = [("/resume_memory_occupation", ["weights"]), ("/update_weights_from_tensor", None)]
+    one_push += [("/resume_memory_occupation", ["kv_cache", "cuda_graph"])]
+    # released once up (the trainer builds), then per step: push ... release before training
+    assert memory[0] == release and memory[1] == one_push[0] and memory[-1] == one_push[-1]
+    assert [m for m in memory if m[0] != "/update_weights_from_tensor"] == [
+        release,
+        one_push[0],
+        one_push[2],
+        release,
+        one_push[0],
+        one_push[2],
+        release,
+        one_push[0],
+        one_push[2],
+    ]
+    assert "--enable-memory-saver" in Path(engine["log"]).read_text()
+    handles = [
+        r["body"]["serialized_named_tensors"]
+        for r in fake_requests(Path(engine["log"]))
+        if r["path"] == "/update_weights_from_tensor"
+    ]
+    # one item per TP rank, each staged by the training rank on that rank's device: the fake logs the shared
+    # segment each item names, /torch_<producer pid>_...
+    producers = [{name.split("_")[1] for name in items} for items in handles]
+    assert handles and all(len(items) == 2 and len(pids) == 2 for items, pids in zip(handles, producers))
+    diffs = [
+        json.loads(line)["train/train_rollout_logprob_abs_diff"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "train/train_rollout_logprob_abs_diff" in line
+    ]
+    assert diffs and max(diffs) < 1e-5  # the engine generated with exactly the trainer's weights
+
+
+def engine_of(run_dir: Path, rank: int, timeout_s: float = 300) -> dict:
+    """Engine `rank`'s entry of engines.json once the run wrote it."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "engines.json").exists():
+        assert time.monotonic() < deadline, "engines.json never written"
+        time.sleep(0.05)
+    return json.loads((run_dir / "engines.json").read_text())["engines"][rank]
+
+
+def test_colocated_fault_tolerance_releases_a_restarted_engine_before_resuming_its_weights(tmp_path):
+    """cluster.colocate=true with fault tolerance, two engines; engine 1 is killed (kill -9) while rollout 0 runs.
+    The push after training restarts it once the trainer is offloaded; it releases its memory at once, so that
+    resuming "weights" then the KV cache is what SGLang accepts (the fake dies, as SGLang's scheduler does, on
+    a resume of a tag that is not released). The run completes, every prompt trained once."""
+    run_dir = tmp_path / "run"
+    cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL, "train.num_rollout=2", "cluster.colocate=true")
+    cmd += ["cluster.actor.num_gpus_per_node=2", "rollout.max_response_len=8", "rollout.fault_tolerance.enabled=true"]
+    cmd += ["rollout.fault_tolerance.health_check_interval_s=0.3"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = engine_of(run_dir, 1)
+        deadline = time.monotonic() + 300
+        while generate_versions(Path(victim["log"])).count("0") < 10:  # rollout 0 is under way on engine 1
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.02)
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        per_rollout = metrics(run_dir)
+        assert per_rollout[0]["rollout/num_prompts"] == 16 and per_rollout[0]["rollout/num_aborted"] == 0
+        assert [per_rollout[i]["rollout/engine_restarts"] for i in range(2)] == [1, 0]
+        steps = [json.loads(line) for line in (run_dir / "handoff.jsonl").read_text().splitlines()]
+        push = ["engine_resume_weights", "weight_sync", "engine_resume_kv_cache"]
+        assert [s["step"] for s in steps if s["rollout_id"] == 0] == [
+            "engine_release",
+            "train_onload",
+            "train_offload",
+            "engine_restart",  # after the trainer left the GPUs
+            *push,
+        ]
+        restarted = engine_of(run_dir, 1)
+        assert restarted["restarts"] == 1 and restarted["pid"] != victim["pid"]
+        memory = [
+            (r["path"], (r["body"] or {}).get("tags"))
+            for r in fake_requests(Path(restarted["log"]))
+            if "memory" in r["path"]
+        ]
+        release, weights = ("/release_memory_occupation", None), ("/resume_memory_occupation", ["weights"])
+        rest = ("/resume_memory_occupation", ["kv_cache", "cuda_graph"])
+        # one log file for both processes of engine 1: the killed one (up, first push), then the restarted one
+        assert memory == [release, weights, rest] + [
+            release,  # at once, as slime's recovery does
+            weights,
+            rest,
+            release,  # before training on rollout 1
+            weights,
+            rest,
+        ]
+        assert generate_versions(Path(restarted["log"]))[-1] == "1"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_no_run_processes()
+
+
+def test_a_weight_push_longer_than_the_probe_timeout_restarts_no_engine(tmp_path):
+    """Fault tolerance with the shortest probe timeout validation allows for the engines' health timeout
+    (SGLANG_HEALTH_CHECK_TIMEOUT=3 -> 8 s) and probes every 0.3 s. Engine 0's server is frozen (SIGSTOP) for
+    longer than that as soon as the first weight push pauses it, so the push lasts longer than a probe may:
+    the probes rest during the push, no engine is taken out or restarted, and the run completes."""
+    run_dir = tmp_path / "run"
+    probe_timeout_s = 8.0
+    cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL, "train.num_rollout=1", "cluster.rollout.num_gpus=2")
+    cmd += ["rollout.max_response_len=8", "rollout.fault_tolerance.enabled=true"]
+    cmd += ["rollout.fault_tolerance.health_check_interval_s=0.3"]
+    cmd += [f"rollout.fault_tolerance.health_check_timeout_s={probe_timeout_s}"]
+    env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "3"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        engine = engine_of(run_dir, 0)
+        deadline = time.monotonic() + 300
+        while not [r for r in fake_requests(Path(engine["log"])) if r["path"] == "/pause_generation"]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.02)
+        os.kill(engine["pid"], signal.SIGSTOP)  # the push now waits on engine 0
+        try:
+            time.sleep(probe_timeout_s + 2)  # the scenario: a push longer than a probe may take
+        finally:
+            os.kill(engine["pid"], signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert metrics(run_dir)[0]["rollout/engine_restarts"] == 0
+        assert "removed from its router" not in err
+        assert [e["restarts"] for e in json.loads((run_dir / "engines.json").read_text())["engines"]] == [0, 0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert_no_run_processes()
+
+
+LEARN_ROLLOUTS = 8
+LEARN_RUNS = {  # the embedded default (hf engine, disk sync), then rollout=sglang with each weight-sync mode
+    "hf": [],
+    "distributed": [*FAKE_SGLANG, "debug.check_weight_update_equal=true"],
+    "disk": [*FAKE_SGLANG, "rollout.weight_sync.mode=disk", "debug.check_weight_update_equal=true"],
+    "tensor": [*FAKE_SGLANG, "rollout.weight_sync.mode=tensor", "cluster.colocate=true"],
+}
+
+
+def test_every_weight_sync_mode_learns_as_the_embedded_default(tmp_path):
+    """The embedded default (deterministic) and `rollout=sglang` on the fake with the distributed, disk and
+    colocated tensor syncs: the same reward at every step, so the same learning (the fake's generation is
+    the hf engine's, so any difference is the SGLang path's: a weight not delivered, a version not stamped).
+    The distributed and disk runs also check every push (debug.check_weight_update_equal: the engines
+    snapshot and randomise the checkpoint's weights once up, the first push must restore them bit-exact)."""
+    from tests.e2e.test_end_to_end import main_py_concurrently, rewards
+
+    runs = {
+        key: (tmp_path / key, [*overrides, f"train.num_rollout={LEARN_ROLLOUTS}"])
+        for key, overrides in LEARN_RUNS.items()
+    }
+    procs = main_py_concurrently(runs, max_workers=2)
+    for key, proc in procs.items():
+        assert proc.returncode == 0, f"{key}: {proc.stderr[-3000:]}"
+    reference = rewards(tmp_path / "hf")
+    assert len(reference) == LEARN_ROLLOUTS and reference[-1] > reference[0] + 0.1, reference  # it learns
+    for key in ("distributed", "disk", "tensor"):
+        assert rewards(tmp_path / key) == reference, key
+    for key in ("distributed", "disk"):
+        engine = json.loads((tmp_path / key / "engines.json").read_text())["engines"][0]
+        checks = [r["body"]["action"] for r in fake_requests(Path(engine["log"])) if r["path"] == "/weights_checker"]
+        # once up: snapshot and randomise; the first push: compare; every push: the engines agree
+        assert checks == ["snapshot", "reset_tensors", "compare", *["checksum"] * (LEARN_ROLLOUTS + 1)], key
+    assert_no_run_processes()

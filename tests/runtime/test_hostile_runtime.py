@@ -1,0 +1,117 @@
+"""Hostile runtime conditions: an unreachable router, engines that die or find their port taken on start,
+a full disk and SIGTERM during a checkpoint save (the previous checkpoint survives and loads)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from slime.config.resume import tracked_iteration
+from slime.engine.base import EngineStartupError
+from slime.engine.router import Router, RouterError
+from slime.runtime.interrupts import Interrupts, RunInterrupted
+from slime.train.fsdp.checkpoint import TRACKER, iter_dir
+from tests.engine.test_engine_base import _CommandEngine
+from tests.helpers.validation import snapshot
+from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_router_names_the_address_and_the_fix():
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(RouterError) as info:
+        Router.connect(address)
+    message = str(info.value)
+    assert message.startswith(f"rollout.router.address={address}: the router does not answer (GET http://{address}")
+    assert "connection failed" in message and "rollout.router.address=null" in message
+
+
+def test_engine_killed_during_startup_reports_status_and_log(tmp_path):
+    """As the OOM killer would: SIGKILL after the server printed its first lines."""
+    script = "import os, signal; print('loading weights', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    engine = _CommandEngine(lambda ports: [sys.executable, "-c", script], tmp_path)
+    with pytest.raises(EngineStartupError) as info:
+        engine.start()
+    message = str(info.value)
+    assert "engine 7 exited with status -9 before becoming healthy" in message and "loading weights" in message
+    assert not engine.is_running()
+
+
+def test_engine_whose_port_was_taken_reports_the_bind_error(tmp_path):
+    """Another process takes the port between reservation and the server's bind (ports.py's window)."""
+    server = textwrap.dedent("""
+        import http.server, sys
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.BaseHTTPRequestHandler).serve_forever()
+    """)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        engine = _CommandEngine(lambda ports: [sys.executable, "-c", server, str(taken)], tmp_path)
+        with pytest.raises(EngineStartupError) as info:
+            engine.start()
+    assert "exited with status 1" in str(info.value) and "Address already in use" in str(info.value)
+
+
+@pytest.fixture
+def saved_once(tiny_model_dir, tmp_path):
+    """A backend with a checkpoint of rollout 0 under tmp_path/ckpt, trained one more step since."""
+    root = tmp_path / "ckpt"
+    backend = make_backend(make_setup(tiny_model_dir, ["train.lr=1e-2"]))
+    batch = batches_for(make_samples(8, seed=0), dp=1, k=1)[0]
+    train_rollout(backend, batch, rollout_id=0)
+    backend.save_checkpoint(0, str(root))
+    train_rollout(backend, batch, rollout_id=1)
+    yield backend, root
+    backend.shutdown()
+
+
+def assert_previous_checkpoint_intact(root, before: dict[str, str]) -> None:
+    assert tracked_iteration(str(root)) == 0 and not iter_dir(root, 1).exists()
+    assert {k: v for k, v in snapshot(root).items() if k.startswith(("iter_0000000", TRACKER))} == before
+
+
+def test_disk_full_during_save_keeps_the_previous_checkpoint(saved_once, monkeypatch):
+    backend, root = saved_once
+    before = snapshot(root)
+    real_save = torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if str(path).endswith("optimizer.pt"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError) as info:
+        backend.save_checkpoint(1, str(root))
+    assert info.value.errno == errno.ENOSPC and ".iter_0000001.partial/optimizer.pt" in str(info.value)
+    assert_previous_checkpoint_intact(root, before)
+
+
+def test_sigterm_during_save_interrupts_it_and_keeps_the_previous_checkpoint(saved_once, monkeypatch):
+    backend, root = saved_once
+    before = snapshot(root)
+    real_save = torch.save
+
+    def signalled(obj, path, *args, **kwargs):
+        if str(path).endswith("optimizer.pt"):
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the optimizer state is being written
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", signalled)
+    with Interrupts(on_force=lambda signum: None), pytest.raises(RunInterrupted) as info:
+        backend.save_checkpoint(1, str(root))
+    assert info.value.exit_code == 143
+    assert_previous_checkpoint_intact(root, before)

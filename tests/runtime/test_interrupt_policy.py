@@ -1,0 +1,55 @@
+"""Ctrl-C and SIGTERM: the handler policy (slime.runtime.interrupts) in a bare process; real runs signalled in
+every phase are in tests/e2e/test_interrupts.py."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+POLICY_SCRIPT = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    from pathlib import Path
+    from slime.runtime.interrupts import Interrupts, RunInterrupted
+
+    out = Path(sys.argv[1])
+    # Started the way a shell starts a background job: SIGINT ignored. The run must still hear it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with Interrupts(on_force=lambda signum: (out / "forced").write_text(str(signum))) as interrupts:
+        try:
+            try:
+                os.kill(os.getpid(), int(sys.argv[2]))
+                time.sleep(5)
+            except RunInterrupted:
+                raise KeyboardInterrupt  # what ray.get raises when a signal cuts its wait
+        except KeyboardInterrupt as exc:
+            (out / "first").write_text(str(interrupts.interrupted(exc).exit_code))
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        (out / "child").write_text(str(child.pid))
+        interrupts.begin_teardown()
+        (out / "tearing_down").write_text("")
+        time.sleep(60)  # a "teardown" that would hang: the second signal must cut it short
+""")
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_first_signal_interrupts_second_forces_and_kills_children(sig, code, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", POLICY_SCRIPT, str(tmp_path), str(int(sig))], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "tearing_down").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, "the first signal killed the process instead of raising RunInterrupted"
+        time.sleep(0.05)
+    assert (tmp_path / "first").read_text() == str(code)
+    child = int((tmp_path / "child").read_text())
+    assert psutil.pid_exists(child)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == code
+    assert (tmp_path / "forced").read_text() == str(int(sig))
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

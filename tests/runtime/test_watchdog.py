@@ -1,0 +1,106 @@
+"""The phase watchdog: stack dumps of armed processes (no Ray); a real run with a hung trainer rank is in
+tests/e2e/test_interrupts.py (it shares that module's runs, three at a time)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from slime.runtime.driver import RunState
+from slime.runtime.watchdog import ARMED, STACKS_ENV, Watchdog, dump_stacks, remove_armed
+from tests.conftest import ROOT
+
+SLEEPER = textwrap.dedent("""
+    import sys, time
+    from slime.runtime.watchdog import arm_stack_dump
+
+    def sleeping_in_a_phase():
+        print("armed", flush=True)
+        time.sleep(60)
+
+    arm_stack_dump()
+    sleeping_in_a_phase()
+""")
+
+
+def _wait_until(predicate, timeout_s: float = 10.0) -> None:
+    """Poll `predicate` every 50 ms until it holds or `timeout_s` passed (the caller's assertion tells which)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_dump_stacks_reads_every_armed_process(tmp_path):
+    stacks = tmp_path / "stacks"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], cwd=ROOT, env={**os.environ, STACKS_ENV: str(stacks)}, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout.readline() == b"armed\n"
+        written = dump_stacks(stacks)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in written) == sorted([f"{os.getpid()}.txt", f"{proc.pid}.txt"])
+    actor = (stacks / f"{proc.pid}.txt").read_text()
+    assert actor.startswith(f"# pid {proc.pid}: ") and "sleeping_in_a_phase" in actor
+    assert "test_dump_stacks_reads_every_armed_process" in (stacks / f"{os.getpid()}.txt").read_text()
+    remove_armed(stacks)
+    assert not (stacks / ARMED).exists() and (stacks / f"{proc.pid}.txt").exists()
+
+
+def test_watchdog_fires_once_on_the_overrunning_phase_and_not_in_teardown(tmp_path):
+    state, fired = RunState(), []
+    state.enter("rollout", 0)
+    dog = Watchdog(state, 2.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: fired.append("stuck"))
+    dog.start()
+    time.sleep(0.5)
+    state.enter("train", 0)
+    time.sleep(0.5)
+    assert fired == []
+    state.phase_started -= 2.0  # train has now run 2.5 s
+    _wait_until(lambda: fired)
+    assert fired == [f"phase train of rollout 0 exceeded runtime.phase_timeout_s=2s; stacks in {tmp_path / 'stacks'}"]
+    assert (tmp_path / "stacks" / f"{os.getpid()}.txt").exists()
+    dog.stop()
+
+    state, fired = RunState(), []
+    state.enter("save", 1)
+    state.tearing_down = True
+    Watchdog(state, 0.1, tmp_path / "s2", on_fire=fired.append, on_stuck=lambda: None).start()
+    time.sleep(0.5)
+    assert fired == [] and not (tmp_path / "s2").exists()
+
+
+def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
+    state, calls = RunState(), []
+    state.enter("weight_sync", 2)
+    state.phase_started -= 5
+    Watchdog(
+        state,
+        1.0,
+        tmp_path / "stacks",
+        on_fire=lambda m: calls.append("fire"),
+        on_stuck=lambda: calls.append("stuck"),
+        grace_s=0.3,
+    ).start()
+    _wait_until(lambda: len(calls) >= 2)
+    assert calls == ["fire", "stuck"]
+
+    state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
+    state.enter("eval", 0)
+    state.phase_started -= 5
+    Watchdog(
+        state,
+        1.0,
+        tmp_path / "stacks2",
+        on_fire=lambda m: (calls.append("fire"), state.enter("teardown")),
+        on_stuck=lambda: calls.append("stuck"),
+        grace_s=0.3,
+    ).start()
+    _wait_until(lambda: calls)
+    time.sleep(1.0)  # over three times the grace: a forced exit would have come
+    assert calls == ["fire"]

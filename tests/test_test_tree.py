@@ -1,0 +1,69 @@
+"""The test tree's own rules (tests/README.md), checked on the tests' source and on pytest's collection.
+
+Unit tests mirror the package, end-to-end runs live in tests/e2e (all `slow`), the GPU tier in tests/gpu (all
+`gpu`); no loose test modules at the top; test modules share code only through tests/helpers and tests/fakes.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+# The architecture checks: they read the whole source tree, so they belong to no package folder.
+TOP_LEVEL_TESTS = {"test_layers.py", "test_test_tree.py"}
+SHARED = ("tests.helpers", "tests.fakes")
+
+
+def _test_modules() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.parts)
+
+
+def _imported_test_modules(path: Path) -> list[str]:
+    """`tests.*` modules that `path` imports (anywhere in it, functions included) other than helpers and fakes."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if node.module != "tests" else [f"tests.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            if (name == "tests" or name.startswith("tests.")) and not name.startswith(SHARED):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    return found
+
+
+def test_no_loose_test_modules_at_the_top():
+    loose = {p.name for p in TESTS.glob("test_*.py")} - TOP_LEVEL_TESTS
+    assert not loose, f"move these into tests/<package>/ (or tests/e2e/ for main.py runs): {sorted(loose)}"
+
+
+def test_test_module_names_are_unique():
+    """pytest imports a test module by its file name (no __init__.py here): two alike would collide."""
+    by_name: dict[str, list[str]] = {}
+    for path in _test_modules():
+        by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
+@pytest.mark.parametrize(("folder", "marker"), [("e2e", "slow"), ("gpu", "gpu")])
+def test_every_test_of_a_tier_folder_carries_its_marker(folder, marker):
+    """Collection deselects nothing but the unmarked: with `-m "not <marker>"` the folder has no test left."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", f"not {marker}"]
+        + [str(TESTS / folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    unmarked = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert proc.returncode == 5 and not unmarked, f"not marked `{marker}`:\n" + "\n".join(unmarked or [proc.stdout])
+    assert "deselected" in proc.stdout, proc.stdout  # the folder has tests, all deselected by the marker
