@@ -24,7 +24,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slime.config import ConfigError, fill_derived, to_run_config, validate
 from slime.config.objective import objective_name, objective_value
+from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
+from slime.runtime.run_state import RunState
 
 EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
 logger = logging.getLogger("slime")
@@ -126,12 +128,13 @@ def _run_with_result(cfg, derived, run_dir: Path):
     """
     # Heavy imports (torch, ray, transformers) only once the config is known to be good.
     from slime.assets.prepare import prepare_assets
-    from slime.runtime.driver import RunState, run
+    from slime.runtime.driver import RunJob, run
     from slime.tracking.env_report import tracker_config
     from slime.tracking.naming import run_identity
     from slime.tracking.summary import render_summary
 
-    state = RunState(signal_at=_signal_at(cfg.debug), hang_at=_phase_at(cfg.debug.hang_at))
+    state = RunState()
+    FaultInjector.attach(cfg.debug, state.events)  # only when a debug option asks for a fault
     hydra = _hydra_run()
     started = time.time()
     objective = objective_name(cfg)
@@ -169,14 +172,13 @@ def _run_with_result(cfg, derived, run_dir: Path):
         try:
             state.enter("prepare")
             prepare_assets(cfg)
-            run(
-                cfg,
-                derived,
-                state,
-                interrupts,
+            job = RunJob(
+                cfg=cfg,
+                derived=derived,
                 config_dict=tracker_config(cfg, hydra.choices, hydra.overrides),
                 identity=run_identity(cfg, hydra, summary=_one_line(cfg, derived)),
             )
+            run(job, state, interrupts)
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
             status, error, code = "interrupted", str(interrupted), interrupted.exit_code
@@ -200,20 +202,6 @@ def _one_line(cfg, derived) -> str:
     )
 
 
-def _signal_at(debug) -> tuple[str, int | None, int, float] | None:
-    """`debug.signal_at` ("PHASE" or "PHASE:ROLLOUT_ID"), `signal`, `signal_delay_s` as (phase, id, signum, s)."""
-    target = _phase_at(debug.signal_at)
-    return None if target is None else (*target, int(getattr(signal, debug.signal)), debug.signal_delay_s)
-
-
-def _phase_at(value: str | None) -> tuple[str, int | None] | None:
-    """ "PHASE" or "PHASE:ROLLOUT_ID" as (phase, rollout id or None)."""
-    if not value:
-        return None
-    phase, _, rollout_id = value.partition(":")
-    return phase, int(rollout_id) if rollout_id else None
-
-
 @contextlib.contextmanager
 def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
     """`runtime.phase_timeout_s`: a phase overrunning it dumps the stacks and stops the run (status "hung")."""
@@ -228,11 +216,7 @@ def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
 
     stacks_dir = run_dir / "stacks"
     watchdog = Watchdog(
-        state,
-        cfg.runtime.phase_timeout_s,
-        stacks_dir,
-        on_fire=fire,
-        on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED),
+        state, cfg.runtime.phase_timeout_s, stacks_dir, on_fire=fire, on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED)
     ).start()
     try:
         yield

@@ -92,6 +92,9 @@ class RunPlacement:
     rollout: list[EnginePlacement]  # one entry per engine
 
 
+PLACEMENT_TIMEOUT_S = 120.0  # seconds the bundles may take to be reserved
+
+
 def create_placement(
     derived: Derived,
     *,
@@ -99,12 +102,12 @@ def create_placement(
     colocate: bool,
     engine_gpus: list[int],
     critic_with_actor: bool,
-    timeout_s: float = 120,
 ) -> RunPlacement:
     """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles;
     engine i gets the next `engine_gpus[i]` rollout bundles."""
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
     group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
+    timeout_s = PLACEMENT_TIMEOUT_S
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         raise TimeoutError(

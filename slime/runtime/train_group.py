@@ -11,8 +11,7 @@ owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -45,11 +44,6 @@ def _rendezvous_address(first: Placement) -> tuple[str, int]:
     return ray.get(task.remote())
 
 
-def _injected_hang() -> None:
-    while True:
-        time.sleep(3600)
-
-
 class TrainRank:
     """One training rank as a Ray actor: builds the registered backend for `role` and runs its methods."""
 
@@ -62,9 +56,9 @@ class TrainRank:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.backend, method)(*args, **kwargs)
 
-    def hang(self) -> None:
-        """debug.hang_at: never returns (the watchdog's test)."""
-        _injected_hang()
+    def execute(self, fn: Callable[[], Any]) -> Any:
+        """Run a driver-given function in this rank's process (slime.runtime.fault_injection's hang)."""
+        return fn()
 
     def __repr__(self) -> str:  # Ray prefixes the rank's log lines with it
         return f"{type(self.backend).__name__}(rank={self.backend.rank})"
@@ -163,9 +157,9 @@ class TrainGroup:
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         self._all("save_checkpoint", rollout_id, root)
 
-    def hang(self) -> None:
-        """debug.hang_at: wait on rank 0, which sleeps forever."""
-        ray.get(self.actors[0].hang.remote())
+    def run_on_rank(self, rank: int, fn: Callable[[], Any]) -> Any:
+        """`fn()` in rank `rank`'s process; waits for its result."""
+        return ray.get(self.actors[rank].execute.remote(fn))
 
     def shutdown(self, *, graceful: bool = True) -> None:
         """Each rank's backend shuts down (unless not `graceful`: a hung rank never answers), then is killed."""

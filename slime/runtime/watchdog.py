@@ -100,6 +100,8 @@ class Watchdog:
         on_stuck: called if the main thread has not left the hung phase `grace_s` after `on_fire`.
     """
 
+    grace_s = 60.0  # seconds the main thread has to leave a hung phase after `on_fire`
+
     def __init__(
         self,
         state,
@@ -108,9 +110,8 @@ class Watchdog:
         *,
         on_fire: Callable[[str], None],
         on_stuck: Callable[[], None],
-        grace_s: float = 60.0,
     ):
-        self.state, self.timeout_s, self.stacks_dir, self.grace_s = state, timeout_s, stacks_dir, grace_s
+        self.state, self.timeout_s, self.stacks_dir = state, timeout_s, stacks_dir
         self.on_fire, self.on_stuck = on_fire, on_stuck
         self.fired: str | None = None  # the message, once fired
         self._stop = threading.Event()

@@ -6,15 +6,15 @@ Colocated (`cluster.colocate=true`, REFERENCE.md §2.3), in this exact order:
     before train: engines flush + release every tag -> train onload
 
 Disaggregated, a push is the weight sync alone (it pauses, flushes and continues generation itself).
-Every step of the hand-off is appended to `<run dir>/handoff.jsonl` (`{"rollout_id", "step"}`) as it
-starts, so a test (or an operator) can check the order; on GPU the same calls free and retake memory.
+Every step of the hand-off is logged as it starts ("hand-off step STEP (rollout ID)", HANDOFF_LOG), so the run's
+log shows the order; on GPU the same calls free and retake memory.
 
 Every push is bracketed by the rollout manager's `begin_push` / `end_push`: the engines' health checks rest
 from its first step to its last (a paused SGLang engine does not answer /health; engine_health.py).
 
 With fault tolerance, dead engines are restarted inside the push, after the trainer went off the GPUs
 (colocated), and come up with their memory released, as slime's recovery does: the push then resumes their
-weights with everyone's (`engine_restart` in handoff.jsonl). The weight sync is reconnected (the distributed
+weights with everyone's (hand-off step `engine_restart`). The weight sync is reconnected (the distributed
 group is rebuilt for the new URLs), the weights are pushed, and only then do the restarted engines rejoin
 their router. `sync()` is the loop's push; `recover()` runs before each rollout and pushes only when an
 engine died since.
@@ -23,9 +23,7 @@ engine died since.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-from pathlib import Path
 
 import ray
 
@@ -35,7 +33,7 @@ from slime.sync.base import SyncContext
 
 logger = logging.getLogger(__name__)
 
-HANDOFF_FILE = "handoff.jsonl"
+HANDOFF_LOG = "hand-off step %s (rollout %d)"
 RESUME_WEIGHTS = ["weights"]
 RESUME_REST = ["kv_cache", "cuda_graph"]
 
@@ -43,14 +41,13 @@ RESUME_REST = ["kv_cache", "cuda_graph"]
 class WeightPush:
     """The driver's side of weight pushes; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig, manager, actor: TrainGroup, context: SyncContext, run_dir: Path):
+    def __init__(self, cfg: RunConfig, manager, actor: TrainGroup, context: SyncContext):
         self.cfg = cfg
         self.manager = manager
         self.actor = actor
         self.context = context
         self.colocate = cfg.cluster.colocate
         self.fault_tolerance = cfg.rollout.fault_tolerance.enabled
-        self.log_path = run_dir / HANDOFF_FILE
         self.trainer_on_device = True  # colocated: the trainer builds on the GPUs; each push offloads it
 
     def connect(self) -> None:
@@ -63,8 +60,7 @@ class WeightPush:
         self.actor.connect_weight_sync(mode, urls, context)
 
     def _step(self, rollout_id: int, step: str) -> None:
-        with open(self.log_path, "a") as f:
-            f.write(json.dumps({"rollout_id": rollout_id, "step": step}) + "\n")
+        logger.info(HANDOFF_LOG, step, rollout_id)
 
     def _control(self, call: str, *args) -> None:
         ray.get(self.manager.engine_control.remote(call, *args))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -113,7 +114,7 @@ def test_served_models_external_router_and_engine_and_kill_9_mid_rollout(tmp_pat
 
 def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
     """cluster.colocate=true, two training ranks and one engine of TP 2 on their two devices: the driver's
-    hand-off steps (handoff.jsonl) and the engine's own request log follow REFERENCE.md §2.3; each TP rank
+    hand-off steps (logged in main.log) and the engine's own request log follow REFERENCE.md §2.3; each TP rank
     gets the bucket staged by the training rank on its device; the engine runs the trainer's weights."""
     run_dir = tmp_path / "run"
     cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL)
@@ -121,11 +122,11 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
     cmd += ["cluster.actor.num_gpus_per_node=2", "cluster.rollout.num_gpus_per_engine=2"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [json.loads(line) for line in (run_dir / "handoff.jsonl").read_text().splitlines()]
+    steps = handoff_steps(run_dir)
     push = ["train_offload", "engine_resume_weights", "weight_sync", "engine_resume_kv_cache"]
     before_train = ["engine_release", "train_onload"]
     expected = [(-1, s) for s in push] + [(i, s) for i in (0, 1) for s in before_train + push]
-    assert [(s["rollout_id"], s["step"]) for s in steps] == expected
+    assert steps == expected
     engine = json.loads((run_dir / "engines.json").read_text())["engines"][0]
     memory = [
         (r["path"], (r["body"] or {}).get("tags"))
@@ -166,6 +167,12 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
     assert diffs and max(diffs) < 1e-5  # the engine generated with exactly the trainer's weights
 
 
+def handoff_steps(run_dir: Path) -> list[tuple[int, str]]:
+    """The colocated hand-off's steps as the driver logged them (slime.runtime.weight_push), in order."""
+    found = re.findall(r"hand-off step (\w+) \(rollout (-?\d+)\)", (run_dir / "main.log").read_text())
+    return [(int(rollout_id), step) for step, rollout_id in found]
+
+
 def engine_of(run_dir: Path, rank: int, timeout_s: float = 300) -> dict:
     """Engine `rank`'s entry of engines.json once the run wrote it."""
     deadline = time.monotonic() + timeout_s
@@ -197,9 +204,8 @@ def test_colocated_fault_tolerance_releases_a_restarted_engine_before_resuming_i
         per_rollout = metrics(run_dir)
         assert per_rollout[0]["rollout/num_prompts"] == 16 and per_rollout[0]["rollout/num_aborted"] == 0
         assert [per_rollout[i]["rollout/engine_restarts"] for i in range(2)] == [1, 0]
-        steps = [json.loads(line) for line in (run_dir / "handoff.jsonl").read_text().splitlines()]
         push = ["engine_resume_weights", "weight_sync", "engine_resume_kv_cache"]
-        assert [s["step"] for s in steps if s["rollout_id"] == 0] == [
+        assert [step for rollout_id, step in handoff_steps(run_dir) if rollout_id == 0] == [
             "engine_release",
             "train_onload",
             "train_offload",

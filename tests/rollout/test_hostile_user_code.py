@@ -130,7 +130,7 @@ def user_generate_that_hangs(release: threading.Event) -> None:
 
 def test_generate_function_that_hangs_is_named_in_the_watchdogs_dump(tmp_path):
     """A rollout that never returns: past runtime.phase_timeout_s the stack dump shows the user's function."""
-    from slime.runtime.driver import RunState
+    from slime.runtime.run_state import RunState
     from slime.runtime.watchdog import Watchdog
 
     release, fired = threading.Event(), []

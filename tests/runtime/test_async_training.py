@@ -17,11 +17,13 @@ from slime.config.validate import collect_problems
 from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
 from slime.rollout.staleness import record_staleness, sample_staleness
-from slime.runtime import async_loop, driver
-from slime.runtime.rollout_manager import ROLLOUT_CLOCK, RolloutManager
+from slime.runtime.loop import RunLoop, RunParts
+from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.run_state import RunState
 from slime.types import Sample, SampleStatus
 from tests.conftest import ROOT, main_argv, typed_config
+from tests.helpers.fake_run_world import FakeWorld, eager_ray
 
 
 def test_sample_staleness_counts_the_oldest_engine_version():
@@ -41,109 +43,18 @@ def test_sample_staleness_counts_the_oldest_engine_version():
 # ---- the loops' schedules, with the Ray calls made eager (a `.remote()` runs at once) ------------------------
 
 
-class _Ref:
-    def __init__(self, value):
-        self.value = value
-
-
-class _Remote:
-    def __init__(self, fn):
-        self.remote = lambda *args: _Ref(fn(*args))
-
-
-class _World:
-    """The rollout manager, trainer, weight pusher and tracker, as fakes that log what happens, in order.
-
-    A generation reads the engines' weight version when it starts (weights never change under it)."""
-
-    def __init__(self, batch_size: int = 2):
-        self.events: list[str] = []
-        self.engine_version = None
-        self.batch_size = batch_size
-        self.generate, self.save = _Remote(self._generate), _Remote(self._save)
-        self.evaluate = _Remote(lambda rollout_id: {})
-        self.logged: list[dict] = []
-        self.progress = self
-
-    def _generate(self, rollout_id):
-        self.events.append(f"generate {rollout_id}")
-        samples = [Sample(weight_versions=[str(self.engine_version)]) for _ in range(self.batch_size)]
-        metrics = record_staleness(samples, trainer_version=rollout_id)
-        return [], {**metrics, **dict(zip(ROLLOUT_CLOCK, (time.time(), time.time())))}, []
-
-    def _save(self, rollout_id, root):
-        self.events.append(f"save {rollout_id}")
-
-    # the trainer (TrainGroup)
-    def load_batch(self, rollout_id, batches):
-        self.rollout_id = rollout_id
-
-    def compute_log_probs(self, which):
-        return {}
-
-    def compute_advantages(self):
-        return {}
-
-    def train(self, update=True):
-        self.events.append(f"train {self.rollout_id}")
-        return {"perf": {}, "steps": [{"train/loss": 0.0}]}
-
-    def save_checkpoint(self, rollout_id, root):
-        pass
-
-    # the weight pusher (WeightPush)
-    def push(self, weight_version):
-        self.events.append(f"push {weight_version}")
-        self.engine_version = weight_version
-        return {}
-
-    def sync(self, weight_version):
-        self.push(weight_version)
-        return {"rollout/engine_restarts": 0.0}
-
-    def recover(self, weight_version):
-        return 0
-
-    def before_train(self, rollout_id):
-        pass
-
-    # the tracker (Tracker, its progress display)
-    def log(self, metrics, **steps):
-        if "rollout" in steps and "train" not in steps:
-            self.logged.append(metrics)
-
-    def log_step(self, rollout_id, steps, metrics):
-        self.logged.append(metrics)
-
-    def stage_step(self, root, rollout_id, steps, metrics):
-        pass
-
-    def log_samples(self, rollout_id, preview):
-        pass
-
-    def on_save(self, root, plot=True):
-        pass
-
-    def step_done(self, rollout_id, metrics):
-        pass
-
-    poll_s = None  # the sync loop's rollout waits without polling the group counts
-
-    def rollout_groups(self, rollout_id, counts, final=False):
-        pass
-
-
-def _run(loop, overrides: list[str], monkeypatch) -> _World:
-    monkeypatch.setattr(driver.ray, "get", lambda ref: ref.value)
-    monkeypatch.setattr(driver.ray, "wait", lambda refs: (refs, []))
+def _run(which, overrides: list[str], monkeypatch) -> FakeWorld:
+    """`which` (RunLoop.run_sync or run_async) over five rollouts of the fake world."""
+    eager_ray(monkeypatch)
     cfg = typed_config(["train.num_rollout=5", *overrides])
-    world = _World()
-    loop(cfg, driver.RunState(), 0, world, world, None, world, world)
+    world = FakeWorld()
+    parts = RunParts(cfg=cfg, state=RunState(), manager=world, tracker=world, actor=world, pusher=world)
+    which(RunLoop(parts, 0))
     return world
 
 
 def test_async_loop_launches_the_next_rollout_before_training_and_syncs_after_it(monkeypatch):
-    world = _run(async_loop.run_async_loop, ["train.async=true"], monkeypatch)
+    world = _run(RunLoop.run_async, ["train.async=true"], monkeypatch)
     expected = ["push 0", "generate 0"]
     for k in range(5):
         expected += ([f"generate {k + 1}"] if k < 4 else []) + [f"train {k}"] + (["save 4"] if k == 4 else [])
@@ -155,19 +66,19 @@ def test_async_loop_launches_the_next_rollout_before_training_and_syncs_after_it
 
 
 def test_async_loop_with_a_sync_interval_of_two(monkeypatch):
-    world = _run(async_loop.run_async_loop, ["train.async=true", "rollout.weight_sync.interval=2"], monkeypatch)
+    world = _run(RunLoop.run_async, ["train.async=true", "rollout.weight_sync.interval=2"], monkeypatch)
     assert [e for e in world.events if e.startswith("push")] == ["push 0", "push 2", "push 4", "push 5"]
     assert [m["rollout/staleness_max"] for m in world.logged] == [0, 1, 2, 1, 2]
 
 
 def test_async_loop_syncs_before_each_eval(monkeypatch):
     overrides = ["train.async=true", "rollout.weight_sync.interval=4", "eval=digit_task", "eval.interval=3"]
-    world = _run(async_loop.run_async_loop, overrides, monkeypatch)
+    world = _run(RunLoop.run_async, overrides, monkeypatch)
     assert [e for e in world.events if e.startswith("push")] == ["push 0", "push 3", "push 4", "push 5"]
 
 
 def test_sync_loop_trains_on_fresh_weights(monkeypatch):
-    world = _run(driver._loop, [], monkeypatch)
+    world = _run(RunLoop.run_sync, [], monkeypatch)
     assert world.events[:5] == ["push 0", "generate 0", "train 0", "push 1", "generate 1"]
     assert [m["rollout/staleness_max"] for m in world.logged] == [0, 0, 0, 0, 0]
 

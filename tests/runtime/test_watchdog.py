@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from slime.runtime.driver import RunState
+from slime.runtime.run_state import RunState
 from slime.runtime.watchdog import ARMED, STACKS_ENV, Watchdog, dump_stacks, remove_armed
 from tests.conftest import ROOT
 
@@ -79,28 +79,30 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
     state, calls = RunState(), []
     state.enter("weight_sync", 2)
     state.phase_started -= 5
-    Watchdog(
+    dog = Watchdog(
         state,
         1.0,
         tmp_path / "stacks",
         on_fire=lambda m: calls.append("fire"),
         on_stuck=lambda: calls.append("stuck"),
-        grace_s=0.3,
-    ).start()
+    )
+    dog.grace_s = 0.3
+    dog.start()
     _wait_until(lambda: len(calls) >= 2)
     assert calls == ["fire", "stuck"]
 
     state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
     state.enter("eval", 0)
     state.phase_started -= 5
-    Watchdog(
+    dog = Watchdog(
         state,
         1.0,
         tmp_path / "stacks2",
         on_fire=lambda m: (calls.append("fire"), state.enter("teardown")),
         on_stuck=lambda: calls.append("stuck"),
-        grace_s=0.3,
-    ).start()
+    )
+    dog.grace_s = 0.3
+    dog.start()
     _wait_until(lambda: calls)
     time.sleep(1.0)  # over three times the grace: a forced exit would have come
     assert calls == ["fire"]

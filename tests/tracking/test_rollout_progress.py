@@ -9,9 +9,11 @@ import pytest
 from rich.console import Console
 
 from slime.rollout.base import RolloutProgress
+from slime.runtime.loop import RunLoop, RunParts, Step
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
-from slime.runtime.rollout_watch import generate_watched
+from slime.runtime.run_state import RunState
 from slime.tracking.progress import RunProgress
+from tests.conftest import typed_config
 
 COUNTS = {"needed": 4, "kept": 1, "submitted": 6, "in_flight": 5, "dropped": 0}
 
@@ -73,19 +75,35 @@ def test_the_manager_answers_progress_while_it_generates():
             for kept in range(1, 5):
                 time.sleep(0.3)
                 counts.kept, counts.in_flight = kept, 6 - kept
-            return "batches"
+            return ["batches"], {}, []
+
+    class _Display:
+        """The progress display the loop publishes group counts to (RunEvent.ROLLOUT_PROGRESS)."""
+
+        poll_s = 0.05
+
+        def __init__(self):
+            self.seen = []
+
+        def begin(self, start):
+            pass
+
+        def rollout_groups(self, rollout_id, counts, *, final):
+            self.seen.append((rollout_id, counts, final))
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         manager = ray.remote(**ACTOR_OPTIONS)(_Generating).remote()
-        seen = []
-        result = generate_watched(manager, 3, lambda *a, **kw: seen.append((a, kw)), poll_s=0.05)
-        assert result == "batches"
-        assert {a[0] for a, _ in seen} == {3} and seen[-1] == (
-            (3, {**COUNTS, "kept": 4, "in_flight": 2}),
-            {"final": True},
-        )
-        during = sorted({a[1]["kept"] for a, kw in seen if not kw})
+        display = _Display()
+        tracker = type("Tracker", (), {"progress": display})()
+        run_loop = RunLoop(RunParts(cfg=typed_config([]), state=RunState(), manager=manager, tracker=tracker), 3)
+        step = Step(3)
+        run_loop.receive(step, run_loop.generate(3))
+        assert step.batches == ["batches"]
+        seen = display.seen
+        assert {rollout_id for rollout_id, _, _ in seen} == {3}
+        assert seen[-1] == (3, {**COUNTS, "kept": 4, "in_flight": 2}, True)
+        during = sorted({counts["kept"] for _, counts, final in seen if not final})
         assert during and during[0] < 4  # answered mid-rollout, not queued behind generate
     finally:
         ray.shutdown()
@@ -93,7 +111,6 @@ def test_the_manager_answers_progress_while_it_generates():
 
 def test_progress_interval_must_not_be_negative():
     from slime.config.validate import collect_problems
-    from tests.conftest import typed_config
 
     cfg = typed_config(["logger.progress_every_s=-1"])
     assert [(p.key, "must be >= 0" in str(p)) for p in collect_problems(cfg)] == [("logger.progress_every_s", True)]

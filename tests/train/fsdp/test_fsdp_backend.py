@@ -51,7 +51,7 @@ def make_backend(setup: TrainSetup, *, rank: int = 0, layout: RankLayout | None 
 
 
 def train_rollout(backend, batch: TrainBatch, *, rollout_id: int = 0, update: bool = True) -> dict:
-    """One rollout step on one actor rank, in the driver's order (slime.runtime.steps.train_step)."""
+    """One rollout step on one actor rank, in the driver's order (slime.runtime.loop.RunLoop.train)."""
     algo = backend.setup.algo
     backend.load_batch(rollout_id, batch)
     if needs_ref(algo):

@@ -1,0 +1,97 @@
+"""Fault injection for the tests of the signal path and the watchdog (`debug.signal_at`, `debug.hang_at`).
+
+Nothing here runs unless a debug option asks: `FaultInjector.attach` returns None for a run that sets neither.
+The injector follows the run through its phase events (slime.runtime.events):
+
+- `debug.signal_at` ("PHASE" or "PHASE:ROLLOUT_ID", with `debug.signal` and `debug.signal_delay_s`): on entering
+  that phase a timer thread sends the signal to this process, so it arrives while the phase is under way, as a
+  user's Ctrl-C would (SIGKILL: every process of the run dies at once, as in a crash);
+- `debug.hang_at`: on entering that phase (a save: mid-way, once its data-source state is written and the
+  trainer's not) training rank 0 sleeps forever and the driver waits on it (the watchdog's test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+from slime.config.schema import DebugConfig
+from slime.runtime.events import Event, EventBus, RunEvent
+from slime.runtime.interrupts import kill_descendants
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PhasePoint:
+    """A phase, optionally of one rollout id ("PHASE" or "PHASE:ROLLOUT_ID")."""
+
+    phase: str
+    rollout_id: int | None = None
+
+    @classmethod
+    def parse(cls, value: str | None) -> PhasePoint | None:
+        if not value:
+            return None
+        phase, _, rollout_id = value.partition(":")
+        return cls(phase=phase, rollout_id=int(rollout_id) if rollout_id else None)
+
+    def matches(self, phase: str, rollout_id: int | None) -> bool:
+        return phase == self.phase and (self.rollout_id is None or self.rollout_id == rollout_id)
+
+
+class FaultInjector:
+    """One run's injected faults; each fires once."""
+
+    def __init__(self, debug: DebugConfig):
+        self.signal_at = PhasePoint.parse(debug.signal_at)
+        self.signum = int(getattr(signal, debug.signal))
+        self.delay_s = debug.signal_delay_s
+        self.hang_at = PhasePoint.parse(debug.hang_at)
+        self.trainer = None  # the actor's TrainGroup, once the loop starts (a hang needs a rank)
+
+    @classmethod
+    def attach(cls, debug: DebugConfig, events: EventBus) -> FaultInjector | None:
+        """The injector `debug` asks for, subscribed to `events`; None when it asks for none."""
+        if debug.signal_at is None and debug.hang_at is None:
+            return None
+        injector = cls(debug)
+        events.subscribe(RunEvent.PHASE_STARTED, injector._on_phase)
+        events.subscribe(RunEvent.CHECKPOINT_DATA_SAVED, injector._on_data_saved)
+        events.subscribe(RunEvent.LOOP_STARTED, injector._on_loop_started)
+        return injector
+
+    def _on_loop_started(self, event: Event) -> None:
+        self.trainer = event.data["trainer"]
+
+    def _on_phase(self, event: Event) -> None:
+        phase = event.data["phase"]
+        if self.signal_at is not None and self.signal_at.matches(phase, event.rollout_id):
+            self.signal_at = None
+            timer = threading.Timer(self.delay_s, _send_signal, args=(self.signum,))
+            timer.daemon = True
+            timer.start()
+        if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way
+            self._hang_if_due(phase, event.rollout_id)
+
+    def _on_data_saved(self, event: Event) -> None:
+        self._hang_if_due("save", event.rollout_id)
+
+    def _hang_if_due(self, phase: str, rollout_id: int | None) -> None:
+        if self.hang_at is not None and self.hang_at.matches(phase, rollout_id) and self.trainer is not None:
+            self.hang_at = None
+            self.trainer.run_on_rank(0, _injected_hang)
+
+
+def _injected_hang() -> None:
+    """On a training rank: never returns (the watchdog names the phase and dumps this stack)."""
+    while True:
+        time.sleep(3600)
+
+
+def _send_signal(signum: int) -> None:
+    """debug.signal_at's signal to this process; SIGKILL kills every process of the run first (a crash)."""
+    if signum == signal.SIGKILL:
+        kill_descendants()
+    os.kill(os.getpid(), signum)

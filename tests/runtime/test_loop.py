@@ -1,0 +1,205 @@
+"""The run loop (slime.runtime.loop): its shape, the events both loops publish, and the fault injector."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from slime.runtime import fault_injection
+from slime.runtime.events import RunEvent
+from slime.runtime.fault_injection import FaultInjector
+from slime.runtime.loop import RunLoop, RunParts
+from slime.runtime.run_state import RunState
+from tests.conftest import ROOT, typed_config
+from tests.helpers.fake_run_world import FakeWorld, eager_ray
+
+RUNTIME = ROOT / "slime" / "runtime"
+MAX_PARAMETERS = 5
+
+
+# ---- shape ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", [RunLoop.run_sync, RunLoop.run_async, RunLoop.run_rollout_only])
+def test_each_loop_reads_on_one_screen(loop):
+    assert len(inspect.getsource(loop).splitlines()) < 40
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """Every parameter by name (positional, keyword-only, *args, **kwargs), `self`/`cls` left out."""
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def test_parameter_count_sees_every_kind_of_parameter():
+    tree = ast.parse("def f(self, a, /, b, *args, c, d=1, **kw): pass")
+    assert _parameters(tree.body[0]) == ["a", "b", "c", "d", "args", "kw"]
+
+
+def test_no_runtime_function_takes_more_than_five_parameters():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({', '.join(_parameters(node))})"
+        for path in sorted(RUNTIME.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and len(_parameters(node)) > MAX_PARAMETERS
+    ]
+    assert offenders == []
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The slime.runtime modules `path` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "slime.runtime":
+            found.update(f"slime.runtime.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("slime.runtime."):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("slime.runtime."))
+    return found
+
+
+def test_no_import_cycle_inside_the_runtime():
+    graph = {f"slime.runtime.{p.stem}": _runtime_imports(p) for p in RUNTIME.glob("*.py")}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
+
+
+# ---- the events both loops publish ---------------------------------------------------------------------------
+
+
+def _events(which, overrides: list[str], monkeypatch, *, actor=True) -> list[tuple[str, int | None, str]]:
+    """(event, rollout id, phase) of every event `which` publishes over three rollouts of the fake world."""
+    eager_ray(monkeypatch)
+    world, state, seen = FakeWorld(), RunState(), []
+    state.events.subscribe(tuple(RunEvent), lambda e: seen.append((e.kind.value, e.rollout_id, e.data.get("phase"))))
+    parts = RunParts(cfg=typed_config(["train.num_rollout=3", *overrides]), state=state, manager=world, tracker=world)
+    if actor:
+        parts = dataclasses.replace(parts, actor=world, pusher=world)
+    RunLoop(parts, 0).run()
+    assert state.rollouts_completed == 3
+    return seen
+
+
+def _of(events, rollout_id: int) -> list[tuple[str, str]]:
+    return [(kind, phase) for kind, rid, phase in events if rid == rollout_id]
+
+
+SYNC_STEP = [
+    ("phase_started", "rollout"),
+    ("rollout_started", None),
+    ("rollout_done", None),
+    ("phase_started", "log_probs"),
+    ("phase_started", "train"),
+    ("train_done", None),
+    ("phase_started", "weight_sync"),
+    ("weights_pushed", None),
+    ("step_done", None),
+]
+SAVE = [("phase_started", "save"), ("checkpoint_data_saved", None), ("checkpoint_saved", None)]
+
+
+def test_sync_loop_publishes_each_step_of_a_rollout(monkeypatch):
+    events = _events(RunLoop.run_sync, [], monkeypatch)
+    assert events[:3] == [
+        ("loop_started", None, None),
+        ("phase_started", -1, "weight_sync"),
+        ("weights_pushed", -1, None),
+    ]
+    assert _of(events, 0) == _of(events, 1) == SYNC_STEP
+    assert _of(events, 2) == SYNC_STEP[:6] + SAVE + SYNC_STEP[6:]  # the last step is saved
+
+
+def test_async_loop_publishes_the_same_events_as_the_sync_loop(monkeypatch):
+    """Per rollout id, the same events; the next rollout is started while the step trains."""
+    sync = _events(RunLoop.run_sync, [], monkeypatch)
+    asynchronous = _events(RunLoop.run_async, ["train.async=true"], monkeypatch)
+    for rollout_id in (-1, 0, 1, 2):
+        assert sorted(_of(asynchronous, rollout_id)) == sorted(_of(sync, rollout_id))
+    started = [i for i, e in enumerate(asynchronous) if e[0] == "rollout_started"]
+    trained = [i for i, e in enumerate(asynchronous) if e[0] == "train_done"]
+    assert started[1] < trained[0] and started[2] < trained[1]
+
+
+def test_rollout_only_uses_the_same_steps_without_a_trainer(monkeypatch):
+    overrides = ["eval=digit_task", "eval.interval=2"]
+    events = _events(RunLoop.run_rollout_only, overrides, monkeypatch, actor=False)
+    step = [("phase_started", "rollout"), ("rollout_started", None), ("rollout_done", None), ("step_done", None)]
+    evaluation = [("phase_started", "eval"), ("eval_done", None)]
+    assert _of(events, -1) == evaluation  # eval before the first rollout
+    assert _of(events, 0) == step and _of(events, 1) == step + evaluation and _of(events, 2) == step
+
+
+# ---- fault injection (debug.signal_at, debug.hang_at) --------------------------------------------------------
+
+
+class _Trainer:
+    def __init__(self):
+        self.ran: list[tuple[int, str]] = []
+
+    def run_on_rank(self, rank, fn):
+        self.ran.append((rank, fn.__name__))
+
+
+def _injector(*overrides: str) -> tuple[RunState, _Trainer]:
+    state, trainer = RunState(), _Trainer()
+    assert FaultInjector.attach(typed_config(list(overrides)).debug, state.events) is not None
+    state.events.publish(RunEvent.LOOP_STARTED, start=0, trainer=trainer)
+    return state, trainer
+
+
+def test_no_injector_without_a_debug_option():
+    state = RunState()
+    assert FaultInjector.attach(typed_config([]).debug, state.events) is None
+
+
+def test_hang_at_a_save_hangs_once_its_data_source_state_is_written():
+    state, trainer = _injector("debug.hang_at=save:1")
+    state.enter("save", 0)
+    state.events.publish(RunEvent.CHECKPOINT_DATA_SAVED, 0)
+    state.enter("save", 1)
+    assert trainer.ran == []  # entering the save is not enough
+    state.events.publish(RunEvent.CHECKPOINT_DATA_SAVED, 1)
+    state.events.publish(RunEvent.CHECKPOINT_DATA_SAVED, 1)
+    assert trainer.ran == [(0, "_injected_hang")]  # once
+
+
+def test_hang_at_a_phase_of_any_rollout():
+    state, trainer = _injector("debug.hang_at=train")
+    state.enter("log_probs", 0)
+    assert trainer.ran == []
+    state.enter("train", 0)
+    state.enter("train", 1)
+    assert trainer.ran == [(0, "_injected_hang")]
+
+
+def test_signal_at_sends_the_signal_once_after_its_delay(monkeypatch):
+    sent = []
+    monkeypatch.setattr(fault_injection, "_send_signal", sent.append)
+    state, _ = _injector("debug.signal_at=rollout:2", "debug.signal=SIGTERM", "debug.signal_delay_s=0.1")
+    state.enter("rollout", 1)
+    state.enter("rollout", 2)
+    state.enter("rollout", 2)
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # a second signal would have come by now
+    assert sent == [signal.SIGTERM]
