@@ -14,9 +14,11 @@ import hydra
 from omegaconf import DictConfig
 
 from slime.config import register_configs
+from slime.registry import register_listing_resolver
 from slime.runtime.launch import EXIT_CONFIG_ERROR, execute
 
 register_configs()
+register_listing_resolver()  # ${slime_registry:} in the --help text
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

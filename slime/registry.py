@@ -10,12 +10,30 @@ Entries are import paths (`package.module.attr`), resolved on first use through 
 code (`slime.config.hooks.load_callable`), so importing this module costs nothing and validation can
 list every name without importing torch, Ray or an engine. Validation, `python main.py --help` and
 error messages take their names from here; a later issue adds a backend or an engine with one line.
+
+Each record may also name its checks (import paths of `fn(cfg: RunConfig) -> Iterable[Problem]`, modules
+that import no torch, Ray or engine at module level), which the validation walker (slime/plan/validate.py)
+runs: `check` when the config chooses the record, `check_unchosen` when it chooses another one (options
+this part owns that the run sets although another part was chosen).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-from typing import Any
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from slime.config.hooks import load_callable
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checks:
+    """Import paths of a record's checks (None: nothing to check)."""
+
+    check: Optional[str] = None  # run when the config chooses the record
+    check_unchosen: Optional[str] = None  # run when it chooses another record of the same registry
 
 
 class Registry:
@@ -24,10 +42,11 @@ class Registry:
     A value is an import path string, or a dict of role -> import path (train backends: actor, critic).
     """
 
-    def __init__(self, key: str, entries: dict[str, Any], *, what: str):
+    def __init__(self, key: str, entries: dict[str, Any], *, what: str, checks: Optional[dict[str, Checks]] = None):
         self.key = key
         self.what = what
         self._entries = dict(entries)
+        self._checks = dict(checks or {})
 
     def register(self, name: str, target: Any) -> None:
         """Add (or replace) `name`; `target` is an import path or a role -> import path dict."""
@@ -52,9 +71,11 @@ class Registry:
 
     def load(self, name: str, role: str | None = None) -> Any:
         """Import and return the registered object."""
-        from slime.config.hooks import load_callable
-
         return load_callable(self.target(name, role), key=self.key)
+
+    def checks(self, name: str) -> Checks:
+        """The checks registered for `name` (none for a name registered without them)."""
+        return self._checks.get(name, Checks())
 
     def roles(self, name: str) -> list[str]:
         entry = self._entries.get(name)
@@ -76,6 +97,13 @@ TRAIN_BACKENDS = Registry(
         },
     },
     what="training backend",
+    checks={
+        "fsdp": Checks(check="slime.train.fsdp.check.check", check_unchosen="slime.train.fsdp.check.check_unchosen"),
+        "megatron": Checks(
+            check="slime.train.megatron.config_check.check",
+            check_unchosen="slime.train.megatron.config_check.check_unchosen",
+        ),
+    },
 )
 
 ENGINES = Registry(
@@ -86,6 +114,13 @@ ENGINES = Registry(
         "vllm": "slime.engine.vllm.engine.VLLMEngine",
     },
     what="rollout engine",
+    checks={
+        "hf": Checks(check="slime.engine.hf.check.check"),
+        "sglang": Checks(
+            check="slime.engine.sglang.check.check", check_unchosen="slime.engine.sglang.check.check_unchosen"
+        ),
+        "vllm": Checks(check="slime.engine.vllm.check.check", check_unchosen="slime.engine.vllm.check.check_unchosen"),
+    },
 )
 
 WEIGHT_SYNC = Registry(
@@ -96,6 +131,10 @@ WEIGHT_SYNC = Registry(
         "distributed": "slime.sync.distributed.DistributedWeightSync",
     },
     what="weight-sync mode",
+    checks={
+        "disk": Checks(check_unchosen="slime.sync.check.check_disk_unchosen"),
+        "tensor": Checks(check="slime.sync.check.check_tensor"),
+    },
 )
 
 REWARD_TYPES = Registry(
@@ -112,6 +151,7 @@ REWARD_TYPES = Registry(
         "remote_rm": "slime.rollout.rm.remote.RemoteRewardModel",  # the hub builds it from rollout.rm_url
     },
     what="reward type",
+    checks={"remote_rm": Checks(check="slime.rollout.check_rewards.check_remote_rm")},
 )
 
 ROLLOUT_FUNCTIONS = Registry(
@@ -129,3 +169,9 @@ ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS)
 def listing() -> str:
     """One line per seam: the config key and its registered names (for `--help`)."""
     return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in ALL)
+
+
+def register_listing_resolver() -> None:
+    """Idempotent: `${slime_registry:}` in conf/ (the --help text) lists the registered names."""
+    if not OmegaConf.has_resolver("slime_registry"):
+        OmegaConf.register_new_resolver("slime_registry", listing)

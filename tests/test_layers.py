@@ -3,7 +3,8 @@
 - slime/algo: tensors in, tensors and metrics out: torch and the standard library only.
 - Ray only in slime/runtime: backends, engines and sync classes are plain classes that Ray wraps.
 - megatron only in slime/train/megatron; sglang only in slime/engine/sglang; vllm only in slime/engine/vllm.
-- slime/config imports no heavy library at module level (validation runs before anything starts).
+- slime/config imports no heavy library at module level (validation runs before anything starts), and no
+  other slime package at all (it is the leaf).
 - Every module imports on this machine, which has neither sglang, vllm nor megatron-core.
 """
 
@@ -83,6 +84,18 @@ def test_optional_engines_and_backends_stay_in_their_package(library, home):
 def test_config_imports_nothing_heavy_at_module_level():
     heavy = {"torch", "ray", "transformers", "megatron", "sglang", "vllm", "wandb"}
     assert offenders(lambda _, name: top(name) in heavy, under="config", module_level_only=True) == []
+
+
+def test_config_imports_no_other_slime_package():
+    """slime/config is the leaf every package may import: it imports nothing else from slime, at module level or
+    inside functions (validation that needs the chosen parts lives in slime/plan/validate.py)."""
+    other = lambda name: top(name) == "slime" and not name.startswith("slime.config")  # noqa: E731
+    assert offenders(lambda _, name: other(name), under="config") == []
+
+
+def test_the_config_scanner_sees_slime_imports():
+    assert "slime.config.schema" in imports(PACKAGE / "config" / "loader.py")
+    assert "slime.engine.groups" in imports(PACKAGE / "plan" / "derive.py")
 
 
 def test_every_module_imports_without_optional_libraries():

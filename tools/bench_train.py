@@ -190,7 +190,7 @@ def time_steps(step, steps: int, device: str) -> list[float]:
 
 def backend_step(cfg, batch):
     """The configured train backend as the runtime drives it, one rank: load, advantages, one optimizer step."""
-    from slime.config.derive import derive
+    from slime.plan.derive import derive
     from slime.train.base import get_backend_class
     from slime.train.layout import RankLayout
     from slime.train.setup import TrainSetup

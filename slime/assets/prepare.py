@@ -6,12 +6,11 @@ import logging
 from pathlib import Path
 
 from slime.assets.files import creation_lock
+from slime.assets.generators import GENERATOR_SHAPE, generated_file
 from slime.assets.tiny_model import ensure_tiny_model
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
 from slime.config.validate_eval import valid_eval_datasets
-from slime.config.validate_hooks import GENERATOR_SHAPE
-from slime.config.validate_paths import generated_file
 
 logger = logging.getLogger(__name__)
 

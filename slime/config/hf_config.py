@@ -208,20 +208,13 @@ def _family(architecture: str | None) -> Family:
     return FAMILIES[architecture]
 
 
-def check_model(model: ModelConfig, *, backend: str) -> Iterator[Problem]:
-    """Fields that contradict the family (`model.architecture`), each other, or the training backend."""
+def check_model(model: ModelConfig) -> Iterator[Problem]:
+    """Fields that contradict the family (`model.architecture`) or each other (the megatron backend's check,
+    slime/train/megatron/config_check.py, adds the families it has no layer spec for)."""
     if model.architecture not in FAMILIES:
         return  # reported by check_choices
     family = FAMILIES[model.architecture]
     arch = f"model.architecture={model.architecture}"
-    if backend == "megatron" and not family.megatron:
-        yield Problem(
-            "model.architecture",
-            model.architecture,
-            "has no megatron-core layer spec here (GLM-4 normalises each attention and MLP output, which "
-            "megatron-core's TransformerLayer cannot)",
-            "train it with parallelism=fsdp",
-        )
     if model.qk_layernorm != family.qk_layernorm:
         yield Problem("model.qk_layernorm", model.qk_layernorm, f"{arch} implies {family.qk_layernorm}", "drop it")
     if family.qkv_bias is not None and model.add_qkv_bias != family.qkv_bias:

@@ -7,6 +7,8 @@ import difflib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from slime.config.secret_keys import REDACTED, is_secret_key
+
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -22,8 +24,7 @@ class Problem:
     machine: bool = False
 
     def __str__(self) -> str:
-        from slime.tracking.secrets import REDACTED, is_secret_key  # pure Python; a credential is never echoed
-
+        """`key=value: message. Fix: fix`; a credential's value is never echoed."""
         value = REDACTED if is_secret_key(self.key) and isinstance(self.value, str) else repr(self.value)
         return f"{self.key}={value}: {self.message}. Fix: {self.fix}"
 

@@ -1,7 +1,9 @@
-"""Registers the schemas in Hydra's ConfigStore and the resolvers conf/ uses.
+"""Registers the schemas in Hydra's ConfigStore and the resolver conf/ uses for paths.
 
 ${slime_root:}       the project checkout (paths.root_dir)
-${slime_registry:}   the names of every registry in slime/registry.py (the --help text)
+
+(`${slime_registry:}`, the --help listing of every registry, is registered by `slime.registry`:
+config imports no other slime package.)
 """
 
 from __future__ import annotations
@@ -16,16 +18,8 @@ from slime.config.schema import RunConfig
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _registry_listing() -> str:
-    from slime.registry import listing
-
-    return listing()
-
-
 def register_configs() -> None:
-    """Idempotent: store the run schema as `run_schema` and add the resolvers."""
+    """Idempotent: store the run schema as `run_schema` and add the `slime_root` resolver."""
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
     if not OmegaConf.has_resolver("slime_root"):
         OmegaConf.register_new_resolver("slime_root", lambda: str(PROJECT_ROOT))
-    if not OmegaConf.has_resolver("slime_registry"):
-        OmegaConf.register_new_resolver("slime_registry", _registry_listing)

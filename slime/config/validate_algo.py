@@ -1,4 +1,4 @@
-"""Algorithm knobs and rewards: mutually exclusive options, ranges, the reward's source."""
+"""Algorithm knobs: mutually exclusive options, what the estimator needs, ranges."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
-from slime.registry import REWARD_TYPES
 
 KL_IN_REWARD = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
@@ -120,30 +119,3 @@ def _check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         )
     if a.eps_clip <= 0:
         yield Problem("algo.eps_clip", a.eps_clip, "must be > 0", "set algo.eps_clip=0.2")
-
-
-def check_rewards(cfg: RunConfig) -> Iterator[Problem]:
-    r = cfg.rollout
-    if cfg.algo.advantage_estimator == "sft":
-        return  # sft trains on the data's responses: no reward (a preset's rm_type stays unused)
-    if r.custom_rm_path is None and r.rm_type is None:
-        yield Problem(
-            "rollout.rm_type",
-            None,
-            "no reward: neither rollout.rm_type nor rollout.custom_rm_path is set",
-            f"set rollout.rm_type=<one of {', '.join(REWARD_TYPES.names())}> or rollout.custom_rm_path=<module.fn>",
-        )
-    elif r.custom_rm_path is not None and r.rm_type is not None:
-        yield Problem(
-            "rollout.rm_type",
-            r.rm_type,
-            "rollout.custom_rm_path is set too, and it takes precedence",
-            "set rollout.rm_type=null or rollout.custom_rm_path=null",
-        )
-    elif r.rm_type is not None and r.rm_type not in REWARD_TYPES:
-        yield Problem(
-            "rollout.rm_type",
-            r.rm_type,
-            REWARD_TYPES.unknown_message(r.rm_type),
-            f"set rollout.rm_type=<one of {', '.join(REWARD_TYPES.names())}>",
-        )

@@ -1,4 +1,5 @@
-"""Eval datasets (`eval.datasets.<name>`) and the rollout loop's options: ranges, rewards, interplay."""
+"""Eval datasets (`eval.datasets.<name>`) and the rollout loop's options: ranges and interplay (an eval
+dataset's reward type is checked against the registry by slime/rollout/check_rewards.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import EvalDatasetConfig, RunConfig
-from slime.registry import REWARD_TYPES
 
 DATASET_FIELDS = [f.name for f in dataclasses.fields(EvalDatasetConfig)]
 
@@ -72,14 +72,6 @@ def check_eval(cfg: RunConfig) -> Iterator[Problem]:
         if dataset.n_samples_per_prompt is not None and dataset.n_samples_per_prompt <= 0:
             yield Problem(f"{key}.n_samples_per_prompt", dataset.n_samples_per_prompt, "must be > 0", "set it to 1+")
         yield from _sampling(key, dataset)
-        rm_type = dataset.rm_type or cfg.rollout.rm_type
-        if rm_type is not None and rm_type not in REWARD_TYPES:
-            yield Problem(
-                f"{key}.rm_type",
-                dataset.rm_type,
-                REWARD_TYPES.unknown_message(rm_type),
-                f"set {key}.rm_type=<one of {', '.join(REWARD_TYPES.names())}>",
-            )
 
 
 def _sampling(key: str, node) -> Iterator[Problem]:

@@ -63,6 +63,12 @@ def _merged_router(top: RouterConfig, own: RouterConfig) -> RouterConfig:
     return own if own.address or not top.address else dataclasses.replace(own, address=top.address)
 
 
+def rollout_gpu_count(cfg: RunConfig) -> int:
+    """GPUs the engines share: the actor's when colocated, else `cluster.rollout.num_gpus`."""
+    c = cfg.cluster
+    return c.actor.num_nodes * c.actor.num_gpus_per_node if c.colocate else c.rollout.num_gpus
+
+
 def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
     """One spec per engine, in GPU order; groups whose GPUs do not split into engines give a spec of
     the group's remainder size (validation reports it, see `group_problems`)."""
@@ -93,11 +99,20 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
 
 def _prefill_num_servers(cfg: RunConfig) -> int:
     """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers): PD without `rollout.models`
-    (validation, slime.config.passthrough, checks it leaves a decode server)."""
+    (validation, slime.engine.vllm.check, checks it leaves a decode server)."""
     if cfg.rollout.engine != "vllm":
         return 0
     value = cfg.rollout.vllm.get("prefill_num_servers") or 0
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def group_overrides(cfg: RunConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(config key, ServerArgs overrides) of every server group of `rollout.models`, in list order."""
+    return [
+        (f"rollout.models[{i}].server_groups[{j}].overrides", dict(group.overrides))
+        for i, model in enumerate(cfg.rollout.models)
+        for j, group in enumerate(model.server_groups)
+    ]
 
 
 def group_problems(cfg: RunConfig, rollout_gpus: int) -> list[tuple[str, Any, str, str]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from slime.config.hooks import load_callable
 from slime.config.schema import AlgoConfig, RolloutConfig
-from slime.config.validate_hooks import (
+from slime.rollout.entry_points import (
     BUFFER_FILTER_SHAPE,
     FILTER_SHAPE,
     GENERATE_SHAPE,

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from slime.config.derive import Derived
+from slime.config.derived import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs
 from slime.runtime.interrupts import Interrupts

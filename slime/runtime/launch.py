@@ -22,8 +22,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.config import ConfigError, fill_derived, to_run_config, validate
+from slime.config import ConfigError, fill_derived, to_run_config
 from slime.config.objective import objective_name, objective_value
+from slime.plan.validate import validate
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState

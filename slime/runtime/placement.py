@@ -14,7 +14,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.config.derive import Derived
+from slime.config.derived import Derived
 from slime.runtime.plan import assign_roles
 
 

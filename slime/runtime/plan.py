@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from slime.config.derive import Derived
+from slime.config.derived import Derived
 
 
 @dataclasses.dataclass(frozen=True)

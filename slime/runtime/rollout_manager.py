@@ -20,7 +20,6 @@ from typing import Any
 import ray
 
 from slime.config.hooks import load_callable
-from slime.config.validate_hooks import ROLLOUT_FN_SHAPE, function_path
 from slime.rollout.base import (
     EvalDataset,
     RolloutContext,
@@ -32,6 +31,7 @@ from slime.rollout.base import (
 )
 from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
+from slime.rollout.entry_points import ROLLOUT_FN_SHAPE, function_path
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.rollout.staleness import record_staleness
 from slime.runtime.engine_fleet import EngineFleet

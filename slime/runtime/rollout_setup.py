@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from slime.config.derive import Derived
+from slime.config.derived import Derived
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
 from slime.engine.groups import engine_specs, model_specs
 from slime.runtime.engine_fleet import FleetSetup

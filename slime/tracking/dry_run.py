@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slime.config.derive import Derived, derive
+from slime.config.derived import Derived
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
-from slime.config.validate import collect_problems
 from slime.engine.groups import EngineSpec, engine_specs
+from slime.plan.derive import derive
+from slime.plan.validate import collect_problems
 from slime.runtime.plan import assign_roles, packed_device
 from slime.tracking.memory import GIB, estimate_memory, gpu_capacity_gib, parameter_count
 from slime.train.layout import RankLayout

@@ -35,7 +35,7 @@ import dataclasses
 import shutil
 import subprocess
 
-from slime.config.derive import Derived
+from slime.config.derived import Derived
 from slime.config.schema import RunConfig
 
 GIB = 1 << 30

@@ -11,20 +11,12 @@ too, so a token pasted into another field does not leak either.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
-REDACTED = "<redacted>"
-_SECRET = re.compile(r"key|token|secret|password", re.IGNORECASE)
-# Keys that match the pattern but name no secret (config fields of this project).
-_NOT_SECRET = {"input_key", "label_key", "metadata_key", "reward_key", "tool_key"}
+from slime.config.secret_keys import REDACTED, is_secret_key
 
-
-def is_secret_key(key: str) -> bool:
-    """True for a (dotted) key whose last component looks like it names a credential."""
-    last = str(key).rsplit(".", 1)[-1].lstrip("+~")
-    return last not in _NOT_SECRET and bool(_SECRET.search(last))
+__all__ = ["REDACTED", "is_secret_key", "redact", "redact_overrides", "scrub", "secret_env_values"]
 
 
 def _is_secret(key: str, value: Any) -> bool:

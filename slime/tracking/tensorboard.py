@@ -17,7 +17,7 @@ from slime.tracking.wandb_run import STEP_AXES, axis_of
 
 class TensorBoardSink:
     def __init__(self, run_dir: Path):
-        # a missing package is a config error at start-up (slime.config.validate.check_sinks)
+        # a missing package is a config error at start-up (slime.tracking.check.check_sinks)
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.log_dir = Path(run_dir) / "tensorboard"

@@ -9,7 +9,9 @@ import sys
 import pytest
 import yaml
 
-from slime.config import ConfigError, derive, validate
+from slime.config import ConfigError
+from slime.plan.derive import derive
+from slime.plan.validate import validate
 from tests.conftest import ROOT, group_options, model_fields, typed_config
 
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.

@@ -10,8 +10,10 @@ import uuid
 import pytest
 
 from slime.assets.prepare import prepare_assets
-from slime.config import ConfigError, derive, fill_derived, validate
+from slime.config import ConfigError, fill_derived
 from slime.config.hooks import HookError, load_callable
+from slime.plan.derive import derive
+from slime.plan.validate import validate
 from slime.registry import ENGINES, REWARD_TYPES, TRAIN_BACKENDS
 from tests.config.test_config_presets import assert_stopped_in_validation, run_main
 from tests.conftest import typed_config

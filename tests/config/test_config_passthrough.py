@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from slime.config import ConfigError, validate
+from slime.config import ConfigError
 from slime.engine.sglang.server_args import (
     FIELDS_FILE,
     OWNED_FIELDS,
@@ -18,6 +18,7 @@ from slime.engine.sglang.server_args import (
     check_server_args,
     known_fields,
 )
+from slime.plan.validate import validate
 from tests.config.test_config_presets import assert_stopped_in_validation, run_main
 from tests.conftest import ROOT, typed_config
 

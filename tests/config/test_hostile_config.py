@@ -9,7 +9,7 @@ import sys
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from slime.config import validate
+from slime.plan.validate import validate
 from tests.conftest import ROOT, compose_config, typed_config
 from tests.helpers.validation import problems_for, snapshot
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slime.config.objective import DEFAULT_EVAL, objective_name, objective_value
-from slime.config.validate import collect_problems
+from slime.plan.validate import collect_problems
 from tests.conftest import typed_config
 
 LAST = {"rollout/raw_reward": 0.25, "train/pg_loss": -0.5}

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 import tests.config.test_config as test_config
-from slime.config import derive
-from slime.config.validate import collect_problems
+from slime.plan.derive import derive
+from slime.plan.validate import collect_problems
 from tests.conftest import CONF, ROOT, group_options, typed_config
 
 RECIPES = ROOT / "recipes"

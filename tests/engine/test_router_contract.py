@@ -18,10 +18,11 @@ import urllib.request
 import aiohttp
 import pytest
 
-from slime.config import ConfigError, validate
+from slime.config import ConfigError
 from slime.config.schema import RolloutConfig, RouterConfig
 from slime.engine.router import DROPPED_SAMPLING_PARAMS, Router
 from slime.engine.vllm.router import VLLMRouter
+from slime.plan.validate import validate
 from slime.rollout.base import RolloutContext
 from slime.rollout.generate import call_engine
 from slime.runtime.rollout_manager import sampling_params

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import ray
 
-from slime.config.derive import derive
 from slime.engine.groups import engine_specs
+from slime.plan.derive import derive
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session

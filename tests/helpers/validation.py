@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slime.config import ConfigError, validate
+from slime.config import ConfigError
+from slime.plan.validate import validate
 from tests.conftest import typed_config
 
 

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from slime.assets.tokenizer import build_tokenizer
-from slime.config import fill_derived, validate
-from slime.config.derive import derive
-from slime.config.validate import collect_problems
+from slime.config import fill_derived
+from slime.plan.derive import derive
+from slime.plan.validate import collect_problems, validate
 from slime.rollout.data_source import DataSource, PromptDataset, build_data_source
 from slime.rollout.prompt_file import DataFileError, RecordKeys, read_records
 from slime.types import Sample, SampleStatus

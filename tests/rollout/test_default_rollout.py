@@ -15,12 +15,12 @@ import pytest
 
 from slime.config.hooks import load_callable
 from slime.config.schema import HFEngineConfig, RolloutConfig, RouterConfig
-from slime.config.validate_hooks import ROLLOUT_FN_SHAPE
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
 from slime.registry import REWARD_TYPES
 from slime.rollout.base import EvalDataset, RolloutContext, RolloutHooks
 from slime.rollout.data_source import DataSource, PromptDataset
+from slime.rollout.entry_points import ROLLOUT_FN_SHAPE
 from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate import generate

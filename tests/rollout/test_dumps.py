@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from slime.config.validate import collect_problems
+from slime.plan.validate import collect_problems
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.dumps import epoch_coverage, load_rollout_data, main, save_rollout_data
 from slime.types import SampleStatus

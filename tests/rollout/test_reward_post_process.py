@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from slime.config import derive
+from slime.plan.derive import derive
 from slime.rollout.base import RolloutHooks
 from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slime.config.validate import collect_problems
+from slime.plan.validate import collect_problems
 from slime.registry import REWARD_TYPES
 from slime.rollout.rewards import RewardFailureError, RewardHub, check_failures
 from slime.rollout.rm.math import last_boxed

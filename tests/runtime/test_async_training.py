@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from slime.config import derive
-from slime.config.validate import collect_problems
+from slime.plan.derive import derive
+from slime.plan.validate import collect_problems
 from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
 from slime.rollout.staleness import record_staleness, sample_staleness

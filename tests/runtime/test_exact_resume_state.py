@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-from slime.config import derive
+from slime.plan.derive import derive
 from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
 from tests.conftest import typed_config

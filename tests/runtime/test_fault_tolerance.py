@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from slime.config import ConfigError, validate
+from slime.config import ConfigError
+from slime.plan.validate import validate
 from tests.config.test_config_presets import assert_stopped_in_validation, run_main
 from tests.conftest import typed_config
 from tests.helpers.fleet import running_fleet, wait_until

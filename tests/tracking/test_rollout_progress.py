@@ -110,7 +110,7 @@ def test_the_manager_answers_progress_while_it_generates():
 
 
 def test_progress_interval_must_not_be_negative():
-    from slime.config.validate import collect_problems
+    from slime.plan.validate import collect_problems
 
     cfg = typed_config(["logger.progress_every_s=-1"])
     assert [(p.key, "must be >= 0" in str(p)) for p in collect_problems(cfg)] == [("logger.progress_every_s", True)]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from slime.config.derive import derive
+from slime.plan.derive import derive
 from slime.tracking.dry_run import dry_run
 from slime.tracking.memory import GIB, estimate_memory, parameter_count
 from tests.conftest import ROOT, typed_config

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import slime.train.fsdp.checkpoint as fsdp_checkpoint
-from slime.config import fill_derived, validate
+from slime.config import fill_derived
 from slime.config.resume import tracked_iteration
+from slime.plan.validate import validate
 from slime.train.fsdp.checkpoint import TRACKER, iter_dir
 from tests.conftest import typed_config
 from tests.e2e.test_end_to_end import assert_no_run_processes, main_py

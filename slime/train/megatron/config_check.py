@@ -1,4 +1,5 @@
-"""Validation of the megatron backend's config, run before anything starts (slime.config.validate calls it).
+"""Validation of the megatron backend's config, run before anything starts: the checks of its registry record
+(slime.registry.TRAIN_BACKENDS), which slime/plan/validate.py runs.
 
 - `parallelism.megatron.*`: extra megatron-core config fields, checked against megatron-core's own config
   dataclasses where it is importable (an unknown key is an error naming the nearest valid names), never
@@ -15,6 +16,7 @@ import importlib
 from collections.abc import Iterator
 from typing import Any, Optional
 
+from slime.config.hf_config import FAMILIES
 from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import RunConfig
 
@@ -92,36 +94,45 @@ def megatron_problems(extra: dict[str, Any], fields: dict[str, str]) -> Iterator
             )
 
 
-def check_megatron_passthrough(cfg: RunConfig) -> Iterator[Problem]:
+def check(cfg: RunConfig) -> Iterator[Problem]:
+    """The megatron backend is chosen: parallelism.megatron against megatron-core, the model family, the options."""
     p = cfg.parallelism
-    if not p.megatron:
-        return
-    if p.backend != "megatron":
-        yield Problem(
-            "parallelism.megatron",
-            dict(p.megatron),
-            f"megatron-core fields do nothing with the {p.backend} backend",
-            "remove them or set parallelism.backend=megatron",
-        )
-    fields = megatron_config_fields()
-    if fields is None:
-        if p.backend == "megatron":
+    if p.megatron:
+        fields = megatron_config_fields()
+        if fields is None:
             yield Problem(
                 "parallelism.megatron",
                 dict(p.megatron),
                 "megatron-core is not importable, so these keys cannot be checked (nor trained with)",
                 "pip install megatron-core",
             )
-        return
-    yield from megatron_problems(dict(p.megatron), fields)
+        else:
+            yield from megatron_problems(dict(p.megatron), fields)
+    family = FAMILIES.get(cfg.model.architecture)
+    if family is not None and not family.megatron:
+        yield Problem(
+            "model.architecture",
+            cfg.model.architecture,
+            "has no megatron-core layer spec here (GLM-4 normalises each attention and MLP output, which "
+            "megatron-core's TransformerLayer cannot)",
+            "train it with parallelism=fsdp",
+        )
+    yield from check_backend_options(cfg)
 
 
-def check_megatron(cfg: RunConfig) -> Iterator[Problem]:
-    yield from check_megatron_passthrough(cfg)
+def check_unchosen(cfg: RunConfig) -> Iterator[Problem]:
+    """Another backend is chosen: megatron-core fields and megatron backend options would be ignored."""
     p = cfg.parallelism
-    if p.backend == "megatron":
-        yield from check_backend_options(cfg)
-        return
+    if p.megatron:
+        yield Problem(
+            "parallelism.megatron",
+            dict(p.megatron),
+            f"megatron-core fields do nothing with the {p.backend} backend",
+            "remove them or set parallelism.backend=megatron",
+        )
+        fields = megatron_config_fields()
+        if fields is not None:
+            yield from megatron_problems(dict(p.megatron), fields)
     for key, value in (
         ("vpp", p.vpp),
         ("recompute.granularity", p.recompute.granularity),

@@ -19,8 +19,8 @@ def test_server_groups_must_add_up_to_the_rollout_gpus():
     assert "add up to 3, but the rollout has 2 GPU(s)" in found["rollout.models"]
     assert "cluster.rollout.num_gpus=3" in found["rollout.models"]
     cfg = typed_config([TWO_MODELS, "cluster.rollout.num_gpus=3"])
-    from slime.config.validate import validate
     from slime.engine.groups import engine_specs, model_specs
+    from slime.plan.validate import validate
 
     validate(cfg)
     assert [(s.model, s.num_gpus) for s in engine_specs(cfg, 3)] == [("actor", 1), ("actor", 1), ("ref", 1)]

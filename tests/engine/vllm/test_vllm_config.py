@@ -11,8 +11,7 @@ import textwrap
 
 import pytest
 
-from slime.config import ConfigError, validate
-from slime.config.derive import derive
+from slime.config import ConfigError
 from slime.engine.vllm.engine_args import (
     FIELDS_FILE,
     FRAMEWORK_KEYS,
@@ -23,6 +22,8 @@ from slime.engine.vllm.engine_args import (
     server_args,
     tensor_parallel_size,
 )
+from slime.plan.derive import derive
+from slime.plan.validate import validate
 from slime.tracking.dry_run import dry_run
 from slime.tracking.memory import GIB, estimate_memory
 from tests.config.test_config_presets import assert_stopped_in_validation, run_main

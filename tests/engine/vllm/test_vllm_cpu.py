@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slime.config.validate import validate
 from slime.engine.base import EngineLaunch
 from slime.engine.vllm import cpu
 from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
+from slime.plan.validate import validate
 from tests.config.test_config import problems_for
 from tests.conftest import ROOT, model_fields, typed_config
 

@@ -19,8 +19,9 @@ from tests.helpers.vllm_real import CPU_VLLM
 def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     """The seeds' --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
     the rest decode; served models with per-group overrides where only one is updated."""
-    from slime.config import ConfigError, validate
+    from slime.config import ConfigError
     from slime.engine.groups import engine_specs, model_specs, policy_model
+    from slime.plan.validate import validate
     from tests.conftest import typed_config
 
     cfg = typed_config(

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from slime.config import fill_derived, validate
+from slime.config import fill_derived
+from slime.plan.validate import validate
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.train.fsdp.backend import FSDPBackend
 from slime.train.layout import RankLayout

@@ -7,8 +7,8 @@ import importlib
 
 import pytest
 
-from slime.config import validate
 from slime.config.problems import ConfigError
+from slime.plan.validate import validate
 from slime.train.megatron import config_check
 from slime.train.megatron.config_check import MEGATRON_OWNED, megatron_config_fields, megatron_problems
 from tests.conftest import typed_config

@@ -1,40 +1,28 @@
-"""Cross-field validation: every rule runs before Ray starts and all problems are reported at once.
+"""The rules the schema alone decides: fixed choices, ranges, batch arithmetic, debug options, and the topic
+modules' schema-level checks (`schema_problems`). Each problem names the key, its value, what is wrong and the
+override that fixes it. The checks of the chosen parts (backend, engine, weight sync, rewards, data, paths)
+live next to their code; slime/plan/validate.py runs them all and reports every problem at once.
 
-Each problem names the key, its value, what is wrong and the override that fixes it. `main.py`
-turns a `ConfigError` into exit status 2. The rules live by topic:
-
-    validate.py            choices (from slime.registry), logger packages, ranges, batch arithmetic, debug hooks
-    validate_resources.py  GPU arithmetic, roles' placement, options the chosen parts cannot honour
-    validate_algo.py       algorithm knobs and rewards
-    validate_paths.py      paths that must exist, paths a run writes
-    validate_hooks.py      import-path fields: resolved and call-shape checked
-    validate_data.py       prompt files (every record), run length, data source class, rewards, rollout dumps
-    validate_async.py      the one-step-async loop (train.async) and the weight-sync interval
-    passthrough.py         rollout.router.extra_args, rollout.sglang, rollout.vllm, parallelism.megatron
+    validate_keys.py   keys the schema does not know
+    validate_algo.py   algorithm knobs
+    validate_async.py  the one-step-async loop and the weight-sync interval
+    validate_eval.py   eval datasets and the rollout loop's options
+    hf_config.py       the model option against its family
+    objective.py       the sweep objective
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
-from slime.config.derive import Derived, derive
 from slime.config.hf_config import FAMILIES, check_model
 from slime.config.objective import check_objective
-from slime.config.passthrough import check_passthrough
-from slime.config.problems import ConfigError, Problem, get, one_of, positive
+from slime.config.problems import Problem, get, one_of, positive
 from slime.config.schema import RUN_PHASES, RunConfig
-from slime.config.validate_algo import check_algo, check_rewards
+from slime.config.validate_algo import check_algo
 from slime.config.validate_async import check_async
-from slime.config.validate_data import check_data
 from slime.config.validate_eval import check_eval, check_rollout_loop
-from slime.config.validate_hooks import check_hooks
 from slime.config.validate_keys import check_unknown_keys
-from slime.config.validate_paths import check_paths
-from slime.config.validate_resources import check_cluster, check_parts_honour_options
-from slime.registry import ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
-
-__all__ = ["ConfigError", "Problem", "collect_problems", "validate"]
 
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "sft")
 TIS_MODES = ("truncate", "icepop")
@@ -46,20 +34,8 @@ WANDB_MODES = ("online", "offline", "disabled", "auto")
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 
-def _registered(registry: Registry, value: str) -> Iterator[Problem]:
-    if value not in registry:
-        yield Problem(
-            registry.key,
-            value,
-            registry.unknown_message(value),
-            f"set {registry.key}=<one of {', '.join(registry.names())}>",
-        )
-
-
 def check_choices(cfg: RunConfig) -> Iterator[Problem]:
-    yield from _registered(TRAIN_BACKENDS, cfg.parallelism.backend)
-    yield from _registered(ENGINES, cfg.rollout.engine)
-    yield from _registered(WEIGHT_SYNC, cfg.rollout.weight_sync.mode)
+    """Fixed lists of values (the registries' names are checked by slime/plan/validate.py)."""
     yield from one_of("algo.advantage_estimator", cfg.algo.advantage_estimator, ADVANTAGE_ESTIMATORS)
     yield from one_of("algo.kl_loss_type", cfg.algo.kl_loss_type, KL_TYPES)
     yield from one_of("algo.tis_mode", cfg.algo.tis_mode, TIS_MODES)
@@ -68,27 +44,6 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
     yield from one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
-
-
-def check_sinks(cfg: RunConfig) -> Iterator[Problem]:
-    """The logger's packages are installed (found at start-up, not after the cluster has started)."""
-    from slime.tracking.wandb_run import resolve_mode  # pure Python: the run's own rule for mode=auto
-
-    resolved = resolve_mode(cfg.logger.wandb)
-    if resolved != "disabled" and importlib.util.find_spec("wandb") is None:
-        yield Problem(
-            "logger.wandb.mode",
-            cfg.logger.wandb.mode,
-            f"logs to wandb ({resolved}), but the wandb package is not installed",
-            "pip install wandb, or set logger.wandb.mode=disabled",
-        )
-    if cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        yield Problem(
-            "logger.tensorboard",
-            True,
-            "writes TensorBoard event files, but the tensorboard package is not installed",
-            "pip install '.[tensorboard]', or set logger.tensorboard=false",
-        )
 
 
 def check_debug(cfg: RunConfig) -> Iterator[Problem]:
@@ -166,6 +121,8 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
             "lower rollout.max_response_len (and rollout.max_prompt_len), or raise model.max_position_embeddings "
             "if the model supports it",
         )
+    if r.max_prompt_len is not None and r.max_prompt_len <= 0:
+        yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
     if cfg.rollout.temperature <= 0:
         yield Problem(
             "rollout.temperature",
@@ -220,35 +177,39 @@ def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
-def collect_problems(cfg: RunConfig) -> list[Problem]:
-    derived = derive(cfg)
+def check_options(cfg: RunConfig) -> Iterator[Problem]:
+    """Options whose meaning needs no chosen part."""
+    p = cfg.parallelism
+    if p.max_tokens_per_gpu is not None and p.max_tokens_per_gpu < 1:
+        yield Problem(
+            "parallelism.max_tokens_per_gpu",
+            p.max_tokens_per_gpu,
+            "must be > 0 (tokens per micro-batch)",
+            "set parallelism.max_tokens_per_gpu to a positive token count, or null for micro_batch_size",
+        )
+    if cfg.train.ref_offload and not (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0):
+        yield Problem(
+            "train.ref_offload",
+            True,
+            "there is no reference model to offload (algo.use_kl_loss=false and algo.kl_coef=0)",
+            "set train.ref_offload=false, or use a KL term",
+        )
+
+
+def schema_problems(cfg: RunConfig) -> list[Problem]:
+    """Every problem the schema alone can find (slime/plan/validate.py then runs the chosen parts' checks)."""
     checks = [
         check_unknown_keys(cfg),
         check_choices(cfg),
-        check_sinks(cfg),
         check_debug(cfg),
         check_ranges(cfg),
-        check_model(cfg.model, backend=cfg.parallelism.backend),
+        check_model(cfg.model),
         check_batch_arithmetic(cfg),
-        check_cluster(cfg, derived),
-        check_parts_honour_options(cfg, derived),
+        check_options(cfg),
         check_async(cfg),
         check_algo(cfg),
-        check_rewards(cfg),
-        check_hooks(cfg),
         check_eval(cfg),
         check_rollout_loop(cfg),
-        check_passthrough(cfg),
-        check_paths(cfg),
         check_objective(cfg),
-        check_data(cfg),
     ]
     return [problem for check in checks for problem in check]
-
-
-def validate(cfg: RunConfig) -> Derived:
-    """Raise ConfigError listing every problem; return the derived values when there are none."""
-    problems = collect_problems(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return derive(cfg)

@@ -1,4 +1,5 @@
-"""Paths a run reads (they must exist, unless the run makes them itself) and paths it writes."""
+"""Validation of the run's assets: paths it reads (they must exist, unless the run makes them itself), paths it
+writes, the model checkpoint against the model option, and the data generators that make files."""
 
 from __future__ import annotations
 
@@ -6,19 +7,15 @@ import os
 import string
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
+from slime.assets.generators import GENERATOR_SHAPE, generated_file
+from slime.assets.tiny_model import read_hf_config
+from slime.config.hf_config import mismatches, unsupported_layout
+from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.config.validate_eval import valid_eval_datasets
-
-
-def generated_file(prompt_data: Optional[str], generator: Any) -> Optional[str]:
-    """The file a data generator will write for this run: its own `path`, when prompt_data is exactly that
-    path; None otherwise (the generator then runs for nothing and writes nothing)."""
-    if prompt_data is None or not isinstance(generator, dict) or generator.get("path") != prompt_data:
-        return None
-    return prompt_data
 
 
 def check_paths(cfg: RunConfig) -> Iterator[Problem]:
@@ -111,9 +108,6 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
 
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
     """The model option against `hf_checkpoint/config.json`: every architecture field (slime.config.hf_config)."""
-    from slime.assets.tiny_model import read_hf_config
-    from slime.config.hf_config import mismatches, unsupported_layout
-
     m = cfg.model
     if m.create_if_missing:
         return  # generated from these very fields before the run starts (slime.assets.prepare)
@@ -138,3 +132,41 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
     layout = unsupported_layout(actual)
     if layout:
         yield Problem("model.hf_checkpoint", m.hf_checkpoint, f"{config_file}: {layout}", "use another checkpoint")
+
+
+def check_generators(cfg: RunConfig) -> Iterator[Problem]:
+    """`data.generator` and every eval dataset's generator."""
+    yield from check_generator("data.generator", cfg.data.generator)
+    for name, dataset in valid_eval_datasets(cfg).items():
+        yield from check_generator(f"eval.datasets.{name}.generator", dataset.generator)
+
+
+def check_generator(key: str, generator: Any) -> Iterator[Problem]:
+    """A generator is a `_target_` node that names its output file in `path`."""
+    if generator is None:
+        return
+    if not isinstance(generator, dict) or not isinstance(generator.get("_target_"), str):
+        yield Problem(
+            key,
+            generator,
+            "expected a node {_target_: module.fn, path: <file>, ...}",
+            f"set {key}._target_ and {key}.path, or {key}=null",
+        )
+        return
+    if not isinstance(generator.get("path"), str):
+        yield Problem(
+            f"{key}.path",
+            generator.get("path"),
+            "a generator names the one file it writes",
+            f"set {key}.path=<file> (and point prompt_data at it)",
+        )
+        return
+    try:
+        load_callable(generator, key=key, **GENERATOR_SHAPE)
+    except HookError as exc:
+        yield Problem(
+            exc.key,
+            exc.value,
+            exc.message,
+            "give a node whose _target_ is importable and whose keys are its parameters, or null",
+        )

@@ -1,4 +1,5 @@
-"""Values derived from the config, computed in exactly one place and printed at start-up."""
+"""Values derived from the config (`Derived`, computed by slime/plan/derive.py and printed at start-up), and
+writing them back into the config so the saved config.yaml is complete."""
 
 from __future__ import annotations
 
@@ -7,11 +8,7 @@ from typing import Any, Optional
 
 from slime.config.resume import resolve_resume
 from slime.config.schema import RunConfig
-from slime.config.validate_data import rollouts_for_epochs
-from slime.config.validate_hooks import rollout_function_path
-from slime.engine.groups import engine_specs
-
-HF_DEFAULT_MAX_BATCH_SIZE = 256
+from slime.config.validate_eval import eval_dataset
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,49 +33,6 @@ class Derived:
 
     def table(self) -> list[tuple[str, str]]:
         return [(f.name, str(getattr(self, f.name))) for f in dataclasses.fields(self)]
-
-
-def critic_gpus(cfg: RunConfig) -> int:
-    """GPUs of PPO's own critic group: 0 without ppo or when it shares the actor's GPUs."""
-    c = cfg.cluster
-    if cfg.algo.advantage_estimator != "ppo" or c.critic.colocate_with_actor:
-        return 0
-    nodes = c.critic.num_nodes if c.critic.num_nodes is not None else c.actor.num_nodes
-    per_node = c.critic.num_gpus_per_node if c.critic.num_gpus_per_node is not None else c.actor.num_gpus_per_node
-    return nodes * per_node
-
-
-def derive(cfg: RunConfig) -> Derived:
-    """Compute the derived values; tolerant of invalid configs (validation reports those)."""
-    c, r, t, p = cfg.cluster, cfg.rollout, cfg.train, cfg.parallelism
-    actor = c.actor.num_nodes * c.actor.num_gpus_per_node
-    critic = critic_gpus(cfg)
-    rollout = actor if c.colocate else c.rollout.num_gpus
-    total = max(actor + critic, rollout) if c.colocate else actor + critic + rollout
-    model_parallel = max(p.tp * p.pp * p.cp, 1)
-    dp = max(actor // model_parallel, 1)
-    samples = r.batch_size * r.n_samples_per_prompt
-    k = max(t.num_steps_per_rollout, 1)
-    g = t.global_batch_size if t.global_batch_size is not None else samples // k
-    num_rollout = rollouts_for_epochs(cfg)
-    precision = t.precision if t.precision != "auto" else ("bf16" if c.device == "cuda" else "fp32")
-    return Derived(
-        actor_gpus=actor,
-        critic_gpus=critic,
-        rollout_gpus=rollout,
-        total_gpus=total,
-        num_engines=len(engine_specs(cfg, rollout)),
-        dp_size=dp,
-        samples_per_rollout=samples,
-        global_batch_size=g,
-        samples_per_dp_rank=g // dp,
-        num_rollout=num_rollout,
-        num_optimizer_steps=(num_rollout or 0) * k,
-        over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
-        hf_max_batch_size=r.hf.max_batch_size or (1 if r.deterministic else HF_DEFAULT_MAX_BATCH_SIZE),
-        precision=precision,
-        rollout_function=rollout_function_path(cfg),
-    )
 
 
 def fill_derived(cfg: RunConfig, derived: Derived) -> RunConfig:
@@ -111,8 +65,6 @@ def fill_eval_datasets(cfg: RunConfig) -> None:
         "rm_type": r.rm_type,
         "reward_key": r.reward_key,
     }
-    from slime.config.validate_eval import eval_dataset  # validated: every entry converts
-
     e.datasets = {name: eval_dataset(name, node) for name, node in e.datasets.items()}
     for dataset in e.datasets.values():
         for name, value in inherited.items():

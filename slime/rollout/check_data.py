@@ -1,10 +1,8 @@
-"""Data, rewards and rollout dumps: checked before anything starts (exit 2 on a problem).
+"""Data and rollout dumps: checked before anything starts (exit 2 on a problem).
 
 data.prompt_data         every record read and checked (file:line of the first bad one); eval datasets too
 train.num_rollout/epoch  exactly one of them; num_epoch derives num_rollout from the record count
 data.source_class        importable, a DataSourceBase, built as cls(dataset, n_samples_per_prompt=, ...)
-rollout.custom_rm_path   rm(args, sample), or rm(args, samples) with rollout.group_rm
-rollout.rm_url           required by rm_type=remote_rm
 debug.load_rollout_data  a directory holding <rollout_id>.jsonl for every rollout of the run; no eval;
                          required by debug=train_only; debug=rollout_only: no dumps, colocation or checkpoint.load
 """
@@ -16,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+from slime.assets.generators import generated_file
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.config.validate_eval import valid_eval_datasets
-from slime.config.validate_paths import generated_file
 from slime.rollout.prompt_file import DataFileError, RecordKeys, count_records, read_records, split_slice
 
 DATA_SOURCE_METHODS = ("get_groups", "add_groups", "state_dict", "load_state_dict", "__len__")
@@ -49,7 +47,6 @@ def check_data(cfg: RunConfig) -> Iterator[Problem]:
     yield from _check_num_rollout(cfg)
     if d.source_class is not None:
         yield from _check_source_class(d.source_class)
-    yield from _check_rewards(cfg)
     yield from _check_dumps(cfg)
 
 
@@ -126,32 +123,6 @@ def _check_source_class(spec: str) -> Iterator[Problem]:
     if not isinstance(cls, type) or missing:
         what = f"lacks {', '.join(missing)}" if missing else "is not a class"
         yield Problem(key, spec, f"{what}; a data source implements {', '.join(DATA_SOURCE_METHODS)}", fix)
-
-
-def _check_rewards(cfg: RunConfig) -> Iterator[Problem]:
-    r = cfg.rollout
-    if r.custom_rm_path is not None:
-        shape = ("args", "samples") if r.group_rm else ("args", "sample")
-        try:
-            load_callable(r.custom_rm_path, key="rollout.custom_rm_path", signature=shape)
-        except HookError as exc:
-            form = "rm(args, samples) -> list" if r.group_rm else "rm(args, sample) -> float | dict"
-            yield Problem(exc.key, exc.value, exc.message, f"give the import path of `{form}` (def or async def)")
-    elif r.group_rm:
-        yield Problem(
-            "rollout.group_rm", True, "a group reward needs rollout.custom_rm_path", "set rollout.custom_rm_path"
-        )
-    if r.rm_type == "remote_rm" and not r.rm_url:
-        yield Problem("rollout.rm_url", None, "rollout.rm_type=remote_rm needs the reward model's URL", "set it")
-    if not 0 <= r.reward.max_failure_ratio <= 1:
-        yield Problem(
-            "rollout.reward.max_failure_ratio", r.reward.max_failure_ratio, "must be in [0, 1]", "set it to 0.05"
-        )
-    for key in ("timeout_s", "max_connections"):
-        if getattr(r.reward, key) <= 0:
-            yield Problem(f"rollout.reward.{key}", getattr(r.reward, key), "must be > 0", "use the default")
-    if r.max_prompt_len is not None and r.max_prompt_len <= 0:
-        yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
 
 
 def _check_debug_modes(cfg: RunConfig) -> Iterator[Problem]:

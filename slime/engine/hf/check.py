@@ -1,0 +1,36 @@
+"""Validation of the built-in hf engine's config: the checks of its registry record (slime.registry.ENGINES),
+run by slime/plan/validate.py before anything starts. No torch or transformers at import."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from slime.config.problems import Problem
+from slime.config.schema import RunConfig
+from slime.engine.check import SGLANG_ROUTER, check_generating_health_timeout, check_router_args
+from slime.engine.groups import group_overrides
+from slime.engine.sglang.check import unused_server_args
+
+
+def check(cfg: RunConfig) -> Iterator[Problem]:
+    """rollout.engine=hf: one device, one request at a time when deterministic; it speaks SGLang's protocol
+    behind sglang-router, so the router and health-probe rules are SGLang's, and server-group overrides
+    (SGLang server args) do nothing."""
+    c = cfg.cluster
+    if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
+        yield Problem(
+            "rollout.hf.max_batch_size",
+            cfg.rollout.hf.max_batch_size,
+            "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
+            "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
+        )
+    if c.rollout.num_gpus_per_engine != 1:
+        yield Problem(
+            "cluster.rollout.num_gpus_per_engine",
+            c.rollout.num_gpus_per_engine,
+            "the built-in hf engine runs on one device",
+            "set cluster.rollout.num_gpus_per_engine=1",
+        )
+    yield from unused_server_args(cfg, group_overrides(cfg))
+    yield from check_router_args(cfg, SGLANG_ROUTER)
+    yield from check_generating_health_timeout(cfg)

@@ -1,0 +1,1 @@
+"""Planning a run before anything starts: validation (validate.py walks every check), the derived values."""

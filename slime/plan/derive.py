@@ -1,0 +1,54 @@
+"""The derived values of a run (`Derived`: GPU counts, batch sizes, the rollout function), computed here only."""
+
+from __future__ import annotations
+
+from slime.config.derived import Derived
+from slime.config.schema import RunConfig
+from slime.engine.groups import engine_specs, rollout_gpu_count
+from slime.rollout.check_data import rollouts_for_epochs
+from slime.rollout.entry_points import rollout_function_path
+
+HF_DEFAULT_MAX_BATCH_SIZE = 256
+
+
+def critic_gpus(cfg: RunConfig) -> int:
+    """GPUs of PPO's own critic group: 0 without ppo or when it shares the actor's GPUs."""
+    c = cfg.cluster
+    if cfg.algo.advantage_estimator != "ppo" or c.critic.colocate_with_actor:
+        return 0
+    nodes = c.critic.num_nodes if c.critic.num_nodes is not None else c.actor.num_nodes
+    per_node = c.critic.num_gpus_per_node if c.critic.num_gpus_per_node is not None else c.actor.num_gpus_per_node
+    return nodes * per_node
+
+
+def derive(cfg: RunConfig) -> Derived:
+    """Compute the derived values; tolerant of invalid configs (validation reports those)."""
+    c, r, t, p = cfg.cluster, cfg.rollout, cfg.train, cfg.parallelism
+    actor = c.actor.num_nodes * c.actor.num_gpus_per_node
+    critic = critic_gpus(cfg)
+    rollout = rollout_gpu_count(cfg)
+    total = max(actor + critic, rollout) if c.colocate else actor + critic + rollout
+    model_parallel = max(p.tp * p.pp * p.cp, 1)
+    dp = max(actor // model_parallel, 1)
+    samples = r.batch_size * r.n_samples_per_prompt
+    k = max(t.num_steps_per_rollout, 1)
+    g = t.global_batch_size if t.global_batch_size is not None else samples // k
+    num_rollout = rollouts_for_epochs(cfg)
+    precision = t.precision if t.precision != "auto" else ("bf16" if c.device == "cuda" else "fp32")
+    return Derived(
+        actor_gpus=actor,
+        critic_gpus=critic,
+        rollout_gpus=rollout,
+        total_gpus=total,
+        num_engines=len(engine_specs(cfg, rollout)),
+        dp_size=dp,
+        samples_per_rollout=samples,
+        global_batch_size=g,
+        samples_per_dp_rank=g // dp,
+        num_rollout=num_rollout,
+        num_optimizer_steps=(num_rollout or 0) * k,
+        over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
+        hf_max_batch_size=r.hf.max_batch_size or (1 if r.deterministic else HF_DEFAULT_MAX_BATCH_SIZE),
+        precision=precision,
+        rollout_function=rollout_function_path(cfg),
+    )

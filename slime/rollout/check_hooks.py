@@ -1,0 +1,89 @@
+"""Import-path fields of the rollout: each is resolved and its call shape (slime/rollout/entry_points.py)
+checked before anything starts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from slime.config.hooks import HookError, load_callable
+from slime.config.problems import Problem
+from slime.config.schema import RunConfig
+from slime.registry import ROLLOUT_FUNCTIONS
+from slime.rollout.entry_points import (
+    BUFFER_FILTER_SHAPE,
+    FILTER_SHAPE,
+    GENERATE_SHAPE,
+    REWARD_POST_PROCESS_SHAPE,
+    ROLLOUT_FN_SHAPE,
+    SAMPLE_HOOK_SHAPE,
+    function_path,
+    rollout_function_path,
+)
+
+# (config key, shape, fix)
+_HOOK_FIELDS = (
+    (
+        "rollout.generate_function",
+        GENERATE_SHAPE,
+        "give the import path of `async def generate(args, sample, sampling_params) -> Sample`, or null",
+    ),
+    (
+        "algo.dynamic_filter",
+        FILTER_SHAPE,
+        "give the import path of `def fn(args, group: list[Sample]) -> bool | FilterResult`, or null",
+    ),
+    (
+        "rollout.buffer_filter",
+        BUFFER_FILTER_SHAPE,
+        "give the import path of `def fn(args, rollout_id, buffer, num) -> list[list[Sample]]`, or null",
+    ),
+    (
+        "rollout.reward_post_process",
+        REWARD_POST_PROCESS_SHAPE,
+        "give the import path of `def fn(args, samples) -> (raw_rewards, rewards)`, or null",
+    ),
+)
+
+
+def check_hooks(cfg: RunConfig) -> Iterator[Problem]:
+    yield from _check_function("rollout.function", cfg.rollout.function, rollout_function_path(cfg))
+    if cfg.eval.function is not None:
+        yield from _check_function("eval.function", cfg.eval.function, function_path(cfg.eval.function))
+    for key, shape, fix in _HOOK_FIELDS:
+        group, _, name = key.partition(".")
+        spec = getattr(getattr(cfg, group), name)
+        if spec is not None:
+            yield from _check(key, spec, shape, fix)
+    for i, spec in enumerate(cfg.rollout.sample_hooks):
+        yield from _check(
+            f"rollout.sample_hooks[{i}]",
+            spec,
+            SAMPLE_HOOK_SHAPE,
+            "give the import path of `def hook(args, sample, *, rollout_id, evaluation) -> Sample | None`",
+        )
+
+
+def _check_function(key: str, spec: Any, path: Any) -> Iterator[Problem]:
+    if path is None:
+        yield Problem(
+            key,
+            spec,
+            ROLLOUT_FUNCTIONS.unknown_message(spec),
+            f"set {key} to a registered name, an import path module.fn, or null",
+        )
+        return
+    yield from _check(
+        key,
+        path,
+        ROLLOUT_FN_SHAPE,
+        "give a registered name or the import path of `def fn(args, rollout_id, data_source, evaluation=False)`, "
+        "or null",
+    )
+
+
+def _check(key: str, spec: Any, shape: dict[str, Any], fix: str) -> Iterator[Problem]:
+    try:
+        load_callable(spec, key=key, **shape)
+    except HookError as exc:
+        yield Problem(exc.key, exc.value, exc.message, fix)

@@ -1,0 +1,59 @@
+"""Validation of the fsdp backend's config: the checks of its registry record (slime.registry.TRAIN_BACKENDS),
+run by slime/plan/validate.py before anything starts. No torch at import."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from slime.config.problems import Problem
+from slime.config.schema import FSDPOptions, RunConfig
+
+MIXED_PRECISION_MODES = ("fsdp2", "autocast")
+
+
+def check(cfg: RunConfig) -> Iterator[Problem]:
+    """The fsdp backend splits by data and tensor parallelism; tp must divide the split dimensions."""
+    p = cfg.parallelism
+    for key in ("pp", "cp", "ep", "etp"):
+        if getattr(p, key) != 1:
+            yield Problem(
+                f"parallelism.{key}",
+                getattr(p, key),
+                "the fsdp backend splits models by data and tensor parallelism only",
+                f"set parallelism.{key}=1 or parallelism=megatron",
+            )
+    m = cfg.model
+    for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+        if p.tp > 1 and getattr(m, key) % p.tp:
+            yield Problem(
+                "parallelism.tp",
+                p.tp,
+                f"tensor parallelism splits model.{key}={getattr(m, key)} evenly over the tp ranks",
+                f"pick a parallelism.tp dividing {getattr(m, key)}",
+            )
+    if p.sequence_parallel:
+        yield Problem(
+            "parallelism.sequence_parallel",
+            True,
+            "sequence parallelism needs tensor parallelism (megatron)",
+            "set parallelism.sequence_parallel=false",
+        )
+    if p.fsdp.mixed_precision not in MIXED_PRECISION_MODES:
+        yield Problem(
+            "parallelism.fsdp.mixed_precision",
+            p.fsdp.mixed_precision,
+            f"unknown mode; expected one of {', '.join(MIXED_PRECISION_MODES)}",
+            "set parallelism.fsdp.mixed_precision=fsdp2 (bf16 compute over fp32 shards) or autocast",
+        )
+
+
+def check_unchosen(cfg: RunConfig) -> Iterator[Problem]:
+    """Another backend is chosen: the fsdp options would be ignored."""
+    p = cfg.parallelism
+    if p.fsdp != FSDPOptions():
+        yield Problem(
+            "parallelism.fsdp",
+            p.fsdp,
+            f"options of the fsdp backend, but parallelism.backend={p.backend!r}",
+            "remove the parallelism.fsdp.* overrides, or use parallelism=fsdp",
+        )
