@@ -15,8 +15,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.config import ConfigError, derive, fill_derived, to_run_config, validate
+from slime.config import ConfigError, fill_derived, to_run_config
 from slime.config.schema import RunConfig
+from slime.plan.derive import derive
+from slime.plan.validate import validate
 
 
 class RayJobFailed(RuntimeError):
