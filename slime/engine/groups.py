@@ -161,7 +161,7 @@ def _model_problems(i: int, model: Any, cfg: RunConfig) -> list[tuple[str, Any, 
         problems.append((f"rollout.models[{i}].server_groups", [], "a model needs servers", "add a server group"))
     for j, group in enumerate(model.server_groups):
         key = f"rollout.models[{i}].server_groups[{j}]"
-        problems += _group_problems(key, group, cfg.cluster.rollout.num_gpus_per_engine, cfg.rollout.engine)
+        problems += _group_problems(key, group, cfg.cluster.rollout.num_gpus_per_engine)
     kinds = sorted({g.worker_type for g in model.server_groups})
     if ("prefill" in kinds) != ("decode" in kinds):
         problems.append(
@@ -184,20 +184,12 @@ def _model_problems(i: int, model: Any, cfg: RunConfig) -> list[tuple[str, Any, 
     return problems
 
 
-def _group_problems(key: str, group: Any, default_per_engine: int, engine: str) -> list[tuple[str, Any, str, str]]:
+def _group_problems(key: str, group: Any, default_per_engine: int) -> list[tuple[str, Any, str, str]]:
+    """A group's worker type and GPU split (whether the engine serves PD groups is the engine's own check)."""
     problems: list[tuple[str, Any, str, str]] = []
     if group.worker_type not in WORKER_TYPES:
         problems.append(
             (f"{key}.worker_type", group.worker_type, "unknown worker type", f"use one of {', '.join(WORKER_TYPES)}")
-        )
-    elif group.worker_type != "regular" and engine not in ("sglang", "vllm"):
-        problems.append(
-            (
-                f"{key}.worker_type",
-                group.worker_type,
-                f"PD disaggregation needs SGLang or vLLM servers, not rollout.engine={engine}",
-                "use rollout=sglang or rollout=vllm, or worker_type: regular",
-            )
         )
     size = group.num_gpus_per_engine or default_per_engine
     if group.num_gpus < 1 or size < 1 or group.num_gpus % size:

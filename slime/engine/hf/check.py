@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.engine.check import SGLANG_ROUTER, check_generating_health_timeout, check_router_args
-from slime.engine.groups import group_overrides
+from slime.engine.groups import WORKER_TYPES, group_overrides
 from slime.engine.sglang.check import unused_server_args
 
 
@@ -31,6 +31,20 @@ def check(cfg: RunConfig) -> Iterator[Problem]:
             "the built-in hf engine runs on one device",
             "set cluster.rollout.num_gpus_per_engine=1",
         )
+    yield from _check_no_disaggregation(cfg)
     yield from unused_server_args(cfg, group_overrides(cfg))
     yield from check_router_args(cfg, SGLANG_ROUTER)
     yield from check_generating_health_timeout(cfg)
+
+
+def _check_no_disaggregation(cfg: RunConfig) -> Iterator[Problem]:
+    """The built-in engine serves regular groups only: prefill/decode disaggregation needs SGLang or vLLM."""
+    for i, model in enumerate(cfg.rollout.models):
+        for j, group in enumerate(model.server_groups):
+            if group.worker_type != "regular" and group.worker_type in WORKER_TYPES:
+                yield Problem(
+                    f"rollout.models[{i}].server_groups[{j}].worker_type",
+                    group.worker_type,
+                    f"PD disaggregation needs SGLang or vLLM servers, not rollout.engine={cfg.rollout.engine}",
+                    "use rollout=sglang or rollout=vllm, or worker_type: regular",
+                )

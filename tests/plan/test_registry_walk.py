@@ -1,0 +1,93 @@
+"""slime/plan/validate.py: one walk over the config, the registry records' checks, every problem at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from slime.config import ConfigError
+from slime.plan.validate import collect_problems, validate
+from slime.registry import ALL, ENGINES, Checks
+from tests.conftest import ROOT, typed_config
+
+HEAVY = ("torch", "ray", "transformers", "sglang", "vllm", "megatron")
+
+
+def keys_of(overrides: list[str]) -> dict[str, str]:
+    return {p.key: str(p) for p in collect_problems(typed_config(overrides))}
+
+
+def test_every_records_checks_resolve_to_functions_that_import_nothing_heavy():
+    """Validation runs before anything starts: loading every check a record names pulls in no torch, Ray or engine."""
+    code = (
+        "import sys\n"
+        "from slime.config.hooks import load_callable\n"
+        "from slime.registry import ALL\n"
+        "paths = [p for r in ALL for n in r.names() for p in (r.checks(n).check, r.checks(n).check_unchosen) if p]\n"
+        "assert all(callable(load_callable(p)) for p in paths)\n"
+        f"print(len(paths), sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count, loaded = proc.stdout.split(maxsplit=1)
+    assert int(count) >= 9 and loaded.strip() == "[]"
+
+
+def test_validating_the_default_run_imports_nothing_heavy():
+    code = (
+        "import sys\n"
+        "from tests.conftest import typed_config\n"
+        "from slime.plan.validate import validate\n"
+        "validate(typed_config([]))\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_chosen_record_runs_its_check_and_the_others_their_unchosen_check(monkeypatch):
+    hf_rule = ["rollout.deterministic=true", "rollout.hf.max_batch_size=4"]
+    assert "decodes each request on its own" in keys_of(hf_rule)["rollout.hf.max_batch_size"]
+    # a part registered with one line, its check named by import path: chosen, it runs
+    monkeypatch.setitem(ENGINES._entries, "hf2", ENGINES.target("hf"))
+    monkeypatch.setitem(ENGINES._checks, "hf2", Checks(check="slime.engine.hf.check.check"))
+    assert "rollout.hf.max_batch_size" in keys_of([*hf_rule, "rollout.engine=hf2"])
+    # named as the unchosen check of a record the config does not choose, it runs too
+    monkeypatch.setitem(ENGINES._checks, "hf2", Checks(check_unchosen="slime.engine.hf.check.check"))
+    assert "rollout.hf.max_batch_size" not in keys_of([*hf_rule, "rollout.engine=hf2"])
+    assert "rollout.hf.max_batch_size" in keys_of([*hf_rule, "rollout.engine=sglang"])
+
+
+def test_a_name_registered_without_checks_has_none():
+    assert ENGINES.checks("no_such_engine") == Checks()
+    assert all(isinstance(r.checks(n), Checks) for r in ALL for n in r.names())
+
+
+def test_every_problem_of_every_layer_is_reported_at_once():
+    """A schema rule, a chosen record's check, an unchosen record's check and an owner's check, in one error."""
+    overrides = [
+        "train.lr=-1",  # slime/config/rules.py
+        "parallelism.pp=2",  # the fsdp record's check
+        "+parallelism.megatron.foo=1",  # the megatron record's unchosen check
+        "data.prompt_data=/no/such/prompts.jsonl",  # slime/assets/check.py
+    ]
+    with pytest.raises(ConfigError) as info:
+        validate(typed_config(overrides))
+    keys = {p.key for p in info.value.problems}
+    assert {"train.lr", "parallelism.pp", "parallelism.megatron", "data.prompt_data"} <= keys
+    assert "the fsdp backend splits models by data and tensor parallelism only" in str(info.value)
+
+
+def test_the_hf_engines_check_refuses_disaggregated_groups_which_sglang_serves():
+    models = (
+        "rollout.models=[{name: pd, server_groups: [{worker_type: prefill, num_gpus: 1},"
+        " {worker_type: decode, num_gpus: 1}]}]"
+    )
+    overrides = [models, "cluster.colocate=false", "cluster.rollout.num_gpus=2", "cluster.num_gpus_per_node=3"]
+    key = "rollout.models[0].server_groups[0].worker_type"
+    found = keys_of(overrides)
+    assert "PD disaggregation needs SGLang or vLLM servers, not rollout.engine=hf" in found[key]
+    assert key not in keys_of([*overrides, "rollout.engine=sglang"])
