@@ -48,9 +48,10 @@ class Registry:
         self._entries = dict(entries)
         self._checks = dict(checks or {})
 
-    def register(self, name: str, target: Any) -> None:
-        """Add (or replace) `name`; `target` is an import path or a role -> import path dict."""
+    def register(self, name: str, target: Any, *, checks: Optional[Checks] = None) -> None:
+        """Add (or replace) `name`; `target` is an import path or a role -> import path dict; `checks` its checks."""
         self._entries[name] = target
+        self._checks[name] = checks or Checks()
 
     def names(self) -> list[str]:
         return sorted(self._entries)
