@@ -85,23 +85,18 @@ def typed_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
 
 
 def group_options() -> list[tuple[str, str]]:
-    """(group, option) for every YAML option file of every config group, recipes included.
-
-    `preset` is no command-line group: each model option selects its own preset (composed with the model).
-    """
+    """(group, option) for every YAML option file of every top-level config group, recipes and presets included
+    (conf/preset/sizes holds the presets' shared values, no options of their own)."""
     pairs = []
-    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "preset"):
+    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir()):
         for option in sorted(group_dir.glob("*.yaml")):
             pairs.append((group_dir.name, option.stem))
     return pairs
 
 
 def model_fields(option: str) -> dict:
-    """The ModelConfig fields of conf/model/<option>.yaml (its `defaults` list, which selects the preset, dropped;
-    an alias option, whose defaults name another model option, has that option's fields)."""
-    fields = yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())
-    aliased = [d for d in fields.pop("defaults", []) if isinstance(d, str) and d != "_self_"]
-    return {**(model_fields(aliased[0]) if aliased else {}), **fields}
+    """The ModelConfig fields of conf/model/<option>.yaml (a model option holds nothing else)."""
+    return yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -84,7 +84,7 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
     "megatron_32k_full_recompute_compile": ("megatron", [*MEGATRON_32K, FULL_RECOMPUTE, COMPILE]),
 }
 DEFAULT_VARIANTS = [name for name, (kind, _) in VARIANTS.items() if kind != "megatron"]
-SHAPES = {"qwen3_1p7b": "qwen3_1p7b", "tiny": "tiny_qwen3"}
+SHAPES = {"qwen3_1p7b": "qwen3_1_7b", "tiny": "tiny_qwen3"}
 
 
 # ---- the batch and its FLOPs -------------------------------------------------------------------
@@ -124,6 +124,9 @@ def compose(shape: str, device: str, model_dir: str, overrides: list[str]):
         f"model={SHAPES[shape]}",
         f"model.hf_checkpoint={model_dir}",
         f"cluster={cluster}",
+        # the fsdp backend (a megatron variant's parallelism=megatron comes later and wins) and the built-in engine
+        "parallelism=fsdp",
+        "rollout=hf",
         "algo=grpo",
         "algo.use_kl_loss=false",
         "algo.kl_loss_coef=0",

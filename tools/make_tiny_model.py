@@ -22,7 +22,6 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="directory to create (must not exist)")
     args = parser.parse_args()
     fields = yaml.safe_load((CONF / f"{args.option}.yaml").read_text())
-    fields.pop("defaults", None)  # selects the run preset, not a model field
     fields["hf_checkpoint"] = args.out
     print(create_tiny_model(ModelConfig(**fields)))
 

@@ -415,7 +415,7 @@ class RuntimeConfig:
 
 @dataclass(kw_only=True)
 class RunConfig:
-    """The whole run: one field per config group plus the global seed."""
+    """The whole run: one field per config group plus the global seed and the preset's name."""
 
     model: ModelConfig = MISSING
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -431,3 +431,5 @@ class RunConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     seed: int = 1234
+    # The conf/preset option the run's stack and sizes come from (a label: choose one with preset=NAME).
+    preset: Optional[str] = None

@@ -14,22 +14,17 @@ from slime.plan.derive import derive
 from slime.plan.validate import validate
 from tests.conftest import ROOT, group_options, model_fields, typed_config
 
+GPU_MODELS = ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen2_5_7b", "llama3_8b", "glm4_9b")
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {
-    **{
-        ("model", name): "hf_model_dir+gpu_cluster+prompt_file+reward"
-        for name in (
-            "qwen3_0_6b",
-            "qwen3_1_7b",
-            "qwen3_1p7b",
-            "qwen3_4b",
-            "qwen3_8b",
-            "qwen3_30b_a3b",
-            "qwen2_5_7b",
-            "llama3_8b",
-            "glm4_9b",
-        )
-    },
+    **{("model", name): "hf_model_dir+gpu_cluster+prompt_file+reward" for name in GPU_MODELS},
+    # a model's preset is composed with that model (preset=${model}), quickstart_8gpu with qwen3_4b's
+    **{("preset", name): "hf_model_dir+gpu_cluster+prompt_file+reward" for name in GPU_MODELS},
+    ("preset", "quickstart_8gpu"): "hf_model_dir+gpu_cluster+prompt_file+reward",
+    ("preset", "none"): "prompt_file+sizes+reward",
+    ("preset", "embedded_vllm"): "vllm_cpu_model",
+    ("preset", "tiny_qwen3_vllm"): "vllm_cpu_model",
+    ("preset", "tiny_qwen3_vllm_untied"): "vllm_cpu_model",
     ("cluster", "one_node_8gpu"): "gpu_cluster",
     ("cluster", "one_gpu"): "gpu_cluster",
     ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",
@@ -58,10 +53,12 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     overrides = [f"{group}={option}"]
     needs = NEEDS.get((group, option), "")
     if "hf_model_dir" in needs:
-        model = option if group == "model" else "qwen3_4b"
-        overrides.append(f"model.hf_checkpoint={fake_hf_dir(tmp_path, model)}")
+        model = option if option in GPU_MODELS else "qwen3_4b"
+        overrides += [f"model={model}", f"model.hf_checkpoint={fake_hf_dir(tmp_path, model)}"]
     if "gpu_cluster" in needs:
         overrides.append("cluster.ray_address=auto")  # validated against a remote cluster, not this machine
+    if "sizes" in needs:  # preset=none sizes nothing: the batch, the run's length and the response length are yours
+        overrides += ["rollout.batch_size=32", "train.num_rollout=10", "rollout.max_response_len=64"]
     if "reward" in needs:
         overrides.append("rollout.rm_type=exact_match")
     if "prompt_file" in needs:

@@ -1,4 +1,5 @@
-"""Configs fit the choice: each model option brings its preset; `python main.py` alone is the embedded run.
+"""Configs fit the choice: the preset group follows the model (preset=${model}) and sizes the run; a model option
+chooses a model only; `python main.py` alone is the embedded run.
 
 CLI tests run main.py as a user does. A configuration error must stop the run in validation: exit 2, one
 message naming every key with its fix, nothing written where the config points, and Ray never imported.
@@ -6,6 +7,7 @@ message naming every key with its fix, nothing written where the config points, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slime.config.schema import ModelConfig
 from tests.conftest import CONF, ROOT, compose_config, session_processes, typed_config
 
 
@@ -59,6 +62,7 @@ EMBEDDED = {
     "seed": 1234,
 }
 PRODUCTION = {
+    "preset": "quickstart_8gpu",
     "rollout.batch_size": 32,
     "rollout.n_samples_per_prompt": 8,
     "rollout.max_response_len": 8192,
@@ -74,8 +78,10 @@ PRODUCTION = {
     "algo.kl_loss_type": "low_var_kl",
     "cluster.device": "cuda",
     "cluster.num_gpus_per_node": 8,
+    "cluster.colocate": False,
     "cluster.actor.num_gpus_per_node": 4,
     "cluster.rollout.num_gpus": 4,
+    "cluster.rollout.num_gpus_per_engine": 1,
     "data.prompt_data": None,
     "data.input_key": "prompt",
     "data.label_key": "label",
@@ -84,6 +90,23 @@ PRODUCTION = {
     "parallelism.max_tokens_per_gpu": 16384,
     "parallelism.gradient_checkpointing": True,
 }
+# The seeds' run is the production stack: megatron training, SGLang engines (weights broadcast: disaggregated).
+PRODUCTION_STACK = {
+    "parallelism.backend": "megatron",
+    "rollout.engine": "sglang",
+    "rollout.weight_sync.mode": "distributed",
+}
+BUILT_IN_STACK = {"parallelism.backend": "fsdp", "rollout.engine": "hf", "rollout.weight_sync.mode": "disk"}
+GROUP_OF_PRESETS = ("cluster", "parallelism", "rollout", "data")
+
+
+def cfg_job(*overrides: str) -> dict:
+    """`python main.py ... --cfg job`, parsed."""
+    proc = subprocess.run(
+        [sys.executable, "main.py", *overrides, "--cfg", "job"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
 
 
 def lookup(tree: dict, dotted: str):
@@ -93,57 +116,127 @@ def lookup(tree: dict, dotted: str):
 
 
 def test_embedded_run_is_the_default():
-    printed = yaml.safe_load(
-        subprocess.run(
-            [sys.executable, "main.py", "--cfg", "job"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        ).stdout
-    )
+    printed = cfg_job()
     assert {key: lookup(printed, key) for key in EMBEDDED} == EMBEDDED
+    assert {key: lookup(printed, key) for key in BUILT_IN_STACK} == BUILT_IN_STACK
+    assert printed["preset"] == "embedded"
     assert printed["data"]["generator"]["_target_"] == "slime.assets.digit_task.write_dataset"
     assert printed["checkpoint"]["ref_load"] == "${model.hf_checkpoint}"
 
 
-@pytest.mark.parametrize("model,name", [("qwen3_4b", "Qwen3-4B"), ("qwen3_1p7b", "Qwen3-1.7B")])
-def test_production_model_composes_its_own_run(model, name):
-    proc = subprocess.run(
-        [sys.executable, "main.py", f"model={model}", "algo=grpo", "--cfg", "job"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    printed = yaml.safe_load(proc.stdout)
+def test_embedded_config_is_the_golden_one():
+    """Every key and value of `python main.py --cfg job` as tests/helpers/embedded_cfg_job.yaml keeps them, plus
+    the preset's label: the embedded run (and so its metrics) does not depend on how presets are chosen."""
+    golden = yaml.safe_load((ROOT / "tests" / "helpers" / "embedded_cfg_job.yaml").read_text())
+    printed = cfg_job()
+    assert printed.pop("preset") == "embedded"
+    assert printed == golden
+
+
+@pytest.mark.parametrize("model,name", [("qwen3_4b", "Qwen3-4B"), ("qwen3_1_7b", "Qwen3-1.7B")])
+def test_production_model_composes_the_seeds_run(model, name):
+    """model=qwen3_4b algo=grpo: the seeds' quick start on one 8-GPU node (4 train + 4 rollout), megatron + SGLang."""
+    printed = cfg_job(f"model={model}", "algo=grpo")
     assert {key: lookup(printed, key) for key in PRODUCTION} == PRODUCTION
+    assert {key: lookup(printed, key) for key in PRODUCTION_STACK} == PRODUCTION_STACK
     assert printed["model"]["hf_checkpoint"].endswith(f"/checkpoints/{name}")
     assert printed["checkpoint"]["ref_load"] == "${model.hf_checkpoint}"
 
 
-def test_every_model_option_selects_a_preset():
-    """Each model option selects one preset (an alias option names the option it stands for); every preset is used."""
+def test_fsdp_and_the_built_in_engine_are_one_override_away():
+    cfg = typed_config(["model=qwen3_4b", "algo=grpo", "parallelism=fsdp", "rollout=hf"])
+    assert (cfg.parallelism.backend, cfg.rollout.engine, cfg.rollout.weight_sync.mode) == ("fsdp", "hf", "disk")
+    # the preset's cluster and sizes stay
+    assert (cfg.cluster.num_gpus_per_node, cfg.rollout.max_response_len, cfg.parallelism.max_tokens_per_gpu) == (
+        8,
+        8192,
+        16384,
+    )
+
+
+def test_preset_none_keeps_the_groups_first_options():
+    dcfg = compose_config(["model=qwen3_4b", "preset=none"])
+    assert (dcfg.preset, dcfg.cluster.device, dcfg.parallelism.backend, dcfg.rollout.engine) == (
+        "none",
+        "cpu",
+        "fsdp",
+        "hf",
+    )
+    assert dcfg.data.prompt_data is None and dcfg.data.generator is None  # data=prompt_file
+    assert dcfg.model.name == "qwen3_4b" and dcfg.parallelism.max_tokens_per_gpu is None
+    # no sizes: the batch is the user's to state, by its key
+    cfg = typed_config(["preset=none", "rollout.batch_size=4"])
+    assert (cfg.rollout.batch_size, cfg.rollout.max_response_len, cfg.model.name) == (4, 1024, "tiny_qwen3")
+    proc, imported = run_main("preset=none")
+    assert proc.returncode == 2 and "rollout.batch_size" in proc.stderr and "ray" not in imported
+
+
+def test_preset_is_chosen_explicitly():
+    cfg = typed_config(["model=tiny_qwen3", "preset=quickstart_8gpu"])
+    assert (cfg.preset, cfg.model.name, cfg.cluster.num_gpus_per_node, cfg.parallelism.backend) == (
+        "quickstart_8gpu",
+        "tiny_qwen3",
+        8,
+        "megatron",
+    )
+    cfg = typed_config(["model=qwen3_4b", "preset=embedded"])
+    assert (cfg.preset, cfg.cluster.device, cfg.rollout.max_response_len, cfg.model.name) == (
+        "embedded",
+        "cpu",
+        2,
+        "qwen3_4b",
+    )
+
+
+def test_glm4_preset_trains_with_fsdp():
+    """GLM-4's layers are not on megatron-core's layer spec: its quick start is fsdp + SGLang, the same sizes."""
+    glm, qwen = typed_config(["model=glm4_9b"]), typed_config(["model=qwen3_8b"])
+    assert (glm.preset, glm.parallelism.backend, glm.rollout.engine) == ("glm4_9b", "fsdp", "sglang")
+    assert (glm.train, glm.cluster, glm.data) == (qwen.train, qwen.cluster, qwen.data)
+    assert glm.rollout.batch_size == qwen.rollout.batch_size and glm.rollout.max_response_len == 8192
+
+
+def test_every_model_option_has_its_preset_and_chooses_a_model_only():
+    """conf/preset/<model option>.yaml exists for each model option (preset=${model} resolves); a model option
+    holds ModelConfig fields only (no defaults list, no package of its own); every preset either lists the groups it
+    chooses (cluster, parallelism, rollout, data) or extends exactly one such preset."""
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
     options = {p.stem for p in (CONF / "model").glob("*.yaml")}
-    presets = {p.stem for p in (CONF / "preset").glob("*.yaml")}
-    selected = {}
-    for option in (CONF / "model").glob("*.yaml"):
-        defaults = yaml.safe_load(option.read_text())["defaults"]
-        if isinstance(defaults[0], str) and defaults[0] in options:  # an alias: [<model option>, _self_]
-            assert defaults == [defaults[0], "_self_"], option
+    presets = {p.stem: yaml.safe_load(p.read_text()) for p in (CONF / "preset").glob("*.yaml")}
+    assert options <= set(presets)
+    for option in options:
+        text = (CONF / "model" / f"{option}.yaml").read_text()
+        assert "@package" not in text and set(yaml.safe_load(text)) <= model_keys, option
+    stacks = {}
+    for name, body in presets.items():
+        defaults = body["defaults"]
+        if len(defaults) == 1:  # extends one preset
+            assert defaults[0] in presets and len(presets[defaults[0]]["defaults"]) > 1, name
             continue
-        assert len(defaults) == 1 and list(defaults[0]) == ["/preset@_global_"], option
-        selected[option.stem] = defaults[0]["/preset@_global_"]
-    assert set(selected.values()) == presets
+        chosen = [next(iter(d)).lstrip("/") for d in defaults if isinstance(d, dict)]
+        assert chosen == list(GROUP_OF_PRESETS) and body["preset"] == name, name
+        stacks[name] = dict(zip(chosen, (next(iter(d.values())) for d in defaults if isinstance(d, dict))))
+    assert stacks["none"] == {"cluster": "local_cpu", "parallelism": "fsdp", "rollout": "hf", "data": "prompt_file"}
+    assert stacks["quickstart_8gpu"] == {
+        "cluster": "one_node_8gpu",
+        "parallelism": "megatron",
+        "rollout": "sglang",
+        "data": "prompt_file",
+    }
 
 
 def test_root_config_holds_no_group_values():
     root = yaml.safe_load((CONF / "config.yaml").read_text())
     assert set(root) == {"defaults", "seed", "hydra"}
-    groups = [next(iter(d)) for d in root["defaults"] if isinstance(d, dict)]
-    assert groups[-2:] == ["model", "recipe"]  # a preset may override every group listed before the model
+    entries = [next(iter(d.items())) for d in root["defaults"] if isinstance(d, dict)]
+    assert entries[-3:] == [("model", "tiny_qwen3"), ("preset", "${model}"), ("recipe", None)]
+    assert not set(GROUP_OF_PRESETS) & {group for group, _ in entries}  # the preset chooses them
+
+
+def test_removed_alias_names_the_option_it_stood_for(tmp_path):
+    proc, imported = run_main("model=qwen3_1p7b", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and "ray" not in imported
+    assert "Could not find 'model/qwen3_1p7b'" in proc.stderr and "\tqwen3_1_7b\n" in proc.stderr
 
 
 def test_command_line_beats_the_preset():
@@ -154,6 +247,7 @@ def test_command_line_beats_the_preset():
 
 def test_recipe_overlays_the_preset():
     cfg = typed_config(["recipe=qwen3_4b_grpo"])
+    assert (cfg.preset, cfg.parallelism.backend, cfg.rollout.engine) == ("quickstart_8gpu", "fsdp", "hf")
     assert (cfg.model.name, cfg.rollout.rm_type, cfg.algo.eps_clip_high, cfg.parallelism.max_tokens_per_gpu) == (
         "qwen3_4b",
         "exact_match",
@@ -230,6 +324,10 @@ def test_help_lists_the_registered_names():
         "rollout.function": "default, sft",
     }
     assert (
-        "model: glm4_9b, llama3_8b, qwen2_5_7b, qwen3_0_6b, qwen3_1_7b, qwen3_1p7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, "
+        "model: glm4_9b, llama3_8b, qwen2_5_7b, qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, "
         "tiny_qwen3, tiny_qwen3_moe" in proc.stdout
     )
+    presets = next(line for line in proc.stdout.splitlines() if line.startswith("preset: "))
+    assert {"none", "embedded", "quickstart_8gpu", "qwen3_4b", "tiny_qwen3"} <= set(presets[8:].split(", "))
+    assert "`preset` follows the model (model=NAME\ncomposes preset NAME" in proc.stdout
+    assert "\npreset: embedded\n" in proc.stdout  # the composed config names its preset

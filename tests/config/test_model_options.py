@@ -11,7 +11,7 @@ import pytest
 from slime.config.hf_config import hf_fields, mismatches, model_fields_from_hf
 from slime.config.schema import ModelConfig
 from tests.config.test_config import fake_hf_dir, problems_for
-from tests.conftest import CONF, ROOT, model_fields, typed_config
+from tests.conftest import CONF, ROOT, model_fields
 
 MODEL_OPTIONS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
@@ -121,7 +121,3 @@ def test_cli_exits_2_on_a_config_json_mismatch(tmp_path):
 def test_family_rules(overrides, key, words):
     found = problems_for(["cluster.ray_address=auto", *overrides])
     assert words in found[key], found
-
-
-def test_the_old_name_of_qwen3_1_7b_still_composes():
-    assert typed_config(["model=qwen3_1p7b"]).model == typed_config(["model=qwen3_1_7b"]).model

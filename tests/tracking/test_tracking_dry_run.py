@@ -13,7 +13,10 @@ from slime.tracking.memory import GIB, estimate_memory, parameter_count
 from tests.conftest import ROOT, typed_config
 
 GPU_RUN = [
+    # the estimates below are of fsdp shards and the hf engine's batches (qwen3_4b's preset: megatron, SGLang)
     "model=qwen3_4b",
+    "parallelism=fsdp",
+    "rollout=hf",
     "data.prompt_data=/nonexistent/train.jsonl",
     "rollout.rm_type=exact_match",
     "debug=dry_run",
