@@ -6,9 +6,12 @@
     REWARD_TYPES     rollout.rm_type            "math" -> fn(response, label, metadata) path
     ROLLOUT_FUNCTIONS rollout.function          "default" -> rollout function path
 
+The advantage estimators (algo.advantage_estimator) are records holding their functions, not import paths:
+their registry is slime.algo.estimators.ESTIMATORS, listed here beside the others.
+
 Entries are import paths (`package.module.attr`), resolved on first use through the one loader of user
-code (`slime.config.hooks.load_callable`), so importing this module costs nothing and validation can
-list every name without importing torch, Ray or an engine. Validation, `python main.py --help` and
+code (`slime.config.hooks.load_callable`), so validation can list every name without importing Ray or an
+engine (the estimator records bring torch). Validation, `python main.py --help` and
 error messages take their names from here; a later issue adds a backend or an engine with one line.
 
 Each record may also name its checks (import paths of `fn(cfg: RunConfig) -> Iterable[Problem]`, modules
@@ -25,6 +28,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.hooks import load_callable
 
 
@@ -169,7 +173,7 @@ ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS)
 
 def listing() -> str:
     """One line per seam: the config key and its registered names (for `--help`)."""
-    return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in ALL)
+    return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in (*ALL, ESTIMATORS))
 
 
 def register_listing_resolver() -> None:

@@ -4,7 +4,7 @@ override that fixes it. The checks of the chosen parts (backend, engine, weight 
 live next to their code; slime/plan/validate.py runs them all and reports every problem at once.
 
     validate_keys.py   keys the schema does not know
-    validate_algo.py   algorithm knobs
+    validate_algo.py   algorithm knobs (what the estimator needs: slime/train/check_estimator.py)
     validate_async.py  the one-step-async loop and the weight-sync interval
     validate_eval.py   eval datasets and the rollout loop's options
     hf_config.py       the model option against its family
@@ -24,9 +24,6 @@ from slime.config.validate_async import check_async
 from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_keys import check_unknown_keys
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo", "sft")
-TIS_MODES = ("truncate", "icepop")
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -35,10 +32,8 @@ SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 
 def check_choices(cfg: RunConfig) -> Iterator[Problem]:
-    """Fixed lists of values (the registries' names are checked by slime/plan/validate.py)."""
-    yield from one_of("algo.advantage_estimator", cfg.algo.advantage_estimator, ADVANTAGE_ESTIMATORS)
-    yield from one_of("algo.kl_loss_type", cfg.algo.kl_loss_type, KL_TYPES)
-    yield from one_of("algo.tis_mode", cfg.algo.tis_mode, TIS_MODES)
+    """Fixed lists of values (the registries' names, the estimator's included, are checked by
+    slime/plan/validate.py; algo.kl_loss_type and algo.tis_mode by slime/train/check_estimator.py)."""
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
     yield from one_of("model.architecture", cfg.model.architecture, FAMILIES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)

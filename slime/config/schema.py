@@ -238,7 +238,7 @@ class AlgoConfig:
     """Loss and advantage knobs; formulas in REFERENCE.md §3."""
 
     name: str = MISSING
-    # grpo | gspo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | ppo | sft
+    # a name registered in slime/algo/estimators.py (`python main.py --help` lists them)
     advantage_estimator: str = "grpo"
     eps_clip: float = 0.2
     eps_clip_high: Optional[float] = None  # defaults to eps_clip; > eps_clip is DAPO's clip-higher

@@ -1,4 +1,5 @@
-"""Algorithm knobs: mutually exclusive options, what the estimator needs, ranges."""
+"""Algorithm knobs the schema alone decides: mutually exclusive options, reference models, ranges. What the
+chosen estimator needs is checked from its record by slime/train/check_estimator.py."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ from collections.abc import Iterator
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 
-KL_IN_REWARD = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-
 
 def check_algo(cfg: RunConfig) -> Iterator[Problem]:
-    """The `algo.*` knobs: KL, what the estimator needs, ranges."""
+    """The `algo.*` knobs: KL, engine log-probs, ranges."""
     yield from _check_kl(cfg)
-    yield from _check_estimator(cfg)
+    yield from _check_log_probs(cfg)
     yield from _check_ranges(cfg)
 
 
@@ -35,13 +34,6 @@ def _check_kl(cfg: RunConfig) -> Iterator[Problem]:
             "KL in the reward and the KL loss are mutually exclusive",
             "set algo.kl_coef=0 or algo.use_kl_loss=false",
         )
-    if a.kl_coef != 0 and a.advantage_estimator not in KL_IN_REWARD:
-        yield Problem(
-            "algo.kl_coef",
-            a.kl_coef,
-            f"KL in the reward shapes {', '.join(KL_IN_REWARD)} rewards; {a.advantage_estimator} ignores it",
-            "set algo.kl_coef=0 and use algo.use_kl_loss=true with algo.kl_loss_coef instead",
-        )
     if a.kl_coef != 0 and cfg.checkpoint.ref_load is None:
         yield Problem(
             "algo.kl_coef",
@@ -51,44 +43,15 @@ def _check_kl(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
-def _check_estimator(cfg: RunConfig) -> Iterator[Problem]:
-    """What the advantage estimator needs or cannot use."""
+def _check_log_probs(cfg: RunConfig) -> Iterator[Problem]:
+    """Engine log-probs are either ℓ_old (use_rollout_logprobs) or TIS's denominator, not both."""
     a = cfg.algo
-    if a.advantage_estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline") and not a.normalize_advantages:
-        yield Problem(
-            "algo.normalize_advantages",
-            False,
-            f"{a.advantage_estimator} requires advantage whitening",
-            "set algo.normalize_advantages=true",
-        )
     if a.use_tis and a.use_rollout_logprobs:
         yield Problem(
             "algo.use_tis",
             True,
             "TIS and algo.use_rollout_logprobs are mutually exclusive",
             "set algo.use_tis=false or algo.use_rollout_logprobs=false",
-        )
-    if a.advantage_estimator == "sft":
-        for key in ("use_tis", "use_rollout_logprobs"):
-            if getattr(a, key):
-                yield Problem(f"algo.{key}", True, "sft samples have no engine log-probs", f"set algo.{key}=false")
-    if a.advantage_estimator == "sft" and cfg.eval.interval:
-        yield Problem(
-            "eval.interval", cfg.eval.interval, "sft has nothing to generate or reward at eval time", "set eval=none"
-        )
-    if a.advantage_estimator == "rloo" and cfg.rollout.n_samples_per_prompt < 2:
-        yield Problem(
-            "rollout.n_samples_per_prompt",
-            cfg.rollout.n_samples_per_prompt,
-            "rloo's leave-one-out baseline needs at least 2 samples per prompt",
-            "set it to 2 or more",
-        )
-    if a.num_critic_only_steps and a.advantage_estimator != "ppo":
-        yield Problem(
-            "algo.num_critic_only_steps",
-            a.num_critic_only_steps,
-            "only ppo has a critic",
-            "set algo.num_critic_only_steps=0",
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.problems import Problem, get
 from slime.config.schema import RunConfig
@@ -118,13 +119,16 @@ def check_model_parallel_split(cfg: RunConfig, derived: Derived) -> Iterator[Pro
 
 
 def check_critic_resources(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
-    c = cfg.cluster.critic
-    if cfg.algo.advantage_estimator != "ppo":
+    c, estimator = cfg.cluster.critic, ESTIMATORS.find(cfg.algo.advantage_estimator)
+    if estimator is None:
+        return  # an unknown estimator: reported by slime/plan/validate.py
+    if not estimator.needs_critic:
         if c.num_gpus_per_node:
+            critics = ESTIMATORS.names(where=lambda e: e.needs_critic)
             yield Problem(
                 "cluster.critic.num_gpus_per_node",
                 c.num_gpus_per_node,
-                f"only ppo trains a critic; algo.advantage_estimator={cfg.algo.advantage_estimator!r} would leave "
+                f"only {', '.join(critics)} trains a critic; algo.advantage_estimator={cfg.algo.advantage_estimator!r} would leave "
                 "these GPUs idle",
                 "set cluster.critic.num_gpus_per_node=null",
             )

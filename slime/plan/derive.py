@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs, rollout_gpu_count
@@ -12,9 +13,10 @@ HF_DEFAULT_MAX_BATCH_SIZE = 256
 
 
 def critic_gpus(cfg: RunConfig) -> int:
-    """GPUs of PPO's own critic group: 0 without ppo or when it shares the actor's GPUs."""
-    c = cfg.cluster
-    if cfg.algo.advantage_estimator != "ppo" or c.critic.colocate_with_actor:
+    """GPUs of the critic's own group: 0 when the estimator trains no critic (or an unknown one, reported by
+    validation) or the critic shares the actor's GPUs."""
+    c, estimator = cfg.cluster, ESTIMATORS.find(cfg.algo.advantage_estimator)
+    if estimator is None or not estimator.needs_critic or c.critic.colocate_with_actor:
         return 0
     nodes = c.critic.num_nodes if c.critic.num_nodes is not None else c.actor.num_nodes
     per_node = c.critic.num_gpus_per_node if c.critic.num_gpus_per_node is not None else c.actor.num_gpus_per_node

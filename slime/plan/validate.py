@@ -4,20 +4,24 @@ Each problem names the key, its value, what is wrong and the override that fixes
 `ConfigError` into exit status 2. The walk:
 
 1. the rules the schema alone decides (slime.config.rules.schema_problems);
-2. the registries (slime.registry): a backend, engine or weight-sync mode names a record, and each record's
+2. the registries (slime.registry): a backend, engine, weight-sync mode or advantage estimator
+   (slime/algo/estimators.py) names a record, and each slime.registry record's
    checks run: `check` for the chosen record, `check_unchosen` for the others (options a part owns that the
    run sets although it chose another part);
-3. the owners' checks that belong to no single record: resources (slime/plan/check_resources.py), fault
+3. the owners' checks that belong to no single record: what the chosen estimator's record needs
+   (slime/train/check_estimator.py), resources (slime/plan/check_resources.py), fault
    tolerance (slime/engine/check.py), the logger's packages (slime/tracking/check.py), rewards, hooks and data
    (slime/rollout/check_*.py), paths and generators (slime/assets/check.py).
 
-Every check module imports no torch, Ray or engine at module level, so a bad key fails fast.
+Check modules import no Ray or engine at module level, so a bad key fails fast; the estimator records hold
+torch functions, so validation imports torch (about a second).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from slime.algo.estimators import ESTIMATORS, EstimatorRegistry
 from slime.assets.check import check_generators, check_paths
 from slime.config.derived import Derived
 from slime.config.hooks import load_callable
@@ -32,15 +36,16 @@ from slime.rollout.check_data import check_data
 from slime.rollout.check_hooks import check_hooks
 from slime.rollout.check_rewards import check_rewards
 from slime.tracking.check import check_sinks
+from slime.train.check_estimator import check_estimator
 
 __all__ = ["ConfigError", "Problem", "collect_problems", "validate"]
 
 # Registries whose unknown names are reported here; rewards and rollout functions are reported by their
 # owners (slime/rollout/check_rewards.py, check_hooks.py), which also accept import paths.
-CHOSEN_BY_NAME = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC)
+CHOSEN_BY_NAME = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, ESTIMATORS)
 
 
-def check_registered(registry: Registry, value: str) -> Iterator[Problem]:
+def check_registered(registry: Registry | EstimatorRegistry, value: str) -> Iterator[Problem]:
     if value not in registry:
         yield Problem(
             registry.key,
@@ -65,6 +70,7 @@ def registry_problems(cfg: RunConfig) -> Iterator[Problem]:
 
 def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     """The checks that belong to no single registry record."""
+    yield from check_estimator(cfg)
     yield from check_cluster(cfg, derived)
     yield from check_model_parallel_split(cfg, derived)
     yield from check_fault_tolerance(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
@@ -21,8 +22,8 @@ def check_rewards(cfg: RunConfig) -> Iterator[Problem]:
 
 def _check_reward_choice(cfg: RunConfig) -> Iterator[Problem]:
     """Exactly one of rollout.rm_type (a registered name) and rollout.custom_rm_path."""
-    r = cfg.rollout
-    if cfg.algo.advantage_estimator == "sft":
+    r, estimator = cfg.rollout, ESTIMATORS.find(cfg.algo.advantage_estimator)
+    if estimator is not None and not estimator.generates:
         return  # sft trains on the data's responses: no reward (a preset's rm_type stays unused)
     if r.custom_rm_path is None and r.rm_type is None:
         yield Problem(

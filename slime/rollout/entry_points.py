@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.schema import AlgoConfig, RunConfig
 from slime.registry import ROLLOUT_FUNCTIONS
 
@@ -30,8 +31,10 @@ SAMPLE_HOOK_SHAPE = dict(signature=("args", "sample"), keywords=("rollout_id", "
 
 
 def default_rollout_function(algo: AlgoConfig) -> str:
-    """rollout.function=null: SFT reads its responses from the data ("sft"); every other algorithm generates."""
-    return "sft" if algo.advantage_estimator == "sft" else "default"
+    """rollout.function=null: the estimator's own (SFT reads its responses from the data: "sft"; every other
+    algorithm generates: "default"); "default" for an unknown estimator, which validation reports."""
+    estimator = ESTIMATORS.find(algo.advantage_estimator)
+    return estimator.rollout_function if estimator is not None else "default"
 
 
 def function_path(spec: Any) -> Any:

@@ -6,27 +6,18 @@ import statistics
 
 import torch
 
-from slime.algo import group_normalize, rloo_advantages
+from slime.algo.estimators import ESTIMATORS
 from slime.config.schema import AlgoConfig
 from slime.types import Sample, SampleStatus, TrainBatch
 
-RAW_REWARD_ESTIMATORS = ("reinforce_plus_plus", "ppo", "sft")  # their trainers shape the raw reward themselves
-
 
 def post_process_rewards(raw: torch.Tensor, algo: AlgoConfig, n_samples_per_prompt: int) -> torch.Tensor:
-    """Per-sample rewards the trainer turns into advantages (REFERENCE.md §3.1-3.2).
-
-    grpo/gspo: group mean-centred, divided by the group std unless disabled or n = 1;
-    reinforce_plus_plus_baseline: mean-centred only; rloo: leave-one-out baseline;
-    reinforce_plus_plus, ppo, sft: raw. Tensor[N] in, Tensor[N] out; groups are n consecutive samples.
-    """
-    estimator, n = algo.advantage_estimator, n_samples_per_prompt
-    if algo.disable_rewards_normalization or estimator in RAW_REWARD_ESTIMATORS:
+    """Per-sample rewards the trainer turns into advantages (REFERENCE.md §3.1-3.2): the estimator's reward
+    transform (`slime.algo.estimators`), or the raw rewards with algo.disable_rewards_normalization.
+    Tensor[N] in, Tensor[N] out; groups are n consecutive samples."""
+    if algo.disable_rewards_normalization:
         return raw
-    if estimator == "rloo":
-        return rloo_advantages(raw, n)
-    divide_std = estimator != "reinforce_plus_plus_baseline" and not algo.disable_grpo_std_normalization and n > 1
-    return group_normalize(raw, n, subtract_mean=True, divide_std=divide_std)
+    return ESTIMATORS.get(algo.advantage_estimator).reward_transform(raw, n_samples_per_prompt, algo)
 
 
 def overlong_penalty(

@@ -9,6 +9,7 @@ from typing import Any
 
 import ray
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import engine_specs
@@ -86,7 +87,7 @@ class StartedRun:
         actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), self.placement.actor, layout)
         self.groups.append(actor)
         critic = None
-        if cfg.algo.advantage_estimator == "ppo":
+        if ESTIMATORS.get(cfg.algo.advantage_estimator).needs_critic:
             critic = TrainGroup(TrainSetup.for_critic(cfg, derived), self.placement.critic, layout, role="critic")
             self.groups.append(critic)
         pending = [group.begin_init() for group in self.groups]
@@ -141,12 +142,13 @@ class StartedRun:
 
 def _placement(cfg: RunConfig, derived: Derived) -> RunPlacement:
     """The run's bundles and who gets which (slime.runtime.plan)."""
+    with_critic = ESTIMATORS.get(cfg.algo.advantage_estimator).needs_critic
     return create_placement(
         derived,
         device=cfg.cluster.device,
         colocate=cfg.cluster.colocate,
         engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
-        critic_with_actor=cfg.algo.advantage_estimator == "ppo" and cfg.cluster.critic.colocate_with_actor,
+        critic_with_actor=with_critic and cfg.cluster.critic.colocate_with_actor,
     )
 
 

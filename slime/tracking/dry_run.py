@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
@@ -31,8 +32,9 @@ def _device_unit(cfg: RunConfig) -> str:
 def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     """One line per device of the nodes the run uses: which training rank, engine (and critic) it holds."""
     c, p = cfg.cluster, cfg.parallelism
-    ppo = cfg.algo.advantage_estimator == "ppo"
-    with_actor = ppo and c.critic.colocate_with_actor
+    estimator = ESTIMATORS.find(cfg.algo.advantage_estimator)  # None: unknown, reported by validation
+    with_critic = estimator is not None and estimator.needs_critic
+    with_actor = with_critic and c.critic.colocate_with_actor
     specs = engine_specs(cfg, derived.rollout_gpus)
     engine_gpus = [spec.num_gpus for spec in specs]
     plan = assign_roles(derived, colocate=c.colocate, engine_gpus=engine_gpus, critic_with_actor=with_actor)
@@ -41,7 +43,7 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     for rank, bundle in enumerate(plan.actor):
         x = layout.coords(rank)
         holds[bundle].append(f"actor rank {rank} (dp {x.dp_rank}, tp {x.tp_rank}, pp {x.pp_rank}, cp {x.cp_rank})")
-    if ppo:
+    if with_critic:
         for rank, bundle in enumerate(plan.critic):
             holds[bundle].append(f"critic rank {rank}")
     for engine, bundles in enumerate(plan.engines):

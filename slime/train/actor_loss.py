@@ -2,7 +2,7 @@
 
 loss = pg_loss − entropy_coef·entropy_loss + kl_loss_coef·kl_loss (REFERENCE.md §3.8), each term
 reduced with step-level token weights, so summing micro-batch values over micro-batches and ranks
-gives the step value exactly. SFT replaces pg_loss by the masked negative log-likelihood.
+gives the step value exactly. The estimator's record chooses pg_loss (SFT: the masked negative log-likelihood).
 """
 
 from __future__ import annotations
@@ -10,8 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from slime.algo import approx_kl, gspo_log_ratio, ppo_clip_loss, reduce, sft_loss, tis_weights
+from slime.algo import approx_kl, reduce, tis_weights
+from slime.algo.estimators import ESTIMATORS, PolicyLossInputs
 from slime.config.schema import AlgoConfig
+
+# the per-token metrics a policy loss may return, and the names they are logged under (REFERENCE.md §3.13)
+POLICY_LOSS_METRICS = (("clipfrac", "pg_clipfrac"), ("ppo_kl", "ppo_kl"))
 
 
 def reduction_mode(algo: AlgoConfig) -> str:
@@ -71,44 +75,35 @@ def _policy_gradient_loss(
     response_lengths: list[int],
     rollout_log_probs: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The policy-gradient term (SFT's NLL, or the clipped surrogate with GSPO's sequence ratio and TIS
-    weights) reduced by `pg_weights`, and its metrics (clip fractions, PPO KL, TIS ratios)."""
+    """The estimator's policy-gradient term (SFT's NLL, the clipped surrogate, GSPO's on the sequence ratio)
+    with TIS weights, reduced by `pg_weights`, and its metrics (clip fractions, PPO KL, TIS ratios)."""
     metrics: dict[str, Tensor] = {}
-    if algo.advantage_estimator == "sft":
-        pg_loss = reduce(sft_loss(log_probs), pg_weights)
-    else:
-        log_ratio = (
-            gspo_log_ratio(log_probs, old_log_probs, loss_mask, response_lengths)
-            if algo.advantage_estimator == "gspo"
-            else None
-        )
-        pg = ppo_clip_loss(
-            log_probs,
+    inputs = PolicyLossInputs(
+        log_probs=log_probs,
+        old_log_probs=old_log_probs,
+        advantages=advantages,
+        loss_mask=loss_mask,
+        response_lengths=response_lengths,
+    )
+    pg = ESTIMATORS.get(algo.advantage_estimator).policy_loss(inputs, algo)
+    per_token = pg["loss"]
+    if algo.use_tis:
+        tis = tis_weights(
             old_log_probs,
-            advantages,
-            eps_clip=algo.eps_clip,
-            eps_clip_high=algo.eps_clip_high,
-            eps_clip_c=algo.eps_clip_c,
-            log_ratio=log_ratio,
+            rollout_log_probs,
+            clip_low=algo.tis_clip_low,
+            clip_high=algo.tis_clip,
+            mode=algo.tis_mode,
         )
-        per_token = pg["loss"]
-        if algo.use_tis:
-            tis = tis_weights(
-                old_log_probs,
-                rollout_log_probs,
-                clip_low=algo.tis_clip_low,
-                clip_high=algo.tis_clip,
-                mode=algo.tis_mode,
-            )
-            per_token = per_token * tis["weights"]
-            metrics.update(
-                tis=reduce(tis["ratio"], weights),
-                tis_clipfrac=reduce(tis["clipfrac"], weights),
-                tis_abs=reduce(tis["abs"], weights),
-                ois=reduce(pg["ratio"], weights),
-            )
-        pg_loss = reduce(per_token, pg_weights)
-        metrics.update(pg_clipfrac=reduce(pg["clipfrac"], weights), ppo_kl=reduce(pg["ppo_kl"], weights))
+        per_token = per_token * tis["weights"]
+        metrics.update(
+            tis=reduce(tis["ratio"], weights),
+            tis_clipfrac=reduce(tis["clipfrac"], weights),
+            tis_abs=reduce(tis["abs"], weights),
+            ois=reduce(pg["ratio"], weights),
+        )
+    pg_loss = reduce(per_token, pg_weights)
+    metrics.update({name: reduce(pg[key], weights) for key, name in POLICY_LOSS_METRICS if key in pg})
     return pg_loss, metrics
 
 

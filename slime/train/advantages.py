@@ -1,7 +1,7 @@
 """Advantages and returns for every estimator, on one rank's flat response tokens (REFERENCE.md §3.2-3.3).
 
-Rewards arrive post-processed by the rollout manager (group-normalised for grpo/gspo, leave-one-out
-for rloo, mean-centred for reinforce_plus_plus_baseline, raw for reinforce_plus_plus and ppo).
+Rewards arrive post-processed by the rollout manager (the estimator's `reward_transform`); the estimator's
+record (`slime.algo.estimators`) turns them into per-token advantages.
 """
 
 from __future__ import annotations
@@ -11,17 +11,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from slime.algo import (
-    approx_kl,
-    broadcast_to_tokens,
-    gae,
-    reinforce_plus_plus_baseline_advantages,
-    reinforce_plus_plus_returns,
-    whiten,
-)
+from slime.algo import approx_kl, whiten
+from slime.algo.estimators import ESTIMATORS, AdvantageInputs
 from slime.config.schema import AlgoConfig
-
-BROADCAST_ESTIMATORS = ("grpo", "gspo", "rloo")
 
 
 def compute_advantages(
@@ -35,34 +27,20 @@ def compute_advantages(
     values: Tensor | None,
     all_reduce: Callable[[Tensor], Tensor] | None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Return (advantages Tensor[T], returns Tensor[T] or None, kl Tensor[T]).
+    """Return (advantages Tensor[T], returns Tensor[T] or None, kl Tensor[T]): the estimator's token
+    advantages, whitened over the step when algo.normalize_advantages and its loss reads them.
 
     kl is the reward-shaping KL between the old and reference policies (zero when kl_coef = 0).
     """
-    estimator = algo.advantage_estimator
+    estimator = ESTIMATORS.get(algo.advantage_estimator)
     if algo.kl_coef != 0:
         kl = approx_kl(old_log_probs, ref_log_probs, algo.kl_loss_type)
     else:
         kl = torch.zeros_like(loss_mask)
-    returns = None
-    if estimator in BROADCAST_ESTIMATORS:
-        advantages = broadcast_to_tokens(rewards, response_lengths)
-    elif estimator == "reinforce_plus_plus":
-        advantages = returns = reinforce_plus_plus_returns(
-            rewards, kl, loss_mask, response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma
-        )
-    elif estimator == "reinforce_plus_plus_baseline":
-        advantages = reinforce_plus_plus_baseline_advantages(rewards, kl, response_lengths, kl_coef=algo.kl_coef)
-    elif estimator == "ppo":
-        if values is None:
-            raise ValueError("ppo needs the critic's values")
-        advantages, returns = gae(
-            values, rewards, kl, response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma, lambd=algo.lambd
-        )
-    elif estimator == "sft":
-        return torch.zeros_like(loss_mask), None, kl
-    else:
-        raise ValueError(f"algo.advantage_estimator={estimator!r} is not implemented")
-    if algo.normalize_advantages:
+    inputs = AdvantageInputs(
+        rewards=rewards, kl=kl, loss_mask=loss_mask, response_lengths=response_lengths, values=values
+    )
+    advantages, returns = estimator.token_advantages(inputs, algo)
+    if algo.normalize_advantages and estimator.uses_advantages:
         advantages = whiten(advantages, loss_mask, all_reduce=all_reduce)
     return advantages, returns, kl

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
 
@@ -77,4 +78,5 @@ def needs_old_log_probs(algo: AlgoConfig, num_steps_per_rollout: int) -> bool:
     """
     if algo.use_rollout_logprobs:
         return False
-    return num_steps_per_rollout > 1 or needs_ref(algo) or algo.use_tis or algo.advantage_estimator in ("gspo", "ppo")
+    estimator = ESTIMATORS.get(algo.advantage_estimator)
+    return num_steps_per_rollout > 1 or needs_ref(algo) or algo.use_tis or estimator.needs_old_log_probs
