@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from slime.config.hf_config import FAMILIES, check_model
 from slime.config.objective import check_objective
 from slime.config.problems import Problem, get, one_of, positive
-from slime.config.schema import RUN_PHASES, RunConfig
+from slime.config.schema import PhasePoint, RunConfig
 from slime.config.validate_algo import check_algo
 from slime.config.validate_async import check_async
 from slime.config.validate_eval import check_eval, check_rollout_loop
@@ -46,18 +46,14 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("debug.signal", d.signal, SIGNALS)
     if d.signal_delay_s < 0:
         yield Problem("debug.signal_delay_s", d.signal_delay_s, "must be >= 0", "set debug.signal_delay_s=0")
+    points = {}
     for key, value in (("debug.signal_at", d.signal_at), ("debug.hang_at", d.hang_at)):
-        if value is None:
-            continue
-        phase, _, rollout_id = value.partition(":")
-        if phase not in RUN_PHASES or (rollout_id and not rollout_id.lstrip("-").isdigit()):
-            yield Problem(
-                key,
-                value,
-                f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of {list(RUN_PHASES)}",
-                f"set {key}=rollout:1, or null",
-            )
-    if d.hang_at is not None and d.hang_at.partition(":")[0] in ("prepare", "startup", "teardown"):
+        try:
+            points[key] = PhasePoint.parse(value) if value is not None else None
+        except ValueError as exc:
+            yield Problem(key, value, str(exc), f"set {key}=rollout:1, or null")
+    hang_at = points.get("debug.hang_at")
+    if hang_at is not None and hang_at.phase in ("prepare", "startup", "teardown"):
         yield Problem(
             "debug.hang_at",
             d.hang_at,

@@ -403,6 +403,25 @@ class DebugConfig:
 RUN_PHASES = ("prepare", "startup", "weight_sync", "eval", "rollout", "log_probs", "train", "save", "teardown")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PhasePoint:
+    """`debug.signal_at`/`debug.hang_at` parsed: a phase of RUN_PHASES, of one rollout id or (None) of any."""
+
+    phase: str
+    rollout_id: Optional[int] = None
+
+    @classmethod
+    def parse(cls, value: str) -> PhasePoint:
+        """ "PHASE" or "PHASE:ROLLOUT_ID"; ValueError saying the expected form otherwise."""
+        phase, _, rollout_id = value.partition(":")
+        if phase not in RUN_PHASES or (rollout_id and not rollout_id.lstrip("-").isdigit()):
+            raise ValueError(f"must be PHASE or PHASE:ROLLOUT_ID with PHASE one of {list(RUN_PHASES)}")
+        return cls(phase=phase, rollout_id=int(rollout_id) if rollout_id else None)
+
+    def matches(self, phase: str, rollout_id: Optional[int]) -> bool:
+        return phase == self.phase and (self.rollout_id is None or self.rollout_id == rollout_id)
+
+
 @dataclass(kw_only=True)
 class RuntimeConfig:
     """The driver's watchdog (slime.runtime.watchdog)."""

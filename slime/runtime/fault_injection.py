@@ -12,43 +12,25 @@ The injector follows the run through its phase events (slime.runtime.events):
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import threading
 import time
 
-from slime.config.schema import DebugConfig
+from slime.config.schema import DebugConfig, PhasePoint
 from slime.runtime.events import Event, EventBus, RunEvent
 from slime.runtime.interrupts import kill_descendants
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PhasePoint:
-    """A phase, optionally of one rollout id ("PHASE" or "PHASE:ROLLOUT_ID")."""
-
-    phase: str
-    rollout_id: int | None = None
-
-    @classmethod
-    def parse(cls, value: str | None) -> PhasePoint | None:
-        if not value:
-            return None
-        phase, _, rollout_id = value.partition(":")
-        return cls(phase=phase, rollout_id=int(rollout_id) if rollout_id else None)
-
-    def matches(self, phase: str, rollout_id: int | None) -> bool:
-        return phase == self.phase and (self.rollout_id is None or self.rollout_id == rollout_id)
 
 
 class FaultInjector:
     """One run's injected faults; each fires once."""
 
     def __init__(self, debug: DebugConfig):
-        self.signal_at = PhasePoint.parse(debug.signal_at)
+        # validated (slime.config.rules.check_debug) with the same parser
+        self.signal_at = PhasePoint.parse(debug.signal_at) if debug.signal_at else None
         self.signum = int(getattr(signal, debug.signal))
         self.delay_s = debug.signal_delay_s
-        self.hang_at = PhasePoint.parse(debug.hang_at)
+        self.hang_at = PhasePoint.parse(debug.hang_at) if debug.hang_at else None
         self.trainer = None  # the actor's TrainGroup, once the loop starts (a hang needs a rank)
 
     @classmethod

@@ -19,15 +19,22 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slime.assets.prepare import prepare_assets
 from slime.config import ConfigError, fill_derived, to_run_config
 from slime.config.objective import objective_name, objective_value
 from slime.plan.validate import validate
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState
+from slime.runtime.watchdog import Watchdog, remove_armed
+from slime.tracking.dry_run import dry_run
+from slime.tracking.env_report import tracker_config
+from slime.tracking.naming import HydraRun, run_identity
+from slime.tracking.secrets import redact, redact_overrides, scrub, secret_env_values
+from slime.tracking.summary import render_summary
 
 EXIT_OK, EXIT_CONFIG_ERROR, EXIT_RUN_FAILED = 0, 2, 3
 logger = logging.getLogger("slime")
@@ -35,8 +42,6 @@ logger = logging.getLogger("slime")
 
 def _hydra_run():
     """Hydra's runtime facts the tracker names the run by (slime.tracking.naming)."""
-    from slime.tracking.naming import HydraRun
-
     hydra_cfg = HydraConfig.get()
     sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
     # A job a launcher runs as its own process (a Ray Job) is a single run inside the sweep's directory, which
@@ -89,18 +94,12 @@ def execute(dcfg: DictConfig) -> float | None:
 def redacted_yaml(cfg) -> str:
     """The resolved config as YAML with secrets redacted (slime.tracking.secrets): credentials come from the
     environment, never from a file a run leaves behind."""
-    from omegaconf import OmegaConf
-
-    from slime.tracking.secrets import redact
-
     return OmegaConf.to_yaml(OmegaConf.create(redact(OmegaConf.to_container(OmegaConf.structured(cfg)))))
 
 
 def scrub_hydra_records(output_dir: Path, overrides: list[str]) -> None:
     """Hydra wrote the job's overrides and config to `<output_dir>/.hydra` before the run began: the values of
     secret-named overrides and of secret environment variables are replaced there too."""
-    from slime.tracking.secrets import redact_overrides, scrub, secret_env_values
-
     secrets = secret_env_values()
     secrets += [o.partition("=")[2] for o, r in zip(overrides, redact_overrides(overrides, [])) if o != r]
     secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
@@ -112,8 +111,6 @@ def scrub_hydra_records(output_dir: Path, overrides: list[str]) -> None:
 
 def _dry_run(cfg, *, multirun: bool) -> None:
     """debug=dry_run (slime.tracking.dry_run): exit 0, or 2 on a configuration problem (a sweep job raises)."""
-    from slime.tracking.dry_run import dry_run
-
     code = dry_run(cfg)
     if multirun:
         if code:
@@ -127,12 +124,9 @@ def _run_with_result(cfg, derived, run_dir: Path):
 
     Returns (the result.json dict, the exit code, the RunInterrupted if a signal stopped the run).
     """
-    # Heavy imports (torch, ray, transformers) only once the config is known to be good.
-    from slime.assets.prepare import prepare_assets
+    # Ray (~1.7 s of imports) only once the config is known to be good: a configuration error, --cfg job and
+    # a dry run answer without it.
     from slime.runtime.driver import RunJob, run
-    from slime.tracking.env_report import tracker_config
-    from slime.tracking.naming import run_identity
-    from slime.tracking.summary import render_summary
 
     state = RunState()
     FaultInjector.attach(cfg.debug, state.events)  # only when a debug option asks for a fault
@@ -209,7 +203,6 @@ def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
     if cfg.runtime.phase_timeout_s is None:
         yield
         return
-    from slime.runtime.watchdog import Watchdog, remove_armed
 
     def fire(message: str) -> None:
         state.hung = message
