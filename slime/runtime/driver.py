@@ -84,11 +84,13 @@ class StartedRun:
             self.loop = RunLoop(RunParts(cfg=cfg, state=self.state, manager=self.manager, tracker=self.tracker), 0)
             return self.loop
         layout = train_layout(cfg, derived)
-        actor = TrainGroup(TrainSetup.from_run_config(cfg, derived), self.placement.actor, layout)
+        actor = TrainGroup.launch(TrainSetup.from_run_config(cfg, derived), self.placement.actor, layout)
         self.groups.append(actor)
         critic = None
         if ESTIMATORS.get(cfg.algo.advantage_estimator).needs_critic:
-            critic = TrainGroup(TrainSetup.for_critic(cfg, derived), self.placement.critic, layout, role="critic")
+            critic = TrainGroup.launch(
+                TrainSetup.for_critic(cfg, derived), self.placement.critic, layout, role="critic"
+            )
             self.groups.append(critic)
         pending = [group.begin_init() for group in self.groups]
         self.tracker = _tracker(self.job)

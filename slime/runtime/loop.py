@@ -65,7 +65,7 @@ class Step:
 
     rollout_id: int
     started: float = dataclasses.field(default_factory=time.perf_counter)
-    batches: Any = None  # the rollout manager's per-shard training data
+    shards: list[ray.ObjectRef] = dataclasses.field(default_factory=list)  # per DP rank, its TrainBatch (by reference)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the step's record
     preview: list[dict] = dataclasses.field(default_factory=list)  # samples.jsonl's samples
     train_steps: list[dict[str, float]] = dataclasses.field(default_factory=list)  # one record per optimizer step
@@ -201,7 +201,7 @@ class RunLoop:
         return step
 
     def generate(self, rollout_id: int) -> ray.ObjectRef:
-        """Ask the rollout manager for rollout `rollout_id` (its result: batches, metrics, preview)."""
+        """Ask the rollout manager for rollout `rollout_id` (its result: a RolloutResult)."""
         self.state.events.publish(RunEvent.ROLLOUT_STARTED, rollout_id)
         return self.parts.manager.generate.remote(rollout_id)
 
@@ -215,7 +215,7 @@ class RunLoop:
         poll_s = self.parts.tracker.progress.poll_s
         while poll_s is not None and not ray.wait([pending], timeout=poll_s)[0]:
             self._publish_groups(step.rollout_id, final=False)
-        step.batches, step.metrics, step.preview = ray.get(pending)
+        step.shards, step.metrics, step.preview = ray.get(pending)  # references to the shards, not the data
         if poll_s is not None:
             self._publish_groups(step.rollout_id, final=True)
         for key in ROLLOUT_CLOCK:  # the manager's time.time() stamps as seconds since the loop began
@@ -251,9 +251,9 @@ class RunLoop:
         metrics, rollout_id = step.metrics, step.rollout_id
         metrics["perf/train_started_at"] = time.time() - self.t0
         actor, critic = self.parts.actor, self.parts.critic
-        actor.load_batch(rollout_id, step.batches)
+        actor.load_batch(rollout_id, step.shards)
         if critic is not None:  # PPO: the critic's old values feed the actor's GAE
-            critic.load_batch(rollout_id, step.batches)
+            critic.load_batch(rollout_id, step.shards)
             actor.set_column("values", critic.compute_values())
         if needs_ref(self.cfg.algo):
             metrics.update(actor.compute_log_probs("ref"))

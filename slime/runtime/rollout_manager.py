@@ -1,8 +1,10 @@
 """The rollout manager: one CPU actor owning the router, the engines, the data sources and rewards.
 
 It runs the configured rollout function, post-processes rewards (group normalisation, REFERENCE.md
-§3.1) and returns the step's samples already split into one `TrainBatch` per data-parallel rank. The
-driver's weight pushes (weight_push.py) run its engine control calls, and tell it when a push begins and
+§3.1) and splits the step's samples into one `TrainBatch` per data-parallel rank, which it puts into Ray's
+object store itself: the driver receives one reference per shard (plus the step's metrics and a few samples
+for the log) and hands each reference to the ranks of its shard, which read it from the store (never
+through the driver, slime.runtime.train_group). The driver's weight pushes (weight_push.py) run its engine control calls, and tell it when a push begins and
 ends: the engines' health checks rest in between (engine_health.py).
 """
 
@@ -15,7 +17,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
@@ -38,7 +40,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import EnginePlacement
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.watchdog import arm_stack_dump
-from slime.types import SampleStatus, TrainBatch
+from slime.types import SampleStatus
 
 logger = logging.getLogger(__name__)
 _CONTROL_CALLS = {
@@ -59,6 +61,14 @@ MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
 # generate()'s wall-clock window (time.time(), s); the driver rebases them to its loop's start
 ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
+
+
+class RolloutResult(NamedTuple):
+    """One train rollout as the driver receives it: small, the training data stays in Ray's object store."""
+
+    shards: list[ray.ObjectRef]  # per data-parallel rank, in rank order: a reference to its TrainBatch
+    metrics: dict[str, float]  # the step's rollout-side metrics (`rollout/*`, `perf/*`)
+    preview: list[dict]  # a few samples as dicts (Sample.to_dict() + rollout_step), for the sample log
 
 
 def sampling_params(node, rollout) -> dict[str, Any]:
@@ -241,8 +251,8 @@ class RolloutManager:
             return None
         return self.setup.seed + (EVAL_SEED_OFFSET if evaluation else 0)
 
-    def generate(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
-        """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log).
+    def generate(self, rollout_id: int) -> RolloutResult:
+        """One training rollout step: (a reference per DP rank's batch, rollout metrics, a few samples for the log).
 
         Each sample's staleness is taken against trainer weight version `rollout_id` (rollout/staleness.py)."""
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
@@ -292,7 +302,8 @@ class RolloutManager:
             balance_tokens=s.balance_tokens,
         )
         metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
-        return batches, metrics, preview
+        # owned by this actor, read by each shard's ranks from the object store
+        return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
 
     @ray.method(concurrency_group="progress")
     def progress(self) -> tuple[int, dict[str, int]]:

@@ -6,6 +6,12 @@ training stack is torch and more, ~2 CPU-seconds the driver would spend before i
 The group's `RankLayout` decides who gets what: data-parallel shard d goes to every rank whose
 `dp_rank` is d (its whole model-parallel group), and each per-shard result is read from the rank that
 owns it (`layout.owner_of(d)`). Every call reaches every rank, in the same order.
+
+Training data flows one way, by reference: the rollout manager puts each shard into Ray's object store,
+and the group passes shard d's reference to each of its ranks as a top-level argument, which Ray resolves
+on the rank (from the store: the driver never fetches a shard; the ranks of one shard read one object).
+Per-shard columns (the critic's values, the actor's returns) leave their owner rank the same way: as a
+reference the other group's ranks receive.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from slime.runtime.placement import Placement
 from slime.runtime.watchdog import arm_stack_dump
 from slime.train.layout import RankLayout
 from slime.train.setup import TrainSetup
-from slime.types import TrainBatch
 
 
 def _free_address() -> tuple[str, int]:
@@ -60,44 +65,69 @@ class TrainRank:
         """Run a driver-given function in this rank's process (slime.runtime.fault_injection's hang)."""
         return fn()
 
+    def put_owned(self, method: str, *args: Any) -> ray.ObjectRef | None:
+        """`method(*args)`; on the rank that owns the shard's results (`RankLayout.owner_of`), the result put
+        into the object store, its reference returned; None from the others (their copies stay here)."""
+        result = self.call(method, *args)
+        layout, rank = self.backend.layout, self.backend.rank
+        return ray.put(result) if layout.owner_of(layout.shard_of(rank)) == rank else None
+
     def __repr__(self) -> str:  # Ray prefixes the rank's log lines with it
         return f"{type(self.backend).__name__}(rank={self.backend.rank})"
 
 
 class TrainGroup:
-    """One role's ranks (actor or critic)."""
+    """One role's ranks (actor or critic), `layout.world_size` actors in rank order; `launch` starts them."""
 
-    def __init__(
-        self,
+    def __init__(self, layout: RankLayout, actors: list[Any]):
+        if layout.world_size != len(actors):
+            raise ValueError(f"a layout of {layout.world_size} ranks for {len(actors)} rank actors")
+        self.layout = layout
+        self.actors = actors
+
+    @classmethod
+    def launch(
+        cls,
         setup: TrainSetup,
         placements: list[Placement],
         layout: RankLayout,
         *,
         role: str = "actor",
         fraction: float = 0.4,
-    ):
+    ) -> TrainGroup:
+        """A `TrainRank` actor per placement (rank order), each on `fraction` of its bundle's accelerator."""
         if layout.world_size != len(placements):
             raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
-        self.layout = layout
         addr, port = _rendezvous_address(placements[0])
-        self.actors = [
+        actors = [
             ray.remote(TrainRank)
             .options(**place.actor_options(fraction=fraction))
             .remote(setup, role, rank=rank, layout=layout, master_addr=addr, master_port=port)
             for rank, place in enumerate(placements)
         ]
+        return cls(layout, actors)
 
     # ---- dispatch ----------------------------------------------------------------------------
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
         return ray.get([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
-    def _per_shard(self, method: str, per_shard: Sequence[Any], *args) -> list[Any]:
-        """Call `method(*args, per_shard[dp_rank])` on every rank; return every rank's result."""
+    def _per_shard(self, method: str, per_shard: Sequence[ray.ObjectRef], *args) -> list[Any]:
+        """Call `method(*args, value of per_shard[dp_rank])` on every rank; return every rank's result.
+
+        The reference is a top-level argument, so Ray resolves it on the rank, from the object store."""
         if len(per_shard) != self.layout.dp:
             raise RuntimeError(f"{len(per_shard)} shards for {self.layout.dp} data-parallel ranks")
+        if not all(isinstance(ref, ray.ObjectRef) for ref in per_shard):
+            raise TypeError(f"{method}: per-shard data goes to the ranks by reference (ray.ObjectRef), not by value")
         return ray.get(
             [a.call.remote(method, *args, per_shard[self.layout.shard_of(rank)]) for rank, a in enumerate(self.actors)]
         )
+
+    def _owned_refs(self, method: str, *args) -> list[ray.ObjectRef]:
+        """Call `method(*args)` on every rank; per shard, the reference to its owner's result, which that rank
+        put into the object store (the driver receives references only)."""
+        answers = ray.get([a.put_owned.remote(method, *args) for a in self.actors])
+        return [answers[rank] for rank in self.layout.owners()]
 
     def _owned(self, results: list[Any]) -> list[Any]:
         """Per shard, the result of the rank that owns it."""
@@ -115,24 +145,27 @@ class TrainGroup:
             raise RuntimeError(f"training ranks disagree on the start rollout: {starts}")
         return starts[0]
 
-    def load_batch(self, rollout_id: int, batches: list[TrainBatch]) -> None:
-        self._per_shard("load_batch", batches, rollout_id)
+    def load_batch(self, rollout_id: int, shards: Sequence[ray.ObjectRef]) -> None:
+        """Every rank loads its shard's `TrainBatch` (`shards[d]`: the rollout manager's reference to shard d)."""
+        self._per_shard("load_batch", shards, rollout_id)
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         return self._owned(self._all("compute_log_probs", which))[0]
 
-    def compute_values(self) -> list[list[list[float]]]:
-        """Critic: per shard, per sample, the value of every response token."""
-        return self._owned(self._all("compute_values"))
+    def compute_values(self) -> list[ray.ObjectRef]:
+        """Critic: per shard, a reference to its values (per sample, the value of every response token)."""
+        return self._owned_refs("compute_values")
 
     def compute_advantages(self) -> dict[str, float]:
         return self._owned(self._all("compute_advantages"))[0]
 
-    def set_column(self, name: str, per_shard: list[list[list[float]]]) -> None:
+    def set_column(self, name: str, per_shard: Sequence[ray.ObjectRef]) -> None:
+        """Every rank sets column `name` from its shard's per-sample lists (`per_shard[d]`, a reference)."""
         self._per_shard("set_column", per_shard, name)
 
-    def get_column(self, name: str) -> list[list[list[float]]]:
-        return self._owned(self._all("get_column", name))
+    def get_column(self, name: str) -> list[ray.ObjectRef]:
+        """Per shard, a reference to column `name` as per-sample lists (e.g. the actor's returns)."""
+        return self._owned_refs("get_column", name)
 
     def train(self, *, update: bool = True) -> dict:
         """{"steps": [...], "perf": {...}} of the first shard's owner (step metrics are reduced over ranks)."""

@@ -13,10 +13,14 @@ One rollout step, as the driver calls it (REFERENCE.md §2.2 step 5):
     train(update=...)                   K optimizer steps on the shard
     get_column("returns")               actor -> critic.set_column("returns"); critic.train()
 
-Results are read from the rank that owns them (`RankLayout.owner_of`). Then the weights leave
-through `export_weights(bucket_bytes)`, an iterator of buckets of HF-named tensors that every rank
-runs collectively; the source rank hands it to the weight-sync object (`update_weights`) or writes an
-HF directory (`save_hf`). `save_checkpoint`/`load_checkpoint` keep the full training state;
+Results are read from the rank that owns them (`RankLayout.owner_of`). Shards and columns arrive as
+plain objects: the runtime hands the ranks Ray references, resolved by Ray before the call (values and
+returns go from the owner rank of one group to the ranks of the other, never through the driver:
+slime.runtime.train_group); a backend never sees Ray.
+
+The weights leave through `export_weights(bucket_bytes)`, an iterator of buckets of HF-named tensors
+that every rank runs collectively; the source rank hands it to the weight-sync object (`update_weights`)
+or writes an HF directory (`save_hf`). `save_checkpoint`/`load_checkpoint` keep the full training state;
 `offload`/`onload` free and retake accelerator memory for colocated engines.
 """
 
