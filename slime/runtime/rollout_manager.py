@@ -40,7 +40,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import EnginePlacement
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.watchdog import arm_stack_dump
-from slime.types import SampleStatus
+from slime.types import SampleStatus, TrainBatch
 
 logger = logging.getLogger(__name__)
 _CONTROL_CALLS = {
@@ -252,7 +252,13 @@ class RolloutManager:
         return self.setup.seed + (EVAL_SEED_OFFSET if evaluation else 0)
 
     def generate(self, rollout_id: int) -> RolloutResult:
-        """One training rollout step: (a reference per DP rank's batch, rollout metrics, a few samples for the log).
+        """One training rollout step (`rollout_step`) with its shards put into Ray's object store: this actor
+        owns them, each shard's ranks read them there."""
+        batches, metrics, preview = self.rollout_step(rollout_id)
+        return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
+
+    def rollout_step(self, rollout_id: int) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
+        """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log).
 
         Each sample's staleness is taken against trainer weight version `rollout_id` (rollout/staleness.py)."""
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
@@ -302,8 +308,7 @@ class RolloutManager:
             balance_tokens=s.balance_tokens,
         )
         metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
-        # owned by this actor, read by each shard's ranks from the object store
-        return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
+        return batches, metrics, preview
 
     @ray.method(concurrency_group="progress")
     def progress(self) -> tuple[int, dict[str, int]]:

@@ -109,15 +109,15 @@ def _manager(engine: dict[str, int]) -> RolloutManager:
 def test_manager_records_staleness_and_a_checkpoint_keeps_the_in_flight_rollouts_prompts(tmp_path):
     engine = {"version": 0}
     manager = _manager(engine)
-    _, metrics, preview = manager.generate(0)
+    _, metrics, preview = manager.rollout_step(0)
     assert metrics["rollout/staleness_max"] == 0 and [p["staleness"] for p in preview] == [0, 0, 0, 0]
-    _, metrics, preview = manager.generate(1)  # launched while step 0 trains: the engines still hold version 0
+    _, metrics, preview = manager.rollout_step(1)  # launched while step 0 trains: the engines still hold version 0
     assert metrics["rollout/staleness_mean"] == 1 and {p["staleness"] for p in preview} == {1}
     assert metrics["perf/rollout_started_at"] <= metrics["perf/rollout_ended_at"] <= time.time()
     manager.save(0, str(tmp_path))  # step 0's checkpoint, taken after rollout 1 drew its prompts
     resumed = _manager(engine)
     resumed.load(0, str(tmp_path))
-    _, _, preview = resumed.generate(1)  # the resume draws rollout 1's prompts again: none lost
+    _, _, preview = resumed.rollout_step(1)  # the resume draws rollout 1's prompts again: none lost
     assert [p["group_index"] for p in preview] == [2, 2, 3, 3]
     manager.save(1, str(tmp_path))  # no rollout drawn ahead (the synchronous loop, or the last step)
     resumed.load(1, str(tmp_path))

@@ -11,7 +11,7 @@ import pytest
 import ray
 import torch
 
-from slime.config import derive
+from slime.plan.derive import derive
 from slime.rollout.dumps import DUMP_DIR, save_rollout_data
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager, RolloutResult
