@@ -86,7 +86,7 @@ def typed_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
 
 def group_options() -> list[tuple[str, str]]:
     """(group, option) for every YAML option file of every top-level config group, recipes and presets included
-    (conf/preset/sizes holds the presets' shared values, no options of their own)."""
+    (conf/preset's subfolders hold values presets include, no options of their own)."""
     pairs = []
     for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir()):
         for option in sorted(group_dir.glob("*.yaml")):

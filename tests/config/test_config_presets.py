@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from slime.config.schema import ModelConfig
+from slime.plan.validate import collect_problems
 from tests.conftest import CONF, ROOT, compose_config, session_processes, typed_config
 
 
@@ -90,9 +91,13 @@ PRODUCTION = {
     "parallelism.max_tokens_per_gpu": 16384,
     "parallelism.gradient_checkpointing": True,
 }
-# The seeds' run is the production stack: megatron training, SGLang engines (weights broadcast: disaggregated).
+# The seeds' run is the production stack: megatron training (every layer recomputed, as the seeds' flags), SGLang
+# engines (weights broadcast: disaggregated).
 PRODUCTION_STACK = {
     "parallelism.backend": "megatron",
+    "parallelism.recompute.granularity": "full",
+    "parallelism.recompute.method": "uniform",
+    "parallelism.recompute.num_layers": 1,
     "rollout.engine": "sglang",
     "rollout.weight_sync.mode": "distributed",
 }
@@ -146,6 +151,10 @@ def test_production_model_composes_the_seeds_run(model, name):
 def test_fsdp_and_the_built_in_engine_are_one_override_away():
     cfg = typed_config(["model=qwen3_4b", "algo=grpo", "parallelism=fsdp", "rollout=hf"])
     assert (cfg.parallelism.backend, cfg.rollout.engine, cfg.rollout.weight_sync.mode) == ("fsdp", "hf", "disk")
+    # megatron's recompute goes with the backend (fsdp recomputes by gradient_checkpointing): the config validates
+    assert (cfg.parallelism.recompute.granularity, cfg.parallelism.gradient_checkpointing) == (None, True)
+    # what is left to fix is the user's: data and reward (the preset leaves both to you), nothing of the stack
+    assert {p.key for p in collect_problems(cfg) if not p.machine} == {"data.prompt_data", "rollout.rm_type"}
     # the preset's cluster and sizes stay
     assert (cfg.cluster.num_gpus_per_node, cfg.rollout.max_response_len, cfg.parallelism.max_tokens_per_gpu) == (
         8,
@@ -213,9 +222,12 @@ def test_every_model_option_has_its_preset_and_chooses_a_model_only():
         if len(defaults) == 1:  # extends one preset
             assert defaults[0] in presets and len(presets[defaults[0]]["defaults"]) > 1, name
             continue
-        chosen = [next(iter(d)).lstrip("/") for d in defaults if isinstance(d, dict)]
-        assert chosen == list(GROUP_OF_PRESETS) and body["preset"] == name, name
-        stacks[name] = dict(zip(chosen, (next(iter(d.values())) for d in defaults if isinstance(d, dict))))
+        groups = {next(iter(d)): next(iter(d.values())) for d in defaults if isinstance(d, dict)}
+        chosen = {group.lstrip("/"): option for group, option in groups.items() if group.startswith("/")}
+        assert list(chosen) == list(GROUP_OF_PRESETS) and body["preset"] == name, name
+        assert set(groups) - {f"/{g}" for g in GROUP_OF_PRESETS} <= {"optional recompute"}, name
+        assert groups.get("optional recompute", "${parallelism}") == "${parallelism}", name
+        stacks[name] = chosen
     assert stacks["none"] == {"cluster": "local_cpu", "parallelism": "fsdp", "rollout": "hf", "data": "prompt_file"}
     assert stacks["quickstart_8gpu"] == {
         "cluster": "one_node_8gpu",
