@@ -5,12 +5,17 @@
 - megatron only in slime/train/megatron; sglang only in slime/engine/sglang; vllm only in slime/engine/vllm.
 - slime/config imports no heavy library at module level (validation runs before anything starts), and no
   other slime package at all (it is the leaf).
-- Every module imports on this machine, which has neither sglang, vllm nor megatron-core.
+- megatron, sglang and vllm are optional: every module outside their homes imports without them.
+- No import cycle between slime packages (slime/<name>/ and the top-level modules slime/<name>.py), counting
+  imports at module level, under TYPE_CHECKING and inside functions; slime/train never imports slime/engine.
+- Fewer than 10 imports inside functions in all of slime, each with a comment (on its line or the line above)
+  saying why it cannot be at module level (an optional library, a module that must stay light).
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +28,16 @@ PACKAGE = ROOT / "slime"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 
+def imported_names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    """Absolute dotted names one import statement imports (relative ones resolved against `package`)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+        return [f"{base}.{node.module}" if node.module else base]
+    return [node.module]
+
+
 def imports(path: Path, *, module_level_only: bool = False) -> set[str]:
     """Absolute dotted names imported by the file (relative imports resolved against its package)."""
     tree = ast.parse(path.read_text())
@@ -30,14 +45,22 @@ def imports(path: Path, *, module_level_only: bool = False) -> set[str]:
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     found = set()
     for node in nodes:
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                found.add(f"{base}.{node.module}" if node.module else base)
-            else:
-                found.add(node.module)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(imported_names(node, package))
+    return found
+
+
+def function_level_imports(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """Import statements inside a function or method body of the file."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text()), False)
     return found
 
 
@@ -66,8 +89,8 @@ def test_algo_is_pure_torch():
 def test_the_scanner_sees_imports():
     assert "ray" in imports(PACKAGE / "runtime" / "driver.py")
     assert "slime.engine.http_client" in imports(PACKAGE / "engine" / "client.py")
-    assert "transformers" in imports(PACKAGE / "train" / "fsdp" / "backend.py")  # a function-level import
-    assert "transformers" not in imports(PACKAGE / "train" / "fsdp" / "backend.py", module_level_only=True)
+    assert "transformers" in imports(PACKAGE / "train" / "fsdp" / "backend.py", module_level_only=True)
+    assert "slime.train.layout" in imports(PACKAGE / "train" / "base.py")  # a relative-free absolute import
 
 
 def test_ray_only_in_the_runtime():
@@ -98,15 +121,173 @@ def test_the_config_scanner_sees_slime_imports():
     assert "slime.engine.groups" in imports(PACKAGE / "plan" / "derive.py")
 
 
-def test_every_module_imports_without_optional_libraries():
-    code = (
-        "import importlib, pkgutil, sys, slime\n"
-        "names = [m.name for m in pkgutil.walk_packages(slime.__path__, 'slime.')]\n"
-        "for name in names: importlib.import_module(name)\n"
-        "loaded = sorted(m for m in ('sglang', 'vllm', 'megatron') if m in sys.modules)\n"
-        "print(len(names), loaded)\n"
+OPTIONAL_HOMES = {"megatron": "slime.train.megatron", "sglang": "slime.engine.sglang", "vllm": "slime.engine.vllm"}
+
+# Imports every slime module outside the optional libraries' homes with those libraries blocked (a meta-path
+# finder raises ImportError for them, as on an install that lacks them); prints the count and what failed.
+IMPORT_WITHOUT_OPTIONAL = """
+import importlib, importlib.abc, json, pkgutil, sys
+homes = json.loads(sys.argv[1])
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in homes:
+            raise ImportError(f"{name} is blocked: an optional library (tests/test_layers.py)")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import slime
+names = [m.name for m in pkgutil.walk_packages(slime.__path__, "slime.")]
+outside = [n for n in names if not any(n == h or n.startswith(h + ".") for h in homes.values())]
+failed = {}
+for name in outside:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"imported": len(outside) - len(failed), "failed": failed}))
+"""
+
+
+def test_every_module_outside_the_optional_homes_imports_without_them():
+    """DESIGN.md §3: megatron, sglang and vllm are optional; the CPU install lacks some of them and must still
+    import every other module (megatron's home may import megatron-core at module level: the registry loads it
+    only when `parallelism.backend=megatron`)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_WITHOUT_OPTIONAL, json.dumps(OPTIONAL_HOMES)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    count, loaded = proc.stdout.split(maxsplit=1)
-    assert int(count) > 50 and loaded.strip() == "[]"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["failed"] == {}
+    assert result["imported"] > 50
+
+
+def test_the_import_blocker_blocks():
+    """The blocker above is real: with torch blocked, a module that imports torch fails to import."""
+    only_the_home = IMPORT_WITHOUT_OPTIONAL.replace("if not any(n == h", "if any(n == h")
+    proc = subprocess.run(
+        [sys.executable, "-c", only_the_home, json.dumps({"torch": "slime.wire.tensors"})],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["imported"] == 0 and "torch is blocked" in result["failed"]["slime.wire.tensors"], result
+
+
+# ---------------------------------------------------------------------------- packages
+def slime_package(module: str) -> str | None:
+    """`slime.train.fsdp.backend` -> "train", `slime.registry` -> "registry"; None outside slime."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "slime" and len(parts) > 1 else None
+
+
+def package_edges() -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> "file:line imports module" for every import between two
+    slime packages, wherever it stands in the file (module level, TYPE_CHECKING, inside a function)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in files(""):
+        rel = path.relative_to(ROOT)
+        source = slime_package(".".join(rel.with_suffix("").parts))
+        package = ".".join(rel.with_suffix("").parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in imported_names(node, package):
+                    target = slime_package(name)
+                    if target and target != source:
+                        edges.setdefault((source, target), []).append(f"{rel}:{node.lineno} imports {name}")
+    return edges
+
+
+def cycles(edges) -> list[list[str]]:
+    """The strongly connected components of more than one package (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({("a", "b"): [], ("b", "c"): [], ("c", "a"): [], ("c", "d"): []}) == [["a", "b", "c"]]
+    assert cycles({("a", "b"): [], ("b", "c"): []}) == []
+    edges = package_edges()
+    assert ("runtime", "train") in edges and ("sync", "engine") in edges  # the scanner sees package imports
+
+
+@pytest.mark.xfail(strict=True, reason="config <-> engine/rollout/tracking/...: the configleaf and plan slices")
+def test_no_import_cycle_between_packages():
+    edges = package_edges()
+    report = []
+    for component in cycles(edges):
+        inside = [(a, b) for (a, b) in edges if a in component and b in component]
+        report.append({"packages": component, "imports": [edges[e][0] for e in sorted(inside)]})
+    assert report == []
+
+
+def test_train_never_imports_engine():
+    assert package_edges().get(("train", "engine"), []) == []
+
+
+# ---------------------------------------------------------------------------- imports inside functions
+MAX_FUNCTION_LEVEL_IMPORTS = 10
+
+
+def commented(lines: list[str], lineno: int) -> bool:
+    """A `#` comment on the import's line or alone on the line above."""
+    line, above = lines[lineno - 1], lines[lineno - 2].strip() if lineno > 1 else ""
+    return "#" in line or above.startswith("#")
+
+
+@pytest.mark.xfail(strict=True, reason="172 imports inside functions before the redesign: every slice removes its own")
+def test_few_imports_inside_functions_each_saying_why():
+    found, uncommented = [], []
+    for path in files(""):
+        lines = path.read_text().splitlines()
+        for node in function_level_imports(path):
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            found.append(where)
+            if not commented(lines, node.lineno):
+                uncommented.append(where)
+    assert uncommented == []
+    assert len(found) < MAX_FUNCTION_LEVEL_IMPORTS, found
+
+
+def test_the_function_import_scanner_sees_them(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import os\n\ndef f():\n    import json  # optional\n\n    def g():\n        import re\n")
+    nodes = function_level_imports(path)
+    assert [n.lineno for n in nodes] == [4, 7]
+    lines = path.read_text().splitlines()
+    assert commented(lines, 4) and not commented(lines, 7)

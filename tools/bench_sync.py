@@ -35,7 +35,8 @@ from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
-from slime.sync.hf_files import Bucket, write_hf_dir  # noqa: E402
+from slime.wire.hf_dir import write_hf_dir  # noqa: E402
+from slime.wire.tensors import Bucket  # noqa: E402
 
 QWEN3_1P7B = dict(
     num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16, num_query_groups=8, kv_channels=128

@@ -193,10 +193,11 @@ def time_steps(step, steps: int, device: str) -> list[float]:
 
 def backend_step(cfg, batch):
     """The configured train backend as the runtime drives it, one rank: load, advantages, one optimizer step."""
+    from slime.net import free_port
     from slime.plan.derive import derive
     from slime.train.base import get_backend_class
     from slime.train.layout import RankLayout
-    from slime.train.setup import TrainSetup
+    from slime.train.train_setup import TrainSetup
 
     setup = TrainSetup.from_run_config(cfg, derive(cfg))
     backend_cls = get_backend_class(cfg.parallelism.backend)
@@ -277,14 +278,6 @@ def profile_step(step, out: Path) -> None:
             if e.key in ("aten::item", "cudaStreamSynchronize", "aten::_local_scalar_dense")
         )
     )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_variant(args) -> dict:

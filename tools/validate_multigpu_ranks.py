@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import socket
 import time
 from pathlib import Path
 
@@ -18,9 +17,10 @@ import torch
 import torch.multiprocessing as mp
 
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, TrainConfig
+from slime.net import free_port
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup
+from slime.train.train_setup import TrainSetup
 from slime.types import Sample, TrainBatch
 
 
@@ -101,12 +101,6 @@ class Job:
         return RankLayout(dp=self.dp, tp=self.tp, pp=self.pp)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_ranks(fn, job: Job, world_size: int, timeout_s: float, log_prefix: str) -> list[dict]:
     """`fn(rank, job)` on `world_size` spawned processes (GPU `rank` each on CUDA); every rank's dict.
     Each rank's stdout and stderr go to `<log_prefix>.rank<r>.log`."""
@@ -140,7 +134,7 @@ def _rank_main(rank: int, fn, job: Job, out: str, log_prefix: str) -> None:
 
 # ---- setups, samples, batches -------------------------------------------------------------------------
 def train_setup(job: Job, *, num_steps: int = 1) -> TrainSetup:
-    """A GRPO actor setup without KL (as `slime.train.megatron.standalone` builds), for `job`'s layout."""
+    """A GRPO actor setup without KL (as `tests.helpers.megatron_standalone` builds), for `job`'s layout."""
     p = job.profile
     parallelism = ParallelismConfig(backend=job.backend, tp=job.tp, pp=job.pp, max_tokens_per_gpu=p.max_tokens_per_gpu)
     return TrainSetup(
@@ -237,8 +231,8 @@ def sync_rank(rank: int, job: Job) -> dict:
     from slime.engine.base import EngineLaunch
     from slime.engine.hf.engine import HFEngine
     from slime.engine.hf.weight_checker import tensor_checksum
-    from slime.sync import wire
     from slime.sync.base import SyncContext
+    from slime.wire import tensors
 
     p = job.profile
     backend = build(job, rank)
@@ -264,7 +258,7 @@ def sync_rank(rank: int, job: Job) -> dict:
             times.append(perf["perf/update_weights_time"])
             moved = perf["perf/update_weights_bytes"]
         got, version = _engine_checksums(engine), engine.client.get_weight_version()
-        engine_dtype = wire.parse_dtype(dtype)
+        engine_dtype = tensors.parse_dtype(dtype)
         expected = {n: tensor_checksum(t.to(engine_dtype)) for b in backend.export_weights(bucket_bytes) for n, t in b}
         mismatched = sum(got.get(n) != h for n, h in expected.items()) + len(set(got) - set(expected))
         changed = sum(before.get(n) != h for n, h in got.items())

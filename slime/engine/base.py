@@ -33,6 +33,7 @@ from slime.engine.client import EngineClient
 from slime.engine.ports import PortLease, reserve_ports
 from slime.engine.process import child_env, http_url, launch_process, log_tail, terminate_process
 from slime.engine.router import Router
+from slime.registry import ENGINES
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +207,4 @@ def engine_client(kind: str, url: str) -> EngineClient:
 
 def get_engine_class(name: str) -> type[EngineServer]:
     """The engine class registered as `rollout.engine=<name>`; ValueError naming the choices otherwise."""
-    from slime.registry import ENGINES
-
     return ENGINES.load(name)

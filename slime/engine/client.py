@@ -145,8 +145,8 @@ class EngineClient:
     @staticmethod
     def trainer_weight_group(*, address: str, world_size: int, group_name: str, backend: str, timeout_s: float):
         """The trainer's (rank 0's) end of the group `/init_weights_update_group` joins: SGLang's
-        `init_custom_process_group` rendezvous (`slime.sync.weight_group`); `.port` to send, `.join()`."""
-        from slime.sync.weight_group import HostedWeightGroup
+        `init_custom_process_group` rendezvous (`slime.wire.weight_group`); `.port` to send, `.join()`."""
+        from slime.wire.weight_group import HostedWeightGroup
 
         return HostedWeightGroup(
             address=address, world_size=world_size, group_name=group_name, backend=backend, timeout_s=timeout_s

@@ -12,7 +12,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -105,18 +104,6 @@ def log_tail(path: str | Path, max_bytes: int = 4000) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on `host` a moment ago (bind to 0, read it, close).
-
-    Tiny race: another process may take the port between this close and the child's bind. Used only
-    where the child cannot report its own port (sglang-router has no port-0/port-file option).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def cli_flags(args: dict[str, Any]) -> list[str]:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
-from slime.engine.process import cli_flags, free_port, http_url, launch_process, log_tail, terminate_process
+from slime.engine.process import cli_flags, http_url, launch_process, log_tail, terminate_process
+from slime.net import free_port
 
 if TYPE_CHECKING:  # only attributes are read: importable without omegaconf
     from slime.config.schema import RouterConfig

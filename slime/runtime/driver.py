@@ -27,7 +27,7 @@ from slime.sync.base import SyncContext
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup
+from slime.train.train_setup import TrainSetup
 
 logger = logging.getLogger(__name__)
 

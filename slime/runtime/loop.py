@@ -43,7 +43,7 @@ from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import WeightPush
 from slime.tracking.tracker import Tracker
-from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
+from slime.train.train_setup import TrainSetup, needs_old_log_probs, needs_ref
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -16,25 +16,22 @@ reference the other group's ranks receive.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from slime.net import free_port
 from slime.runtime.placement import Placement
 from slime.runtime.watchdog import arm_stack_dump
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup
+from slime.train.train_setup import TrainSetup
 
 
 def _free_address() -> tuple[str, int]:
     """This node's IP and a free TCP port on it, for torch.distributed's rendezvous."""
-    with socket.socket() as sock:  # bound then released: a tiny race, as every TCP rendezvous has
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+    return ray.util.get_node_ip_address(), free_port("")  # "": free on every interface of this node
 
 
 def _rendezvous_address(first: Placement) -> tuple[str, int]:

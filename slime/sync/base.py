@@ -3,7 +3,9 @@
 One class per `rollout.weight_sync.mode`, registered in `slime.registry.WEIGHT_SYNC`. A sync object
 lives on the trainer's source rank; the train backend feeds it the iterator of HF-named tensor buckets
 it exports (`TrainBackend.export_weights`), and it talks to the engines through `EngineClient`s
-(plain HTTP). No Ray inside: the runtime builds it from engine URLs and the config.
+(plain HTTP) that it builds itself (`connect_weight_sync`: the trainer passes engine URLs, never clients, so
+trainers import no engine). No Ray inside: the runtime hands the trainer engine URLs and the config.
+The tensors' formats on the wire are `slime.wire`'s, which the engines import too.
 
 The protocol every mode follows (`push`): pause generation and flush the cache on every updatable
 engine, open each engine's update session (tensor and distributed modes: SGLang's
@@ -30,10 +32,13 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from slime.engine.base import engine_client
 from slime.engine.client import EngineClient
+from slime.engine.http_client import EngineHTTPError
+from slime.registry import WEIGHT_SYNC
 
 if TYPE_CHECKING:  # torch: the driver imports SyncContext from here and never torch
-    from slime.sync.hf_files import Bucket
+    from slime.wire.tensors import Bucket
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,12 @@ class WeightSync(abc.ABC):
     def __init__(self, engines: Sequence[EngineClient], context: SyncContext):
         self.engines = list(engines)
         self.context = context
+
+    @classmethod
+    def follower(cls, context: SyncContext, rank: int):
+        """What a non-source training rank holds for this mode: an object whose `follow(buckets)` joins each
+        push's collectives, or None when the source rank pushes alone."""
+        return None
 
     def push(self, buckets: Iterable[Bucket], *, weight_version: int) -> dict[str, float]:
         """pause -> flush -> begin -> transfer -> end -> continue on every engine; returns `perf/*` timings (s)."""
@@ -126,8 +137,6 @@ class WeightSync(abc.ABC):
 
     def _each_check(self, action: str) -> None:
         """`/weights_checker {action}` on every engine; WeightMismatchError with the engine's message on failure."""
-        from slime.engine.http_client import EngineHTTPError
-
         for engine in self.engines:
             try:
                 engine.check_weights(action)
@@ -155,3 +164,15 @@ class WeightSync(abc.ABC):
 
     def close(self) -> None:
         """Release what the mode holds (directories, process groups)."""
+
+
+def connect_weight_sync(mode: str, engine_urls: Sequence[str], context: SyncContext) -> WeightSync:
+    """The `rollout.weight_sync.mode` object pushing into the servers at `engine_urls`, with a control client
+    of engine kind `context.engine` for each."""
+    engines = [engine_client(context.engine, url) for url in engine_urls]
+    return WEIGHT_SYNC.load(mode)(engines, context)
+
+
+def connect_follower(mode: str, context: SyncContext, rank: int):
+    """What non-source training rank `rank` holds for `mode` (`WeightSync.follower`): None for most modes."""
+    return WEIGHT_SYNC.load(mode).follower(context, rank)

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from slime.sync.base import WeightSync
-from slime.sync.hf_files import Bucket, write_hf_dir
+from slime.wire.hf_dir import write_hf_dir
+from slime.wire.tensors import Bucket
 
 
 class DiskWeightSync(WeightSync):

@@ -1,7 +1,7 @@
 """Distributed weight sync (REFERENCE.md §8.2): the trainer's source rank broadcasts into every engine.
 
     group:      trainer = rank 0, engine e's TP ranks = rank_offset(e) .. + tp_size(e) - 1,
-                world size 1 + sum of engine TP sizes; gloo on CPU, NCCL on CUDA (`slime.sync.weight_group`)
+                world size 1 + sum of engine TP sizes; gloo on CPU, NCCL on CUDA (`slime.wire.weight_group`)
     per bucket: POST /update_weights_from_distributed {names, dtypes, shapes} to every engine (threads),
                 broadcast each tensor from rank 0 in that order, then await every reply
 
@@ -24,9 +24,9 @@ import torch
 
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
-from slime.sync import wire
+from slime.net import local_address_towards
 from slime.sync.base import SyncContext, WeightSync
-from slime.sync.hf_files import Bucket
+from slime.wire.tensors import Bucket, dtype_name, parse_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class DistributedWeightSync(WeightSync):
         vLLM's own); each group has its own store on a fresh port and a name unique in this process."""
         self._destroy_group()
         host = urlparse(self.engines[0].url).hostname or "127.0.0.1"
-        address = wire.local_address_towards(host)
+        address = local_address_towards(host)
         tp_sizes = [int(e.server_info().get("tp_size", 1) or 1) for e in self.engines]
         world_size = 1 + sum(tp_sizes)
         name = f"slime-weights-{os.getpid()}-{next(_GENERATION)}"
@@ -105,12 +105,12 @@ class DistributedWeightSync(WeightSync):
         for bucket in buckets:
             tensors = [t.detach().to(self.group.device).contiguous() for _, t in bucket]
             for tensor in tensors:
-                wire.parse_dtype(wire.dtype_name(tensor.dtype))  # refused here, before any engine waits on it
+                parse_dtype(dtype_name(tensor.dtype))  # refused here, before any engine waits on it
             futures = {
                 self._pool.submit(
                     engine.update_weights_from_distributed,
                     names=[n for n, _ in bucket],
-                    dtypes=[wire.dtype_name(t.dtype) for t in tensors],
+                    dtypes=[dtype_name(t.dtype) for t in tensors],
                     shapes=[list(t.shape) for t in tensors],
                     group_name=self.group_name,
                     weight_version=weight_version,

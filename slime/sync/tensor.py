@@ -1,7 +1,7 @@
 """Colocated "tensor" weight sync (REFERENCE.md §8.1): buckets handed over in memory, on the same node.
 
 Per bucket: flatten the bucket's tensors into one fresh byte buffer, shared memory on CPU or a CUDA buffer
-on GPU, serialised as SGLang reads it (`slime.sync.bucket_codec`), then POST /update_weights_from_tensor
+on GPU, serialised as SGLang reads it (`slime.wire.bucket_codec`), then POST /update_weights_from_tensor
 {serialized_named_tensors: [one per engine TP rank], load_format: "flattened_bucket"} to each engine in
 turn. An engine copies into its parameters before replying; only then is the buffer freed, and the next
 bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). The engines must run
@@ -21,10 +21,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.distributed as dist
 
-from slime.sync import bucket_codec, wire
 from slime.sync.base import SyncContext, WeightSync
-from slime.sync.hf_files import Bucket
+from slime.wire import bucket_codec
+from slime.wire.tensors import Bucket, bucket_nbytes
 
 
 @contextmanager
@@ -50,8 +51,6 @@ def _per_rank(context: SyncContext) -> bool:
 
 def _gather(item: str) -> list[str]:
     """Every training rank's handle item, by rank (collective over the training group)."""
-    import torch.distributed as dist
-
     items: list = [None] * dist.get_world_size()
     dist.all_gather_object(items, item)
     return items
@@ -68,6 +67,11 @@ class TensorWeightSync(WeightSync):
 
     mode = "tensor"
 
+    @classmethod
+    def follower(cls, context: SyncContext, rank: int) -> TensorHandleFollower | None:
+        """Per-TP-rank handles: every non-source training rank takes part in each push."""
+        return TensorHandleFollower(context, rank) if _per_rank(context) else None
+
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         total = 0
         per_rank = _per_rank(self.context)
@@ -80,10 +84,8 @@ class TensorWeightSync(WeightSync):
                         self._handles(index, tp_sizes[index], item, items), weight_version=weight_version
                     )
                 if per_rank:
-                    import torch.distributed as dist
-
                     dist.barrier()  # the followers' buffers stay until every engine copied
-            total += wire.bucket_nbytes(bucket)
+            total += bucket_nbytes(bucket)
         _release_cuda_ipc()
         return total
 
@@ -104,8 +106,6 @@ class TensorHandleFollower:
         self.stages = any(rank in ranks for ranks in context.tp_trainer_ranks)  # else it only joins the collectives
 
     def follow(self, buckets: Iterable[Bucket]) -> None:
-        import torch.distributed as dist
-
         for bucket in buckets:
             with staged(bucket) if self.stages else nullcontext(None) as item:
                 _gather(item)
@@ -114,8 +114,3 @@ class TensorHandleFollower:
 
     def close(self) -> None:
         """Nothing held between pushes."""
-
-
-def needs_follower(context: SyncContext) -> bool:
-    """Whether the non-source training ranks take part in each push (per-TP-rank handles)."""
-    return _per_rank(context)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
-from slime.tracking.wandb_run import resolve_mode
+from slime.tracking.wandb_mode import resolve_mode
 
 
 def check_sinks(cfg: RunConfig) -> Iterator[Problem]:

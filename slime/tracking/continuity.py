@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from slime.config.resume import tracked_iteration
 from slime.tracking.jsonl import read_jsonl
 
 STAGED_DIR = "tracking"  # under the checkpoint root
@@ -40,8 +41,6 @@ def staged_path(root: str | Path, rollout_id: int) -> Path:
 def stage(root: str | Path, rollout_id: int, records: list[dict[str, Any]], *, run_dir: Path) -> None:
     """Keep rollout `rollout_id`'s records with its checkpoint (before the checkpoint is saved); older staged
     files than the latest complete checkpoint's are removed."""
-    from slime.config.resume import tracked_iteration
-
     path = staged_path(root, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

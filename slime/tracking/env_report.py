@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from slime.config.schema import RunConfig
+from slime.tracking.secrets import redact
 
 PACKAGES = (
     "torch",
@@ -82,10 +85,6 @@ def env_report(cfg: RunConfig) -> dict[str, Any]:
 def tracker_config(cfg: RunConfig, choices: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """What the tracker logs as the run's config: the resolved config, Hydra's choices and overrides, and the
     env report, with every secret redacted (slime.tracking.secrets)."""
-    from omegaconf import OmegaConf
-
-    from slime.tracking.secrets import redact
-
     config = OmegaConf.to_container(OmegaConf.structured(cfg))
     config["hydra"] = {"choices": dict(choices), "overrides": list(overrides)}
     config["env"] = env_report(cfg)

@@ -12,20 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
 from slime.tracking.jsonl import read_jsonl
+
+matplotlib.use("Agg")  # files only, never a display: chosen before pyplot picks a backend
+import matplotlib.pyplot as plt  # noqa: E402
 
 # The phases of a rollout step, as the driver times them (perf/step_time is their sum plus overheads);
 # train_time covers log-probs, advantages and the optimizer steps of every role.
 PHASE_TIMES = ("perf/rollout_time", "perf/train_time", "perf/save_model_time", "perf/update_weights_time")
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def series(records: list[dict[str, Any]], key: str, axis: str) -> tuple[list[float], list[float]]:
@@ -52,7 +48,6 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | 
     steps, rewards = series(records, "rollout/raw_reward", "rollout/step")
     if not steps:
         return None
-    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     _reward_panel(ax, records)
     fig.tight_layout()
@@ -123,7 +118,6 @@ def plot_training_curves(metrics_path: str | Path, png_path: str | Path) -> Path
     records = read_jsonl(metrics_path, tolerant=True)
     if not series(records, "rollout/raw_reward", "rollout/step")[0]:
         return None
-    plt = _pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), dpi=90)
     _reward_panel(axes[0][0], records)
     _length_panel(axes[0][1], records)
@@ -159,7 +153,6 @@ def plot_sweep_rewards(runs: dict[str, Path], png_path: str | Path) -> Path | No
                 curves[label] = (x, y)
     if not curves:
         return None
-    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     for label, (x, y) in curves.items():
         ax.plot(x, y, marker="o", markersize=2, label=label)

@@ -12,7 +12,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.experimental.callback import Callback
+
+from slime.tracking.plot import plot_sweep_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +23,6 @@ logger = logging.getLogger(__name__)
 def job_label(job_dir: Path) -> str:
     overrides_file = job_dir / ".hydra" / "overrides.yaml"
     if overrides_file.exists():
-        import yaml
-
         overrides = yaml.safe_load(overrides_file.read_text()) or []
         shown = [o for o in overrides if not str(o).startswith(("hydra.", "paths."))]
         if shown:
@@ -36,8 +37,6 @@ def sweep_runs(sweep_dir: Path) -> dict[str, Path]:
 
 
 def write_sweep_plot(sweep_dir: str | Path) -> Path | None:
-    from slime.tracking.plot import plot_sweep_rewards
-
     sweep_dir = Path(sweep_dir)
     runs = sweep_runs(sweep_dir)
     return plot_sweep_rewards(runs, sweep_dir / "sweep_rewards.png") if runs else None

@@ -3,7 +3,8 @@
 Event files go to `<run dir>/tensorboard/`, so `tensorboard --logdir outputs/` shows every run. Each
 scalar keeps its wandb name and is plotted against its own step axis (`train/*` against train/step,
 `eval/*` against eval/step, everything else against rollout/step), the axes wandb declares. Written
-with TensorBoard's own event writer: no TensorFlow, no torch.
+with TensorBoard's own event writer: no TensorFlow, no torch. An optional library: the tracker imports this module
+only when `logger.tensorboard=true` (a missing package is a config error at start-up, slime.tracking.check).
 """
 
 from __future__ import annotations
@@ -12,22 +13,20 @@ import math
 import time
 from pathlib import Path
 
-from slime.tracking.wandb_run import STEP_AXES, axis_of
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from slime.tracking.step_axes import STEP_AXES, axis_of
 
 
 class TensorBoardSink:
     def __init__(self, run_dir: Path):
-        # a missing package is a config error at start-up (slime.tracking.check.check_sinks)
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
         self.log_dir = Path(run_dir) / "tensorboard"
         self._writer = EventFileWriter(str(self.log_dir))
 
     def log(self, record: dict[str, float]) -> None:
         """One event (metrics plus their step axes, as written to metrics.jsonl)."""
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
         axes = set(STEP_AXES.values())
         by_step: dict[int, list] = {}
         for key, value in record.items():

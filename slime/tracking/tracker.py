@@ -14,6 +14,7 @@ from slime.config.schema import LoggerConfig
 from slime.tracking import continuity
 from slime.tracking.jsonl import JsonlWriter
 from slime.tracking.naming import RunIdentity, store_run_id
+from slime.tracking.plot import write_run_plots
 from slime.tracking.progress import RunProgress
 from slime.tracking.wandb_run import WandbRun
 
@@ -48,6 +49,7 @@ class Tracker:
         self.samples = JsonlWriter(run_dir / "samples.jsonl")
         self.tensorboard = None
         if cfg.tensorboard:
+            # optional library: tensorboard (`pip install .[tensorboard]`), loaded only when logger.tensorboard=true
             from slime.tracking.tensorboard import TensorBoardSink
 
             self.tensorboard = TensorBoardSink(run_dir)
@@ -124,7 +126,6 @@ class Tracker:
         """The run's PNGs (slime.tracking.plot); a plot that fails is logged, never fails the run."""
         if not self.cfg.plot:
             return []
-        from slime.tracking.plot import write_run_plots
 
         try:
             return write_run_plots(self.run_dir / "metrics.jsonl", self.run_dir)

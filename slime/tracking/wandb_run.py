@@ -4,28 +4,28 @@ Naming and the run id come from slime.tracking.naming; with an id the run is ope
 `resume="allow"`, so a run resumed from its checkpoint continues the same wandb run. wandb's own step
 (`_step`) is the optimizer step a record belongs to (`optimizer_step`), a function of the record's
 axes: a resumed run logs after the last step its checkpoint covered, never over it, online or
-offline-then-synced. Charts use the declared axes (`STEP_AXES`). Secrets: wandb's own metadata
+offline-then-synced (`slime.tracking.step_axes`). Charts use the declared axes (`STEP_AXES`); the mode rule is
+`slime.tracking.wandb_mode` (validation reads it without loading wandb). Secrets: wandb's own metadata
 capture (which records the command line) is off; the env report replaces it, redacted.
 """
 
 from __future__ import annotations
 
-import netrc
-import os
 from pathlib import Path
 from typing import Any
 
 from slime.config.schema import WandbConfig
+from slime.tracking.step_axes import STEP_AXES, optimizer_step
+from slime.tracking.wandb_mode import resolve_mode
 
-# Step axes (REFERENCE.md §11): each metric family is plotted against its own counter.
-STEP_AXES = {
-    "train/*": "train/step",
-    "rollout/*": "rollout/step",
-    "perf/*": "rollout/step",
-    "multi_turn/*": "rollout/step",
-    "passrate/*": "rollout/step",
-    "eval/*": "eval/step",
-}
+
+def _wandb():
+    """The wandb module, imported only for a run that logs to it."""
+    import wandb  # optional library: the lent GPU image has none, and logger.wandb.mode=disabled runs without it
+
+    return wandb
+
+
 SAMPLE_COLUMNS = (
     "rollout_step",
     "index",
@@ -38,40 +38,6 @@ SAMPLE_COLUMNS = (
     "status",
     "weight_version",
 )
-
-
-def axis_of(key: str) -> str:
-    """The step axis a metric is plotted against (rollout/step for families not listed)."""
-    return STEP_AXES.get(key.split("/", 1)[0] + "/*", "rollout/step")
-
-
-def optimizer_step(record: dict[str, Any], steps_per_rollout: int) -> int:
-    """wandb's step for a record: train/step itself; a rollout's record: its last optimizer step; eval after
-    rollout e - 1 (eval/step = e): e·K - 1. Monotonic in the order the driver logs, and the same on a resume."""
-    k = max(steps_per_rollout, 1)
-    if "train/step" in record:
-        return int(record["train/step"])
-    if "rollout/step" in record:
-        return int(record["rollout/step"]) * k + k - 1
-    return max(int(record.get("eval/step", 0)) * k - 1, 0)
-
-
-def resolve_mode(cfg: WandbConfig) -> str:
-    """auto -> WANDB_MODE if set, else online with an API key (env or ~/.netrc), else offline."""
-    if cfg.mode != "auto":
-        return cfg.mode
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    return "online" if _has_api_key() else "offline"
-
-
-def _has_api_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
 
 
 class WandbRun:
@@ -87,9 +53,8 @@ class WandbRun:
         self.run_dir: str | None = None
         if self.mode == "disabled":
             return
-        import wandb
 
-        self.run = wandb.init(
+        self.run = _wandb().init(
             project=identity.project,
             entity=identity.entity,
             group=identity.group,
@@ -102,7 +67,7 @@ class WandbRun:
             mode=self.mode,
             id=identity.id,
             resume="allow",
-            settings=wandb.Settings(console="off", silent=True, x_disable_meta=True, disable_git=True),
+            settings=_wandb().Settings(console="off", silent=True, x_disable_meta=True, disable_git=True),
         )
         self.run_dir = str(Path(self.run.dir).parent)
         for axis in sorted(set(STEP_AXES.values())):
@@ -122,9 +87,8 @@ class WandbRun:
         """A fresh table per log (re-logging a growing table hits wandb#2981), under `rollout/samples`."""
         if self.run is None or not samples:
             return
-        import wandb
 
-        table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[_row(s) for s in samples])
+        table = _wandb().Table(columns=list(SAMPLE_COLUMNS), data=[_row(s) for s in samples])
         self.log({"rollout/step": rollout_id, "rollout/samples": table})
 
     def sync_command(self) -> str | None:
@@ -136,11 +100,9 @@ class WandbRun:
         may still be writing the offline run (measured: a 7-byte .wandb file right after it); `wandb.teardown()`
         waits for the service to flush and exit, before a run's process exits without finalisation."""
         if self.run is not None:
-            import wandb
-
             self.run.finish(exit_code=exit_code)
             self.run = None
-            wandb.teardown()
+            _wandb().teardown()
 
 
 def _row(sample: dict[str, Any]) -> list[Any]:

@@ -1,5 +1,5 @@
 """`TrainBackend`: the interface every training backend implements (fsdp today, megatron next), actor
-and critic alike; each rank receives a `TrainSetup` (`slime.train.setup`).
+and critic alike; each rank receives a `TrainSetup` (`slime.train.train_setup`).
 
 Backends are plain Python classes: the runtime wraps one per training rank in a Ray actor and sends
 every rank of a group the same calls in the same order; GPU tests drive them directly.
@@ -32,10 +32,13 @@ from typing import Any
 
 import torch
 
-from slime.sync.hf_files import Bucket, write_hf_dir
+from slime.registry import TRAIN_BACKENDS
+from slime.sync.base import SyncContext, connect_follower, connect_weight_sync
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup
+from slime.train.train_setup import TrainSetup
 from slime.types import TrainBatch
+from slime.wire.hf_dir import write_hf_dir
+from slime.wire.tensors import Bucket
 
 
 class TrainBackend(abc.ABC):
@@ -126,22 +129,16 @@ class TrainBackend(abc.ABC):
         """The full model as buckets of (HF name, tensor) of about `bucket_bytes` each; every rank runs
         it (it may gather collectively); the source rank's buckets are the ones used."""
 
-    def connect_weight_sync(self, mode: str, engine_urls: Sequence[str], context) -> None:
-        """Build the `rollout.weight_sync.mode` object on the source rank (others hold none)."""
+    def connect_weight_sync(self, mode: str, engine_urls: Sequence[str], context: SyncContext) -> None:
+        """Build the `rollout.weight_sync.mode` object on the source rank, which builds its own engine clients
+        from `engine_urls`; other ranks hold the mode's follower, if it has one (`WeightSync.follower`)."""
         if self.weight_sync is not None:
             self.weight_sync.close()
             self.weight_sync = None
         if self.layout.is_source(self.rank):
-            from slime.engine.base import engine_client
-            from slime.registry import WEIGHT_SYNC
-
-            engines = [engine_client(context.engine, url) for url in engine_urls]
-            self.weight_sync = WEIGHT_SYNC.load(mode)(engines, context)
-        elif mode == "tensor":
-            from slime.sync.tensor import TensorHandleFollower, needs_follower
-
-            if needs_follower(context):  # stages per-TP-rank handles on this rank's device (slime.sync.tensor)
-                self.weight_sync = TensorHandleFollower(context, self.rank)
+            self.weight_sync = connect_weight_sync(mode, engine_urls, context)
+        else:  # tensor mode with per-TP-rank handles: this rank stages its own (slime.sync.tensor)
+            self.weight_sync = connect_follower(mode, context, self.rank)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
         """Push the current weights to every engine (collective); `perf/*` timings from the source rank."""
@@ -183,6 +180,4 @@ class TrainBackend(abc.ABC):
 
 def get_backend_class(name: str, role: str = "actor") -> type[TrainBackend]:
     """The class registered for `parallelism.backend=<name>` and `role` (actor | critic)."""
-    from slime.registry import TRAIN_BACKENDS
-
     return TRAIN_BACKENDS.load(name, role)

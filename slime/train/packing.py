@@ -22,8 +22,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import AttentionInterface
 
 from slime.algo import chunked_log_probs_and_entropy
+
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # a torch without FlashAttention varlen
+    varlen_attn = None
 
 ATTN_IMPLEMENTATION = "slime_varlen"
 
@@ -91,9 +97,7 @@ def pack(token_lists: list[list[int]], response_lengths: list[int], device: torc
 @functools.cache
 def _varlen_kernel() -> tuple[Callable | None, bool]:
     """(torch's `varlen_attn` or None when this torch has none, whether it takes `enable_gqa`)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch without FlashAttention varlen
+    if varlen_attn is None:
         return None, False
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
@@ -205,7 +209,5 @@ def log_probs_and_entropy(
 
 def register() -> str:
     """Register the packed attention with transformers (idempotent); returns its `attn_implementation`."""
-    from transformers import AttentionInterface
-
     AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
     return ATTN_IMPLEMENTATION

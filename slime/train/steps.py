@@ -13,7 +13,7 @@ import torch
 from slime.algo import clipped_value_loss, reduce, token_weights
 from slime.train import batching
 from slime.train.actor_loss import actor_loss
-from slime.train.advantages import compute_advantages
+from slime.train.token_advantages import compute_advantages
 from slime.types import TrainBatch
 
 LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs"}

@@ -25,8 +25,8 @@ from slime.plan.validate import collect_problems
 from slime.registry import listing
 from slime.rollout.postprocess import post_process_rewards
 from slime.train.actor_loss import actor_loss
-from slime.train.advantages import compute_advantages
-from slime.train.setup import needs_old_log_probs
+from slime.train.token_advantages import compute_advantages
+from slime.train.train_setup import needs_old_log_probs
 from tests.conftest import CONF, typed_config
 
 F64 = dict(dtype=torch.float64)

@@ -233,7 +233,7 @@ def _summary(body: Any) -> Any:
 
 
 def _memory_name(item: Any) -> str:
-    from slime.sync import bucket_codec
+    from slime.wire import bucket_codec
 
     try:
         rebuild, _ = bucket_codec.describe(item)

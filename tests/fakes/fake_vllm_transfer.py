@@ -14,7 +14,7 @@ infos and their checks; pickled IPC handles need VLLM_ALLOW_INSECURE_SERIALIZATI
 vLLM's transfer engines need an accelerator:
 
 - nccl: every worker of the server (`world_size_across_dp` of them) joins the trainer's group as rank
-  `rank_offset + i` (`nccl_common.worker_init_process_group`), over gloo (`slime.sync.wire`, one store prefix
+  `rank_offset + i` (`nccl_common.worker_init_process_group`), over gloo (`slime.wire.bare_group`, one store prefix
   for the group, as `VLLMClient` uses) instead of PyNccl; unpacked transfers only: one broadcast per tensor
   in the listed order (`NCCLWeightTransferEngine.receive_weights` with packed=False).
 - ipc: packed transfers only; the handle dict's key is "cpu" where vLLM's is the GPU's UUID, its value
@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 import torch
 
-from slime.sync import wire
+from slime.wire import bare_group
 
 GROUP = "vllm-weight-transfer"  # the store prefix of the trainer's group (slime.engine.vllm.nccl_group)
 
@@ -98,9 +98,9 @@ class WeightTransferRoutes:
     async def _join(self, info) -> None:
         address, port, world = str(info.master_address), int(info.master_port), int(info.world_size)
 
-        def join(rank: int) -> wire.WeightGroup:
-            store = wire.create_store(address, port, world, is_master=False, timeout_s=600)
-            return wire.WeightGroup(
+        def join(rank: int) -> bare_group.WeightGroup:
+            store = bare_group.create_store(address, port, world, is_master=False, timeout_s=600)
+            return bare_group.WeightGroup(
                 store, rank=rank, world_size=world, group_name=GROUP, backend="gloo", timeout_s=600, address=address
             )
 

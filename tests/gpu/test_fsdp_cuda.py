@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 import torch
 
+from slime.net import free_port
 from tests.train.fsdp.test_fsdp_backend import (
     batches_for,
     log_probs,
@@ -18,12 +18,6 @@ from tests.train.fsdp.test_fsdp_backend import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_fsdp2_bf16_training_on_cuda(tiny_model_dir, tmp_path):

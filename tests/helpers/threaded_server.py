@@ -8,7 +8,8 @@ from typing import Optional
 
 from aiohttp import web
 
-from slime.engine.process import free_port, http_url
+from slime.engine.process import http_url
+from slime.net import free_port
 
 
 class ThreadedServer:

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from slime.engine.http_client import EngineHTTPError
-from slime.sync import bucket_codec
 from slime.sync.base import SyncContext
+from slime.wire import bucket_codec
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
 from tests.helpers.weights import engine_checksums, trainer_checksums
 from tests.sync.test_disk_sync import trained  # noqa: F401 - the module-scoped trained fsdp rank

@@ -11,8 +11,8 @@ import pytest
 from slime.config.schema import LoggerConfig, WandbConfig
 from slime.tracking.env_report import tracker_config
 from slime.tracking.naming import HydraRun, run_identity, store_run_id, stored_run_id
+from slime.tracking.step_axes import optimizer_step
 from slime.tracking.tracker import Tracker
-from slime.tracking.wandb_run import optimizer_step
 from tests.conftest import typed_config
 from tests.helpers.wandb_files import offline_runs
 

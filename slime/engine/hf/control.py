@@ -29,6 +29,7 @@ import time
 import uuid
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest
@@ -70,8 +71,6 @@ def parse_tags(tags: Any) -> list[str]:
 def empty_device_cache(device: str, *, collect: bool) -> None:
     """Return cached CUDA blocks to the driver; `collect` first frees unreachable tensors (a full
     `gc.collect()` takes 0.2-0.3 s with torch and transformers loaded, so only memory release does it)."""
-    import torch
-
     if collect:
         gc.collect()
     if device.startswith("cuda") and torch.cuda.is_available():

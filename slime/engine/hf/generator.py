@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+from transformers import DynamicCache
 
 from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS, DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.sampling import LogitsSampler, SamplingParams
@@ -177,7 +178,6 @@ class Generator:
         hit = self.prefix_cache.get(prompts[0]) if alone else None
         if hit is not None:
             return hit.cache, hit.logits, True
-        from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         out = self.model(

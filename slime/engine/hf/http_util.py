@@ -7,6 +7,7 @@ import json
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from slime.engine.hf.generator import GenerationError
 
@@ -18,8 +19,6 @@ class DropMalformedRequestErrors(logging.Filter):
     only and would log every probe as an error with a traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from aiohttp.http_exceptions import BadHttpMessage
-
         return not (record.exc_info and isinstance(record.exc_info[1], BadHttpMessage))
 
 

@@ -25,7 +25,9 @@ import sys
 import time
 from typing import Any
 
+import torch
 from aiohttp import web
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime.engine.hf.control import EngineControl
 from slime.engine.hf.generator import GenerationError, Generator
@@ -43,9 +45,6 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
 
 def load_model(model_path: str, device: str, dtype: str):
     """(model, tokenizer) from an HF dir; dtype auto = bf16 on cuda, fp32 on cpu."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     name = _DTYPES.get(dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, name))
     model = model.to(device).eval()
@@ -193,8 +192,6 @@ class HFServer:
 
 def _device_memory_allocated(device: str) -> int:
     """Bytes held by torch's CUDA allocator on the current device (0 on CPU)."""
-    import torch
-
     return int(torch.cuda.memory_allocated()) if device.startswith("cuda") and torch.cuda.is_available() else 0
 
 
@@ -269,7 +266,6 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s [hf-engine pid=%(process)d] %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.server").addFilter(DropMalformedRequestErrors())
-    import torch
 
     torch.set_num_threads(max(1, args.num_threads))
     asyncio.run(serve(args))

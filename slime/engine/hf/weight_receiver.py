@@ -2,10 +2,10 @@
 
     /begin_weight_update              open the update session (tensor and distributed updates need one)
     /end_weight_update                close it
-    /init_weights_update_group        join the trainer's broadcast group (`slime.sync.weight_group`)
+    /init_weights_update_group        join the trainer's broadcast group (`slime.wire.weight_group`)
     /update_weights_from_distributed  receive the listed tensors from rank 0 in order, then load them
     /destroy_weights_update_group     leave the group
-    /update_weights_from_tensor       open TP rank 0's serialised flattened bucket (`slime.sync.bucket_codec`)
+    /update_weights_from_tensor       open TP rank 0's serialised flattened bucket (`slime.wire.bucket_codec`)
                                       and copy it in
     /weights_checker                  snapshot | reset_tensors | compare | checksum (`weight_checker.py`)
 
@@ -33,8 +33,9 @@ from aiohttp import web
 
 from slime.engine.hf.weight_checker import WeightChecker, checker_reply
 from slime.engine.hf.weights import WeightLoadError, load_weights_strict
-from slime.sync import bucket_codec, wire
-from slime.sync.weight_group import CustomWeightGroup
+from slime.wire import bucket_codec
+from slime.wire.tensors import parse_dtype
+from slime.wire.weight_group import CustomWeightGroup
 
 logger = logging.getLogger("slime.engine.hf.weight_receiver")
 
@@ -235,7 +236,7 @@ class WeightReceiver:
             raise WeightLoadError(
                 f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
             )
-        parsed = [wire.parse_dtype(d) for d in dtypes]  # fails before any broadcast is awaited
+        parsed = [parse_dtype(d) for d in dtypes]  # fails before any broadcast is awaited
         return self.receive(group, list(names), parsed, [list(s) for s in shapes])
 
     # ---- loading (model thread) ---------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 _MAX_LISTED = 8  # names listed per category in an error message
 
@@ -22,8 +23,6 @@ class WeightLoadError(ValueError):
 
 def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of all `*.safetensors` files under `path` (CPU tensors, file dtype)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_dir():
         raise WeightLoadError(f"model_path {str(path)!r} is not a directory")

@@ -190,7 +190,7 @@ class VLLMClient(EngineClient):
         flush_cache: bool = False,
         timeout: float = 600.0,
     ) -> dict:
-        """One flattened bucket (`slime.sync.bucket_codec` items, one per engine TP rank) as vLLM's packed IPC update."""
+        """One flattened bucket (`slime.wire.bucket_codec` items, one per engine TP rank) as vLLM's packed IPC update."""
         from slime.engine.vllm.protocol import ipc_update_info
 
         if not self._ipc_ready:

@@ -16,6 +16,7 @@ it only for an installed version other than the pinned one.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import importlib.metadata
@@ -116,8 +117,6 @@ def parser_fields() -> Optional[dict[str, dict[str, str]]]:
     vllm/entrypoints/launchers/cli_args.py: its own flags + FrontendArgs + AsyncEngineArgs), sorted by name;
     None when vllm does not import. Types come from the AsyncEngineArgs and FrontendArgs dataclass fields
     ("" for flags that are no field). Imports vllm (seconds)."""
-    import argparse
-
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.cli_args import FrontendArgs, make_arg_parser

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from slime.net import free_port
+from slime.wire import bare_group
+
 WEIGHT_GROUP_PREFIX = "vllm-weight-transfer"  # the store prefix of a gloo group (the CPU tests' fake joins it)
 
 
@@ -40,23 +43,18 @@ class VLLMTrainerEnd:
     """Rank 0's end before the group forms: `port` to send in `init_info`, `join()` once the workers join."""
 
     def __init__(self, *, address: str, world_size: int, backend: str, timeout_s: float):
-        from slime.engine.process import free_port
-        from slime.sync import wire
-
         self.address, self.world_size, self.backend, self.timeout_s = address, world_size, backend, timeout_s
         self.store = None
         if backend == "nccl":
             self.port = free_port(address)  # vLLM's StatelessProcessGroup binds it itself
         else:
-            self.store = wire.create_store(address, 0, world_size, is_master=True, timeout_s=timeout_s)
+            self.store = bare_group.create_store(address, 0, world_size, is_master=True, timeout_s=timeout_s)
             self.port = int(self.store.port)
 
     def join(self):
         if self.store is None:
             return VLLMNCCLGroup(address=self.address, port=self.port, world_size=self.world_size)
-        from slime.sync import wire
-
-        return wire.WeightGroup(
+        return bare_group.WeightGroup(
             self.store,
             rank=0,
             world_size=self.world_size,

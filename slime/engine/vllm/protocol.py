@@ -94,11 +94,11 @@ def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str
 
 def ipc_update_info(items: Sequence[str]) -> dict[str, Any]:
     """vLLM's packed IPC `update_info` for one flattened bucket given as SGLang-format items
-    (`slime.sync.bucket_codec`, one per engine TP rank): names, dtype_names, shapes, tensor_sizes (bytes, in
+    (`slime.wire.bucket_codec`, one per engine TP rank): names, dtype_names, shapes, tensor_sizes (bytes, in
     buffer order) and `ipc_handles_pickled`, base64 of a pickled {device key: rebuild args} (the GPU's UUID
     for CUDA IPC, with torch's device index of this process; "cpu" for a shared-memory segment:
     (path, byte offset of the data, bytes))."""
-    from slime.sync import bucket_codec
+    from slime.wire import bucket_codec
 
     handles: dict[str, Any] = {}
     metadata = None

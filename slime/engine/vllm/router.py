@@ -24,6 +24,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any, Optional
 
 from slime.engine import http_client
+from slime.engine.process import terminate_process
 from slime.engine.router import Router, RouterError, check_health_switch, health_switch_flags
 from slime.engine.vllm.engine_args import router_flags
 
@@ -71,8 +72,6 @@ class VLLMRouter(Router):
 
     def _restart(self) -> None:
         if self.process is not None:
-            from slime.engine.process import terminate_process
-
             proc, self.process = self.process, None
             terminate_process(proc, grace_s=5.0)
         self.start_process()

@@ -11,11 +11,12 @@ import contextlib
 import time
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
-from slime.train.setup import needs_ref
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+from slime.train.train_setup import needs_ref
 from slime.types import TrainBatch
 
 
@@ -38,8 +39,6 @@ class FSDPBackend(ActorSteps, FSDPRank):
         return 0
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
-        from transformers import AutoModelForCausalLM
-
         # fp32 master weights; bf16 compute comes from FSDP2's policy or autocast (`FSDPOptions`)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=packing.register())
         return model.to(self.device)

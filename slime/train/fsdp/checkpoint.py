@@ -24,11 +24,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from slime.sync.hf_files import copy_side_files
 from slime.train.checkpoint_files import publish as _publish
 from slime.train.checkpoint_files import replace_text, staging_dir
 from slime.train.fsdp import parallel
 from slime.train.rng import rng_state, set_rng_state
+from slime.wire.hf_dir import copy_side_files
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
@@ -33,8 +34,6 @@ class FSDPCritic(CriticSteps, FSDPRank):
         return 0
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
-        from transformers import AutoConfig, AutoModelForTokenClassification
-
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)  # no dropout on values
         model = AutoModelForTokenClassification.from_pretrained(
             path, config=config, dtype=dtype, attn_implementation=packing.register()

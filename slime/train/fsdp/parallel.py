@@ -20,6 +20,9 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from slime.train.layout import RankLayout
 
@@ -52,8 +55,6 @@ class Groups:
         self.mesh = None
         self.dp = self.tp = None
         if layout.tp > 1:
-            from torch.distributed.device_mesh import init_device_mesh
-
             # Rank order tp fastest, then dp (RankLayout): a (dp, tp) row-major mesh.
             self.mesh = init_device_mesh(device, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
             self.dp, self.tp = self.mesh.get_group("dp"), self.mesh.get_group("tp")
@@ -73,7 +74,6 @@ def apply_tensor_parallel(model: nn.Module, groups: Groups) -> None:
     """Split every decoder layer's projections over the tp ranks (no-op with tp = 1)."""
     if groups.mesh is None:
         return
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     plan = {name: ColwiseParallel() for name in TP_COLWISE} | {name: RowwiseParallel() for name in TP_ROWWISE}
     for layer in model.model.layers:
@@ -92,7 +92,6 @@ def apply_data_parallel(
     """
     if not uses_fsdp(device):
         return model
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     # One dp rank holds every parameter anyway: resharding after the forward would only gather again in the backward.
     options: dict = {"mesh": groups.dp_mesh(), "reshard_after_forward": groups.layout.dp > 1}

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from slime.sync.hf_files import Bucket, in_buckets
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
@@ -22,6 +21,7 @@ from slime.train.fsdp import checkpoint, parallel
 from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
+from slime.wire.tensors import Bucket, in_buckets
 
 # (micro-batch sample indices, token weights Tensor[T], loss mask Tensor[T]) -> (loss, weighted metrics)
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]

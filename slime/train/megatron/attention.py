@@ -27,6 +27,13 @@ from torch import Tensor
 
 from slime.train.megatron import rope
 
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # a torch without FlashAttention varlen
+    varlen_attn = None
+import torch.distributed.nn.functional as dist_fn
+from megatron.core import parallel_state as ps
+
 
 @dataclass(frozen=True)
 class Segments:
@@ -74,8 +81,6 @@ def reassemble(gathered: list[Tensor], cu_seqlens: list[int], cp: int) -> Tensor
 
 
 def _gather_cp(t: Tensor, group, cp: int, cu: list[int]) -> Tensor:
-    import torch.distributed.nn.functional as dist_fn
-
     return reassemble(list(dist_fn.all_gather(t.contiguous(), group=group)), cu, cp)
 
 
@@ -85,9 +90,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, seg: Segments, *, scale: float) -> T
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        kernel = _varlen_kernel()
-        if kernel is not None:
-            return _varlen(kernel, q, k, v, seg, scale)
+        if varlen_attn is not None:
+            return _varlen(varlen_attn, q, k, v, seg, scale)
     outs = []
     for (qs, qe), (ks, ke) in zip(seg.q_bounds, seg.k_bounds):
         qi, ki, vi = (x.transpose(0, 1) for x in (q[qs:qe], k[ks:ke], v[ks:ke]))  # [h, n, d]
@@ -99,14 +103,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, seg: Segments, *, scale: float) -> T
             out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
         outs.append(out.transpose(0, 1))
     return torch.cat(outs)
-
-
-def _varlen_kernel():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # a torch without FlashAttention varlen
-        return None
-    return varlen_attn
 
 
 def _varlen(kernel, q: Tensor, k: Tensor, v: Tensor, seg: Segments, scale: float) -> Tensor:
@@ -154,8 +150,8 @@ class PackedAttention(torch.nn.Module):
         self.scale = kwargs.get("softmax_scale") or config.kv_channels**-0.5
         pg = kwargs.get("pg_collection")
         self.cp_group = getattr(pg, "cp", None) if pg is not None else None
-        # looked up once here, not per call (a compiled layer then traces no import or signature check)
-        self.kernel = _varlen_kernel()
+        # looked up once here, not per call (a compiled layer then traces no signature check)
+        self.kernel = varlen_attn
         self.native_gqa = self.kernel is not None and _takes_gqa(self.kernel)
 
     def forward(
@@ -194,6 +190,4 @@ class PackedAttention(torch.nn.Module):
 
 
 def _cp_group():
-    from megatron.core import parallel_state as ps
-
     return ps.get_context_parallel_group()

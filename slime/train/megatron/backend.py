@@ -16,8 +16,8 @@ from slime.train.megatron import hf_weights
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
-from slime.train.setup import needs_ref
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+from slime.train.train_setup import needs_ref
 
 
 class MegatronBackend(ActorSteps, MegatronRank):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from megatron.core.packed_seq_params import PackedSeqParams
 from torch import Tensor
 
 from slime.train.megatron import rope
@@ -64,7 +65,6 @@ class MicroBatch:
 def _params_class():
     """megatron's PackedSeqParams plus what every layer would otherwise recompute or read back from the
     device: the host copy of cu_seqlens and the micro-batch's RoPE tables (`slime.train.megatron.rope`)."""
-    from megatron.core.packed_seq_params import PackedSeqParams
 
     @dataclass
     class PackedParams(PackedSeqParams):

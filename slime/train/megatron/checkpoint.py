@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from megatron.core import dist_checkpointing, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from slime.config.schema import ModelConfig
 from slime.train.checkpoint_files import publish, replace_text, staging_dir
@@ -93,8 +95,6 @@ def _apply_model_state(chunks, loaded: dict, *, without_head: bool = False) -> N
 
 
 def _rng_state() -> dict:
-    from megatron.core import tensor_parallel
-
     return {
         "random": random.getstate(),
         "numpy": np.random.get_state(),
@@ -105,8 +105,6 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    from megatron.core import tensor_parallel
-
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -117,8 +115,6 @@ def _set_rng_state(state: dict) -> None:
 
 def _rng_object(state: dict | None):
     """Each rank's RNG as its own sharded object (offset = global rank)."""
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-
     return ShardedObject("rng_state", state, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)
 
 
@@ -182,8 +178,6 @@ def _commit(staging: Path, final: Path, root: Path, iteration: int | str) -> Non
 
 def save(backend, root: Path, rollout_id: int) -> None:
     """Model, optimizer, scheduler, counters and RNG for `rollout_id` under `root`; collective."""
-    from megatron.core import dist_checkpointing
-
     with_optimizer = not backend.setup.checkpoint.no_save_optim
     state = _full_state(backend, with_optimizer=with_optimizer, rng=_rng_state(), loading=False)
     state.update(
@@ -200,8 +194,6 @@ def save(backend, root: Path, rollout_id: int) -> None:
 
 def save_weights(chunks, root: str | Path, *, iteration: int | str = RELEASE) -> Path:
     """Model weights only under `root` (default: the `release` directory of a conversion); collective."""
-    from megatron.core import dist_checkpointing
-
     target = iter_dir(root, iteration)
     _fresh_dir(staging_dir(target))
     state = _model_state(chunks)
@@ -217,8 +209,6 @@ def load_weights(
     """Weights only into this rank's chunks, from an HF directory or a torch_dist root (its tracker's
     iteration, or `ckpt_step`); head="value" (a critic) keeps its value head as built. Call the optimizer's
     `reload_model_params()` afterwards if it exists."""
-    from megatron.core import dist_checkpointing
-
     if read_tracker(path) is None and ckpt_step is None:
         if not is_hf_dir(path):
             raise FileNotFoundError(f"{path}: neither an HF model (config.json + *.safetensors) nor a torch_dist root")
@@ -233,8 +223,6 @@ def load_weights(
 def load(backend, root: str, ckpt_step: int | None) -> int:
     """`checkpoint.load` of a role (actor or critic): resume from `root` (returns iteration + 1), or without
     a tracker start from `checkpoint.ref_load`'s weights (returns 0); a `release` root gives weights only."""
-    from megatron.core import dist_checkpointing
-
     if ckpt_step is None and read_tracker(root) in (None, RELEASE):
         source = root if read_tracker(root) == RELEASE else backend.setup.checkpoint.ref_load
         if source is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,13 @@ import torch
 
 from slime.config.hf_config import model_fields_from_hf
 from slime.config.schema import ModelConfig, ParallelismConfig
+from slime.net import free_port
+from slime.train.layout import RankLayout
+from slime.train.megatron import checkpoint, hf_weights, parallel
+from slime.train.megatron.checkpoint import RELEASE, TRACKER
+from slime.train.megatron.model_config import build_model_chunks, transformer_config
+from slime.train.megatron.weights.names import check_supported
+from slime.wire.hf_dir import write_hf_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,20 +40,9 @@ def hf_dtype(hf_dir: str | Path) -> torch.dtype:
     return _DTYPES.get(config.get("torch_dtype") or config.get("dtype"), torch.float32)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def single_process_model(model: ModelConfig, dtype: torch.dtype) -> Iterator[list]:
     """This process as the only megatron rank (gloo, CPU shims) with `model` built; torn down after."""
-    from slime.train.layout import RankLayout
-    from slime.train.megatron import parallel
-    from slime.train.megatron.model_config import build_model_chunks, transformer_config
-    from slime.train.megatron.weights.names import check_supported
-
     check_supported(model)
     parallel.init(
         device="cpu",
@@ -55,7 +50,7 @@ def single_process_model(model: ModelConfig, dtype: torch.dtype) -> Iterator[lis
         layout=RankLayout(dp=1),
         vpp=None,
         master_addr="127.0.0.1",
-        master_port=_free_port(),
+        master_port=free_port(),
         seed=0,
     )
     try:
@@ -71,8 +66,6 @@ def single_process_model(model: ModelConfig, dtype: torch.dtype) -> Iterator[lis
 def checkpoint_root(input_dir: str | Path) -> tuple[Path, int | str | None]:
     """(root, iteration) for a torch_dist ROOT (iteration None: its tracker's) or one of its iter_/release
     directories, which the seeds' conversion command passes."""
-    from slime.train.megatron.checkpoint import RELEASE, TRACKER
-
     path = Path(input_dir).resolve()
     if (path / TRACKER).exists():
         return path, None
@@ -85,8 +78,6 @@ def checkpoint_root(input_dir: str | Path) -> tuple[Path, int | str | None]:
 
 def hf_to_torch_dist(hf_dir: str | Path, save: str | Path) -> Path:
     """Convert the HF checkpoint at `hf_dir` into `save/release` (tracker "release"); returns that dir."""
-    from slime.train.megatron import checkpoint, hf_weights
-
     model = hf_model_config(hf_dir)
     with single_process_model(model, hf_dtype(hf_dir)) as chunks:
         hf_weights.load_hf(chunks, hf_dir, model)
@@ -96,9 +87,6 @@ def hf_to_torch_dist(hf_dir: str | Path, save: str | Path) -> Path:
 def torch_dist_to_hf(input_dir: str | Path, output_dir: str | Path, origin_hf_dir: str | Path) -> int:
     """Write the model of a torch_dist checkpoint as an HF directory (config and tokenizer copied from
     `origin_hf_dir`, which also gives the architecture); returns the bytes of weights written."""
-    from slime.sync.hf_files import write_hf_dir
-    from slime.train.megatron import checkpoint, hf_weights
-
     model = hf_model_config(origin_hf_dir)
     dtype = hf_dtype(origin_hf_dir)
     root, iteration = checkpoint_root(input_dir)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from megatron.core.tensor_parallel import random as mrandom
+from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 from torch.overrides import TorchFunctionMode
 
 _MARK = "_slime_megatron_cpu_shims"  # attribute on torch.cuda: set once the shims are active
@@ -112,8 +114,6 @@ class CpuRNGStatesTracker:
 
     @staticmethod
     def create():
-        from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
-
         class _Tracker(CudaRNGStatesTracker):
             def add(self, name, seed):
                 self._is_initialized = True
@@ -140,8 +140,6 @@ class CpuRNGStatesTracker:
 def seed_rng_tracker(seed: int, *, tp_rank: int, ep_rank: int, etp_rank: int) -> None:
     """Megatron's three RNG streams on CPU generators, seeded as `model_parallel_cuda_manual_seed` seeds
     them: data parallel `seed`, model parallel `seed + 2718 + tp_rank`, expert `seed + 1024 + 100·ep + etp`."""
-    from megatron.core.tensor_parallel import random as mrandom
-
     tracker = CpuRNGStatesTracker.create()
     # (H) activation recomputation saves and restores the "CUDA" state beside the CPU one: the CPU one is all
     mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()

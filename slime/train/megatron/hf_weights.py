@@ -26,11 +26,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.utils import unwrap_model
 
 from slime.config.schema import ModelConfig
-from slime.sync.hf_files import Bucket, in_buckets
 from slime.train.megatron.weights import names, sharding
-from slime.train.megatron.weights.hf_files import HFReader
+from slime.train.megatron.weights.hf_reader import HFReader
+from slime.wire.tensors import Bucket, in_buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +46,6 @@ class LocalParam:
 
 def unwrap(chunks) -> list[torch.nn.Module]:
     """The bare GPTModel of each chunk (DDP / Float16Module wrappers removed)."""
-    from megatron.core.utils import unwrap_model
-
     return unwrap_model(list(chunks) if isinstance(chunks, list | tuple) else [chunks])
 
 
@@ -79,8 +79,6 @@ def local_parameters(chunks) -> list[LocalParam]:
 
 def _split_group(name: str):
     """(group, rank, size) over which parameter `name` is tensor-parallel split."""
-    from megatron.core import parallel_state as ps
-
     if sharding.is_expert(name):
         return (
             ps.get_expert_tensor_parallel_group(),
@@ -134,8 +132,6 @@ def _all_gather(tensor: torch.Tensor, group, size: int) -> list[torch.Tensor]:
 
 def _unit_names(unit: str, model_cfg: ModelConfig) -> list[str]:
     """Global megatron names a unit stands for: every ep rank's expert j for an expert unit."""
-    from megatron.core import parallel_state as ps
-
     layer, rest = names.split_layer(unit)
     local_expert, tail = names.split_expert(rest)
     if local_expert is None:
@@ -150,8 +146,6 @@ def _unit_names(unit: str, model_cfg: ModelConfig) -> list[str]:
 
 def _gather_unit(p: LocalParam, model_cfg: ModelConfig, table: dict) -> list[tuple[str, torch.Tensor]]:
     """The owning stage's HF tensors of one unit (tp shards merged, every ep rank's expert)."""
-    from megatron.core import parallel_state as ps
-
     layout = sharding.tp_layout(p.name)
     group, _, size = _split_group(p.name)
     tensor = p.param.detach()
@@ -172,8 +166,6 @@ def _gather_unit(p: LocalParam, model_cfg: ModelConfig, table: dict) -> list[tup
 
 def _stage_units(params: list[LocalParam], model_cfg: ModelConfig) -> list[tuple[int, str, torch.dtype]]:
     """(owning pp stage, unit, dtype) of every exported unit of the pipeline, stage by stage."""
-    from megatron.core import parallel_state as ps
-
     mine = [
         (p.unit, p.param.dtype)
         for p in params
@@ -190,8 +182,6 @@ def _stage_units(params: list[LocalParam], model_cfg: ModelConfig) -> list[tuple
 def export_hf(chunks, model_cfg: ModelConfig, bucket_bytes: int) -> Iterator[Bucket]:
     """Buckets of about `bucket_bytes` of (HF name, whole tensor) for the whole model; every rank must run
     it to the end (collective). Tensors keep the parameters' dtype and device."""
-    from megatron.core import parallel_state as ps
-
     table = names.rule_table(model_cfg)
     params = local_parameters(chunks)
     by_unit = {p.unit: p for p in params}

@@ -18,6 +18,10 @@ from __future__ import annotations
 import functools
 
 import torch
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+)
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -48,8 +52,6 @@ def _chunk(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, 
         sums.append((exp * shifted).sum(-1))
     stacked = torch.stack(sums, dim=-1)
     if tp > 1:
-        from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
-
         stacked = reduce_from_tensor_model_parallel_region(stacked, group=group)
     log_s = stacked[:, 0].log()
     log_probs = stacked[:, 1] - log_s
@@ -72,8 +74,6 @@ def vocab_parallel_log_probs(
     """(log_probs Tensor[n], entropy Tensor[n] | None), fp32 nats, of `targets` (Tensor[n] int64, full
     vocab ids) under softmax(hidden @ weight.T / T); hidden: Tensor[n, h] (replicated over the tp
     `group`), weight: Tensor[V/tp, h], this rank's vocab shard. Grad if enabled."""
-    from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
-
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     tp = torch.distributed.get_world_size(group) if group is not None and torch.distributed.is_initialized() else 1

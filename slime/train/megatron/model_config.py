@@ -5,8 +5,8 @@ megatron-core's TransformerConfig; `layer_spec` is megatron's local layer spec (
 names: decoder.layers.N.self_attention.linear_qkv.weight, ...mlp.experts.local_experts.E.linear_fc1.weight)
 with the project's packed attention in place of core_attention (which also applies RoPE, from tables
 built once per micro-batch: `slime.train.megatron.rope`); `build_model_chunks` builds one GPTModel
-per virtual pipeline stage of this rank. megatron is imported inside the functions only: the package
-must import on machines without megatron-core.
+per virtual pipeline stage of this rank. Like every module of `slime.train.megatron`, it imports megatron-core at
+module level: the package is loaded only when `parallelism.backend=megatron` (through `slime.registry`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.moe import moe_utils
 
 from slime.config.schema import ModelConfig, ParallelismConfig
+from slime.train.megatron import rope
+from slime.train.megatron.attention import PackedAttention
 
 ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen2", "llama", "glm4")
-# HF rope_scaling types megatron-core's RotaryEmbedding implements (Llama-3's frequency scaling)
-LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
 def transformer_config(
@@ -32,8 +38,6 @@ def transformer_config(
     extra: dict[str, Any] | None = None,
 ):
     """megatron-core TransformerConfig for this model and layout; `extra` = parallelism.megatron fields."""
-    from megatron.core.transformer import TransformerConfig
-
     m, p = model_cfg, parallelism_cfg
     if m.architecture not in ARCHITECTURES:
         raise ValueError(f"model.architecture={m.architecture!r}: expected one of {ARCHITECTURES}")
@@ -138,10 +142,6 @@ def _recompute_fields(p: ParallelismConfig) -> dict[str, Any]:
 
 def layer_spec(config):
     """megatron's local layer spec (RMSNorm, SequentialMLP experts) with `PackedAttention` as core attention."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    from slime.train.megatron.attention import PackedAttention
-
     spec = get_gpt_layer_local_spec(
         num_experts=config.num_moe_experts,
         moe_grouped_gemm=False,
@@ -152,23 +152,6 @@ def layer_spec(config):
     return spec
 
 
-def rope_kwargs(m: ModelConfig) -> dict[str, Any]:
-    """GPTModel's rotary arguments; HF's Llama-3 rope_scaling maps onto megatron's llama3 scaling."""
-    kwargs: dict[str, Any] = {"rotary_base": m.rotary_base, "rotary_percent": m.rotary_percent}
-    scaling = m.rope_scaling
-    if not scaling:
-        return kwargs
-    kind = scaling.get("rope_type", scaling.get("type"))
-    extra = {k: float(scaling.get(k, v)) for k, v in LLAMA3_ROPE_DEFAULTS.items()}
-    if kind != "llama3" or extra != {k: float(v) for k, v in LLAMA3_ROPE_DEFAULTS.items()}:
-        raise ValueError(
-            f"model.rope_scaling={dict(scaling)}: the megatron backend implements rope_type llama3 with "
-            f"{LLAMA3_ROPE_DEFAULTS} only"
-        )
-    kwargs.update(rope_scaling=True, rope_scaling_factor=float(scaling["factor"]))
-    return kwargs
-
-
 def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> list[torch.nn.Module]:
     """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device.
 
@@ -176,12 +159,9 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
     from them vocab-parallel (`slime.train.megatron.logprobs`). head="value": a [1, hidden] value head
     (`output_layer.weight`), the critic's.
     """
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-
     if config.num_moe_experts:
         _moe_without_te()
-    rope_kwargs(model_cfg)  # a rope_scaling megatron lacks fails here, before anything is built
+    rope.rope_kwargs(model_cfg)  # a rope_scaling megatron lacks fails here, before anything is built
     spec = layer_spec(config)
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
@@ -229,8 +209,6 @@ def _norms_in_params_dtype(model, dtype: torch.dtype) -> None:
 def _moe_without_te() -> None:
     """megatron-core 0.16's MoE router reads `moe_utils.te_general_gemm`, which is only defined when
     Transformer Engine imports; without TE it must be None (the plain matmul path)."""
-    from megatron.core.transformer.moe import moe_utils
-
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
 
@@ -238,8 +216,6 @@ def _moe_without_te() -> None:
 def _hidden_output(model, *, head: str) -> None:
     """Make the output layer hand back hidden states (sequence-parallel gathered); a value head swaps
     the vocab-sized weight for one output row."""
-    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
-
     layer = model.output_layer
     if head == "value":
         layer.weight = torch.nn.Parameter(torch.zeros(1, model.config.hidden_size, dtype=layer.weight.dtype))

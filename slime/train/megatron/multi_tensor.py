@@ -11,6 +11,8 @@ no host copy) where megatron bound the fallbacks; with TE or apex, or on CPU, it
 from __future__ import annotations
 
 import torch
+from megatron.core import utils
+from megatron.core.optimizer import clip_grads, optimizer
 from torch import Tensor
 
 
@@ -43,8 +45,6 @@ def activate(device: str) -> None:
     where Transformer Engine or apex supplied the real kernels; idempotent)."""
     if device != "cuda":
         return
-    from megatron.core import utils
-    from megatron.core.optimizer import clip_grads, optimizer
 
     for module in (clip_grads, optimizer):
         if getattr(module, "l2_norm_impl", None) is utils.local_multi_tensor_l2_norm:

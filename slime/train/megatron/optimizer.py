@@ -7,16 +7,17 @@ Gradients are summed (never averaged) over data-parallel ranks: the losses carry
 from __future__ import annotations
 
 import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from slime.train.setup import TrainSetup
+from slime.train.train_setup import TrainSetup
 
 NO_CLIP = 1e30  # clip_grad = 0: megatron still reports the norm, and never clips at this bound
 
 
 def wrap_ddp(chunks, config) -> list:
     """Each model chunk in megatron's DDP (one grad buffer per chunk; bucketing on the first only)."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,
@@ -34,9 +35,6 @@ def wrap_ddp(chunks, config) -> list:
 
 def build(model: list, setup: TrainSetup, *, lr: float, warmup_steps: int):
     """(optimizer, OptimizerParamScheduler) for the wrapped chunks; one scheduler step per optimizer step."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
     t = setup.train
     bf16 = setup.precision == "bf16"
     config = OptimizerConfig(

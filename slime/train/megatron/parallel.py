@@ -12,6 +12,8 @@ import datetime
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
 
 from slime.train.layout import RankLayout
 from slime.train.megatron import cpu_shims, multi_tensor
@@ -19,9 +21,6 @@ from slime.train.megatron import cpu_shims, multi_tensor
 
 def init(*, device: str, rank: int, layout: RankLayout, vpp: int | None, master_addr: str, master_port: int, seed: int):
     """Initialise torch.distributed, megatron's model-parallel groups and its RNG streams."""
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-
     cpu_shims.activate(device)
     multi_tensor.activate(device)
     if device == "cuda":
@@ -56,8 +55,6 @@ def init(*, device: str, rank: int, layout: RankLayout, vpp: int | None, master_
 
 
 def destroy() -> None:
-    from megatron.core import parallel_state as ps
-
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():

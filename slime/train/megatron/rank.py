@@ -15,16 +15,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed.nn.functional as dist_fn
+from megatron.core import parallel_state as ps
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from slime.sync.hf_files import Bucket
 from slime.train import batching
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
 from slime.train.megatron import batch as mbatch
-from slime.train.megatron import hf_weights, parallel, rope
+from slime.train.megatron import checkpoint, hf_weights, optimizer, parallel, rope
 from slime.train.megatron.model_config import build_model_chunks, compile_layers, transformer_config
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
+from slime.wire.tensors import Bucket
 
 # (micro-batch sample indices, per-token scores Tensor[N], entropy Tensor[N] | None) -> (loss, metrics)
 OnScores = Callable[[list[int], torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -37,8 +40,6 @@ class MegatronRank(BatchColumns, TrainBackend):
     with_entropy = False
 
     def _build(self, *, init_path: str, lr: float, warmup_steps: int) -> None:
-        from megatron.core import parallel_state as ps
-
         s = self.setup
         if s.device == "cpu":
             torch.set_num_threads(s.train.num_threads)
@@ -63,7 +64,6 @@ class MegatronRank(BatchColumns, TrainBackend):
         hf_weights.load_hf(chunks, init_path, s.model, head=self.head)
         if s.parallelism.compile_layers and s.device == "cuda":
             compile_layers(chunks)
-        from slime.train.megatron import optimizer
 
         self.model = optimizer.wrap_ddp(chunks, self.config)
         self.optimizer, self.scheduler = optimizer.build(self.model, s, lr=lr, warmup_steps=warmup_steps)
@@ -135,7 +135,6 @@ class MegatronRank(BatchColumns, TrainBackend):
         cp = self.layout.cp
         if cp == 1:
             return local
-        import torch.distributed.nn.functional as dist_fn
 
         sizes = [len(i) for i in packed.index]
         padded = torch.nn.functional.pad(local, (0, max(sizes) - local.shape[0]))
@@ -160,8 +159,6 @@ class MegatronRank(BatchColumns, TrainBackend):
     ) -> list[dict]:
         """Forward (and backward) every micro-batch through the pipeline; the last stage's per-micro-batch
         metric dicts (empty elsewhere)."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         packs = list(zip(micro, self._pack_all(micro)))
         params = functools.partial(
             mbatch.MicroBatch.packed_seq_params,
@@ -254,13 +251,9 @@ class MegatronRank(BatchColumns, TrainBackend):
         return hf_weights.export_hf(self.model, self.setup.model, bucket_bytes)
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
-        from slime.train.megatron import checkpoint
-
         checkpoint.save(self, Path(root), rollout_id)
 
     def load_checkpoint(self, root: str, ckpt_step: int | None) -> int:
-        from slime.train.megatron import checkpoint
-
         return checkpoint.load(self, root, ckpt_step)
 
     def shutdown(self) -> None:

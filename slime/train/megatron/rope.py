@@ -13,18 +13,38 @@ dtype), so the values are the same as megatron's THD path.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from torch import Tensor
 
 from slime.config.schema import ModelConfig
 
+# HF rope_scaling types megatron-core's RotaryEmbedding implements (Llama-3's frequency scaling)
+LLAMA3_ROPE_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def rope_kwargs(m: ModelConfig) -> dict[str, Any]:
+    """GPTModel's rotary arguments; HF's Llama-3 rope_scaling maps onto megatron's llama3 scaling."""
+    kwargs: dict[str, Any] = {"rotary_base": m.rotary_base, "rotary_percent": m.rotary_percent}
+    scaling = m.rope_scaling
+    if not scaling:
+        return kwargs
+    kind = scaling.get("rope_type", scaling.get("type"))
+    extra = {k: float(scaling.get(k, v)) for k, v in LLAMA3_ROPE_DEFAULTS.items()}
+    if kind != "llama3" or extra != {k: float(v) for k, v in LLAMA3_ROPE_DEFAULTS.items()}:
+        raise ValueError(
+            f"model.rope_scaling={dict(scaling)}: the megatron backend implements rope_type llama3 with "
+            f"{LLAMA3_ROPE_DEFAULTS} only"
+        )
+    kwargs.update(rope_scaling=True, rope_scaling_factor=float(scaling["factor"]))
+    return kwargs
+
 
 def rotary_embedding(model_cfg: ModelConfig, config):
     """megatron's RotaryEmbedding with the arguments GPTModel would give it (base, percent, llama3 scaling)."""
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
-    from slime.train.megatron.model_config import rope_kwargs
-
     return RotaryEmbedding(
         kv_channels=config.kv_channels,
         rotary_interleaved=config.rotary_interleaved,
@@ -43,8 +63,6 @@ def tables(rotary, position_ids: Tensor, max_seqlen: int, dtype: torch.dtype) ->
 
 def apply(t: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool) -> Tensor:
     """RoPE of t: Tensor[t, heads, head_dim] with the micro-batch's tables (the first d dims rotate)."""
-    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
-
     x = t.unsqueeze(1)  # [t, 1, heads, head_dim], megatron's sbhd layout with b = 1
     rot = cos.shape[-1]
     x, rest = x[..., :rot], x[..., rot:]

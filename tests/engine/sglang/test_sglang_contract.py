@@ -18,10 +18,10 @@ import torch
 from slime.engine.client import EngineClient
 from slime.rollout.generate import call_engine
 from slime.runtime.rollout_manager import sampling_params
-from slime.sync import bucket_codec
 from slime.sync.tensor import staged
-from slime.sync.weight_group import HostedWeightGroup
 from slime.types import Sample
+from slime.wire import bucket_codec
+from slime.wire.weight_group import HostedWeightGroup
 from tests.conftest import in_thread, typed_config
 from tests.helpers.request_recorder import RequestRecorder
 from tests.helpers.sglang_probe import SGLangProbe

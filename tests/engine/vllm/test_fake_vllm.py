@@ -16,7 +16,7 @@ import time
 import pytest
 
 from slime.engine import http_client
-from slime.engine.process import free_port
+from slime.net import free_port
 from tests.conftest import ROOT
 
 GENERATE = {"token_ids": [1, 5, 11], "sampling_params": {"max_tokens": 3, "temperature": 0.0, "logprobs": 0}}

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from slime.train.megatron.weights.hf_files import HFReader  # noqa: E402
+from slime.train.megatron.weights.hf_reader import HFReader  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.helpers.megatron_checkpoints import FAMILIES, make_checkpoint  # noqa: E402
 

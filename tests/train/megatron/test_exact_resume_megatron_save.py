@@ -11,7 +11,7 @@ pytest.importorskip("megatron.core")
 
 from megatron.core import dist_checkpointing  # noqa: E402
 
-from slime.engine.process import free_port  # noqa: E402
+from slime.net import free_port  # noqa: E402
 from slime.train.megatron import checkpoint  # noqa: E402
 from tests.train.fsdp.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 

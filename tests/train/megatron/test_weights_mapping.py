@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from slime.train.megatron.weights import names, sharding
-from slime.train.megatron.weights.hf_files import HFReader
+from slime.train.megatron.weights.hf_reader import HFReader
 from tests.helpers.megatron_checkpoints import FAMILIES, make_checkpoint
 
 

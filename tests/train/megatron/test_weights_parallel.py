@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from slime.engine.process import free_port  # noqa: E402
+from slime.net import free_port  # noqa: E402
 from tests.helpers.megatron_checkpoints import make_checkpoint  # noqa: E402
 
 # (family, checkpoint overrides, parallel sizes): untied with bias over tp; tied over pp (the last stage
@@ -28,7 +28,7 @@ def _check_local_shards(chunks, model, sizes) -> None:
     from megatron.core import parallel_state as ps
 
     from slime.train.megatron.hf_weights import unwrap
-    from slime.train.megatron.weights.hf_files import HFReader
+    from slime.train.megatron.weights.hf_reader import HFReader
 
     reader = HFReader(model.hf_checkpoint)
     tp, tp_rank = sizes.get("tp", 1), ps.get_tensor_model_parallel_rank()
@@ -57,7 +57,7 @@ def _worker(rank: int, port: int, cases: list) -> None:
     from slime.train.layout import RankLayout
     from slime.train.megatron import hf_weights, parallel
     from slime.train.megatron.model_config import build_model_chunks, transformer_config
-    from slime.train.megatron.weights.hf_files import HFReader
+    from slime.train.megatron.weights.hf_reader import HFReader
 
     torch.set_num_threads(1)
     for model, sizes in cases:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-import torch
+from safetensors.torch import save_file
 
-Bucket = list[tuple[str, torch.Tensor]]
+from slime.wire.tensors import Bucket
 
 # Files of an HF checkpoint besides the weights that a server needs to load it.
 HF_SIDE_FILES = (
@@ -31,23 +31,6 @@ HF_SIDE_FILES = (
 )
 
 
-def in_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
-    """Group (HF name, tensor) pairs, in order, into buckets of at least `bucket_bytes` (the last may be smaller).
-
-    The input is consumed lazily, so an exporter whose tensors come from collectives gathers one bucket at a time.
-    """
-    bucket: Bucket = []
-    size = 0
-    for name, tensor in named_tensors:
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
-
-
 def copy_side_files(src: str | Path, dst: str | Path) -> None:
     """Copy config and tokenizer files that exist in `src` and not yet in `dst`."""
     src, dst = Path(src), Path(dst)
@@ -58,8 +41,6 @@ def copy_side_files(src: str | Path, dst: str | Path) -> None:
 
 def write_hf_dir(buckets: Iterable[Bucket], path: str | Path, *, source_checkpoint: str | Path) -> int:
     """Write every bucket as one safetensors file plus the index and side files; returns bytes written."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     total, weight_map = 0, {}

@@ -20,6 +20,8 @@ import datetime
 
 import torch
 import torch.distributed as dist
+from torch.distributed import rendezvous
+from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
 
 
 def _timeout(timeout_s: float) -> datetime.timedelta:
@@ -46,8 +48,6 @@ class CustomWeightGroup:
         timeout_s: float,
         device: torch.device | None = None,
     ):
-        from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
-
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
         if backend == "nccl":  # callers may build it in a worker thread, whose current CUDA device is 0
@@ -76,8 +76,6 @@ class CustomWeightGroup:
         cls, address: str, port: int, *, rank: int, world_size: int, group_name: str, backend: str, timeout_s: float
     ) -> CustomWeightGroup:
         """Join as `rank` (>= 1) through torch's tcp rendezvous at `address:port`, as an SGLang engine does."""
-        from torch.distributed import rendezvous
-
         host = f"[{address}]" if ":" in address else address
         store, rank, world_size = next(
             rendezvous(f"tcp://{host}:{port}", rank, world_size, timeout=_timeout(timeout_s))

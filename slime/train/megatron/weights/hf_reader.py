@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 INDEX = "model.safetensors.index.json"
 
@@ -14,8 +15,6 @@ class HFReader:
     """Tensors of the checkpoint at `path` by HF name (through its index json, else every *.safetensors)."""
 
     def __init__(self, path: str | Path):
-        from safetensors import safe_open
-
         self.path = Path(path)
         self._open = safe_open
         self._handles: dict[str, object] = {}

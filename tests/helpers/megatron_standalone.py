@@ -1,4 +1,6 @@
-"""The megatron actor without Ray or Hydra, for benchmarks and the GPU tests: one process, one rank.
+"""The megatron actor without Ray or Hydra, for the megatron tests (CPU and GPU): one process, one rank.
+
+Import it after `pytest.importorskip("megatron.core")`.
 
     backend = build(model_cfg, device="cuda", precision="bf16", max_tokens_per_gpu=16384)
     metrics = train_step(backend, [(tokens, loss_mask), ...])   # one optimizer step, GRPO loss
@@ -13,21 +15,16 @@ optimizer step through the same code as a run (`MegatronBackend.train`).
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, TrainConfig
+from slime.net import free_port
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup
+from slime.train.megatron.backend import MegatronBackend
+from slime.train.train_setup import TrainSetup
 from slime.types import Sample, TrainBatch
 
 Samples = list[tuple[list[int], list[int]]]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build(
@@ -42,8 +39,6 @@ def build(
     seed: int = 1234,
 ):
     """A built single-rank MegatronBackend for `model_cfg` (weights from `model_cfg.hf_checkpoint`)."""
-    from slime.train.megatron.backend import MegatronBackend
-
     p = parallelism or ParallelismConfig(backend="megatron")
     p = dataclasses.replace(p, backend="megatron", max_tokens_per_gpu=max_tokens_per_gpu or p.max_tokens_per_gpu)
     setup = TrainSetup(
@@ -59,7 +54,7 @@ def build(
         seed=seed,
         num_optimizer_steps=num_optimizer_steps,
     )
-    backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=_free_port())
+    backend = MegatronBackend(setup, rank=0, layout=RankLayout(dp=1), master_addr="127.0.0.1", master_port=free_port())
     backend.init()
     return backend
 

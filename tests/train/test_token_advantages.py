@@ -10,7 +10,7 @@ import torch
 from slime.config.schema import AlgoConfig
 from slime.rollout.filters import check_reward_nonzero_std
 from slime.rollout.postprocess import overlong_penalty, post_process_rewards
-from slime.train.advantages import compute_advantages
+from slime.train.token_advantages import compute_advantages
 from slime.types import Sample
 
 F64 = dict(dtype=torch.float64)
