@@ -117,7 +117,6 @@ class StartedRun:
         """Stop the rollout side (killed if still starting), close the tracker meanwhile, then the trainers."""
         state = self.state
         state_phase = state.phase
-        state.tearing_down = True
         state.enter("teardown")
         graceful = state.hung is None  # a hung actor answers no shutdown call: it is killed
         if not graceful or self.engines_ready is None or not ray.wait([self.engines_ready], timeout=0)[0]:

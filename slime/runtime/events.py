@@ -18,7 +18,7 @@ class RunEvent(enum.Enum):
     """What happened; `Event.rollout_id` says for which rollout step (-1: before the first, None: no step)."""
 
     LOOP_STARTED = "loop_started"  # the run's parts are up; `data["start"]`: the first rollout, `data["trainer"]`
-    PHASE_STARTED = "phase_started"  # the driver entered `data["phase"]` (slime.config.schema.RUN_PHASES)
+    PHASE_STARTED = "phase_started"  # the driver entered `data["phase"]` (RUN_PHASES) at `data["started"]`
     ROLLOUT_STARTED = "rollout_started"  # the rollout manager was asked for this rollout
     ROLLOUT_PROGRESS = "rollout_progress"  # `data["counts"]`: the rollout's group counts; `data["final"]`
     ROLLOUT_DONE = "rollout_done"  # the rollout's data reached the loop

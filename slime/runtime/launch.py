@@ -210,7 +210,11 @@ def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
 
     stacks_dir = run_dir / "stacks"
     watchdog = Watchdog(
-        state, cfg.runtime.phase_timeout_s, stacks_dir, on_fire=fire, on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED)
+        state.events,
+        cfg.runtime.phase_timeout_s,
+        stacks_dir,
+        on_fire=fire,
+        on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED),
     ).start()
     try:
         yield

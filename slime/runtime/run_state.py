@@ -16,8 +16,8 @@ class RunState:
     """The phase reached, progress and the last metrics.
 
     Every phase change is logged with the time the phase took (the heartbeat) and published on `events`
-    (RunEvent.PHASE_STARTED); the watchdog (slime.runtime.watchdog) reads `phase`, `phase_rollout` and
-    `phase_started` (time.monotonic() s) from its own thread.
+    (RunEvent.PHASE_STARTED, with its start on time.monotonic()), which the watchdog (slime.runtime.watchdog)
+    and the progress display follow.
     """
 
     phase: str = "config"
@@ -30,7 +30,6 @@ class RunState:
     reward_curve: str | None = None
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # what the tracker wrote (name -> path)
     hung: str | None = None  # the watchdog's message once a phase overran runtime.phase_timeout_s
-    tearing_down: bool = False  # from here on the watchdog rests (teardown bounds its own waits)
     events: EventBus = dataclasses.field(default_factory=EventBus, repr=False)
 
     def enter(self, phase: str, rollout_id: int | None = None) -> None:
@@ -39,7 +38,7 @@ class RunState:
             logger.info("%s done in %.2fs", _phase_name(self.phase, self.phase_rollout), now - self.phase_started)
         logger.info("%s started", _phase_name(phase, rollout_id))
         self.phase, self.phase_rollout, self.phase_started = phase, rollout_id, now
-        self.events.publish(RunEvent.PHASE_STARTED, rollout_id, phase=phase)
+        self.events.publish(RunEvent.PHASE_STARTED, rollout_id, phase=phase, started=now)
 
 
 def _phase_name(phase: str, rollout_id: int | None) -> str:

@@ -2,11 +2,12 @@
 
 Each Ray actor of the run calls `arm_stack_dump()` when it starts: SIGUSR1 then makes faulthandler write
 every thread's Python stack (C-level, so a thread stuck in a sleep, a lock or native code still answers)
-to `<run dir>/stacks/.armed/<pid>.txt`. The driver's `Watchdog` thread polls the phase the driver is in
-(`RunState.phase`, `phase_started`); past the limit it dumps the driver's own stacks, signals every armed
+to `<run dir>/stacks/.armed/<pid>.txt`. The driver's `Watchdog` follows the phases the driver enters (it
+subscribes to RunEvent.PHASE_STARTED) and polls the current one from its own thread; past the limit it dumps the driver's own stacks, signals every armed
 actor, keeps the non-empty dumps as `stacks/<pid>.txt` (headed by the process's command line), and calls
 `on_fire(message)` (the driver interrupts its main thread, tears down and reports status "hung").
-If the main thread does not begin its teardown within `grace_s`, `on_stuck()` forces the exit.
+If the main thread does not begin its teardown within `grace_s`, `on_stuck()` forces the exit. From the
+teardown phase on the watchdog rests (teardown bounds its own waits).
 
 The stacks directory comes through the environment (`STACKS_ENV`), which a local Ray cluster's workers
 inherit from the driver. py-spy needs ptrace, which containers often deny; faulthandler needs nothing.
@@ -26,11 +27,14 @@ from pathlib import Path
 
 import psutil
 
+from slime.runtime.events import Event, EventBus, RunEvent
+
 logger = logging.getLogger(__name__)
 
 STACKS_ENV = "SLIME_STACKS_DIR"
 DUMP_SIGNAL = signal.SIGUSR1
 ARMED = ".armed"
+TEARDOWN = "teardown"  # the phase (slime.config.schema.RUN_PHASES) from which on the watchdog rests
 
 
 def arm_stack_dump() -> None:
@@ -91,8 +95,8 @@ def _cmdline(pid: int) -> str:
 
 
 class Watchdog:
-    """Polls `state` (`phase`, `phase_rollout`, `phase_started` on time.monotonic(), `tearing_down`) from a
-    daemon thread.
+    """Follows the phases published on `events` (`data["started"]` on time.monotonic()); a daemon thread polls
+    the current one.
 
     Args:
         timeout_s: the most seconds any watched phase may take.
@@ -104,14 +108,16 @@ class Watchdog:
 
     def __init__(
         self,
-        state,
+        events: EventBus,
         timeout_s: float,
         stacks_dir: Path,
         *,
         on_fire: Callable[[str], None],
         on_stuck: Callable[[], None],
     ):
-        self.state, self.timeout_s, self.stacks_dir = state, timeout_s, stacks_dir
+        self.timeout_s, self.stacks_dir = timeout_s, stacks_dir
+        self.current: tuple[str, int | None, float] | None = None  # (phase, rollout id, started) under watch
+        events.subscribe(RunEvent.PHASE_STARTED, self._on_phase)
         self.on_fire, self.on_stuck = on_fire, on_stuck
         self.fired: str | None = None  # the message, once fired
         self._stop = threading.Event()
@@ -124,12 +130,18 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
 
+    def _on_phase(self, event: Event) -> None:
+        self.current = (event.data["phase"], event.rollout_id, event.data["started"])  # one atomic assignment
+
     def _watch(self) -> None:
         poll_s = min(1.0, self.timeout_s / 4)
         while not self._stop.wait(poll_s):
-            if self.state.tearing_down:  # teardown bounds its own waits
+            watched = self.current
+            if watched is None:
+                continue
+            phase, rollout_id, started = watched
+            if phase == TEARDOWN:  # teardown bounds its own waits
                 return
-            phase, rollout_id, started = self.state.phase, self.state.phase_rollout, self.state.phase_started
             if time.monotonic() - started <= self.timeout_s:
                 continue
             where = f" of rollout {rollout_id}" if rollout_id is not None and rollout_id >= 0 else ""
@@ -143,6 +155,6 @@ class Watchdog:
                 logger.error("watchdog: dumped the stacks of %d processes", len(files))
             finally:
                 self.on_fire(self.fired)
-            if not self._stop.wait(self.grace_s) and self.state.phase == phase and self.state.phase_started == started:
+            if not self._stop.wait(self.grace_s) and self.current is watched:
                 self.on_stuck()
             return

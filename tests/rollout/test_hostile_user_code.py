@@ -130,17 +130,16 @@ def user_generate_that_hangs(release: threading.Event) -> None:
 
 def test_generate_function_that_hangs_is_named_in_the_watchdogs_dump(tmp_path):
     """A rollout that never returns: past runtime.phase_timeout_s the stack dump shows the user's function."""
-    from slime.runtime.run_state import RunState
+    from slime.runtime.events import EventBus, RunEvent
     from slime.runtime.watchdog import Watchdog
 
     release, fired = threading.Event(), []
     worker = threading.Thread(target=user_generate_that_hangs, args=(release,))
     worker.start()
     try:
-        state = RunState()
-        state.enter("rollout", 3)
-        state.phase_started -= 10  # the rollout has run 10 s
-        Watchdog(state, 5.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: None).start()
+        events = EventBus()
+        Watchdog(events, 5.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: None).start()
+        events.publish(RunEvent.PHASE_STARTED, 3, phase="rollout", started=time.monotonic() - 10)  # run 10 s
         deadline = time.monotonic() + 10
         while not fired and time.monotonic() < deadline:
             time.sleep(0.05)

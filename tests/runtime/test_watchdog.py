@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+from slime.runtime.events import RunEvent
 from slime.runtime.run_state import RunState
 from slime.runtime.watchdog import ARMED, STACKS_ENV, Watchdog, dump_stacks, remove_armed
 from tests.conftest import ROOT
@@ -52,55 +53,58 @@ def test_dump_stacks_reads_every_armed_process(tmp_path):
     assert not (stacks / ARMED).exists() and (stacks / f"{proc.pid}.txt").exists()
 
 
+def _started_ago(state: RunState, phase: str, rollout_id: int, seconds: float) -> None:
+    """`phase` of `rollout_id` entered `seconds` ago (its start, as the watchdog hears of it)."""
+    state.events.publish(RunEvent.PHASE_STARTED, rollout_id, phase=phase, started=time.monotonic() - seconds)
+
+
 def test_watchdog_fires_once_on_the_overrunning_phase_and_not_in_teardown(tmp_path):
     state, fired = RunState(), []
+    dog = Watchdog(state.events, 2.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: fired.append("stuck"))
     state.enter("rollout", 0)
-    dog = Watchdog(state, 2.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: fired.append("stuck"))
     dog.start()
     time.sleep(0.5)
     state.enter("train", 0)
     time.sleep(0.5)
     assert fired == []
-    state.phase_started -= 2.0  # train has now run 2.5 s
+    _started_ago(state, "train", 0, 2.5)  # train has now run 2.5 s
     _wait_until(lambda: fired)
     assert fired == [f"phase train of rollout 0 exceeded runtime.phase_timeout_s=2s; stacks in {tmp_path / 'stacks'}"]
     assert (tmp_path / "stacks" / f"{os.getpid()}.txt").exists()
     dog.stop()
 
     state, fired = RunState(), []
+    Watchdog(state.events, 0.1, tmp_path / "s2", on_fire=fired.append, on_stuck=lambda: None).start()
     state.enter("save", 1)
-    state.tearing_down = True
-    Watchdog(state, 0.1, tmp_path / "s2", on_fire=fired.append, on_stuck=lambda: None).start()
+    state.enter("teardown")
     time.sleep(0.5)
     assert fired == [] and not (tmp_path / "s2").exists()
 
 
 def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
     state, calls = RunState(), []
-    state.enter("weight_sync", 2)
-    state.phase_started -= 5
     dog = Watchdog(
-        state,
+        state.events,
         1.0,
         tmp_path / "stacks",
         on_fire=lambda m: calls.append("fire"),
         on_stuck=lambda: calls.append("stuck"),
     )
+    _started_ago(state, "weight_sync", 2, 5)
     dog.grace_s = 0.3
     dog.start()
     _wait_until(lambda: len(calls) >= 2)
     assert calls == ["fire", "stuck"]
 
     state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
-    state.enter("eval", 0)
-    state.phase_started -= 5
     dog = Watchdog(
-        state,
+        state.events,
         1.0,
         tmp_path / "stacks2",
         on_fire=lambda m: (calls.append("fire"), state.enter("teardown")),
         on_stuck=lambda: calls.append("stuck"),
     )
+    _started_ago(state, "eval", 0, 5)
     dog.grace_s = 0.3
     dog.start()
     _wait_until(lambda: calls)
