@@ -41,21 +41,25 @@ Handler = Callable[[Event], None]
 
 
 class EventBus:
-    """Subscribers by event kind; `publish` calls each, in subscription order."""
+    """Subscribers by event kind; `publish` calls each, in subscription order, those subscribed `last` after
+    every other (a fault injector's hang blocks the publishing thread: the watchdog and the display must have
+    heard of the phase first)."""
 
     def __init__(self) -> None:
         self._handlers: dict[RunEvent, list[Handler]] = {}
+        self._last: dict[RunEvent, list[Handler]] = {}
 
-    def subscribe(self, kinds: RunEvent | tuple[RunEvent, ...], handler: Handler) -> None:
+    def subscribe(self, kinds: RunEvent | tuple[RunEvent, ...], handler: Handler, *, last: bool = False) -> None:
+        table = self._last if last else self._handlers
         for kind in kinds if isinstance(kinds, tuple) else (kinds,):
-            self._handlers.setdefault(kind, []).append(handler)
+            table.setdefault(kind, []).append(handler)
 
     def unsubscribe(self, handler: Handler) -> None:
-        for handlers in self._handlers.values():
+        for handlers in (*self._handlers.values(), *self._last.values()):
             while handler in handlers:
                 handlers.remove(handler)
 
     def publish(self, kind: RunEvent, rollout_id: int | None = None, **data: Any) -> None:
         event = Event(kind=kind, rollout_id=rollout_id, data=data)
-        for handler in list(self._handlers.get(kind, ())):
+        for handler in [*self._handlers.get(kind, ()), *self._last.get(kind, ())]:
             handler(event)

@@ -39,8 +39,9 @@ class FaultInjector:
         if debug.signal_at is None and debug.hang_at is None:
             return None
         injector = cls(debug)
-        events.subscribe(RunEvent.PHASE_STARTED, injector._on_phase)
-        events.subscribe(RunEvent.CHECKPOINT_DATA_SAVED, injector._on_data_saved)
+        # last: a hang blocks the publisher, and the watchdog and the display must have heard of the phase first
+        events.subscribe(RunEvent.PHASE_STARTED, injector._on_phase, last=True)
+        events.subscribe(RunEvent.CHECKPOINT_DATA_SAVED, injector._on_data_saved, last=True)
         events.subscribe(RunEvent.LOOP_STARTED, injector._on_loop_started)
         return injector
 

@@ -203,3 +203,12 @@ def test_signal_at_sends_the_signal_once_after_its_delay(monkeypatch):
         time.sleep(0.02)
     time.sleep(0.3)  # a second signal would have come by now
     assert sent == [signal.SIGTERM]
+
+
+def test_a_hang_comes_after_every_other_subscriber_heard_of_the_phase():
+    """The watchdog subscribes after the injector (launch.py) and must still hear of the phase that hangs."""
+    state, trainer = _injector("debug.hang_at=train:0")
+    heard = []
+    state.events.subscribe(RunEvent.PHASE_STARTED, lambda e: heard.append((e.data["phase"], len(trainer.ran))))
+    state.enter("train", 0)
+    assert heard == [("train", 0)] and trainer.ran == [(0, "_injected_hang")]
