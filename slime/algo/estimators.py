@@ -1,93 +1,40 @@
-"""The algorithm registry: one record per advantage estimator (`algo.advantage_estimator`).
+"""The algorithm registry: one record per advantage estimator (`algo.advantage_estimator`), and the names of the
+KL estimators (`algo.kl_loss_type`) and TIS modes (`algo.tis_mode`).
 
 A record says everything that differs between estimators: how the rollout side transforms the per-sample
-rewards, how the trainer turns them into per-token advantages, the policy-gradient loss, and what the
-estimator needs (a critic, a forward pass for ℓ_old, whitening, several samples per prompt, generated
-responses). Code that depends on the estimator reads the record (`ESTIMATORS.get(name)`) and never compares
-its name. Adding an estimator is one `Estimator(...)` plus its functions, registered with
-`ESTIMATORS.register`.
+rewards, how the trainer turns them into per-token advantages, the policy-gradient loss (import paths of the
+functions, `slime.algo.estimator_functions` for the built-in ones), and what the estimator needs (a critic, a
+forward pass for ℓ_old, whitening, several samples per prompt, generated responses). Code that depends on the
+estimator reads the record (`ESTIMATORS.get(name)`) and never compares its name. Adding an estimator is one
+`Estimator(...)` plus its functions, registered with `ESTIMATORS.register`.
 
-The functions take the algorithm's knobs duck-typed (`AlgoKnobs`: `slime.config.schema.AlgoConfig` in
-practice); this package stays torch and the standard library only. Layout as in `slime.algo`: per-sample
-tensors are Tensor[B], per-token tensors flat Tensor[T], T = sum(response_lengths); log-probs in nats.
+Like the other registries (slime/registry.py) the functions are import paths resolved on first use, so this
+module imports only the standard library: validation, the dry run and the driver read the records without
+importing torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any
 
-import torch
-from torch import Tensor
+KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3", "low_var_kl")  # slime.algo.kl.approx_kl
+TIS_MODES: tuple[str, ...] = ("truncate", "icepop")  # slime.algo.policy_loss.tis_weights
 
-from slime.algo.advantages import (
-    broadcast_to_tokens,
-    gae,
-    reinforce_plus_plus_baseline_advantages,
-    reinforce_plus_plus_returns,
-)
-from slime.algo.policy_loss import gspo_log_ratio, ppo_clip_loss, sft_loss
-from slime.algo.rewards import group_normalize, rloo_advantages
-
-
-class AlgoKnobs(Protocol):
-    """The `algo.*` values the estimator functions read (an `AlgoConfig`, duck-typed)."""
-
-    disable_grpo_std_normalization: bool
-    kl_coef: float
-    gamma: float
-    lambd: float
-    eps_clip: float
-    eps_clip_high: float | None
-    eps_clip_c: float | None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AdvantageInputs:
-    """One rank's tokens for `Estimator.token_advantages`.
-
-    rewards: Tensor[B], already transformed by the rollout side (`Estimator.reward_transform`).
-    kl: Tensor[T], the reward-shaping KL between the old and reference policies (zeros when kl_coef = 0).
-    loss_mask: Tensor[T] of 0/1. values: Tensor[T] critic values, or None without a critic.
-    """
-
-    rewards: Tensor
-    kl: Tensor
-    loss_mask: Tensor
-    response_lengths: list[int]
-    values: Tensor | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PolicyLossInputs:
-    """One micro-batch's tokens for `Estimator.policy_loss`: log_probs (with gradient), old_log_probs,
-    advantages and loss_mask, each Tensor[T]; response_lengths hold each sample's full response."""
-
-    log_probs: Tensor
-    old_log_probs: Tensor
-    advantages: Tensor
-    loss_mask: Tensor
-    response_lengths: list[int]
-
-
-RewardTransform = Callable[[Tensor, int, AlgoKnobs], Tensor]
-TokenAdvantages = Callable[[AdvantageInputs, AlgoKnobs], tuple[Tensor, Tensor | None]]
-PolicyLoss = Callable[[PolicyLossInputs, AlgoKnobs], dict[str, Tensor]]
+FUNCTIONS = "slime.algo.estimator_functions"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Estimator:
     """One advantage estimator.
 
-    reward_transform(raw Tensor[N], n_samples_per_prompt, algo) -> Tensor[N]: the rollout side's per-sample
-        rewards (groups are n consecutive samples); skipped when algo.disable_rewards_normalization.
-    token_advantages(AdvantageInputs, algo) -> (advantages Tensor[T], returns Tensor[T] or None), before
-        whitening (algo.normalize_advantages).
-    policy_loss(PolicyLossInputs, algo) -> {"loss": un-reduced per-token loss with gradient, and optionally
-        detached per-token metrics "clipfrac", "ppo_kl", "ratio"}.
-    needs_critic: a value model is trained alongside (its values feed token_advantages).
+    reward_transform, token_advantages, policy_loss: import paths (`package.module.function`) of its functions,
+        with the signatures `slime.algo.estimator_functions` documents; call them through `transform_rewards`,
+        `advantages` and `loss`.
+    needs_critic: a value model is trained alongside (its values feed the token advantages).
     needs_old_log_probs: the loss reads ℓ_old beyond stopgrad(ℓ), so a forward-only pass computes it even
         with one optimizer step per rollout.
     reward_kl: KL goes in the reward (algo.kl_coef shapes the advantages); the others take KL only as a
@@ -101,9 +48,9 @@ class Estimator:
     """
 
     name: str
-    reward_transform: RewardTransform
-    token_advantages: TokenAdvantages
-    policy_loss: PolicyLoss
+    reward_transform: str
+    token_advantages: str
+    policy_loss: str
     needs_critic: bool = False
     needs_old_log_probs: bool = False
     reward_kl: bool = False
@@ -113,98 +60,26 @@ class Estimator:
     min_samples_per_prompt: int = 1
     rollout_function: str = "default"
 
+    def transform_rewards(self, raw: Any, n_samples_per_prompt: int, algo: Any) -> Any:
+        """Tensor[N] raw rewards -> Tensor[N] rewards the trainer turns into advantages."""
+        return load_function(self.reward_transform)(raw, n_samples_per_prompt, algo)
 
-# --- reward transforms (rollout side; REFERENCE §3.1-3.2) ---
+    def advantages(self, inputs: Any, algo: Any) -> tuple[Any, Any]:
+        """AdvantageInputs -> (advantages Tensor[T], returns Tensor[T] or None), before whitening."""
+        return load_function(self.token_advantages)(inputs, algo)
 
+    def loss(self, inputs: Any, algo: Any) -> dict[str, Any]:
+        """PolicyLossInputs -> {"loss": per-token Tensor[T], optional detached per-token metrics}."""
+        return load_function(self.policy_loss)(inputs, algo)
 
-def raw_rewards(raw: Tensor, n_samples_per_prompt: int, algo: AlgoKnobs) -> Tensor:
-    """The raw rewards: the trainer shapes them itself (reinforce++, ppo) or reads none (sft)."""
-    return raw
-
-
-def group_normalized_rewards(raw: Tensor, n_samples_per_prompt: int, algo: AlgoKnobs) -> Tensor:
-    """GRPO: group mean-centred, divided by the group std unless disable_grpo_std_normalization or n = 1."""
-    divide_std = not algo.disable_grpo_std_normalization and n_samples_per_prompt > 1
-    return group_normalize(raw, n_samples_per_prompt, subtract_mean=True, divide_std=divide_std)
-
-
-def group_centred_rewards(raw: Tensor, n_samples_per_prompt: int, algo: AlgoKnobs) -> Tensor:
-    """Group mean-centred only (reinforce++-baseline)."""
-    return group_normalize(raw, n_samples_per_prompt, subtract_mean=True, divide_std=False)
+    def function_paths(self) -> tuple[str, str, str]:
+        return (self.reward_transform, self.token_advantages, self.policy_loss)
 
 
-def leave_one_out_rewards(raw: Tensor, n_samples_per_prompt: int, algo: AlgoKnobs) -> Tensor:
-    """RLOO: r_i minus the mean of the other samples of its group."""
-    return rloo_advantages(raw, n_samples_per_prompt)
-
-
-# --- token advantages (train side; REFERENCE §3.2-3.3) ---
-
-
-def broadcast_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor | None]:
-    """Each sample's transformed reward on every one of its tokens; no returns."""
-    return broadcast_to_tokens(x.rewards, x.response_lengths), None
-
-
-def reinforce_plus_plus_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor | None]:
-    """Discounted KL-shaped returns, used as the advantages and as the returns."""
-    returns = reinforce_plus_plus_returns(
-        x.rewards, x.kl, x.loss_mask, x.response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma
-    )
-    return returns, returns
-
-
-def centred_minus_kl_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor | None]:
-    """reinforce++-baseline: the centred reward minus kl_coef·kl on each token; no returns."""
-    return reinforce_plus_plus_baseline_advantages(x.rewards, x.kl, x.response_lengths, kl_coef=algo.kl_coef), None
-
-
-def gae_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor | None]:
-    """GAE over the critic's values; returns = advantages + values."""
-    if x.values is None:
-        raise ValueError("ppo needs the critic's values")
-    return gae(x.values, x.rewards, x.kl, x.response_lengths, kl_coef=algo.kl_coef, gamma=algo.gamma, lambd=algo.lambd)
-
-
-def no_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor | None]:
-    """Zeros: the loss reads no advantages (sft)."""
-    return torch.zeros_like(x.loss_mask), None
-
-
-# --- policy-gradient losses (REFERENCE §3.5-3.6) ---
-
-
-def clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
-    """PPO's clipped surrogate on the per-token ratio exp(ℓ − ℓ_old)."""
-    return ppo_clip_loss(
-        x.log_probs,
-        x.old_log_probs,
-        x.advantages,
-        eps_clip=algo.eps_clip,
-        eps_clip_high=algo.eps_clip_high,
-        eps_clip_c=algo.eps_clip_c,
-    )
-
-
-def sequence_clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
-    """GSPO: the clipped surrogate on the sequence-level ratio (mean masked log-ratio of each sample)."""
-    return ppo_clip_loss(
-        x.log_probs,
-        x.old_log_probs,
-        x.advantages,
-        eps_clip=algo.eps_clip,
-        eps_clip_high=algo.eps_clip_high,
-        eps_clip_c=algo.eps_clip_c,
-        log_ratio=gspo_log_ratio(x.log_probs, x.old_log_probs, x.loss_mask, x.response_lengths),
-    )
-
-
-def negative_log_likelihood_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
-    """SFT: −ℓ on each token; no metrics."""
-    return {"loss": sft_loss(x.log_probs)}
-
-
-# --- the registry ---
+def load_function(path: str) -> Callable[..., Any]:
+    """The function at import path `package.module.function` (imported on first use)."""
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
 
 
 class EstimatorRegistry:
@@ -260,54 +135,54 @@ class EstimatorRegistry:
 
 GRPO = Estimator(
     name="grpo",
-    reward_transform=group_normalized_rewards,
-    token_advantages=broadcast_advantages,
-    policy_loss=clipped_surrogate_loss,
+    reward_transform=f"{FUNCTIONS}.group_normalized_rewards",
+    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+    policy_loss=f"{FUNCTIONS}.clipped_surrogate_loss",
 )
 GSPO = Estimator(
     name="gspo",
-    reward_transform=group_normalized_rewards,
-    token_advantages=broadcast_advantages,
-    policy_loss=sequence_clipped_surrogate_loss,
+    reward_transform=f"{FUNCTIONS}.group_normalized_rewards",
+    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+    policy_loss=f"{FUNCTIONS}.sequence_clipped_surrogate_loss",
     needs_old_log_probs=True,
 )
 RLOO = Estimator(
     name="rloo",
-    reward_transform=leave_one_out_rewards,
-    token_advantages=broadcast_advantages,
-    policy_loss=clipped_surrogate_loss,
+    reward_transform=f"{FUNCTIONS}.leave_one_out_rewards",
+    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+    policy_loss=f"{FUNCTIONS}.clipped_surrogate_loss",
     min_samples_per_prompt=2,
 )
 REINFORCE_PLUS_PLUS = Estimator(
     name="reinforce_plus_plus",
-    reward_transform=raw_rewards,
-    token_advantages=reinforce_plus_plus_advantages,
-    policy_loss=clipped_surrogate_loss,
+    reward_transform=f"{FUNCTIONS}.raw_rewards",
+    token_advantages=f"{FUNCTIONS}.reinforce_plus_plus_advantages",
+    policy_loss=f"{FUNCTIONS}.clipped_surrogate_loss",
     reward_kl=True,
     needs_whitening=True,
 )
 REINFORCE_PLUS_PLUS_BASELINE = Estimator(
     name="reinforce_plus_plus_baseline",
-    reward_transform=group_centred_rewards,
-    token_advantages=centred_minus_kl_advantages,
-    policy_loss=clipped_surrogate_loss,
+    reward_transform=f"{FUNCTIONS}.group_centred_rewards",
+    token_advantages=f"{FUNCTIONS}.centred_minus_kl_advantages",
+    policy_loss=f"{FUNCTIONS}.clipped_surrogate_loss",
     reward_kl=True,
     needs_whitening=True,
 )
 PPO = Estimator(
     name="ppo",
-    reward_transform=raw_rewards,
-    token_advantages=gae_advantages,
-    policy_loss=clipped_surrogate_loss,
+    reward_transform=f"{FUNCTIONS}.raw_rewards",
+    token_advantages=f"{FUNCTIONS}.gae_advantages",
+    policy_loss=f"{FUNCTIONS}.clipped_surrogate_loss",
     needs_critic=True,
     needs_old_log_probs=True,
     reward_kl=True,
 )
 SFT = Estimator(
     name="sft",
-    reward_transform=raw_rewards,
-    token_advantages=no_advantages,
-    policy_loss=negative_log_likelihood_loss,
+    reward_transform=f"{FUNCTIONS}.raw_rewards",
+    token_advantages=f"{FUNCTIONS}.no_advantages",
+    policy_loss=f"{FUNCTIONS}.negative_log_likelihood_loss",
     uses_advantages=False,
     generates=False,
     rollout_function="sft",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3", "low_var_kl")
+from slime.algo.estimators import KL_TYPES
 
 
 def approx_kl(

@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 
 from slime.algo._layout import check_flat, check_lengths, sample_ids, segment_sum
-
-TIS_MODES: tuple[str, ...] = ("truncate", "icepop")
+from slime.algo.estimators import TIS_MODES
 
 
 def ppo_clip_loss(

@@ -17,7 +17,7 @@ def post_process_rewards(raw: torch.Tensor, algo: AlgoConfig, n_samples_per_prom
     Tensor[N] in, Tensor[N] out; groups are n consecutive samples."""
     if algo.disable_rewards_normalization:
         return raw
-    return ESTIMATORS.get(algo.advantage_estimator).reward_transform(raw, n_samples_per_prompt, algo)
+    return ESTIMATORS.get(algo.advantage_estimator).transform_rewards(raw, n_samples_per_prompt, algo)
 
 
 def overlong_penalty(

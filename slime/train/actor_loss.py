@@ -10,8 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from slime.algo import approx_kl, reduce, tis_weights
-from slime.algo.estimators import ESTIMATORS, PolicyLossInputs
+from slime.algo.estimator_functions import PolicyLossInputs
+from slime.algo.estimators import ESTIMATORS
+from slime.algo.kl import approx_kl
+from slime.algo.policy_loss import tis_weights
+from slime.algo.reduction import reduce
 from slime.config.schema import AlgoConfig
 
 # the per-token metrics a policy loss may return, and the names they are logged under (REFERENCE.md §3.13)
@@ -85,7 +88,7 @@ def _policy_gradient_loss(
         loss_mask=loss_mask,
         response_lengths=response_lengths,
     )
-    pg = ESTIMATORS.get(algo.advantage_estimator).policy_loss(inputs, algo)
+    pg = ESTIMATORS.get(algo.advantage_estimator).loss(inputs, algo)
     per_token = pg["loss"]
     if algo.use_tis:
         tis = tis_weights(

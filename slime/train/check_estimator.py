@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.algo import KL_TYPES, TIS_MODES
-from slime.algo.estimators import ESTIMATORS, Estimator
+from slime.algo.estimators import ESTIMATORS, KL_TYPES, TIS_MODES, Estimator
 from slime.config.problems import Problem, one_of
 from slime.config.schema import RunConfig
 

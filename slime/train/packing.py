@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 
-from slime.algo import chunked_log_probs_and_entropy
+from slime.algo.logprobs import chunked_log_probs_and_entropy
 
 try:
     from torch.nn.attention.varlen import varlen_attn

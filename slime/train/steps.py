@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from slime.algo import clipped_value_loss, reduce, token_weights
+from slime.algo.reduction import reduce, token_weights
+from slime.algo.value_loss import clipped_value_loss
 from slime.train import batching
 from slime.train.actor_loss import actor_loss
 from slime.train.token_advantages import compute_advantages

@@ -11,8 +11,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from slime.algo import approx_kl, whiten
-from slime.algo.estimators import ESTIMATORS, AdvantageInputs
+from slime.algo.advantages import whiten
+from slime.algo.estimator_functions import AdvantageInputs
+from slime.algo.estimators import ESTIMATORS
+from slime.algo.kl import approx_kl
 from slime.config.schema import AlgoConfig
 
 
@@ -40,7 +42,7 @@ def compute_advantages(
     inputs = AdvantageInputs(
         rewards=rewards, kl=kl, loss_mask=loss_mask, response_lengths=response_lengths, values=values
     )
-    advantages, returns = estimator.token_advantages(inputs, algo)
+    advantages, returns = estimator.advantages(inputs, algo)
     if algo.normalize_advantages and estimator.uses_advantages:
         advantages = whiten(advantages, loss_mask, all_reduce=all_reduce)
     return advantages, returns, kl

@@ -5,21 +5,16 @@ estimator is one record plus its functions, registered through the API, and ever
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from slime.algo import cispo_loss
-from slime.algo.estimators import (
-    ESTIMATORS,
-    AdvantageInputs,
-    Estimator,
-    PolicyLossInputs,
-    broadcast_advantages,
-    group_normalized_rewards,
-)
+from slime.algo.estimator_functions import AdvantageInputs, PolicyLossInputs
+from slime.algo.estimators import ESTIMATORS, FUNCTIONS, Estimator, load_function
 from slime.config.schema import AlgoConfig
 from slime.plan.validate import collect_problems
 from slime.registry import listing
@@ -27,7 +22,7 @@ from slime.rollout.postprocess import post_process_rewards
 from slime.train.actor_loss import actor_loss
 from slime.train.token_advantages import compute_advantages
 from slime.train.train_setup import needs_old_log_probs
-from tests.conftest import CONF, typed_config
+from tests.conftest import CONF, ROOT, typed_config
 
 F64 = dict(dtype=torch.float64)
 BUILT_IN = ["grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "sft"]
@@ -93,7 +88,25 @@ def test_records_are_frozen_and_keyword_only():
     with pytest.raises(AttributeError):
         ESTIMATORS.get("grpo").needs_critic = True  # type: ignore[misc]
     with pytest.raises(TypeError):
-        Estimator("x", group_normalized_rewards, broadcast_advantages, None)  # type: ignore[misc]
+        Estimator("x", "a.b", "a.c", "a.d")  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_each_records_functions_resolve(name):
+    assert all(callable(load_function(path)) for path in ESTIMATORS.get(name).function_paths())
+
+
+def test_reading_the_registry_imports_no_torch():
+    """Validation, the dry run and the driver read records without torch; the functions import it on first use."""
+    code = (
+        "import sys\n"
+        "from slime.algo.estimators import ESTIMATORS\n"
+        "assert ESTIMATORS.get('ppo').needs_critic\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "False"
 
 
 def test_an_unknown_name_lists_the_registered_ones_and_the_closest():
@@ -131,13 +144,13 @@ STD = (1 / 3) ** 0.5  # both groups: Bessel std of {1, 0, 0} and {1, 1, 0}
     ],
 )
 def test_reward_transforms_on_a_2x3_batch(name, expected):
-    got = ESTIMATORS.get(name).reward_transform(RAW, 3, algo(name))
+    got = ESTIMATORS.get(name).transform_rewards(RAW, 3, algo(name))
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(post_process_rewards(RAW, algo(name), 3), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_dr_grpo_keeps_the_mean_only():
-    got = ESTIMATORS.get("grpo").reward_transform(RAW, 3, algo("grpo", disable_grpo_std_normalization=True))
+    got = ESTIMATORS.get("grpo").transform_rewards(RAW, 3, algo("grpo", disable_grpo_std_normalization=True))
     torch.testing.assert_close(got, CENTRED, rtol=1e-12, atol=1e-12)
 
 
@@ -169,7 +182,7 @@ KNOBS = algo("ppo", kl_coef=0.5, gamma=1.0, lambd=0.5)
     ],
 )
 def test_token_advantages_on_a_2x3_batch(name, advantages, returns):
-    got, got_returns = ESTIMATORS.get(name).token_advantages(TOKENS, KNOBS)
+    got, got_returns = ESTIMATORS.get(name).advantages(TOKENS, KNOBS)
     torch.testing.assert_close(got, advantages, rtol=1e-12, atol=1e-12)
     if returns is None:
         assert got_returns is None
@@ -180,7 +193,7 @@ def test_token_advantages_on_a_2x3_batch(name, advantages, returns):
 def test_ppo_without_values_names_the_critic():
     no_values = AdvantageInputs(rewards=t(1), kl=t(0), loss_mask=t(1), response_lengths=[1])
     with pytest.raises(ValueError, match="critic"):
-        ESTIMATORS.get("ppo").token_advantages(no_values, KNOBS)
+        ESTIMATORS.get("ppo").advantages(no_values, KNOBS)
 
 
 # --- golden numbers: policy losses on two tokens ---
@@ -196,33 +209,27 @@ LOSS_INPUTS = PolicyLossInputs(
 
 def test_policy_losses_on_two_tokens():
     ratio = torch.exp(t(0.2, -0.1))
-    clipped = ESTIMATORS.get("grpo").policy_loss(LOSS_INPUTS, algo("grpo"))
+    clipped = ESTIMATORS.get("grpo").loss(LOSS_INPUTS, algo("grpo"))
     # token 0: max(−1.2214, −clip(1.2214)=−1.2) = −1.2 (clipped); token 1: max(0.9048, 0.9048)
     torch.testing.assert_close(clipped["loss"], t(-1.2, float(ratio[1])))
     torch.testing.assert_close(clipped["clipfrac"], t(1.0, 0.0))
     # gspo: one sequence ratio exp(mean(0.2, −0.1)) = e^0.05 for both tokens, inside the clip range
-    seq = ESTIMATORS.get("gspo").policy_loss(LOSS_INPUTS, algo("gspo"))
+    seq = ESTIMATORS.get("gspo").loss(LOSS_INPUTS, algo("gspo"))
     s = torch.exp(torch.tensor(0.05, **F64))
     torch.testing.assert_close(seq["loss"], t(-float(s), float(s)))
     # sft: −ℓ per token and no clip metrics
-    nll = ESTIMATORS.get("sft").policy_loss(LOSS_INPUTS, algo("sft"))
+    nll = ESTIMATORS.get("sft").loss(LOSS_INPUTS, algo("sft"))
     assert list(nll) == ["loss"] and torch.equal(nll["loss"], t(1.0, 2.0))
 
 
 # --- adding CISPO is the test ---
 
 
-def cispo_policy_loss(x: PolicyLossInputs, knobs) -> dict[str, torch.Tensor]:
-    """CISPO (MiniMax-M1): −sg(clip(ρ, 1−ε_l, 1+ε_h))·A·ℓ; a clipped token keeps its gradient."""
-    eps_high = knobs.eps_clip if knobs.eps_clip_high is None else knobs.eps_clip_high
-    return cispo_loss(x.log_probs, x.old_log_probs, x.advantages, eps_clip=knobs.eps_clip, eps_clip_high=eps_high)
-
-
 CISPO = Estimator(
     name="cispo",
-    reward_transform=group_normalized_rewards,
-    token_advantages=broadcast_advantages,
-    policy_loss=cispo_policy_loss,
+    reward_transform=f"{FUNCTIONS}.group_normalized_rewards",
+    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+    policy_loss="tests.helpers.cispo.cispo_policy_loss",
     needs_old_log_probs=True,
 )
 
@@ -314,3 +321,23 @@ def test_no_site_compares_the_estimator_name_with_a_literal():
         if pattern.search(line)
     ]
     assert hits == []
+
+
+def test_validation_reads_what_a_new_record_needs():
+    needy = Estimator(
+        name="needy",
+        reward_transform=f"{FUNCTIONS}.raw_rewards",
+        token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+        policy_loss=f"{FUNCTIONS}.clipped_surrogate_loss",
+        needs_whitening=True,
+        min_samples_per_prompt=64,
+    )
+    overrides = ["algo.advantage_estimator=needy", "algo.normalize_advantages=false"]
+    ESTIMATORS.register(needy)
+    try:
+        found = {p.key: str(p) for p in collect_problems(typed_config(overrides))}
+    finally:
+        ESTIMATORS.unregister("needy")
+    assert "needy requires advantage whitening" in found["algo.normalize_advantages"]
+    assert "at least 64 samples per prompt" in found["rollout.n_samples_per_prompt"]
+    assert "algo.normalize_advantages" not in {p.key for p in collect_problems(typed_config(overrides[1:]))}

@@ -57,7 +57,7 @@ def rl_samples(n: int, vocab: int, seed: int = 0, *, longest_response: int = 600
 def hf_log_probs(model_dir: str, samples: standalone.Samples, *, dtype=torch.bfloat16) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    from slime.algo import log_probs_and_entropy, response_logits_slice
+    from slime.algo.logprobs import log_probs_and_entropy, response_logits_slice
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").cuda()
     out = []

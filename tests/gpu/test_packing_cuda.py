@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from slime.algo import log_probs_and_entropy
+from slime.algo.logprobs import log_probs_and_entropy
 from slime.train import packing
 
 pytestmark = pytest.mark.gpu

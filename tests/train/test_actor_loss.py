@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from slime.algo import approx_kl, token_weights
+from slime.algo.kl import approx_kl
+from slime.algo.reduction import token_weights
 from slime.config.schema import AlgoConfig
 from slime.train.actor_loss import actor_loss, reduction_mode
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime.algo import chunked_log_probs_and_entropy, log_probs_and_entropy
+from slime.algo.logprobs import chunked_log_probs_and_entropy, log_probs_and_entropy
 from slime.train import batching
 from slime.train.fsdp.critic import FSDPCritic
 from tests.config.test_config import problems_for

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from slime.algo import log_probs_and_entropy, response_logits_slice  # noqa: E402
+from slime.algo.logprobs import log_probs_and_entropy, response_logits_slice  # noqa: E402
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
 from slime.net import free_port  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
