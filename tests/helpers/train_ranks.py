@@ -1,7 +1,9 @@
 """Training ranks without a model, for tests of the runtime's data path (slime.runtime.train_group).
 
 Real `TrainRank` actors around `RecordingBackend`, a `TrainBackend` that keeps what it receives (its shard, its
-columns) and, as a critic, computes values from its shard's samples alone.
+columns) and, as a critic, computes values from its shard's samples alone. A helper module, though one test
+module uses it: a Ray worker imports the module of the class it runs, and this one imports no test module (nor
+conftest.py, whose import makes a session cache directory).
 """
 
 from __future__ import annotations
