@@ -12,7 +12,7 @@ Data layout (used by every function here):
       ``token_weights`` + ``reduce`` for micro-batch- and DP-invariant step values.
 
 Functions are pure (tensors in, tensors or dicts of tensors out) and import only torch. Import them from
-their modules (advantages, kl, logprobs, passk, policy_loss, reduction, rewards, value_loss): this package
-imports nothing itself, so `slime.algo.estimators` (the algorithm registry, standard library only) reads
-without torch.
+their modules (advantages, estimator_functions, kl, logprobs, passk, policy_loss, reduction, rewards,
+value_loss): this package imports nothing itself, so `slime.algo.estimators` (the algorithm registry,
+standard library only) reads without torch.
 """
