@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.assets.generators import GENERATOR_SHAPE, generated_file
-from slime.assets.tiny_model import read_hf_config
+from slime.assets.hf_config_file import read_hf_config
 from slime.config.hf_config import mismatches, unsupported_layout
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem

@@ -6,7 +6,11 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
 from slime.assets.files import creation_lock
+from slime.assets.hf_config_file import read_hf_config
 from slime.assets.tokenizer import build_tokenizer, vocabulary
 from slime.config.hf_config import hf_fields, mismatches
 from slime.config.schema import ModelConfig
@@ -15,15 +19,6 @@ from slime.config.schema import ModelConfig
 def hf_config_dict(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int | None) -> dict:
     """The transformers `config.json` fields for `model` (any `model.architecture`)."""
     return hf_fields(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-
-
-def read_hf_config(path: str | Path) -> dict:
-    """`config.json` of an HF checkpoint, with `rope_theta` lifted out of transformers 5's `rope_parameters`."""
-    fields = json.loads((Path(path) / "config.json").read_text())
-    rope = fields.get("rope_parameters") or {}
-    if "rope_theta" not in fields and "rope_theta" in rope:
-        fields["rope_theta"] = rope["rope_theta"]
-    return fields
 
 
 def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
@@ -59,9 +54,6 @@ def create_tiny_model(model: ModelConfig, save_dir: str | Path | None = None) ->
     The same config and seed give bit-identical safetensors on every machine. Written to a temporary
     sibling directory first and renamed, so an interrupted creation never leaves a half model behind.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     save_dir = Path(save_dir or model.hf_checkpoint)
     if len(vocabulary()) > model.vocab_size:
         raise ValueError(

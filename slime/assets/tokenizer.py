@@ -11,6 +11,9 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -63,9 +66,6 @@ def vocabulary() -> list[str]:
 
 def build_tokenizer(save_dir: str | Path | None = None):
     """Build the word-level tokenizer; save it to `save_dir` when given. Returns the HF tokenizer."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {token: i for i, token in enumerate(vocabulary())}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     core.normalizer = normalizers.Lowercase()

@@ -146,6 +146,7 @@ class EngineClient:
     def trainer_weight_group(*, address: str, world_size: int, group_name: str, backend: str, timeout_s: float):
         """The trainer's (rank 0's) end of the group `/init_weights_update_group` joins: SGLang's
         `init_custom_process_group` rendezvous (`slime.wire.weight_group`); `.port` to send, `.join()`."""
+        # torch: the driver and the rollout manager import this client and never load torch; the trainer does
         from slime.wire.weight_group import HostedWeightGroup
 
         return HostedWeightGroup(

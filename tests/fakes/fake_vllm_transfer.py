@@ -35,7 +35,7 @@ import torch
 
 from slime.wire import bare_group
 
-GROUP = "vllm-weight-transfer"  # the store prefix of the trainer's group (slime.engine.vllm.nccl_group)
+GROUP = "vllm-weight-transfer"  # the store prefix of the trainer's group (slime.engine.vllm.weight_transfer)
 
 
 class WorkerError(RuntimeError):

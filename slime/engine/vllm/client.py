@@ -30,6 +30,7 @@ from typing import Any, Optional
 from slime.engine import http_client
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
+from slime.engine.vllm import cpu
 
 SLEEP_LEVEL = 2
 WAKE_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
@@ -117,8 +118,6 @@ class VLLMClient(EngineClient):
     def prepare_disk_checkpoint(path: str) -> None:
         """A tied checkpoint gets its LM head as a tensor of its own (`slime.engine.vllm.cpu.untie`): a CPU server
         serves tied checkpoints untied, so that a reload loads (and repacks) the head; a tied server skips it."""
-        from slime.engine.vllm import cpu
-
         cpu.untie(path)
 
     def update_weights_from_disk(
@@ -153,11 +152,11 @@ class VLLMClient(EngineClient):
     @staticmethod
     def trainer_weight_group(*, address: str, world_size: int, group_name: str, backend: str, timeout_s: float):
         """The trainer's end of the group `/init_weight_transfer_engine` joins (one per server, so `group_name`
-        is not used): vLLM's own NCCL rendezvous (`slime.engine.vllm.nccl_group`), or on CPU a gloo group under
+        is not used): vLLM's own NCCL rendezvous (`slime.engine.vllm.weight_transfer`), or on CPU a gloo group under
         the fixed store prefix `weight_group_name`."""
-        from slime.engine.vllm.nccl_group import VLLMTrainerEnd
-
-        return VLLMTrainerEnd(address=address, world_size=world_size, backend=backend, timeout_s=timeout_s)
+        return _weight_transfer().VLLMTrainerEnd(
+            address=address, world_size=world_size, backend=backend, timeout_s=timeout_s
+        )
 
     def begin_weight_update(self) -> None:
         self._call("POST", "/start_weight_update", {}, timeout=600.0)
@@ -191,13 +190,18 @@ class VLLMClient(EngineClient):
         timeout: float = 600.0,
     ) -> dict:
         """One flattened bucket (`slime.wire.bucket_codec` items, one per engine TP rank) as vLLM's packed IPC update."""
-        from slime.engine.vllm.protocol import ipc_update_info
-
         if not self._ipc_ready:
             self._call("POST", "/init_weight_transfer_engine", {"init_info": {"packed": True}}, timeout=timeout)
             self._ipc_ready = True
-        info = ipc_update_info(serialized_named_tensors)
+        info = _weight_transfer().ipc_update_info(serialized_named_tensors)
         return self._call("POST", "/update_weights", {"update_info": info}, timeout=timeout)
 
     def __repr__(self) -> str:
         return f"VLLMClient({self.url})"
+
+
+def _weight_transfer():
+    """`slime.engine.vllm.weight_transfer`, loaded by the weight updates only (in the trainer's process)."""
+    from slime.engine.vllm import weight_transfer  # torch: the driver and the rollout import this client, never torch
+
+    return weight_transfer

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -33,15 +34,35 @@ def is_tied(model_dir: str | Path) -> bool:
     return bool(config.get("tie_word_embeddings", False))
 
 
-def _embedding(model_dir: Path):
-    """The checkpoint's input embedding tensor (the one `*embed_tokens.weight`), read from its safetensors."""
-    from safetensors import safe_open
+def _header(file: Path) -> tuple[int, dict]:
+    """(bytes before the data, the JSON header) of a safetensors file: an 8-byte little-endian header size,
+    then the header (tensor name -> dtype, shape, data_offsets into the data; `__metadata__`)."""
+    with open(file, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return 8 + size, json.loads(f.read(size))
 
+
+def _copy_embedding(model_dir: Path, dst: Path) -> None:
+    """Write the checkpoint's input embedding (the one `*embed_tokens.weight`) to `dst` as a safetensors file
+    holding `lm_head.weight`: the same dtype, shape and bytes (copied as bytes: no torch in this module)."""
     for file in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                if name.endswith("embed_tokens.weight"):
-                    return f.get_tensor(name)
+        start, header = _header(file)
+        name = next((n for n in header if n != "__metadata__" and n.endswith("embed_tokens.weight")), None)
+        if name is None:
+            continue
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        with open(file, "rb") as f:
+            f.seek(start + begin)
+            data = f.read(end - begin)
+        out = {
+            "__metadata__": {"format": "pt"},
+            LM_HEAD: {"dtype": entry["dtype"], "shape": entry["shape"], "data_offsets": [0, len(data)]},
+        }
+        text = json.dumps(out, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        dst.write_bytes(struct.pack("<Q", len(text)) + text + data)
+        return
     raise ValueError(f"{model_dir}: no *embed_tokens.weight tensor to tie the LM head to")
 
 
@@ -49,15 +70,13 @@ def untie(model_dir: str | Path) -> None:
     """Make the checkpoint at `model_dir` untied in place: `lm_head.weight` (a copy of the embedding) in its own
     file, listed in the index (written when there was none), and `tie_word_embeddings: false`. Does nothing to
     an untied one."""
-    from safetensors.torch import save_file
-
     model_dir = Path(model_dir)
     if not is_tied(model_dir):
         return
     index = model_dir / INDEX_FILE
     # with the head in a file of its own, an index lists every file (transformers reads one file without one)
     data = json.loads(index.read_text()) if index.exists() else {"metadata": {}, "weight_map": _weight_map(model_dir)}
-    save_file({LM_HEAD: _embedding(model_dir).contiguous()}, str(model_dir / LM_HEAD_FILE), metadata={"format": "pt"})
+    _copy_embedding(model_dir, model_dir / LM_HEAD_FILE)
     data.setdefault("weight_map", {})[LM_HEAD] = LM_HEAD_FILE
     _replace(index, json.dumps(data, indent=2))
     config = json.loads((model_dir / "config.json").read_text())
@@ -67,12 +86,9 @@ def untie(model_dir: str | Path) -> None:
 
 def _weight_map(model_dir: Path) -> dict[str, str]:
     """Tensor name -> file of every safetensors file under `model_dir` (an index's `weight_map`)."""
-    from safetensors import safe_open
-
     found = {}
     for file in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            found.update(dict.fromkeys(f.keys(), file.name))
+        found.update(dict.fromkeys(sorted(n for n in _header(file)[1] if n != "__metadata__"), file.name))
     return found
 
 

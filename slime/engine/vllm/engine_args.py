@@ -16,8 +16,6 @@ it only for an installed version other than the pinned one.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import difflib
 import importlib.metadata
 import json
@@ -118,22 +116,13 @@ def parser_fields() -> Optional[dict[str, dict[str, str]]]:
     None when vllm does not import. Types come from the AsyncEngineArgs and FrontendArgs dataclass fields
     ("" for flags that are no field). Imports vllm (seconds)."""
     try:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.entrypoints.launchers.cli_args import FrontendArgs, make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        from slime.engine.vllm import vllm_parser  # optional library: vllm (absent on the CPU install; seconds)
     except Exception:  # not installed, installed without its GPU stack, or another layout
         return None
-    parser = make_arg_parser(FlexibleArgumentParser())
-    types = {f.name: type_text(f.type) for cls in (FrontendArgs, AsyncEngineArgs) for f in dataclasses.fields(cls)}
-    fields = {
-        action.dest: {"flag": _long_flag(action.option_strings), "type": types.get(action.dest, "")}
-        for action in parser._actions  # argparse keeps no public list of its actions
-        if action.option_strings and action.dest not in ("help", argparse.SUPPRESS) and not action.dest.startswith("_")
-    }
-    return dict(sorted(fields.items()))
+    return vllm_parser.parser_fields()
 
 
-def _long_flag(options: list[str]) -> str:
+def long_flag(options: list[str]) -> str:
     return next((option for option in options if option.startswith("--")), options[0])
 
 

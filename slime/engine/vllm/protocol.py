@@ -16,8 +16,6 @@ version are recorded exactly as with SGLang. `logprobs: 0` asks for the sampled 
 
 from __future__ import annotations
 
-import base64
-import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,36 +87,4 @@ def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": len(ids),
         },
-    }
-
-
-def ipc_update_info(items: Sequence[str]) -> dict[str, Any]:
-    """vLLM's packed IPC `update_info` for one flattened bucket given as SGLang-format items
-    (`slime.wire.bucket_codec`, one per engine TP rank): names, dtype_names, shapes, tensor_sizes (bytes, in
-    buffer order) and `ipc_handles_pickled`, base64 of a pickled {device key: rebuild args} (the GPU's UUID
-    for CUDA IPC, with torch's device index of this process; "cpu" for a shared-memory segment:
-    (path, byte offset of the data, bytes))."""
-    from slime.wire import bucket_codec
-
-    handles: dict[str, Any] = {}
-    metadata = None
-    for item in items:
-        rebuild, meta = bucket_codec.describe(item)
-        if metadata is not None and meta != metadata:
-            raise ValueError("the TP ranks' buckets hold different tensors")
-        metadata = meta
-        if rebuild.function == "rebuild_cuda_tensor":
-            uuid, args = bucket_codec.cuda_rebuild_args(rebuild)
-            handles[uuid] = args
-        else:
-            handles["cpu"] = bucket_codec.shm_segment(rebuild)
-    metadata = metadata or []
-    if [m.start_idx for m in metadata] != [0, *(m.end_idx for m in metadata[:-1])]:
-        raise ValueError("a packed bucket must hold its tensors back to back (one dtype per bucket)")
-    return {
-        "names": [m.name for m in metadata],
-        "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
-        "shapes": [list(m.shape) for m in metadata],
-        "tensor_sizes": [m.numel for m in metadata],
-        "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode("ascii"),
     }
