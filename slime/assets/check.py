@@ -52,6 +52,7 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
             None,
             "no prompt data",
             "set data.prompt_data=<file.jsonl> (your prompts) or pick data=digit_task (the synthetic task)",
+            machine=True,  # an input the launch needs, not a mistake: the dry run lists it as still needed
         )
     yield from check_save_hf(cfg)
     yield from check_model_checkpoint(cfg)

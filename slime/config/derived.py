@@ -19,7 +19,6 @@ class Derived:
     critic_gpus: int
     rollout_gpus: int
     total_gpus: int  # what the placement group reserves
-    num_engines: int
     dp_size: int  # data-parallel ranks of the actor
     samples_per_rollout: int  # B_p · n
     global_batch_size: int  # G, samples per optimizer step (all DP ranks)

@@ -14,8 +14,9 @@ from slime.config.secret_keys import REDACTED, is_secret_key
 class Problem:
     """`key` (dotted config key) has `value`; `message` says what is wrong, `fix` the override that fixes it.
 
-    `machine`: the problem is about this machine (a path that does not exist here, too few local GPUs), not
-    the config: the dry run (debug=dry_run), which plans a launch elsewhere, reports it as a warning."""
+    `machine`: an input the launch needs is absent here, not a mistake in the config: a path that does not
+    exist on this machine, too few local GPUs, prompt data or a reward not given yet. A launch refuses it like
+    any problem; the dry run (debug=dry_run), which plans a launch elsewhere, lists it as still needed."""
 
     key: str
     value: Any

@@ -392,7 +392,7 @@ class DebugConfig:
     rollout_only: bool = False
     train_only: bool = False
     # Compose, validate, print the placement plan, batch arithmetic and per-GPU memory estimate, then exit 0 without
-    # starting anything (debug=dry_run; slime.tracking.dry_run)
+    # starting anything (debug=dry_run; slime.plan.dry_run)
     dry_run: bool = False
     gpu_memory_gib: Optional[float] = (
         None  # GPU size the dry run's memory estimate is checked against (None: nvidia-smi, else 80)

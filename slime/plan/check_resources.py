@@ -79,7 +79,11 @@ def _check_engines(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
         )
     for key, value, message, fix in group_problems(cfg, derived.rollout_gpus):
         yield Problem(key, value, message, fix)
-    if derived.num_engines < 1 and c.rollout.num_gpus_per_engine >= 1 and not cfg.rollout.models:
+    if (
+        c.rollout.num_gpus_per_engine >= 1
+        and derived.rollout_gpus < c.rollout.num_gpus_per_engine
+        and not cfg.rollout.models
+    ):
         yield Problem(
             "cluster.rollout.num_gpus",
             c.rollout.num_gpus,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig
-from slime.engine.groups import engine_specs, rollout_gpu_count
+from slime.engine.groups import rollout_gpu_count
 from slime.rollout.check_data import rollouts_for_epochs
 from slime.rollout.entry_points import rollout_function_path
 
@@ -42,7 +42,6 @@ def derive(cfg: RunConfig) -> Derived:
         critic_gpus=critic,
         rollout_gpus=rollout,
         total_gpus=total,
-        num_engines=len(engine_specs(cfg, rollout)),
         dp_size=dp,
         samples_per_rollout=samples,
         global_batch_size=g,

@@ -91,6 +91,7 @@ def _check_num_rollout(cfg: RunConfig) -> Iterator[Problem]:
                 t.num_epoch,
                 "an epoch is a pass over data.prompt_data, which is not set",
                 "set data.prompt_data, or train.num_rollout instead",
+                machine=True,  # known once the prompt data is given: the dry run lists it as still needed
             )
         elif rollouts_for_epochs(cfg) == 0:
             yield Problem(

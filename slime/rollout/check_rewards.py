@@ -31,6 +31,7 @@ def _check_reward_choice(cfg: RunConfig) -> Iterator[Problem]:
             None,
             "no reward: neither rollout.rm_type nor rollout.custom_rm_path is set",
             f"set rollout.rm_type=<one of {', '.join(REWARD_TYPES.names())}> or rollout.custom_rm_path=<module.fn>",
+            machine=True,  # an input the launch needs, not a mistake: the dry run lists it as still needed
         )
     elif r.custom_rm_path is not None and r.rm_type is not None:
         yield Problem(

@@ -9,13 +9,11 @@ from typing import Any
 
 import ray
 
-from slime.algo.estimators import ESTIMATORS
-from slime.config.derived import Derived
 from slime.config.schema import RunConfig
-from slime.engine.groups import engine_specs
+from slime.plan.run_plan import RunPlan
 from slime.runtime.interrupts import Interrupts
 from slime.runtime.loop import RunLoop, RunParts
-from slime.runtime.placement import RunPlacement, create_placement
+from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
@@ -26,7 +24,6 @@ from slime.runtime.weight_push import WeightPush
 from slime.sync.base import SyncContext
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
-from slime.train.layout import RankLayout
 from slime.train.train_setup import TrainSetup
 
 logger = logging.getLogger(__name__)
@@ -34,10 +31,11 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunJob:
-    """What the driver runs: the validated config, its derived values, and what the tracker names the run by."""
+    """What the driver runs: the resolved (read-only) config, its plan (slime.plan.resolve), and what the tracker
+    names the run by."""
 
     cfg: RunConfig
-    derived: Derived
+    plan: RunPlan
     config_dict: dict[str, Any]  # the redacted resolved config (plus the env report), for the tracker
     identity: RunIdentity
 
@@ -49,7 +47,7 @@ def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
     # with a watchdog, every actor arms its stack dump (slime.runtime.watchdog) in this directory
     env = {STACKS_ENV: str(Path(cfg.paths.output_dir) / "stacks")} if cfg.runtime.phase_timeout_s else {}
     with ray_session(
-        cfg.cluster, num_bundles=job.derived.total_gpus, log_to_driver=cfg.debug.ray_log_to_driver, env=env
+        cfg.cluster, num_bundles=job.plan.roles.num_bundles, log_to_driver=cfg.debug.ray_log_to_driver, env=env
     ):
         interrupts.reinstall()  # ray.init replaced the SIGTERM handler
         started = StartedRun(job, state)
@@ -67,27 +65,27 @@ class StartedRun:
 
     def __init__(self, job: RunJob, state: RunState):
         self.job, self.state = job, state
-        self.placement = _placement(job.cfg, job.derived)
+        self.placement = create_placement(job.plan.roles, device=job.cfg.cluster.device)
         self.manager = ray.remote(**ACTOR_OPTIONS)(RolloutManager).remote(
-            RolloutSetup.from_run_config(job.cfg, job.derived), self.placement.rollout
+            RolloutSetup.from_run_config(job.cfg, job.plan), self.placement.rollout
         )
         self.engines_ready = self.tracker = self.loop = None
         self.groups: list[TrainGroup] = []
 
     def build_loop(self) -> RunLoop:
         """Start-up overlaps: the engines come up while the trainers build, and wandb starts meanwhile."""
-        cfg, derived = self.job.cfg, self.job.derived
+        cfg, plan = self.job.cfg, self.job.plan
+        derived, layout = plan.derived, plan.layout
         self.engines_ready = self.manager.start.remote()
         if cfg.debug.rollout_only:  # no trainer: engines generate, rewards and metrics logged
             self.tracker = _tracker(self.job)
             ray.get(self.engines_ready)
             self.loop = RunLoop(RunParts(cfg=cfg, state=self.state, manager=self.manager, tracker=self.tracker), 0)
             return self.loop
-        layout = train_layout(cfg, derived)
         actor = TrainGroup.launch(TrainSetup.from_run_config(cfg, derived), self.placement.actor, layout)
         self.groups.append(actor)
         critic = None
-        if ESTIMATORS.get(cfg.algo.advantage_estimator).needs_critic:
+        if plan.critic:
             critic = TrainGroup.launch(
                 TrainSetup.for_critic(cfg, derived), self.placement.critic, layout, role="critic"
             )
@@ -141,18 +139,6 @@ class StartedRun:
         state.phase = state_phase if exit_code else "done"
 
 
-def _placement(cfg: RunConfig, derived: Derived) -> RunPlacement:
-    """The run's bundles and who gets which (slime.runtime.plan)."""
-    with_critic = ESTIMATORS.get(cfg.algo.advantage_estimator).needs_critic
-    return create_placement(
-        derived,
-        device=cfg.cluster.device,
-        colocate=cfg.cluster.colocate,
-        engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
-        critic_with_actor=with_critic and cfg.cluster.critic.colocate_with_actor,
-    )
-
-
 def _tracker(job: RunJob) -> Tracker:
     cfg = job.cfg
     return Tracker(
@@ -163,12 +149,6 @@ def _tracker(job: RunJob) -> Tracker:
         total_rollouts=cfg.train.num_rollout,
         steps_per_rollout=cfg.train.num_steps_per_rollout,
     )
-
-
-def train_layout(cfg: RunConfig, derived: Derived) -> RankLayout:
-    """The training group's rank layout (the critic mirrors the actor's)."""
-    p = cfg.parallelism
-    return RankLayout.for_world(derived.actor_gpus, tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep, etp=p.etp)
 
 
 def _sync_context(cfg: RunConfig) -> SyncContext:

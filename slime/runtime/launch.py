@@ -23,14 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slime.assets.prepare import prepare_assets
-from slime.config import ConfigError, fill_derived, to_run_config
+from slime.config import ConfigError, to_run_config
 from slime.config.objective import objective_name, objective_value
-from slime.plan.validate import validate
+from slime.plan.dry_run import dry_run
+from slime.plan.resolve import resolve
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState
 from slime.runtime.watchdog import Watchdog, remove_armed
-from slime.tracking.dry_run import dry_run
 from slime.tracking.env_report import tracker_config
 from slime.tracking.naming import HydraRun, run_identity
 from slime.tracking.secrets import redact, redact_overrides, scrub, secret_env_values
@@ -65,22 +65,21 @@ def execute(dcfg: DictConfig) -> float | None:
         cfg = to_run_config(dcfg)
         if cfg.debug.dry_run:  # plan only: nothing is started, no run directory is made
             return _dry_run(cfg, multirun=multirun)
-        derived = validate(cfg)
+        cfg, plan = resolve(cfg)  # read-only from here on
     except (ConfigError, OmegaConfBaseException) as exc:
         if multirun:
             raise
         print(f"Configuration error: {exc}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
-    cfg = fill_derived(cfg, derived)
     logging.getLogger().setLevel(cfg.debug.log_level)
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     text = redacted_yaml(cfg)
     (run_dir / "config.yaml").write_text(text)
     print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{text}")
-    print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in derived.table()))
+    print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in plan.table()))
 
-    result, code, interrupted = _run_with_result(cfg, derived, run_dir)
+    result, code, interrupted = _run_with_result(cfg, plan, run_dir)
     if multirun:
         if interrupted is not None:  # Ctrl-C stops the whole sweep, not just this job
             raise interrupted
@@ -110,7 +109,7 @@ def scrub_hydra_records(output_dir: Path, overrides: list[str]) -> None:
 
 
 def _dry_run(cfg, *, multirun: bool) -> None:
-    """debug=dry_run (slime.tracking.dry_run): exit 0, or 2 on a configuration problem (a sweep job raises)."""
+    """debug=dry_run (slime.plan.dry_run): exit 0, or 2 on a configuration problem (a sweep job raises)."""
     code = dry_run(cfg)
     if multirun:
         if code:
@@ -119,7 +118,7 @@ def _dry_run(cfg, *, multirun: bool) -> None:
     sys.exit(code)
 
 
-def _run_with_result(cfg, derived, run_dir: Path):
+def _run_with_result(cfg, plan, run_dir: Path):
     """Run under the signal policy and write result.json whatever happens (a forced exit included).
 
     Returns (the result.json dict, the exit code, the RunInterrupted if a signal stopped the run).
@@ -169,9 +168,9 @@ def _run_with_result(cfg, derived, run_dir: Path):
             prepare_assets(cfg)
             job = RunJob(
                 cfg=cfg,
-                derived=derived,
+                plan=plan,
                 config_dict=tracker_config(cfg, hydra.choices, hydra.overrides),
-                identity=run_identity(cfg, hydra, summary=_one_line(cfg, derived)),
+                identity=run_identity(cfg, hydra, summary=_one_line(cfg, plan.derived)),
             )
             run(job, state, interrupts)
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait

@@ -3,7 +3,8 @@
 GPU clusters get `{GPU: 1, CPU: 1}` bundles; `cluster.device=cpu` gets `{CPU: 1}` bundles and the
 same code runs. Where each bundle landed comes from a probe task per bundle on GPU clusters (only a
 task learns which GPU Ray gave its bundle) and from the placement group table on CPU (no worker
-process to start). Which role gets which bundle is slime.runtime.plan (pure, shared with the dry run).
+process to start). Which role gets which bundle is the RunPlan's `roles` (slime.plan.roles), which the dry run
+prints.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.config.derived import Derived
-from slime.runtime.plan import assign_roles
+from slime.plan.roles import RolePlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,30 +95,24 @@ class RunPlacement:
 PLACEMENT_TIMEOUT_S = 120.0  # seconds the bundles may take to be reserved
 
 
-def create_placement(
-    derived: Derived,
-    *,
-    device: str,
-    colocate: bool,
-    engine_gpus: list[int],
-    critic_with_actor: bool,
-) -> RunPlacement:
-    """Reserve the bundles (strategy PACK), locate each one (node IP, GPU id), sort, and assign roles;
-    engine i gets the next `engine_gpus[i]` rollout bundles."""
+def create_placement(roles: RolePlan, *, device: str) -> RunPlacement:
+    """Reserve `roles.num_bundles` bundles (strategy PACK), locate each one (node IP, GPU id), sort, and place
+    each role on the sorted bundles its RolePlan names."""
+    count, timeout_s = roles.num_bundles, PLACEMENT_TIMEOUT_S
     bundle = {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": 1}
-    group = placement_group([dict(bundle) for _ in range(derived.total_gpus)], strategy="PACK")
-    timeout_s = PLACEMENT_TIMEOUT_S
+    group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         raise TimeoutError(
-            f"placement group of {derived.total_gpus} {bundle} bundles not ready after {timeout_s}s: "
+            f"placement group of {count} {bundle} bundles not ready after {timeout_s}s: "
             f"cluster resources are {ray.cluster_resources()}"
         )
-    located = _locate(group, derived.total_gpus, device)
-    order = sorted(range(derived.total_gpus), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
+    located = _locate(group, count, device)
+    order = sorted(range(count), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
     places = [Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0]) for i in order]
-    plan = assign_roles(derived, colocate=colocate, engine_gpus=engine_gpus, critic_with_actor=critic_with_actor)
-    actor = [places[i] for i in plan.actor]
-    critic = actor if critic_with_actor else [places[i] for i in plan.critic]
-    engines = [EnginePlacement(tuple(places[i] for i in bundles)) for bundles in plan.engines]
-    return RunPlacement(group=group, actor=actor, critic=critic, rollout=engines)
+    return RunPlacement(
+        group=group,
+        actor=[places[i] for i in roles.actor],
+        critic=[places[i] for i in roles.critic],
+        rollout=[EnginePlacement(tuple(places[i] for i in bundles)) for bundles in roles.engines],
+    )

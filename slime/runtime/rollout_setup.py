@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from slime.config.derived import Derived
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
-from slime.engine.groups import engine_specs, model_specs
+from slime.plan.run_plan import RunPlan
 from slime.runtime.engine_fleet import FleetSetup
 
 
@@ -37,7 +36,8 @@ class RolloutSetup:
     max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
 
     @classmethod
-    def from_run_config(cls, cfg: RunConfig, derived: Derived) -> RolloutSetup:
+    def from_run_config(cls, cfg: RunConfig, plan: RunPlan) -> RolloutSetup:
+        derived = plan.derived
         return cls(
             rollout=cfg.rollout,
             data=cfg.data,
@@ -55,8 +55,8 @@ class RolloutSetup:
             balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
             fleet=FleetSetup(
                 rollout=cfg.rollout,
-                models=model_specs(cfg),
-                specs=engine_specs(cfg, derived.rollout_gpus),
+                models=list(plan.models),
+                specs=list(plan.engines),
                 host=cfg.cluster.host,
                 device=cfg.cluster.device,
                 colocate=cfg.cluster.colocate,

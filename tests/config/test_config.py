@@ -84,7 +84,7 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
 def test_default_derived_values():
     cfg = typed_config([])
     d = validate(cfg)
-    assert (d.actor_gpus, d.critic_gpus, d.rollout_gpus, d.num_engines, d.dp_size, d.total_gpus) == (1, 0, 1, 1, 1, 2)
+    assert (d.actor_gpus, d.critic_gpus, d.rollout_gpus, d.dp_size, d.total_gpus) == (1, 0, 1, 1, 2)
     assert (d.samples_per_rollout, d.global_batch_size, d.precision) == (256, 128, "fp32")
 
 

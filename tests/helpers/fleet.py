@@ -11,8 +11,8 @@ from pathlib import Path
 
 import ray
 
-from slime.engine.groups import engine_specs
 from slime.plan.derive import derive
+from slime.plan.run_plan import plan_run
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
@@ -27,16 +27,10 @@ def running_fleet(
     """The fleet of the config `overrides` compose, started and registered; shut down (with Ray) on exit.
     `engine_env`: variables every engine server sees (e.g. SGLANG_HEALTH_CHECK_TIMEOUT)."""
     cfg = typed_config(overrides, output_dir=str(run_dir))
-    derived = derive(cfg)
-    with ray_session(cfg.cluster, num_bundles=derived.total_gpus, log_to_driver=False, env=engine_env):
-        placement = create_placement(
-            derived,
-            device=cfg.cluster.device,
-            colocate=cfg.cluster.colocate,
-            engine_gpus=[spec.num_gpus for spec in engine_specs(cfg, derived.rollout_gpus)],
-            critic_with_actor=False,
-        )
-        fleet = EngineFleet(RolloutSetup.from_run_config(cfg, derived).fleet, placement.rollout)
+    plan = plan_run(cfg, derive(cfg))
+    with ray_session(cfg.cluster, num_bundles=plan.roles.num_bundles, log_to_driver=False, env=engine_env):
+        placement = create_placement(plan.roles, device=cfg.cluster.device)
+        fleet = EngineFleet(RolloutSetup.from_run_config(cfg, plan).fleet, placement.rollout)
         try:
             launched = fleet.launch()
             fleet.start_routers()

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from slime.plan.derive import derive
+from slime.plan.run_plan import plan_run
 from slime.rollout.base import RolloutHooks
 from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
@@ -23,7 +24,7 @@ def doubled(args, samples):
 @pytest.mark.parametrize("hook", [None, doubled])
 def test_reward_post_process_hook_or_the_algorithms(hook):
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
-    setup = RolloutSetup.from_run_config(cfg, derive(cfg))
+    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
     # rewards only: a manager with no engines (the fleet gets as many placements as engine specs)
     manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
     manager.hooks = RolloutHooks(reward_post_process=hook)

@@ -13,6 +13,7 @@ import types
 import pytest
 
 from slime.plan.derive import derive
+from slime.plan.run_plan import plan_run
 from slime.plan.validate import collect_problems
 from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
@@ -89,7 +90,7 @@ def test_sync_loop_trains_on_fresh_weights(monkeypatch):
 def _manager(engine: dict[str, int]) -> RolloutManager:
     """A rollout manager without engines whose rollout function answers under `engine["version"]`."""
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
-    setup = RolloutSetup.from_run_config(cfg, derive(cfg))
+    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
     manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
     manager.data_source = DataSource(None, n_samples_per_prompt=2, shuffle=False, seed=0)
     manager.hooks = RolloutHooks()
@@ -153,7 +154,7 @@ def test_cli_async_colocated_exits_2_before_starting_anything(tmp_path):
 
 
 def test_async_recipe_dry_run_plans_separate_train_and_engine_gpus():
-    from slime.tracking.dry_run import dry_run
+    from slime.plan.dry_run import dry_run
 
     missing = ["model.hf_checkpoint=/absent/Qwen3-4B", "data.prompt_data=/absent/train.jsonl"]
     lines: list[str] = []

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from slime.plan.derive import derive
+from slime.plan.run_plan import plan_run
 from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
 from tests.conftest import typed_config
@@ -34,7 +35,7 @@ def _draws() -> tuple[float, float, float]:
 
 def test_manager_checkpoint_restores_data_source_and_generators(tmp_path):
     cfg = typed_config([])
-    setup = RolloutSetup.from_run_config(cfg, derive(cfg))
+    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
     manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
     manager.data_source = CursorSource()
     manager.data_source.state["sample_offset"] = 24

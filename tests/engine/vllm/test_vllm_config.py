@@ -23,9 +23,9 @@ from slime.engine.vllm.engine_args import (
     tensor_parallel_size,
 )
 from slime.plan.derive import derive
+from slime.plan.dry_run import dry_run
+from slime.plan.memory import GIB, estimate_memory
 from slime.plan.validate import validate
-from slime.tracking.dry_run import dry_run
-from slime.tracking.memory import GIB, estimate_memory
 from tests.config.test_config_presets import assert_stopped_in_validation, run_main
 from tests.conftest import ROOT, compose_config, typed_config
 from tests.helpers.vllm_real import CPU_VLLM

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from slime.plan.derive import derive
-from slime.tracking.dry_run import dry_run
-from slime.tracking.memory import GIB, estimate_memory, parameter_count
+from slime.plan.dry_run import dry_run
+from slime.plan.memory import GIB, estimate_memory, parameter_count
 from tests.conftest import ROOT, typed_config
 
 GPU_RUN = [
@@ -27,6 +27,13 @@ def plan_of(overrides: list[str]) -> list[str]:
     lines: list[str] = []
     assert dry_run(typed_config([*GPU_RUN, *overrides]), out=lines.append) == 0, "\n".join(lines)
     return "\n".join(lines).splitlines()
+
+
+def still_needed(lines: list[str]) -> dict[str, str]:
+    """The dry run's "Still needed by a real launch" section: key -> its line (without the bullet)."""
+    start = lines.index("Still needed by a real launch (not on this machine, or not given yet):") + 1
+    items = [line.removeprefix("  - ") for line in lines[start:] if line.startswith("  - ")]
+    return {item.partition("=")[0]: item for item in items}
 
 
 def test_colocated_one_node_8gpu_plan():
@@ -62,12 +69,16 @@ def test_disaggregated_two_node_plan_with_tensor_parallel():
     assert "  = 1 optimizer step(s) x global batch 256 samples = 4 data-parallel rank(s) x 64 samples" in lines
 
 
-def test_default_8gpu_plan_is_4_trainers_4_engines_and_machine_checks_are_warnings():
+def test_default_8gpu_plan_is_4_trainers_4_engines_and_machine_checks_are_still_needed():
     lines = plan_of(["cluster=one_node_8gpu"])
     gpus = [line.strip() for line in lines if line.startswith("  node ")]
     assert gpus[3:5] == ["node 0 GPU 3: actor rank 3 (dp 3, tp 0, pp 0, cp 0)", "node 0 GPU 4: engine 0"]
-    warnings = [line for line in lines if line.startswith("WARNING: not checked on this machine")]
-    assert any("data.prompt_data" in w for w in warnings) and any("model.hf_checkpoint" in w for w in warnings)
+    needed = still_needed(lines)
+    assert needed["data.prompt_data"].startswith("data.prompt_data='/nonexistent/train.jsonl': path does not exist")
+    assert needed["model.hf_checkpoint"].endswith(
+        "no config.json there. Fix: download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>"
+    )
+    assert "the run needs 8 GPU(s)" in needed["cluster.device"]
 
 
 def test_engine_line_counts_each_models_engines_by_size():
@@ -152,3 +163,69 @@ def test_cli_dry_run_exits_0_without_importing_ray():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "node 0 GPU 7: engine 3" in proc.stdout
     assert "RAY_IMPORTED False" in proc.stdout
+
+
+# ---- what this machine lacks is planned, not refused (issue 24, 6b) -------------------------------------------------
+def run_main(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "main.py", *overrides], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+
+
+@pytest.mark.parametrize("recipe", ["gpu/qwen3_4b_grpo_disagg", "gpu/qwen3_4b_sft"])
+def test_a_gpu_recipe_without_data_or_checkpoint_is_planned_with_what_it_still_needs(recipe):
+    dry = run_main(f"recipe={recipe}", "debug=dry_run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    lines = dry.stdout.splitlines()
+    assert lines[0].startswith("Placement plan (8 GPU(s) of 1 node(s) x 8;") and "Memory per GPU" in dry.stdout
+    needed = still_needed(lines)
+    assert needed["data.prompt_data"] == (
+        "data.prompt_data=None: no prompt data. Fix: set data.prompt_data=<file.jsonl> (your prompts) or pick "
+        "data=digit_task (the synthetic task)"
+    )
+    assert needed["model.hf_checkpoint"].endswith(
+        "no config.json there. Fix: download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>"
+    )
+    assert "cluster.device" in needed  # this machine has no GPU
+    assert lines[-1] == "Dry run: configuration valid; nothing was started."
+    launch = run_main(f"recipe={recipe}")  # launched for real, the same inputs are refused before anything starts
+    assert launch.returncode == 2, launch.stderr
+    assert "Configuration error: invalid configuration" in launch.stderr and "Traceback" not in launch.stderr
+    assert "  - data.prompt_data=None: no prompt data." in launch.stderr
+    assert "  - model.hf_checkpoint=" in launch.stderr
+
+
+def test_a_reward_not_given_yet_is_still_needed_but_a_misspelt_one_is_an_error():
+    needed = still_needed(plan_of(["cluster=one_node_8gpu", "rollout.rm_type=null"]))
+    assert needed["rollout.rm_type"].startswith("rollout.rm_type=None: no reward")
+    lines: list[str] = []
+    assert dry_run(typed_config([*GPU_RUN, "rollout.rm_type=exact_matsh"]), out=lines.append) == 2
+    assert "rollout.rm_type='exact_matsh'" in lines[0] and "Placement plan" not in "\n".join(lines)
+
+
+# ---- the dry run prints the plan the driver executes -----------------------------------------------------------------
+DRIVER_PLAN = """\
+import runpy, sys
+import slime.runtime.driver as driver
+from slime.plan.dry_run import plan_text
+
+def run(job, *args, **kwargs):  # the driver's entry: print the plan it was handed instead of running it
+    print("DRIVER PLAN BEGIN", plan_text(job.cfg, job.plan), "DRIVER PLAN END", sep="\\n")
+
+driver.run = run
+sys.argv = ["main.py", *sys.argv[1:]]
+runpy.run_path("main.py", run_name="__main__")
+"""
+
+
+def test_the_dry_run_prints_the_plan_the_driver_is_handed(tmp_path):
+    overrides = ["algo=ppo", "cluster.rollout.num_gpus=2", f"hydra.run.dir={tmp_path}", "logger.progress=false"]
+    launch = subprocess.run(
+        [sys.executable, "-c", DRIVER_PLAN, *overrides], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert launch.returncode == 0, launch.stderr[-3000:]
+    handed = launch.stdout.split("DRIVER PLAN BEGIN\n")[1].split("\nDRIVER PLAN END")[0]
+    dry = run_main(*overrides, "debug=dry_run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout == handed + "\nDry run: configuration valid; nothing was started.\n"
+    assert "  node 0 CPU slot 1: critic rank 0\n  node 0 CPU slot 2: engine 0\n  node 0 CPU slot 3: engine 1" in handed

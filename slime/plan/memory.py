@@ -1,4 +1,4 @@
-"""Per-GPU memory estimate of a run, from its config alone (no torch): printed by the dry run.
+"""Per-GPU memory estimate of a run, from its config alone (no torch): part of the RunPlan, printed by the dry run.
 
 N = parameters of the policy: embedding V·H (twice when the output layer is untied) + per layer
 [attention H·Q + 2·H·KV + Q·H, SwiGLU MLP 3·H·F, norms 2·H + 2·d] + final norm H, with Q = heads·d and

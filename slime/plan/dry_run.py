@@ -1,27 +1,26 @@
-"""`debug=dry_run`: compose, validate, print the placement plan, the batch arithmetic and a per-GPU
-memory estimate, then exit 0 without starting anything (no Ray, no engine, no run directory).
+"""`debug=dry_run`: resolve the config, print its RunPlan (placement, batch arithmetic, per-GPU memory
+estimate) and what a real launch still needs, then exit 0 without starting anything (no Ray, no engine,
+no run directory).
 
 What a dry run checks: everything validation checks about the config (exit 2 on any problem, as a
-real run would). What it does not require: this machine's GPUs and the paths a run reads (the HF
-checkpoint, data files, checkpoints to load). A dry run plans a launch on the cluster, where those
-exist; problems of that kind (`Problem.machine`) are printed as warnings. When the HF checkpoint is
-here its config.json is still checked against the model config.
+real run would). What it does not require: what this machine lacks -- its GPUs, the paths a run reads
+(the HF checkpoint, data files, checkpoints to load), prompt data or a reward not given yet. A dry run
+plans a launch on the cluster, where those exist; it lists them under "Still needed by a real launch"
+(slime.plan.resolve). When the HF checkpoint is here its config.json is still checked against the model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from slime.algo.estimators import ESTIMATORS
-from slime.config.derived import Derived
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
-from slime.engine.groups import EngineSpec, engine_specs
-from slime.plan.derive import derive
-from slime.plan.validate import collect_problems
-from slime.runtime.plan import assign_roles, packed_device
-from slime.tracking.memory import GIB, estimate_memory, gpu_capacity_gib, parameter_count
-from slime.train.layout import RankLayout
+from slime.engine.groups import EngineSpec
+from slime.engine.vllm.engine_args import PARALLEL_SIZES, tensor_parallel_size
+from slime.plan.memory import GIB, gpu_capacity_gib, parameter_count
+from slime.plan.resolve import resolve
+from slime.plan.roles import packed_device
+from slime.plan.run_plan import RunPlan
 
 
 def _device_unit(cfg: RunConfig) -> str:
@@ -29,32 +28,24 @@ def _device_unit(cfg: RunConfig) -> str:
     return "GPU" if cfg.cluster.device == "cuda" else "CPU slot"
 
 
-def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
+def placement_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
     """One line per device of the nodes the run uses: which training rank, engine (and critic) it holds."""
-    c, p = cfg.cluster, cfg.parallelism
-    estimator = ESTIMATORS.find(cfg.algo.advantage_estimator)  # None: unknown, reported by validation
-    with_critic = estimator is not None and estimator.needs_critic
-    with_actor = with_critic and c.critic.colocate_with_actor
-    specs = engine_specs(cfg, derived.rollout_gpus)
-    engine_gpus = [spec.num_gpus for spec in specs]
-    plan = assign_roles(derived, colocate=c.colocate, engine_gpus=engine_gpus, critic_with_actor=with_actor)
-    layout = RankLayout.for_world(derived.actor_gpus, tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep, etp=p.etp)
-    holds: dict[int, list[str]] = {i: [] for i in range(derived.total_gpus)}
-    for rank, bundle in enumerate(plan.actor):
-        x = layout.coords(rank)
+    c, d, roles = cfg.cluster, plan.derived, plan.roles
+    holds: dict[int, list[str]] = {i: [] for i in range(roles.num_bundles)}
+    for rank, bundle in enumerate(roles.actor):
+        x = plan.layout.coords(rank)
         holds[bundle].append(f"actor rank {rank} (dp {x.dp_rank}, tp {x.tp_rank}, pp {x.pp_rank}, cp {x.cp_rank})")
-    if with_critic:
-        for rank, bundle in enumerate(plan.critic):
-            holds[bundle].append(f"critic rank {rank}")
-    for engine, bundles in enumerate(plan.engines):
+    for rank, bundle in enumerate(roles.critic):
+        holds[bundle].append(f"critic rank {rank}")
+    for engine, bundles in enumerate(roles.engines):
         for part, bundle in enumerate(bundles):
             share = f" [GPU {part + 1}/{len(bundles)}]" if len(bundles) > 1 else ""
             holds[bundle].append(f"engine {engine}{share}")
     unit = _device_unit(cfg)
     per_node = c.num_gpus_per_node
-    nodes_used = (derived.total_gpus + per_node - 1) // per_node
+    nodes_used = (d.total_gpus + per_node - 1) // per_node
     lines = [
-        f"Placement plan ({derived.total_gpus} {unit}(s) of {c.num_nodes} node(s) x {per_node}; "
+        f"Placement plan ({d.total_gpus} {unit}(s) of {c.num_nodes} node(s) x {per_node}; "
         f"{'colocated' if c.colocate else 'disaggregated'}; one bundle per {unit}, packed in node and {unit} order):"
     ]
     for index in range(nodes_used * per_node):
@@ -62,7 +53,7 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
         lines.append(f"  node {node} {unit} {gpu}: {' + '.join(holds.get(index, [])) or 'free'}")
     router = "vllm-router" if cfg.rollout.engine == "vllm" else "sglang-router"
     if cfg.rollout.engine == "vllm":
-        lines.append(vllm_line(cfg, specs))
+        lines.append(vllm_line(cfg, plan.engines))
     lines.append(
         f"  router ({cfg.rollout.router.address or router + ', launched'}) and rollout manager: "
         "the driver's node, no GPU"
@@ -70,10 +61,8 @@ def placement_lines(cfg: RunConfig, derived: Derived) -> list[str]:
     return lines
 
 
-def vllm_line(cfg: RunConfig, specs: list[EngineSpec]) -> str:
+def vllm_line(cfg: RunConfig, specs: tuple[EngineSpec, ...]) -> str:
     """How the vLLM servers split their GPUs: rollout.vllm with each server group's overrides on top."""
-    from slime.engine.vllm.engine_args import PARALLEL_SIZES, tensor_parallel_size
-
     short = {"pipeline_parallel_size": "pp", "prefill_context_parallel_size": "pcp", "data_parallel_size": "dp"}
     unit = _device_unit(cfg)
     shapes: dict[str, int] = {}  # "each 2 GPU(s) = tp 2" -> servers of that shape, in GPU order
@@ -87,26 +76,35 @@ def vllm_line(cfg: RunConfig, specs: list[EngineSpec]) -> str:
     return f"  vLLM servers: {described} (python -m {cfg.rollout.vllm_launch.module})"
 
 
-def batch_lines(cfg: RunConfig, derived: Derived) -> list[str]:
-    r, t = cfg.rollout, cfg.train
+def batch_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
+    r, t, derived = cfg.rollout, cfg.train, plan.derived
     k = t.num_steps_per_rollout
     return [
         "Batch arithmetic:",
         f"  rollout step: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = {derived.samples_per_rollout} samples",
         f"  = {k} optimizer step(s) x global batch {derived.global_batch_size} samples"
         f" = {derived.dp_size} data-parallel rank(s) x {derived.samples_per_dp_rank} samples",
-        f"  run: {t.num_rollout} rollout steps = {derived.num_optimizer_steps} optimizer steps, "
-        f"{t.num_rollout * derived.samples_per_rollout} samples; {_engines_phrase(cfg, derived)}",
+        f"  run: {_run_length(cfg, plan)}; {_engines_phrase(cfg, plan)}",
         f"  loop: {_loop_line(cfg)}",
     ]
 
 
-def _engines_phrase(cfg: RunConfig, derived: Derived) -> str:
+def _run_length(cfg: RunConfig, plan: RunPlan) -> str:
+    """The run's length in rollout steps, optimizer steps and samples (train.num_epoch: unknown until the
+    prompt data is there)."""
+    t, derived = cfg.train, plan.derived
+    if t.num_rollout is None:
+        return f"{t.num_epoch} epoch(s) of data.prompt_data (its size, and so the step count, is not known here)"
+    samples = t.num_rollout * derived.samples_per_rollout
+    return f"{t.num_rollout} rollout steps = {derived.num_optimizer_steps} optimizer steps, {samples} samples"
+
+
+def _engines_phrase(cfg: RunConfig, plan: RunPlan) -> str:
     """'4 engine(s) x 2 GPU(s)'; with server groups (`rollout.models`), one such part per model and engine
     size, in GPU order: '2 engine(s) x 2 GPU(s) (actor), 1 engine(s) x 1 GPU(s) (ref)'."""
     unit = _device_unit(cfg)
     shapes: dict[tuple[str, int], int] = {}
-    for spec in engine_specs(cfg, derived.rollout_gpus):
+    for spec in plan.engines:
         shapes[spec.model, spec.num_gpus] = shapes.get((spec.model, spec.num_gpus), 0) + 1
     if not shapes:
         return "no engine"
@@ -127,9 +125,11 @@ def _loop_line(cfg: RunConfig) -> str:
     )
 
 
-def memory_lines(cfg: RunConfig, derived: Derived) -> tuple[list[str], list[str]]:
-    """(the estimate's lines, its warnings); formulas in slime.tracking.memory."""
-    est = estimate_memory(cfg, derived)
+def memory_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
+    """The estimate's lines (formulas in slime.plan.memory); a CUDA run's plan has one."""
+    est = plan.memory
+    if est is None:
+        return []
     gib, source = gpu_capacity_gib(cfg)
     n, _ = parameter_count(cfg)
     lines = [f"Memory per GPU (GiB; {n / 1e9:.2f}B parameters; GPU {gib:.0f} GiB, {source}):"]
@@ -140,26 +140,33 @@ def memory_lines(cfg: RunConfig, derived: Derived) -> tuple[list[str], list[str]
         f" (~{est.kv_tokens} tokens) = {est.engine_total / GIB:.2f}"
     )
     lines.append(f"  fullest GPU{' (colocated)' if est.colocated else ''}: {est.peak / GIB:.2f} of {gib:.0f}")
-    return lines, est.warnings()
+    return lines
+
+
+def still_needed_lines(plan: RunPlan) -> list[str]:
+    """What this machine lacks and a real launch needs, one line per key (empty when nothing is missing)."""
+    if not plan.still_needs:
+        return []
+    return ["Still needed by a real launch (not on this machine, or not given yet):"] + [
+        f"  - {problem}" for problem in plan.still_needs
+    ]
+
+
+def plan_text(cfg: RunConfig, plan: RunPlan) -> str:
+    """The printed plan of a resolved config: placement, batch arithmetic, memory, what a launch still needs,
+    and the memory estimate's warnings."""
+    sections = [placement_lines(cfg, plan), batch_lines(cfg, plan), memory_lines(cfg, plan), still_needed_lines(plan)]
+    warnings = [f"WARNING: {w}" for w in (plan.memory.warnings() if plan.memory is not None else [])]
+    return "\n".join(line for section in [*sections, warnings] for line in section)
 
 
 def dry_run(cfg: RunConfig, *, out: Callable[[str], None] = print) -> int:
     """Print the plan; 0 when the config is valid, 2 (after printing the problems) when it is not."""
-    problems = collect_problems(cfg)
-    config_problems = [p for p in problems if not p.machine]
-    if config_problems:
-        out(f"Configuration error: {ConfigError(config_problems)}")
+    try:
+        resolved, plan = resolve(cfg, defer_absent=True)
+    except ConfigError as exc:
+        out(f"Configuration error: {exc}")
         return 2
-    derived = derive(cfg)
-    warnings = [f"not checked on this machine: {p}" for p in problems if p.machine]
-    sections = [placement_lines(cfg, derived), batch_lines(cfg, derived)]
-    if cfg.cluster.device == "cuda":
-        lines, memory_warnings = memory_lines(cfg, derived)
-        sections.append(lines)
-        warnings += memory_warnings
-    for section in sections:
-        out("\n".join(section))
-    for warning in warnings:
-        out(f"WARNING: {warning}")
+    out(plan_text(resolved, plan))
     out("Dry run: configuration valid; nothing was started.")
     return 0
