@@ -10,6 +10,7 @@ those files: the rollout manager starts no router and no engine, and weights are
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from slime.types import Sample
@@ -70,7 +71,7 @@ def epoch_coverage(directory: str | Path) -> dict[int, dict[int, int]]:
 def buffered_prompts(state_file: str | Path) -> dict[int, set[int]]:
     """{epoch: prompt indices} of the groups waiting in a saved data-source buffer (a checkpoint's
     `rollout/global_dataset_state_dict_<id>.pt`): drawn, not yet trained, and not lost."""
-    import torch
+    import torch  # the rollout manager imports this module in the driver, which never loads torch
 
     state = torch.load(state_file, weights_only=True)
     pending: dict[int, set[int]] = {}
@@ -83,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m slime.rollout.dumps <rollout_data dir> <num prompts> [<data-source state .pt>]`: per epoch,
     prompts trained, repeated, waiting in the buffer (with the run's last data-source state) and missing.
     Exit 1 when a prompt was trained twice in an epoch, or is missing from an epoch before the last."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (2, 3):
         print("usage: python -m slime.rollout.dumps <rollout_data dir> <number of prompts> [<state .pt>]")

@@ -80,9 +80,7 @@ def count_records(spec: str) -> Optional[int]:
     file = Path(path)
     try:
         if file.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            total = pq.ParquetFile(file).metadata.num_rows
+            total = _parquet().ParquetFile(file).metadata.num_rows
         else:
             with file.open("rb") as f:
                 total = sum(1 for line in f if line.strip())
@@ -131,9 +129,15 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is no JSON number; write the value as a string or a finite number")
 
 
-def _read_parquet(file: Path, key: str) -> list[tuple[int, Any]]:
-    import pyarrow.parquet as pq
+def _parquet():
+    """pyarrow.parquet, loaded only for a .parquet prompt file (validation reads the others without it)."""
+    import pyarrow.parquet  # pyarrow takes seconds to import; most runs read JSONL
 
+    return pyarrow.parquet
+
+
+def _read_parquet(file: Path, key: str) -> list[tuple[int, Any]]:
+    pq = _parquet()
     try:
         table = pq.read_table(file)
     except Exception as exc:  # pyarrow raises several types for a corrupt or non-parquet file

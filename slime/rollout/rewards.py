@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from slime.config.hooks import load_callable
 from slime.registry import REWARD_TYPES
+from slime.rollout.rm.remote import RemoteRewardModel
 from slime.types import Sample, SampleStatus
 
 GROUP_RM_SHAPE = ("args", "samples")
@@ -163,8 +164,6 @@ class RewardHub:
 
     def _remote_model(self):
         if self._remote is None:
-            from slime.rollout.rm.remote import RemoteRewardModel
-
             if not self.rm_url:
                 raise ValueError("rm_type='remote_rm' needs rollout.rm_url")
             self._remote = RemoteRewardModel(self.rm_url, **self.remote_options)

@@ -34,6 +34,7 @@ from slime.rollout.base import (
 from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.entry_points import ROLLOUT_FN_SHAPE, function_path
+from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.rollout.staleness import record_staleness
 from slime.runtime.engine_fleet import EngineFleet
@@ -128,6 +129,7 @@ class RolloutManager:
 
     def _load_data(self) -> None:
         """Tokenizer, prompt datasets (train and eval), the rollout functions and hooks (a bad data config fails here)."""
+        # transformers: as torch below, loaded in the actor only (the driver imports this module)
         from transformers import AutoTokenizer
 
         s, r, d = self.setup, self.setup.rollout, self.setup.data
@@ -261,6 +263,7 @@ class RolloutManager:
         """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log).
 
         Each sample's staleness is taken against trainer weight version `rollout_id` (rollout/staleness.py)."""
+        # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
         from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 
         started = time.time()
@@ -330,8 +333,10 @@ class RolloutManager:
 
     def _rewards(self, ctx: RolloutContext, samples: list) -> tuple[Any, Any, dict[str, float]]:
         """(raw rewards, post-processed rewards, metrics) as float64 tensors: the hook's, or the algorithm's."""
+        # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
         import torch
 
+        # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
         from slime.rollout.postprocess import overlong_penalty, post_process_rewards
 
         if self.hooks.reward_post_process is not None:
@@ -354,8 +359,6 @@ class RolloutManager:
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Per eval dataset: mean reward, truncation ratio, response length and pass@k (`eval/<name>...`)."""
-        from slime.rollout.eval_metrics import eval_metrics
-
         if not self.eval_sources:
             return {}
         ctx = self._context(evaluation=True)
@@ -369,10 +372,12 @@ class RolloutManager:
 
     # ---- weights and state -------------------------------------------------------------------
     def save(self, rollout_id: int, root: str) -> None:
+        # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
         import torch
 
         if self.data_source is None:  # replaying dumps: no data source
             return
+        # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
         from slime.train.rng import rng_state
 
         directory = Path(root) / "rollout"
@@ -392,6 +397,7 @@ class RolloutManager:
             partial.replace(directory / name)
 
     def load(self, rollout_id: int, root: str) -> None:
+        # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
         import torch
 
         if self.data_source is None:
@@ -403,6 +409,7 @@ class RolloutManager:
         self.data_source.load_state_dict(torch.load(path, weights_only=True))
         rng = path.with_name(f"rng_{rollout_id}.pt")
         if rng.exists():  # absent from checkpoints of earlier versions
+            # torch: the driver imports this module to define the Ray actor and never loads torch; the actor does
             from slime.train.rng import set_rng_state
 
             set_rng_state(torch.load(rng, weights_only=True))

@@ -50,6 +50,7 @@ class TrainRank:
     """One training rank as a Ray actor: builds the registered backend for `role` and runs its methods."""
 
     def __init__(self, setup: TrainSetup, role: str, **rank_args: Any):
+        # torch: the driver imports this module and never loads torch; the rank's own process does
         from slime.train.base import get_backend_class
 
         arm_stack_dump()

@@ -29,6 +29,7 @@ class VLLMNCCLGroup:
     """Rank 0 of a vLLM weight-transfer group; `broadcast(tensor)` sends one tensor to every worker."""
 
     def __init__(self, *, address: str, port: int, world_size: int):
+        # optional library: vllm (the trainer's process on the GPU image; the CPU tests stand it in)
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
         self.comm = trainer_init({"master_address": address, "master_port": port, "world_size": world_size}, rank=0)

@@ -11,6 +11,8 @@ import re
 import threading
 from typing import Any, Optional
 
+from math_verify import parse, verify
+
 TIMEOUT_S = 5  # per parse / comparison, main thread only
 _BOX_OPENERS = ("\\boxed", "\\fbox")
 
@@ -37,8 +39,6 @@ def last_boxed(text: str) -> Optional[str]:
 
 def equivalent(gold: str, pred: str) -> bool:
     """Whether two final answers (LaTeX or plain) are mathematically equal, by math-verify."""
-    from math_verify import parse, verify
-
     timeout = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
     pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
