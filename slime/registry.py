@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+from types import ModuleType
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
@@ -40,22 +42,72 @@ class Checks:
     check_unchosen: Optional[str] = None  # run when it chooses another record of the same registry
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineFacts:
+    """What code outside an engine's package needs to know of it, read without importing the engine."""
+
+    router: str = "sglang-router"  # the router launched in front of its servers
+    abort_path: str = "/abort_request"  # POSTed to every worker to abort all requests in flight
+    abort_all_flag: bool = True  # the abort's JSON body is {"abort_all": true} (else {})
+    # Import path of the module translating SGLang's /generate to the servers' own endpoint (GENERATE_PATH,
+    # generate_payload, as_sglang_output); None: the servers answer SGLang's /generate.
+    generate_protocol: Optional[str] = None
+    prefill_decode_groups: bool = False  # rollout.vllm.prefill_num_servers splits its servers into prefill/decode
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WeightSyncFacts:
+    """What code outside slime/sync needs to know of a weight-sync mode, read without importing it."""
+
+    # Engine TP rank i opens the in-memory handle of training rank tp_trainer_ranks[i] (on its own device).
+    needs_tensor_handle_ranks: bool = False
+    # Why a server without an accelerator cannot take this mode's syncs (None: it can).
+    cpu_blocker: Optional[str] = "its weight-transfer engine needs an accelerator"
+
+
 class Registry:
     """Names -> import paths for one seam, chosen by the config key `key`.
 
     A value is an import path string, or a dict of role -> import path (train backends: actor, critic).
+    `facts` holds a small frozen record per name (EngineFacts, WeightSyncFacts) that code outside the
+    chosen thing's package reads instead of comparing its name; a name without one gets `default_facts`.
     """
 
-    def __init__(self, key: str, entries: dict[str, Any], *, what: str, checks: Optional[dict[str, Checks]] = None):
+    def __init__(
+        self,
+        key: str,
+        entries: dict[str, Any],
+        *,
+        what: str,
+        checks: Optional[dict[str, Checks]] = None,
+        facts: Optional[dict[str, Any]] = None,
+        default_facts: Any = None,
+    ):
         self.key = key
         self.what = what
         self._entries = dict(entries)
         self._checks = dict(checks or {})
+        self._facts = dict(facts or {})
+        self._default_facts = default_facts
 
-    def register(self, name: str, target: Any, *, checks: Optional[Checks] = None) -> None:
-        """Add (or replace) `name`; `target` is an import path or a role -> import path dict; `checks` its checks."""
+    def register(self, name: str, target: Any, *, checks: Optional[Checks] = None, facts: Any = None) -> None:
+        """Add (or replace) `name`; `target` is an import path or a role -> import path dict; `checks` its
+        checks; `facts` its record (None: the registry's default)."""
         self._entries[name] = target
         self._checks[name] = checks or Checks()
+        self._facts[name] = facts if facts is not None else self._default_facts
+
+    def unregister(self, name: str) -> None:
+        """Remove `name` (a test's registration); KeyError if it is not registered."""
+        del self._entries[name]
+        self._checks.pop(name, None)
+        self._facts.pop(name, None)
+
+    def facts(self, name: str) -> Any:
+        """The record of facts registered for `name`; ValueError naming the choices for an unknown name."""
+        if name not in self._entries:
+            raise ValueError(self.unknown_message(name))
+        return self._facts.get(name, self._default_facts)
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -126,6 +178,18 @@ ENGINES = Registry(
         ),
         "vllm": Checks(check="slime.engine.vllm.check.check", check_unchosen="slime.engine.vllm.check.check_unchosen"),
     },
+    facts={
+        "hf": EngineFacts(),
+        "sglang": EngineFacts(),
+        "vllm": EngineFacts(
+            router="vllm-router",
+            abort_path="/abort_requests",
+            abort_all_flag=False,
+            generate_protocol="slime.engine.vllm.protocol",
+            prefill_decode_groups=True,
+        ),
+    },
+    default_facts=EngineFacts(),
 )
 
 WEIGHT_SYNC = Registry(
@@ -140,6 +204,14 @@ WEIGHT_SYNC = Registry(
         "disk": Checks(check_unchosen="slime.sync.check.check_disk_unchosen"),
         "tensor": Checks(check="slime.sync.check.check_tensor"),
     },
+    facts={
+        "disk": WeightSyncFacts(cpu_blocker=None),
+        "distributed": WeightSyncFacts(),
+        "tensor": WeightSyncFacts(
+            needs_tensor_handle_ranks=True, cpu_blocker="its IPC transfer and sleep mode need an accelerator"
+        ),
+    },
+    default_facts=WeightSyncFacts(),
 )
 
 REWARD_TYPES = Registry(
@@ -167,6 +239,13 @@ ROLLOUT_FUNCTIONS = Registry(
     },
     what="rollout function",
 )
+
+
+def generate_protocol(engine: str) -> Optional[ModuleType]:
+    """The module translating SGLang's /generate for `engine`'s servers (EngineFacts.generate_protocol), or None."""
+    path = ENGINES.facts(engine).generate_protocol
+    return importlib.import_module(path) if path else None
+
 
 ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
+from slime.registry import ENGINES
+
 if TYPE_CHECKING:
     from slime.config.schema import RouterConfig, RunConfig
 
@@ -100,7 +102,7 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
 def _prefill_num_servers(cfg: RunConfig) -> int:
     """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers): PD without `rollout.models`
     (validation, slime.engine.vllm.check, checks it leaves a decode server)."""
-    if cfg.rollout.engine != "vllm":
+    if not ENGINES.facts(cfg.rollout.engine).prefill_decode_groups:
         return 0
     value = cfg.rollout.vllm.get("prefill_num_servers") or 0
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

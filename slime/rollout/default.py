@@ -30,6 +30,7 @@ import time
 import aiohttp
 
 from slime.engine.router import Router
+from slime.registry import ENGINES
 from slime.rollout.base import EvalDataset, EvalOutput, RolloutContext, RolloutOutput
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate import generate_and_reward, post_json
@@ -84,12 +85,12 @@ def _judge(args: RolloutContext, group: list[Sample], step: _Step) -> bool:
 
 
 async def _abort_engines(args: RolloutContext) -> None:
-    """POST /abort_request {abort_all} to every worker the router lists (SGLang's abort of in-flight requests)."""
+    """POST the engine's abort of everything in flight to every worker the router lists (EngineFacts: SGLang's
+    /abort_request {abort_all}, vLLM's /abort_requests {})."""
     workers = await asyncio.to_thread(Router(args.router_url).list_workers)
-    if args.config.engine == "vllm":  # vLLM's POST /abort_requests {} aborts everything in flight
-        await asyncio.gather(*(post_json(args.session, f"{w['url']}/abort_requests", {}) for w in workers))
-        return
-    await asyncio.gather(*(post_json(args.session, f"{w['url']}/abort_request", {"abort_all": True}) for w in workers))
+    facts = ENGINES.facts(args.config.engine)
+    body = {"abort_all": True} if facts.abort_all_flag else {}
+    await asyncio.gather(*(post_json(args.session, f"{w['url']}{facts.abort_path}", body) for w in workers))
 
 
 async def _drain(args: RolloutContext, pending: list[asyncio.Task], *, abort: bool) -> list[list[Sample]]:

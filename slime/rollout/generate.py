@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from slime.engine.router import DROPPED_SAMPLING_PARAMS
-from slime.engine.vllm import protocol
+from slime.registry import generate_protocol
 from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
 from slime.types import Sample, SampleStatus
 
@@ -72,7 +72,8 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
     params = {**sampling_params, "max_new_tokens": budget}
     if args.sampling_seed is not None:
         params["sampling_seed"] = request_seed(args.sampling_seed, sample)
-    if args.config.engine == "vllm":  # vLLM's token-level endpoint, answered in the SGLang shape (as vime does)
+    protocol = generate_protocol(args.config.engine)
+    if protocol is not None:  # e.g. vLLM's token-level endpoint, answered in the SGLang shape (as vime does)
         payload = protocol.generate_payload(prompt_ids(args, sample), params)
         out = await post_json(args.session, args.router_url + protocol.GENERATE_PATH, payload, args.request_timeout_s)
         skip = params.get("skip_special_tokens", True)  # the text SGLang would return for these params

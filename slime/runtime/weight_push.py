@@ -28,6 +28,7 @@ import logging
 import ray
 
 from slime.config.schema import RunConfig
+from slime.registry import WEIGHT_SYNC
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
 
@@ -55,7 +56,7 @@ class WeightPush:
         mode = self.cfg.rollout.weight_sync.mode
         urls = ray.get(self.manager.urls.remote())
         context = self.context
-        if mode == "tensor":  # engine TP rank i opens the handle of the training rank on its device
+        if WEIGHT_SYNC.facts(mode).needs_tensor_handle_ranks:
             context = dataclasses.replace(context, tp_trainer_ranks=ray.get(self.manager.tensor_handle_ranks.remote()))
         self.actor.connect_weight_sync(mode, urls, context)
 

@@ -19,6 +19,7 @@ from slime.engine.groups import group_overrides, rollout_gpu_count
 from slime.engine.vllm.cpu import CPU_ATTENTION_HEAD_SIZES
 from slime.engine.vllm.engine_args import LAUNCH_MODULE, check_engine_args, router_flags, tensor_parallel_size
 from slime.engine.vllm.router import VLLMRouter
+from slime.registry import WEIGHT_SYNC
 
 VLLM_ROUTER = RouterKind(name="vllm-router", flags=router_flags, health_switches=VLLMRouter.health_switches)
 
@@ -124,10 +125,8 @@ def check_vllm_on_cpu(cfg: RunConfig) -> Iterator[Problem]:
     """What a vLLM server on CPU cannot do (slime.engine.vllm.cpu): receive weights but from disk, sleep for a
     colocated trainer, attend over head sizes its CPU kernel lacks."""
     mode = cfg.rollout.weight_sync.mode
-    if mode != "disk":
-        why = {"tensor": "its IPC transfer and sleep mode need an accelerator"}.get(
-            mode, "its weight-transfer engine needs an accelerator"
-        )
+    why = WEIGHT_SYNC.facts(mode).cpu_blocker
+    if why is not None:
         yield Problem(
             "rollout.weight_sync.mode",
             mode,

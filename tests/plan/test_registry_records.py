@@ -1,0 +1,174 @@
+"""The facts each engine and weight-sync record carries (slime.registry.EngineFacts / WeightSyncFacts), and that a
+third engine or sync mode registered through the registry API flows through the code that reads them: the
+rollout's abort and generate calls, the prefill/decode split, the vLLM-on-CPU check and the weight push."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from slime.engine import groups
+from slime.engine.vllm.check import check_vllm_on_cpu
+from slime.registry import ENGINES, WEIGHT_SYNC, EngineFacts, WeightSyncFacts, generate_protocol
+from slime.rollout import default, generate
+from slime.rollout.base import RolloutContext
+from slime.runtime import weight_push
+from slime.sync.base import SyncContext
+from slime.types import Sample
+
+THIRD = "third_engine"
+THIRD_SYNC = "third_sync"
+
+
+@pytest.fixture
+def third_engine():
+    facts = EngineFacts(
+        router="third-router",
+        abort_path="/stop_everything",
+        abort_all_flag=False,
+        generate_protocol="slime.engine.vllm.protocol",
+        prefill_decode_groups=True,
+    )
+    ENGINES.register(THIRD, "tests.nowhere.ThirdEngine", facts=facts)
+    yield facts
+    ENGINES.unregister(THIRD)
+
+
+@pytest.fixture
+def third_sync():
+    facts = WeightSyncFacts(needs_tensor_handle_ranks=True, cpu_blocker="its carrier pigeons need daylight")
+    WEIGHT_SYNC.register(THIRD_SYNC, "tests.nowhere.ThirdSync", facts=facts)
+    yield facts
+    WEIGHT_SYNC.unregister(THIRD_SYNC)
+
+
+def test_the_engine_records_state_their_facts():
+    sglang = EngineFacts(router="sglang-router", abort_path="/abort_request", abort_all_flag=True)
+    assert ENGINES.facts("sglang") == sglang and ENGINES.facts("hf") == sglang
+    assert sglang.generate_protocol is None and not sglang.prefill_decode_groups
+    assert ENGINES.facts("vllm") == EngineFacts(
+        router="vllm-router",
+        abort_path="/abort_requests",
+        abort_all_flag=False,
+        generate_protocol="slime.engine.vllm.protocol",
+        prefill_decode_groups=True,
+    )
+    assert generate_protocol("vllm").GENERATE_PATH == "/inference/v1/generate"
+    assert generate_protocol("sglang") is None and generate_protocol("hf") is None
+
+
+def test_the_weight_sync_records_state_their_facts():
+    assert WEIGHT_SYNC.facts("disk") == WeightSyncFacts(needs_tensor_handle_ranks=False, cpu_blocker=None)
+    assert WEIGHT_SYNC.facts("tensor") == WeightSyncFacts(
+        needs_tensor_handle_ranks=True, cpu_blocker="its IPC transfer and sleep mode need an accelerator"
+    )
+    assert WEIGHT_SYNC.facts("distributed") == WeightSyncFacts(
+        needs_tensor_handle_ranks=False, cpu_blocker="its weight-transfer engine needs an accelerator"
+    )
+
+
+def test_every_registered_name_has_a_record_and_an_unknown_one_is_named():
+    assert all(isinstance(ENGINES.facts(name), EngineFacts) for name in ENGINES.names())
+    assert all(isinstance(WEIGHT_SYNC.facts(name), WeightSyncFacts) for name in WEIGHT_SYNC.names())
+    with pytest.raises(ValueError, match=r"unknown rollout engine 'vlm' \(did you mean vllm\?\)"):
+        ENGINES.facts("vlm")
+
+
+def test_a_name_registered_without_facts_gets_the_registry_default():
+    ENGINES.register("plain_engine", "tests.nowhere.PlainEngine")
+    try:
+        assert ENGINES.facts("plain_engine") == EngineFacts()
+    finally:
+        ENGINES.unregister("plain_engine")
+    assert "plain_engine" not in ENGINES
+
+
+def _context(engine: str) -> RolloutContext:
+    return RolloutContext(
+        config=SimpleNamespace(engine=engine),
+        router_url="http://router",
+        tokenizer=None,
+        batch_size=1,
+        over_sampling_batch_size=1,
+        sampling_params={},
+        max_in_flight=1,
+        rewards=None,
+        sampling_seed=None,
+        session=None,
+    )
+
+
+def _record_posts(monkeypatch, module, answer: dict) -> list[tuple[str, dict]]:
+    posts = []
+
+    async def post_json(session, url, payload, timeout_s=None):
+        posts.append((url, payload))
+        return answer
+
+    monkeypatch.setattr(module, "post_json", post_json)
+    return posts
+
+
+@pytest.mark.parametrize(
+    ("engine", "posted"),
+    [
+        ("sglang", ("http://w1/abort_request", {"abort_all": True})),
+        ("vllm", ("http://w1/abort_requests", {})),
+        (THIRD, ("http://w1/stop_everything", {})),
+    ],
+)
+def test_the_abort_goes_to_the_route_the_engine_record_names(monkeypatch, third_engine, engine, posted):
+    posts = _record_posts(monkeypatch, default, {})
+    monkeypatch.setattr(default.Router, "list_workers", lambda self: [{"url": "http://w1"}])
+    asyncio.run(default._abort_engines(_context(engine)))
+    assert posts == [posted]
+
+
+def test_a_third_engine_with_a_generate_protocol_is_called_through_it(monkeypatch, third_engine):
+    answer = {
+        "choices": [
+            {"finish_reason": "stop", "token_ids": [9], "logprobs": {"content": [{"token_id": 9, "logprob": -0.5}]}}
+        ]
+    }
+    posts = _record_posts(monkeypatch, generate, answer)
+    args = _context(THIRD)
+    args.tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: "nine")
+    out = asyncio.run(generate.call_engine(args, Sample(index=0, prompt="p", tokens=[1, 2]), {"max_new_tokens": 4}))
+    ((url, payload),) = posts
+    assert url == "http://router/inference/v1/generate"
+    assert payload["token_ids"] == [1, 2] and payload["sampling_params"]["max_tokens"] == 4
+    assert out["text"] == "nine" and out["meta_info"]["output_token_logprobs"][0][:2] == [-0.5, 9]
+
+
+@pytest.mark.parametrize(("engine", "servers"), [("sglang", 0), ("vllm", 2), (THIRD, 2)])
+def test_prefill_servers_are_read_for_engines_whose_record_splits_them(third_engine, engine, servers):
+    cfg = SimpleNamespace(rollout=SimpleNamespace(engine=engine, vllm={"prefill_num_servers": 2}))
+    assert groups._prefill_num_servers(cfg) == servers
+
+
+def test_vllm_on_cpu_refuses_a_third_sync_with_its_records_reason(third_sync):
+    cfg = SimpleNamespace(rollout=SimpleNamespace(weight_sync=SimpleNamespace(mode=THIRD_SYNC)))
+    problem = next(check_vllm_on_cpu(cfg))
+    assert problem.key == "rollout.weight_sync.mode" and problem.value == THIRD_SYNC
+    assert "cannot take third_sync weight syncs: its carrier pigeons need daylight" in problem.message
+
+
+@pytest.mark.parametrize(("mode", "ranks"), [("disk", ()), ("tensor", ((0, 1),)), (THIRD_SYNC, ((0, 1),))])
+def test_the_push_asks_for_tensor_handle_ranks_when_the_sync_record_needs_them(monkeypatch, third_sync, mode, ranks):
+    remote = SimpleNamespace
+    manager = SimpleNamespace(
+        urls=remote(remote=lambda: ["http://e1"]), tensor_handle_ranks=remote(remote=lambda: ((0, 1),))
+    )
+    connected = []
+    actor = SimpleNamespace(connect_weight_sync=lambda *a: connected.append(a))
+    monkeypatch.setattr(weight_push.ray, "get", lambda value: value)
+    cfg = SimpleNamespace(
+        cluster=SimpleNamespace(colocate=True),
+        rollout=SimpleNamespace(weight_sync=SimpleNamespace(mode=mode), fault_tolerance=SimpleNamespace(enabled=False)),
+    )
+    context = SyncContext(source_checkpoint="/m", work_dir="/w", bucket_bytes=1)
+    weight_push.WeightPush(cfg, manager, actor, context).connect()
+    ((got_mode, urls, got_context),) = connected
+    assert (got_mode, urls, got_context.tp_trainer_ranks) == (mode, ["http://e1"], ranks)
