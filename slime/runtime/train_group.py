@@ -23,6 +23,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.net import free_port
+from slime.registry import TRAIN_BACKENDS
 from slime.runtime.placement import Placement
 from slime.runtime.watchdog import arm_stack_dump
 from slime.train.layout import RankLayout
@@ -50,11 +51,8 @@ class TrainRank:
     """One training rank as a Ray actor: builds the registered backend for `role` and runs its methods."""
 
     def __init__(self, setup: TrainSetup, role: str, **rank_args: Any):
-        # torch: the driver imports this module and never loads torch; the rank's own process does
-        from slime.train.base import get_backend_class
-
         arm_stack_dump()
-        self.backend = get_backend_class(setup.parallelism.backend, role)(setup, **rank_args)
+        self.backend = TRAIN_BACKENDS.load(setup.parallelism.backend, role)(setup, **rank_args)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.backend, method)(*args, **kwargs)
