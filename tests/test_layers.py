@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.compose import ROOT
 
 PACKAGE = ROOT / "slime"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}

@@ -36,13 +36,45 @@ def _imported_test_modules(path: Path) -> list[str]:
             continue
         for name in names:
             if (name == "tests" or name.startswith("tests.")) and not name.startswith(SHARED):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+                found.append(f"{path}:{node.lineno} imports {name}")
     return found
 
 
 def test_no_loose_test_modules_at_the_top():
     loose = {p.name for p in TESTS.glob("test_*.py")} - TOP_LEVEL_TESTS
     assert not loose, f"move these into tests/<package>/ (or tests/e2e/ for main.py runs): {sorted(loose)}"
+
+
+def test_no_test_module_imports_another():
+    """conftest.py files, test modules, helpers and fakes import shared code from tests.helpers / tests.fakes only
+    (conftest fixtures reach tests by name, never by import)."""
+    sources = sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+    assert [found for path in sources for found in _imported_test_modules(path)] == []
+
+
+def test_shared_code_lives_in_helpers_or_fakes():
+    """Every module outside tests/helpers and tests/fakes is a test module or a conftest.py."""
+    stray = [
+        str(p.relative_to(ROOT))
+        for p in TESTS.rglob("*.py")
+        if "__pycache__" not in p.parts
+        and p.parent.name not in ("helpers", "fakes")
+        and not (p.name.startswith("test_") or p.name == "conftest.py")
+    ]
+    assert stray == [], "move these to tests/helpers/"
+
+
+def test_the_rules_see_an_import_of_a_test_module(tmp_path):
+    """The import check finds each form: module level, inside a function, `import tests.x as y`, conftest."""
+    module = tmp_path / "test_sample.py"
+    module.write_text(
+        "from tests.helpers.compose import ROOT\n"
+        "from tests.conftest import typed_config\n"
+        "import tests.config.test_config as test_config\n"
+        "def f():\n    from tests.e2e import test_end_to_end\n"
+    )
+    found = [line.split(" imports ")[1] for line in _imported_test_modules(module)]
+    assert found == ["tests.conftest", "tests.config.test_config", "tests.e2e"]
 
 
 def test_test_module_names_are_unique():

@@ -10,7 +10,8 @@ from slime.assets.files import creation_lock
 from slime.assets.prepare import prepare_assets
 from slime.assets.tiny_model import create_tiny_model, ensure_tiny_model
 from slime.config.schema import ModelConfig
-from tests.conftest import in_thread, model_fields, typed_config
+from tests.helpers.compose import model_fields, typed_config
+from tests.helpers.processes import in_thread
 
 
 def test_a_creator_that_waited_keeps_the_model_made_meanwhile(tmp_path):

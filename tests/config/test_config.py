@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from slime.config import ConfigError
 from slime.plan.derive import derive
 from slime.plan.validate import validate
-from tests.conftest import ROOT, group_options, model_fields, typed_config
+from tests.helpers.compose import ROOT, fake_hf_dir, group_options, typed_config
+from tests.helpers.validation import config_problems
 
 GPU_MODELS = ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen2_5_7b", "llama3_8b", "glm4_9b")
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
@@ -32,20 +31,6 @@ NEEDS = {
     ("debug", "train_only"): "rollout_dumps",
     ("rollout", "vllm"): "vllm_cpu_model",
 }
-
-
-def fake_hf_dir(tmp_path, model_option: str):
-    """A directory whose config.json matches conf/model/<option>.yaml (what a real download has)."""
-    from slime.assets.tiny_model import hf_config_dict
-    from slime.config.schema import ModelConfig
-
-    fields = model_fields(model_option)
-    fields["hf_checkpoint"] = str(tmp_path / model_option)
-    (tmp_path / model_option).mkdir()
-    (tmp_path / model_option / "config.json").write_text(
-        json.dumps(hf_config_dict(ModelConfig(**fields), eos_token_id=0, pad_token_id=0))
-    )
-    return fields["hf_checkpoint"]
 
 
 @pytest.mark.parametrize("group,option", group_options())
@@ -94,29 +79,23 @@ def test_dp2_recipe_and_derived_global_batch():
     assert (d.dp_size, d.global_batch_size, d.samples_per_dp_rank, d.total_gpus) == (2, 64, 32, 3)
 
 
-def problems_for(overrides: list[str]) -> dict[str, str]:
-    with pytest.raises(ConfigError) as info:
-        validate(typed_config(overrides))
-    return {p.key: str(p) for p in info.value.problems}
-
-
 def test_batch_arithmetic_names_both_sides_and_the_fix():
-    found = problems_for(["train.global_batch_size=100"])
+    found = config_problems(["train.global_batch_size=100"])
     assert "32 × 8 = 256" in found["train.global_batch_size"] and "100 × 2 = 200" in found["train.global_batch_size"]
     assert "train.global_batch_size=128" in found["train.global_batch_size"]
 
 
 def test_gpu_counts_that_do_not_fit():
-    found = problems_for(["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"])
+    found = config_problems(["cluster.actor.num_gpus_per_node=3", "cluster.rollout.num_gpus=2"])
     assert "needs 5 GPU(s)" in found["cluster.actor.num_gpus_per_node"]
-    found = problems_for(
+    found = config_problems(
         ["cluster.rollout.num_gpus=3", "cluster.rollout.num_gpus_per_engine=2", "cluster.num_gpus_per_node=8"]
     )
     assert "not a multiple" in found["cluster.rollout.num_gpus"]
 
 
 def test_missing_paths(tmp_path):
-    found = problems_for(
+    found = config_problems(
         [
             f"checkpoint.load={tmp_path}/nope",
             f"checkpoint.ref_load={tmp_path}/nope2",
@@ -129,23 +108,23 @@ def test_missing_paths(tmp_path):
 
 
 def test_kl_loss_without_reference():
-    found = problems_for(["algo.use_kl_loss=true", "checkpoint.ref_load=null"])
+    found = config_problems(["algo.use_kl_loss=true", "checkpoint.ref_load=null"])
     assert "reference model" in found["algo.use_kl_loss"] and "checkpoint.ref_load" in found["algo.use_kl_loss"]
 
 
 def test_temperature_must_be_positive():
-    assert "must be > 0" in problems_for(["rollout.temperature=0"])["rollout.temperature"]
-    assert "rollout.temperature" in problems_for(["rollout.temperature=-1"])
+    assert "must be > 0" in config_problems(["rollout.temperature=0"])["rollout.temperature"]
+    assert "rollout.temperature" in config_problems(["rollout.temperature=-1"])
 
 
 def test_model_checkpoint_mismatch(tmp_path):
     path = fake_hf_dir(tmp_path, "qwen3_4b")
-    found = problems_for(["model=qwen3_4b", f"model.hf_checkpoint={path}", "model.hidden_size=1024"])
+    found = config_problems(["model=qwen3_4b", f"model.hf_checkpoint={path}", "model.hidden_size=1024"])
     assert "hidden_size=2560" in found["model.hidden_size"]
 
 
 def test_all_problems_reported_together():
-    found = problems_for(
+    found = config_problems(
         ["rollout.temperature=0", "train.global_batch_size=7", "algo.use_kl_loss=true", "checkpoint.ref_load=null"]
     )
     assert {"rollout.temperature", "train.global_batch_size", "algo.use_kl_loss"} <= set(found)
@@ -201,7 +180,7 @@ def test_cfg_job_prints_composed_config():
     ],
 )
 def test_options_the_chosen_parts_cannot_honour_are_rejected(overrides, key):
-    assert key in problems_for(overrides)
+    assert key in config_problems(overrides)
 
 
 def test_fsdp_tensor_parallel_is_accepted():
@@ -216,7 +195,7 @@ def test_deterministic_engine_batching():
     assert derive(typed_config([])).hf_max_batch_size == 1  # the embedded default is deterministic
     assert derive(typed_config(["rollout.deterministic=false"])).hf_max_batch_size == 256
     assert derive(typed_config(["rollout.deterministic=false", "rollout.hf.max_batch_size=8"])).hf_max_batch_size == 8
-    found = problems_for(["rollout.hf.max_batch_size=8"])
+    found = config_problems(["rollout.hf.max_batch_size=8"])
     assert "rollout.deterministic=false" in found["rollout.hf.max_batch_size"]
 
 
@@ -229,4 +208,4 @@ def test_deterministic_engine_batching():
     ],
 )
 def test_signal_injection_is_validated(overrides, key):
-    assert key in problems_for(overrides)
+    assert key in config_problems(overrides)

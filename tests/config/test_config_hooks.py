@@ -15,8 +15,8 @@ from slime.config.hooks import HookError, load_callable
 from slime.plan.derive import derive
 from slime.plan.validate import validate
 from slime.registry import ENGINES, REWARD_TYPES, TRAIN_BACKENDS
-from tests.config.test_config_presets import assert_stopped_in_validation, run_main
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 
 HOOKS = """
 async def rm(args, sample):

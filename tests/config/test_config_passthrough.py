@@ -19,8 +19,8 @@ from slime.engine.sglang.server_args import (
     known_fields,
 )
 from slime.plan.validate import validate
-from tests.config.test_config_presets import assert_stopped_in_validation, run_main
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 
 
 def problems_for(overrides: list[str]) -> dict[str, str]:

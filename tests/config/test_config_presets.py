@@ -8,40 +8,16 @@ message naming every key with its fix, nothing written where the config points, 
 from __future__ import annotations
 
 import dataclasses
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from slime.config.schema import ModelConfig
 from slime.plan.validate import collect_problems
-from tests.conftest import CONF, ROOT, compose_config, session_processes, typed_config
-
-
-def run_main(*args: str, cwd: Path = ROOT, env: dict | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
-    """main.py under `-X importtime`: (the finished process, the top-level packages it imported)."""
-    proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "main.py", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+([\w.]+)$", proc.stderr, flags=re.M))
-    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
-    return proc, {name.split(".")[0] for name in imported}
-
-
-def assert_stopped_in_validation(proc: subprocess.CompletedProcess, imported: set[str]) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("Configuration error: invalid configuration") == 1, proc.stderr
-    assert "ray" not in imported and "sglang" not in imported
-    assert session_processes() == []
-
+from tests.helpers.compose import CONF, ROOT, compose_config, typed_config
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 
 EMBEDDED = {
     "rollout.batch_size": 32,

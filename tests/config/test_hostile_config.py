@@ -10,7 +10,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from slime.plan.validate import validate
-from tests.conftest import ROOT, compose_config, typed_config
+from tests.helpers.compose import ROOT, compose_config, typed_config
 from tests.helpers.validation import problems_for, snapshot
 
 # (overrides, the key named, text of the message); {tmp} is the test's tmp_path

@@ -10,8 +10,8 @@ import pytest
 
 from slime.config.hf_config import hf_fields, mismatches, model_fields_from_hf
 from slime.config.schema import ModelConfig
-from tests.config.test_config import fake_hf_dir, problems_for
-from tests.conftest import CONF, ROOT, model_fields
+from tests.helpers.compose import CONF, ROOT, fake_hf_dir, model_fields
+from tests.helpers.validation import config_problems
 
 MODEL_OPTIONS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
@@ -69,7 +69,7 @@ def test_every_mismatching_field_is_named_with_both_values(tmp_path):
     config.update(num_experts=64, norm_topk_prob=False, tie_word_embeddings=True, head_dim=64)
     config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
     (tmp_path / "qwen3_30b_a3b" / "config.json").write_text(json.dumps(config))
-    found = problems_for(["model=qwen3_30b_a3b", f"model.hf_checkpoint={path}"])
+    found = config_problems(["model=qwen3_30b_a3b", f"model.hf_checkpoint={path}"])
     expected = {
         "model.num_experts": ("128", "64"),
         "model.moe_norm_topk_prob": ("True", "False"),
@@ -86,10 +86,10 @@ def test_checkpoint_of_another_family_and_dense_layers_in_moe(tmp_path):
     path = fake_hf_dir(tmp_path, "qwen3_30b_a3b")
     config = json.loads((tmp_path / "qwen3_30b_a3b" / "config.json").read_text())
     (tmp_path / "qwen3_30b_a3b" / "config.json").write_text(json.dumps({**config, "mlp_only_layers": [0]}))
-    found = problems_for(["model=qwen3_30b_a3b", f"model.hf_checkpoint={path}"])
+    found = config_problems(["model=qwen3_30b_a3b", f"model.hf_checkpoint={path}"])
     assert "mlp_only_layers=[0]" in found["model.hf_checkpoint"]
     (tmp_path / "qwen3_30b_a3b" / "config.json").write_text(json.dumps({**config, "model_type": "mixtral"}))
-    found = problems_for(["model=qwen3_30b_a3b", f"model.hf_checkpoint={path}"])
+    found = config_problems(["model=qwen3_30b_a3b", f"model.hf_checkpoint={path}"])
     assert "'mixtral'" in found["model.architecture"]
 
 
@@ -119,5 +119,5 @@ def test_cli_exits_2_on_a_config_json_mismatch(tmp_path):
     ],
 )
 def test_family_rules(overrides, key, words):
-    found = problems_for(["cluster.ray_address=auto", *overrides])
+    found = config_problems(["cluster.ray_address=auto", *overrides])
     assert words in found[key], found

@@ -6,7 +6,7 @@ import pytest
 
 from slime.config.objective import DEFAULT_EVAL, objective_name, objective_value
 from slime.plan.validate import collect_problems
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 LAST = {"rollout/raw_reward": 0.25, "train/pg_loss": -0.5}
 EVAL = {"eval/a": 0.5, "eval/a-pass@1": 0.5, "eval/a-truncated_ratio": 0.0, "eval/b": 1.0}

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import tests.config.test_config as test_config
 from slime.plan.derive import derive
 from slime.plan.validate import collect_problems
-from tests.conftest import CONF, ROOT, group_options, typed_config
+from tests.helpers.compose import CONF, ROOT, fake_hf_dir, group_options, typed_config
 
 RECIPES = ROOT / "recipes"
 ALL = sorted(RECIPES.rglob("*.yaml"))
@@ -97,7 +96,7 @@ def test_gpu_recipe_composes_and_validates_on_cpu(path, tmp_path):
     assert not missing, f"{recipe_name(path)} selects option file(s) that do not exist: {', '.join(missing)}"
     overrides = [
         f"recipe={recipe_name(path)}",
-        f"model.hf_checkpoint={test_config.fake_hf_dir(tmp_path, options['model'])}",
+        f"model.hf_checkpoint={fake_hf_dir(tmp_path, options['model'])}",
         f"data.prompt_data={prompt_file(tmp_path)}",
         "cluster.ray_address=auto",  # validated for a remote cluster, not this machine's GPUs
     ]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.config.test_config import problems_for
-from tests.conftest import CONF
-from tests.e2e.test_end_to_end import assert_no_run_processes, main_py_concurrently, selected_runs
+from tests.helpers.compose import CONF
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_py_concurrently, selected_runs
+from tests.helpers.validation import config_problems
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +190,7 @@ def test_sft_trains_on_chat_jsonl_with_step_loss_mask(runs):
 
 @pytest.mark.parametrize("overrides,key", INVALID)
 def test_invalid_algorithm_combinations_name_the_key(overrides, key):
-    assert key in problems_for(overrides)
+    assert key in config_problems(overrides)
 
 
 def test_ppo_critic_roles_colocation_and_critic_only_steps(runs):

@@ -17,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, main_argv
-from tests.e2e.test_end_to_end import assert_no_run_processes, selected_runs
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_argv, selected_runs
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import json
 import signal
@@ -11,73 +10,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, main_argv, session_processes
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_argv, main_py, rewards, run_concurrently, selected_runs
 from tests.helpers.wandb_files import offline_runs
 
 pytestmark = pytest.mark.slow
-T = TypeVar("T")
-
-
-def assert_no_run_processes(timeout_s: float = 20.0) -> None:
-    """Nothing a test started (Ray daemons and workers, the router, engines) is still alive."""
-    deadline = time.monotonic() + timeout_s
-    while session_processes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert session_processes() == []
-
-
-def main_py(run_dir: Path, *overrides: str, timeout: float = 600, tracked: bool = False) -> subprocess.CompletedProcess:
-    """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots)."""
-    return subprocess.run(
-        main_argv(run_dir, *overrides, tracked=tracked),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, stagger_s: float = 5.0) -> dict[str, T]:
-    """Each job (a function starting runs and waiting for them), `max_workers` at a time, in the order given
-    (put the longest first): a short run is mostly start-up waits (Ray, actors, engine health), which overlap.
-    The first jobs start `stagger_s` apart: Ray gives a new node's raylet 30 s to register, which several
-    clusters starting at the same instant on 2 busy cores can exceed. Returns {key: the job's result} once
-    every job has ended, so no run's processes are left."""
-
-    def staggered(index: int, job: Callable[[], T]) -> T:
-        time.sleep(stagger_s * index if index < max_workers else 0.0)  # later jobs start as earlier ones end
-        return job()
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
-        futures = {key: pool.submit(staggered, index, job) for index, (key, job) in enumerate(jobs.items())}
-        return {key: future.result() for key, future in futures.items()}
-
-
-def main_py_concurrently(
-    runs: dict[str, tuple[Path, list[str]]], *, max_workers: int = 3, timeout: float = 600
-) -> dict[str, subprocess.CompletedProcess]:
-    """`main_py(run_dir, *overrides)` for each {key: (run_dir, overrides)}, through `run_concurrently`."""
-    jobs = {
-        key: functools.partial(main_py, run_dir, *overrides, timeout=timeout)
-        for key, (run_dir, overrides) in runs.items()
-    }
-    return run_concurrently(jobs, max_workers=max_workers)
-
-
-def selected_runs(request: pytest.FixtureRequest, run_of: Callable[[pytest.Item], str | None]) -> set[str]:
-    """The keys of the runs that this module's collected tests need (`run_of(test)`; None: no shared run), so
-    that a -k selection starts only the runs it checks."""
-    return {key for item in request.session.items if item.module is request.module and (key := run_of(item))}
-
-
-def rewards(run_dir: Path) -> list[float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["rollout/raw_reward"] for r in records if "rollout/raw_reward" in r]
 
 
 def _embedded_default(run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:

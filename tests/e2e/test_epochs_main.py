@@ -14,7 +14,8 @@ import pytest
 
 from slime.assets.digit_task import write_dataset
 from slime.rollout.dumps import epoch_coverage, main
-from tests.conftest import ROOT, main_argv
+from tests.helpers.compose import ROOT
+from tests.helpers.runs import main_argv
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 
 from slime.config.resume import tracked_iteration
 from slime.tracking.jsonl import read_jsonl
-from tests.conftest import ROOT, main_argv
-from tests.e2e.test_end_to_end import assert_no_run_processes
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_argv
 
 pytestmark = pytest.mark.slow
 

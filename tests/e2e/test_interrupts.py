@@ -10,8 +10,9 @@ import subprocess
 import pytest
 
 from slime.runtime.watchdog import ARMED
-from tests.conftest import ROOT, main_argv
-from tests.e2e.test_end_to_end import assert_no_run_processes, main_py_concurrently, selected_runs
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_argv, main_py_concurrently, selected_runs
 
 # ---------------------------------------------------------------- real runs (Ray, router, engine, trainer)
 

@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from tests.e2e.test_end_to_end import assert_no_run_processes, main_py, rewards  # noqa: E402
+from tests.helpers.processes import assert_no_run_processes  # noqa: E402
+from tests.helpers.runs import main_py, rewards  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

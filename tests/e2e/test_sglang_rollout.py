@@ -16,24 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, main_argv
-from tests.e2e.test_end_to_end import assert_no_run_processes
 from tests.fakes.fake_sglang import GENERATE_MARK, REQUEST_MARK
+from tests.helpers.compose import ROOT
+from tests.helpers.engines import start_engine
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import engine_of, main_argv, main_py_concurrently, metrics, rewards
 
 pytestmark = pytest.mark.slow
 
 FAKE_SGLANG = ["rollout=sglang", "rollout.sglang_launch.module=tests.fakes.fake_sglang"]
 SMALL = ["rollout.batch_size=16", "train.global_batch_size=64", "rollout.deterministic=false"]
-
-
-def metrics(run_dir: Path) -> dict[int, dict]:
-    """Per rollout id, the merged rollout-level metrics."""
-    merged: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "rollout/raw_reward" in record:
-            merged.setdefault(record["rollout/step"], {}).update(record)
-    return merged
 
 
 def generate_versions(log: Path) -> list[str]:
@@ -56,7 +48,6 @@ def test_served_models_external_router_and_engine_and_kill_9_mid_rollout(tmp_pat
     killed (kill -9, PID from engines.json) while rollout 0 runs; the run must complete."""
     from slime.config.schema import RouterConfig
     from slime.engine.router import Router
-    from tests.sync.test_disk_sync import start_engine
 
     router = Router.launch(cfg=RouterConfig(), log_path=tmp_path / "external_router.log")
     external = start_engine(tiny_model_dir, tmp_path / "external")
@@ -173,15 +164,6 @@ def handoff_steps(run_dir: Path) -> list[tuple[int, str]]:
     return [(int(rollout_id), step) for step, rollout_id in found]
 
 
-def engine_of(run_dir: Path, rank: int, timeout_s: float = 300) -> dict:
-    """Engine `rank`'s entry of engines.json once the run wrote it."""
-    deadline = time.monotonic() + timeout_s
-    while not (run_dir / "engines.json").exists():
-        assert time.monotonic() < deadline, "engines.json never written"
-        time.sleep(0.05)
-    return json.loads((run_dir / "engines.json").read_text())["engines"][rank]
-
-
 def test_colocated_fault_tolerance_releases_a_restarted_engine_before_resuming_its_weights(tmp_path):
     """cluster.colocate=true with fault tolerance, two engines; engine 1 is killed (kill -9) while rollout 0 runs.
     The push after training restarts it once the trainer is offloaded; it releases its memory at once, so that
@@ -287,7 +269,6 @@ def test_every_weight_sync_mode_learns_as_the_embedded_default(tmp_path):
     the hf engine's, so any difference is the SGLang path's: a weight not delivered, a version not stamped).
     The distributed and disk runs also check every push (debug.check_weight_update_equal: the engines
     snapshot and randomise the checkpoint's weights once up, the first push must restore them bit-exact)."""
-    from tests.e2e.test_end_to_end import main_py_concurrently, rewards
 
     runs = {
         key: (tmp_path / key, [*overrides, f"train.num_rollout={LEARN_ROLLOUTS}"])

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, main_argv
-from tests.e2e.test_end_to_end import assert_no_run_processes
 from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_argv
 
 pytestmark = pytest.mark.slow
 

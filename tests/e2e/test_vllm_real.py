@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from slime.engine import http_client
-from tests.conftest import ROOT, main_argv
-from tests.e2e.test_end_to_end import assert_no_run_processes, main_py_concurrently, rewards
-from tests.e2e.test_sglang_rollout import engine_of, metrics
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import engine_of, main_argv, main_py_concurrently, metrics, rewards
 
 pytestmark = pytest.mark.slow
 

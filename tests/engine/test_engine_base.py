@@ -14,11 +14,12 @@ import time
 import psutil
 import pytest
 
-from slime.engine.base import EngineLaunch, EngineServer, EngineStartupError, get_engine_class
+from slime.engine.base import EngineStartupError, get_engine_class
 from slime.engine.hf.engine import HFEngine
 from slime.engine.ports import reserve_ports
 from slime.engine.process import child_env
 from slime.engine.router import router_flags
+from tests.helpers.engines import CommandEngine
 
 # A stand-in server: answers /health_generate with 200 after `delay` seconds, on the port it is given.
 _HEALTH_SERVER = textwrap.dedent("""
@@ -33,31 +34,6 @@ _HEALTH_SERVER = textwrap.dedent("""
     print("serving on", port, flush=True)
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
-
-
-class _CommandEngine(EngineServer):
-    """An engine whose server is an arbitrary command built from the reserved ports."""
-
-    kind = "command"
-
-    def __init__(self, make_cmd, log_dir, timeout_s=20.0):
-        super().__init__(
-            EngineLaunch(
-                rank=7,
-                model_path="unused",
-                host="127.0.0.1",
-                seed=0,
-                device="cpu",
-                log_dir=str(log_dir),
-                startup_timeout_s=timeout_s,
-                shutdown_grace_s=2,
-            ),
-            None,
-        )
-        self.make_cmd = make_cmd
-
-    def command(self, ports):
-        return self.make_cmd(ports)
 
 
 def _gone(pid: int) -> bool:
@@ -149,7 +125,7 @@ def test_reservation_holds_across_processes(tmp_path):
 
 
 def test_server_gets_the_reserved_port_and_health_is_polled(tmp_path):
-    engine = _CommandEngine(lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "0.5"], tmp_path)
+    engine = CommandEngine(lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "0.5"], tmp_path)
     started = time.monotonic()
     url = engine.start()
     try:
@@ -164,7 +140,7 @@ def test_server_gets_the_reserved_port_and_health_is_polled(tmp_path):
 
 
 def test_startup_failure_raises_with_log_tail(tmp_path):
-    engine = _CommandEngine(
+    engine = CommandEngine(
         lambda ports: [sys.executable, "-c", "import sys; print('boom: no such model'); sys.exit(3)"], tmp_path
     )
     with pytest.raises(EngineStartupError, match=r"(?s)status 3.*boom: no such model"):
@@ -173,7 +149,7 @@ def test_startup_failure_raises_with_log_tail(tmp_path):
 
 
 def test_startup_timeout_kills_the_process(tmp_path):
-    engine = _CommandEngine(
+    engine = CommandEngine(
         lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "60"], tmp_path, timeout_s=1.0
     )
     engine.launch()

@@ -27,9 +27,9 @@ from slime.rollout.base import RolloutContext
 from slime.rollout.generate import call_engine
 from slime.runtime.rollout_manager import sampling_params
 from slime.types import Sample
-from tests.config.test_config_presets import assert_stopped_in_validation, run_main
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 from tests.helpers.recording_worker import RecordingWorker
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 from tests.helpers.sglang_real import require
 from tests.helpers.vllm_real import CPU_VLLM
 

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from slime.net import free_port
-from tests.train.fsdp.test_fsdp_backend import (
+from tests.helpers.fsdp_rank import (
+    TP_OVERRIDES,
     batches_for,
     log_probs,
     make_backend,
     make_samples,
     make_setup,
+    run_tp_group,
     train_rollout,
 )
 
@@ -82,13 +84,12 @@ def test_fsdp2_critic_on_cuda(tiny_model_dir):
 def test_fsdp2_with_tensor_parallel_on_two_gpus(tiny_model_dir, tmp_path):
     """dp=1 × tp=2 over NCCL (FSDP2 on the dp dimension, DTensor tp) against one GPU, both bf16."""
     from slime.train.layout import RankLayout
-    from tests.train.fsdp.test_tensor_parallel import OVERRIDES, run_group
 
-    base = make_setup(tiny_model_dir, [*OVERRIDES, f"checkpoint.ref_load={tiny_model_dir}"])
+    base = make_setup(tiny_model_dir, [*TP_OVERRIDES, f"checkpoint.ref_load={tiny_model_dir}"])
     setup = dataclasses.replace(base, device="cuda", precision="bf16")
     samples = make_samples(16, seed=7)
-    (single,) = run_group(setup, samples, RankLayout(dp=1), tmp_path / "one", free_port())
-    ranks = run_group(setup, samples, RankLayout(dp=1, tp=2), tmp_path / "tp2", free_port())
+    (single,) = run_tp_group(setup, samples, RankLayout(dp=1), tmp_path / "one", free_port())
+    ranks = run_tp_group(setup, samples, RankLayout(dp=1, tp=2), tmp_path / "tp2", free_port())
     assert ranks[0]["sharded"]
     assert (ranks[0]["log_probs"] - single["log_probs"]).abs().mean() < 0.02  # bf16 rounding only
     # The on-policy first step: ratio ≡ 1 in both layouts, so pg_loss agrees to float rounding; the gradient

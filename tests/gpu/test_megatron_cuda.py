@@ -21,8 +21,8 @@ if not torch.cuda.is_available():
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
 from slime.config.schema import ModelConfig, ParallelismConfig  # noqa: E402
 from slime.train.megatron.model_config import compile_layers  # noqa: E402
-from tests.conftest import model_fields  # noqa: E402
 from tests.helpers import megatron_standalone as standalone  # noqa: E402
+from tests.helpers.compose import model_fields  # noqa: E402
 
 
 def small_qwen3(path) -> ModelConfig:

@@ -13,9 +13,9 @@ from slime.engine import http_client
 from slime.engine.hf.weight_checker import tensor_checksum
 from slime.net import free_port
 from slime.sync.base import SyncContext
+from tests.helpers.engines import start_engine
+from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
 from tests.helpers.weights import engine_checksums
-from tests.sync.test_disk_sync import start_engine
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 pytestmark = pytest.mark.gpu
 

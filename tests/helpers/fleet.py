@@ -17,7 +17,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_setup import RolloutSetup
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slime.config.schema import ModelConfig
-from tests.conftest import model_fields
+from tests.helpers.compose import model_fields
 
 LLAMA3_SCALING = {
     "rope_type": "llama3",

@@ -1,5 +1,5 @@
-"""Validation helpers of the hostile-input tests (tests/README.md lists them): the problems a config has, by key,
-and a snapshot of a directory's files to show nothing earlier was damaged."""
+"""What validation says about a composed config, by key; a snapshot of a directory's files, to show a refused
+config damaged nothing earlier (the hostile-input tests, tests/README.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from slime.config import ConfigError
 from slime.plan.validate import validate
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 
 def problems_for(overrides: list[str], output_dir: Path) -> dict[str, str]:
@@ -29,3 +29,10 @@ def snapshot(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
     }
+
+
+def config_problems(overrides: list[str]) -> dict[str, str]:
+    """Validation's problems by key (one per key: the last) of the config composed with `overrides`."""
+    with pytest.raises(ConfigError) as info:
+        validate(typed_config(overrides))
+    return {p.key: str(p) for p in info.value.problems}

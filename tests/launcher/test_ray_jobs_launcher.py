@@ -13,9 +13,10 @@ import tomllib
 import yaml
 from setuptools import find_namespace_packages
 
-from tests.conftest import ROOT, session_processes
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import session_processes
 
-GOOD, BAD = "tests.launcher.rewards.digit", "tests.launcher.rewards.unreachable"
+GOOD, BAD = "tests.helpers.launcher_rewards.digit", "tests.helpers.launcher_rewards.unreachable"
 
 
 def test_plugin_is_discovered_from_the_checkout_and_packaged():

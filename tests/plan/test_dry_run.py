@@ -10,7 +10,7 @@ import pytest
 from slime.plan.derive import derive
 from slime.plan.dry_run import dry_run
 from slime.plan.memory import GIB, estimate_memory, parameter_count
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
 
 GPU_RUN = [
     # the estimates below are of fsdp shards and the hf engine's batches (qwen3_4b's preset: megatron, SGLang)

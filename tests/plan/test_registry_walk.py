@@ -10,7 +10,7 @@ import pytest
 from slime.config import ConfigError
 from slime.plan.validate import collect_problems, validate
 from slime.registry import ALL, ENGINES, Checks
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
 
 HEAVY = ("torch", "ray", "transformers", "sglang", "vllm", "megatron")
 
@@ -38,7 +38,7 @@ def test_every_records_checks_resolve_to_functions_that_import_nothing_heavy():
 def test_validating_the_default_run_imports_nothing_heavy():
     code = (
         "import sys\n"
-        "from tests.conftest import typed_config\n"
+        "from tests.helpers.compose import typed_config\n"
         "from slime.plan.validate import validate\n"
         "validate(typed_config([]))\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"

@@ -22,7 +22,7 @@ from slime.plan.validate import collect_problems, validate
 from slime.rollout.data_source import DataSource, PromptDataset, build_data_source
 from slime.rollout.prompt_file import DataFileError, RecordKeys, read_records
 from slime.types import Sample, SampleStatus
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
 
 # The seeds' example record (Usage Guide, "Data Format"), as one JSONL line.
 SEED_RECORD = {

@@ -14,18 +14,18 @@ from types import SimpleNamespace
 import pytest
 
 from slime.config.hooks import load_callable
-from slime.config.schema import HFEngineConfig, RolloutConfig, RouterConfig
+from slime.config.schema import HFEngineConfig, RouterConfig
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.router import Router
 from slime.registry import REWARD_TYPES
-from slime.rollout.base import EvalDataset, RolloutContext, RolloutHooks
+from slime.rollout.base import EvalDataset, RolloutHooks
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.entry_points import ROLLOUT_FN_SHAPE
 from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate import generate
-from slime.rollout.rewards import RewardHub
 from slime.types import SampleStatus
+from tests.helpers.rollout_context import context
 
 HERE = "tests.rollout.test_default_rollout"
 
@@ -89,23 +89,6 @@ def source(tmp_path, tokenizer, name: str, num_prompts: int, n: int) -> DataSour
 
 
 TEMPLATE = {"apply_chat_template": True}
-
-
-def context(
-    served, *, batch_size, over_sampling, max_new_tokens, hooks=None, rm_type="parity", **config
-) -> RolloutContext:
-    return RolloutContext(
-        config=RolloutConfig(batch_size=batch_size, **config),
-        router_url=served.url,
-        tokenizer=served.tokenizer,
-        batch_size=batch_size,
-        over_sampling_batch_size=over_sampling,
-        sampling_params={"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-        max_in_flight=64,
-        rewards=RewardHub(rm_type=rm_type, custom_rm_path=None),
-        hooks=hooks or RolloutHooks(),
-        max_filter_drops=100,
-    )
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from slime.plan.validate import collect_problems
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.dumps import epoch_coverage, load_rollout_data, main, save_rollout_data
 from slime.types import SampleStatus
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 
 def _finish(groups, reward=1.0):

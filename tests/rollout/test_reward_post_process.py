@@ -12,7 +12,7 @@ from slime.rollout.base import RolloutHooks
 from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.types import Sample
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 
 def doubled(args, samples):

@@ -17,7 +17,7 @@ from slime.rollout.rewards import RewardFailureError, RewardHub, check_failures
 from slime.rollout.rm.math import last_boxed
 from slime.rollout.rm.remote import RemoteRewardModel
 from slime.types import Sample, SampleStatus
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 
 from slime.assets.tokenizer import build_tokenizer
 from slime.rollout.tool_use import ERROR, calculate
-from tests.conftest import ROOT
-from tests.e2e.test_end_to_end import main_py
+from tests.helpers.compose import ROOT
+from tests.helpers.runs import main_py
 
 
 def test_calculator_evaluates_arithmetic_only_within_its_time_limit():
@@ -32,8 +32,8 @@ def test_tiny_tool_use_recipe_masks_every_tool_token(tmp_path, monkeypatch):
         tmp_path / "run",
         "recipe=tiny_tool_use",
         "train.num_rollout=3",
-        f"rollout.function={{_target_:tests.rollout.user_hooks.dumping_rollout,dump:'{dump}'}}",
-        "algo.dynamic_filter=tests.rollout.user_hooks.marking_filter",
+        f"rollout.function={{_target_:tests.helpers.user_hooks.dumping_rollout,dump:'{dump}'}}",
+        "algo.dynamic_filter=tests.helpers.user_hooks.marking_filter",
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -23,8 +23,9 @@ from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.run_state import RunState
 from slime.types import Sample, SampleStatus
-from tests.conftest import ROOT, main_argv, typed_config
+from tests.helpers.compose import ROOT, typed_config
 from tests.helpers.fake_run_world import FakeWorld, eager_ray
+from tests.helpers.runs import main_argv
 
 
 def test_sample_staleness_counts_the_oldest_engine_version():

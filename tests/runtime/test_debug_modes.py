@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from slime.tracking.jsonl import read_jsonl
-from tests.e2e.test_end_to_end import assert_no_run_processes, main_py
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_py
 from tests.helpers.validation import problems_for
 
 

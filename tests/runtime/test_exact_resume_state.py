@@ -13,7 +13,7 @@ from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
 from slime.runtime.rollout_manager import RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 
 class CursorSource:

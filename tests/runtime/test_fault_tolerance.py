@@ -12,9 +12,9 @@ import pytest
 
 from slime.config import ConfigError
 from slime.plan.validate import validate
-from tests.config.test_config_presets import assert_stopped_in_validation, run_main
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 from tests.helpers.fleet import running_fleet, wait_until
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 from tests.helpers.vllm_real import CPU_VLLM
 
 FT = ["rollout.fault_tolerance.enabled=true"]

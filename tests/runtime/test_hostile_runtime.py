@@ -18,9 +18,9 @@ from slime.engine.base import EngineStartupError
 from slime.engine.router import Router, RouterError
 from slime.runtime.interrupts import Interrupts, RunInterrupted
 from slime.train.fsdp.checkpoint import TRACKER, iter_dir
-from tests.engine.test_engine_base import _CommandEngine
+from tests.helpers.engines import CommandEngine
+from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
 from tests.helpers.validation import snapshot
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
 
 
 def _closed_port() -> int:
@@ -41,7 +41,7 @@ def test_unreachable_router_names_the_address_and_the_fix():
 def test_engine_killed_during_startup_reports_status_and_log(tmp_path):
     """As the OOM killer would: SIGKILL after the server printed its first lines."""
     script = "import os, signal; print('loading weights', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
-    engine = _CommandEngine(lambda ports: [sys.executable, "-c", script], tmp_path)
+    engine = CommandEngine(lambda ports: [sys.executable, "-c", script], tmp_path)
     with pytest.raises(EngineStartupError) as info:
         engine.start()
     message = str(info.value)
@@ -59,7 +59,7 @@ def test_engine_whose_port_was_taken_reports_the_bind_error(tmp_path):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        engine = _CommandEngine(lambda ports: [sys.executable, "-c", server, str(taken)], tmp_path)
+        engine = CommandEngine(lambda ports: [sys.executable, "-c", server, str(taken)], tmp_path)
         with pytest.raises(EngineStartupError) as info:
             engine.start()
     assert "exited with status 1" in str(info.value) and "Address already in use" in str(info.value)

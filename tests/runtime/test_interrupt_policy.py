@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.compose import ROOT
 
 POLICY_SCRIPT = textwrap.dedent("""
     import os, signal, subprocess, sys, time

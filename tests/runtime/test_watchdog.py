@@ -12,7 +12,7 @@ import time
 from slime.runtime.events import RunEvent
 from slime.runtime.run_state import RunState
 from slime.runtime.watchdog import ARMED, STACKS_ENV, Watchdog, dump_stacks, remove_armed
-from tests.conftest import ROOT
+from tests.helpers.compose import ROOT
 
 SLEEPER = textwrap.dedent("""
     import sys, time

@@ -8,37 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slime.config.schema import HFEngineConfig
-from slime.engine.base import EngineLaunch
-from slime.engine.hf.engine import HFEngine
 from slime.sync.base import SyncContext
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
-
-
-def start_engine(model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str, ...] = (), **config) -> HFEngine:
-    """A started hf engine server (one process) on `model_dir`; `config` overrides HFEngineConfig fields."""
-    launch = EngineLaunch(
-        rank=0,
-        model_path=str(model_dir),
-        host="127.0.0.1",
-        seed=0,
-        device=device,
-        gpu_ids=gpu_ids,
-        log_dir=str(log_dir),
-        startup_timeout_s=180,
-    )
-    engine = HFEngine(launch, HFEngineConfig(**{"max_batch_size": 4, "num_threads": 1, **config}))
-    engine.start()
-    return engine
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_model_dir):
-    """An fsdp actor rank whose weights moved away from the checkpoint (one high-lr rollout step)."""
-    backend = make_backend(make_setup(tiny_model_dir, ["train.lr=0.05"]))
-    train_rollout(backend, batches_for(make_samples(8, seed=5), dp=1, k=2)[0])
-    yield backend
-    backend.shutdown()
+from tests.helpers.engines import start_engine
 
 
 def test_export_is_every_parameter_once_in_buckets(trained):

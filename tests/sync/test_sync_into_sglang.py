@@ -14,7 +14,6 @@ from slime.sync.base import SyncContext
 from slime.wire import bucket_codec
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
 from tests.helpers.weights import engine_checksums, trainer_checksums
-from tests.sync.test_disk_sync import trained  # noqa: F401 - the module-scoped trained fsdp rank
 
 
 @pytest.fixture(scope="module")

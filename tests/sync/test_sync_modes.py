@@ -13,9 +13,9 @@ from slime.engine import http_client
 from slime.engine.hf.weights import read_safetensors_dir
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightMismatchError
+from tests.helpers.engines import start_engine
+from tests.helpers.fsdp_rank import response_log_probs
 from tests.helpers.weights import engine_checksums, trainer_checksums
-from tests.sync.test_disk_sync import start_engine, trained  # noqa: F401 - the module-scoped trained fsdp rank
-from tests.train.fsdp.test_fsdp_backend import response_log_probs
 
 PROMPT = {
     "input_ids": [1, 5, 11, 16],

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.helpers.compose import ROOT
 
 TOOL = ROOT / "tools" / "validate_multigpu.py"
 sys.path.insert(0, str(TOOL.parent))  # as the tool itself does: its modules by top-level names

@@ -11,7 +11,7 @@ from slime.tracking.continuity import reconcile, stage, staged_path
 from slime.tracking.jsonl import JsonlWriter, read_jsonl
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 K = 2
 

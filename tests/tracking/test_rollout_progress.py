@@ -13,7 +13,7 @@ from slime.runtime.loop import RunLoop, RunParts, Step
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
 from slime.runtime.run_state import RunState
 from slime.tracking.progress import RunProgress
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 COUNTS = {"needed": 4, "kept": 1, "submitted": 6, "in_flight": 5, "dropped": 0}
 

@@ -11,7 +11,7 @@ import sys
 from slime.config.validate_keys import check_unknown_keys
 from slime.runtime.launch import redacted_yaml, scrub_hydra_records
 from slime.tracking.secrets import REDACTED
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
 
 ENV_SECRETS = {"WANDB_API_KEY": "wk-env-secret-0123456789", "HF_TOKEN": "hf_envtoken_abcdefghij"}
 CLI_SECRET = "sk-cli-secret-9876543210"

@@ -13,7 +13,7 @@ from slime.tracking.env_report import tracker_config
 from slime.tracking.naming import HydraRun, run_identity, store_run_id, stored_run_id
 from slime.tracking.step_axes import optimizer_step
 from slime.tracking.tracker import Tracker
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 from tests.helpers.wandb_files import offline_runs
 
 CHOICES = {"model": "tiny_qwen3", "algo": "grpo", "cluster": "local_cpu", "rollout": "hf", "recipe": None}

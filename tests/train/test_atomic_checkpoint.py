@@ -16,9 +16,10 @@ from slime.config import fill_derived
 from slime.config.resume import tracked_iteration
 from slime.plan.validate import validate
 from slime.train.fsdp.checkpoint import TRACKER, iter_dir
-from tests.conftest import typed_config
-from tests.e2e.test_end_to_end import assert_no_run_processes, main_py
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.compose import typed_config
+from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_py
 
 
 class Killed(BaseException):

@@ -8,8 +8,8 @@ import torch
 from slime.algo.logprobs import chunked_log_probs_and_entropy, log_probs_and_entropy
 from slime.train import batching
 from slime.train.fsdp.critic import FSDPCritic
-from tests.config.test_config import problems_for
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.validation import config_problems
 
 
 def _unpacked(model, batch, indices, temperature):
@@ -171,7 +171,7 @@ def test_critic_packed_values_equal_unpacked_and_train(tiny_model_dir):
 
 
 def test_validation_of_max_tokens_and_ref_offload():
-    found = problems_for(["parallelism.max_tokens_per_gpu=0", "train.ref_offload=true"])
+    found = config_problems(["parallelism.max_tokens_per_gpu=0", "train.ref_offload=true"])
     assert "parallelism.max_tokens_per_gpu" in found["parallelism.max_tokens_per_gpu"]
     assert "set train.ref_offload=false" in found["train.ref_offload"]
 

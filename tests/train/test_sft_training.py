@@ -9,7 +9,7 @@ from slime.assets.tokenizer import build_tokenizer
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.rollout.sft import sft_sample
 from slime.types import Sample
-from tests.train.fsdp.test_fsdp_backend import make_backend, make_setup, train_rollout
+from tests.helpers.fsdp_rank import make_backend, make_setup, train_rollout
 
 
 def conversation(first_turn_mask: int) -> list[dict]:

@@ -21,7 +21,7 @@ from slime.engine import http_client
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
-from tests.conftest import in_thread
+from tests.helpers.processes import in_thread
 
 PROMPT = [1, 5, 11, 16, 28]
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}

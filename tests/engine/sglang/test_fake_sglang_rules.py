@@ -15,9 +15,9 @@ import pytest
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
-from tests.conftest import in_thread
 from tests.fakes.fake_sglang import CRASH_MARK
 from tests.helpers.fake_sglang_engine import make_engine
+from tests.helpers.processes import in_thread
 
 HEALTH_TIMEOUT_S = 2  # whole seconds: SGLang reads the variable with int()
 

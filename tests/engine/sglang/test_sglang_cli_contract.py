@@ -20,7 +20,7 @@ from slime.engine.sglang.server_args import (
     known_fields,
     server_args_cli,
 )
-from tests.conftest import ROOT
+from tests.helpers.compose import ROOT
 from tests.helpers.sglang_probe import SGLangProbe
 
 FIELDS = known_fields()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.config.test_config import problems_for
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
+from tests.helpers.validation import config_problems
 
 TWO_MODELS = (
     "rollout.models=[{name: actor, server_groups: [{num_gpus: 2}]},"
@@ -15,7 +15,7 @@ TWO_MODELS = (
 
 
 def test_server_groups_must_add_up_to_the_rollout_gpus():
-    found = problems_for([TWO_MODELS, "cluster.rollout.num_gpus=2"])
+    found = config_problems([TWO_MODELS, "cluster.rollout.num_gpus=2"])
     assert "add up to 3, but the rollout has 2 GPU(s)" in found["rollout.models"]
     assert "cluster.rollout.num_gpus=3" in found["rollout.models"]
     cfg = typed_config([TWO_MODELS, "cluster.rollout.num_gpus=3"])
@@ -28,7 +28,7 @@ def test_server_groups_must_add_up_to_the_rollout_gpus():
 
 
 def test_group_sizes_worker_types_and_pd_pairs():
-    found = problems_for(
+    found = config_problems(
         [
             "rollout=sglang",
             "cluster.rollout.num_gpus=3",
@@ -39,16 +39,16 @@ def test_group_sizes_worker_types_and_pd_pairs():
         "positive multiple of the group's GPUs per engine (2)" in found["rollout.models[0].server_groups[0].num_gpus"]
     )
     assert "needs both prefill and decode" in found["rollout.models[0].server_groups"]
-    found = problems_for(["rollout.models=[{name: a, server_groups: [{worker_type: decode, num_gpus: 1}]}]"])
+    found = config_problems(["rollout.models=[{name: a, server_groups: [{worker_type: decode, num_gpus: 1}]}]"])
     assert (
         "needs SGLang or vLLM servers, not rollout.engine=hf" in found["rollout.models[0].server_groups[0].worker_type"]
     )
-    found = problems_for(["rollout.external_engines=[127.0.0.1:3000]"])
+    found = config_problems(["rollout.external_engines=[127.0.0.1:3000]"])
     assert "http://host:port" in found["rollout.external_engines"]
 
 
 def test_framework_owned_server_args_are_rejected():
-    found = problems_for(
+    found = config_problems(
         [
             "rollout=sglang",
             "+rollout.sglang.tp_size=2",
@@ -62,7 +62,7 @@ def test_framework_owned_server_args_are_rejected():
 
 
 def test_server_args_the_command_line_cannot_carry_are_rejected():
-    found = problems_for(
+    found = config_problems(
         [
             "rollout=sglang",
             "+rollout.sglang.watermark_key=k",
@@ -89,7 +89,7 @@ def test_an_installed_sglang_of_another_version_is_rejected(tmp_path, monkeypatc
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 9.9.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    found = problems_for(["rollout=sglang", "cluster.rollout.num_gpus=1"])
+    found = config_problems(["rollout=sglang", "cluster.rollout.num_gpus=1"])
     assert (
         "the installed sglang is 9.9.0, but server command lines are rendered from sglang 0.5.23"
         in found["rollout.sglang"]

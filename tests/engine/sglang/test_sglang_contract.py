@@ -22,10 +22,11 @@ from slime.sync.tensor import staged
 from slime.types import Sample
 from slime.wire import bucket_codec
 from slime.wire.weight_group import HostedWeightGroup
-from tests.conftest import in_thread, typed_config
+from tests.helpers.compose import typed_config
+from tests.helpers.engines import start_engine
+from tests.helpers.processes import in_thread
 from tests.helpers.request_recorder import RequestRecorder
 from tests.helpers.sglang_probe import SGLangProbe
-from tests.sync.test_disk_sync import start_engine
 
 # Every public EngineClient method that talks to a server, called once (a new method must be added here).
 CLIENT_CALLS = {

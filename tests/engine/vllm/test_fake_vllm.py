@@ -17,7 +17,7 @@ import pytest
 
 from slime.engine import http_client
 from slime.net import free_port
-from tests.conftest import ROOT
+from tests.helpers.compose import ROOT
 
 GENERATE = {"token_ids": [1, 5, 11], "sampling_params": {"max_tokens": 3, "temperature": 0.0, "logprobs": 0}}
 

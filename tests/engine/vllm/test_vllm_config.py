@@ -26,8 +26,8 @@ from slime.plan.derive import derive
 from slime.plan.dry_run import dry_run
 from slime.plan.memory import GIB, estimate_memory
 from slime.plan.validate import validate
-from tests.config.test_config_presets import assert_stopped_in_validation, run_main
-from tests.conftest import ROOT, compose_config, typed_config
+from tests.helpers.compose import ROOT, compose_config, typed_config
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 from tests.helpers.vllm_real import CPU_VLLM
 
 SEED_FLAGS = {  # the seeds' vime flags -> rollout keys (README "Using vLLM instead of SGLang")

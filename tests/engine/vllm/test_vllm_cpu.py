@@ -15,15 +15,15 @@ from slime.engine.base import EngineLaunch
 from slime.engine.vllm import cpu
 from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
 from slime.plan.validate import validate
-from tests.config.test_config import problems_for
-from tests.conftest import ROOT, model_fields, typed_config
+from tests.helpers.compose import ROOT, model_fields, typed_config
+from tests.helpers.validation import config_problems
 
 
 def test_what_a_cpu_vllm_cannot_do_is_refused_naming_the_fix():
-    found = problems_for(["rollout=vllm"])  # the embedded model: head size 16, and vllm's distributed default
+    found = config_problems(["rollout=vllm"])  # the embedded model: head size 16, and vllm's distributed default
     assert "head sizes [32, 64" in found["model.kv_channels"] and "model=tiny_qwen3_vllm" in found["model.kv_channels"]
     assert "rollout.weight_sync.mode=disk" in found["rollout.weight_sync.mode"]
-    found = problems_for(["model=tiny_qwen3_vllm", "rollout.weight_sync.mode=tensor", "cluster.colocate=true"])
+    found = config_problems(["model=tiny_qwen3_vllm", "rollout.weight_sync.mode=tensor", "cluster.colocate=true"])
     assert "IPC transfer and sleep mode" in found["rollout.weight_sync.mode"]
     assert "--enable-sleep-mode" in found["cluster.colocate"]
     validate(typed_config(["model=tiny_qwen3_vllm"]))  # its preset: rollout=vllm with disk syncs

@@ -34,8 +34,8 @@ from slime.rollout.base import RolloutContext
 from slime.rollout.generate import generate
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
-from tests.conftest import in_thread
 from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK
+from tests.helpers.processes import in_thread
 from tests.helpers.vllm_real import parsed_by_vllm
 
 FAKE = "tests.fakes.fake_vllm"

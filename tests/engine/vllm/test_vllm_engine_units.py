@@ -12,6 +12,7 @@ from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
+from tests.helpers.compose import typed_config
 from tests.helpers.vllm_real import CPU_VLLM
 
 
@@ -19,10 +20,8 @@ from tests.helpers.vllm_real import CPU_VLLM
 def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     """The seeds' --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
     the rest decode; served models with per-group overrides where only one is updated."""
-    from slime.config import ConfigError
+    from slime.config import ConfigError, validate
     from slime.engine.groups import engine_specs, model_specs, policy_model
-    from slime.plan.validate import validate
-    from tests.conftest import typed_config
 
     cfg = typed_config(
         [

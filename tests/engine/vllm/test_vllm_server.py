@@ -23,8 +23,8 @@ from slime.rollout.generate import call_engine
 from slime.rollout.rewards import RewardHub
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
-from tests.conftest import in_thread, model_fields
-from tests.train.fsdp.test_fsdp_backend import (
+from tests.helpers.compose import model_fields
+from tests.helpers.fsdp_rank import (
     batches_for,
     make_backend,
     make_samples,
@@ -32,6 +32,8 @@ from tests.train.fsdp.test_fsdp_backend import (
     response_log_probs,
     train_rollout,
 )
+from tests.helpers.processes import in_thread
+from tests.helpers.rollout_context import context
 
 PROMPT = [1, 5, 11, 7]
 MAX_NEW = 400  # tokens: a response long enough to be cut mid-decode
@@ -148,7 +150,6 @@ def test_the_rollouts_abort_cuts_a_response_that_a_later_step_continues(served, 
     engine-independent: tests/rollout/test_default_rollout.py runs it on the built-in engine.)"""
     from slime.rollout.default import _abort_engines
     from slime.rollout.generate import generate_and_reward
-    from tests.rollout.test_default_rollout import context
 
     ctx = context(served, batch_size=1, over_sampling=1, max_new_tokens=MAX_NEW, engine="vllm", partial_rollout=True)
     ctx = dataclasses.replace(ctx, rewards=RewardHub(rm_type="exact_match", custom_rm_path=None))

@@ -2,98 +2,14 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from slime.config import fill_derived
-from slime.plan.validate import validate
 from slime.rollout.postprocess import split_for_data_parallel
-from slime.train.fsdp.backend import FSDPBackend
 from slime.train.layout import RankLayout
-from slime.train.train_setup import TrainSetup, needs_old_log_probs, needs_ref
-from slime.types import Sample, TrainBatch
-from tests.conftest import typed_config
-
-
-def make_setup(model_dir, overrides=()) -> TrainSetup:
-    cfg = typed_config([f"model.hf_checkpoint={model_dir}", "checkpoint.ref_load=null", *overrides])
-    derived = validate(cfg)
-    return TrainSetup.from_run_config(fill_derived(cfg, derived), derived)
-
-
-def make_samples(num: int, *, seed: int, vocab: int = 76) -> list[Sample]:
-    """Random prompt/response token ids with varied lengths, some masked tokens, engine log-probs."""
-    rng = random.Random(seed)
-    samples = []
-    for i in range(num):
-        prompt = [rng.randrange(4, vocab) for _ in range(rng.randint(3, 7))]
-        response = [rng.randrange(4, vocab) for _ in range(rng.randint(1, 5))]
-        s = Sample(
-            index=i,
-            group_index=i // 4,
-            tokens=prompt + response,
-            response_length=len(response),
-            loss_mask=[1 if rng.random() > 0.2 else 0 for _ in response],
-            rollout_log_probs=[-rng.random() * 3 for _ in response],
-            reward=float(rng.random() > 0.5),
-        )
-        samples.append(s)
-    return samples
-
-
-def make_backend(setup: TrainSetup, *, rank: int = 0, layout: RankLayout | None = None, port: int = 0, cls=FSDPBackend):
-    """A built backend rank (init() done) of a group laid out as `layout` (default: one rank)."""
-    backend = cls(setup, rank=rank, layout=layout or RankLayout(dp=1), master_addr="127.0.0.1", master_port=port)
-    backend.init()
-    return backend
-
-
-def train_rollout(backend, batch: TrainBatch, *, rollout_id: int = 0, update: bool = True) -> dict:
-    """One rollout step on one actor rank, in the driver's order (slime.runtime.loop.RunLoop.train)."""
-    algo = backend.setup.algo
-    backend.load_batch(rollout_id, batch)
-    if needs_ref(algo):
-        backend.compute_log_probs("ref")
-    if needs_old_log_probs(algo, backend.setup.train.num_steps_per_rollout):
-        backend.compute_log_probs("old")
-    rollout_side = backend.compute_advantages()
-    return {**backend.train(update=update), "rollout": rollout_side}
-
-
-def log_probs(backend, batch: TrainBatch, which: str = "old") -> torch.Tensor:
-    """Flat forward-only log-probs of every response token of `batch`."""
-    backend.load_batch(0, batch)
-    backend.compute_log_probs(which)
-    return backend.columns[f"{which}_log_probs"]
-
-
-def response_log_probs(backend, prompt: list[int], response: list[int]) -> torch.Tensor:
-    """The backend's own forward-only log-probs of `response` after `prompt` (its packed path), Tensor[R]."""
-    sample = Sample(
-        index=0,
-        tokens=list(prompt) + list(response),
-        response_length=len(response),
-        loss_mask=[1] * len(response),
-        reward=0.0,
-    )
-    batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
-    return log_probs(backend, batch).cpu()
-
-
-def batches_for(samples, *, dp: int, k: int, balance_tokens: bool = False):
-    rewards = [s.reward - 0.5 for s in samples]  # any fixed advantages: the split must not matter
-    return split_for_data_parallel(
-        samples,
-        [s.reward for s in samples],
-        rewards,
-        global_batch_size=len(samples) // k,
-        num_steps=k,
-        dp_size=dp,
-        balance_tokens=balance_tokens,
-    )
+from slime.types import Sample
+from tests.helpers.fsdp_rank import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
 
 
 def _rank_main(rank, world, port, setup, batches, out):

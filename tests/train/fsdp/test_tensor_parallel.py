@@ -6,62 +6,23 @@ and the step equals the single-rank step: same log-probs, losses, gradient norm 
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.multiprocessing as mp
 
 from slime.train.layout import RankLayout
-from tests.train.fsdp.test_fsdp_backend import (
-    batches_for,
-    log_probs,
-    make_backend,
+from tests.helpers.fsdp_rank import (
+    TP_OVERRIDES,
     make_samples,
     make_setup,
-    train_rollout,
+    run_tp_group,
 )
-
-OVERRIDES = [
-    "parallelism.micro_batch_size=3",
-    "train.lr=1e-2",
-    "algo.use_kl_loss=true",
-    "algo.kl_loss_coef=0.1",
-    "algo.entropy_coef=0.01",
-]
-
-
-def _rank_main(rank, layout, port, setup, shards, out):
-    if setup.device == "cuda":  # one GPU per rank, as Ray gives each training actor
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
-    torch.manual_seed(0)
-    backend = make_backend(setup, rank=rank, layout=layout, port=port)
-    shard = shards[layout.shard_of(rank)]
-    before = log_probs(backend, shard).clone()
-    result = train_rollout(backend, shard)
-    full = {name: t.cpu().clone() for bucket in backend.export_weights(1 << 20) for name, t in bucket}
-    sharded = sorted(n for n, p in backend.model.named_parameters() if hasattr(p, "placements"))
-    torch.save(
-        {"log_probs": before.cpu(), "result": result, "params": full, "sharded": sharded}, out / f"rank{rank}.pt"
-    )
-    backend.shutdown()
-
-
-def run_group(setup, samples, layout: RankLayout, tmp_path, port):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    shards = batches_for(samples, dp=layout.dp, k=2)
-    if layout.world_size == 1:
-        _rank_main(0, layout, port, setup, shards, tmp_path)
-    else:
-        mp.spawn(_rank_main, args=(layout, port, setup, shards, tmp_path), nprocs=layout.world_size, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(layout.world_size)]
 
 
 def test_tp2_and_dp2_tp2_equal_one_rank(tiny_model_dir, tmp_path):
-    setup = make_setup(tiny_model_dir, [*OVERRIDES, f"checkpoint.ref_load={tiny_model_dir}"])
+    setup = make_setup(tiny_model_dir, [*TP_OVERRIDES, f"checkpoint.ref_load={tiny_model_dir}"])
     samples = make_samples(16, seed=7)
-    (single,) = run_group(setup, samples, RankLayout(dp=1), tmp_path / "one", 29531)
+    (single,) = run_tp_group(setup, samples, RankLayout(dp=1), tmp_path / "one", 29531)
     for layout, port in ((RankLayout(dp=1, tp=2), 29532), (RankLayout(dp=2, tp=2), 29533)):
-        ranks = run_group(setup, samples, layout, tmp_path / f"dp{layout.dp}", port)
+        ranks = run_tp_group(setup, samples, layout, tmp_path / f"dp{layout.dp}", port)
         assert ranks[0]["sharded"] and "model.layers.0.self_attn.q_proj.weight" in ranks[0]["sharded"]
         for rank, out in enumerate(ranks):
             # the ranks of one tp group saw identical data and compute identical results

@@ -11,7 +11,7 @@ from slime.config.problems import ConfigError
 from slime.plan.validate import validate
 from slime.train.megatron import config_check
 from slime.train.megatron.config_check import MEGATRON_OWNED, megatron_config_fields, megatron_problems
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 FIELDS = {
     "recompute_granularity": "TransformerConfig",

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from slime.train.megatron.weights.hf_reader import HFReader  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.helpers.compose import ROOT  # noqa: E402
 from tests.helpers.megatron_checkpoints import FAMILIES, make_checkpoint  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from megatron.core import dist_checkpointing  # noqa: E402
 
 from slime.net import free_port  # noqa: E402
 from slime.train.megatron import checkpoint  # noqa: E402
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
+from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 
 
 class Killed(BaseException):

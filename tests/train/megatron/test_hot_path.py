@@ -17,8 +17,8 @@ from slime.config.schema import ModelConfig  # noqa: E402
 from slime.train.megatron import batch as mbatch  # noqa: E402
 from slime.train.megatron import multi_tensor, rope  # noqa: E402
 from slime.train.megatron.optimizer import fused_adam  # noqa: E402
-from tests.conftest import model_fields  # noqa: E402
 from tests.helpers import megatron_standalone as standalone  # noqa: E402
+from tests.helpers.compose import model_fields  # noqa: E402
 
 # Tensor -> Python conversions: on CUDA each one waits for every queued kernel
 HOST_READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__}

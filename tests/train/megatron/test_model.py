@@ -13,8 +13,8 @@ from slime.net import free_port  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
 from slime.train.megatron.backend import MegatronBackend  # noqa: E402
 from slime.train.megatron.model_config import compile_layers  # noqa: E402
-from tests.conftest import typed_config  # noqa: E402
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
+from tests.helpers.compose import typed_config  # noqa: E402
+from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 
 
 def hf_log_probs(model_dir: str, batch, temperature: float) -> torch.Tensor:

@@ -16,8 +16,8 @@ pytest.importorskip("megatron.core")
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
 from slime.train.megatron.backend import MegatronBackend  # noqa: E402
-from tests.conftest import typed_config  # noqa: E402
-from tests.train.fsdp.test_fsdp_backend import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
+from tests.helpers.compose import typed_config  # noqa: E402
+from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
 
 
 def _one_layout(rank, layout, port, setup, batch) -> dict:

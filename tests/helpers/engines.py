@@ -1,0 +1,49 @@
+"""Engine servers a test starts: a real hf engine on a model directory, and an engine whose server is any command."""
+
+from __future__ import annotations
+
+from slime.config.schema import HFEngineConfig
+from slime.engine.base import EngineLaunch, EngineServer
+from slime.engine.hf.engine import HFEngine
+
+
+def start_engine(model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str, ...] = (), **config) -> HFEngine:
+    """A started hf engine server (one process) on `model_dir`; `config` overrides HFEngineConfig fields."""
+    launch = EngineLaunch(
+        rank=0,
+        model_path=str(model_dir),
+        host="127.0.0.1",
+        seed=0,
+        device=device,
+        gpu_ids=gpu_ids,
+        log_dir=str(log_dir),
+        startup_timeout_s=180,
+    )
+    engine = HFEngine(launch, HFEngineConfig(**{"max_batch_size": 4, "num_threads": 1, **config}))
+    engine.start()
+    return engine
+
+
+class CommandEngine(EngineServer):
+    """An engine whose server is an arbitrary command built from the reserved ports."""
+
+    kind = "command"
+
+    def __init__(self, make_cmd, log_dir, timeout_s=20.0):
+        super().__init__(
+            EngineLaunch(
+                rank=7,
+                model_path="unused",
+                host="127.0.0.1",
+                seed=0,
+                device="cpu",
+                log_dir=str(log_dir),
+                startup_timeout_s=timeout_s,
+                shutdown_grace_s=2,
+            ),
+            None,
+        )
+        self.make_cmd = make_cmd
+
+    def command(self, ports):
+        return self.make_cmd(ports)

@@ -1,0 +1,50 @@
+"""The processes of this test session: which are still alive (by the session id conftest.py exports), a function run
+in a thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+
+# Inherited by every process the tests start (runs, Ray, routers, engines): leftovers are found by it,
+# and runs of other sessions on the same machine are not mistaken for ours.
+TEST_SESSION_VAR = "SLIME_TEST_SESSION"
+
+
+def session_processes() -> list[str]:
+    """Live processes (not zombies) started by this test session, as 'pid: command line'."""
+    found = []
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["pid"] == os.getpid():
+            continue
+        command = " ".join(proc.info["cmdline"] or [])
+        if proc.info["ppid"] == os.getpid() and ("from multiprocessing." in command or "torch_shm_manager" in command):
+            # this test process's own helpers (megatron's checkpoint Manager, spawn's resource tracker, the
+            # shared-memory manager torch starts for the tensor sync's buckets)
+            continue
+        try:
+            if proc.environ().get(TEST_SESSION_VAR) != os.environ[TEST_SESSION_VAR]:
+                continue
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            continue
+        found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])[:120]}")
+    return found
+
+
+def in_thread(fn) -> tuple[threading.Thread, dict]:
+    """Run `fn()` in a daemon thread, started; its return value lands in the dict under "result"."""
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def assert_no_run_processes(timeout_s: float = 20.0) -> None:
+    """Nothing a test started (Ray daemons and workers, the router, engines) is still alive."""
+    deadline = time.monotonic() + timeout_s
+    while session_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert session_processes() == []
