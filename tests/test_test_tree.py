@@ -18,6 +18,7 @@ ROOT = TESTS.parent
 # The architecture checks: they read the whole source tree, so they belong to no package folder.
 TOP_LEVEL_TESTS = {"test_layers.py", "test_test_tree.py"}
 SHARED = ("tests.helpers", "tests.fakes")
+RUNS_MAIN = {"main_py", "main_argv", "main_py_concurrently", "run_concurrently"}  # tests.helpers.runs
 
 
 def _test_modules() -> list[Path]:
@@ -75,6 +76,44 @@ def test_the_rules_see_an_import_of_a_test_module(tmp_path):
     )
     found = [line.split(" imports ")[1] for line in _imported_test_modules(module)]
     assert found == ["tests.conftest", "tests.config.test_config", "tests.e2e"]
+
+
+def _slow_tests_running_main(path: Path) -> list[str]:
+    """Tests of `path` marked `slow` (or in a `slow` module) that start main.py (through tests.helpers.runs or by
+    its file name)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    slow_module = any(
+        isinstance(node, ast.Assign) and "pytestmark" in ast.unparse(node) and ".slow" in ast.unparse(node)
+        for node in tree.body
+    )
+    found = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+            continue
+        slow = slow_module or any(ast.unparse(d).endswith("mark.slow") for d in node.decorator_list)
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if slow and (
+            names & RUNS_MAIN or any(isinstance(n, ast.Constant) and n.value == "main.py" for n in ast.walk(node))
+        ):
+            found.append(f"{path}::{node.name}")
+    return found
+
+
+def test_main_py_runs_live_in_e2e():
+    """A slow test that runs the whole product (`python main.py` to its end) belongs in tests/e2e/."""
+    outside = [p for p in _test_modules() if p.parent != TESTS / "e2e"]
+    assert [found for path in outside for found in _slow_tests_running_main(path)] == []
+
+
+def test_the_rules_see_a_slow_main_py_run(tmp_path):
+    module = tmp_path / "test_sample.py"
+    module.write_text(
+        "import pytest\n"
+        "@pytest.mark.slow\ndef test_run(tmp_path):\n    main_py(tmp_path)\n"
+        "def test_cli(tmp_path):\n    main_py(tmp_path)\n"
+        "@pytest.mark.slow\ndef test_sweep():\n    subprocess.run([sys.executable, 'main.py', '--multirun'])\n"
+    )
+    assert _slow_tests_running_main(module) == [f"{module}::test_run", f"{module}::test_sweep"]
 
 
 def test_test_module_names_are_unique():

@@ -1,4 +1,4 @@
-"""User code that tests/rollout/test_tool_use.py names by import path in the config (as a user would)."""
+"""User code that tests/e2e/test_tool_use_recipe.py names by import path in the config (as a user would)."""
 
 from __future__ import annotations
 

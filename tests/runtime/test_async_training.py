@@ -1,16 +1,14 @@
 """train.async=true, the one-step-async loop (REFERENCE.md §2.4): staleness bookkeeping, its schedule, the
-checkpointed cursor of the in-flight rollout, the colocated refusal, and one real run that overlaps."""
+checkpointed cursor of the in-flight rollout, the colocated refusal (a real run that overlaps:
+tests/e2e/test_async_run.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 import time
 import types
-
-import pytest
 
 from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
@@ -25,7 +23,6 @@ from slime.runtime.run_state import RunState
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import ROOT, typed_config
 from tests.helpers.fake_run_world import FakeWorld, eager_ray
-from tests.helpers.runs import main_argv
 
 
 def test_sample_staleness_counts_the_oldest_engine_version():
@@ -164,28 +161,3 @@ def test_async_recipe_dry_run_plans_separate_train_and_engine_gpus():
     assert "Placement plan (8 GPU(s) of 1 node(s) x 8; disaggregated;" in text
     assert "node 0 GPU 3: actor rank 3 (dp 1, tp 1, pp 0, cp 0)\n  node 0 GPU 4: engine 0" in text
     assert "loop: one-step async (rollout k+1 generated while step k trains), weight sync every 1 rollout" in text
-
-
-# ---- the real thing -----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_async_run_overlaps_generation_with_training(tmp_path):
-    """main.py train.async=true on the embedded default, 3 rollout steps: rollout k+1's generation starts
-    before step k's training ends, staleness is 0 then 1 (per sample too), and the run completes."""
-    run_dir = tmp_path / "run"
-    cmd = main_argv(run_dir)
-    proc = subprocess.run(
-        [*cmd, "train.async=true", "train.num_rollout=3"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "perf/step_time" in r]
-    assert [r["rollout/step"] for r in steps] == [0, 1, 2]
-    for before, after in zip(steps, steps[1:]):
-        assert after["perf/rollout_started_at"] < before["perf/train_ended_at"], (before, after)
-        assert after["perf/rollout_overlap_time"] > 0
-    assert [(r["rollout/staleness_mean"], r["rollout/staleness_max"]) for r in steps] == [(0, 0), (1, 1), (1, 1)]
-    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert {(s["rollout_step"], s["staleness"]) for s in samples} == {(0, 0), (1, 1), (2, 1)}
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"

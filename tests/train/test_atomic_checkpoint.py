@@ -1,12 +1,10 @@
 """Atomic checkpoints: a save killed part-way leaves the previous checkpoint the one every load picks.
 
-The unit tests drive the fsdp backend's save directly (no Ray) and kill it at a chosen file; the slow test
-kills a whole run (SIGKILL to every process) in its save phase and resumes it with checkpoint.resume=auto.
+These tests drive the fsdp backend's save directly (no Ray) and kill it at a chosen file; a whole run killed
+(SIGKILL to every process) in its save phase and resumed is tests/e2e/test_killed_save_resume.py.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -18,8 +16,6 @@ from slime.plan.validate import validate
 from slime.train.fsdp.checkpoint import TRACKER, iter_dir
 from tests.helpers.compose import typed_config
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
-from tests.helpers.processes import assert_no_run_processes
-from tests.helpers.runs import main_py
 
 
 class Killed(BaseException):
@@ -88,28 +84,3 @@ def test_resume_auto_without_a_checkpoint_starts_afresh(tiny_model_dir, tmp_path
     cfg = typed_config([f"model.hf_checkpoint={tiny_model_dir}", "checkpoint.resume=auto"], str(tmp_path / "run"))
     cfg = fill_derived(cfg, validate(cfg))
     assert cfg.checkpoint.load is None and cfg.checkpoint.save == str(tmp_path / "run" / "checkpoints")
-
-
-@pytest.mark.slow
-def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(tmp_path):
-    """SIGKILL to every process of the run as it enters the save of rollout 1; resume=auto then finishes it."""
-    run_dir = tmp_path / "run"
-    common = ["train.num_rollout=3", "checkpoint.save_interval=1"]
-    proc = main_py(run_dir, *common, "debug.signal_at=save:1", "debug.signal=SIGKILL", "debug.signal_delay_s=0.05")
-    assert proc.returncode == -9, proc.stderr[-3000:]
-    assert_no_run_processes(timeout_s=10)
-    root = run_dir / "checkpoints"
-    last = tracked_iteration(str(root))
-    assert last in (0, 1)  # the kill lands during the save: before or after its tracker was replaced
-    complete = iter_dir(root, last)
-    assert (complete / "model" / "config.json").exists() and (complete / "optimizer.pt").exists()
-    assert (root / "rollout" / f"global_dataset_state_dict_{last}.pt").exists()
-
-    proc = main_py(run_dir, *common, "checkpoint.resume=auto")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "completed" and result["start_rollout"] == last + 1
-    assert result["rollouts_completed"] == 3 - (last + 1)
-    assert tracked_iteration(str(root)) == 2
-    assert not list(root.glob(".iter_*"))
-    assert_no_run_processes()

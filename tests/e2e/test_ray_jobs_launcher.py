@@ -1,4 +1,5 @@
-"""hydra/launcher=ray_jobs: discovery, and a real sweep of Ray Jobs on a local cluster the launcher owns."""
+"""hydra/launcher=ray_jobs: a real sweep of Ray Jobs on a local cluster the launcher owns, and Ctrl-C during one
+(discovery: tests/launcher/test_ray_jobs_discovery.py)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
-from setuptools import find_namespace_packages
 
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import session_processes
 
 GOOD, BAD = "tests.helpers.launcher_rewards.digit", "tests.helpers.launcher_rewards.unreachable"
-
-
-def test_plugin_is_discovered_from_the_checkout_and_packaged():
-    """`--info plugins` lists it from a checkout; the wheel's package list includes it (namespace package)."""
-    proc = subprocess.run(
-        [sys.executable, "main.py", "--info", "plugins"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "RayJobsLauncher" in proc.stdout
-    assert not (ROOT / "hydra_plugins" / "__init__.py").exists()  # Hydra's namespace package has none
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    packages = find_namespace_packages(where=str(ROOT), include=find["include"])
-    assert find.get("namespaces", True) and "hydra_plugins.ray_jobs_launcher" in packages
 
 
 @pytest.mark.slow
