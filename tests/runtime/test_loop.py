@@ -16,7 +16,7 @@ from slime.runtime.events import RunEvent
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.loop import RunLoop, RunParts
 from slime.runtime.run_state import RunState
-from tests.conftest import ROOT, typed_config
+from tests.helpers.compose import ROOT, typed_config
 from tests.helpers.fake_run_world import FakeWorld, eager_ray
 
 RUNTIME = ROOT / "slime" / "runtime"
