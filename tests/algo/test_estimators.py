@@ -22,7 +22,7 @@ from slime.rollout.postprocess import post_process_rewards
 from slime.train.actor_loss import actor_loss
 from slime.train.token_advantages import compute_advantages
 from slime.train.train_setup import needs_old_log_probs
-from tests.conftest import CONF, ROOT, typed_config
+from tests.helpers.compose import CONF, ROOT, typed_config
 
 F64 = dict(dtype=torch.float64)
 BUILT_IN = ["grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "sft"]

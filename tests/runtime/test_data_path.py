@@ -20,7 +20,7 @@ from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.train_group import TrainGroup
 from slime.train.layout import RankLayout
 from slime.types import Sample, SampleStatus, TrainBatch
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 from tests.helpers.train_ranks import critic_values, recording_group
 
 LAYOUT = RankLayout(dp=2, tp=2)  # ranks 0, 1 train shard 0; ranks 2, 3 shard 1
