@@ -14,7 +14,7 @@ from slime.plan.validate import validate
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.train.fsdp.backend import FSDPBackend
 from slime.train.layout import RankLayout
-from slime.train.setup import TrainSetup, needs_old_log_probs, needs_ref
+from slime.train.train_setup import TrainSetup, needs_old_log_probs, needs_ref
 from slime.types import Sample, TrainBatch
 from tests.helpers.compose import typed_config
 
