@@ -15,7 +15,7 @@ from slime.engine.groups import engine_specs
 from slime.plan.derive import derive
 from slime.plan.resolve import resolve
 from slime.runtime.rollout_setup import RolloutSetup
-from tests.conftest import typed_config
+from tests.helpers.compose import typed_config
 
 GPU_RECIPE = [  # no data, no checkpoint on this machine; 4 trainer GPUs (tp 2) and two 2-GPU engines
     "recipe=gpu/qwen3_4b_grpo_disagg",
