@@ -10,9 +10,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from slime.assets.tiny_model import hf_config_dict
 from slime.config import register_configs, to_run_config
-from slime.config.schema import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 CONF = ROOT / "conf"
@@ -47,6 +45,11 @@ def model_fields(option: str) -> dict:
 
 def fake_hf_dir(tmp_path, model_option: str):
     """A directory whose config.json matches conf/model/<option>.yaml (what a real download has)."""
+    # Imported here, as before this moved out of test_config.py: tests/conftest.py imports this module, and the
+    # tiny-model code would bring transformers into every test session at start-up.
+    from slime.assets.tiny_model import hf_config_dict
+    from slime.config.schema import ModelConfig
+
     fields = model_fields(model_option)
     fields["hf_checkpoint"] = str(tmp_path / model_option)
     (tmp_path / model_option).mkdir()
