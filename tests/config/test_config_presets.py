@@ -159,6 +159,20 @@ def test_preset_none_keeps_the_groups_first_options():
     assert proc.returncode == 2 and "rollout.batch_size" in proc.stderr and "ray" not in imported
 
 
+def test_a_size_preset_none_leaves_unset_is_a_config_error_naming_the_key_and_the_fix():
+    proc, imported = run_main("preset=none", "train.num_rollout=???")
+    assert_stopped_in_validation(proc, imported)
+    assert "Traceback" not in proc.stderr and "Missing mandatory value" not in proc.stderr
+    assert "invalid configuration (2 problems)" in proc.stderr, proc.stderr
+    fix = "Fix: set it on the command line ({key}=<value>), or choose a preset: preset=<embedded, "
+    for key in ("rollout.batch_size", "train.num_rollout"):
+        assert f"  - {key}='???': is mandatory and nothing in the composed config sets it" in proc.stderr
+        assert fix.format(key=key) in proc.stderr
+    assert "preset=<embedded, " in proc.stderr and ", none," not in proc.stderr and "qwen3_4b" in proc.stderr
+    cfg = typed_config(["preset=none", "rollout.batch_size=4"])  # stated on the command line: it composes
+    assert cfg.rollout.batch_size == 4
+
+
 def test_preset_is_chosen_explicitly():
     cfg = typed_config(["model=tiny_qwen3", "preset=quickstart_8gpu"])
     assert (cfg.preset, cfg.model.name, cfg.cluster.num_gpus_per_node, cfg.parallelism.backend) == (
