@@ -53,6 +53,21 @@ class EngineFacts:
     # generate_payload, as_sglang_output); None: the servers answer SGLang's /generate.
     generate_protocol: Optional[str] = None
     prefill_decode_groups: bool = False  # rollout.vllm.prefill_num_servers splits its servers into prefill/decode
+    # `section.option` of rollout: the fraction of device memory a server fills (weights, then KV cache), and
+    # the server's own default; None: the memory estimate counts the KV cache of its concurrent sequences.
+    memory_fraction_key: Optional[str] = None
+    memory_fraction_default: float = 0.0
+    # Import path of fn(cfg, engine_specs) -> str: the dry run's line on how its servers split their GPUs.
+    plan_line: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainBackendFacts:
+    """What code outside a backend's package needs to know of it, read without importing it."""
+
+    # Weights, gradients and optimizer state sharded over every data-parallel x TP rank (FSDP's memory model);
+    # False: megatron's (dense over TP x PP, experts over EP x ETP x PP, optimizer over the data-parallel ranks).
+    fully_sharded_state: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,6 +169,8 @@ TRAIN_BACKENDS = Registry(
         },
     },
     what="training backend",
+    facts={"fsdp": TrainBackendFacts(fully_sharded_state=True), "megatron": TrainBackendFacts()},
+    default_facts=TrainBackendFacts(),
     checks={
         "fsdp": Checks(check="slime.train.fsdp.check.check", check_unchosen="slime.train.fsdp.check.check_unchosen"),
         "megatron": Checks(
@@ -180,13 +197,17 @@ ENGINES = Registry(
     },
     facts={
         "hf": EngineFacts(),
-        "sglang": EngineFacts(),
+        "sglang": EngineFacts(memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8),
         "vllm": EngineFacts(
             router="vllm-router",
             abort_path="/abort_requests",
             abort_all_flag=False,
             generate_protocol="slime.engine.vllm.protocol",
             prefill_decode_groups=True,
+            # vLLM 0.32.0 CacheConfig.gpu_memory_utilization
+            memory_fraction_key="vllm.gpu_memory_utilization",
+            memory_fraction_default=0.92,
+            plan_line="slime.plan.dry_run.vllm_line",
         ),
     },
     default_facts=EngineFacts(),

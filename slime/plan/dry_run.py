@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
 from slime.engine.groups import EngineSpec
@@ -21,6 +22,7 @@ from slime.plan.memory import GIB, gpu_capacity_gib, parameter_count
 from slime.plan.resolve import resolve
 from slime.plan.roles import packed_device
 from slime.plan.run_plan import RunPlan
+from slime.registry import ENGINES
 
 
 def _device_unit(cfg: RunConfig) -> str:
@@ -51,9 +53,10 @@ def placement_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
     for index in range(nodes_used * per_node):
         node, gpu = packed_device(index, per_node)
         lines.append(f"  node {node} {unit} {gpu}: {' + '.join(holds.get(index, [])) or 'free'}")
-    router = "vllm-router" if cfg.rollout.engine == "vllm" else "sglang-router"
-    if cfg.rollout.engine == "vllm":
-        lines.append(vllm_line(cfg, plan.engines))
+    facts = ENGINES.facts(cfg.rollout.engine)
+    router = facts.router
+    if facts.plan_line:
+        lines.append(load_callable(facts.plan_line, key="rollout.engine")(cfg, plan.engines))
     lines.append(
         f"  router ({cfg.rollout.router.address or router + ', launched'}) and rollout manager: "
         "the driver's node, no GPU"

@@ -37,13 +37,12 @@ import subprocess
 
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig
+from slime.registry import ENGINES, TRAIN_BACKENDS
 
 GIB = 1 << 30
 ASSUMED_PROMPT_TOKENS = 1024
 LOGITS_CHUNK_TOKENS = 1024
 DEFAULT_GPU_GIB = 80.0
-DEFAULT_MEM_FRACTION = 0.8
-DEFAULT_VLLM_MEM_FRACTION = 0.92  # vLLM 0.32.0 CacheConfig.gpu_memory_utilization
 
 
 def parameter_count(cfg: RunConfig) -> tuple[int, int]:
@@ -152,7 +151,7 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     p, m, r = cfg.parallelism, cfg.model, cfg.rollout
     bf16 = derived.precision == "bf16"
     q, kv = m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
-    if p.backend == "fsdp":
+    if TRAIN_BACKENDS.facts(p.backend).fully_sharded_state:
         shard = n / max(derived.dp_size * p.tp, 1)
         state = {"weights": 4 * shard + 2 * n_layer, "gradients": 4 * shard, "optimizer": 8 * shard}
     else:
@@ -185,14 +184,12 @@ def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:
     g = max(cfg.cluster.rollout.num_gpus_per_engine, 1)
     weights = 2 * n / g
     kv_per_token = 2 * m.num_layers * m.num_query_groups * m.kv_channels * 2 / g
-    if r.engine == "sglang":
-        fraction = float(r.sglang.get("mem_fraction_static", DEFAULT_MEM_FRACTION))
+    facts = ENGINES.facts(r.engine)
+    if facts.memory_fraction_key:
+        section, option = facts.memory_fraction_key.split(".")
+        fraction = float(getattr(r, section).get(option, facts.memory_fraction_default))
         kv_cache = fraction * capacity - weights
-        fix = "lower rollout.sglang.mem_fraction_static"
-    elif r.engine == "vllm":
-        fraction = float(r.vllm.get("gpu_memory_utilization", DEFAULT_VLLM_MEM_FRACTION))
-        kv_cache = fraction * capacity - weights
-        fix = "lower rollout.vllm.gpu_memory_utilization"
+        fix = f"lower rollout.{facts.memory_fraction_key}"
     else:
         sequences = derived.hf_max_batch_size
         kv_cache = sequences * (ASSUMED_PROMPT_TOKENS + r.max_response_len) * kv_per_token

@@ -5,13 +5,24 @@ rollout's abort and generate calls, the prefill/decode split, the vLLM-on-CPU ch
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
+from slime.config.hooks import load_callable
 from slime.engine import groups
 from slime.engine.vllm.check import check_vllm_on_cpu
-from slime.registry import ENGINES, WEIGHT_SYNC, EngineFacts, WeightSyncFacts, generate_protocol
+from slime.plan.dry_run import vllm_line
+from slime.registry import (
+    ENGINES,
+    TRAIN_BACKENDS,
+    WEIGHT_SYNC,
+    EngineFacts,
+    TrainBackendFacts,
+    WeightSyncFacts,
+    generate_protocol,
+)
 from slime.rollout import default, generate
 from slime.rollout.base import RolloutContext
 from slime.runtime import weight_push
@@ -45,16 +56,22 @@ def third_sync():
 
 
 def test_the_engine_records_state_their_facts():
-    sglang = EngineFacts(router="sglang-router", abort_path="/abort_request", abort_all_flag=True)
-    assert ENGINES.facts("sglang") == sglang and ENGINES.facts("hf") == sglang
-    assert sglang.generate_protocol is None and not sglang.prefill_decode_groups
+    hf = EngineFacts(router="sglang-router", abort_path="/abort_request", abort_all_flag=True)
+    assert ENGINES.facts("hf") == hf
+    assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
+    sglang = dataclasses.replace(hf, memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8)
+    assert ENGINES.facts("sglang") == sglang
     assert ENGINES.facts("vllm") == EngineFacts(
         router="vllm-router",
         abort_path="/abort_requests",
         abort_all_flag=False,
         generate_protocol="slime.engine.vllm.protocol",
         prefill_decode_groups=True,
+        memory_fraction_key="vllm.gpu_memory_utilization",
+        memory_fraction_default=0.92,
+        plan_line="slime.plan.dry_run.vllm_line",
     )
+    assert load_callable(ENGINES.facts("vllm").plan_line) is vllm_line
     assert generate_protocol("vllm").GENERATE_PATH == "/inference/v1/generate"
     assert generate_protocol("sglang") is None and generate_protocol("hf") is None
 
@@ -69,9 +86,15 @@ def test_the_weight_sync_records_state_their_facts():
     )
 
 
+def test_the_train_backend_records_state_their_memory_model():
+    assert TRAIN_BACKENDS.facts("fsdp") == TrainBackendFacts(fully_sharded_state=True)
+    assert TRAIN_BACKENDS.facts("megatron") == TrainBackendFacts(fully_sharded_state=False)
+
+
 def test_every_registered_name_has_a_record_and_an_unknown_one_is_named():
     assert all(isinstance(ENGINES.facts(name), EngineFacts) for name in ENGINES.names())
     assert all(isinstance(WEIGHT_SYNC.facts(name), WeightSyncFacts) for name in WEIGHT_SYNC.names())
+    assert all(isinstance(TRAIN_BACKENDS.facts(name), TrainBackendFacts) for name in TRAIN_BACKENDS.names())
     with pytest.raises(ValueError, match=r"unknown rollout engine 'vlm' \(did you mean vllm\?\)"):
         ENGINES.facts("vlm")
 
