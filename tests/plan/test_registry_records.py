@@ -13,7 +13,9 @@ import pytest
 from slime.config.hooks import load_callable
 from slime.engine import groups
 from slime.engine.vllm.check import check_vllm_on_cpu
+from slime.plan.derive import derive
 from slime.plan.dry_run import vllm_line
+from slime.plan.memory import GIB, estimate_memory, parameter_count
 from slime.registry import (
     ENGINES,
     TRAIN_BACKENDS,
@@ -28,9 +30,11 @@ from slime.rollout.base import RolloutContext
 from slime.runtime import weight_push
 from slime.sync.base import SyncContext
 from slime.types import Sample
+from tests.helpers.compose import typed_config
 
 THIRD = "third_engine"
 THIRD_SYNC = "third_sync"
+MEMORY_RUN = ["model=qwen3_4b", "parallelism=fsdp", "rollout=hf", "debug.gpu_memory_gib=80"]
 
 
 @pytest.fixture
@@ -195,3 +199,21 @@ def test_the_push_asks_for_tensor_handle_ranks_when_the_sync_record_needs_them(m
     weight_push.WeightPush(cfg, manager, actor, context).connect()
     ((got_mode, urls, got_context),) = connected
     assert (got_mode, urls, got_context.tp_trainer_ranks) == (mode, ["http://e1"], ranks)
+
+
+def test_the_memory_estimate_reads_a_third_engines_memory_fraction_from_its_record(third_engine):
+    ENGINES.register(
+        "fraction_engine",
+        "tests.nowhere.FractionEngine",
+        facts=EngineFacts(memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.25),
+    )
+    try:
+        cfg = typed_config([*MEMORY_RUN, "rollout.engine=fraction_engine"])
+        est = estimate_memory(cfg, derive(cfg))
+    finally:
+        ENGINES.unregister("fraction_engine")
+    n, _ = parameter_count(cfg)
+    assert est.engine["kv_cache"] == pytest.approx(0.25 * 80 * GIB - 2 * n)
+    assert est.engine_fix == "lower rollout.sglang.mem_fraction_static"
+    cfg = typed_config([*MEMORY_RUN, f"rollout.engine={THIRD}"])  # no fraction: the hf-style sequence count
+    assert "rollout.hf.max_batch_size" in estimate_memory(cfg, derive(cfg)).engine_fix
