@@ -269,11 +269,6 @@ def commented(lines: list[str], lineno: int) -> bool:
     return "#" in line or above.startswith("#")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="19 remain (172 before the redesign), 8 of them torch imports in runtime/rollout_manager.py, whose module "
-    "the driver imports to define the Ray actor and which must stay torch-free: its torch side needs a module of its own",
-)
 def test_few_imports_inside_functions_each_saying_why():
     found, uncommented = [], []
     for path in files(""):

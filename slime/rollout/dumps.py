@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from slime.types import Sample
 
 DUMP_DIR = "rollout_data"
@@ -71,8 +73,6 @@ def epoch_coverage(directory: str | Path) -> dict[int, dict[int, int]]:
 def buffered_prompts(state_file: str | Path) -> dict[int, set[int]]:
     """{epoch: prompt indices} of the groups waiting in a saved data-source buffer (a checkpoint's
     `rollout/global_dataset_state_dict_<id>.pt`): drawn, not yet trained, and not lost."""
-    import torch  # the rollout manager imports this module in the driver, which never loads torch
-
     state = torch.load(state_file, weights_only=True)
     pending: dict[int, set[int]] = {}
     for group in state.get("buffer", []):

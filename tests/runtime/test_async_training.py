@@ -16,8 +16,9 @@ from slime.plan.validate import collect_problems
 from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
 from slime.rollout.staleness import record_staleness, sample_staleness
+from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.loop import RunLoop, RunParts
-from slime.runtime.rollout_manager import RolloutManager
+from slime.runtime.rollout_producer import RolloutProducer
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.run_state import RunState
 from slime.types import Sample, SampleStatus
@@ -82,17 +83,17 @@ def test_sync_loop_trains_on_fresh_weights(monkeypatch):
     assert [m["rollout/staleness_max"] for m in world.logged] == [0, 0, 0, 0, 0]
 
 
-# ---- the rollout manager: per-sample staleness, and the cursor a checkpoint keeps -------------------------------
+# ---- the rollout manager's producer: per-sample staleness, and the cursor a checkpoint keeps --------------------
 
 
-def _manager(engine: dict[str, int]) -> RolloutManager:
-    """A rollout manager without engines whose rollout function answers under `engine["version"]`."""
+def _producer(engine: dict[str, int]) -> RolloutProducer:
+    """A rollout producer over no engines whose rollout function answers under `engine["version"]`."""
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
     setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
-    manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
-    manager.data_source = DataSource(None, n_samples_per_prompt=2, shuffle=False, seed=0)
-    manager.hooks = RolloutHooks()
-    manager._context = lambda evaluation: types.SimpleNamespace(progress=RolloutProgress())
+    producer = RolloutProducer(setup, EngineFleet(dataclasses.replace(setup.fleet, specs=[]), []))
+    producer.data_source = DataSource(None, n_samples_per_prompt=2, shuffle=False, seed=0)
+    producer.hooks = RolloutHooks()
+    producer._context = lambda progress, evaluation: types.SimpleNamespace(progress=progress)
 
     def rollout(ctx, rollout_id, data_source, evaluation):
         groups = data_source.get_groups(2)
@@ -101,25 +102,26 @@ def _manager(engine: dict[str, int]) -> RolloutManager:
             s.reward, s.status, s.weight_versions = float(s.index % 2), SampleStatus.COMPLETED, [str(engine["version"])]
         return RolloutOutput(groups=groups)
 
-    manager.rollout_fn = rollout
-    return manager
+    producer.rollout_fn = rollout
+    return producer
 
 
-def test_manager_records_staleness_and_a_checkpoint_keeps_the_in_flight_rollouts_prompts(tmp_path):
+def test_producer_records_staleness_and_a_checkpoint_keeps_the_in_flight_rollouts_prompts(tmp_path):
     engine = {"version": 0}
-    manager = _manager(engine)
-    _, metrics, preview = manager.rollout_step(0)
+    producer = _producer(engine)
+    _, metrics, preview = producer.rollout_step(0, RolloutProgress())
     assert metrics["rollout/staleness_max"] == 0 and [p["staleness"] for p in preview] == [0, 0, 0, 0]
-    _, metrics, preview = manager.rollout_step(1)  # launched while step 0 trains: the engines still hold version 0
+    # launched while step 0 trains: the engines still hold version 0
+    _, metrics, preview = producer.rollout_step(1, RolloutProgress())
     assert metrics["rollout/staleness_mean"] == 1 and {p["staleness"] for p in preview} == {1}
     assert metrics["perf/rollout_started_at"] <= metrics["perf/rollout_ended_at"] <= time.time()
-    manager.save(0, str(tmp_path))  # step 0's checkpoint, taken after rollout 1 drew its prompts
-    resumed = _manager(engine)
-    resumed.load(0, str(tmp_path))
-    _, _, preview = resumed.rollout_step(1)  # the resume draws rollout 1's prompts again: none lost
-    assert [p["group_index"] for p in preview] == [2, 2, 3, 3]
-    manager.save(1, str(tmp_path))  # no rollout drawn ahead (the synchronous loop, or the last step)
-    resumed.load(1, str(tmp_path))
+    producer.save_checkpoint(0, str(tmp_path))  # step 0's checkpoint, taken after rollout 1 drew its prompts
+    resumed = _producer(engine)
+    resumed.load_checkpoint(0, str(tmp_path))
+    _, _, preview = resumed.rollout_step(1, RolloutProgress())  # the resume draws rollout 1's prompts again
+    assert [p["group_index"] for p in preview] == [2, 2, 3, 3]  # none lost
+    producer.save_checkpoint(1, str(tmp_path))  # no rollout drawn ahead (the synchronous loop, or the last step)
+    resumed.load_checkpoint(1, str(tmp_path))
     assert resumed.data_source.sample_group_index == 4
 
 

@@ -11,7 +11,8 @@ import torch
 
 from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
-from slime.runtime.rollout_manager import RolloutManager
+from slime.runtime.engine_fleet import EngineFleet
+from slime.runtime.rollout_producer import RolloutProducer
 from slime.runtime.rollout_setup import RolloutSetup
 from tests.helpers.compose import typed_config
 
@@ -36,16 +37,16 @@ def _draws() -> tuple[float, float, float]:
 def test_manager_checkpoint_restores_data_source_and_generators(tmp_path):
     cfg = typed_config([])
     setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
-    manager = RolloutManager(dataclasses.replace(setup, fleet=dataclasses.replace(setup.fleet, specs=[])), [])
-    manager.data_source = CursorSource()
-    manager.data_source.state["sample_offset"] = 24
+    producer = RolloutProducer(setup, EngineFleet(dataclasses.replace(setup.fleet, specs=[]), []))
+    producer.data_source = CursorSource()
+    producer.data_source.state["sample_offset"] = 24
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    manager.save(0, str(tmp_path))
+    producer.save_checkpoint(0, str(tmp_path))
     expected = _draws()
-    manager.data_source.state["sample_offset"] = 48  # the run went on, then died
+    producer.data_source.state["sample_offset"] = 48  # the run went on, then died
 
-    manager.load(0, str(tmp_path))
-    assert _draws() == expected and manager.data_source.state == {"sample_offset": 24}
+    producer.load_checkpoint(0, str(tmp_path))
+    assert _draws() == expected and producer.data_source.state == {"sample_offset": 24}
     assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["global_dataset_state_dict_0.pt", "rng_0.pt"]

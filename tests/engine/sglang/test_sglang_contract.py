@@ -17,7 +17,7 @@ import torch
 
 from slime.engine.client import EngineClient
 from slime.rollout.generate import call_engine
-from slime.runtime.rollout_manager import sampling_params
+from slime.runtime.rollout_producer import sampling_params
 from slime.sync.tensor import staged
 from slime.types import Sample
 from slime.wire import bucket_codec

@@ -1,0 +1,311 @@
+"""The rollout manager's torch side: prompts in, one `TrainBatch` per data-parallel rank out.
+
+It owns the tokenizer, the prompt data sources (train and eval), the rollout functions, hooks and rewards; it runs
+the configured rollout function, post-processes rewards (group normalisation, REFERENCE.md §3.1), splits the step's
+samples over the data-parallel ranks, evaluates, and saves or restores the data source's cursor and this process's
+generators with a checkpoint. Only the rollout manager's actor process imports it (torch and transformers, ~2
+CPU-seconds): the manager builds it from its import path once its engines were launched
+(slime.runtime.rollout_manager), so the driver, which imports the manager to define the actor, loads no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from slime.config.hooks import load_callable
+from slime.rollout.base import (
+    EvalDataset,
+    RolloutContext,
+    RolloutHooks,
+    RolloutOutput,
+    RolloutProgress,
+    as_eval_output,
+    as_rollout_output,
+)
+from slime.rollout.data_source import DataSourceBase, build_data_source
+from slime.rollout.dumps import load_rollout_data, save_rollout_data
+from slime.rollout.entry_points import ROLLOUT_FN_SHAPE, function_path
+from slime.rollout.eval_metrics import eval_metrics
+from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
+from slime.rollout.rewards import RewardHub, check_failures
+from slime.rollout.staleness import record_staleness
+from slime.runtime.engine_fleet import EngineFleet
+from slime.runtime.rollout_manager import ROLLOUT_CLOCK
+from slime.runtime.rollout_setup import RolloutSetup
+from slime.train.rng import rng_state, set_rng_state
+from slime.types import SampleStatus, TrainBatch
+
+MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
+EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
+
+
+def sampling_params(node, rollout) -> dict[str, Any]:
+    """SGLang sampling params from `node` (the rollout config or an eval dataset), the rest from `rollout`.
+
+    Each survives sglang-router 0.3.2 (tests/engine/test_router_contract.py): `spaces_between_special_tokens`
+    is not sent, as the router drops it (slime.engine.router.DROPPED_SAMPLING_PARAMS); engines use SGLang's
+    default, which fast tokenizers ignore when decoding."""
+    return {
+        "temperature": node.temperature,
+        "top_p": node.top_p,
+        "top_k": node.top_k,
+        "max_new_tokens": node.max_response_len,
+        "stop": list(rollout.stop),
+        "stop_token_ids": list(rollout.stop_token_ids),
+        "skip_special_tokens": rollout.skip_special_tokens,
+        "no_stop_trim": True,
+    }
+
+
+class RolloutProducer:
+    """Created empty (no data); `load_data()` reads the tokenizer, the prompt files, the functions and hooks."""
+
+    def __init__(self, setup: RolloutSetup, fleet: EngineFleet):
+        self.setup = setup
+        self.fleet = fleet  # the router URLs, the engine count, the abort after each step
+        self.tokenizer = None
+        self.data_source: DataSourceBase | None = None  # None when replaying dumps
+        self.eval_sources: dict[str, DataSourceBase] = {}
+        self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
+        self.hooks = RolloutHooks()
+        self.rollout_fn = self.eval_fn = None  # set by load_data (none when replaying dumps)
+        # (rollout id, the data source's state before that rollout drew): a save of the rollout before it writes
+        # this state, so the one-step-async loop's in-flight rollout is drawn again on resume (never skipped)
+        self._cursor_before: tuple[int, dict[str, Any]] | None = None
+
+    # ---- data --------------------------------------------------------------------------------
+    def load_data(self) -> None:
+        """Tokenizer, prompt datasets (train and eval), the rollout functions and hooks (a bad data config fails
+        here). Replaying dumps (debug.load_rollout_data): the hooks only (reward_post_process still applies)."""
+        s, r, d = self.setup, self.setup.rollout, self.setup.data
+        if s.load_rollout_data is None:
+            self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
+            self.data_source = self._prompt_source(
+                d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle, max_groups=s.max_train_groups
+            )
+            self.rewards = RewardHub.from_config(r)
+            if s.eval.interval:
+                for name, e in s.eval.datasets.items():
+                    keys = dict(input_key=e.input_key, label_key=e.label_key, metadata_key=e.metadata_key)
+                    self.eval_sources[name] = self._prompt_source(e.prompt_data, e.n_samples_per_prompt, **keys)
+            # validation resolved rollout.function (a registry name, a path or null) to an import path
+            self.rollout_fn = load_callable(r.function, key="rollout.function", **ROLLOUT_FN_SHAPE)
+            self.eval_fn = self.rollout_fn
+            if s.eval.function is not None:
+                self.eval_fn = load_callable(function_path(s.eval.function), key="eval.function", **ROLLOUT_FN_SHAPE)
+        self.hooks = RolloutHooks.load(r, s.algo)
+
+    def _prompt_source(
+        self,
+        path: str,
+        n_samples_per_prompt: int,
+        *,
+        shuffle: bool = False,
+        max_groups: int | None = None,
+        **keys: str | None,
+    ) -> DataSourceBase:
+        """A data source over the prompt file at `path`, read with `data`'s keys (or `keys`) and templating; the
+        class is `data.source_class` when set; `max_groups` bounds its fresh groups (train.num_epoch)."""
+        return build_data_source(
+            dataclasses.replace(self.setup.data, **keys),
+            path,
+            tokenizer=self.tokenizer,
+            n_samples_per_prompt=n_samples_per_prompt,
+            shuffle=shuffle,
+            max_prompt_len=self.setup.rollout.max_prompt_len,
+            max_groups=max_groups,
+        )
+
+    def close(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
+
+    # ---- rollout -----------------------------------------------------------------------------
+    def _context(self, progress: RolloutProgress, *, evaluation: bool) -> RolloutContext:
+        s, r = self.setup, self.setup.rollout
+        batch = r.batch_size
+        return RolloutContext(
+            config=r,
+            router_url=self.fleet.router_url() if s.load_rollout_data is None else "",  # none when replaying dumps
+            model_routers=self.fleet.model_routers() if s.load_rollout_data is None else {},
+            request_timeout_s=r.request_timeout_s,
+            tokenizer=self.tokenizer,
+            batch_size=batch,
+            over_sampling_batch_size=r.over_sampling_batch_size,
+            sampling_params=self._sampling_params(r),
+            max_in_flight=r.concurrency * max(self.fleet.num_generating_engines(), 1),
+            rewards=self.rewards,
+            reward_key=r.reward_key,
+            hooks=self.hooks,
+            max_filter_drops=MAX_FILTER_DROPS_PER_GROUP * batch,
+            sampling_seed=self._sampling_seed(evaluation),
+            eval_datasets=self._eval_datasets() if evaluation else [],
+            progress=progress,
+        )
+
+    def _sampling_params(self, node) -> dict[str, Any]:
+        return sampling_params(node, self.setup.rollout)
+
+    def _eval_datasets(self) -> list[EvalDataset]:
+        """Every eval dataset from its first prompt (its source rewound), with its own settings."""
+        datasets = []
+        for name, e in self.setup.eval.datasets.items():
+            source = self.eval_sources[name]
+            source.sample_offset, source.epoch_id = 0, 0
+            datasets.append(
+                EvalDataset(
+                    name=name,
+                    source=source,
+                    num_prompts=len(source),
+                    n_samples_per_prompt=e.n_samples_per_prompt,
+                    sampling_params=self._sampling_params(e),
+                    rm_type=e.rm_type,
+                    reward_key=e.reward_key,
+                )
+            )
+        return datasets
+
+    def _sampling_seed(self, evaluation: bool) -> int | None:
+        if not self.setup.rollout.deterministic:
+            return None
+        return self.setup.seed + (EVAL_SEED_OFFSET if evaluation else 0)
+
+    def rollout_step(
+        self, rollout_id: int, progress: RolloutProgress
+    ) -> tuple[list[TrainBatch], dict[str, float], list[dict]]:
+        """One training rollout step: (per-DP-rank batches, rollout metrics, a few samples for the log).
+
+        The rollout function counts its groups in `progress` as it goes (the manager answers `progress()` from
+        it); each sample's staleness is taken against trainer weight version `rollout_id` (rollout/staleness.py)."""
+        started = time.time()
+        if self.data_source is not None:
+            self._cursor_before = (rollout_id, copy.deepcopy(self.data_source.state_dict()))
+        ctx = self._context(progress, evaluation=False)
+        out = self._rollout(ctx, rollout_id)
+        groups = out.groups
+        if len(groups) != self.setup.rollout.batch_size:
+            raise RuntimeError(
+                f"the rollout function returned {len(groups)} groups, expected rollout.batch_size="
+                f"{self.setup.rollout.batch_size}"
+            )
+        samples = [s for g in groups for s in g]
+        if len({s.index for s in samples}) != len(samples):  # a retried request must replace, never add
+            raise RuntimeError(f"rollout {rollout_id}: a sample index appears twice in the rollout function's groups")
+        staleness = record_staleness(samples, trainer_version=rollout_id)
+        if self.setup.save_rollout_data:
+            save_rollout_data(self.setup.log_dir, rollout_id, groups)
+        failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
+        raw, rewards, shaping = self._rewards(ctx, samples)
+        metrics = {
+            **out.metrics,
+            **failures,
+            **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt),
+            **shaping,
+            **staleness,
+        }
+        metrics["rollout/rewards"] = float(rewards.mean())
+        metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
+        metrics["rollout/num_aborted"] = float(sum(s.status == SampleStatus.ABORTED for s in samples))
+        preview = [
+            dict(s.to_dict(), rollout_step=rollout_id)
+            for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
+        ]
+        s = self.setup
+        batches = split_for_data_parallel(
+            samples,
+            raw.tolist(),
+            rewards.tolist(),
+            global_batch_size=s.global_batch_size,
+            num_steps=s.num_steps_per_rollout,
+            dp_size=s.dp_size,
+            balance_tokens=s.balance_tokens,
+        )
+        metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
+        return batches, metrics, preview
+
+    def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
+        """The rollout function's step, or the step's dump under debug.load_rollout_data."""
+        if self.setup.load_rollout_data is None:
+            if self.hooks.buffer_filter is not None:
+                self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
+            out = self.rollout_fn(ctx, rollout_id, self.data_source, evaluation=False)
+            self.fleet.abort_and_wait_idle()  # nothing a custom rollout function left running outlives its step
+            return as_rollout_output(out, "rollout.function")
+        start = time.perf_counter()
+        groups = load_rollout_data(self.setup.load_rollout_data, rollout_id)
+        return RolloutOutput(groups=groups, metrics={"perf/rollout_time": time.perf_counter() - start})
+
+    def _rewards(self, ctx: RolloutContext, samples: list) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(raw rewards, post-processed rewards, metrics) as float64 tensors: the hook's, or the algorithm's."""
+        if self.hooks.reward_post_process is not None:
+            raw, rewards = self.hooks.reward_post_process(ctx, samples)
+            return torch.as_tensor(raw, dtype=torch.float64), torch.as_tensor(rewards, dtype=torch.float64), {}
+        a, r = self.setup.algo, self.setup.rollout
+        raw = torch.tensor([s.scalar_reward(r.reward_key) for s in samples], dtype=torch.float64)
+        shaped, metrics = raw, {}
+        if a.overlong_buffer_len:
+            lengths = [s.response_length for s in samples]
+            penalty = overlong_penalty(
+                lengths,
+                max_response_len=r.max_response_len,
+                buffer_len=a.overlong_buffer_len,
+                factor=a.overlong_penalty_factor,
+            )
+            shaped = raw + torch.tensor(penalty, dtype=torch.float64)
+            metrics["rollout/overlong_penalty"] = float(statistics.fmean(penalty))
+        return raw, post_process_rewards(shaped, a, r.n_samples_per_prompt), metrics
+
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Per eval dataset: mean reward, truncation ratio, response length and pass@k (`eval/<name>...`)."""
+        if not self.eval_sources:
+            return {}
+        ctx = self._context(RolloutProgress(), evaluation=True)  # eval's counts are not reported
+        out = as_eval_output(self.eval_fn(ctx, rollout_id, self.data_source, evaluation=True), "eval.function")
+        metrics = dict(out.metrics)
+        for dataset in ctx.eval_datasets:
+            if dataset.name not in out.datasets:
+                raise RuntimeError(f"the eval function returned no groups for eval dataset {dataset.name!r}")
+            metrics.update(eval_metrics(dataset.name, out.datasets[dataset.name], dataset.reward_key))
+        return metrics
+
+    # ---- checkpoint --------------------------------------------------------------------------
+    def save_checkpoint(self, rollout_id: int, root: str) -> None:
+        """`<root>/rollout/`: this process's generators and the data source's cursor and buffer."""
+        if self.data_source is None:  # replaying dumps: no data source
+            return
+        directory = Path(root) / "rollout"
+        directory.mkdir(parents=True, exist_ok=True)
+        # this actor's generators (user hooks may draw from them), then the data source's cursor and buffer; the
+        # one-step-async loop's in-flight rollout drew ahead: its cursor before that draw is saved instead
+        drawn_ahead = self._cursor_before is not None and self._cursor_before[0] == rollout_id + 1
+        states = {
+            f"rng_{rollout_id}.pt": rng_state(),
+            f"global_dataset_state_dict_{rollout_id}.pt": self._cursor_before[1]
+            if drawn_ahead
+            else self.data_source.state_dict(),
+        }
+        for name, state in states.items():
+            partial = directory / f"{name}.partial"  # renamed once complete: a killed save leaves no .pt
+            torch.save(state, partial)
+            partial.replace(directory / name)
+
+    def load_checkpoint(self, rollout_id: int, root: str) -> None:
+        if self.data_source is None:
+            return
+        path = Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
+        # weights_only: tensors and plain containers only, nothing a checkpoint file could execute
+        self.data_source.load_state_dict(torch.load(path, weights_only=True))
+        rng = path.with_name(f"rng_{rollout_id}.pt")
+        if rng.exists():  # absent from checkpoints of earlier versions
+            set_rng_state(torch.load(rng, weights_only=True))
