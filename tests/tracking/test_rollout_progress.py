@@ -99,7 +99,7 @@ def test_the_manager_answers_progress_while_it_generates():
         run_loop = RunLoop(RunParts(cfg=typed_config([]), state=RunState(), manager=manager, tracker=tracker), 3)
         step = Step(3)
         run_loop.receive(step, run_loop.generate(3))
-        assert step.batches == ["batches"]
+        assert step.shards == ["batches"]  # the shard references, as the manager returned them
         seen = display.seen
         assert {rollout_id for rollout_id, _, _ in seen} == {3}
         assert seen[-1] == (3, {**COUNTS, "kept": 4, "in_flight": 2}, True)
