@@ -207,7 +207,7 @@ ENGINES = Registry(
             # vLLM 0.32.0 CacheConfig.gpu_memory_utilization
             memory_fraction_key="vllm.gpu_memory_utilization",
             memory_fraction_default=0.92,
-            plan_line="slime.plan.dry_run.vllm_line",
+            plan_line="slime.engine.vllm.engine_args.plan_line",
         ),
     },
     default_facts=EngineFacts(),

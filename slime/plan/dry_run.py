@@ -16,8 +16,6 @@ from collections.abc import Callable
 from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
-from slime.engine.groups import EngineSpec
-from slime.engine.vllm.engine_args import PARALLEL_SIZES, tensor_parallel_size
 from slime.plan.memory import GIB, gpu_capacity_gib, parameter_count
 from slime.plan.resolve import resolve
 from slime.plan.roles import packed_device
@@ -62,21 +60,6 @@ def placement_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         "the driver's node, no GPU"
     )
     return lines
-
-
-def vllm_line(cfg: RunConfig, specs: tuple[EngineSpec, ...]) -> str:
-    """How the vLLM servers split their GPUs: rollout.vllm with each server group's overrides on top."""
-    short = {"pipeline_parallel_size": "pp", "prefill_context_parallel_size": "pcp", "data_parallel_size": "dp"}
-    unit = _device_unit(cfg)
-    shapes: dict[str, int] = {}  # "each 2 GPU(s) = tp 2" -> servers of that shape, in GPU order
-    for spec in specs:
-        args = {**cfg.rollout.vllm, **spec.overrides}
-        sizes = [f"tp {tensor_parallel_size(spec.num_gpus, args)}"]
-        sizes += [f"{short[name]} {args[name]}" for name in PARALLEL_SIZES if (args.get(name) or 1) > 1]
-        shape = f"each {spec.num_gpus} {unit}(s) = {' x '.join(sizes)}"
-        shapes[shape] = shapes.get(shape, 0) + 1
-    described = "; ".join(f"{count}, {shape}" for shape, count in shapes.items())
-    return f"  vLLM servers: {described} (python -m {cfg.rollout.vllm_launch.module})"
 
 
 def batch_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:

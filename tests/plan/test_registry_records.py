@@ -13,8 +13,8 @@ import pytest
 from slime.config.hooks import load_callable
 from slime.engine import groups
 from slime.engine.vllm.check import check_vllm_on_cpu
+from slime.engine.vllm.engine_args import plan_line as vllm_plan_line
 from slime.plan.derive import derive
-from slime.plan.dry_run import vllm_line
 from slime.plan.memory import GIB, estimate_memory, parameter_count
 from slime.registry import (
     ENGINES,
@@ -73,9 +73,9 @@ def test_the_engine_records_state_their_facts():
         prefill_decode_groups=True,
         memory_fraction_key="vllm.gpu_memory_utilization",
         memory_fraction_default=0.92,
-        plan_line="slime.plan.dry_run.vllm_line",
+        plan_line="slime.engine.vllm.engine_args.plan_line",
     )
-    assert load_callable(ENGINES.facts("vllm").plan_line) is vllm_line
+    assert load_callable(ENGINES.facts("vllm").plan_line) is vllm_plan_line
     assert generate_protocol("vllm").GENERATE_PATH == "/inference/v1/generate"
     assert generate_protocol("sglang") is None and generate_protocol("hf") is None
 

@@ -24,8 +24,10 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
+from slime.config.schema import RunConfig
 from slime.engine import process
 from slime.engine.arg_fields import ArgIssue, FieldList, pinned_fields, type_ok
+from slime.engine.groups import EngineSpec
 
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
 LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.32.0)
@@ -284,3 +286,19 @@ def router_flags(extra_args: dict[str, Any]) -> list[str]:
                 "request_timeout_secs / cluster.host / rollout.models server groups instead"
             )
     return process.cli_flags(extra_args)
+
+
+def plan_line(cfg: RunConfig, specs: tuple[EngineSpec, ...]) -> str:
+    """The dry run's line of how the vLLM servers split their GPUs (rollout.vllm with each server group's
+    overrides on top); named by the vllm record's `EngineFacts.plan_line`."""
+    short = {"pipeline_parallel_size": "pp", "prefill_context_parallel_size": "pcp", "data_parallel_size": "dp"}
+    unit = "GPU" if cfg.cluster.device == "cuda" else "CPU slot"  # as the dry run names a bundle
+    shapes: dict[str, int] = {}  # "each 2 GPU(s) = tp 2" -> servers of that shape, in GPU order
+    for spec in specs:
+        args = {**cfg.rollout.vllm, **spec.overrides}
+        sizes = [f"tp {tensor_parallel_size(spec.num_gpus, args)}"]
+        sizes += [f"{short[name]} {args[name]}" for name in PARALLEL_SIZES if (args.get(name) or 1) > 1]
+        shape = f"each {spec.num_gpus} {unit}(s) = {' x '.join(sizes)}"
+        shapes[shape] = shapes.get(shape, 0) + 1
+    described = "; ".join(f"{count}, {shape}" for shape, count in shapes.items())
+    return f"  vLLM servers: {described} (python -m {cfg.rollout.vllm_launch.module})"
