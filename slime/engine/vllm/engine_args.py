@@ -19,8 +19,6 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import json
-import re
-import typing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -122,25 +120,6 @@ def parser_fields() -> Optional[dict[str, dict[str, str]]]:
     except Exception:  # not installed, installed without its GPU stack, or another layout
         return None
     return vllm_parser.parser_fields()
-
-
-def long_flag(options: list[str]) -> str:
-    return next((option for option in options if option.startswith("--")), options[0])
-
-
-_QUOTED = re.compile(r"('[^']*'|\"[^\"]*\")")
-_QUALIFIED = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")  # typing.X, vllm.config.foo.Y -> X, Y
-
-
-def type_text(annotation: Any) -> str:
-    """An annotation as short source-like text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` ->
-    "int | None", `typing.Optional[vllm.config.x.C]` -> "Optional[C]"; quoted literals are kept as they are."""
-    if isinstance(annotation, str):
-        return annotation
-    if isinstance(annotation, type) and not typing.get_args(annotation):
-        return annotation.__name__
-    parts = _QUOTED.split(str(annotation))
-    return "".join(p if i % 2 else _QUALIFIED.sub("", p).replace("NoneType", "None") for i, p in enumerate(parts))
 
 
 def check_engine_args(

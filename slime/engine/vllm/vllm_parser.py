@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
+import typing
+from typing import Any
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import FrontendArgs, make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-from slime.engine.vllm.engine_args import long_flag, type_text
 
 
 def parser_fields() -> dict[str, dict[str, str]]:
@@ -26,3 +27,22 @@ def parser_fields() -> dict[str, dict[str, str]]:
         if action.option_strings and action.dest not in ("help", argparse.SUPPRESS) and not action.dest.startswith("_")
     }
     return dict(sorted(fields.items()))
+
+
+def long_flag(options: list[str]) -> str:
+    return next((option for option in options if option.startswith("--")), options[0])
+
+
+_QUOTED = re.compile(r"('[^']*'|\"[^\"]*\")")
+_QUALIFIED = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")  # typing.X, vllm.config.foo.Y -> X, Y
+
+
+def type_text(annotation: Any) -> str:
+    """An annotation as short source-like text: `int` -> "int" (str() gives "<class 'int'>"), `int | None` ->
+    "int | None", `typing.Optional[vllm.config.x.C]` -> "Optional[C]"; quoted literals are kept as they are."""
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    parts = _QUOTED.split(str(annotation))
+    return "".join(p if i % 2 else _QUALIFIED.sub("", p).replace("NoneType", "None") for i, p in enumerate(parts))
