@@ -13,8 +13,8 @@ Each problem names the key, its value, what is wrong and the override that fixes
    tolerance (slime/engine/check.py), the logger's packages (slime/tracking/check.py), rewards, hooks and data
    (slime/rollout/check_*.py), paths and generators (slime/assets/check.py).
 
-Check modules import no Ray or engine at module level, so a bad key fails fast; the estimator records hold
-torch functions, so validation imports torch (about a second).
+Check modules import no torch, Ray or engine at module level, and the estimator records name their torch
+functions by import path, so a bad key fails fast (tests/plan/test_registry_walk.py holds validation torch-free).
 """
 
 from __future__ import annotations
