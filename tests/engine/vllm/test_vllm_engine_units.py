@@ -8,8 +8,11 @@ import sys
 import pytest
 import torch
 
+from slime.config import ConfigError
+from slime.engine.groups import engine_specs, model_specs, policy_model
 from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine
+from slime.plan.validate import validate
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import typed_config
@@ -20,9 +23,6 @@ from tests.helpers.vllm_real import CPU_VLLM
 def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     """The seeds' --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
     the rest decode; served models with per-group overrides where only one is updated."""
-    from slime.config import ConfigError, validate
-    from slime.engine.groups import engine_specs, model_specs, policy_model
-
     cfg = typed_config(
         [
             *CPU_VLLM,
