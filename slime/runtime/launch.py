@@ -9,6 +9,7 @@ phase that failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -118,6 +120,49 @@ def _dry_run(cfg, *, multirun: bool) -> None:
     sys.exit(code)
 
 
+@dataclasses.dataclass(kw_only=True)
+class _ResultFile:
+    """<run dir>/result.json and the closing summary, written once the run ends (or is forced to)."""
+
+    cfg: Any
+    state: RunState
+    run_dir: Path
+    started: float  # time.time() at the run's start
+
+    def write(self, status: str, error: str | None) -> dict:
+        cfg, state = self.cfg, self.state
+        objective = objective_name(cfg)
+        result = {
+            "status": status,
+            "phase": state.phase if status != "completed" else "done",
+            "error": error,
+            "start_rollout": state.start_rollout,
+            "rollouts_completed": state.rollouts_completed,
+            "num_rollout": cfg.train.num_rollout,
+            "elapsed_s": round(time.time() - self.started, 2),
+            "final_metrics": state.last_metrics,
+            "objective": {"name": objective, "value": objective_value(objective, state.last_metrics, state.last_eval)},
+            "reward_curve": state.reward_curve,
+            "outputs": state.outputs,
+            "run_dir": str(self.run_dir),
+        }
+        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
+        try:
+            print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
+        except Exception as exc:  # the summary is a convenience; result.json is written
+            print(
+                f"Run {status} in {result['elapsed_s']:.1f}s; results in {self.run_dir} (no summary: {exc})", flush=True
+            )
+        return result
+
+    def forced(self, signum: int) -> None:
+        """A second signal during teardown: the result still says what happened."""
+        if self.state.hung is not None:
+            self.write("hung", f"{self.state.hung} (forced exit)")
+        else:
+            self.write("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
+
+
 def _run_with_result(cfg, plan, run_dir: Path):
     """Run under the signal policy and write result.json whatever happens (a forced exit included).
 
@@ -130,39 +175,9 @@ def _run_with_result(cfg, plan, run_dir: Path):
     state = RunState()
     FaultInjector.attach(cfg.debug, state.events)  # only when a debug option asks for a fault
     hydra = _hydra_run()
-    started = time.time()
-    objective = objective_name(cfg)
-
-    def write_result(status: str, error: str | None) -> dict:
-        result = {
-            "status": status,
-            "phase": state.phase if status != "completed" else "done",
-            "error": error,
-            "start_rollout": state.start_rollout,
-            "rollouts_completed": state.rollouts_completed,
-            "num_rollout": cfg.train.num_rollout,
-            "elapsed_s": round(time.time() - started, 2),
-            "final_metrics": state.last_metrics,
-            "objective": {"name": objective, "value": objective_value(objective, state.last_metrics, state.last_eval)},
-            "reward_curve": state.reward_curve,
-            "outputs": state.outputs,
-            "run_dir": str(run_dir),
-        }
-        (run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
-        try:
-            print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
-        except Exception as exc:  # the summary is a convenience; result.json is written
-            print(f"Run {status} in {result['elapsed_s']:.1f}s; results in {run_dir} (no summary: {exc})", flush=True)
-        return result
-
-    def forced(signum: int) -> None:
-        if state.hung is not None:
-            write_result("hung", f"{state.hung} (forced exit)")
-        else:
-            write_result("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
-
+    result_file = _ResultFile(cfg=cfg, state=state, run_dir=run_dir, started=time.time())
     status, error, code, interrupted = "completed", None, EXIT_OK, None
-    with Interrupts(on_force=forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
+    with Interrupts(on_force=result_file.forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:
             state.enter("prepare")
             prepare_assets(cfg)
@@ -182,7 +197,7 @@ def _run_with_result(cfg, plan, run_dir: Path):
             status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
             traceback.print_exc()
         interrupts.begin_teardown()  # a signal while the result is written forces, and still writes it
-        result = write_result(status, error)
+        result = result_file.write(status, error)
     return result, code, interrupted
 
 
