@@ -129,29 +129,16 @@ def no_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor |
 # --- policy-gradient losses (REFERENCE §3.5-3.6) ---
 
 
-def clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
-    """PPO's clipped surrogate on the per-token ratio exp(ℓ − ℓ_old)."""
-    return ppo_clip_loss(
-        x.log_probs,
-        x.old_log_probs,
-        x.advantages,
-        eps_clip=algo.eps_clip,
-        eps_clip_high=algo.eps_clip_high,
-        eps_clip_c=algo.eps_clip_c,
-    )
+def clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs, log_ratio: Tensor | None = None) -> dict[str, Tensor]:
+    """PPO's clipped surrogate on the per-token ratio exp(ℓ − ℓ_old), or on `log_ratio` when given."""
+    clip = {"eps_clip": algo.eps_clip, "eps_clip_high": algo.eps_clip_high, "eps_clip_c": algo.eps_clip_c}
+    return ppo_clip_loss(x.log_probs, x.old_log_probs, x.advantages, log_ratio=log_ratio, **clip)
 
 
 def sequence_clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
     """GSPO: the clipped surrogate on the sequence-level ratio (mean masked log-ratio of each sample)."""
-    return ppo_clip_loss(
-        x.log_probs,
-        x.old_log_probs,
-        x.advantages,
-        eps_clip=algo.eps_clip,
-        eps_clip_high=algo.eps_clip_high,
-        eps_clip_c=algo.eps_clip_c,
-        log_ratio=gspo_log_ratio(x.log_probs, x.old_log_probs, x.loss_mask, x.response_lengths),
-    )
+    log_ratio = gspo_log_ratio(x.log_probs, x.old_log_probs, x.loss_mask, x.response_lengths)
+    return clipped_surrogate_loss(x, algo, log_ratio)
 
 
 def negative_log_likelihood_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
