@@ -37,6 +37,7 @@ from tests.helpers.rollout_context import context
 
 PROMPT = [1, 5, 11, 7]
 MAX_NEW = 400  # tokens: a response long enough to be cut mid-decode
+SLOW_STEP = "tests.helpers.vllm_slow_step:SlowStep"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,8 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def served(model_dir, tmp_path_factory):
     """One real vLLM server (the adapter's command line: scale-out, fp32, a 1 GiB KV cache, the untied view),
-    decoding 2 sequences at a time (requests run in waves, so an abort catches a wave mid-decode)."""
+    decoding 2 sequences at a time (requests run in waves, so an abort catches a wave mid-decode), each decode step
+    held 15 ms (tests/helpers/vllm_slow_step.py: a long response decodes for seconds, whatever the load)."""
     from transformers import AutoTokenizer
 
     logs = tmp_path_factory.mktemp("vllm_logs")
@@ -59,7 +61,7 @@ def served(model_dir, tmp_path_factory):
         rank=0, model_path=model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(logs), dtype="float32",
         startup_timeout_s=600,
     )  # fmt: skip
-    config = VLLMEngineConfig(args={"max_num_seqs": 2}, weight_transfer_backend=None, startup_timeout_s=600)
+    config = VLLMEngineConfig(args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP]}, weight_transfer_backend=None, startup_timeout_s=600)
     engine = VLLMEngine(launch, config)
     router = VLLMRouter.launch(cfg=RouterConfig(startup_timeout_s=60), log_path=logs / "router.log")
     try:
