@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from slime.config.input_kinds import HOST, MODEL_CHECKPOINT, PATH_READ, PATH_WRITTEN, RAY_ADDRESS
 from slime.config.schema_rollout import (  # noqa: F401  (re-exported: the run's schema in one place)
     FaultToleranceConfig,
     HFEngineConfig,
@@ -61,16 +62,18 @@ def _keyword_field(name: str, annotation: str, default: Any):
 class ModelConfig:
     """Architecture of the policy plus its HF checkpoint directory.
 
-    When `hf_checkpoint/config.json` exists, the architecture fields are checked against it.
-    `create_if_missing` builds a randomly initialised model of this shape (and the offline tokenizer)
-    at `hf_checkpoint` on first use: for tiny models only.
+    The architecture fields are checked against `hf_checkpoint/config.json`, which must exist, with one
+    exception: a tiny option names in `generate_at` the directory where it builds a randomly initialised model
+    of this shape (and the offline tokenizer) on first use, and the run builds it there only when
+    `hf_checkpoint` is that very directory (`slime.assets.check.generates_checkpoint`); a path the user types
+    is never generated into, so a typo cannot train a model the user never had.
     """
 
     name: str = MISSING
-    hf_checkpoint: str = MISSING
-    create_if_missing: bool = False
-    init_seed: int = 0  # seed of the random initialisation (create_if_missing only)
-    init_std: float = 0.02  # std of the normal initialisation, HF's initializer_range (create_if_missing only)
+    hf_checkpoint: str = field(default=MISSING, metadata=MODEL_CHECKPOINT)
+    generate_at: Optional[str] = field(default=None, metadata=PATH_WRITTEN)
+    init_seed: int = 0  # seed of the random initialisation (generated models only)
+    init_std: float = 0.02  # std of the normal initialisation, HF's initializer_range (generated models only)
     architecture: str = "qwen3"
     num_layers: int = MISSING
     hidden_size: int = MISSING
@@ -173,10 +176,12 @@ class ClusterConfig:
     """The machines a run may use and how roles are placed on them."""
 
     device: str = "cpu"  # cuda | cpu
-    ray_address: Optional[str] = None  # join an existing Ray cluster; None starts one locally
+    ray_address: Optional[str] = field(
+        default=None, metadata=RAY_ADDRESS
+    )  # join an existing Ray cluster; None starts one locally
     num_nodes: int = 1  # capacity of the cluster
     num_gpus_per_node: int = 2  # capacity per node (CPU bundles when device=cpu)
-    host: str = "127.0.0.1"  # address engines and the router bind to
+    host: str = field(default="127.0.0.1", metadata=HOST)  # address engines and the router bind to
     colocate: bool = False
     actor: DeviceGroupConfig = field(default_factory=DeviceGroupConfig)
     critic: CriticResourcesConfig = field(default_factory=CriticResourcesConfig)
@@ -187,7 +192,7 @@ class ClusterConfig:
 class DataConfig:
     """The training prompts: file, keys of its records, chat templating, shuffling (REFERENCE.md §5)."""
 
-    prompt_data: Optional[str] = None  # .jsonl or .parquet
+    prompt_data: Optional[str] = field(default=None, metadata=PATH_READ)  # .jsonl or .parquet
     input_key: str = "prompt"
     label_key: Optional[str] = "label"
     metadata_key: Optional[str] = "metadata"
@@ -209,8 +214,10 @@ class CriticTrainConfig:
 
     lr: Optional[float] = None  # default: train.lr
     lr_warmup_steps: Optional[int] = None  # default: train.lr_warmup_steps
-    load: Optional[str] = None  # critic checkpoint root; default: value head on the policy checkpoint
-    save: Optional[str] = None  # default: <checkpoint.save>/critic
+    load: Optional[str] = field(
+        default=None, metadata=PATH_READ
+    )  # critic checkpoint root; default: value head on the policy checkpoint
+    save: Optional[str] = field(default=None, metadata=PATH_WRITTEN)  # default: <checkpoint.save>/critic
 
 
 @dataclass(kw_only=True)

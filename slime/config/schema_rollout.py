@@ -10,12 +10,14 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from slime.config.input_kinds import HOST_PORT, HTTP_URL, MODEL_CHECKPOINT
+
 
 @dataclass(kw_only=True)
 class RouterConfig:
     """sglang-router (vllm-router with rollout.engine=vllm): launched by the rollout manager unless `address` is given."""
 
-    address: Optional[str] = None
+    address: Optional[str] = field(default=None, metadata=HOST_PORT)
     policy: str = "round_robin"
     request_timeout_secs: int = 14400
     startup_timeout_s: float = 60.0
@@ -109,7 +111,9 @@ class ServedModelConfig:
     """One served model: its own router and server groups; only `update_weights` models receive syncs."""
 
     name: str = MISSING  # the key a custom rollout function reaches its router by (ctx.model_routers)
-    model_path: Optional[str] = None  # HF dir; default model.hf_checkpoint (the policy)
+    model_path: Optional[str] = field(
+        default=None, metadata=MODEL_CHECKPOINT
+    )  # HF dir; default model.hf_checkpoint (the policy)
     update_weights: bool = True
     router: RouterConfig = field(default_factory=RouterConfig)
     server_groups: list[ServerGroupConfig] = field(default_factory=list)
@@ -140,7 +144,9 @@ class RolloutConfig:
     reward_key: Optional[str] = None  # picks the scalar from dict rewards
     # Rewards hub (slime.rollout.rewards): group_rm calls custom_rm_path once per group as rm(args, samples) -> list
     group_rm: bool = False
-    rm_url: Optional[str] = None  # remote_rm: the reward model's URL (POST {prompt, response, label} -> JSON)
+    rm_url: Optional[str] = field(
+        default=None, metadata=HTTP_URL
+    )  # remote_rm: the reward model's URL (POST {prompt, response, label} -> JSON)
     reward: RewardConfig = field(default_factory=RewardConfig)
     max_prompt_len: Optional[int] = None  # tokens of the templated prompt; longer prompts are dropped at load
     # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
@@ -169,6 +175,6 @@ class RolloutConfig:
     # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
     models: list[ServedModelConfig] = field(default_factory=list)
     # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped
-    external_engines: list[str] = field(default_factory=list)
+    external_engines: list[str] = field(default_factory=list, metadata=HTTP_URL)
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     request_timeout_s: float = 3600.0  # one /generate request (then retried, like a failed one)

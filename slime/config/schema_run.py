@@ -9,12 +9,16 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from slime.config.input_kinds import MODEL_CHECKPOINT, PATH_READ, PATH_WRITTEN
+
 
 @dataclass(kw_only=True)
 class EvalDatasetConfig:
     """One named eval dataset (`eval.datasets.<name>`); a null field takes the eval default, then the rollout's."""
 
-    prompt_data: str = MISSING  # .jsonl or .parquet (row slices `path@[start:end]` allowed)
+    prompt_data: str = field(
+        default=MISSING, metadata=PATH_READ
+    )  # .jsonl or .parquet (row slices `path@[start:end]` allowed)
     input_key: Optional[str] = None  # default: data.input_key (likewise label_key, metadata_key)
     label_key: Optional[str] = None
     metadata_key: Optional[str] = None
@@ -50,15 +54,15 @@ class EvalConfig:
 class CheckpointConfig:
     """Where checkpoints are loaded from and saved to, and how often (REFERENCE.md §9.3)."""
 
-    load: Optional[str] = None  # resume from this checkpoint root
-    ref_load: Optional[str] = None  # reference model (HF dir)
-    save: Optional[str] = None  # default: <run dir>/checkpoints
+    load: Optional[str] = field(default=None, metadata=PATH_READ)  # resume from this checkpoint root
+    ref_load: Optional[str] = field(default=None, metadata=MODEL_CHECKPOINT)  # reference model (HF dir)
+    save: Optional[str] = field(default=None, metadata=PATH_WRITTEN)  # default: <run dir>/checkpoints
     save_interval: Optional[int] = None  # rollout steps; None saves only at the end
     ckpt_step: Optional[int] = None  # rollout id to load; default: latest
     # HF export (safetensors + config + tokenizer) at every checkpoint save, like slime's --save-hf: a directory
     # template that must contain "{rollout_id}" (str.format field, e.g. /ckpt/hf/iter_{rollout_id:07d}), so no
     # save overwrites another. None: no export.
-    save_hf: Optional[str] = None
+    save_hf: Optional[str] = field(default=None, metadata=PATH_WRITTEN)
     no_save_optim: bool = False
     # auto: continue from the latest complete checkpoint under checkpoint.save (its tracker file), if there is one;
     # else start afresh. null: only checkpoint.load resumes.
@@ -104,8 +108,8 @@ class PathsConfig:
     """Absolute locations resolved once on the driver."""
 
     root_dir: str = MISSING  # the project checkout
-    cache_dir: str = MISSING  # generated models and data
-    output_dir: str = MISSING  # this run's directory (Hydra's output dir)
+    cache_dir: str = field(default=MISSING, metadata=PATH_WRITTEN)  # generated models and data
+    output_dir: str = field(default=MISSING, metadata=PATH_WRITTEN)  # this run's directory (Hydra's output dir)
 
 
 @dataclass(kw_only=True)
@@ -128,7 +132,9 @@ class DebugConfig:
     check_weight_update_equal: bool = False
     # Write each rollout's trained samples to <run dir>/rollout_data/<rollout_id>.jsonl (slime.rollout.dumps)
     save_rollout_data: bool = False
-    load_rollout_data: Optional[str] = None  # a rollout_data/ directory: train from its dumps, no engines
+    load_rollout_data: Optional[str] = field(
+        default=None, metadata=PATH_READ
+    )  # a rollout_data/ directory: train from its dumps, no engines
     # Debug modes (conf/debug/): rollout_only starts no trainer (the engines generate with model.hf_checkpoint's
     # weights, rewards and rollout metrics are logged, nothing trained or saved: for tuning engines);
     # train_only starts no engines and trains from debug.load_rollout_data's dumps (required)

@@ -28,6 +28,7 @@ from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError, Problem, get
 from slime.config.rules import schema_problems
 from slime.config.schema import RunConfig
+from slime.config.validate_addresses import check_addresses
 from slime.engine.check import check_fault_tolerance
 from slime.plan.check_resources import check_cluster, check_model_parallel_split
 from slime.plan.derive import derive
@@ -79,6 +80,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_hooks(cfg)
     yield from check_generators(cfg)
     yield from check_paths(cfg)
+    yield from check_addresses(cfg)
     yield from check_data(cfg)
 
 
