@@ -14,13 +14,20 @@ from slime.assets.hf_config_file import read_hf_config
 from slime.config.hf_config import mismatches, unsupported_layout
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
-from slime.config.schema import RunConfig
+from slime.config.schema import ModelConfig, RunConfig
 from slime.config.validate_eval import valid_eval_datasets
+
+
+def generates_checkpoint(model: ModelConfig) -> bool:
+    """True when the run builds `model.hf_checkpoint` itself: the option's own `generate_at`, and only there."""
+    if model.generate_at is None:
+        return False
+    return Path(model.hf_checkpoint).expanduser().resolve() == Path(model.generate_at).expanduser().resolve()
 
 
 def check_paths(cfg: RunConfig) -> Iterator[Problem]:
     """Paths that must exist; those the run generates itself on first use are exempt."""
-    generated = {cfg.model.hf_checkpoint} if cfg.model.create_if_missing else set()
+    generated = {cfg.model.hf_checkpoint} if generates_checkpoint(cfg.model) else set()
     candidates = [
         ("checkpoint.load", cfg.checkpoint.load, None),
         ("train.critic.load", cfg.train.critic.load, None),
@@ -30,8 +37,8 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
         for name, dataset in valid_eval_datasets(cfg).items():
             candidates.append((f"eval.datasets.{name}.prompt_data", dataset.prompt_data, dataset.generator))
     # ref_load defaults to the policy checkpoint, which check_model_checkpoint reports when it is missing.
-    if cfg.checkpoint.ref_load != cfg.model.hf_checkpoint:
-        candidates.append(("checkpoint.ref_load", cfg.checkpoint.ref_load, None))
+    for key, path, _ in other_checkpoints(cfg):
+        candidates.append((key, path, None))
     for key, path, generator in candidates:
         if path is None or path in generated or generated_file(path, generator):
             continue
@@ -56,17 +63,27 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
         )
     yield from check_save_hf(cfg)
     yield from check_model_checkpoint(cfg)
+    yield from check_other_checkpoints(cfg)
     yield from check_writable(cfg)
 
 
 def check_writable(cfg: RunConfig) -> Iterator[Problem]:
     """Directories the run creates and writes: each must be creatable here (no file in the way, writable
     parent), or the run would fail at its first save, hours in."""
-    for key, path in (
+    targets = [
         ("paths.output_dir", cfg.paths.output_dir),
         ("checkpoint.save", cfg.checkpoint.save),
         ("train.critic.save", cfg.train.critic.save),
-    ):
+        ("checkpoint.save_hf", _first_export(cfg.checkpoint.save_hf)),
+    ]
+    # what the prepare phase writes, under paths.cache_dir by default (a shared cache that holds it is read only)
+    if generates_checkpoint(cfg.model) and not Path(cfg.model.hf_checkpoint).exists():
+        targets.append(("model.generate_at", cfg.model.generate_at))
+    for key, prompt_data, generator in generator_outputs(cfg):
+        path = generated_file(prompt_data, generator)
+        if path is not None and not Path(path).exists():
+            targets.append((f"{key}.path", str(Path(path).parent)))
+    for key, path in targets:
         if path is None:
             continue
         target = Path(path)
@@ -76,6 +93,23 @@ def check_writable(cfg: RunConfig) -> Iterator[Problem]:
             yield Problem(key, path, what, f"point {key} at a directory", machine=True)
         elif not os.access(existing, os.W_OK | os.X_OK):
             yield Problem(key, path, f"{existing} is not writable by this user", f"point {key} elsewhere", machine=True)
+
+
+def generator_outputs(cfg: RunConfig) -> list[tuple[str, str | None, Any]]:
+    """(generator key, the prompt file read, generator node) of the training data and every eval dataset."""
+    outputs = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
+    if cfg.eval.interval:
+        for name, dataset in valid_eval_datasets(cfg).items():
+            outputs.append((f"eval.datasets.{name}.generator", dataset.prompt_data, dataset.generator))
+    return outputs
+
+
+def _first_export(template: str | None) -> str | None:
+    """checkpoint.save_hf's first directory; None when there is none or the template is bad (check_save_hf)."""
+    try:
+        return None if template is None else template.format(rollout_id=0)
+    except (ValueError, KeyError, IndexError):
+        return None
 
 
 def _strip_slice(path: str) -> str:
@@ -110,14 +144,23 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
     """The model option against `hf_checkpoint/config.json`: every architecture field (slime.config.hf_config)."""
     m = cfg.model
-    if m.create_if_missing:
-        return  # generated from these very fields before the run starts (slime.assets.prepare)
+    if generates_checkpoint(m):
+        return  # generated from these very fields before the run starts, again when stale (slime.assets.prepare)
     config_file = Path(m.hf_checkpoint) / "config.json"
+    if not Path(m.hf_checkpoint).exists():
+        yield Problem(
+            "model.hf_checkpoint",
+            m.hf_checkpoint,
+            "no such directory" + _generated_elsewhere(m),
+            "download the HF checkpoint to a directory and set model.hf_checkpoint=<dir> (absolute paths are safest)",
+            machine=True,
+        )
+        return
     if not config_file.exists():
         yield Problem(
             "model.hf_checkpoint",
             m.hf_checkpoint,
-            "no config.json there",
+            "no config.json there" + _generated_elsewhere(m),
             "download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>",
             machine=True,
         )
@@ -128,11 +171,53 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
             f"model.{field_name}",
             ours,
             f"{config_file} says {theirs!r}",
-            f"set model.{field_name}={theirs} or pick the model option matching the checkpoint",
+            f"set model.{field_name}={'null' if theirs is None else theirs} or pick the model option matching "
+            "the checkpoint",
         )
     layout = unsupported_layout(actual)
     if layout:
         yield Problem("model.hf_checkpoint", m.hf_checkpoint, f"{config_file}: {layout}", "use another checkpoint")
+
+
+def _generated_elsewhere(model: ModelConfig) -> str:
+    if model.generate_at is None:
+        return ""
+    return (
+        f" (model={model.name} generates its random-weight model only at model.generate_at={model.generate_at}: "
+        "drop the model.hf_checkpoint override to use it)"
+    )
+
+
+def other_checkpoints(cfg: RunConfig) -> list[tuple[str, str, bool]]:
+    """(key, HF directory, whether it must have the policy's architecture) of every model checkpoint the run
+    reads besides model.hf_checkpoint: the reference model, and served models with their own path (one that
+    receives the policy's weights must take them)."""
+    found = []
+    if cfg.checkpoint.ref_load not in (None, cfg.model.hf_checkpoint):
+        found.append(("checkpoint.ref_load", cfg.checkpoint.ref_load, True))
+    for i, served in enumerate(cfg.rollout.models):
+        if served.model_path not in (None, cfg.model.hf_checkpoint):
+            found.append((f"rollout.models[{i}].model_path", served.model_path, served.update_weights))
+    return found
+
+
+def check_other_checkpoints(cfg: RunConfig) -> Iterator[Problem]:
+    """Each holds an HF config.json; the reference model and weight-receiving served models match model.*."""
+    for key, path, policy_shaped in other_checkpoints(cfg):
+        config_file = Path(path) / "config.json"
+        if not Path(path).exists():
+            continue  # check_paths says so
+        if not config_file.exists():
+            yield Problem(key, path, "no config.json there: not an HF checkpoint directory", f"point {key} at one")
+            continue
+        if policy_shaped:
+            for field_name, ours, theirs in mismatches(cfg.model, read_hf_config(path)):
+                yield Problem(
+                    key,
+                    path,
+                    f"{config_file} says {field_name}={theirs!r}, the policy (model.{field_name}) has {ours!r}",
+                    f"point {key} at a checkpoint of the policy's architecture",
+                )
 
 
 def check_generators(cfg: RunConfig) -> Iterator[Problem]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from slime.assets.check import generates_checkpoint, generator_outputs
 from slime.assets.files import creation_lock
 from slime.assets.generators import GENERATOR_SHAPE, generated_file
 from slime.assets.tiny_model import ensure_tiny_model
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
-from slime.config.validate_eval import valid_eval_datasets
 
 logger = logging.getLogger(__name__)
 
@@ -22,13 +22,9 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
     (prompt_data == generator.path): a prompt_data pointing elsewhere is never created here.
     """
     created = []
-    if cfg.model.create_if_missing and ensure_tiny_model(cfg.model):
+    if generates_checkpoint(cfg.model) and ensure_tiny_model(cfg.model):
         created.append(cfg.model.hf_checkpoint)
-    files = [("data.generator", cfg.data.prompt_data, cfg.data.generator)]
-    if cfg.eval.interval:
-        for name, dataset in valid_eval_datasets(cfg).items():
-            files.append((f"eval.datasets.{name}.generator", dataset.prompt_data, dataset.generator))
-    for key, prompt_data, generator in files:
+    for key, prompt_data, generator in generator_outputs(cfg):
         path = generated_file(prompt_data, generator)
         if path is None or Path(path).exists():
             continue

@@ -76,7 +76,8 @@ def test_default_8gpu_plan_is_4_trainers_4_engines_and_machine_checks_are_still_
     needed = still_needed(lines)
     assert needed["data.prompt_data"].startswith("data.prompt_data='/nonexistent/train.jsonl': path does not exist")
     assert needed["model.hf_checkpoint"].endswith(
-        "no config.json there. Fix: download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>"
+        "no such directory. Fix: download the HF checkpoint to a directory and set "
+        "model.hf_checkpoint=<dir> (absolute paths are safest)"
     )
     assert "the run needs 8 GPU(s)" in needed["cluster.device"]
 
@@ -184,7 +185,8 @@ def test_a_gpu_recipe_without_data_or_checkpoint_is_planned_with_what_it_still_n
         "data=digit_task (the synthetic task)"
     )
     assert needed["model.hf_checkpoint"].endswith(
-        "no config.json there. Fix: download the HF checkpoint to that directory and set model.hf_checkpoint=<dir>"
+        "no such directory. Fix: download the HF checkpoint to a directory and set "
+        "model.hf_checkpoint=<dir> (absolute paths are safest)"
     )
     assert "cluster.device" in needed  # this machine has no GPU
     assert lines[-1] == "Dry run: configuration valid; nothing was started."
