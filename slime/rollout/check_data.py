@@ -17,47 +17,76 @@ from typing import Any, Optional
 from slime.assets.generators import generated_file
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
-from slime.config.schema import RunConfig
+from slime.config.schema import DataConfig, RunConfig
 from slime.config.validate_eval import valid_eval_datasets
+from slime.rollout.data_source import PromptsTooLong, build_data_source
 from slime.rollout.prompt_file import DataFileError, RecordKeys, count_records, read_records, split_slice
 
 DATA_SOURCE_METHODS = ("get_groups", "add_groups", "state_dict", "load_state_dict", "__len__")
 
 
-def record_keys(cfg: RunConfig) -> RecordKeys:
-    d = cfg.data
+def record_keys(d: DataConfig) -> RecordKeys:
     return RecordKeys(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, tool_key=d.tool_key)
 
 
 def check_data(cfg: RunConfig) -> Iterator[Problem]:
     d = cfg.data
-    if d.prompt_data is not None and not generated_file(d.prompt_data, d.generator):
-        yield from check_prompt_file("data.prompt_data", d.prompt_data, record_keys(cfg))
-    if cfg.eval.interval:  # eval prompt files checked now, not at the first eval hours in
-        for name, dataset in valid_eval_datasets(cfg).items():
-            if not generated_file(dataset.prompt_data, dataset.generator):
-                keys = record_keys(cfg)
-                keys = dataclasses.replace(
-                    keys,
-                    input_key=dataset.input_key or keys.input_key,
-                    label_key=dataset.label_key or keys.label_key,
-                    metadata_key=dataset.metadata_key or keys.metadata_key,
-                )
-                yield from check_prompt_file(f"eval.datasets.{name}.prompt_data", dataset.prompt_data, keys)
+    for key, path, data, generator in prompt_files(cfg):  # eval files now, not at the first eval hours in
+        if not generated_file(path, generator):
+            yield from check_prompt_file(key, path, record_keys(data))
     yield from _check_num_rollout(cfg)
     if d.source_class is not None:
         yield from _check_source_class(d.source_class)
     yield from _check_dumps(cfg)
 
 
+def prompt_files(cfg: RunConfig) -> list[tuple[str, str, DataConfig, Any]]:
+    """(config key, path, the DataConfig it is read with, its generator) of every prompt file the run reads."""
+    d = cfg.data
+    files = [] if d.prompt_data is None else [("data.prompt_data", d.prompt_data, d, d.generator)]
+    if cfg.eval.interval:
+        for name, dataset in valid_eval_datasets(cfg).items():
+            data = dataclasses.replace(
+                cfg.data,
+                input_key=dataset.input_key or cfg.data.input_key,
+                label_key=dataset.label_key or cfg.data.label_key,
+                metadata_key=dataset.metadata_key or cfg.data.metadata_key,
+            )
+            files.append((f"eval.datasets.{name}.prompt_data", dataset.prompt_data, data, dataset.generator))
+    return files
+
+
+def check_prompt_lengths(cfg: RunConfig, tokenizer) -> Iterator[Problem]:
+    """`rollout.max_prompt_len` against every prompt file, measured as the rollout will (`PromptDataset`:
+    templated, without special tokens): a file it empties would stop the run after the engines started.
+    Needs the model's tokenizer and the generated files, so it runs after the prepare phase
+    (slime.runtime.preflight)."""
+    limit = cfg.rollout.max_prompt_len
+    if limit is None or limit <= 0 or cfg.debug.load_rollout_data is not None:
+        return
+    for key, path, data, _ in prompt_files(cfg):
+        try:
+            build_data_source(
+                data, path, tokenizer=tokenizer, n_samples_per_prompt=1, shuffle=False, max_prompt_len=limit
+            )
+        except PromptsTooLong as exc:
+            yield Problem(
+                "rollout.max_prompt_len",
+                limit,
+                f"drops every prompt of {key}={path}: all {exc.count} are longer (templated: {exc.shortest} to "
+                f"{exc.longest} tokens)",
+                f"raise rollout.max_prompt_len to at least {exc.shortest}, or set it to null (no limit)",
+            )
+
+
 def check_prompt_file(key: str, path: str, keys: RecordKeys) -> Iterator[Problem]:
     """The file's records, all checked; a missing file is check_paths' to report."""
-    if not Path(split_slice(path)[0]).exists():
-        return
     try:
+        if not Path(split_slice(path, key=key)[0]).exists():
+            return
         read_records(path, keys, key=key)
     except DataFileError as exc:
-        yield Problem(exc.key, path, str(exc), "fix that record (or point the key option at the right field)")
+        yield Problem(exc.key, path, str(exc), exc.fix)
 
 
 def rollouts_for_epochs(cfg: RunConfig) -> Optional[int]:

@@ -37,6 +37,18 @@ logger = logging.getLogger(__name__)
 BufferFilter = Callable[[list[list[Sample]], int], list[list[Sample]]]  # (buffer, num) -> groups taken
 
 
+class PromptsTooLong(ValueError):
+    """Every prompt of a file is longer than `rollout.max_prompt_len`: nothing is left to train on."""
+
+    def __init__(self, path: str, limit: int, lengths: list[int]):
+        self.path, self.limit, self.shortest, self.longest = path, limit, min(lengths), max(lengths)
+        self.count = len(lengths)
+        super().__init__(
+            f"{path}: all {self.count} prompts are longer than rollout.max_prompt_len={limit} tokens "
+            f"(templated: {self.shortest} to {self.longest} tokens)"
+        )
+
+
 class PromptDataset:
     """Prompts ready for generation: chat-templated strings (or raw prompts), labels, metadata.
 
@@ -64,7 +76,7 @@ class PromptDataset:
         keys = RecordKeys(input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key)
         self.path = path
         self.samples: list[Sample] = []
-        self.num_too_long = 0
+        self.dropped_lengths: list[int] = []  # tokens of each prompt dropped as longer than max_prompt_len
         for record in read_records(path, keys, key=config_key):
             prompt, messages = record.prompt, None
             if apply_chat_template:
@@ -95,18 +107,21 @@ class PromptDataset:
                 max_prompt_len,
             )
         if not self.samples:
-            raise ValueError(
-                f"{path}: every prompt is longer than rollout.max_prompt_len={max_prompt_len} tokens; raise the limit"
-            )
+            raise PromptsTooLong(path, max_prompt_len, self.dropped_lengths)
 
     def _too_long(self, tokenizer, prompt, max_prompt_len: int, line: int) -> bool:
         if not isinstance(prompt, str):  # slime: only templated (string) prompts are measured
             logger.warning("%s:%d: a message-list prompt is not length-filtered (chat template off)", self.path, line)
             return False
-        if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) <= max_prompt_len:
+        length = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if length <= max_prompt_len:
             return False
-        self.num_too_long += 1
+        self.dropped_lengths.append(length)
         return True
+
+    @property
+    def num_too_long(self) -> int:
+        return len(self.dropped_lengths)
 
     def __len__(self) -> int:
         return len(self.samples)

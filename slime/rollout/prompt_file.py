@@ -27,8 +27,9 @@ UTF8_BOM = b"\xef\xbb\xbf"
 class DataFileError(ValueError):
     """A prompt file that cannot be used; `where` is `file:line` (or just the file), `key` the config field."""
 
-    def __init__(self, where: str, message: str, *, key: str = "data.prompt_data"):
+    def __init__(self, where: str, message: str, *, key: str = "data.prompt_data", fix: Optional[str] = None):
         self.where, self.message, self.key = where, message, key
+        self.fix = fix or "fix that record (or point the key option at the right field)"
         super().__init__(f"{where}: {message}")
 
 
@@ -53,10 +54,18 @@ class Record:
     tools: Optional[list[dict[str, Any]]]
 
 
-def split_slice(spec: str) -> tuple[str, Optional[int], Optional[int]]:
-    """`file@[start:end]` -> (file, start, end); a plain path -> (path, None, None)."""
+def split_slice(spec: str, *, key: str = "data.prompt_data") -> tuple[str, Optional[int], Optional[int]]:
+    """`file@[start:end]` -> (file, start, end); a plain path -> (path, None, None). A `@[` that opens no
+    `[start:end]` of integers (and is not part of an existing file's name) is a DataFileError."""
     match = _SLICE.match(spec)
     if not match:
+        if "@[" in spec and not Path(spec).exists():
+            raise DataFileError(
+                spec,
+                f"the row slice {'@[' + spec.split('@[', 1)[1]!r} is not [start:end] with integer (or empty) bounds",
+                key=key,
+                fix=f"write it as {key}='file.jsonl@[0:100]' (Python slice bounds: @[-50:] is the last 50 rows)",
+            )
         return spec, None, None
     bound = lambda text: int(text) if text else None  # noqa: E731
     return match["path"], bound(match["start"]), bound(match["end"])
@@ -64,7 +73,7 @@ def split_slice(spec: str) -> tuple[str, Optional[int], Optional[int]]:
 
 def read_records(spec: str, keys: RecordKeys, *, key: str = "data.prompt_data") -> list[Record]:
     """Every record of the (sliced) file, checked; DataFileError naming file and line for the first bad one."""
-    path, start, end = split_slice(spec)
+    path, start, end = split_slice(spec, key=key)
     rows = _read_rows(Path(path), key)
     if not rows:
         raise DataFileError(path, "the file holds no records (empty file)", key=key)
@@ -76,9 +85,9 @@ def read_records(spec: str, keys: RecordKeys, *, key: str = "data.prompt_data") 
 
 def count_records(spec: str) -> Optional[int]:
     """Number of records the (sliced) file yields, counted without checking them; None if it cannot be read."""
-    path, start, end = split_slice(spec)
-    file = Path(path)
     try:
+        path, start, end = split_slice(spec)
+        file = Path(path)
         if file.suffix == ".parquet":
             total = _parquet().ParquetFile(file).metadata.num_rows
         else:
@@ -201,8 +210,11 @@ def _check_prompt(prompt: Any, input_key: str, fail) -> str | list[dict[str, Any
             raise fail(f"{input_key}[{i}] must be an object with a string 'role'")
         if message["role"] not in MESSAGE_ROLES:
             raise fail(f"{input_key}[{i}].role={message['role']!r}; expected one of {list(MESSAGE_ROLES)}")
-        if "content" in message and not isinstance(message["content"], (str, list, type(None))):
-            raise fail(f"{input_key}[{i}].content must be a string, got {type(message['content']).__name__}")
+        content = message.get("content")  # None: absent (JSONL) or null (parquet fills a missing field so)
+        if content is None and not message.get("tool_calls"):  # an assistant's tool call may carry no text
+            raise fail(f"{input_key}[{i}] has no 'content'; every message needs one (a string)")
+        if not isinstance(content, (str, list, type(None))):
+            raise fail(f"{input_key}[{i}].content must be a string, got {type(content).__name__}")
         mask = message.get("step_loss_mask")  # None: absent (parquet fills a struct's missing fields with None)
         if mask is not None and (isinstance(mask, bool) or mask not in (0, 1)):
             raise fail(f"{input_key}[{i}].step_loss_mask must be 0 or 1, got {mask!r}")

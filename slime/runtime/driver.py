@@ -14,6 +14,7 @@ from slime.plan.run_plan import RunPlan
 from slime.runtime.interrupts import Interrupts
 from slime.runtime.loop import RunLoop, RunParts
 from slime.runtime.placement import create_placement
+from slime.runtime.preflight import check_prepared
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup
@@ -43,6 +44,7 @@ class RunJob:
 def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     cfg = job.cfg
+    check_prepared(cfg)  # ConfigError: nothing started yet
     state.enter("startup")
     # with a watchdog, every actor arms its stack dump (slime.runtime.watchdog) in this directory
     env = {STACKS_ENV: str(Path(cfg.paths.output_dir) / "stacks")} if cfg.runtime.phase_timeout_s else {}

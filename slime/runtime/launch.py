@@ -188,6 +188,9 @@ def _run_with_result(cfg, plan, run_dir: Path):
                 identity=run_identity(cfg, hydra, summary=_one_line(cfg, plan.derived)),
             )
             run(job, state, interrupts)
+        except ConfigError as exc:  # found once the assets were made (slime.runtime.preflight): nothing started
+            status, error, code = "invalid_config", str(exc), EXIT_CONFIG_ERROR
+            print(f"Configuration error: {exc}", file=sys.stderr)
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
             status, error, code = "interrupted", str(interrupted), interrupted.exit_code

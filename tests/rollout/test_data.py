@@ -19,7 +19,7 @@ from slime.assets.tokenizer import build_tokenizer
 from slime.config import fill_derived
 from slime.plan.derive import derive
 from slime.plan.validate import collect_problems, validate
-from slime.rollout.data_source import DataSource, PromptDataset, build_data_source
+from slime.rollout.data_source import DataSource, PromptDataset, PromptsTooLong, build_data_source
 from slime.rollout.prompt_file import DataFileError, RecordKeys, read_records
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import ROOT, typed_config
@@ -171,8 +171,13 @@ def test_chat_template_tools_kwargs_and_prompt_length_filter(tmp_path, tok, capl
     raw = PromptDataset(path, **kwargs, apply_chat_template=False)
     assert raw.samples[0].prompt == "what is 1 plus 1" and raw.samples[0].messages is None
     assert raw.samples[1].prompt == rows[1]["prompt"] and raw.samples[1].messages == rows[1]["prompt"]
-    with pytest.raises(ValueError, match="every prompt is longer than rollout.max_prompt_len=1"):
+    with pytest.raises(PromptsTooLong) as info:
         PromptDataset(path, **kwargs, apply_chat_template=True, max_prompt_len=1)
+    assert (info.value.count, info.value.shortest, info.value.longest) == (3, 6, 32)
+    assert (
+        str(info.value)
+        == f"{path}: all 3 prompts are longer than rollout.max_prompt_len=1 tokens (templated: 6 to 32 tokens)"
+    )
 
 
 def _source(tmp_path, tok, n_prompts=5, **kw):
