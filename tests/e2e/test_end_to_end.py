@@ -100,7 +100,9 @@ JOBS: dict[str, Callable[[Path], Any]] = {
     "multirun": _multirun,
     "data_parallel": _data_parallel,
     "sigterm": _sigterm_after_two_rollouts,
-    "startup_failure": lambda run_dir: main_py(run_dir, "rollout.max_prompt_len=1", "train.num_rollout=2"),
+    "startup_failure": lambda run_dir: main_py(
+        run_dir, "data.source_class=tests.helpers.user_hooks.DataSourceFailingAtStartup", "train.num_rollout=2"
+    ),
 }
 RUN_OF_TEST = {
     "test_embedded_default_learns": "embedded_default",
@@ -201,13 +203,13 @@ def check_rollout_dumps(dump_dir: Path, *, num_rollout: int) -> None:
 
 
 def test_failure_during_startup_writes_result_and_cleans_up(runs):
-    """Every prompt is longer than rollout.max_prompt_len: only the rollout manager's tokenizer can tell, at
-    startup (a malformed file is a configuration error, exit 2: tests/rollout/test_data.py)."""
+    """User code that passes every check fails once the rollout manager runs it at startup (a data source whose
+    constructor raises): exit 3, result.json names the phase, no process is left."""
     run_dir, proc = runs["startup_failure"]
     assert proc.returncode == 3, proc.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "failed" and result["phase"] == "startup"
-    assert "every prompt is longer than rollout.max_prompt_len=1" in result["error"]
+    assert "this data source fails at startup on purpose" in result["error"]
     assert_no_run_processes()
 
 

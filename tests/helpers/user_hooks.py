@@ -1,9 +1,11 @@
-"""User code that tests/e2e/test_tool_use_recipe.py names by import path in the config (as a user would)."""
+"""User code that end-to-end runs name by import path in the config (as a user would): tests/e2e/test_tool_use_recipe.py's
+rollout and filter, tests/e2e/test_end_to_end.py's data source that fails at startup."""
 
 from __future__ import annotations
 
 import json
 
+from slime.rollout.data_source import DataSource
 from slime.rollout.default import generate_rollout
 
 
@@ -23,3 +25,11 @@ def marking_filter(args, group):
     for sample in group:
         sample.metadata["kept_by"] = "marking_filter"
     return True
+
+
+class DataSourceFailingAtStartup(DataSource):
+    """Valid by every check (importable, a DataSourceBase, the documented constructor); its constructor raises,
+    as user code with a bug does, once the rollout manager builds it at startup."""
+
+    def __init__(self, dataset, **kwargs):
+        raise RuntimeError("this data source fails at startup on purpose")

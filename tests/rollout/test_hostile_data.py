@@ -89,3 +89,24 @@ def test_prompt_file_with_one_bad_record_among_many_names_its_line(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     found = problems_for([f"data.prompt_data={path}", "data.generator=null"], tmp_path / "run")
     assert f"{path}:3211: no key 'label' (data.label_key)" in found["data.prompt_data"]
+
+
+@pytest.mark.parametrize("bounds", ["@[a:b]", "@[1.5:]", "@[3]", "@[0:10"])
+def test_a_row_slice_whose_bounds_are_no_integers_is_named(bounds, tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"prompt": "a", "label": "1"}\n')
+    with pytest.raises(DataFileError) as info:
+        read_records(f"{path}{bounds}", KEYS)
+    assert str(info.value) == (
+        f"{path}{bounds}: the row slice {bounds!r} is not [start:end] with integer (or empty) bounds"
+    )
+    assert (
+        info.value.fix
+        == "write it as data.prompt_data='file.jsonl@[0:100]' (Python slice bounds: @[-50:] is the last 50 rows)"
+    )
+
+
+def test_a_file_whose_name_holds_an_at_bracket_is_read_whole(tmp_path):
+    path = tmp_path / "odd@[name].jsonl"
+    path.write_text('{"prompt": "a", "label": "1"}\n{"prompt": "b", "label": "2"}\n')
+    assert [r.prompt for r in read_records(str(path), KEYS)] == ["a", "b"]

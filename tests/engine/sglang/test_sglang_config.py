@@ -44,7 +44,7 @@ def test_group_sizes_worker_types_and_pd_pairs():
         "needs SGLang or vLLM servers, not rollout.engine=hf" in found["rollout.models[0].server_groups[0].worker_type"]
     )
     found = config_problems(["rollout.external_engines=[127.0.0.1:3000]"])
-    assert "http://host:port" in found["rollout.external_engines"]
+    assert "http://host:port" in found["rollout.external_engines[0]"]
 
 
 def test_framework_owned_server_args_are_rejected():

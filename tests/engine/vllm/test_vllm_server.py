@@ -61,7 +61,9 @@ def served(model_dir, tmp_path_factory):
         rank=0, model_path=model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(logs), dtype="float32",
         startup_timeout_s=600,
     )  # fmt: skip
-    config = VLLMEngineConfig(args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP]}, weight_transfer_backend=None, startup_timeout_s=600)
+    config = VLLMEngineConfig(
+        args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP]}, weight_transfer_backend=None, startup_timeout_s=600
+    )
     engine = VLLMEngine(launch, config)
     router = VLLMRouter.launch(cfg=RouterConfig(startup_timeout_s=60), log_path=logs / "router.log")
     try:
