@@ -31,3 +31,12 @@ def local_address_towards(host: str) -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def unreachable(host: str, port: int, timeout_s: float) -> str | None:
+    """Why nothing accepts a TCP connection at host:port within `timeout_s` seconds; None when something does."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

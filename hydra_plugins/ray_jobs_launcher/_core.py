@@ -31,6 +31,10 @@ from hydra_plugins.ray_jobs_launcher._jobs import (
     read_result,
     summary,
 )
+from slime.config import ConfigError
+from slime.config.problems import Problem
+from slime.config.validate_addresses import address_problem
+from slime.runtime.launch import EXIT_CONFIG_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 def launch(launcher, *, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
     """Run every job of this batch as a Ray Job; return their JobReturns in input order."""
     params, config = launcher.params, launcher.config
+    check_address(params.address)
     setup_globals()
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
@@ -71,6 +76,17 @@ def _signals_as_interrupt() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def check_address(address: str | None) -> None:
+    """`hydra.launcher.address` is the dashboard's http(s) URL: a bare host:port makes JobSubmissionClient wait
+    ~30 s on a GCS that is not there and say only "Timed out while waiting for GCS". Exit 2 before any job,
+    printed as main.py prints a configuration error (no traceback: Hydra prints one for an exception)."""
+    what = None if address is None else address_problem("http_url", address)
+    if what is not None:
+        problem = Problem("hydra.launcher.address", address, what, "give the dashboard's http://head:8265")
+        print(f"Configuration error: {ConfigError([problem])}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
 
 
 @contextlib.contextmanager

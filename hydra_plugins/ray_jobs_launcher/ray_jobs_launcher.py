@@ -17,6 +17,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from slime.config.input_kinds import HTTP_URL
+
 # Not shipped in a job's working_dir (gitignore syntax, relative to the project root): run outputs,
 # caches, checkpoints, environments and VCS data (Ray caps uploads at about 100 MiB).
 DEFAULT_EXCLUDES = [
@@ -38,7 +40,7 @@ class LocalClusterConf:
 class RayJobsLauncherConf:
     _target_: str = "hydra_plugins.ray_jobs_launcher.ray_jobs_launcher.RayJobsLauncher"
     # Ray dashboard address of a running cluster (http://head:8265); null: start a local cluster.
-    address: Optional[str] = None
+    address: Optional[str] = field(default=None, metadata=HTTP_URL)
     # Jobs running at once. On the local cluster every job is submitted at once and Ray holds the rest
     # (each job takes one of `max_concurrent` slots); on a given address the launcher submits that many.
     max_concurrent: int = 1

@@ -6,13 +6,16 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import ray
 
 from slime.config.schema import ClusterConfig
+from slime.net import unreachable
 from slime.runtime.interrupts import kill_descendants
 
 logger = logging.getLogger(__name__)
+HEAD_CONNECT_TIMEOUT_S = 10.0  # a live head's GCS accepts at once; a firewall that drops packets takes this long
 
 # Workers read these at import time (REFERENCE.md §10.1). A local cluster's raylet and so every worker
 # inherit them from the driver's environment at `ray.init`; a joined cluster gets them as the job's
@@ -37,6 +40,7 @@ def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool
     `env`: more variables for the workers (on top of WORKER_ENV)."""
     worker_env = {**WORKER_ENV, **(env or {})}
     if cluster.ray_address:
+        check_head_answers(cluster.ray_address)
         ray.init(address=cluster.ray_address, runtime_env={"env_vars": worker_env}, log_to_driver=log_to_driver)
     else:
         # Logical CPUs may exceed physical cores: each bundle holds one lightly-threaded process.
@@ -48,6 +52,22 @@ def ray_session(cluster: ClusterConfig, *, num_bundles: int, log_to_driver: bool
         yield
     finally:
         ray.shutdown()
+
+
+def check_head_answers(address: str, timeout_s: float = HEAD_CONNECT_TIMEOUT_S) -> None:
+    """`ray.init(address=...)` retries a head that is not there for minutes, printing only GCS timeouts: a
+    host:port (or ray://host:port) that accepts no TCP connection within `timeout_s` stops the run at once,
+    naming the key. `auto` and `local` are Ray's to resolve."""
+    if address in ("auto", "local"):
+        return
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    why = unreachable(parts.hostname or "", parts.port or 0, timeout_s)
+    if why is not None:
+        raise RuntimeError(
+            f"cluster.ray_address={address}: no Ray head answers at {parts.hostname}:{parts.port} ({why}); start "
+            f"the cluster there (ray start --head --port={parts.port}), or set cluster.ray_address=null to start "
+            "one on this machine"
+        )
 
 
 def _start_local(*, num_cpus: int, num_gpus: int, log_to_driver: bool, attempts: int = 2) -> None:

@@ -11,6 +11,8 @@ import typing
 
 import pytest
 
+from hydra_plugins.ray_jobs_launcher._core import check_address
+from hydra_plugins.ray_jobs_launcher.ray_jobs_launcher import RayJobsLauncherConf
 from slime.assets.check import generates_checkpoint
 from slime.assets.prepare import prepare_assets
 from slime.config.input_kinds import KIND, typed_fields
@@ -90,6 +92,8 @@ FIELD_CASES = {
         "path does not exist",
     ),
 }
+# the Ray Jobs launcher's typed fields (hydra.launcher.*): value, text of the message
+LAUNCHER_CASES = {"hydra.launcher.address": ("127.0.0.1:8265", "not an http(s) URL. Fix: give the dashboard's")}
 # String fields whose names suggest a path or an address but that hold neither, and why.
 UNTYPED = {
     "rollout.custom_rm_path": "an import path (module.fn): the hooks' checks, tests/config/test_config_hooks.py",
@@ -100,6 +104,7 @@ PATHLIKE_NAME = re.compile(r"(path|dir|url|address|host|load|save\w*|checkpoint|
 
 def all_typed_fields() -> set[str]:
     fields = {key for key, _ in typed_fields(RunConfig)}
+    fields |= {key for key, _ in typed_fields(RayJobsLauncherConf, "hydra.launcher.")}
     return fields | {key for key, _ in typed_fields(EvalDatasetConfig, "eval.datasets.<name>.")}
 
 
@@ -125,14 +130,18 @@ def hostile_dir(tmp_path):
 
 
 def test_every_typed_field_has_a_hostile_case():
-    assert set(FIELD_CASES) == all_typed_fields()
+    assert set(FIELD_CASES) | set(LAUNCHER_CASES) == all_typed_fields()
 
 
 def test_every_field_named_like_a_path_or_address_is_typed():
     """A new `*_path`, `*_dir`, `*_url`, `address`... field must say its kind (or why it has none) to be checked."""
     untyped = [
         key
-        for key, f in [*string_fields(RunConfig), *string_fields(EvalDatasetConfig, "eval.datasets.<name>.")]
+        for key, f in [
+            *string_fields(RunConfig),
+            *string_fields(EvalDatasetConfig, "eval.datasets.<name>."),
+            *string_fields(RayJobsLauncherConf, "hydra.launcher."),
+        ]
         if PATHLIKE_NAME.search(key.rsplit(".", 1)[-1]) and KIND not in f.metadata and key not in UNTYPED
     ]
     assert untyped == []
@@ -144,6 +153,18 @@ def test_a_hostile_value_of_a_typed_field_is_refused_naming_it(field, hostile_di
     found = problems_for([o.format(tmp=hostile_dir) for o in overrides], hostile_dir / "run")
     assert key in found, found
     assert text in found[key], found[key]
+
+
+@pytest.mark.parametrize("field", list(LAUNCHER_CASES))
+def test_a_hostile_launcher_value_exits_2_before_any_job(field, capsys):
+    value, text = LAUNCHER_CASES[field]
+    with pytest.raises(SystemExit) as info:
+        check_address(value)
+    assert info.value.code == 2
+    assert (
+        f"Configuration error: invalid configuration (1 problem):\n  - {field}='{value}': {text}"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_typed_model_path_is_never_generated_into(tmp_path):

@@ -1,9 +1,15 @@
-"""A local Ray node that misses Ray's fixed 30 s registration window (a saturated machine) is started again once."""
+"""A local Ray node that misses Ray's fixed 30 s registration window (a saturated machine) is started again once; a
+cluster.ray_address where no head answers stops the run at once."""
 
 from __future__ import annotations
 
-import pytest
+import socket
 
+import pytest
+import ray
+
+from slime.config.schema import ClusterConfig
+from slime.net import free_port
 from slime.runtime import ray_session
 
 TIMEOUT = "The current node timed out during startup. This could happen because some of the raylet failed to startup"
@@ -42,3 +48,27 @@ def test_a_timed_out_local_start_is_retried_once_after_its_daemons_are_killed(mo
     else:
         ray_session._start_local(num_cpus=2, num_gpus=0, log_to_driver=False)
     assert fake.calls == calls
+
+
+def test_a_ray_address_where_no_head_answers_stops_at_once_naming_the_key():
+    """ray.init itself would retry such a head for minutes (measured: still retrying after 5 min)."""
+    port = free_port()
+    with pytest.raises(RuntimeError) as info:
+        with ray_session.ray_session(
+            ClusterConfig(ray_address=f"127.0.0.1:{port}"), num_bundles=1, log_to_driver=False
+        ):
+            pass
+    assert str(info.value).startswith(
+        f"cluster.ray_address=127.0.0.1:{port}: no Ray head answers at 127.0.0.1:{port} ("
+    )
+    assert "ray start --head" in str(info.value) and not ray.is_initialized()
+
+
+def test_a_head_that_accepts_connections_is_joined():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        ray_session.check_head_answers(f"ray://127.0.0.1:{port}")
+        ray_session.check_head_answers(f"127.0.0.1:{port}")
+    ray_session.check_head_answers("auto")
