@@ -114,6 +114,14 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         )
     if r.max_prompt_len is not None and r.max_prompt_len <= 0:
         yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
+    outside = [t for t in r.stop_token_ids if not 0 <= t < cfg.model.vocab_size]
+    if outside:  # the engines refuse such a request, or index past the logits, once the run has started
+        yield Problem(
+            "rollout.stop_token_ids",
+            r.stop_token_ids,
+            f"{outside} outside the vocabulary (model.vocab_size={cfg.model.vocab_size})",
+            "give token ids of the model's tokenizer",
+        )
     if cfg.rollout.temperature <= 0:
         yield Problem(
             "rollout.temperature",

@@ -24,6 +24,11 @@ CASES = {
     "range: eval every 0 rollouts": (["eval.interval=0"], "eval.interval", "must be > 0"),
     "range: negative ckpt_step": (["checkpoint.ckpt_step=-1"], "checkpoint.ckpt_step", "must be >= 0"),
     "range: negative log_samples": (["logger.log_samples=-1"], "logger.log_samples", "must be >= 0"),
+    "range: a stop token outside the vocabulary": (
+        ["rollout.stop_token_ids=[2,500,-1]"],
+        "rollout.stop_token_ids",
+        "[500, -1] outside the vocabulary (model.vocab_size=80)",
+    ),
     "range: failure ratio above 1": (
         ["rollout.reward.max_failure_ratio=1.5"],
         "rollout.reward.max_failure_ratio",
