@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.assets.generators import GENERATOR_SHAPE, generated_file
+from slime.assets.gguf_source import INSTALL_HINT, missing_for_import
 from slime.assets.hf_config_file import read_hf_config
 from slime.config.hf_config import mismatches, unsupported_layout
 from slime.config.hooks import HookError, load_callable
@@ -144,7 +145,17 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
     """The model option against `hf_checkpoint/config.json`: every architecture field (slime.config.hf_config)."""
     m = cfg.model
-    if generates_checkpoint(m):
+    if generates_checkpoint(m) and m.import_gguf is not None and not Path(m.hf_checkpoint).exists():
+        missing = missing_for_import(m.import_gguf)
+        if missing:
+            yield Problem(
+                "model.import_gguf",
+                m.import_gguf,
+                f"model={m.name} is imported on first use from a GGUF file, and {', '.join(missing)} is not installed",
+                INSTALL_HINT,
+            )
+        return
+    if generates_checkpoint(m) and m.import_gguf is None:
         return  # generated from these very fields before the run starts, again when stale (slime.assets.prepare)
     config_file = Path(m.hf_checkpoint) / "config.json"
     if not Path(m.hf_checkpoint).exists():
@@ -179,6 +190,13 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem("model.hf_checkpoint", m.hf_checkpoint, f"{config_file}: {layout}", "use another checkpoint")
 
 
+def _is_torch_dist_root(path: Path) -> bool:
+    """A megatron torch_dist checkpoint root: its tracker, a converted `release/`, or an `iter_` directory."""
+    return (path / "latest_checkpointed_iteration.txt").exists() or any(
+        child.is_dir() and (child.name == "release" or child.name.startswith("iter_")) for child in path.iterdir()
+    )
+
+
 def _generated_elsewhere(model: ModelConfig) -> str:
     if model.generate_at is None:
         return ""
@@ -202,11 +220,14 @@ def other_checkpoints(cfg: RunConfig) -> list[tuple[str, str, bool]]:
 
 
 def check_other_checkpoints(cfg: RunConfig) -> Iterator[Problem]:
-    """Each holds an HF config.json; the reference model and weight-receiving served models match model.*."""
+    """Each holds an HF config.json (the reference model may be a torch_dist root instead); the reference model
+    and weight-receiving served models match model.*."""
     for key, path, policy_shaped in other_checkpoints(cfg):
         config_file = Path(path) / "config.json"
         if not Path(path).exists():
             continue  # check_paths says so
+        if key == "checkpoint.ref_load" and _is_torch_dist_root(Path(path)):
+            continue  # the megatron backend reads its weights too (slime.train.megatron.checkpoint.load_weights)
         if not config_file.exists():
             yield Problem(key, path, "no config.json there: not an HF checkpoint directory", f"point {key} at one")
             continue
