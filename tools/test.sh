@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (tools/setup.sh test, tools/setup_sglang_cpu.sh, tools/setup_vllm_cpu.sh) and run the CPU test suite. pytest's "no tests ran" (exit 5) fails.
+# Set up (tools/setup.sh test, tools/setup_sglang_cpu.sh, tools/setup_vllm_cpu.sh, tools/setup_smollm2.sh) and run the CPU test suite. pytest's "no tests ran" (exit 5) fails.
 # The test extra pulls megatron-core (the megatron backend's CPU tests); on a CPU machine tools/setup.sh
 # keeps torch at the CPU build (constraints-cpu.txt), which megatron-core's torch requirement accepts.
 #
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh test || exit 1
 bash tools/setup_sglang_cpu.sh || exit 1  # SGLang's own code for the contract tests and the fake server
 bash tools/setup_vllm_cpu.sh || exit 1  # a real vLLM on CPU for the rollout=vllm tests
+bash tools/setup_smollm2.sh || exit 1  # a real pretrained model (SmolLM2-135M-Instruct) for the real-weights tests
 .venv/bin/python -c "import megatron.core" || { echo "megatron-core did not install: the megatron tests would be skipped" >&2; exit 1; }
 
 no_tests() {

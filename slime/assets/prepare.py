@@ -1,4 +1,5 @@
-"""Create what the config says is made on first use: the tiny model and synthetic prompt files."""
+"""Create what the config says is made on first use: the tiny model (or a model imported from a GGUF file) and
+synthetic prompt files."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from slime.assets.check import generates_checkpoint, generator_outputs
 from slime.assets.files import creation_lock
 from slime.assets.generators import GENERATOR_SHAPE, generated_file
+from slime.assets.gguf_import import ensure_imported_model
 from slime.assets.tiny_model import ensure_tiny_model
 from slime.config.hooks import load_callable
 from slime.config.schema import RunConfig
@@ -22,8 +24,10 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
     (prompt_data == generator.path): a prompt_data pointing elsewhere is never created here.
     """
     created = []
-    if generates_checkpoint(cfg.model) and ensure_tiny_model(cfg.model):
-        created.append(cfg.model.hf_checkpoint)
+    if generates_checkpoint(cfg.model):
+        ensure = ensure_tiny_model if cfg.model.import_gguf is None else ensure_imported_model
+        if ensure(cfg.model):
+            created.append(cfg.model.hf_checkpoint)
     for key, prompt_data, generator in generator_outputs(cfg):
         path = generated_file(prompt_data, generator)
         if path is None or Path(path).exists():

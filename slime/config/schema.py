@@ -72,6 +72,9 @@ class ModelConfig:
     name: str = MISSING
     hf_checkpoint: str = field(default=MISSING, metadata=MODEL_CHECKPOINT)
     generate_at: Optional[str] = field(default=None, metadata=PATH_WRITTEN)
+    # `<package>/<file>.gguf` inside an installed package: the model made at generate_at is this file's
+    # weights (de-quantized, fp32 safetensors: slime.assets.gguf_import), not a random initialisation
+    import_gguf: Optional[str] = None
     init_seed: int = 0  # seed of the random initialisation (generated models only)
     init_std: float = 0.02  # std of the normal initialisation, HF's initializer_range (generated models only)
     architecture: str = "qwen3"

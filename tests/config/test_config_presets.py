@@ -330,7 +330,7 @@ def test_help_lists_the_registered_names():
     }
     assert (
         "model: glm4_9b, llama3_8b, qwen2_5_7b, qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, "
-        "tiny_qwen3, tiny_qwen3_moe" in proc.stdout
+        "smollm2_135m, tiny_qwen3, tiny_qwen3_moe" in proc.stdout
     )
     presets = next(line for line in proc.stdout.splitlines() if line.startswith("preset: "))
     assert {"none", "embedded", "quickstart_8gpu", "qwen3_4b", "tiny_qwen3"} <= set(presets[8:].split(", "))
