@@ -192,8 +192,11 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
 
 def _is_torch_dist_root(path: Path) -> bool:
     """A megatron torch_dist checkpoint root: its tracker, a converted `release/`, or an `iter_` directory."""
-    return (path / "latest_checkpointed_iteration.txt").exists() or any(
-        child.is_dir() and (child.name == "release" or child.name.startswith("iter_")) for child in path.iterdir()
+    return path.is_dir() and (
+        (path / "latest_checkpointed_iteration.txt").exists()
+        or any(
+            child.is_dir() and (child.name == "release" or child.name.startswith("iter_")) for child in path.iterdir()
+        )
     )
 
 
