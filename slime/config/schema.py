@@ -63,10 +63,11 @@ class ModelConfig:
     """Architecture of the policy plus its HF checkpoint directory.
 
     The architecture fields are checked against `hf_checkpoint/config.json`, which must exist, with one
-    exception: a tiny option names in `generate_at` the directory where it builds a randomly initialised model
-    of this shape (and the offline tokenizer) on first use, and the run builds it there only when
-    `hf_checkpoint` is that very directory (`slime.assets.check.generates_checkpoint`); a path the user types
-    is never generated into, so a typo cannot train a model the user never had.
+    exception: an option may name in `generate_at` the directory where it makes its model on first use (a
+    tiny option: randomly initialised weights of this shape and the offline tokenizer; an option with
+    `import_gguf`: a real model's GGUF file, imported), and the run makes it there only when `hf_checkpoint`
+    is that very directory (`slime.assets.check.generates_checkpoint`); a path the user types is never
+    generated into, so a typo cannot train a model the user never had.
     """
 
     name: str = MISSING
