@@ -38,6 +38,9 @@ def train_logprob_diffs(run_dir: Path) -> list[float]:
     return [r[TRAIN_LOGPROB_DIFF] for r in records if TRAIN_LOGPROB_DIFF in r]
 
 
+@pytest.mark.timeout(
+    960
+)  # its fixture's two runs side by side may take their 900 s (main_py_concurrently) on 2 busy cores
 @pytest.mark.parametrize("model", LEARNING_MODELS)
 def test_the_embedded_task_is_learnt_through_a_real_vllm(learning_runs, model):
     """The reward rises as in the hf engine's embedded run, and at every step the trainer's log-probs of the
