@@ -101,27 +101,6 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
             yield Problem(
                 key, value, "must be >= 0", f"set {key}=0" + (" or null" if key.startswith("checkpoint") else "")
             )
-    r, context = cfg.rollout, cfg.model.max_position_embeddings
-    if (r.max_prompt_len or 0) + r.max_response_len > context:
-        prompt = f"rollout.max_prompt_len={r.max_prompt_len} + " if r.max_prompt_len else ""
-        yield Problem(
-            "rollout.max_response_len",
-            r.max_response_len,
-            f"{prompt}rollout.max_response_len={r.max_response_len} tokens exceed the model's context "
-            f"(model.max_position_embeddings={context})",
-            "lower rollout.max_response_len (and rollout.max_prompt_len), or raise model.max_position_embeddings "
-            "if the model supports it",
-        )
-    if r.max_prompt_len is not None and r.max_prompt_len <= 0:
-        yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
-    outside = [t for t in r.stop_token_ids if not 0 <= t < cfg.model.vocab_size]
-    if outside:  # the engines refuse such a request, or index past the logits, once the run has started
-        yield Problem(
-            "rollout.stop_token_ids",
-            r.stop_token_ids,
-            f"{outside} outside the vocabulary (model.vocab_size={cfg.model.vocab_size})",
-            "give token ids of the model's tokenizer",
-        )
     if cfg.rollout.temperature <= 0:
         yield Problem(
             "rollout.temperature",
@@ -144,6 +123,31 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
             cfg.rollout.over_sampling_batch_size,
             f"must be >= rollout.batch_size={cfg.rollout.batch_size}",
             "set it to null (= rollout.batch_size) or larger",
+        )
+
+
+def check_token_limits(cfg: RunConfig) -> Iterator[Problem]:
+    """Lengths and token ids against the model: prompt + response within its context, stop ids in its vocabulary."""
+    r, context = cfg.rollout, cfg.model.max_position_embeddings
+    if (r.max_prompt_len or 0) + r.max_response_len > context:
+        prompt = f"rollout.max_prompt_len={r.max_prompt_len} + " if r.max_prompt_len else ""
+        yield Problem(
+            "rollout.max_response_len",
+            r.max_response_len,
+            f"{prompt}rollout.max_response_len={r.max_response_len} tokens exceed the model's context "
+            f"(model.max_position_embeddings={context})",
+            "lower rollout.max_response_len (and rollout.max_prompt_len), or raise model.max_position_embeddings "
+            "if the model supports it",
+        )
+    if r.max_prompt_len is not None and r.max_prompt_len <= 0:
+        yield Problem("rollout.max_prompt_len", r.max_prompt_len, "must be > 0 tokens", "set it, or null")
+    outside = [t for t in r.stop_token_ids if not 0 <= t < cfg.model.vocab_size]
+    if outside:  # the engines refuse such a request, or index past the logits, once the run has started
+        yield Problem(
+            "rollout.stop_token_ids",
+            r.stop_token_ids,
+            f"{outside} outside the vocabulary (model.vocab_size={cfg.model.vocab_size})",
+            "give token ids of the model's tokenizer",
         )
 
 
@@ -202,6 +206,7 @@ def schema_problems(cfg: RunConfig) -> list[Problem]:
         check_choices(cfg),
         check_debug(cfg),
         check_ranges(cfg),
+        check_token_limits(cfg),
         check_model(cfg.model),
         check_batch_arithmetic(cfg),
         check_options(cfg),
