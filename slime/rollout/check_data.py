@@ -19,7 +19,7 @@ from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import DataConfig, RunConfig
 from slime.config.validate_eval import valid_eval_datasets
-from slime.rollout.data_source import PromptsTooLong, build_data_source
+from slime.rollout.data_source import PromptDataset, PromptsTooLong
 from slime.rollout.prompt_file import DataFileError, RecordKeys, count_records, read_records, split_slice
 
 DATA_SOURCE_METHODS = ("get_groups", "add_groups", "state_dict", "load_state_dict", "__len__")
@@ -58,7 +58,7 @@ def prompt_files(cfg: RunConfig) -> list[tuple[str, str, DataConfig, Any]]:
 
 def check_prompt_lengths(cfg: RunConfig, tokenizer) -> Iterator[Problem]:
     """`rollout.max_prompt_len` against every prompt file, measured as the rollout will (`PromptDataset`:
-    templated, without special tokens): a file it empties would stop the run after the engines started.
+    templated, without special tokens; a custom data.source_class is not built here): a file it empties would stop the run after the engines started.
     Needs the model's tokenizer and the generated files, so it runs after the prepare phase
     (slime.runtime.preflight)."""
     limit = cfg.rollout.max_prompt_len
@@ -66,9 +66,7 @@ def check_prompt_lengths(cfg: RunConfig, tokenizer) -> Iterator[Problem]:
         return
     for key, path, data, _ in prompt_files(cfg):
         try:
-            build_data_source(
-                data, path, tokenizer=tokenizer, n_samples_per_prompt=1, shuffle=False, max_prompt_len=limit
-            )
+            PromptDataset.from_data_config(data, path, tokenizer=tokenizer, max_prompt_len=limit)
         except PromptsTooLong as exc:
             yield Problem(
                 "rollout.max_prompt_len",

@@ -109,6 +109,21 @@ class PromptDataset:
         if not self.samples:
             raise PromptsTooLong(path, max_prompt_len, self.dropped_lengths)
 
+    @classmethod
+    def from_data_config(cls, data, path: str, *, tokenizer, max_prompt_len: Optional[int] = None) -> PromptDataset:
+        """The prompts of `path`, read with `data`'s (a DataConfig) keys and templating."""
+        return cls(
+            path,
+            tokenizer=tokenizer,
+            input_key=data.input_key,
+            label_key=data.label_key,
+            metadata_key=data.metadata_key,
+            apply_chat_template=data.apply_chat_template,
+            tool_key=data.tool_key,
+            template_kwargs=data.apply_chat_template_kwargs,
+            max_prompt_len=max_prompt_len,
+        )
+
     def _too_long(self, tokenizer, prompt, max_prompt_len: int, line: int) -> bool:
         if not isinstance(prompt, str):  # slime: only templated (string) prompts are measured
             logger.warning("%s:%d: a message-list prompt is not length-filtered (chat template off)", self.path, line)
@@ -287,17 +302,7 @@ def build_data_source(
     """The data source over the prompt file at `path`, read with `data`'s (a DataConfig) keys and templating;
     its class is `data.source_class` when set. `max_groups` (see the module docstring) is set on it after
     construction, so a custom class keeps the documented constructor and may honour the bound or not."""
-    dataset = PromptDataset(
-        path,
-        tokenizer=tokenizer,
-        input_key=data.input_key,
-        label_key=data.label_key,
-        metadata_key=data.metadata_key,
-        apply_chat_template=data.apply_chat_template,
-        tool_key=data.tool_key,
-        template_kwargs=data.apply_chat_template_kwargs,
-        max_prompt_len=max_prompt_len,
-    )
+    dataset = PromptDataset.from_data_config(data, path, tokenizer=tokenizer, max_prompt_len=max_prompt_len)
     cls = load_callable(data.source_class, key="data.source_class") if data.source_class else DataSource
     source = cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=data.seed)
     source.max_groups = max_groups
