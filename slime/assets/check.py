@@ -28,7 +28,9 @@ def generates_checkpoint(model: ModelConfig) -> bool:
 
 def check_paths(cfg: RunConfig) -> Iterator[Problem]:
     """Paths that must exist; those the run generates itself on first use are exempt."""
-    generated = {cfg.model.hf_checkpoint} if generates_checkpoint(cfg.model) else set()
+    generated = generated_files(cfg)
+    if generates_checkpoint(cfg.model):
+        generated.add(cfg.model.hf_checkpoint)
     candidates = [
         ("checkpoint.load", cfg.checkpoint.load, None),
         ("train.critic.load", cfg.train.critic.load, None),
@@ -41,7 +43,7 @@ def check_paths(cfg: RunConfig) -> Iterator[Problem]:
     for key, path, _ in other_checkpoints(cfg):
         candidates.append((key, path, None))
     for key, path, generator in candidates:
-        if path is None or path in generated or generated_file(path, generator):
+        if path is None or path in generated:
             continue
         if not Path(_strip_slice(path)).exists():
             hint = ""
@@ -103,6 +105,13 @@ def generator_outputs(cfg: RunConfig) -> list[tuple[str, str | None, Any]]:
         for name, dataset in valid_eval_datasets(cfg).items():
             outputs.append((f"eval.datasets.{name}.generator", dataset.prompt_data, dataset.generator))
     return outputs
+
+
+def generated_files(cfg: RunConfig) -> set[str]:
+    """Every prompt file a generator of this run writes before it starts: another dataset may read it too (an
+    eval set sampled greedily and at temperature, say), and needs no generator of its own."""
+    outputs = (generated_file(prompt_data, generator) for _, prompt_data, generator in generator_outputs(cfg))
+    return {path for path in outputs if path is not None}
 
 
 def _first_export(template: str | None) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from slime.assets.generators import generated_file
+from slime.assets.check import generated_files
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import DataConfig, RunConfig
@@ -31,8 +31,9 @@ def record_keys(d: DataConfig) -> RecordKeys:
 
 def check_data(cfg: RunConfig) -> Iterator[Problem]:
     d = cfg.data
-    for key, path, data, generator in prompt_files(cfg):  # eval files now, not at the first eval hours in
-        if not generated_file(path, generator):
+    generated = generated_files(cfg)
+    for key, path, data, _ in prompt_files(cfg):  # eval files now, not at the first eval hours in
+        if path not in generated:
             yield from check_prompt_file(key, path, record_keys(data))
     yield from _check_num_rollout(cfg)
     if d.source_class is not None:

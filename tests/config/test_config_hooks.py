@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +279,23 @@ def test_wrong_hook_paths_and_signatures_exit_2_naming_each_field(hooks, tmp_pat
     assert "fn(args, rollout_id, data_source, evaluation=...)" in lines["eval.function"]
     assert "path does not exist" in lines["eval.datasets.held_out.prompt_data"]
     assert "did you mean n_samples_per_prompt?" in lines["eval.datasets.other.n_sample_per_prompt"]
+
+
+def test_an_eval_set_may_read_the_file_another_generator_writes(tmp_path):
+    base = [
+        "recipe=embedded_eval",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "eval.datasets.digit_task_sampled.generator=null",
+    ]
+    shared = typed_config(
+        [*base, "eval.datasets.digit_task_sampled.prompt_data=${eval.datasets.digit_task.prompt_data}"]
+    )
+    validate(shared)  # digit_task's generator writes it before the run starts
+    written = shared.eval.datasets["digit_task"]["prompt_data"]
+    assert written in prepare_assets(shared) and len(Path(written).read_text().splitlines()) > 0
+    nobody = tmp_path / "nobody.jsonl"
+    with pytest.raises(ConfigError) as info:
+        validate(typed_config([*base, f"eval.datasets.digit_task_sampled.prompt_data={nobody}"]))
+    assert "eval.datasets.digit_task_sampled.prompt_data" in str(info.value) and "path does not exist" in str(
+        info.value
+    )

@@ -23,6 +23,7 @@ from slime.config.schema import ModelConfig, ParallelismConfig  # noqa: E402
 from slime.train.megatron.model_config import compile_layers  # noqa: E402
 from tests.helpers import megatron_standalone as standalone  # noqa: E402
 from tests.helpers.compose import model_fields  # noqa: E402
+from tests.helpers.hf_reference import hf_cuda_log_probs  # noqa: E402
 
 
 def small_qwen3(path) -> ModelConfig:
@@ -54,31 +55,13 @@ def rl_samples(n: int, vocab: int, seed: int = 0, *, longest_response: int = 600
     return out
 
 
-def hf_log_probs(model_dir: str, samples: standalone.Samples, *, dtype=torch.bfloat16) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    from slime.algo.logprobs import log_probs_and_entropy, response_logits_slice
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").cuda()
-    out = []
-    with torch.no_grad():
-        for tokens, mask in samples:
-            logits = model(torch.tensor([tokens], device="cuda")).logits[0]
-            rows = logits[response_logits_slice(len(tokens) - len(mask), len(mask))]
-            target = torch.tensor(tokens[-len(mask) :], device="cuda")
-            out.append(log_probs_and_entropy(rows, target, temperature=1.0, with_entropy=False)[0])
-    del model
-    torch.cuda.empty_cache()
-    return torch.cat(out).float().cpu()
-
-
 def test_bf16_log_probs_match_transformers_and_a_step_trains(tmp_path):
     model_cfg = small_qwen3(tmp_path / "small_qwen3")
     create_tiny_model(model_cfg, model_cfg.hf_checkpoint)
     samples = rl_samples(8, model_cfg.vocab_size)
     backend = standalone.build(model_cfg, device="cuda", precision="bf16", lr=1e-5, max_tokens_per_gpu=2048)
     ours = standalone.forward_log_probs(backend, samples).cpu()
-    theirs = hf_log_probs(model_cfg.hf_checkpoint, samples)
+    theirs = hf_cuda_log_probs(model_cfg.hf_checkpoint, samples)
     diff = (ours - theirs).abs().mean().item()
     print(f"megatron bf16 vs transformers bf16: mean |log-prob diff| = {diff:.5f} over {ours.numel()} tokens")
     assert diff < 0.02
@@ -111,8 +94,8 @@ def test_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
     with torch.device("cuda"):  # random init on the GPU: seconds, not minutes
         AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(model_cfg.hf_checkpoint)
     samples = rl_samples(6, model_cfg.vocab_size, seed=1, longest_response=2048)
-    exact = hf_log_probs(model_cfg.hf_checkpoint, samples, dtype=torch.float32)
-    theirs = hf_log_probs(model_cfg.hf_checkpoint, samples)
+    exact = hf_cuda_log_probs(model_cfg.hf_checkpoint, samples, dtype=torch.float32)
+    theirs = hf_cuda_log_probs(model_cfg.hf_checkpoint, samples)
     parallelism = ParallelismConfig(backend="megatron", max_tokens_per_gpu=8192)
 
     backend = standalone.build(model_cfg, device="cuda", precision="fp32", parallelism=parallelism)

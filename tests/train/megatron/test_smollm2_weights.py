@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from slime.assets.arithmetic_task import make_record  # noqa: E402
 from slime.net import free_port  # noqa: E402
 from slime.types import Sample  # noqa: E402
+from tests.helpers.arithmetic_samples import boxed_answer_samples  # noqa: E402
 from tests.helpers.fsdp_rank import batches_for, make_setup  # noqa: E402
 from tests.helpers.megatron_convert import assert_same_checkpoint  # noqa: E402
 from tests.helpers.megatron_logprobs import hf_log_probs, megatron_run  # noqa: E402
@@ -20,29 +20,18 @@ from tests.helpers.tools import load_tool  # noqa: E402
 
 def chat_samples(model_dir: str, num: int) -> list[Sample]:
     """Arithmetic problems in the model's chat template, each with a short answer as its response."""
-    import random
-
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rng, samples = random.Random(3), []
-    for i in range(num):
-        record = make_record(rng, "train")
-        prompt = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        response = tokenizer(f"\\boxed{{{record['label']}}}<|im_end|>", add_special_tokens=False)["input_ids"]
-        samples.append(
-            Sample(
-                index=i,
-                group_index=i // 2,
-                tokens=prompt_ids + response,
-                response_length=len(response),
-                loss_mask=[1] * len(response),
-                rollout_log_probs=[0.0] * len(response),
-                reward=float(i % 2),
-            )
+    return [
+        Sample(
+            index=i,
+            group_index=i // 2,
+            tokens=tokens,
+            response_length=response,
+            loss_mask=[1] * response,
+            rollout_log_probs=[0.0] * response,
+            reward=float(i % 2),
         )
-    return samples
+        for i, (tokens, response) in enumerate(boxed_answer_samples(model_dir, num))
+    ]
 
 
 def test_megatron_log_probs_equal_transformers_on_smollm2(smollm2_dir):
