@@ -32,7 +32,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from slime.config.schema import ModelConfig
 from slime.train.checkpoint_files import publish, replace_text, staging_dir
-from slime.train.megatron.hf_weights import load_hf, unwrap
+from slime.train.megatron.hf_weights import load_hf, load_hf_main_params, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ def load_weights(
 ) -> None:
     """Weights only into this rank's chunks, from an HF directory or a torch_dist root (its tracker's
     iteration, or `ckpt_step`); head="value" (a critic) keeps its value head as built. Call the optimizer's
-    `reload_model_params()` afterwards if it exists."""
+    `reload_model_params()` afterwards if it exists (and `load_hf_main_params` for an HF directory)."""
     if read_tracker(path) is None and ckpt_step is None:
         if not is_hf_dir(path):
             raise FileNotFoundError(f"{path}: neither an HF model (config.json + *.safetensors) nor a torch_dist root")
@@ -228,8 +228,11 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
         if source is None:
             raise FileNotFoundError(f"checkpoint.load={root} has no {TRACKER} and checkpoint.ref_load is unset")
         logger.info("checkpoint.load=%s has no tracker: starting from %s (weights only)", root, source)
-        load_weights(backend.model, source, backend.setup.model, head=getattr(backend, "head", "lm"))
+        head = getattr(backend, "head", "lm")
+        load_weights(backend.model, source, backend.setup.model, head=head)
         backend.optimizer.reload_model_params()
+        if is_hf_dir(source):
+            load_hf_main_params(backend.optimizer, backend.model, source, backend.setup.model, head=head)
         return 0
     directory, iteration = checkpoint_dir(root, ckpt_step)
     common = dist_checkpointing.load_common_state_dict(str(directory))

@@ -2,6 +2,7 @@
 
     load_hf(chunks, path, model_cfg)            every rank reads the HF tensors of its own parameters,
                                                  lays them out (weights/names.py) and keeps its shard
+    load_hf_main_params(optimizer, chunks, ...)  the optimizer's fp32 master weights from an fp32 checkpoint
     export_hf(chunks, model_cfg, bucket_bytes)   the whole model as buckets of (HF name, tensor);
                                                  collective over every rank (TrainBackend.export_weights)
 
@@ -33,6 +34,8 @@ from slime.config.schema import ModelConfig
 from slime.train.megatron.weights import names, sharding
 from slime.train.megatron.weights.hf_reader import HFReader
 from slime.wire.tensors import Bucket, in_buckets
+
+HALF_PRECISION = {"BF16", "F16"}  # safetensors dtypes no finer than the bf16 parameters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +100,58 @@ def load_hf(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str = "lm
     """Copy the HF checkpoint at `path` into this rank's shards; returns the number of parameters set.
 
     head="value" (a critic, `build_model_chunks(head="value")`) leaves its value head, which HF does not
-    have, as built. Call before the optimizer copies the parameters (or call the optimizer's
-    `reload_model_params()` after).
+    have, as built. Call before the optimizer copies the parameters, then `load_hf_main_params`.
     """
+    count = 0
+    for p, local in _checkpoint_shards(chunks, path, model_cfg, head=head):
+        p.param.copy_(local)
+        count += 1
+    return count
+
+
+@torch.no_grad()
+def load_hf_main_params(optimizer, chunks, path: str | Path, model_cfg: ModelConfig, *, head: str = "lm") -> int:
+    """The optimizer's fp32 master weights from the checkpoint's own values where they are finer than the
+    bf16 parameters (an fp32 checkpoint); returns how many parameters were set.
+
+    megatron's optimizer makes its master weights from the bf16 parameters, so those of an fp32 checkpoint start
+    rounded to the bf16 grid, and an update smaller than half a bf16 step rounds back to the same bf16 weight:
+    at lr 5e-6 most weights of SmolLM2 (|w| ~ 0.03, step ~1.2e-4) stay unchanged for about ten steps, where
+    fsdp's fp32 shards (the checkpoint's values) move from the first (issue 25, README "A first real run").
+    Reads each tensor again (lazily) rather than keeping a second copy of the model from `load_hf`.
+    """
+    shards = main_param_shards(optimizer)
+    if not shards or not HFReader(path).dtype_names() - HALF_PRECISION:
+        return 0  # a bf16 checkpoint: the master weights made from the parameters are its values already
+    count = 0
+    for p, local in _checkpoint_shards(chunks, path, model_cfg, head=head):
+        target = shards.get(p.param)
+        if target is None or local.dtype.itemsize <= p.param.dtype.itemsize:
+            continue
+        main, start, end = target
+        main.copy_(local.reshape(-1)[start:end].to(device=main.device, dtype=main.dtype))
+        count += 1
+    return count
+
+
+def main_param_shards(optimizer) -> dict[torch.nn.Parameter, tuple[torch.Tensor, int, int]]:
+    """bf16 model parameter -> (its fp32 master shard, start, end in the flattened parameter), over the
+    distributed optimizers of a (chained) megatron optimizer; as megatron-core's own
+    DistributedOptimizer._copy_model_params_to_main_params pairs them (optimizer/distrib_optimizer.py)."""
+    out = {}
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        groups = zip(getattr(inner, "model_float16_groups", ()), getattr(inner, "shard_fp32_from_float16_groups", ()))
+        for model_group, main_group in groups:
+            for model_param, main in zip(model_group, main_group):
+                span = inner._get_model_param_range_map(model_param)["param"]
+                out[model_param] = (main, span.start, span.end)
+    return out
+
+
+def _checkpoint_shards(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str) -> Iterator[tuple]:
+    """(LocalParam, this rank's shard of it in the checkpoint's dtype) for every parameter HF holds."""
     table = names.rule_table(model_cfg)
     reader = HFReader(path)
-    count = 0
     for p in local_parameters(chunks):
         if head == "value" and p.name == "output_layer.weight":
             continue
@@ -119,9 +168,7 @@ def load_hf(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str = "lm
             raise ValueError(
                 f"{path}: {rule.hf} give {p.name} shard {tuple(local.shape)}, the model has {tuple(p.param.shape)}"
             )
-        p.param.copy_(local)
-        count += 1
-    return count
+        yield p, local
 
 
 def _all_gather(tensor: torch.Tensor, group, size: int) -> list[torch.Tensor]:

@@ -67,6 +67,7 @@ class MegatronRank(BatchColumns, TrainBackend):
 
         self.model = optimizer.wrap_ddp(chunks, self.config)
         self.optimizer, self.scheduler = optimizer.build(self.model, s, lr=lr, warmup_steps=warmup_steps)
+        hf_weights.load_hf_main_params(self.optimizer, self.model, init_path, s.model, head=self.head)
         self.cp_group = ps.get_context_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.tp_group = ps.get_tensor_model_parallel_group()

@@ -32,6 +32,14 @@ class HFReader:
     def names(self) -> set[str]:
         return set(self.files)
 
+    def dtype_names(self) -> set[str]:
+        """The safetensors dtypes the checkpoint holds ("F32", "BF16", ...), from the files' headers only."""
+        out = set()
+        for file in sorted(set(self.files.values())):
+            with self._open(str(self.path / file), "pt") as handle:
+                out.update(handle.get_slice(name).get_dtype() for name in handle.keys())
+        return out
+
     def get(self, name: str) -> torch.Tensor:
         """The tensor `name` (CPU, the file's dtype); KeyError naming the checkpoint when it has none."""
         file = self.files.get(name)
