@@ -145,20 +145,29 @@ def write_run_plots(metrics_path: str | Path, run_dir: str | Path) -> list[Path]
 
 def plot_sweep_rewards(runs: dict[str, Path], png_path: str | Path) -> Path | None:
     """One reward curve per run (label -> its metrics.jsonl); None when no run logged a reward."""
+    return plot_run_curves(runs, png_path, keys=("rollout/raw_reward",), title=f"sweep: {len(runs)} runs")
+
+
+def plot_run_curves(runs: dict[str, Path], png_path: str | Path, *, keys: tuple[str, ...], title: str) -> Path | None:
+    """Each run's (label -> its metrics.jsonl) curve of each key, against its own step axis (`eval/...` keys
+    against eval/step, the rest against rollout/step); None when no run logged any of them."""
     curves = {}
     for label, metrics_path in runs.items():
-        if Path(metrics_path).exists():
-            x, y = series(read_jsonl(metrics_path, tolerant=True), "rollout/raw_reward", "rollout/step")
+        if not Path(metrics_path).exists():
+            continue
+        records = read_jsonl(metrics_path, tolerant=True)
+        for key in keys:
+            x, y = series(records, key, "eval/step" if key.startswith("eval/") else "rollout/step")
             if x:
-                curves[label] = (x, y)
+                curves[label if len(keys) == 1 else f"{label}: {key}"] = (x, y)
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     for label, (x, y) in curves.items():
-        ax.plot(x, y, marker="o", markersize=2, label=label)
+        ax.plot(x, y, marker="o", markersize=2 if len(x) > 20 else 5, label=label)
     ax.set_xlabel("rollout step")
-    ax.set_ylabel("rollout/raw_reward")
-    ax.set_title(f"sweep: {len(curves)} runs")
+    ax.set_ylabel(keys[0] if len(keys) == 1 else "value")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
