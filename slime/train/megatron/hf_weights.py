@@ -103,7 +103,7 @@ def load_hf(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str = "lm
     have, as built. Call before the optimizer copies the parameters, then `load_hf_main_params`.
     """
     count = 0
-    for p, local in _checkpoint_shards(chunks, path, model_cfg, head=head):
+    for p, local in checkpoint_shards(chunks, path, model_cfg, head=head):
         p.param.copy_(local)
         count += 1
     return count
@@ -117,14 +117,13 @@ def load_hf_main_params(optimizer, chunks, path: str | Path, model_cfg: ModelCon
     megatron's optimizer makes its master weights from the bf16 parameters, so those of an fp32 checkpoint start
     rounded to the bf16 grid, and an update smaller than half a bf16 step rounds back to the same bf16 weight:
     at lr 5e-6 most weights of SmolLM2 (|w| ~ 0.03, step ~1.2e-4) stay unchanged for about ten steps, where
-    fsdp's fp32 shards (the checkpoint's values) move from the first (issue 25, README "A first real run").
-    Reads each tensor again (lazily) rather than keeping a second copy of the model from `load_hf`.
+    fsdp's fp32 shards (the checkpoint's values) move from the first. Reads each tensor again (lazily) rather than keeping a second copy of the model from `load_hf`.
     """
     shards = main_param_shards(optimizer)
     if not shards or not HFReader(path).dtype_names() - HALF_PRECISION:
         return 0  # a bf16 checkpoint: the master weights made from the parameters are its values already
     count = 0
-    for p, local in _checkpoint_shards(chunks, path, model_cfg, head=head):
+    for p, local in checkpoint_shards(chunks, path, model_cfg, head=head):
         target = shards.get(p.param)
         if target is None or local.dtype.itemsize <= p.param.dtype.itemsize:
             continue
@@ -148,7 +147,7 @@ def main_param_shards(optimizer) -> dict[torch.nn.Parameter, tuple[torch.Tensor,
     return out
 
 
-def _checkpoint_shards(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str) -> Iterator[tuple]:
+def checkpoint_shards(chunks, path: str | Path, model_cfg: ModelConfig, *, head: str) -> Iterator[tuple]:
     """(LocalParam, this rank's shard of it in the checkpoint's dtype) for every parameter HF holds."""
     table = names.rule_table(model_cfg)
     reader = HFReader(path)

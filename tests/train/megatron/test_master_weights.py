@@ -24,7 +24,7 @@ def model_config(model_dir):
 
 def checkpoint_values(backend, model_dir) -> dict:
     cfg = backend.setup.model
-    return {p.param: local for p, local in hf_weights._checkpoint_shards(backend.model, model_dir, cfg, head="lm")}
+    return {p.param: local for p, local in hf_weights.checkpoint_shards(backend.model, model_dir, cfg, head="lm")}
 
 
 def test_master_weights_hold_the_fp32_checkpoint_and_train_from_it(tiny_model_dir):
