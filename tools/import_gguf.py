@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from slime.assets.gguf_source import IMPORT_PACKAGES, INSTALL_HINT
+from slime.assets.gguf_source import INSTALL_HINT, missing_packages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,11 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists() and any(args.out.iterdir()):
         print(f"--out {args.out}: not empty; give a new directory", file=sys.stderr)
         return 2
-    try:
-        for name in IMPORT_PACKAGES:
-            __import__(name)  # the reader transformers needs, named before torch loads for seconds
-    except ImportError as exc:
-        print(f"{exc.name} is not installed: {INSTALL_HINT}", file=sys.stderr)
+    missing = missing_packages()  # transformers' GGUF reader, named before torch loads for seconds
+    if missing:
+        print(f"{', '.join(missing)} not installed: {INSTALL_HINT}", file=sys.stderr)
         return 2
     from slime.assets.gguf_import import import_gguf  # torch and transformers: only once the arguments are good
 

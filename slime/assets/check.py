@@ -154,18 +154,12 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
     """The model option against `hf_checkpoint/config.json`: every architecture field (slime.config.hf_config)."""
     m = cfg.model
-    if generates_checkpoint(m) and m.import_gguf is not None and not Path(m.hf_checkpoint).exists():
-        missing = missing_for_import(m.import_gguf)
-        if missing:
-            yield Problem(
-                "model.import_gguf",
-                m.import_gguf,
-                f"model={m.name} is imported on first use from a GGUF file, and {', '.join(missing)} is not installed",
-                INSTALL_HINT,
-            )
-        return
-    if generates_checkpoint(m) and m.import_gguf is None:
-        return  # generated from these very fields before the run starts, again when stale (slime.assets.prepare)
+    if generates_checkpoint(m):
+        if m.import_gguf is None:
+            return  # generated from these very fields before the run starts, again when stale (slime.assets.prepare)
+        if not Path(m.hf_checkpoint).exists():
+            yield from _check_gguf_source(m)  # imported before the run starts; checked below once it is there
+            return
     config_file = Path(m.hf_checkpoint) / "config.json"
     if not Path(m.hf_checkpoint).exists():
         yield Problem(
@@ -197,6 +191,17 @@ def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
     layout = unsupported_layout(actual)
     if layout:
         yield Problem("model.hf_checkpoint", m.hf_checkpoint, f"{config_file}: {layout}", "use another checkpoint")
+
+
+def _check_gguf_source(m: ModelConfig) -> Iterator[Problem]:
+    missing = missing_for_import(m.import_gguf)
+    if missing:
+        yield Problem(
+            "model.import_gguf",
+            m.import_gguf,
+            f"model={m.name} is imported on first use from a GGUF file, and {', '.join(missing)} is not installed",
+            INSTALL_HINT,
+        )
 
 
 def _is_torch_dist_root(path: Path) -> bool:

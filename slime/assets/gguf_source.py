@@ -22,7 +22,11 @@ def installed_gguf(spec: str) -> Path | None:
     return path if path.exists() else None
 
 
+def missing_packages() -> list[str]:
+    """Which of IMPORT_PACKAGES is not installed (found without importing them)."""
+    return [name for name in IMPORT_PACKAGES if importlib.util.find_spec(name) is None]
+
+
 def missing_for_import(spec: str) -> list[str]:
     """What of `spec`'s package and IMPORT_PACKAGES is not installed (empty: the import can run)."""
-    missing = [] if installed_gguf(spec) is not None else [spec]
-    return missing + [name for name in IMPORT_PACKAGES if importlib.util.find_spec(name) is None]
+    return ([] if installed_gguf(spec) is not None else [spec]) + missing_packages()

@@ -35,7 +35,7 @@ def test_the_imported_checkpoint_is_the_option_in_fp32_with_its_tokenizer(smollm
     assert ensure_imported_model(model) is False  # imported once per cache
 
 
-def test_a_missing_package_or_reader_is_exit_2_naming_the_setup(tmp_path, monkeypatch):
+def test_a_missing_package_or_reader_is_exit_2_naming_the_setup(tmp_path, monkeypatch, capsys):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
     found = problems_for(["model=smollm2_135m", f"paths.cache_dir={tmp_path}/cache"], tmp_path / "run")
@@ -43,6 +43,9 @@ def test_a_missing_package_or_reader_is_exit_2_naming_the_setup(tmp_path, monkey
         f"model.import_gguf='{GGUF}': model=smollm2_135m is imported on first use from a GGUF file, and gguf is not "
         f"installed. Fix: {INSTALL_HINT}"
     )
+    gguf_file = installed_gguf(GGUF)
+    assert load_tool("import_gguf").main(["--gguf", str(gguf_file), "--out", str(tmp_path / "out")]) == 2
+    assert f"gguf not installed: {INSTALL_HINT}" in capsys.readouterr().err and not (tmp_path / "out").exists()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert installed_gguf(GGUF) is None
 

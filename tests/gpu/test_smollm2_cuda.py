@@ -17,7 +17,7 @@ import torch
 pytestmark = pytest.mark.gpu
 pytest.importorskip("megatron.core")
 if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
+    pytest.skip("GPU tier: bf16 parity on a CUDA device (run on the lent GPU, see README)", allow_module_level=True)
 
 from tests.helpers import megatron_standalone as standalone  # noqa: E402
 from tests.helpers.arithmetic_samples import templated_prompts  # noqa: E402
