@@ -25,7 +25,7 @@ from slime.algo.advantages import (
     reinforce_plus_plus_baseline_advantages,
     reinforce_plus_plus_returns,
 )
-from slime.algo.policy_loss import gspo_log_ratio, ppo_clip_loss, sft_loss
+from slime.algo.policy_loss import cispo_loss, gspo_log_ratio, ppo_clip_loss, sft_loss
 from slime.algo.rewards import group_normalize, rloo_advantages
 
 
@@ -139,6 +139,13 @@ def sequence_clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dic
     """GSPO: the clipped surrogate on the sequence-level ratio (mean masked log-ratio of each sample)."""
     log_ratio = gspo_log_ratio(x.log_probs, x.old_log_probs, x.loss_mask, x.response_lengths)
     return clipped_surrogate_loss(x, algo, log_ratio)
+
+
+def clipped_weight_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:
+    """CISPO (MiniMax-M1): −sg(clip(ρ, 1−ε_l, 1+ε_h))·A·ℓ per token, so a clipped token keeps its gradient;
+    ε_l ≥ 1 leaves the ratio unbounded below (the canonical one-sided setting)."""
+    eps_high = algo.eps_clip if algo.eps_clip_high is None else algo.eps_clip_high
+    return cispo_loss(x.log_probs, x.old_log_probs, x.advantages, eps_clip=algo.eps_clip, eps_clip_high=eps_high)
 
 
 def negative_log_likelihood_loss(x: PolicyLossInputs, algo: AlgoKnobs) -> dict[str, Tensor]:

@@ -1,5 +1,5 @@
 """The algorithm registry: one record per advantage estimator (`algo.advantage_estimator`), and the names of the
-KL estimators (`algo.kl_loss_type`) and TIS modes (`algo.tis_mode`).
+KL estimators (`algo.kl_loss_type`), TIS modes (`algo.tis_mode`) and TIS levels (`algo.tis_level`).
 
 A record says everything that differs between estimators: how the rollout side transforms the per-sample
 rewards, how the trainer turns them into per-token advantages, the policy-gradient loss (import paths of the
@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3", "low_var_kl")  # slime.algo.kl.approx_kl
-TIS_MODES: tuple[str, ...] = ("truncate", "icepop")  # slime.algo.policy_loss.tis_weights
+TIS_MODES: tuple[str, ...] = ("truncate", "icepop")  # slime.algo.off_policy.tis_weights
+TIS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")  # slime.algo.off_policy.tis_log_ratio
 
 FUNCTIONS = "slime.algo.estimator_functions"
 
@@ -146,6 +147,12 @@ GSPO = Estimator(
     policy_loss=f"{FUNCTIONS}.sequence_clipped_surrogate_loss",
     needs_old_log_probs=True,
 )
+CISPO = Estimator(
+    name="cispo",
+    reward_transform=f"{FUNCTIONS}.group_normalized_rewards",
+    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+    policy_loss=f"{FUNCTIONS}.clipped_weight_loss",
+)
 RLOO = Estimator(
     name="rloo",
     reward_transform=f"{FUNCTIONS}.leave_one_out_rewards",
@@ -188,4 +195,4 @@ SFT = Estimator(
     rollout_function="sft",
 )
 
-ESTIMATORS = EstimatorRegistry((GRPO, GSPO, RLOO, REINFORCE_PLUS_PLUS, REINFORCE_PLUS_PLUS_BASELINE, PPO, SFT))
+ESTIMATORS = EstimatorRegistry((GRPO, GSPO, CISPO, RLOO, REINFORCE_PLUS_PLUS, REINFORCE_PLUS_PLUS_BASELINE, PPO, SFT))

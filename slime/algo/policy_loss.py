@@ -1,4 +1,5 @@
-"""Per-token policy-gradient losses (REFERENCE §3.2 CISPO, §3.5, §3.6, §3.9, §3.12).
+"""Per-token policy-gradient losses (REFERENCE §3.2 CISPO, §3.5, §3.6, §3.12); the trainer-vs-engine corrections
+are in `slime.algo.off_policy`.
 
 All per-token tensors are flat Tensor[T] (see ``slime.algo``); log-probs are in nats.
 Every function returns un-reduced per-token values; masking and reduction belong to
@@ -12,7 +13,6 @@ import torch
 from torch import Tensor
 
 from slime.algo._layout import check_flat, check_lengths, sample_ids, segment_sum
-from slime.algo.estimators import TIS_MODES
 
 
 def ppo_clip_loss(
@@ -109,41 +109,6 @@ def cispo_loss(
         "clipfrac": (clipped != ratio).to(loss.dtype).detach(),
         "ppo_kl": (-log_ratio).detach(),
         "ratio": ratio.detach(),
-    }
-
-
-def tis_weights(
-    old_log_probs: Tensor,
-    rollout_log_probs: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    mode: str = "truncate",
-) -> dict[str, Tensor]:
-    """Trainer-vs-engine importance weights; multiply the per-token pg loss by "weights".
-
-    ratio = exp(ℓ_old − ℓ_roll). "truncate": w = clamp(ratio, low, high);
-    "icepop": w = ratio inside [low, high], else 0.
-
-    Args:
-        old_log_probs, rollout_log_probs: Tensor[T].
-    Returns (all detached, Tensor[T]):
-        {"weights": w, "ratio": unclipped ratio, "clipfrac": 1.0 where w != ratio
-         (clamped or zeroed), "abs": |ratio − 1|}.
-    """
-    if mode not in TIS_MODES:
-        raise ValueError(f"unknown TIS mode {mode!r}; valid: {', '.join(TIS_MODES)}")
-    ratio = torch.exp(old_log_probs - rollout_log_probs).detach()
-    outside = (ratio < clip_low) | (ratio > clip_high)
-    if mode == "truncate":
-        weights = ratio.clamp(clip_low, clip_high)
-    else:
-        weights = torch.where(outside, torch.zeros_like(ratio), ratio)
-    return {
-        "weights": weights,
-        "ratio": ratio,
-        "clipfrac": outside.to(ratio.dtype),
-        "abs": (ratio - 1.0).abs(),
     }
 
 

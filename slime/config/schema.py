@@ -284,6 +284,9 @@ class AlgoConfig:
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
     tis_mode: str = "truncate"  # truncate | icepop
+    tis_level: str = "token"  # token | sequence (product of the ratios) | geometric (their geometric mean)
+    use_opsm: bool = False  # off-policy sequence masking: drop A < 0 samples that drifted from ℓ_old
+    opsm_delta: float = 1.0e-4  # OPSM's threshold on a sample's mean ℓ_old − ℓ (nats)
     use_rollout_logprobs: bool = False  # engine log-probs as the old policy (exclusive with use_tis)
     value_clip: float = 0.2  # ppo critic
     num_critic_only_steps: int = 0  # ppo: rollout steps at the start that train the critic only

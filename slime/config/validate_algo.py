@@ -44,7 +44,7 @@ def _check_kl(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def _check_log_probs(cfg: RunConfig) -> Iterator[Problem]:
-    """Engine log-probs are either ℓ_old (use_rollout_logprobs) or TIS's denominator, not both."""
+    """Engine log-probs are either ℓ_old (use_rollout_logprobs) or TIS's denominator, not both; a TIS level needs TIS."""
     a = cfg.algo
     if a.use_tis and a.use_rollout_logprobs:
         yield Problem(
@@ -52,6 +52,13 @@ def _check_log_probs(cfg: RunConfig) -> Iterator[Problem]:
             True,
             "TIS and algo.use_rollout_logprobs are mutually exclusive",
             "set algo.use_tis=false or algo.use_rollout_logprobs=false",
+        )
+    if a.tis_level != "token" and not a.use_tis:
+        yield Problem(
+            "algo.tis_level",
+            a.tis_level,
+            "the TIS level shapes importance weights, and algo.use_tis is false",
+            "set algo.use_tis=true, or leave algo.tis_level=token",
         )
 
 
@@ -61,6 +68,10 @@ def _check_ranges(cfg: RunConfig) -> Iterator[Problem]:
     if a.eps_clip_c is not None and a.eps_clip_c <= 1:
         yield Problem(
             "algo.eps_clip_c", a.eps_clip_c, "the dual-clip constant must be > 1", "set algo.eps_clip_c=3.0 or null"
+        )
+    if a.opsm_delta < 0:
+        yield Problem(
+            "algo.opsm_delta", a.opsm_delta, "must be >= 0 nats", "set algo.opsm_delta=1.0e-4 (slime's default)"
         )
     if a.tis_clip_low > a.tis_clip:
         yield Problem(

@@ -13,7 +13,7 @@ from torch import Tensor
 from slime.algo.estimator_functions import PolicyLossInputs
 from slime.algo.estimators import ESTIMATORS
 from slime.algo.kl import approx_kl
-from slime.algo.policy_loss import tis_weights
+from slime.algo.off_policy import mismatch_terms, opsm_mask, tis_weights
 from slime.algo.reduction import reduce
 from slime.config.schema import AlgoConfig
 
@@ -62,7 +62,8 @@ def actor_loss(
         loss = loss + algo.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
     if rollout_log_probs is not None:
-        metrics["train_rollout_logprob_abs_diff"] = reduce((old_log_probs - rollout_log_probs).abs(), weights).detach()
+        terms = mismatch_terms(old_log_probs, rollout_log_probs)
+        metrics.update({name: reduce(term, weights) for name, term in terms.items()})
     metrics["loss"] = loss.detach()
     return loss, metrics
 
@@ -78,8 +79,9 @@ def _policy_gradient_loss(
     response_lengths: list[int],
     rollout_log_probs: Tensor | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The estimator's policy-gradient term (SFT's NLL, the clipped surrogate, GSPO's on the sequence ratio)
-    with TIS weights, reduced by `pg_weights`, and its metrics (clip fractions, PPO KL, TIS ratios)."""
+    """The estimator's policy-gradient term (SFT's NLL, the clipped surrogate, GSPO's on the sequence ratio, CISPO's
+    clipped weights) with OPSM's mask and TIS weights, reduced by `pg_weights`, and its metrics (clip fractions,
+    PPO KL, the fraction OPSM dropped, TIS ratios)."""
     metrics: dict[str, Tensor] = {}
     inputs = PolicyLossInputs(
         log_probs=log_probs,
@@ -90,6 +92,10 @@ def _policy_gradient_loss(
     )
     pg = ESTIMATORS.get(algo.advantage_estimator).loss(inputs, algo)
     per_token = pg["loss"]
+    if algo.use_opsm:
+        opsm = opsm_mask(log_probs, old_log_probs, advantages, loss_mask, response_lengths, delta=algo.opsm_delta)
+        per_token = per_token * opsm["keep"]
+        metrics["opsm_clipfrac"] = reduce(opsm["masked"], weights)
     if algo.use_tis:
         tis = tis_weights(
             old_log_probs,
@@ -97,6 +103,9 @@ def _policy_gradient_loss(
             clip_low=algo.tis_clip_low,
             clip_high=algo.tis_clip,
             mode=algo.tis_mode,
+            level=algo.tis_level,
+            loss_mask=loss_mask,
+            response_lengths=response_lengths,
         )
         per_token = per_token * tis["weights"]
         metrics.update(

@@ -1,4 +1,4 @@
-"""The advantage estimator's checks: the KL estimator and TIS mode (names defined once, in slime.algo), and what
+"""The advantage estimator's checks: the KL estimator, TIS mode and level (names defined once, in slime.algo), and what
 the chosen record of slime/algo/estimators.py needs, read from the record and never from its name.
 
 slime/plan/validate.py reports an unknown estimator name (from the registry) and runs `check_estimator`; the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.algo.estimators import ESTIMATORS, KL_TYPES, TIS_MODES, Estimator
+from slime.algo.estimators import ESTIMATORS, KL_TYPES, TIS_LEVELS, TIS_MODES, Estimator
 from slime.config.problems import Problem, one_of
 from slime.config.schema import RunConfig
 
@@ -18,6 +18,7 @@ def check_estimator(cfg: RunConfig) -> Iterator[Problem]:
     """The algo.* names and what the chosen estimator needs (nothing more for an unknown one)."""
     yield from one_of("algo.kl_loss_type", cfg.algo.kl_loss_type, KL_TYPES)
     yield from one_of("algo.tis_mode", cfg.algo.tis_mode, TIS_MODES)
+    yield from one_of("algo.tis_level", cfg.algo.tis_level, TIS_LEVELS)
     estimator = ESTIMATORS.find(cfg.algo.advantage_estimator)
     if estimator is not None:
         yield from _check_advantages(cfg, estimator)
@@ -48,6 +49,13 @@ def _check_advantages(cfg: RunConfig, estimator: Estimator) -> Iterator[Problem]
             cfg.rollout.n_samples_per_prompt,
             f"{estimator.name}'s reward baseline needs at least {estimator.min_samples_per_prompt} samples per prompt",
             f"set it to {estimator.min_samples_per_prompt} or more",
+        )
+    if a.use_opsm and not estimator.uses_advantages:
+        yield Problem(
+            "algo.use_opsm",
+            True,
+            f"OPSM drops samples by the sign of their advantage; {estimator.name} has none",
+            "set algo.use_opsm=false",
         )
     if a.num_critic_only_steps and not estimator.needs_critic:
         critics = ESTIMATORS.names(where=lambda e: e.needs_critic)

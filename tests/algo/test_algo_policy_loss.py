@@ -1,4 +1,4 @@
-"""Tests for slime.algo.policy_loss (REFERENCE §3.2 CISPO, §3.5, §3.6, §3.9)."""
+"""Tests for slime.algo.policy_loss (REFERENCE §3.2 CISPO, §3.5, §3.6)."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from slime.algo.policy_loss import cispo_loss, gspo_log_ratio, ppo_clip_loss, sft_loss, tis_weights
+from slime.algo.policy_loss import cispo_loss, gspo_log_ratio, ppo_clip_loss, sft_loss
 
 D = torch.float64
 
@@ -126,32 +126,6 @@ def test_cispo_values_and_gradient_through_clipped_tokens():
     # dL/dl_t = -stopgrad(clip) * A, nonzero on the clipped tokens too; nothing reaches old
     assert_close(lp.grad, t([-0.8 * 1.0, -1.0 * -1.0, -1.28 * 2.0]), rtol=0, atol=1e-12)
     assert old.grad is None or torch.all(old.grad == 0)
-
-
-# ---------------------------------------------------------------- TIS (§3.9)
-def test_tis_truncate_reference():
-    # diffs [0.2, 1.0, -3.0, 0.0]; ratio = exp(diff); clamp to [0.1, 2.0]
-    old = t([0.2, 1.0, -3.0, 0.0], requires_grad=True)
-    out = tis_weights(old, torch.zeros(4, dtype=D), clip_low=0.1, clip_high=2.0)
-    ratio = [math.exp(0.2), math.e, math.exp(-3.0), 1.0]
-    assert_close(out["ratio"], t(ratio), rtol=0, atol=1e-14)
-    assert_close(out["weights"], t([math.exp(0.2), 2.0, 0.1, 1.0]), rtol=0, atol=1e-14)
-    assert_close(out["weights"][0], t(1.2214028), rtol=0, atol=1e-7)
-    assert_close(out["clipfrac"], t([0.0, 1.0, 1.0, 0.0]), rtol=0, atol=0)
-    assert_close(out["abs"], t([abs(r - 1) for r in ratio]), rtol=0, atol=1e-14)
-    assert_close(out["abs"][1], t(1.7183), rtol=0, atol=1e-4)
-    assert all(not v.requires_grad for v in out.values())
-
-
-def test_tis_icepop_zeroes_outside():
-    out = tis_weights(t([0.2, 1.0, -3.0, 0.0]), torch.zeros(4, dtype=D), clip_low=0.1, clip_high=2.0, mode="icepop")
-    assert_close(out["weights"], t([math.exp(0.2), 0.0, 0.0, 1.0]), rtol=0, atol=1e-14)
-    assert_close(out["clipfrac"], t([0.0, 1.0, 1.0, 0.0]), rtol=0, atol=0)
-
-
-def test_tis_unknown_mode():
-    with pytest.raises(ValueError):
-        tis_weights(t([0.0]), t([0.0]), clip_low=0.0, clip_high=2.0, mode="mis")
 
 
 # ---------------------------------------------------------------- SFT

@@ -1,6 +1,7 @@
 """The estimator registry: each record's attributes, its functions' numbers on a 2×3 toy batch (two prompts ×
-three samples for rewards, two samples × three tokens for advantages), and "adding CISPO is the test": a new
-estimator is one record plus its functions, registered through the API, and every path then uses it."""
+three samples for rewards, two samples × three tokens for advantages), and "adding an estimator is the test": a new
+one (vanilla REINFORCE, test-only) is one record plus its functions, registered through the API, and every path
+then uses it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from slime.train.train_setup import needs_old_log_probs
 from tests.helpers.compose import CONF, ROOT, typed_config
 
 F64 = dict(dtype=torch.float64)
-BUILT_IN = ["grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "sft"]
+BUILT_IN = ["cispo", "grpo", "gspo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "sft"]
 
 
 def t(*values):
@@ -43,6 +44,7 @@ def algo(estimator: str, **kw) -> AlgoConfig:
 ATTRIBUTES = {
     "grpo": (False, False, False, False, True, True, 1, "default"),
     "gspo": (False, True, False, False, True, True, 1, "default"),
+    "cispo": (False, False, False, False, True, True, 1, "default"),
     "rloo": (False, False, False, False, True, True, 2, "default"),
     "reinforce_plus_plus": (False, False, True, True, True, True, 1, "default"),
     "reinforce_plus_plus_baseline": (False, False, True, True, True, True, 1, "default"),
@@ -222,41 +224,8 @@ def test_policy_losses_on_two_tokens():
     assert list(nll) == ["loss"] and torch.equal(nll["loss"], t(1.0, 2.0))
 
 
-# --- adding CISPO is the test ---
-
-
-CISPO = Estimator(
-    name="cispo",
-    reward_transform=f"{FUNCTIONS}.group_normalized_rewards",
-    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
-    policy_loss="tests.helpers.cispo.cispo_policy_loss",
-    needs_old_log_probs=True,
-)
-
-
-@pytest.fixture
-def cispo():
-    """CISPO registered for one test, and unregistered after it whatever happens."""
-    assert "cispo" not in ESTIMATORS
-    ESTIMATORS.register(CISPO)
-    try:
-        yield CISPO
-    finally:
-        ESTIMATORS.unregister("cispo")
-
-
-def test_validation_refuses_cispo_until_it_is_registered_and_accepts_it_then(cispo):
-    ESTIMATORS.unregister("cispo")
-    refused = {p.key for p in collect_problems(typed_config(["algo.advantage_estimator=cispo"]))}
-    ESTIMATORS.register(CISPO)
-    accepted = {p.key for p in collect_problems(typed_config(["algo.advantage_estimator=cispo"]))}
-    assert "algo.advantage_estimator" in refused and "algo.advantage_estimator" not in accepted
-    assert accepted == {p.key for p in collect_problems(typed_config([]))}  # as clean as the default grpo run
-    assert "algo.advantage_estimator   cispo, grpo, gspo" in listing()
-
-
-def test_cispo_rewards_and_advantages_come_from_its_record(cispo):
-    a = algo("cispo")
+def test_cispo_rewards_and_advantages_are_grpos_and_its_loss_keeps_clipped_gradients():
+    a = algo("cispo", eps_clip=0.2)
     torch.testing.assert_close(post_process_rewards(RAW, a, 3), CENTRED / (STD + 1e-6), rtol=1e-12, atol=1e-12)
     advantages, returns, _ = compute_advantages(
         a,
@@ -270,12 +239,8 @@ def test_cispo_rewards_and_advantages_come_from_its_record(cispo):
     )
     torch.testing.assert_close(advantages, t(1, 1, 1, -1, -1, -1))
     assert returns is None
-    assert needs_old_log_probs(a, num_steps_per_rollout=1)  # its loss reads ℓ_old
-    assert not needs_old_log_probs(algo("grpo"), num_steps_per_rollout=1)
-
-
-def test_cispo_loss_path_uses_its_function_by_hand(cispo):
-    a = algo("cispo", eps_clip=0.2)
+    # with one optimizer step per rollout ℓ_old = sg(ℓ): ρ = 1 and the loss is −A·ℓ, no forward pass for ℓ_old
+    assert not needs_old_log_probs(a, num_steps_per_rollout=1)
     log_probs = t(-1.0, -2.0).requires_grad_()
     half = t(0.5, 0.5)  # the mean over the two tokens
     loss, metrics = actor_loss(
@@ -297,16 +262,81 @@ def test_cispo_loss_path_uses_its_function_by_hand(cispo):
     torch.testing.assert_close(log_probs.grad, t(-0.5 * 1.2, 0.5 * r1))
 
 
+# --- adding an estimator is the test ---
+
+
+REINFORCE = Estimator(
+    name="reinforce",
+    reward_transform=f"{FUNCTIONS}.group_centred_rewards",
+    token_advantages=f"{FUNCTIONS}.broadcast_advantages",
+    policy_loss="tests.helpers.reinforce_estimator.reinforce_policy_loss",
+)
+
+
+@pytest.fixture
+def reinforce():
+    """REINFORCE registered for one test, and unregistered after it whatever happens."""
+    assert "reinforce" not in ESTIMATORS
+    ESTIMATORS.register(REINFORCE)
+    try:
+        yield REINFORCE
+    finally:
+        ESTIMATORS.unregister("reinforce")
+
+
+def test_validation_refuses_a_new_estimator_until_it_is_registered_and_accepts_it_then(reinforce):
+    ESTIMATORS.unregister("reinforce")
+    refused = {p.key for p in collect_problems(typed_config(["algo.advantage_estimator=reinforce"]))}
+    ESTIMATORS.register(REINFORCE)
+    accepted = {p.key for p in collect_problems(typed_config(["algo.advantage_estimator=reinforce"]))}
+    assert "algo.advantage_estimator" in refused and "algo.advantage_estimator" not in accepted
+    assert accepted == {p.key for p in collect_problems(typed_config([]))}  # as clean as the default grpo run
+    assert "algo.advantage_estimator   cispo, grpo, gspo, ppo, reinforce, reinforce_plus_plus" in listing()
+
+
+def test_a_new_estimators_rewards_advantages_and_loss_come_from_its_record(reinforce):
+    a = algo("reinforce")
+    torch.testing.assert_close(post_process_rewards(RAW, a, 3), CENTRED, rtol=1e-12, atol=1e-12)
+    advantages, returns, _ = compute_advantages(
+        a,
+        rewards=t(1, -1),
+        response_lengths=[3, 3],
+        loss_mask=torch.ones(6, **F64),
+        old_log_probs=None,
+        ref_log_probs=None,
+        values=None,
+        all_reduce=None,
+    )
+    torch.testing.assert_close(advantages, t(1, 1, 1, -1, -1, -1))
+    assert returns is None and not needs_old_log_probs(a, num_steps_per_rollout=1)
+    log_probs = t(-1.0, -2.0).requires_grad_()
+    half = t(0.5, 0.5)
+    loss, metrics = actor_loss(
+        log_probs=log_probs,
+        old_log_probs=t(-1.2, -1.9),
+        advantages=t(1.0, -1.0),
+        weights=half,
+        pg_weights=half,
+        algo=a,
+        loss_mask=t(1.0, 1.0),
+        response_lengths=[2],
+    )
+    torch.testing.assert_close(loss, torch.tensor(0.5 * (1.0 - 2.0), **F64))  # −A·ℓ: [1, −2]
+    assert "pg_clipfrac" not in metrics  # its loss returns no clip metrics
+    loss.backward()
+    torch.testing.assert_close(log_probs.grad, t(-0.5, 0.5))
+
+
 def test_removing_an_estimator_restores_the_listing():
     before, names = listing(), ESTIMATORS.names()
-    ESTIMATORS.register(CISPO)
+    ESTIMATORS.register(REINFORCE)
     try:
-        assert listing() != before and "cispo" in ESTIMATORS
+        assert listing() != before and "reinforce" in ESTIMATORS
     finally:
-        assert ESTIMATORS.unregister("cispo") is CISPO
+        assert ESTIMATORS.unregister("reinforce") is REINFORCE
     assert listing() == before and ESTIMATORS.names() == names
-    with pytest.raises(ValueError, match="unknown advantage estimator 'cispo'"):
-        ESTIMATORS.get("cispo")
+    with pytest.raises(ValueError, match="unknown advantage estimator 'reinforce'"):
+        ESTIMATORS.get("reinforce")
 
 
 def test_no_site_compares_the_estimator_name_with_a_literal():

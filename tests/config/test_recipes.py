@@ -23,7 +23,7 @@ RECIPES = ROOT / "recipes"
 ALL = sorted(RECIPES.rglob("*.yaml"))
 TOP = [p for p in ALL if p.parent == RECIPES]
 GPU = sorted((RECIPES / "gpu").glob("*.yaml"))
-FAMILIES = {"grpo", "gspo", "dapo", "rloo", "reinforce_plus_plus", "ppo", "sft"}
+FAMILIES = {"grpo", "gspo", "cispo", "dapo", "rloo", "reinforce_plus_plus", "ppo", "sft"}
 
 
 def recipe_name(path: Path) -> str:
@@ -49,12 +49,12 @@ def selected_options(path: Path) -> dict[str, str]:
 
 
 def test_recipes_are_found_recursively_and_counted():
-    assert (len(ALL), len(TOP), len(GPU)) == (25, 14, 11), [recipe_name(p) for p in ALL]
+    assert (len(ALL), len(TOP), len(GPU)) == (27, 16, 11), [recipe_name(p) for p in ALL]
     assert set(ALL) == set(TOP) | set(GPU)
     # test_config validates every top-level recipe: its option list is exactly these.
     assert sorted(o for g, o in group_options() if g == "recipe") == sorted(p.stem for p in TOP)
     tiny = {p.stem.removeprefix("tiny_") for p in TOP if p.stem.startswith("tiny_")}
-    assert tiny == FAMILIES | {"optuna", "tool_use"}
+    assert tiny == FAMILIES | {"optuna", "tool_use", "off_policy"}
 
 
 @pytest.mark.parametrize("path", ALL, ids=recipe_name)

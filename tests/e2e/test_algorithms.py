@@ -47,7 +47,18 @@ INVALID = [
     (["algo=ppo", "cluster.critic.num_gpus_per_node=0"], "cluster.critic.num_gpus_per_node"),
     (["algo=sft", "algo.use_tis=true"], "algo.use_tis"),
     (["algo.use_tis=true", "algo.use_rollout_logprobs=true"], "algo.use_tis"),
+    (["algo.tis_level=sequence"], "algo.tis_level"),
+    (["algo.use_tis=true", "algo.tis_level=seq"], "algo.tis_level"),
+    (["algo=sft", "algo.use_opsm=true"], "algo.use_opsm"),
+    (["algo.use_opsm=true", "algo.opsm_delta=-0.1"], "algo.opsm_delta"),
 ]
+MISMATCH_METRICS = {
+    "train/train_rollout_logprob_abs_diff",
+    "train/mismatch_kl",
+    "train/mismatch_k3_kl",
+    "train/training_log_ppl",
+    "train/rollout_log_ppl",
+}
 
 
 def sft_chat_rows() -> list[dict]:
@@ -91,6 +102,7 @@ def run_overrides(data_file: Path) -> dict[str, list[str]]:
         "train.critic.lr=1e-2",
     ]
     runs["rollout_logprobs"] = ["algo.use_rollout_logprobs=true", "train.num_rollout=2"]
+    runs["off_policy"] = ["recipe=tiny_off_policy", "train.num_rollout=2"]
     return runs
 
 
@@ -106,6 +118,7 @@ RUN_OF_TEST = {
     "test_sft_trains_on_chat_jsonl_with_step_loss_mask": "sft_chat",
     "test_ppo_critic_roles_colocation_and_critic_only_steps": "ppo_critic",
     "test_rollout_logprobs_as_old_log_probs": "rollout_logprobs",
+    "test_opsm_drops_drifted_samples_on_the_off_policy_step_only": "off_policy",
 }
 
 
@@ -211,3 +224,20 @@ def test_rollout_logprobs_as_old_log_probs(runs):
     run_dir, proc = runs["rollout_logprobs"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_engine_log_probs([r for r in records(run_dir) if "train/step" in r], {"train/train_rollout_logprob_abs_diff"})
+
+
+def test_opsm_drops_drifted_samples_on_the_off_policy_step_only(runs):
+    """recipe=tiny_off_policy: two optimizer steps per rollout. The first is on-policy (ℓ = ℓ_old: OPSM drops
+    nothing); after it the policy has moved, so the second drops some negative-advantage samples, never all of
+    them (the threshold is 1e-4 nats of mean drift). The geometric-mean TIS weights stay 1 against the built-in
+    engine (trainer and engine compute the same fp32 policy), and the mismatch metrics come with them."""
+    run_dir, proc = runs["off_policy"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in records(run_dir) if "train/step" in r]
+    assert [r["train/step"] for r in steps] == list(range(4))
+    check_engine_log_probs(steps, TIS_METRICS | MISMATCH_METRICS | {"train/opsm_clipfrac"})
+    first, second = steps[0::2], steps[1::2]
+    assert all(r["train/opsm_clipfrac"] == 0.0 and r["train/ppo_kl"] == 0.0 for r in first)
+    assert all(0.0 < r["train/opsm_clipfrac"] < 0.5 for r in second), [r["train/opsm_clipfrac"] for r in second]
+    assert all(abs(r["train/tis"] - 1) < 1e-3 and r["train/mismatch_k3_kl"] < 1e-6 for r in steps)
+    assert all(abs(r["train/training_log_ppl"] - r["train/rollout_log_ppl"]) < 1e-4 for r in steps)
