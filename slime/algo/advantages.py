@@ -168,3 +168,14 @@ def whiten(
     if n >= 2:
         var = var * (n / (n - 1))
     return (advantages - mean) * torch.rsqrt(var.clamp_min(0) + eps)
+
+
+def distillation_advantages(
+    advantages: Tensor, student_log_probs: Tensor, teacher_log_probs: Tensor, *, kl_coef: float
+) -> tuple[Tensor, Tensor]:
+    """On-policy distillation (slime's apply_opd_kl_to_advantages, after tinker-cookbook): the per-token reverse
+    KL estimate k_t = ℓ_student − ℓ_teacher on the student's own samples, and A_t − kl_coef·k_t.
+
+    All Tensor[T] (nats); returns (advantages, reverse_kl), both without gradient."""
+    reverse_kl = (student_log_probs - teacher_log_probs).detach()
+    return advantages - kl_coef * reverse_kl, reverse_kl

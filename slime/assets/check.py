@@ -29,8 +29,9 @@ def generates_checkpoint(model: ModelConfig) -> bool:
 def check_paths(cfg: RunConfig) -> Iterator[Problem]:
     """Paths that must exist; those the run generates itself on first use are exempt."""
     generated = generated_files(cfg)
-    if generates_checkpoint(cfg.model):
-        generated.add(cfg.model.hf_checkpoint)
+    for model in (cfg.model, cfg.teacher):
+        if model is not None and generates_checkpoint(model):
+            generated.add(model.hf_checkpoint)
     candidates = [
         ("checkpoint.load", cfg.checkpoint.load, None),
         ("train.critic.load", cfg.train.critic.load, None),
@@ -80,8 +81,9 @@ def check_writable(cfg: RunConfig) -> Iterator[Problem]:
         ("checkpoint.save_hf", _first_export(cfg.checkpoint.save_hf)),
     ]
     # what the prepare phase writes, under paths.cache_dir by default (a shared cache that holds it is read only)
-    if generates_checkpoint(cfg.model) and not Path(cfg.model.hf_checkpoint).exists():
-        targets.append(("model.generate_at", cfg.model.generate_at))
+    for key, model in (("model", cfg.model), ("teacher", cfg.teacher)):
+        if model is not None and generates_checkpoint(model) and not Path(model.hf_checkpoint).exists():
+            targets.append((f"{key}.generate_at", model.generate_at))
     for key, prompt_data, generator in generator_outputs(cfg):
         path = generated_file(prompt_data, generator)
         if path is not None and not Path(path).exists():
@@ -225,11 +227,13 @@ def _generated_elsewhere(model: ModelConfig) -> str:
 
 def other_checkpoints(cfg: RunConfig) -> list[tuple[str, str, bool]]:
     """(key, HF directory, whether it must have the policy's architecture) of every model checkpoint the run
-    reads besides model.hf_checkpoint: the reference model, and served models with their own path (one that
-    receives the policy's weights must take them)."""
+    reads besides model.hf_checkpoint: the reference model, the distillation teacher (unless the run makes it),
+    and served models with their own path (one that receives the policy's weights must take them)."""
     found = []
     if cfg.checkpoint.ref_load not in (None, cfg.model.hf_checkpoint):
         found.append(("checkpoint.ref_load", cfg.checkpoint.ref_load, True))
+    if cfg.teacher is not None and not generates_checkpoint(cfg.teacher):
+        found.append(("teacher.hf_checkpoint", cfg.teacher.hf_checkpoint, True))
     for i, served in enumerate(cfg.rollout.models):
         if served.model_path not in (None, cfg.model.hf_checkpoint):
             found.append((f"rollout.models[{i}].model_path", served.model_path, served.update_weights))

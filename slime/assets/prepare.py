@@ -1,5 +1,5 @@
-"""Create what the config says is made on first use: the tiny model (or a model imported from a GGUF file) and
-synthetic prompt files."""
+"""Create what the config says is made on first use: the tiny model (or a model imported from a GGUF file), the
+same for the distillation teacher, and synthetic prompt files."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
     (prompt_data == generator.path): a prompt_data pointing elsewhere is never created here.
     """
     created = []
-    if generates_checkpoint(cfg.model):
-        ensure = ensure_tiny_model if cfg.model.import_gguf is None else ensure_imported_model
-        if ensure(cfg.model):
-            created.append(cfg.model.hf_checkpoint)
+    for model in (cfg.model, cfg.teacher):
+        if model is not None and generates_checkpoint(model):
+            ensure = ensure_tiny_model if model.import_gguf is None else ensure_imported_model
+            if ensure(model):
+                created.append(model.hf_checkpoint)
     for key, prompt_data, generator in generator_outputs(cfg):
         path = generated_file(prompt_data, generator)
         if path is None or Path(path).exists():

@@ -288,6 +288,10 @@ class AlgoConfig:
     use_opsm: bool = False  # off-policy sequence masking: drop A < 0 samples that drifted from ℓ_old
     opsm_delta: float = 1.0e-4  # OPSM's threshold on a sample's mean ℓ_old − ℓ (nats)
     use_rollout_logprobs: bool = False  # engine log-probs as the old policy (exclusive with use_tis)
+    # on-policy distillation: A_t −= opd_kl_coef·(ℓ_old − ℓ_teacher), the teacher (model@teacher=OPTION, the
+    # policy's architecture) loaded into the trainer beside the policy
+    use_opd: bool = False
+    opd_kl_coef: float = 1.0
     value_clip: float = 0.2  # ppo critic
     num_critic_only_steps: int = 0  # ppo: rollout steps at the start that train the critic only
     dynamic_filter: Optional[Any] = None  # fn(args, group) -> bool | FilterResult, e.g. DAPO's zero-std filter
@@ -300,6 +304,7 @@ class RunConfig:
     """The whole run: one field per config group plus the global seed and the preset's name."""
 
     model: ModelConfig = MISSING
+    teacher: Optional[ModelConfig] = None  # on-policy distillation's teacher (a model option: model@teacher=NAME)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     algo: AlgoConfig = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from slime.config.hf_config import CHECKED
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 
@@ -13,6 +14,7 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
     """The `algo.*` knobs: KL, engine log-probs, ranges."""
     yield from _check_kl(cfg)
     yield from _check_log_probs(cfg)
+    yield from _check_distillation(cfg)
     yield from _check_ranges(cfg)
 
 
@@ -60,6 +62,40 @@ def _check_log_probs(cfg: RunConfig) -> Iterator[Problem]:
             "the TIS level shapes importance weights, and algo.use_tis is false",
             "set algo.use_tis=true, or leave algo.tis_level=token",
         )
+
+
+def _check_distillation(cfg: RunConfig) -> Iterator[Problem]:
+    """On-policy distillation and its teacher come together; the teacher has the policy's architecture (its
+    log-probs are read token for token, and the megatron backend loads it into the policy's structure)."""
+    a, teacher = cfg.algo, cfg.teacher
+    if a.use_opd and teacher is None:
+        yield Problem(
+            "algo.use_opd",
+            True,
+            "on-policy distillation needs a teacher, and none is chosen",
+            "pick one with model@teacher=OPTION (e.g. model@teacher=tiny_qwen3_teacher; "
+            "teacher.hf_checkpoint=<HF dir> points an option at your own checkpoint)",
+        )
+    if teacher is not None and not a.use_opd:
+        yield Problem(
+            "teacher",
+            teacher.name,
+            "only on-policy distillation reads a teacher, and algo.use_opd is false",
+            "set algo.use_opd=true, or drop model@teacher",
+        )
+    if a.use_opd and not a.opd_kl_coef > 0:
+        yield Problem("algo.opd_kl_coef", a.opd_kl_coef, "must be > 0", "set algo.opd_kl_coef=1.0 (slime's default)")
+    if teacher is None:
+        return
+    for name in CHECKED:
+        ours, theirs = getattr(cfg.model, name), getattr(teacher, name)
+        if ours != theirs:
+            yield Problem(
+                f"teacher.{name}",
+                theirs,
+                f"the teacher ({teacher.name}) must have the policy's architecture; model.{name}={ours!r}",
+                f"pick a teacher of the policy's architecture ({cfg.model.architecture}, {cfg.model.num_layers} layers)",
+            )
 
 
 def _check_ranges(cfg: RunConfig) -> Iterator[Problem]:

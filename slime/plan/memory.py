@@ -8,8 +8,8 @@ KV = kv_heads·d (d = kv_channels). Training, per GPU of a rank (s = the rank's 
               (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
     megatron  s = N / (tp·pp); weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads),
               optimizer 12 B (fp32 master copy + m + v) further divided by dp (distributed optimizer)
-    reference model (KL terms): s · 2 B (bf16) or 4 B; 0 with train.ref_offload (on the GPU only for
-              its forward)
+    reference model (KL terms), distillation teacher (algo.use_opd): each s · 2 B (bf16) or 4 B; 0 with
+              train.ref_offload (on the GPU only for its forward)
     activations: T·L/(tp·cp) · 2 B · (3·H + 2·Q + 2·KV + 3·F) -- the tensors a decoder layer keeps for
               backward per token with packed (varlen) attention, no [S, S] scores; with
               gradient checkpointing only the layer inputs T·L·H·2 B/(tp·cp) plus one layer's.
@@ -22,7 +22,7 @@ Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
     rollout.vllm, default 0.92 in vLLM 0.32.0, the same way); the hf engine holds weights +
     the KV cache of rollout.hf.max_batch_size sequences of 1024 + max_response_len tokens
     (2·L·KV·2 B per token).
-Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference) throughout, the
+Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
 activations and logits while training: peak = state + max(engine, activations + logits). The GPU size
 is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Estimates within ~30%:
@@ -82,7 +82,7 @@ class MemoryEstimate:
     """Bytes per GPU, by what holds them; `capacity` is the GPU size checked against."""
 
     capacity: float
-    train: dict[str, float]  # weights, gradients, optimizer, reference, activations, logits
+    train: dict[str, float]  # weights, gradients, optimizer, reference, teacher, activations, logits
     engine: dict[str, float]  # weights, kv_cache
     colocated: bool
     kv_tokens: int  # tokens the engine's KV cache holds
@@ -163,8 +163,9 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         world = derived.dp_size * p.tp * p.pp * p.cp
         state = {"weights": (2 if bf16 else 4) * shard, "gradients": 4 * shard}
         state["optimizer"] = 12 * (dense / max(derived.dp_size, 1) + expert * p.ep * p.etp * p.pp / max(world, 1))
-    kl = cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0
-    state["reference"] = 0.0 if not kl or cfg.train.ref_offload else (2 if bf16 else 4) * shard
+    frozen = 0.0 if cfg.train.ref_offload else (2 if bf16 else 4) * shard  # one frozen model of the policy's shape
+    state["reference"] = frozen if cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0 else 0.0
+    state["teacher"] = frozen if cfg.algo.use_opd else 0.0
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
     split = max(p.tp * p.cp, 1)
     per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * _active_ffn_width(cfg))

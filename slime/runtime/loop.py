@@ -43,7 +43,7 @@ from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import WeightPush
 from slime.tracking.tracker import Tracker
-from slime.train.train_setup import TrainSetup, needs_old_log_probs, needs_ref
+from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -255,8 +255,8 @@ class RunLoop:
         if critic is not None:  # PPO: the critic's old values feed the actor's GAE
             critic.load_batch(rollout_id, step.shards)
             actor.set_column("values", critic.compute_values())
-        if needs_ref(self.cfg.algo):
-            metrics.update(actor.compute_log_probs("ref"))
+        for which in frozen_checkpoints(self.cfg):  # the reference model, the distillation teacher
+            metrics.update(actor.compute_log_probs(which))
         if needs_old_log_probs(self.cfg.algo, self.cfg.train.num_steps_per_rollout):
             metrics.update(actor.compute_log_probs("old"))
         metrics.update(actor.compute_advantages())

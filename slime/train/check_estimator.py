@@ -50,13 +50,12 @@ def _check_advantages(cfg: RunConfig, estimator: Estimator) -> Iterator[Problem]
             f"{estimator.name}'s reward baseline needs at least {estimator.min_samples_per_prompt} samples per prompt",
             f"set it to {estimator.min_samples_per_prompt} or more",
         )
-    if a.use_opsm and not estimator.uses_advantages:
-        yield Problem(
-            "algo.use_opsm",
-            True,
-            f"OPSM drops samples by the sign of their advantage; {estimator.name} has none",
-            "set algo.use_opsm=false",
-        )
+    for key, what in (
+        ("use_opsm", "OPSM drops samples by the sign of their advantage"),
+        ("use_opd", "on-policy distillation shapes the advantages"),
+    ):
+        if getattr(a, key) and not estimator.uses_advantages:
+            yield Problem(f"algo.{key}", True, f"{what}; {estimator.name} has none", f"set algo.{key}=false")
     if a.num_critic_only_steps and not estimator.needs_critic:
         critics = ESTIMATORS.names(where=lambda e: e.needs_critic)
         yield Problem(

@@ -17,7 +17,14 @@ from slime.train.actor_loss import actor_loss
 from slime.train.token_advantages import compute_advantages
 from slime.types import TrainBatch
 
-LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs"}
+LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs", "teacher": "teacher_log_probs"}
+# what loads each frozen model (`TrainSetup.frozen_checkpoints`), for the error when one is asked for but absent
+FROZEN_KEYS = {"ref": "checkpoint.ref_load", "teacher": "model@teacher with algo.use_opd"}
+
+
+def log_probs_timer(which: str) -> str:
+    """The `perf/*` key timing `compute_log_probs(which)`: perf/log_probs_time for the policy's own."""
+    return "perf/log_probs_time" if which == "old" else f"perf/{which}_log_probs_time"
 
 
 class BatchColumns:
@@ -70,8 +77,11 @@ class ActorSteps(BatchColumns):
             ref_log_probs=columns.get("ref_log_probs"),
             values=columns.get("values"),
             all_reduce=self._all_reduce,
+            teacher_log_probs=columns.get("teacher_log_probs"),
         )
         columns.update(advantages=advantages, kl=kl)
+        if s.algo.use_opd:
+            columns["opd_reverse_kl"] = columns["old_log_probs"] - columns["teacher_log_probs"]
         if returns is not None:
             columns["returns"] = returns
         names = {
@@ -82,6 +92,8 @@ class ActorSteps(BatchColumns):
             "returns": "returns",
             "values": "values",
             "rollout_log_probs": "rollout_log_probs",
+            "teacher_log_probs": "teacher_log_probs",
+            "opd_reverse_kl": "opd_reverse_kl",
         }
         return self._column_means({metric: columns[key] for metric, key in names.items() if key in columns}, mask)
 
@@ -115,7 +127,7 @@ class ActorSteps(BatchColumns):
                 batch, mb, step, mask, "constant", constant_length=float(s.algo.pg_loss_constant_length)
             )
         old = self._pick("old_log_probs", mb)
-        return actor_loss(
+        loss, metrics = actor_loss(
             log_probs=log_probs,
             old_log_probs=log_probs.detach() if old is None else old,
             advantages=self._pick("advantages", mb),
@@ -128,6 +140,10 @@ class ActorSteps(BatchColumns):
             ref_log_probs=self._pick("ref_log_probs", mb),
             rollout_log_probs=self._pick("rollout_log_probs", mb),
         )
+        reverse_kl = self._pick("opd_reverse_kl", mb)
+        if reverse_kl is not None:  # the student's distance from the teacher, on the samples of this step
+            metrics["opd_reverse_kl"] = reduce(reverse_kl, weights)
+        return loss, metrics
 
 
 class CriticSteps(BatchColumns):

@@ -27,6 +27,9 @@ class TrainSetup:
     max_response_len: int  # tokens; the Dr.GRPO constant
     seed: int
     num_optimizer_steps: int  # over the whole run, for the LR schedule
+    # frozen models whose log-probs the actor computes beside its own: "ref" -> checkpoint.ref_load (the KL
+    # terms), "teacher" -> teacher.hf_checkpoint (on-policy distillation); HF directories of the policy's shape
+    frozen_checkpoints: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> TrainSetup:
@@ -42,6 +45,7 @@ class TrainSetup:
             max_response_len=cfg.rollout.max_response_len,
             seed=cfg.seed,
             num_optimizer_steps=derived.num_optimizer_steps,
+            frozen_checkpoints=frozen_checkpoints(cfg),
         )
 
     @classmethod
@@ -58,7 +62,7 @@ class TrainSetup:
             load = f"{cfg.checkpoint.load}/critic"  # resuming a run whose critic was saved beside the actor
         checkpoint = dataclasses.replace(cfg.checkpoint, load=load, save=cls.for_critic_save_root(cfg), ref_load=None)
         setup = cls.from_run_config(cfg, derived)
-        return dataclasses.replace(setup, train=train, checkpoint=checkpoint)
+        return dataclasses.replace(setup, train=train, checkpoint=checkpoint, frozen_checkpoints={})
 
     @staticmethod
     def for_critic_save_root(cfg: RunConfig) -> str:
@@ -70,13 +74,26 @@ def needs_ref(algo: AlgoConfig) -> bool:
     return algo.use_kl_loss or algo.kl_coef != 0
 
 
+def frozen_checkpoints(cfg: RunConfig) -> dict[str, str]:
+    """The frozen models the actor scores the batch with, by column ("ref", "teacher"), in the order the driver
+    asks for their log-probs: the reference model for the KL terms, the teacher for on-policy distillation."""
+    found = {}
+    if needs_ref(cfg.algo):
+        found["ref"] = cfg.checkpoint.ref_load
+    if cfg.algo.use_opd and cfg.teacher is not None:
+        found["teacher"] = cfg.teacher.hf_checkpoint
+    return found
+
+
 def needs_old_log_probs(algo: AlgoConfig, num_steps_per_rollout: int) -> bool:
     """REFERENCE.md §3.4's reuse rule, negated: with one optimizer step per rollout and nothing but the
     loss reading ℓ_old, ℓ_old := stopgrad(ℓ) of the training pass itself and no forward-only pass runs.
 
-    Engine log-probs as ℓ_old (`use_rollout_logprobs`) need none either.
+    Engine log-probs as ℓ_old (`use_rollout_logprobs`) need none either. On-policy distillation reads the
+    student's ℓ_old before the training pass, in its advantages.
     """
     if algo.use_rollout_logprobs:
         return False
     estimator = ESTIMATORS.get(algo.advantage_estimator)
-    return num_steps_per_rollout > 1 or needs_ref(algo) or algo.use_tis or estimator.needs_old_log_probs
+    reads_old = needs_ref(algo) or algo.use_tis or algo.use_opd or estimator.needs_old_log_probs
+    return num_steps_per_rollout > 1 or reads_old

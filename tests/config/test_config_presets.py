@@ -234,7 +234,7 @@ def test_root_config_holds_no_group_values():
     root = yaml.safe_load((CONF / "config.yaml").read_text())
     assert set(root) == {"defaults", "seed", "hydra"}
     entries = [next(iter(d.items())) for d in root["defaults"] if isinstance(d, dict)]
-    assert entries[-3:] == [("model", "tiny_qwen3"), ("preset", "${model}"), ("recipe", None)]
+    assert entries[-4:] == [("model", "tiny_qwen3"), ("model@teacher", None), ("preset", "${model}"), ("recipe", None)]
     assert not set(GROUP_OF_PRESETS) & {group for group, _ in entries}  # the preset chooses them
 
 

@@ -37,6 +37,26 @@ FIELD_CASES = {
         TINY_GENERATED_ONLY_AT,
     ),
     "model.generate_at": (["model.generate_at={tmp}/a_file/tiny"], "model.generate_at", "a_file is a file"),
+    "teacher.hf_checkpoint": (
+        ["recipe=tiny_opd", "teacher.hf_checkpoint={tmp}/typo"],
+        "teacher.hf_checkpoint",
+        "path does not exist",
+    ),
+    "teacher.hf_checkpoint (another architecture)": (
+        [
+            "recipe=tiny_opd",
+            "model=tiny_qwen3_moe",
+            "model@teacher=tiny_qwen3_moe",
+            "teacher.hf_checkpoint={tmp}/tiny_qwen3",
+        ],
+        "teacher.hf_checkpoint",
+        "says num_experts=None, the policy (model.num_experts) has 4",
+    ),
+    "teacher.generate_at": (
+        ["recipe=tiny_opd", "teacher.generate_at={tmp}/a_file/t"],
+        "teacher.generate_at",
+        "a_file is a file",
+    ),
     "cluster.ray_address": (["cluster.ray_address=head-node"], "cluster.ray_address", "expected host:port"),
     "cluster.host": (["cluster.host=http://10.0.0.2"], "cluster.host", "not a URL"),
     "rollout.rm_url": (

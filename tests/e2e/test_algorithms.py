@@ -51,6 +51,11 @@ INVALID = [
     (["algo.use_tis=true", "algo.tis_level=seq"], "algo.tis_level"),
     (["algo=sft", "algo.use_opsm=true"], "algo.use_opsm"),
     (["algo.use_opsm=true", "algo.opsm_delta=-0.1"], "algo.opsm_delta"),
+    (["algo.use_opd=true"], "algo.use_opd"),
+    (["model@teacher=tiny_qwen3_teacher"], "teacher"),
+    (["recipe=tiny_opd", "algo.opd_kl_coef=0"], "algo.opd_kl_coef"),
+    (["recipe=tiny_opd", "algo=sft"], "algo.use_opd"),
+    (["recipe=tiny_opd", "model@teacher=tiny_qwen3_moe"], "teacher.num_experts"),
 ]
 MISMATCH_METRICS = {
     "train/train_rollout_logprob_abs_diff",
@@ -103,6 +108,7 @@ def run_overrides(data_file: Path) -> dict[str, list[str]]:
     ]
     runs["rollout_logprobs"] = ["algo.use_rollout_logprobs=true", "train.num_rollout=2"]
     runs["off_policy"] = ["recipe=tiny_off_policy", "train.num_rollout=2"]
+    runs["opd"] = ["recipe=tiny_opd"]
     return runs
 
 
@@ -119,6 +125,7 @@ RUN_OF_TEST = {
     "test_ppo_critic_roles_colocation_and_critic_only_steps": "ppo_critic",
     "test_rollout_logprobs_as_old_log_probs": "rollout_logprobs",
     "test_opsm_drops_drifted_samples_on_the_off_policy_step_only": "off_policy",
+    "test_on_policy_distillation_halves_the_reverse_kl_to_the_teacher": "opd",
 }
 
 
@@ -241,3 +248,15 @@ def test_opsm_drops_drifted_samples_on_the_off_policy_step_only(runs):
     assert all(0.0 < r["train/opsm_clipfrac"] < 0.5 for r in second), [r["train/opsm_clipfrac"] for r in second]
     assert all(abs(r["train/tis"] - 1) < 1e-3 and r["train/mismatch_k3_kl"] < 1e-6 for r in steps)
     assert all(abs(r["train/training_log_ppl"] - r["train/rollout_log_ppl"]) < 1e-4 for r in steps)
+
+
+def test_on_policy_distillation_halves_the_reverse_kl_to_the_teacher(runs):
+    """recipe=tiny_opd: the student's mean reverse KL to the peaked teacher, on its own samples, falls by half
+    over the run (measured: 2.74 nats at the first rollout, 0.43x of it after 30 rollouts)."""
+    run_dir, proc = runs["opd"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kls = [r["rollout/opd_reverse_kl"] for r in records(run_dir) if "rollout/opd_reverse_kl" in r]
+    assert len(kls) == 60 and kls[0] > 2.0, kls
+    assert sum(kls[-5:]) / 5 <= 0.5 * kls[0], kls
+    steps = [r for r in records(run_dir) if "train/step" in r]
+    assert all("train/opd_reverse_kl" in r for r in steps)

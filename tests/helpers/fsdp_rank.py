@@ -14,7 +14,7 @@ from slime.plan.validate import validate
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.train.fsdp.backend import FSDPBackend
 from slime.train.layout import RankLayout
-from slime.train.train_setup import TrainSetup, needs_old_log_probs, needs_ref
+from slime.train.train_setup import TrainSetup, needs_old_log_probs
 from slime.types import Sample, TrainBatch
 from tests.helpers.compose import typed_config
 
@@ -56,8 +56,8 @@ def train_rollout(backend, batch: TrainBatch, *, rollout_id: int = 0, update: bo
     """One rollout step on one actor rank, in the driver's order (slime.runtime.loop.RunLoop.train)."""
     algo = backend.setup.algo
     backend.load_batch(rollout_id, batch)
-    if needs_ref(algo):
-        backend.compute_log_probs("ref")
+    for which in backend.setup.frozen_checkpoints:  # the reference model, the distillation teacher
+        backend.compute_log_probs(which)
     if needs_old_log_probs(algo, backend.setup.train.num_steps_per_rollout):
         backend.compute_log_probs("old")
     rollout_side = backend.compute_advantages()

@@ -184,6 +184,6 @@ def test_ref_offload_on_cpu_is_a_no_op(tiny_model_dir):
     for offload in (False, True):
         backend = make_backend(make_setup(tiny_model_dir, common + [f"train.ref_offload={offload}"]))
         runs.append(train_rollout(backend, batch)["steps"][0])
-        assert all(p.device.type == "cpu" for p in backend.ref_model.parameters())
+        assert all(p.device.type == "cpu" for p in backend.frozen["ref"].parameters())
     assert runs[1]["train/kl_loss"] == runs[0]["train/kl_loss"] == 0.0
     assert runs[1]["train/loss"] == runs[0]["train/loss"]

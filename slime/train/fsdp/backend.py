@@ -15,8 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
-from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
-from slime.train.train_setup import needs_ref
+from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_timer
 from slime.types import TrainBatch
 
 
@@ -29,11 +28,14 @@ class FSDPBackend(ActorSteps, FSDPRank):
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
-        self.ref_model = None
-        if needs_ref(s.algo):
-            self.ref_model = self._load_model(s.checkpoint.ref_load, dtype=self._frozen_dtype).eval()
-        if self.ref_model is not None and s.train.ref_offload:
-            self.ref_model.to("cpu")
+        # the reference model and the distillation teacher, by column; never trained
+        self.frozen = {
+            which: self._load_model(path, dtype=self._frozen_dtype).eval()
+            for which, path in s.frozen_checkpoints.items()
+        }
+        if s.train.ref_offload:
+            for model in self.frozen.values():
+                model.to("cpu")
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
@@ -66,11 +68,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
         Uses the training pass's exact micro-batches, so at the first step the recomputed log-probs
         equal these bit for bit (ppo_kl and kl_loss are exactly 0), whatever the padding.
         """
-        if which not in LOG_PROB_COLUMNS:
-            raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
-        model = self.ref_model if which == "ref" else self.model
-        if model is None:
-            raise RuntimeError("reference log-probs asked for, but no reference model was loaded (checkpoint.ref_load)")
+        model = self.model if which == "old" else self._frozen_model(which)
         start = time.perf_counter()
         batch = self.batch
         micro = [mb for step in batching.step_indices(batch) for mb in self._micro_batches(step)]
@@ -84,13 +82,21 @@ class FSDPBackend(ActorSteps, FSDPRank):
                 log_probs = self._forward(model, batch, mb, with_entropy=False)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
-        return {f"perf/{'ref_' if which == 'ref' else ''}log_probs_time": time.perf_counter() - start}
+        return {log_probs_timer(which): time.perf_counter() - start}
+
+    def _frozen_model(self, which: str):
+        if which not in LOG_PROB_COLUMNS:
+            raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
+        if which not in self.frozen:
+            raise RuntimeError(f"{which} log-probs asked for, but no {which} model was loaded ({FROZEN_KEYS[which]})")
+        return self.frozen[which]
 
     @contextlib.contextmanager
     def _on_device(self, model):
-        """The reference model on the device for its forward only with `train.ref_offload` (a no-op on
-        CPU runs, where it never leaves the CPU)."""
-        offload = model is self.ref_model and self.setup.train.ref_offload and self.device.type != "cpu"
+        """A frozen model (reference, teacher) on the device for its forward only with `train.ref_offload` (a
+        no-op on CPU runs, where it never leaves the CPU)."""
+        frozen = any(model is m for m in self.frozen.values())
+        offload = frozen and self.setup.train.ref_offload and self.device.type != "cpu"
         if offload:
             model.to(self.device)
         try:

@@ -16,8 +16,7 @@ from slime.train.megatron import hf_weights
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
-from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
-from slime.train.train_setup import needs_ref
+from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_timer
 
 
 class MegatronBackend(ActorSteps, MegatronRank):
@@ -30,14 +29,16 @@ class MegatronBackend(ActorSteps, MegatronRank):
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
-        self.ref_state = self._load_ref(s.checkpoint.ref_load) if needs_ref(s.algo) else None
+        # the reference model and the distillation teacher, by column: CPU copies of this rank's parameters
+        self.frozen = {which: self._load_frozen(path) for which, path in s.frozen_checkpoints.items()}
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
 
-    # ---- reference weights ---------------------------------------------------------------------
-    def _load_ref(self, path: str) -> dict[str, torch.Tensor]:
-        """The reference model as a CPU copy of this rank's parameters (swapped in for its forward)."""
+    # ---- frozen weights (reference, teacher) ----------------------------------------------------
+    def _load_frozen(self, path: str) -> dict[str, torch.Tensor]:
+        """A frozen model of the policy's architecture as a CPU copy of this rank's parameters (swapped in for
+        its forward)."""
         live = self._param_copy()
         hf_weights.load_hf(self.model, path, self.setup.model)
         ref = self._param_copy()
@@ -75,18 +76,18 @@ class MegatronBackend(ActorSteps, MegatronRank):
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`."""
         if which not in LOG_PROB_COLUMNS:
             raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
-        if which == "ref" and self.ref_state is None:
-            raise RuntimeError("reference log-probs asked for, but no reference model was loaded (checkpoint.ref_load)")
+        if which != "old" and which not in self.frozen:
+            raise RuntimeError(f"{which} log-probs asked for, but no {which} model was loaded ({FROZEN_KEYS[which]})")
         start = time.perf_counter()
-        live = self._param_copy() if which == "ref" else None
+        live = self._param_copy() if which != "old" else None
         if live is not None:
-            self._load_params(self.ref_state)
+            self._load_params(self.frozen[which])
         try:
             self.columns[LOG_PROB_COLUMNS[which]] = self._forward_only(batching.step_indices(self.batch))
         finally:
             if live is not None:
                 self._load_params(live)
-        return {f"perf/{'ref_' if which == 'ref' else ''}log_probs_time": time.perf_counter() - start}
+        return {log_probs_timer(which): time.perf_counter() - start}
 
     # ---- training ------------------------------------------------------------------------------
     def train(self, *, update: bool = True) -> dict:
