@@ -190,12 +190,12 @@ def check_options(cfg: RunConfig) -> Iterator[Problem]:
             "must be > 0 (tokens per micro-batch)",
             "set parallelism.max_tokens_per_gpu to a positive token count, or null for micro_batch_size",
         )
-    if cfg.train.ref_offload and not (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0):
+    if cfg.train.ref_offload and not (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0 or cfg.algo.use_opd):
         yield Problem(
             "train.ref_offload",
             True,
-            "there is no reference model to offload (algo.use_kl_loss=false and algo.kl_coef=0)",
-            "set train.ref_offload=false, or use a KL term",
+            "there is no frozen model to offload (algo.use_kl_loss=false, algo.kl_coef=0, algo.use_opd=false)",
+            "set train.ref_offload=false, or use a KL term or on-policy distillation",
         )
 
 

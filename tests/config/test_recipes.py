@@ -43,13 +43,13 @@ def header(path: Path) -> dict[str, str]:
 
 
 def selected_options(path: Path) -> dict[str, str]:
-    """group -> option of the recipe's `override /group: option` defaults."""
+    """group -> option of the recipe's `override /group: option` defaults (`group@package` keys: the group)."""
     defaults = yaml.safe_load(path.read_text()).get("defaults", [])
     return {key.split("/", 1)[1]: value for entry in defaults for key, value in entry.items()}
 
 
 def test_recipes_are_found_recursively_and_counted():
-    assert (len(ALL), len(TOP), len(GPU)) == (28, 17, 11), [recipe_name(p) for p in ALL]
+    assert (len(ALL), len(TOP), len(GPU)) == (29, 17, 12), [recipe_name(p) for p in ALL]
     assert set(ALL) == set(TOP) | set(GPU)
     # test_config validates every top-level recipe: its option list is exactly these.
     assert sorted(o for g, o in group_options() if g == "recipe") == sorted(p.stem for p in TOP)
@@ -92,7 +92,8 @@ def prompt_file(tmp_path: Path, num_prompts: int = 256) -> str:
 @pytest.mark.parametrize("path", GPU, ids=recipe_name)
 def test_gpu_recipe_composes_and_validates_on_cpu(path, tmp_path):
     options = selected_options(path)
-    missing = [f"conf/{g}/{o}.yaml" for g, o in options.items() if not (CONF / g / f"{o}.yaml").exists()]
+    groups = {g: (g.split("@")[0], o) for g, o in options.items()}
+    missing = [f"conf/{g}/{o}.yaml" for g, o in groups.values() if not (CONF / g / f"{o}.yaml").exists()]
     assert not missing, f"{recipe_name(path)} selects option file(s) that do not exist: {', '.join(missing)}"
     overrides = [
         f"recipe={recipe_name(path)}",
@@ -100,6 +101,9 @@ def test_gpu_recipe_composes_and_validates_on_cpu(path, tmp_path):
         f"data.prompt_data={prompt_file(tmp_path)}",
         "cluster.ray_address=auto",  # validated for a remote cluster, not this machine's GPUs
     ]
+    if "model@teacher" in options:  # the distillation teacher's own checkpoint
+        (tmp_path / "teacher").mkdir()
+        overrides.append(f"teacher.hf_checkpoint={fake_hf_dir(tmp_path / 'teacher', options['model@teacher'])}")
     cfg = typed_config(overrides)
     problems = [str(p) for p in collect_problems(cfg) if not getattr(p, "machine", False)]
     assert problems == []
