@@ -248,7 +248,7 @@ class TrainConfig:
     clip_grad: float = 1.0  # max global grad norm; 0 disables clipping
     precision: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16
     num_threads: int = 1  # torch threads per CPU train actor
-    # Keep the reference model on CPU between its forward passes (moved to the GPU only for them); a no-op
+    # Keep the frozen models (reference, distillation teacher) on CPU between their forward passes (on the GPU only for them); a no-op
     # on CPU runs
     ref_offload: bool = False
     critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
