@@ -224,9 +224,8 @@ def test_policy_losses_on_two_tokens():
     assert list(nll) == ["loss"] and torch.equal(nll["loss"], t(1.0, 2.0))
 
 
-def test_cispo_rewards_and_advantages_are_grpos_and_its_loss_keeps_clipped_gradients():
-    a = algo("cispo", eps_clip=0.2)
-    torch.testing.assert_close(post_process_rewards(RAW, a, 3), CENTRED / (STD + 1e-6), rtol=1e-12, atol=1e-12)
+def advantages_of_two_samples(a: AlgoConfig):
+    """(advantages, returns) of rewards [1, −1] on two samples of three tokens."""
     advantages, returns, _ = compute_advantages(
         a,
         rewards=t(1, -1),
@@ -237,13 +236,13 @@ def test_cispo_rewards_and_advantages_are_grpos_and_its_loss_keeps_clipped_gradi
         values=None,
         all_reduce=None,
     )
-    torch.testing.assert_close(advantages, t(1, 1, 1, -1, -1, -1))
-    assert returns is None
-    # with one optimizer step per rollout ℓ_old = sg(ℓ): ρ = 1 and the loss is −A·ℓ, no forward pass for ℓ_old
-    assert not needs_old_log_probs(a, num_steps_per_rollout=1)
-    log_probs = t(-1.0, -2.0).requires_grad_()
-    half = t(0.5, 0.5)  # the mean over the two tokens
-    loss, metrics = actor_loss(
+    return advantages, returns
+
+
+def loss_of_two_tokens(a: AlgoConfig, log_probs):
+    """The actor loss (the mean over the two tokens) and its metrics: ℓ_old = [−1.2, −1.9], A = [1, −1]."""
+    half = t(0.5, 0.5)
+    return actor_loss(
         log_probs=log_probs,
         old_log_probs=t(-1.2, -1.9),
         advantages=t(1.0, -1.0),
@@ -253,6 +252,18 @@ def test_cispo_rewards_and_advantages_are_grpos_and_its_loss_keeps_clipped_gradi
         loss_mask=t(1.0, 1.0),
         response_lengths=[2],
     )
+
+
+def test_cispo_rewards_and_advantages_are_grpos_and_its_loss_keeps_clipped_gradients():
+    a = algo("cispo", eps_clip=0.2)
+    torch.testing.assert_close(post_process_rewards(RAW, a, 3), CENTRED / (STD + 1e-6), rtol=1e-12, atol=1e-12)
+    advantages, returns = advantages_of_two_samples(a)
+    torch.testing.assert_close(advantages, t(1, 1, 1, -1, -1, -1))
+    assert returns is None
+    # with one optimizer step per rollout ℓ_old = sg(ℓ): ρ = 1 and the loss is −A·ℓ, no forward pass for ℓ_old
+    assert not needs_old_log_probs(a, num_steps_per_rollout=1)
+    log_probs = t(-1.0, -2.0).requires_grad_()
+    loss, metrics = loss_of_two_tokens(a, log_probs)
     # L_t = −sg(clip(ρ_t, 0.8, 1.2))·A_t·ℓ_t: token 0: −1.2·1·(−1) = 1.2; token 1: −0.9048·(−1)·(−2) = −1.8097
     r1 = float(torch.exp(torch.tensor(-0.1, **F64)))
     torch.testing.assert_close(loss, torch.tensor(0.5 * (1.2 - 2 * r1), **F64))
@@ -297,30 +308,11 @@ def test_validation_refuses_a_new_estimator_until_it_is_registered_and_accepts_i
 def test_a_new_estimators_rewards_advantages_and_loss_come_from_its_record(reinforce):
     a = algo("reinforce")
     torch.testing.assert_close(post_process_rewards(RAW, a, 3), CENTRED, rtol=1e-12, atol=1e-12)
-    advantages, returns, _ = compute_advantages(
-        a,
-        rewards=t(1, -1),
-        response_lengths=[3, 3],
-        loss_mask=torch.ones(6, **F64),
-        old_log_probs=None,
-        ref_log_probs=None,
-        values=None,
-        all_reduce=None,
-    )
+    advantages, returns = advantages_of_two_samples(a)
     torch.testing.assert_close(advantages, t(1, 1, 1, -1, -1, -1))
     assert returns is None and not needs_old_log_probs(a, num_steps_per_rollout=1)
     log_probs = t(-1.0, -2.0).requires_grad_()
-    half = t(0.5, 0.5)
-    loss, metrics = actor_loss(
-        log_probs=log_probs,
-        old_log_probs=t(-1.2, -1.9),
-        advantages=t(1.0, -1.0),
-        weights=half,
-        pg_weights=half,
-        algo=a,
-        loss_mask=t(1.0, 1.0),
-        response_lengths=[2],
-    )
+    loss, metrics = loss_of_two_tokens(a, log_probs)
     torch.testing.assert_close(loss, torch.tensor(0.5 * (1.0 - 2.0), **F64))  # −A·ℓ: [1, −2]
     assert "pg_clipfrac" not in metrics  # its loss returns no clip metrics
     loss.backward()
