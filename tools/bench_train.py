@@ -10,9 +10,9 @@ memory is its own and an out-of-memory variant does not stop the others:
     python tools/bench_train.py --shape tiny --device cpu --steps 1   # a smoke run on CPU
     python tools/bench_train.py --variants megatron_16k_compile --profile /tmp/prof   # + a profiler table
 
-MFU counts the model FLOPs of the real tokens only (REFERENCE.md §9.6): per token of a sequence of
-length S, 3 × [L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F) + 2·H·V + L·2·Q·S] (every matmul, the LM head on
-every token, causal attention halved), against a bf16 matmul ceiling (8192³) measured in the same run.
+MFU counts the model FLOPs of the real tokens only (REFERENCE.md §9.6, `slime.model_flops`): per token of a sequence
+of length S, 3 × [L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F) + 2·H·V + L·2·Q·S] (every matmul, the LM head on every token,
+causal attention halved), against a bf16 matmul ceiling (8192³) measured in the same run.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from slime.model_flops import TRAIN_PASSES, forward_flops  # noqa: E402
 
 MEGATRON_16K = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=16384"]
 MEGATRON_32K = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32768"]
@@ -94,17 +96,9 @@ def rl_batch_lengths(seed: int, count: int = 14) -> list[tuple[int, int]]:
     return [(rng.randint(64, 512), int(math.exp(rng.uniform(math.log(32), math.log(4096))))) for _ in range(count)]
 
 
-def flops_per_token(model, seq_len: int) -> float:
-    """Training FLOPs (3 × forward) of one token of a sequence of `seq_len` tokens (REFERENCE.md §9.6)."""
-    h, f, v, layers = model.hidden_size, model.ffn_hidden_size, model.vocab_size, model.num_layers
-    q = model.num_attention_heads * model.kv_channels
-    kv = model.num_query_groups * model.kv_channels
-    per_layer = 2 * (h * q + 2 * h * kv + q * h) + 6 * h * f + 2 * q * seq_len
-    return 3.0 * (layers * per_layer + 2 * h * v)
-
-
 def batch_flops(model, lengths: list[tuple[int, int]]) -> float:
-    return sum((p + r) * flops_per_token(model, p + r) for p, r in lengths)
+    """Training FLOPs of the (prompt, response) batch, the LM head counted on every token (slime.model_flops)."""
+    return TRAIN_PASSES * forward_flops(model, [(p + r, p + r) for p, r in lengths])
 
 
 # ---- worker side ---------------------------------------------------------------------------------

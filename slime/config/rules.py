@@ -95,6 +95,7 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         "rollout.weight_sync.bucket_mb",
     )
     yield from positive(cfg, "checkpoint.save_interval", "eval.interval", "logger.log_samples_every")
+    yield from positive(cfg, "cluster.peak_tflops")
     for key in ("checkpoint.ckpt_step", "logger.log_samples", "logger.progress_every_s"):
         value = get(cfg, key)
         if value is not None and value < 0:

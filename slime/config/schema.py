@@ -187,6 +187,9 @@ class ClusterConfig:
     num_gpus_per_node: int = 2  # capacity per node (CPU bundles when device=cpu)
     host: str = field(default="127.0.0.1", metadata=HOST)  # address engines and the router bind to
     colocate: bool = False
+    # bf16 dense TFLOP/s of one GPU, the denominator of perf/mfu; None: measured on each trainer GPU at start-up
+    # (an 8192³ bf16 matmul, as tools/bench_train.py), and no perf/mfu on CPU runs
+    peak_tflops: Optional[float] = None
     actor: DeviceGroupConfig = field(default_factory=DeviceGroupConfig)
     critic: CriticResourcesConfig = field(default_factory=CriticResourcesConfig)
     rollout: RolloutResourcesConfig = field(default_factory=RolloutResourcesConfig)

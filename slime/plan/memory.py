@@ -37,6 +37,7 @@ import subprocess
 
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig
+from slime.model_flops import active_ffn_width
 from slime.registry import ENGINES, TRAIN_BACKENDS
 
 GIB = 1 << 30
@@ -66,15 +67,6 @@ def _expert_parameters(cfg: RunConfig) -> int:
     if m.num_experts is None:
         return 0
     return m.num_layers * m.num_experts * 3 * m.hidden_size * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
-
-
-def _active_ffn_width(cfg: RunConfig) -> int:
-    """FFN width one token passes through in a layer: the dense FFN, or top-k routed experts plus the shared one."""
-    m = cfg.model
-    if m.num_experts is None:
-        return m.ffn_hidden_size
-    routed = m.moe_router_topk * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
-    return routed + (m.moe_shared_expert_intermediate_size or 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +160,7 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
     split = max(p.tp * p.cp, 1)
-    per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * _active_ffn_width(cfg))
+    per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * active_ffn_width(cfg.model))
     if p.gradient_checkpointing:
         acts = tokens * (m.num_layers * m.hidden_size * 2 + per_token_layer) / split
     else:

@@ -114,17 +114,20 @@ def _timing_panel(ax, records) -> None:
 
 
 def plot_training_curves(metrics_path: str | Path, png_path: str | Path) -> Path | None:
-    """The six-panel overview; None when the run logged no rollout yet."""
+    """The eight-panel overview; None when the run logged no rollout yet."""
     records = read_jsonl(metrics_path, tolerant=True)
     if not series(records, "rollout/raw_reward", "rollout/step")[0]:
         return None
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8), dpi=90)
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8), dpi=90)
     _reward_panel(axes[0][0], records)
     _length_panel(axes[0][1], records)
     _lines(axes[0][2], records, ("train/kl_loss", "train/ppo_kl"), "train/step", "KL")
     _lines(axes[1][0], records, ("train/entropy_loss",), "train/step", "entropy")
     _timing_panel(axes[1][1], records)
     _lines(axes[1][2], records, ("train/pg_loss", "train/grad_norm"), "train/step", "policy loss, grad norm")
+    _lines(axes[0][3], records, ("perf/mfu",), "rollout/step", "MFU (training, per GPU)")
+    peaks = tuple(sorted({k for r in records for k in r if k.startswith("perf/peak_gib/")}))
+    _lines(axes[1][3], records, peaks, "rollout/step", "peak GPU memory per phase (GiB)")
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)

@@ -3,6 +3,7 @@
 status, rollouts done, wall time
 reward: first -> last (best), and the last eval means
 time per phase: the sum over rollout steps of each perf/<phase>_time, with its share of the steps' time
+training throughput: tokens/s, TFLOP/s per GPU and MFU, and the peak GPU memory of each phase
 outputs: run dir, config, metrics, samples, plots, checkpoints, wandb (and the `wandb sync` command
          for an offline run), TensorBoard
 """
@@ -43,6 +44,25 @@ def _phase_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _throughput_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Training's real tokens/s, TFLOP/s per GPU and MFU, means over the rollout steps after the first (whose time
+    holds compilation and warm-up), and each phase's largest peak GPU memory."""
+    rows = [r for r in records if "perf/train_tflops" in r][1:] or [r for r in records if "perf/train_tflops" in r]
+    if not rows:
+        return []
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    line = (
+        f"training    {mean('perf/train_tokens_per_s'):.0f} tokens/s, {mean('perf/train_tflops'):.2f} TFLOP/s per GPU"
+    )
+    if all("perf/mfu" in r for r in rows):
+        line += f", MFU {100 * mean('perf/mfu'):.1f}%"
+    peaks = {k: max(r[k] for r in records if k in r) for r in records for k in r if k.startswith("perf/peak_gib/")}
+    lines = [line + f" (mean of {len(rows)} rollout steps)"]
+    if peaks:
+        lines.append("peak GPU    " + ", ".join(f"{k[14:]} {v:.1f} GiB" for k, v in sorted(peaks.items())))
+    return lines
+
+
 def _output_lines(run_dir: Path, result: dict[str, Any], checkpoint_dir: str | None) -> list[str]:
     outputs = dict(result.get("outputs") or {})
     lines = [f"run dir     {run_dir}"]
@@ -74,6 +94,7 @@ def render_summary(result: dict[str, Any], *, checkpoint_dir: str | None = None)
         + f" ({result['start_rollout']} -> {result['start_rollout'] + result['rollouts_completed']} of {result['num_rollout']})"
         + f" in {result['elapsed_s']:.1f}s"
     )
-    body = _reward_lines(records) + _phase_lines(records) + _output_lines(run_dir, result, checkpoint_dir)
+    body = _reward_lines(records) + _phase_lines(records) + _throughput_lines(records)
+    body += _output_lines(run_dir, result, checkpoint_dir)
     rule = "=" * 78
     return "\n".join([rule, head, *body, rule])

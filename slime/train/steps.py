@@ -14,6 +14,7 @@ from slime.algo.reduction import reduce, token_weights
 from slime.algo.value_loss import clipped_value_loss
 from slime.train import batching
 from slime.train.actor_loss import actor_loss
+from slime.train.throughput import peak_gib, shard_train_flops, train_rates
 from slime.train.token_advantages import compute_advantages
 from slime.types import TrainBatch
 
@@ -22,9 +23,14 @@ LOG_PROB_COLUMNS = {"old": "old_log_probs", "ref": "ref_log_probs", "teacher": "
 FROZEN_KEYS = {"ref": "checkpoint.ref_load", "teacher": "model@teacher with algo.use_opd"}
 
 
+def log_probs_phase(which: str) -> str:
+    """The name of `compute_log_probs(which)` in `perf/*` keys: log_probs for the policy's own, else <which>_log_probs."""
+    return "log_probs" if which == "old" else f"{which}_log_probs"
+
+
 def log_probs_timer(which: str) -> str:
-    """The `perf/*` key timing `compute_log_probs(which)`: perf/log_probs_time for the policy's own."""
-    return "perf/log_probs_time" if which == "old" else f"perf/{which}_log_probs_time"
+    """The `perf/*` key timing `compute_log_probs(which)`."""
+    return f"perf/{log_probs_phase(which)}_time"
 
 
 class BatchColumns:
@@ -96,6 +102,18 @@ class ActorSteps(BatchColumns):
             "opd_reverse_kl": "opd_reverse_kl",
         }
         return self._column_means({metric: columns[key] for metric, key in names.items() if key in columns}, mask)
+
+    def _train_perf(self, seconds: float, *, trained: bool) -> dict[str, float]:
+        """`perf/actor_train_time` (s) and, when the step trained, its rates over every rank of the group (tokens/s,
+        TFLOP/s per GPU, MFU against `self.peak_tflops`) and this rank's peak GPU memory (slime.train.throughput)."""
+        perf = {"perf/actor_train_time": seconds}
+        if not trained:
+            return perf
+        batch = self.batch
+        shard = [shard_train_flops(self.setup.model, batch), float(sum(len(t) for t in batch.tokens))]
+        totals = self._all_reduce(torch.tensor(shard, dtype=torch.float64, device=self.device))
+        perf |= train_rates(totals, seconds=seconds, num_gpus=self.world_size, peak_tflops=self.peak_tflops)
+        return perf | peak_gib(self.device, "train")
 
     def _column_means(self, columns: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
         """`rollout/<column>`: mean over trajectories of each sample's masked token mean, all ranks."""

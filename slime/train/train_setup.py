@@ -30,6 +30,7 @@ class TrainSetup:
     # frozen models whose log-probs the actor computes beside its own: "ref" -> checkpoint.ref_load (the KL
     # terms), "teacher" -> teacher.hf_checkpoint (on-policy distillation); HF directories of the policy's shape
     frozen_checkpoints: dict[str, str] = dataclasses.field(default_factory=dict)
+    peak_tflops: float | None = None  # cluster.peak_tflops: one GPU's bf16 TFLOP/s for perf/mfu (None: measured)
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, derived: Derived) -> TrainSetup:
@@ -46,6 +47,7 @@ class TrainSetup:
             seed=cfg.seed,
             num_optimizer_steps=derived.num_optimizer_steps,
             frozen_checkpoints=frozen_checkpoints(cfg),
+            peak_tflops=cfg.cluster.peak_tflops,
         )
 
     @classmethod

@@ -28,6 +28,11 @@ def write_metrics(run_dir, rewards, k=1):
                 "perf/train_time": 1.0,
                 "perf/update_weights_time": 0.5,
                 "perf/step_time": 4.0,
+                "perf/train_tokens_per_s": 1000.0 * (r + 1),
+                "perf/train_tflops": 100.0 * (r + 1),
+                "perf/mfu": 0.1 * (r + 1),
+                "perf/peak_gib/train": 10.0 + r,
+                "perf/peak_gib/log_probs": 5.0,
             }
         )
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -65,6 +70,9 @@ def test_run_plots_and_summary(tmp_path):
     assert "eval (last) eval/digit 0.9000" in lines
     assert "time        12.0s in 3 rollout steps (4.00s each)" in lines
     assert "  rollout             6.0s   50.0%" in lines and "  update_weights      1.5s   12.5%" in lines
+    # the first step (compilation, warm-up) left out of the means: steps 2 and 3
+    assert "training    2500 tokens/s, 250.00 TFLOP/s per GPU, MFU 25.0% (mean of 2 rollout steps)" in lines
+    assert "peak GPU    log_probs 5.0 GiB, train 12.0 GiB" in lines
     assert "  upload:   wandb sync /w/offline-run-x" in lines and not any(
         line.startswith("checkpoints") for line in lines
     )

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
-from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_timer
+from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_phase, log_probs_timer
+from slime.train.throughput import begin_phase, matmul_ceiling_tflops, peak_gib
 from slime.types import TrainBatch
 
 
@@ -28,6 +29,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
+        self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
         # the reference model and the distillation teacher, by column; never trained
         self.frozen = {
             which: self._load_model(path, dtype=self._frozen_dtype).eval()
@@ -70,6 +72,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
         """
         model = self.model if which == "old" else self._frozen_model(which)
         start = time.perf_counter()
+        begin_phase(self.device)
         batch = self.batch
         micro = [mb for step in batching.step_indices(batch) for mb in self._micro_batches(step)]
         parts = {}
@@ -82,7 +85,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
                 log_probs = self._forward(model, batch, mb, with_entropy=False)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
-        return {log_probs_timer(which): time.perf_counter() - start}
+        return {log_probs_timer(which): time.perf_counter() - start, **peak_gib(self.device, log_probs_phase(which))}
 
     def _frozen_model(self, which: str):
         if which not in LOG_PROB_COLUMNS:
@@ -110,6 +113,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
         batch = self.batch
         self.model.train()
         start = time.perf_counter()
+        begin_phase(self.device)
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
@@ -120,4 +124,4 @@ class FSDPBackend(ActorSteps, FSDPRank):
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
             steps.append(metrics)
-        return {"steps": steps, "perf": {"perf/actor_train_time": time.perf_counter() - start}}
+        return {"steps": steps, "perf": self._train_perf(time.perf_counter() - start, trained=bool(steps))}

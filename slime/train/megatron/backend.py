@@ -16,7 +16,8 @@ from slime.train.megatron import hf_weights
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
-from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_timer
+from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_phase, log_probs_timer
+from slime.train.throughput import begin_phase, matmul_ceiling_tflops, peak_gib
 
 
 class MegatronBackend(ActorSteps, MegatronRank):
@@ -29,6 +30,7 @@ class MegatronBackend(ActorSteps, MegatronRank):
     def init(self) -> int:
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
+        self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
         # the reference model and the distillation teacher, by column: CPU copies of this rank's parameters
         self.frozen = {which: self._load_frozen(path) for which, path in s.frozen_checkpoints.items()}
         if s.checkpoint.load is not None:
@@ -79,6 +81,7 @@ class MegatronBackend(ActorSteps, MegatronRank):
         if which != "old" and which not in self.frozen:
             raise RuntimeError(f"{which} log-probs asked for, but no {which} model was loaded ({FROZEN_KEYS[which]})")
         start = time.perf_counter()
+        begin_phase(self.device)
         live = self._param_copy() if which != "old" else None
         if live is not None:
             self._load_params(self.frozen[which])
@@ -87,12 +90,13 @@ class MegatronBackend(ActorSteps, MegatronRank):
         finally:
             if live is not None:
                 self._load_params(live)
-        return {log_probs_timer(which): time.perf_counter() - start}
+        return {log_probs_timer(which): time.perf_counter() - start, **peak_gib(self.device, log_probs_phase(which))}
 
     # ---- training ------------------------------------------------------------------------------
     def train(self, *, update: bool = True) -> dict:
         batch = self.batch
         start = time.perf_counter()
+        begin_phase(self.device)
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
@@ -102,4 +106,4 @@ class MegatronBackend(ActorSteps, MegatronRank):
             metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
             steps.append(metrics)
-        return {"steps": steps, "perf": {"perf/actor_train_time": time.perf_counter() - start}}
+        return {"steps": steps, "perf": self._train_perf(time.perf_counter() - start, trained=bool(steps))}

@@ -1,0 +1,42 @@
+"""Model FLOPs of a decoder-only transformer (REFERENCE.md §9.6): what MFU counts, for the run's `perf/*` metrics,
+the dry-run plan and tools/bench_train.py alike. Pure arithmetic on `ModelConfig`; no torch.
+
+Forward FLOPs of one token of a sequence of S tokens, every matmul at 2 FLOPs per multiply-add:
+    layers  L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F + 2·Q·S)   (q, k, v, o projections; SwiGLU's three matrices over the
+            active FFN width F; causal attention's scores and values over S/2 keys on average)
+    head    2·H·V, on the tokens the LM head is computed for (our backends: the response tokens only)
+Training is 3x the forward (the backward computes gradients of both inputs and weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+TRAIN_PASSES = 3.0  # forward + backward (2x the forward)
+
+
+def active_ffn_width(model) -> int:
+    """FFN width one token passes through in a layer: the dense FFN, or top-k routed experts plus the shared one."""
+    if model.num_experts is None:
+        return model.ffn_hidden_size
+    routed = model.moe_router_topk * (model.moe_ffn_hidden_size or model.ffn_hidden_size)
+    return routed + (model.moe_shared_expert_intermediate_size or 0)
+
+
+def layer_flops_per_token(model, seq_len: int) -> float:
+    """Forward FLOPs of every decoder layer for one token of a sequence of `seq_len` tokens."""
+    h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
+    kv = model.num_query_groups * model.kv_channels
+    per_layer = 2 * (h * q + 2 * h * kv + q * h) + 6 * h * active_ffn_width(model) + 2 * q * seq_len
+    return float(model.num_layers * per_layer)
+
+
+def head_flops_per_token(model) -> float:
+    """Forward FLOPs of the LM head for one token."""
+    return float(2 * model.hidden_size * model.vocab_size)
+
+
+def forward_flops(model, sequences: Iterable[tuple[int, int]]) -> float:
+    """Forward FLOPs of sequences given as (tokens, tokens the LM head is computed for)."""
+    head = head_flops_per_token(model)
+    return sum(n * layer_flops_per_token(model, n) + head_tokens * head for n, head_tokens in sequences)
