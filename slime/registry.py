@@ -68,6 +68,10 @@ class TrainBackendFacts:
     # Weights, gradients and optimizer state sharded over every data-parallel x TP rank (FSDP's memory model);
     # False: megatron's (dense over TP x PP, experts over EP x ETP x PP, optimizer over the data-parallel ranks).
     fully_sharded_state: bool = False
+    # The frozen models (reference, distillation teacher) sit on the GPU beside the policy (fsdp: whole models,
+    # train.ref_offload moves them to the CPU between forwards); False: host copies of this rank's parameters swapped
+    # into the policy's own tensors for their forward (slime.train.megatron.backend), no GPU memory of their own.
+    frozen_models_on_gpu: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -169,7 +173,10 @@ TRAIN_BACKENDS = Registry(
         },
     },
     what="training backend",
-    facts={"fsdp": TrainBackendFacts(fully_sharded_state=True), "megatron": TrainBackendFacts()},
+    facts={
+        "fsdp": TrainBackendFacts(fully_sharded_state=True, frozen_models_on_gpu=True),
+        "megatron": TrainBackendFacts(),
+    },
     default_facts=TrainBackendFacts(),
     checks={
         "fsdp": Checks(check="slime.train.fsdp.check.check", check_unchosen="slime.train.fsdp.check.check_unchosen"),

@@ -8,8 +8,9 @@ KV = kv_heads·d (d = kv_channels). Training, per GPU of a rank (s = the rank's 
               (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
     megatron  s = N / (tp·pp); weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads),
               optimizer 12 B (fp32 master copy + m + v) further divided by dp (distributed optimizer)
-    reference model (KL terms), distillation teacher (algo.use_opd): each s · 2 B (bf16) or 4 B; 0 with
-              train.ref_offload (on the GPU only for its forward)
+    reference model (KL terms), distillation teacher (algo.use_opd): fsdp each N · 2 B (bf16) or 4 B (a
+              whole transformers model on every rank), 0 with train.ref_offload (on the GPU only for its
+              forward); megatron 0 (host copies swapped into the policy's tensors for their forward)
     activations: T·L/(tp·cp) · 2 B · (3·H + 2·Q + 2·KV + 3·F) -- the tensors a decoder layer keeps for
               backward per token with packed (varlen) attention, no [S, S] scores; with
               gradient checkpointing only the layer inputs T·L·H·2 B/(tp·cp) plus one layer's.
@@ -143,7 +144,8 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     p, m, r = cfg.parallelism, cfg.model, cfg.rollout
     bf16 = derived.precision == "bf16"
     q, kv = m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
-    if TRAIN_BACKENDS.facts(p.backend).fully_sharded_state:
+    facts = TRAIN_BACKENDS.facts(p.backend)
+    if facts.fully_sharded_state:
         shard = n / max(derived.dp_size * p.tp, 1)
         state = {"weights": 4 * shard + 2 * n_layer, "gradients": 4 * shard, "optimizer": 8 * shard}
     else:
@@ -155,7 +157,8 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         world = derived.dp_size * p.tp * p.pp * p.cp
         state = {"weights": (2 if bf16 else 4) * shard, "gradients": 4 * shard}
         state["optimizer"] = 12 * (dense / max(derived.dp_size, 1) + expert * p.ep * p.etp * p.pp / max(world, 1))
-    frozen = 0.0 if cfg.train.ref_offload else (2 if bf16 else 4) * shard  # one frozen model of the policy's shape
+    # one frozen model of the policy's shape, whole (never sharded), where the backend keeps it on the GPU
+    frozen = (2 if bf16 else 4) * n if facts.frozen_models_on_gpu and not cfg.train.ref_offload else 0.0
     state["reference"] = frozen if cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0 else 0.0
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)

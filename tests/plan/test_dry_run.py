@@ -115,6 +115,23 @@ def test_moe_parameters_count_every_expert_and_megatron_splits_them_by_ep():
     assert est.train["optimizer"] == pytest.approx(12 * (dense / 4 + experts / 8 / 2))
 
 
+def test_frozen_models_take_gpu_memory_where_the_backend_keeps_them_there():
+    """fsdp holds the reference and the teacher whole on every rank's GPU (bf16: 2 B a parameter, not sharded)
+    unless train.ref_offload; megatron swaps host copies into the policy's own tensors, so they take none."""
+    kl = ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.001", "checkpoint.ref_load=/nonexistent/ref"]
+    opd = ["algo.use_opd=true", "model@teacher=qwen3_4b"]
+    cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", *kl, *opd])
+    n = parameter_count(cfg)[0]
+    est = estimate_memory(cfg, derive(cfg))
+    assert est.train["reference"] == est.train["teacher"] == pytest.approx(2 * n)
+    assert est.train["gradients"] == pytest.approx(4 * n / 4)  # the policy's state is sharded: dp 4, tp 1
+    offloaded = typed_config([*GPU_RUN, "cluster=one_node_8gpu", *kl, *opd, "train.ref_offload=true"])
+    assert estimate_memory(offloaded, derive(offloaded)).train["reference"] == 0.0
+    megatron = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "parallelism=megatron", *kl, *opd])
+    est = estimate_memory(megatron, derive(megatron))
+    assert est.train["reference"] == est.train["teacher"] == 0.0 and est.train["weights"] > 0
+
+
 def test_memory_estimate_numbers_and_colocation_warning():
     cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "rollout.hf.max_batch_size=8", "debug.gpu_memory_gib=80"])
     n, _ = parameter_count(cfg)
