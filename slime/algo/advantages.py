@@ -170,12 +170,18 @@ def whiten(
     return (advantages - mean) * torch.rsqrt(var.clamp_min(0) + eps)
 
 
+def reverse_kl(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+    """Tensor[T]: the per-token estimate ℓ_student − ℓ_teacher (nats) of KL(student ‖ teacher) on the student's own
+    samples, without gradient."""
+    return (student_log_probs - teacher_log_probs).detach()
+
+
 def distillation_advantages(
     advantages: Tensor, student_log_probs: Tensor, teacher_log_probs: Tensor, *, kl_coef: float
 ) -> tuple[Tensor, Tensor]:
-    """On-policy distillation (slime's apply_opd_kl_to_advantages, after tinker-cookbook): the per-token reverse
-    KL estimate k_t = ℓ_student − ℓ_teacher on the student's own samples, and A_t − kl_coef·k_t.
+    """On-policy distillation (slime's apply_opd_kl_to_advantages, after tinker-cookbook): A_t − kl_coef·k_t with
+    k_t the `reverse_kl` estimate.
 
     All Tensor[T] (nats); returns (advantages, reverse_kl), both without gradient."""
-    reverse_kl = (student_log_probs - teacher_log_probs).detach()
-    return advantages - kl_coef * reverse_kl, reverse_kl
+    k = reverse_kl(student_log_probs, teacher_log_probs)
+    return advantages - kl_coef * k, k

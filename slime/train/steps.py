@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from slime.algo.advantages import reverse_kl
 from slime.algo.reduction import reduce, token_weights
 from slime.algo.value_loss import clipped_value_loss
 from slime.train import batching
@@ -26,11 +27,6 @@ FROZEN_KEYS = {"ref": "checkpoint.ref_load", "teacher": "model@teacher with algo
 def log_probs_phase(which: str) -> str:
     """The name of `compute_log_probs(which)` in `perf/*` keys: log_probs for the policy's own, else <which>_log_probs."""
     return "log_probs" if which == "old" else f"{which}_log_probs"
-
-
-def log_probs_timer(which: str) -> str:
-    """The `perf/*` key timing `compute_log_probs(which)`."""
-    return f"perf/{log_probs_phase(which)}_time"
 
 
 class BatchColumns:
@@ -87,7 +83,7 @@ class ActorSteps(BatchColumns):
         )
         columns.update(advantages=advantages, kl=kl)
         if s.algo.use_opd:
-            columns["opd_reverse_kl"] = columns["old_log_probs"] - columns["teacher_log_probs"]
+            columns["opd_reverse_kl"] = reverse_kl(columns["old_log_probs"], columns["teacher_log_probs"])
         if returns is not None:
             columns["returns"] = returns
         names = {
@@ -102,6 +98,22 @@ class ActorSteps(BatchColumns):
             "opd_reverse_kl": "opd_reverse_kl",
         }
         return self._column_means({metric: columns[key] for metric, key in names.items() if key in columns}, mask)
+
+    def _frozen(self, which: str):
+        """The frozen model (or weights) `compute_log_probs(which)` scores with, from the backend's `self.frozen`
+        ("ref", "teacher"); None for the policy's own ("old")."""
+        if which not in LOG_PROB_COLUMNS:
+            raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
+        if which == "old":
+            return None
+        if which not in self.frozen:
+            raise RuntimeError(f"{which} log-probs asked for, but no {which} model was loaded ({FROZEN_KEYS[which]})")
+        return self.frozen[which]
+
+    def _log_probs_perf(self, which: str, seconds: float) -> dict[str, float]:
+        """`perf/<phase>_time` (s) of `compute_log_probs(which)` and, on CUDA, its peak GPU memory."""
+        phase = log_probs_phase(which)
+        return {f"perf/{phase}_time": seconds, **peak_gib(self.device, phase)}
 
     def _train_perf(self, seconds: float, *, trained: bool) -> dict[str, float]:
         """`perf/actor_train_time` (s) and, when the step trained, its rates over every rank of the group (tokens/s,

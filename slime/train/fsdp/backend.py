@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
-from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_phase, log_probs_timer
-from slime.train.throughput import begin_phase, matmul_ceiling_tflops, peak_gib
+from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+from slime.train.throughput import begin_phase, matmul_ceiling_tflops
 from slime.types import TrainBatch
 
 
@@ -70,7 +70,8 @@ class FSDPBackend(ActorSteps, FSDPRank):
         Uses the training pass's exact micro-batches, so at the first step the recomputed log-probs
         equal these bit for bit (ppo_kl and kl_loss are exactly 0), whatever the padding.
         """
-        model = self.model if which == "old" else self._frozen_model(which)
+        frozen = self._frozen(which)
+        model = self.model if frozen is None else frozen
         start = time.perf_counter()
         begin_phase(self.device)
         batch = self.batch
@@ -85,14 +86,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
                 log_probs = self._forward(model, batch, mb, with_entropy=False)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
-        return {log_probs_timer(which): time.perf_counter() - start, **peak_gib(self.device, log_probs_phase(which))}
-
-    def _frozen_model(self, which: str):
-        if which not in LOG_PROB_COLUMNS:
-            raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
-        if which not in self.frozen:
-            raise RuntimeError(f"{which} log-probs asked for, but no {which} model was loaded ({FROZEN_KEYS[which]})")
-        return self.frozen[which]
+        return self._log_probs_perf(which, time.perf_counter() - start)
 
     @contextlib.contextmanager
     def _on_device(self, model):

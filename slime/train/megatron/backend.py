@@ -16,8 +16,8 @@ from slime.train.megatron import hf_weights
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
-from slime.train.steps import FROZEN_KEYS, LOG_PROB_COLUMNS, ActorSteps, log_probs_phase, log_probs_timer
-from slime.train.throughput import begin_phase, matmul_ceiling_tflops, peak_gib
+from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+from slime.train.throughput import begin_phase, matmul_ceiling_tflops
 
 
 class MegatronBackend(ActorSteps, MegatronRank):
@@ -76,21 +76,18 @@ class MegatronBackend(ActorSteps, MegatronRank):
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`."""
-        if which not in LOG_PROB_COLUMNS:
-            raise ValueError(f"compute_log_probs({which!r}): expected one of {sorted(LOG_PROB_COLUMNS)}")
-        if which != "old" and which not in self.frozen:
-            raise RuntimeError(f"{which} log-probs asked for, but no {which} model was loaded ({FROZEN_KEYS[which]})")
+        frozen = self._frozen(which)
         start = time.perf_counter()
         begin_phase(self.device)
-        live = self._param_copy() if which != "old" else None
+        live = self._param_copy() if frozen is not None else None
         if live is not None:
-            self._load_params(self.frozen[which])
+            self._load_params(frozen)
         try:
             self.columns[LOG_PROB_COLUMNS[which]] = self._forward_only(batching.step_indices(self.batch))
         finally:
             if live is not None:
                 self._load_params(live)
-        return {log_probs_timer(which): time.perf_counter() - start, **peak_gib(self.device, log_probs_phase(which))}
+        return self._log_probs_perf(which, time.perf_counter() - start)
 
     # ---- training ------------------------------------------------------------------------------
     def train(self, *, update: bool = True) -> dict:
