@@ -57,6 +57,9 @@ class Sample:
     response_length: int = 0
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
+    # the engine's MoE routes (algo.routing_replay=rollout): base64 of int32 [len(tokens) - 1, MoE layers, top-k],
+    # slime.moe.routes
+    routed_experts: str | None = None
     reward: float | dict[str, Any] | None = None
     status: SampleStatus = SampleStatus.PENDING
     weight_versions: list[str] = dataclasses.field(default_factory=list)
@@ -148,6 +151,7 @@ class TrainBatch:
     step_ids: list[int]
     num_trajectories_per_step: int  # G: samples per optimizer step over all ranks
     masked_tokens_per_step: list[int]  # Σ loss_mask per optimizer step over all ranks
+    routed_experts: list[str] | None = None  # per sample `Sample.routed_experts` (algo.routing_replay=rollout)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -163,6 +167,7 @@ class TrainBatch:
             raw_rewards=pick(self.raw_rewards),
             rollout_log_probs=pick(self.rollout_log_probs),
             truncated=pick(self.truncated),
+            routed_experts=pick(self.routed_experts),
             sample_indices=pick(self.sample_indices),
             step_ids=pick(self.step_ids),
             num_trajectories_per_step=self.num_trajectories_per_step,

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from slime.config.hf_config import CHECKED
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
+from slime.moe.routes import RoutingReplay
 
 
 def check_algo(cfg: RunConfig) -> Iterator[Problem]:
@@ -15,6 +16,7 @@ def check_algo(cfg: RunConfig) -> Iterator[Problem]:
     yield from _check_kl(cfg)
     yield from _check_log_probs(cfg)
     yield from _check_distillation(cfg)
+    yield from _check_routing_replay(cfg)
     yield from _check_ranges(cfg)
 
 
@@ -96,6 +98,29 @@ def _check_distillation(cfg: RunConfig) -> Iterator[Problem]:
                 f"the teacher ({teacher.name}) must have the policy's architecture; model.{name}={ours!r}",
                 f"pick a teacher of the policy's architecture ({cfg.model.architecture}, {cfg.model.num_layers} layers)",
             )
+
+
+def _check_routing_replay(cfg: RunConfig) -> Iterator[Problem]:
+    """A known replay mode, on an MoE policy."""
+    value = cfg.algo.routing_replay
+    modes = [m.value for m in RoutingReplay]
+    if value not in modes:
+        yield Problem("algo.routing_replay", value, f"is not one of {modes}", "set algo.routing_replay=none")
+        return
+    if RoutingReplay(value).replays and not cfg.model.num_experts:
+        yield Problem(
+            "algo.routing_replay",
+            value,
+            f"replays MoE routing, but model {cfg.model.name} is dense (model.num_experts is null)",
+            "set algo.routing_replay=none, or pick an MoE model (e.g. model=tiny_qwen3_moe)",
+        )
+    if RoutingReplay(value).trainer_records_routes and cfg.algo.use_rollout_logprobs:
+        yield Problem(
+            "algo.routing_replay",
+            value,
+            "records the routes of the policy's log-prob pass, and algo.use_rollout_logprobs skips that pass",
+            "set algo.routing_replay=rollout (the engine's routes), or algo.use_rollout_logprobs=false",
+        )
 
 
 def _check_ranges(cfg: RunConfig) -> Iterator[Problem]:

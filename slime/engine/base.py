@@ -58,6 +58,9 @@ class EngineLaunch:
     # engine that takes a dtype serves in unless its own config sets one
     dtype: str = "auto"
     memory_saver: bool = False  # colocated with the trainer: the server must release/resume memory by tag
+    # the trainer replays the engine's MoE routing (algo.routing_replay=rollout): capture and return each token's
+    # experts (SGLang's --enable-return-routed-experts)
+    return_routed_experts: bool = False
     startup_timeout_s: float = 600.0  # launch until health answers 200
     shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL
 

@@ -104,6 +104,7 @@ class RolloutContext:
     eval_datasets: list[EvalDataset] = dataclasses.field(default_factory=list)
     model_routers: dict[str, str] = dataclasses.field(default_factory=dict)  # every served model's router by name
     request_timeout_s: float | None = None  # per /generate attempt (rollout.request_timeout_s)
+    return_routed_experts: bool = False  # ask the engine for each token's MoE experts (algo.routing_replay=rollout)
     # State of the call in progress: set once the batch is full (samples not yet started are not generated, and
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False

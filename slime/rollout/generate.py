@@ -85,16 +85,21 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
             "(slime.engine.router.DROPPED_SAMPLING_PARAMS); remove them from the generate function's sampling params"
         )
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
+    if args.return_routed_experts:  # the whole sequence's (routed_experts_start_len 0): a resumed sample's too
+        payload["return_routed_experts"] = True
     return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
 
 
 def append_engine_output(sample: Sample, out: dict) -> None:
-    """Append an engine response: its tokens (loss mask 1), log-probs, text, weight version and status."""
+    """Append an engine response: its tokens (loss mask 1), log-probs, text, weight version, status and, when the
+    engine returned them, the routes of the whole sequence so far."""
     meta = out["meta_info"]
     logprobs = meta["output_token_logprobs"]
     sample.append_response([int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs], out["text"])
     sample.weight_versions.append(str(meta.get("weight_version")))
     sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])
+    if meta.get("routed_experts") is not None:
+        sample.routed_experts = meta["routed_experts"]
     sample.check_alignment()
 
 
@@ -103,6 +108,11 @@ async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[s
     out = await call_engine(args, sample, sampling_params)
     if out is not None:
         append_engine_output(sample, out)
+        if args.return_routed_experts and sample.routed_experts is None:
+            raise RuntimeError(
+                "algo.routing_replay=rollout: the engine returned no routed experts (meta_info.routed_experts); "
+                "its server must run with --enable-return-routed-experts and serve an MoE model"
+            )
     return sample
 
 

@@ -74,6 +74,7 @@ class FleetSetup:
     run_dir: str
     trainer_gpus: int  # the actor's ranks; colocated, training rank i shares rollout bundle i
     dtype: str = "auto"  # the trainer's precision as a torch dtype name (EngineLaunch.dtype)
+    return_routed_experts: bool = False  # the policy's engines return MoE routes (EngineLaunch.return_routed_experts)
 
 
 class EngineFleet:
@@ -121,6 +122,9 @@ class EngineFleet:
                 startup_timeout_s=getattr(config, "startup_timeout_s", 600.0),
                 memory_saver=s.colocate,
                 dtype=s.dtype,
+                return_routed_experts=s.return_routed_experts
+                and self.policy is not None
+                and spec.model == self.policy.name,
             )
             options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
             actor = remote_cls.options(**options, **env).remote(launch, config)

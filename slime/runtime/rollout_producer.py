@@ -22,6 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from slime.config.hooks import load_callable
+from slime.moe.routes import RoutingReplay
 from slime.rollout.base import (
     EvalDataset,
     RolloutContext,
@@ -138,6 +139,7 @@ class RolloutProducer:
             router_url=self.fleet.router_url() if s.load_rollout_data is None else "",  # none when replaying dumps
             model_routers=self.fleet.model_routers() if s.load_rollout_data is None else {},
             request_timeout_s=r.request_timeout_s,
+            return_routed_experts=RoutingReplay(s.algo.routing_replay).engine_returns_routes and not evaluation,
             tokenizer=self.tokenizer,
             batch_size=batch,
             over_sampling_batch_size=r.over_sampling_batch_size,

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
+from slime.moe.routes import RoutingReplay
 from slime.plan.run_plan import RunPlan
 from slime.runtime.engine_fleet import FleetSetup
 
@@ -64,6 +65,7 @@ class RolloutSetup:
                 run_dir=cfg.paths.output_dir,
                 trainer_gpus=derived.actor_gpus,
                 dtype={"fp32": "float32", "bf16": "bfloat16"}.get(derived.precision, "auto"),
+                return_routed_experts=RoutingReplay(cfg.algo.routing_replay).engine_returns_routes,
             ),
             save_rollout_data=cfg.debug.save_rollout_data,
             check_weight_update_equal=cfg.debug.check_weight_update_equal,

@@ -10,6 +10,7 @@ from pathlib import Path
 from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
+from slime.moe.routes import RoutingReplay
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -92,10 +93,12 @@ def needs_old_log_probs(algo: AlgoConfig, num_steps_per_rollout: int) -> bool:
     loss reading ℓ_old, ℓ_old := stopgrad(ℓ) of the training pass itself and no forward-only pass runs.
 
     Engine log-probs as ℓ_old (`use_rollout_logprobs`) need none either. On-policy distillation reads the
-    student's ℓ_old before the training pass, in its advantages.
+    student's ℓ_old before the training pass, in its advantages. Routing replay `train` records the routes
+    the training pass replays in it.
     """
     if algo.use_rollout_logprobs:
         return False
     estimator = ESTIMATORS.get(algo.advantage_estimator)
-    reads_old = needs_ref(algo) or algo.use_tis or algo.use_opd or estimator.needs_old_log_probs
+    records_routes = RoutingReplay(algo.routing_replay).trainer_records_routes  # the pass whose routes replay
+    reads_old = needs_ref(algo) or algo.use_tis or algo.use_opd or estimator.needs_old_log_probs or records_routes
     return num_steps_per_rollout > 1 or reads_old

@@ -64,6 +64,8 @@ def hf_args(server_args):
         argv += ["--context-length", str(server_args.context_length)]
     if server_args.enable_deterministic_inference:  # SGLang's is batch-invariant: here, each request on its own
         argv += ["--max-batch-size", "1"]
+    if server_args.enable_return_routed_experts:
+        argv += ["--enable-return-routed-experts"]
     return hf_server.parse_args(argv)
 
 

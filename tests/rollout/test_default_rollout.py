@@ -105,13 +105,17 @@ MAX_NEW = 128  # tokens: a wave of requests decodes long enough for the abort to
 
 
 def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, tmp_path):
-    """Batch 1 of 3 over-sampled groups, 4 steps: each step keeps one group and aborts the other two, which
-    return to the buffer with their partial responses (off-policy tokens masked) and finish in later steps."""
+    """Batch 1 of 3 over-sampled groups, at least 4 steps: each step keeps one group and aborts the other two,
+    which return to the buffer with their partial responses (off-policy tokens masked) and finish in later steps.
+    Which step first cuts a response depends on the machine's timing, so the run goes on (up to 10 steps) until a
+    cut response has been resumed and trained."""
     data = source(tmp_path, served.tokenizer, "train", num_prompts=5, n=2)
     fn = rollout_fn()
     kept, partial = [], {}  # partial: sample index -> its tokens when it went back to the buffer
     aborted = 0.0
-    for rollout_id in range(4):
+    for rollout_id in range(10):
+        if rollout_id >= 4 and any(s.index in partial for g in kept for s in g):
+            break
         ctx = context(
             served,
             batch_size=1,
@@ -135,7 +139,7 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
                     partial[s.index] = list(s.tokens)  # the latest cut (a group may be cut twice)
     drawn = {s.group_index for g in kept + data.buffer for s in g}
     trained = [g[0].group_index for g in kept]
-    assert len(trained) == len(set(trained)) == 4  # no group trained twice
+    assert len(trained) == len(set(trained)) >= 4  # no group trained twice
     assert drawn == set(range(data.sample_group_index))  # and every drawn group is trained or still buffered
     assert aborted >= 1
     resumed = [s for g in kept for s in g if s.index in partial]

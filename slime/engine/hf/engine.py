@@ -48,7 +48,10 @@ class HFEngine(EngineServer):
             str(cfg.prefix_cache_tokens),
             "--weight-version",
             launch.weight_version,
-        ] + (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
+        ] + (
+            (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
+            + (["--enable-return-routed-experts"] if launch.return_routed_experts else [])
+        )
 
     def env(self) -> dict[str, str]:
         threads = str(max(1, self.config.num_threads))

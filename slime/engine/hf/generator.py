@@ -19,6 +19,7 @@ Output semantics (as SGLang):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,7 @@ from transformers import DynamicCache
 
 from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS, DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.sampling import LogitsSampler, SamplingParams
+from slime.moe.hf_routers import RouterTap
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,8 @@ class GenerationResult:
     text: str
     finish_reason: dict[str, Any]
     cached_tokens: int = 0  # prompt tokens served by the prefix cache, counted as SGLang does (see `generate`)
+    # with `capture_routes`: int32 [prompt + output - 1, MoE layers, top-k], each fed token's experts
+    routes: Optional[torch.Tensor] = None
 
 
 def _as_id_set(value: Any) -> set[int]:
@@ -74,6 +78,8 @@ class Generator:
         seed: seed of the shared `torch.Generator` used by rows without `sampling_seed`.
         context_length: max prompt + output tokens; default `model.config.max_position_embeddings`.
         prefix_cache_tokens: tokens the prefix cache may hold (0: no cache).
+        capture_routes: record every fed token's MoE experts (SGLang's `enable_return_routed_experts`); the
+            prefix cache is then off (a cached prefill would skip the forward whose routes are returned).
     """
 
     def __init__(
@@ -84,9 +90,11 @@ class Generator:
         seed: int = 0,
         context_length: Optional[int] = None,
         prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
+        capture_routes: bool = False,
     ):
         self.model = model
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.router_tap = RouterTap(model) if capture_routes else None
+        self.prefix_cache = PrefixCache(0 if capture_routes else prefix_cache_tokens)
         self.num_generated_tokens = 0  # tokens sampled since start, over all requests (progress, for /server_info)
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -152,6 +160,7 @@ class Generator:
         stop_ids = [self._stop_ids(r.params) for r in requests]
         reasons: list[Optional[dict]] = [None] * n
         cached = [0] * n
+        routes: list[list[torch.Tensor]] = [[] for _ in range(n)]
         live: list[int] = []
         for i, req in enumerate(requests):
             if req.aborted:
@@ -161,12 +170,25 @@ class Generator:
             else:
                 live.append(i)
         if live:
-            self._decode_loop(requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached)
+            tap = self.router_tap.capture() if self.router_tap else contextlib.nullcontext()
+            with tap:
+                self._decode_loop(requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached, routes)
         results = []
         for i, req in enumerate(requests):
             text = self._final_text(req.params, out_ids[i], reasons[i])
-            results.append(GenerationResult(out_ids[i], out_lps[i], text, reasons[i], cached[i]))
+            fed = torch.cat(routes[i]).to(torch.int32) if routes[i] else None
+            results.append(GenerationResult(out_ids[i], out_lps[i], text, reasons[i], cached[i], fed))
         return results
+
+    def _take_routes(self, routes, live, width: int, prompts=None) -> None:
+        """Append the last forward's routes to each live request's: the prompt's rows of a left-padded prefill
+        (`prompts` given, `width` columns), else one row per request (a decode step)."""
+        if self.router_tap is None:
+            return
+        taken = self.router_tap.take().cpu()
+        taken = taken.view(len(live), width, *taken.shape[1:])
+        for row, i in enumerate(live):
+            routes[i].append(taken[row, width - len(prompts[row]) :] if prompts else taken[row])
 
     def flush_cache(self) -> None:
         """Forget every stored prefill: call whenever the weights change or memory is released."""
@@ -193,7 +215,7 @@ class Generator:
             self.prefix_cache.put(prompts[0], cache, logits)
         return cache, logits, False
 
-    def _decode_loop(self, requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached) -> None:
+    def _decode_loop(self, requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached, routes) -> None:
         device = self.device
         prompts = [requests[i].input_ids for i in live]
         width = max(len(p) for p in prompts)
@@ -216,6 +238,7 @@ class Generator:
         cache, logits, hit = self._prefill(prompts, ids, mask, position_ids)
         if hit:
             cached[live[0]] = len(prompts[0]) - 1
+        self._take_routes(routes, live, width, prompts)
         step = 0
         while True:
             tokens, logprobs = sampler.step(logits, step)
@@ -240,6 +263,7 @@ class Generator:
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             generated = out_ids[live[0]] if len(live) == 1 and step <= CACHED_DECODE_STEPS else None
             cache, logits = self._decode_step(prompts[0], generated, tokens, mask, next_pos, cache)
+            self._take_routes(routes, live, 1)
             next_pos = next_pos + 1
 
     def _decode_step(self, prompt, generated, tokens, mask, positions, cache):

@@ -1,7 +1,8 @@
 """SGLang's `/generate` wire format: request body → `GenerationRequest`s, results → response dicts.
 
 Request: `{input_ids: [int] | [[int]], text?: str | [str], sampling_params: {...} | [{...}],
-return_logprob?: bool | [bool], return_text_in_logprobs?: bool, rid?: str | [str], ...}`. Any other
+return_logprob?: bool | [bool], return_text_in_logprobs?: bool, rid?: str | [str], return_routed_experts?: bool,
+routed_experts_start_len?: int, ...}`. Any other
 top-level key (the router adds model, stream, log_metrics, return_hidden_states, background, no_logs,
 return_bytes, return_entropy, ...) is ignored; `stream: true` is refused (no streaming here).
 A list input is a batch and is answered with a list, in order.
@@ -9,7 +10,9 @@ A list input is a batch and is answered with a list, in order.
 Response per item: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 "completion_tokens", "cached_tokens" (prefix-cache hits, `Generator.generate`), "weight_version",
 "queue_time" (s), "e2e_latency" (s),
-"output_token_logprobs": [[logprob, token_id, token_text | None], ...] (only with return_logprob)}}`.
+"output_token_logprobs": [[logprob, token_id, token_text | None], ...] (only with return_logprob),
+"routed_experts": base64 of int32 [prompt + output - 1 - routed_experts_start_len, MoE layers, top-k] (only with
+return_routed_experts on a server started with --enable-return-routed-experts, as SGLang)}}`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest
 from slime.engine.hf.sampling import SamplingParams
+from slime.moe.routes import encode_routes
 
 
 @dataclass
@@ -32,6 +36,7 @@ class GenerateCall:
     return_logprob: list[bool]
     text_in_logprobs: list[bool]
     batch: bool
+    routes_from: list[int | None]  # per input: the first position whose routed experts are returned (None: none)
 
 
 def _per_item(value: Any, n: int, name: str, batch: bool) -> list:
@@ -61,6 +66,8 @@ def parse_generate(body: dict, encode: Callable[[str], list[int]]) -> GenerateCa
     logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", batch)
     text_lp = _per_item(body.get("return_text_in_logprobs", False), n, "return_text_in_logprobs", batch)
     rids = _per_item(body.get("rid"), n, "rid", batch)
+    routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", batch)
+    starts = _per_item(body.get("routed_experts_start_len", 0), n, "routed_experts_start_len", batch)
     requests = []
     for prompt, sp, rid in zip(prompts, params, rids):
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
@@ -69,7 +76,15 @@ def parse_generate(body: dict, encode: Callable[[str], list[int]]) -> GenerateCa
             raise GenerationError("sampling_params must be a JSON object")
         rid = rid if rid is not None else uuid.uuid4().hex
         requests.append(GenerationRequest(prompt, SamplingParams.from_dict(sp), rid))
-    return GenerateCall(requests, [bool(x) for x in logprob], [bool(x) for x in text_lp], batch)
+    routes_from = [_routes_start(int(start)) if want else None for want, start in zip(routed, starts)]
+    return GenerateCall(requests, [bool(x) for x in logprob], [bool(x) for x in text_lp], batch, routes_from)
+
+
+def _routes_start(start: int) -> int:
+    """SGLang 0.5.23 `state_capturer/base.py:BaseTopkCapturer.get_topk`: a negative start is an error."""
+    if start < 0:
+        raise GenerationError(f"start_len={start} must be non-negative")
+    return start
 
 
 def generate_response(call: GenerateCall, completions: list, decode_token: Callable[[int], str], arrived: float):
@@ -93,5 +108,8 @@ def generate_response(call: GenerateCall, completions: list, decode_token: Calla
                 [lp, tid, decode_token(tid) if with_text else None]
                 for lp, tid in zip(res.output_logprobs, res.output_ids)
             ]
+        start = call.routes_from[i]
+        if start is not None and res.routes is not None:  # clamped to the last fed token, as get_topk does
+            meta["routed_experts"] = encode_routes(res.routes[min(start, len(res.routes)) :].numpy())
         out.append({"text": res.text, "output_ids": res.output_ids, "meta_info": meta})
     return out if call.batch else out[0]

@@ -65,6 +65,7 @@ class HFServer:
             seed=args.seed,
             context_length=args.context_length,
             prefix_cache_tokens=args.prefix_cache_tokens,
+            capture_routes=args.enable_return_routed_experts,
         )
         self.scheduler = Scheduler(
             self.generator,
@@ -252,6 +253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=DEFAULT_MAX_TOKENS,
         help="prompt tokens of one-request prefills kept for reuse (0: no prefix cache)",
+    )
+    p.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="capture each token's MoE experts for requests with return_routed_experts (as SGLang's flag)",
     )
     p.add_argument("--weight-version", default="0")
     p.add_argument("--log-level", default="INFO")

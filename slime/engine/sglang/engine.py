@@ -81,6 +81,7 @@ class SGLangEngine(EngineServer):
             "enable_memory_saver": launch.memory_saver,
             "enable_deterministic_inference": cfg.deterministic,
             "weight_version": launch.weight_version,
+            "enable_return_routed_experts": launch.return_routed_experts,
         }
         if launch.device == "cpu":
             args["device"] = "cpu"

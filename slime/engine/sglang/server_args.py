@@ -45,6 +45,7 @@ OWNED_FIELDS: dict[str, str] = {
     "enable_metrics": "the framework's monitoring",
     "device": "cluster.device",
     "weight_version": "the weight sync (each push stamps its version)",
+    "enable_return_routed_experts": "algo.routing_replay",
     "disaggregation_mode": "rollout.models[*].server_groups[*].worker_type",
     "disaggregation_bootstrap_port": "a port the framework reserves",
 }

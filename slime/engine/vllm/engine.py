@@ -83,6 +83,8 @@ class VLLMEngine(EngineServer):
         the generate route, the name a served view answers to)."""
         cfg = self.config
         args: dict[str, Any] = {"enable_server_load_tracking": True, "enable_scale_out": True}
+        if self.launch_spec.return_routed_experts:
+            args["enable_return_routed_experts"] = True
         if self.served_path() != self.launch_spec.model_path:
             args["served_model_name"] = self.launch_spec.model_path
         if cfg.weight_transfer_backend:

@@ -66,6 +66,7 @@ OWNED_FIELDS: dict[str, str] = {
     "weight_transfer_config": "rollout.weight_sync.mode",
     "enable_server_load_tracking": "the framework (it polls GET /load after every abort)",
     "enable_scale_out": "the framework: the rollout's /inference/v1/generate route needs it",
+    "enable_return_routed_experts": "algo.routing_replay",
     "logprobs_mode": f"the rollout's log-probs ({LOGPROBS_MODE}: after temperature, as the trainer computes them)",
 }
 _CONFIG_KEYS = ("seed",)  # OWNED_FIELDS values without a dot that are config keys

@@ -12,12 +12,22 @@ SGLang-only key raises ValueError naming it); `as_sglang_output` turns the respo
 (`text`, `meta_info.output_token_logprobs` = [[logprob, token id]], `finish_reason.type`, `weight_version`)
 that `slime.rollout.generate.append_engine_output` records on a Sample, so log-probs, status and weight
 version are recorded exactly as with SGLang. `logprobs: 0` asks for the sampled token's log-prob only.
+A server started with `--enable-return-routed-experts` adds `choices[0].routed_experts`: base64 of a `.npy` file
+(`vllm/utils/serial_utils.py:numpy2base64`) of `[prompt + output - 1, MoE layers, top-k]` expert ids in uint8,
+uint16 or int32 (`entrypoints/scale_out/token_in_token_out/protocol.py`); it becomes SGLang's
+`meta_info.routed_experts` (base64 of raw int32, `slime.moe.routes`).
 """
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
+
+from slime.moe.routes import encode_routes
 
 GENERATE_PATH = "/inference/v1/generate"
 
@@ -78,6 +88,8 @@ def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str
         )
     spans = choice.get("weight_versions") or []
     usage = response.get("usage") or {}
+    routes = choice.get("routed_experts")
+    extra = {} if routes is None else {"routed_experts": encode_routes(np.load(io.BytesIO(base64.b64decode(routes))))}
     return {
         "text": decode(ids) if ids else "",
         "meta_info": {
@@ -86,5 +98,6 @@ def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str
             "weight_version": spans[-1]["version"] if spans else None,
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": len(ids),
+            **extra,
         },
     }

@@ -13,14 +13,17 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
+from slime.moe.hf_routers import RouterTap
+from slime.moe.routes import stream_routes
 from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
+from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
 from slime.train.throughput import begin_phase, matmul_ceiling_tflops
 from slime.types import TrainBatch
 
 
-class FSDPBackend(ActorSteps, FSDPRank):
+class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
     """The actor role of the fsdp backend."""
 
     role = "actor"
@@ -30,6 +33,7 @@ class FSDPBackend(ActorSteps, FSDPRank):
         s = self.setup
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
+        self.router_tap = RouterTap(self.model) if self.routing_replay.replays else None  # the policy's only
         # the reference model and the distillation teacher, by column; never trained
         self.frozen = {
             which: self._load_model(path, dtype=self._frozen_dtype).eval()
@@ -48,21 +52,37 @@ class FSDPBackend(ActorSteps, FSDPRank):
         return model.to(self.device)
 
     # ---- log-probs -------------------------------------------------------------------------
-    def _forward(self, model, batch: TrainBatch, indices: list[int], *, with_entropy: bool):
+    def _forward(self, model, batch: TrainBatch, indices: list[int], *, with_entropy: bool, record: bool = False):
         """Flat (log_probs Tensor[N], entropy Tensor[N] | None) in nats over the N response tokens of
-        `indices`, from one packed forward; grad if enabled.
+        `indices`, from one packed forward; grad if enabled. The policy's forward replays the routes of
+        `algo.routing_replay`, or (`record`) records its own.
 
         The LM head runs inside the model's forward (so FSDP2 holds its weight unsharded there) on the
         response rows only, `LOGITS_CHUNK_TOKENS` at a time: a micro-batch's fp32 logits never exist whole.
         """
-        with self._autocast():
-            return packing.log_probs_and_entropy(
+        tap = self.router_tap if model is self.model else None
+        if tap is not None:
+            tap.replay(None if record else self._stream_routes(indices))
+        with self._autocast(), tap.capture() if record else contextlib.nullcontext():
+            out = packing.log_probs_and_entropy(
                 model,
                 self._pack(indices),
                 temperature=self.setup.temperature,
                 with_entropy=with_entropy,
                 chunk_size=self.LOGITS_CHUNK_TOKENS,
             )
+        if record:
+            self.recorded_routes[tuple(indices)] = tap.take()
+        return out
+
+    def _stream_routes(self, indices: list[int]) -> torch.Tensor | None:
+        """int64 `[T, layers, k]` routes of the packed stream of `indices` to replay (None: route freely)."""
+        if self.sample_routes is not None:
+            routes = stream_routes([self.sample_routes[i] for i in indices], self.setup.model.num_experts)
+            return torch.from_numpy(routes).long().to(self.device)
+        if self.routing_replay.trainer_records_routes and self.recorded_routes:
+            return self._recorded(indices)
+        return None
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`.
@@ -78,12 +98,13 @@ class FSDPBackend(ActorSteps, FSDPRank):
         micro = [mb for step in batching.step_indices(batch) for mb in self._micro_batches(step)]
         parts = {}
         model.train(which == "old")  # the actor in its training mode: the first step's ratio is exactly 1
+        record = self._records_routes(frozen)
         with torch.no_grad(), self._on_device(model):
             for mb in micro:
                 if not mb:
                     self._dummy_loss(model)
                     continue
-                log_probs = self._forward(model, batch, mb, with_entropy=False)[0]
+                log_probs = self._forward(model, batch, mb, with_entropy=False, record=record)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
         return self._log_probs_perf(which, time.perf_counter() - start)
@@ -118,4 +139,6 @@ class FSDPBackend(ActorSteps, FSDPRank):
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
             steps.append(metrics)
+        if self.router_tap is not None:
+            self.router_tap.replay(None)
         return {"steps": steps, "perf": self._train_perf(time.perf_counter() - start, trained=bool(steps))}

@@ -30,6 +30,8 @@ MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.T
 class FSDPRank(BatchColumns, TrainBackend):
     """Model, optimizer and step loop of one fsdp rank (actor or critic)."""
 
+    router_tap = None  # the actor's MoE routing replay hooks (slime.moe.hf_routers.RouterTap), when it replays
+
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         """The role's HF model from `path` in `dtype`, on this rank's device."""
         raise NotImplementedError
@@ -139,6 +141,8 @@ class FSDPRank(BatchColumns, TrainBackend):
         """A zero loss from a one-token forward: an empty micro-batch still takes part in FSDP2's
         collectives (its backward adds zero gradients)."""
         packed = packing.pack([[self.pad_id]], [0], self.device)
+        if self.router_tap is not None:  # its one token routes freely
+            self.router_tap.replay(None)
         with self._autocast():
             return model(**packed.model_kwargs()).logits.float().sum() * 0.0
 

@@ -105,7 +105,8 @@ def test_every_request_of_the_engine_client_is_a_route_and_request_type_of_sglan
 
 def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
     """`call_engine`, as the default rollout calls it with the embedded run's sampling params (and the
-    deterministic run's per-request seed), sends a body SGLang's /generate admits."""
+    deterministic run's per-request seed, and routing replay's request for the routes), sends a body SGLang's
+    /generate admits."""
     rollout = typed_config(["rollout.deterministic=true"]).rollout
     params = sampling_params(rollout, rollout)
     sample = Sample(prompt="What comes after 7?", index=3, tokens=[5, 6, 7])
@@ -115,11 +116,13 @@ def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
             args = type("Args", (), {})()
             args.config, args.router_url, args.session = rollout, recorder.url, session
             args.sampling_seed, args.request_timeout_s, args.tokenizer = 11, 30.0, None
+            args.return_routed_experts = True
             await call_engine(args, sample, params)
 
     asyncio.run(send())
     ((method, path, _, body),) = recorder.requests
     assert (method, path) == ("POST", "/generate") and body["sampling_params"]["sampling_seed"] > 0
+    assert body["return_routed_experts"] is True
     assert_sglang_accepts(probe, recorder.requests)
 
 
