@@ -12,20 +12,25 @@ import time
 import torch
 
 from slime.train import batching
-from slime.train.megatron import hf_weights
+from slime.train.megatron import hf_weights, routes
+from slime.train.megatron.batch import MicroBatch
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
+from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
 from slime.train.throughput import begin_phase, matmul_ceiling_tflops
 
 
-class MegatronBackend(ActorSteps, MegatronRank):
+class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
     """The actor role of the megatron backend."""
 
     role = "actor"
     with_entropy = True
     LOGITS_CHUNK_TOKENS = 1024  # response tokens whose fp32 logits exist at once
+    # what the routers do in the pass under way (algo.routing_replay): record their choice, or replay routes
+    _recording = False
+    _replaying = False
 
     def init(self) -> int:
         s = self.setup
@@ -82,12 +87,47 @@ class MegatronBackend(ActorSteps, MegatronRank):
         live = self._param_copy() if frozen is not None else None
         if live is not None:
             self._load_params(frozen)
+        self._recording = self._records_routes(frozen)
+        self._replaying = frozen is None and self.routing_replay.replays and not self._recording
         try:
             self.columns[LOG_PROB_COLUMNS[which]] = self._forward_only(batching.step_indices(self.batch))
         finally:
+            self._recording = self._replaying = False
             if live is not None:
                 self._load_params(live)
         return self._log_probs_perf(which, time.perf_counter() - start)
+
+    # ---- MoE routing replay (slime.train.replayed_routes) ----------------------------------------
+    def _megatron_fields(self) -> dict:
+        return super()._megatron_fields() | ({"moe_enable_routing_replay": True} if self.routing_replay.replays else {})
+
+    def _route(self, chunk, mb: list[int], packed: MicroBatch) -> None:
+        if not self.routing_replay.replays:
+            return
+        routers = routes.moe_routers(chunk)
+        if self._recording:
+            routes.record(routers)
+        else:
+            routes.replay(routers, self._replayed(mb, packed) if self._replaying and mb else None)
+
+    def _routed(self, chunk, mb: list[int]) -> None:
+        if self._recording:
+            self.recorded_routes.setdefault(tuple(mb), {}).update(routes.recorded(routes.moe_routers(chunk)))
+
+    def _replayed(self, mb: list[int], packed: MicroBatch) -> dict[int, torch.Tensor]:
+        """Micro-batch `mb`'s routes by layer number: the engine's in its local layout, or the log-prob pass's."""
+        if self.sample_routes is None:
+            return self._recorded(mb)
+        sp = self.layout.tp if self.config.sequence_parallel else 1
+        local = routes.layout_routes(
+            [self.sample_routes[i] for i in mb],
+            packed,
+            cp=self.layout.cp,
+            sp_size=sp,
+            sp_rank=torch.distributed.get_rank(self.tp_group) if sp > 1 else 0,
+            num_experts=self.setup.model.num_experts,
+        )
+        return routes.by_layer(local, self.device)
 
     # ---- training ------------------------------------------------------------------------------
     def train(self, *, update: bool = True) -> dict:
@@ -95,6 +135,7 @@ class MegatronBackend(ActorSteps, MegatronRank):
         start = time.perf_counter()
         begin_phase(self.device)
         steps = []
+        self._replaying = self.routing_replay.replays
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def on_micro(mb, weights, mask, log_probs, entropy, step=step):
@@ -103,4 +144,5 @@ class MegatronBackend(ActorSteps, MegatronRank):
             metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
             steps.append(metrics)
+        self._replaying = False
         return {"steps": steps, "perf": self._train_perf(time.perf_counter() - start, trained=bool(steps))}

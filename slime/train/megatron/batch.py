@@ -131,7 +131,7 @@ def build(
         cu.append(cu[-1] + extra)
     full_ids = torch.tensor(ids, dtype=torch.long)
     full_pos = torch.tensor(positions, dtype=torch.long)
-    keep = _local_positions(cu, cp, cp_rank)
+    keep = local_positions(cu, cp, cp_rank)
     rows, index, targets = [], [], []
     for r in range(cp):
         r_rows = [(i, _local_row(off, s, length, cp, r), t) for i, (s, length, off, t) in enumerate(scored)]
@@ -153,7 +153,7 @@ def build(
     )
 
 
-def _local_positions(cu: list[int], cp: int, cp_rank: int) -> Tensor:
+def local_positions(cu: list[int], cp: int, cp_rank: int) -> Tensor:
     """Stream positions this CP rank holds, in its local order (chunk r, then chunk 2cp−1−r, per sample)."""
     if cp == 1:
         return torch.arange(cu[-1])

@@ -55,7 +55,7 @@ class MegatronRank(BatchColumns, TrainBackend):
         self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
         dtype = torch.bfloat16 if s.precision == "bf16" else torch.float32
         self.config = transformer_config(
-            s.model, s.parallelism, params_dtype=dtype, device=s.device, extra=dict(s.parallelism.megatron)
+            s.model, s.parallelism, params_dtype=dtype, device=s.device, extra=self._megatron_fields()
         )
         chunks = build_model_chunks(s.model, self.config, head=self.head)
         self.rotary = rope.rotary_embedding(s.model, self.config)
@@ -76,6 +76,16 @@ class MegatronRank(BatchColumns, TrainBackend):
         self.pad_id = 0
         self.global_step = 0
         self._one = torch.ones((), dtype=torch.int, device=self.device)  # the schedules' token count (unused)
+
+    def _megatron_fields(self) -> dict:
+        """TransformerConfig fields beyond the model's and the layout's: `parallelism.megatron`."""
+        return dict(self.setup.parallelism.megatron)
+
+    def _route(self, chunk, mb: list[int], packed: mbatch.MicroBatch) -> None:
+        """Before `chunk`'s forward of micro-batch `mb`: set its MoE routers up (the actor's routing replay)."""
+
+    def _routed(self, chunk, mb: list[int]) -> None:
+        """After `chunk`'s forward of micro-batch `mb`."""
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the data-parallel ranks (tp, cp and pp ranks of a shard hold the same values)."""
@@ -170,12 +180,14 @@ class MegatronRank(BatchColumns, TrainBackend):
 
         def forward_step(data_iterator: Iterator, model):
             mb, packed = next(data_iterator)
+            self._route(model, mb, packed)
             out = model(
                 input_ids=packed.input_ids,
                 position_ids=packed.position_ids,
                 attention_mask=None,
                 packed_seq_params=params(packed),
             )
+            self._routed(model, mb)
             return out, functools.partial(self._loss, mb, packed, on_scores, with_entropy)
 
         iterators = [iter(packs) for _ in self.model] if len(self.model) > 1 else iter(packs)
