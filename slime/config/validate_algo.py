@@ -102,19 +102,19 @@ def _check_distillation(cfg: RunConfig) -> Iterator[Problem]:
 
 def _check_routing_replay(cfg: RunConfig) -> Iterator[Problem]:
     """A known replay mode, on an MoE policy."""
-    value = cfg.algo.routing_replay
-    modes = [m.value for m in RoutingReplay]
-    if value not in modes:
+    value, mode = cfg.algo.routing_replay, RoutingReplay.named(cfg.algo.routing_replay)
+    if mode is None:
+        modes = [m.value for m in RoutingReplay]
         yield Problem("algo.routing_replay", value, f"is not one of {modes}", "set algo.routing_replay=none")
         return
-    if RoutingReplay(value).replays and not cfg.model.num_experts:
+    if mode.replays and not cfg.model.num_experts:
         yield Problem(
             "algo.routing_replay",
             value,
             f"replays MoE routing, but model {cfg.model.name} is dense (model.num_experts is null)",
             "set algo.routing_replay=none, or pick an MoE model (e.g. model=tiny_qwen3_moe)",
         )
-    if RoutingReplay(value).trainer_records_routes and cfg.algo.use_rollout_logprobs:
+    if mode.trainer_records_routes and cfg.algo.use_rollout_logprobs:
         yield Problem(
             "algo.routing_replay",
             value,

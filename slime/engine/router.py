@@ -46,6 +46,9 @@ HEALTH_SWITCHES: Mapping[str, str] = {"disable_health_check": "health_", "disabl
 # SGLang 0.5.23 SamplingParams fields (sglang/srt/sampling/sampling_params.py) that sglang-router 0.3.2 does not
 # forward in a /generate body (its request type has no such field): the engine would sample without them.
 # Measured with the real router by tests/engine/test_router_contract.py.
+# The top-level /generate fields of SGLang 0.5.23's GenerateReqInput the rollout sends that sglang-router 0.3.2 does
+# not forward either (tests/engine/test_router_contract.py): a request carrying one goes to a worker directly.
+DROPPED_REQUEST_FIELDS = frozenset({"return_routed_experts"})
 DROPPED_SAMPLING_PARAMS = frozenset(
     {
         "stop_regex",

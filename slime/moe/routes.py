@@ -25,6 +25,11 @@ class RoutingReplay(enum.Enum):
     ROLLOUT = "rollout"  # the engine returns its routes with every response; every trainer forward replays them
     TRAIN = "train"  # the policy's log-prob forward records its routes; the training forwards replay them
 
+    @classmethod
+    def named(cls, value: str) -> RoutingReplay | None:
+        """The mode `algo.routing_replay=value` names; None for an unknown value (validation reports it)."""
+        return next((mode for mode in cls if mode.value == value), None)
+
     @property
     def engine_returns_routes(self) -> bool:
         return self is RoutingReplay.ROLLOUT

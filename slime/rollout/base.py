@@ -109,6 +109,7 @@ class RolloutContext:
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False
     session: Any = None
+    worker_urls: list[str] | None = None  # the router's workers, read once per call by requests that bypass it
     progress: RolloutProgress = dataclasses.field(default_factory=RolloutProgress)  # group counts so far
 
 

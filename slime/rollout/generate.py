@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from slime.engine.router import DROPPED_SAMPLING_PARAMS
+from slime.engine.router import DROPPED_REQUEST_FIELDS, DROPPED_SAMPLING_PARAMS, Router
 from slime.registry import generate_protocol
 from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
 from slime.types import Sample, SampleStatus
@@ -87,7 +87,19 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
     if args.return_routed_experts:  # the whole sequence's (routed_experts_start_len 0): a resumed sample's too
         payload["return_routed_experts"] = True
-    return await post_json(args.session, f"{args.router_url}/generate", payload, args.request_timeout_s)
+    url = await _worker_url(args, sample) if DROPPED_REQUEST_FIELDS.intersection(payload) else args.router_url
+    return await post_json(args.session, f"{url}/generate", payload, args.request_timeout_s)
+
+
+async def _worker_url(args: RolloutContext, sample: Sample) -> str:
+    """The worker a request the router would strip goes to directly: one of the router's workers (listed once per
+    rollout call), the same for every sample of a group (they share the prompt: its cached prefix)."""
+    if not args.worker_urls:
+        workers = await asyncio.to_thread(Router(args.router_url).list_workers)
+        args.worker_urls = sorted(w["url"] for w in workers)
+    if not args.worker_urls:
+        raise RuntimeError(f"the router at {args.router_url} lists no workers")
+    return args.worker_urls[(sample.group_index or 0) % len(args.worker_urls)]
 
 
 def append_engine_output(sample: Sample, out: dict) -> None:

@@ -217,8 +217,9 @@ class RolloutProducer:
         metrics["rollout/rewards"] = float(rewards.mean())
         metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
         metrics["rollout/num_aborted"] = float(sum(s.status == SampleStatus.ABORTED for s in samples))
+        # the sample log leaves the routes out (layers x top-k ids per token), as SGLang's request dumps do
         preview = [
-            dict(s.to_dict(), rollout_step=rollout_id)
+            {**{k: v for k, v in s.to_dict().items() if k != "routed_experts"}, "rollout_step": rollout_id}
             for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
         ]
         s = self.setup

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import json
 import time
 import urllib.error
@@ -20,7 +21,7 @@ import pytest
 
 from slime.config import ConfigError
 from slime.config.schema import RolloutConfig, RouterConfig
-from slime.engine.router import DROPPED_SAMPLING_PARAMS, Router
+from slime.engine.router import DROPPED_REQUEST_FIELDS, DROPPED_SAMPLING_PARAMS, Router
 from slime.engine.vllm.router import VLLMRouter
 from slime.plan.validate import validate
 from slime.rollout.base import RolloutContext
@@ -115,6 +116,29 @@ def test_the_router_drops_exactly_these_sampling_params(router, worker):
     assert set(SAMPLING_VALUES) - set(arrived) == DROPPED_SAMPLING_PARAMS
     assert {k: v for k, v in SAMPLING_VALUES.items() if k not in DROPPED_SAMPLING_PARAMS} == arrived  # unchanged
     assert {k: received[k] for k in ("input_ids", "return_logprob")} == {"input_ids": [1, 2, 3], "return_logprob": True}
+
+
+def test_the_router_drops_the_routed_experts_request_and_the_rollout_goes_to_a_worker(router, worker):
+    """sglang-router 0.3.2 strips return_routed_experts (routing replay's request for the routes) from /generate, so
+    call_engine sends such a request to one of the router's workers itself, the body whole."""
+    sent = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}, "return_routed_experts": True}
+    count = len(worker.bodies("/generate"))
+    assert post_generate(router.url, sent) == 200
+    received = worker.wait_for("/generate", count + 1)[-1]
+    assert set(sent) - set(received) == DROPPED_REQUEST_FIELDS == {"return_routed_experts"}
+
+    config = RolloutConfig()
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            args = dataclasses.replace(rollout_context(router.url, config, session), return_routed_experts=True)
+            return await call_engine(
+                args, Sample(index=0, group_index=3, prompt="p", tokens=[1, 2, 3]), {"max_new_tokens": 4}
+            )
+
+    asyncio.run(go())
+    direct = worker.wait_for("/generate", count + 2)[-1]
+    assert direct["return_routed_experts"] is True and direct["input_ids"] == [1, 2, 3]
 
 
 def rollout_context(router_url: str, config: RolloutConfig, session) -> RolloutContext:

@@ -11,8 +11,11 @@ from tests.fakes.fake_sglang import REQUEST_MARK
 FAKE = "tests.fakes.fake_sglang"
 
 
-def make_engine(model_dir, log_dir, *, gpu_ids=(), device="cpu", memory_saver=False, timeout_s=120.0, **config):
-    """An SGLangEngine running the fake (tp = len(gpu_ids), 1 without); `config` sets SGLangEngineConfig fields."""
+def make_engine(
+    model_dir, log_dir, *, gpu_ids=(), device="cpu", memory_saver=False, timeout_s=120.0, routes=False, **config
+):
+    """An SGLangEngine running the fake (tp = len(gpu_ids), 1 without); `routes`: it returns MoE routes
+    (`EngineLaunch.return_routed_experts`); `config` sets SGLangEngineConfig fields."""
     launch = EngineLaunch(
         rank=3,
         model_path=str(model_dir),
@@ -24,6 +27,7 @@ def make_engine(model_dir, log_dir, *, gpu_ids=(), device="cpu", memory_saver=Fa
         startup_timeout_s=timeout_s,
         shutdown_grace_s=5,
         memory_saver=memory_saver,
+        return_routed_experts=routes,
     )
     fields = {"server_args": {}, "launch_module": FAKE, **config}
     return SGLangEngine(launch, SGLangEngineConfig(**fields))

@@ -19,6 +19,7 @@ from slime.engine.groups import group_overrides, rollout_gpu_count
 from slime.engine.vllm.cpu import CPU_ATTENTION_HEAD_SIZES
 from slime.engine.vllm.engine_args import LAUNCH_MODULE, check_engine_args, router_flags, tensor_parallel_size
 from slime.engine.vllm.router import VLLMRouter
+from slime.moe.routes import RoutingReplay
 from slime.registry import WEIGHT_SYNC
 
 VLLM_ROUTER = RouterKind(name="vllm-router", flags=router_flags, health_switches=VLLMRouter.health_switches)
@@ -148,4 +149,12 @@ def check_vllm_on_cpu(cfg: RunConfig) -> Iterator[Problem]:
             f"vLLM's CPU attention takes head sizes {list(CPU_ATTENTION_HEAD_SIZES)}; this model's is {head_dim} "
             "(the server would die on its first request)",
             "pick a model whose head size it takes, e.g. model=tiny_qwen3_vllm, or run the engine on GPUs",
+        )
+    if RoutingReplay.named(cfg.algo.routing_replay) is RoutingReplay.ROLLOUT:
+        yield Problem(
+            "algo.routing_replay",
+            cfg.algo.routing_replay,
+            "vLLM 0.32.0 returns routed experts only from its model runner V2 (vllm/config/vllm.py), which needs "
+            "Triton: a vLLM server on CPU cannot",
+            "set algo.routing_replay=train (the trainer's own routes), or rollout.engine=hf on CPU",
         )

@@ -131,6 +131,8 @@ class VLLMEngine(EngineServer):
 
     def env(self) -> dict[str, str]:
         env = {**super().env(), "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        if self.launch_spec.return_routed_experts:  # vLLM 0.32 config/aux_output.py: routes need model runner V2
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         if self.config.worker_type != "regular" and self.lease is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.launch_spec.host
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.lease.ports[1])

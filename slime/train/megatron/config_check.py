@@ -19,6 +19,7 @@ from typing import Any, Optional
 from slime.config.hf_config import FAMILIES
 from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import RunConfig
+from slime.moe.routes import RoutingReplay
 
 # The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).
 MEGATRON_CONFIG_CLASSES = (
@@ -260,4 +261,13 @@ def _check_recompute(cfg: RunConfig) -> Iterator[Problem]:
             r.modules,
             "modules apply to granularity=selective only",
             "set parallelism.recompute.granularity=selective or remove them",
+        )
+    replays = RoutingReplay.named(cfg.algo.routing_replay) not in (None, RoutingReplay.NONE)
+    if r.granularity == "full" and cfg.parallelism.pp > 1 and replays:
+        yield Problem(
+            "parallelism.recompute.granularity",
+            r.granularity,
+            "full recompute runs each MoE router again in the backward, and with pipeline stages (pp > 1) a "
+            "micro-batch's backward comes after later micro-batches' forwards: it would replay their routes",
+            "set parallelism.recompute.granularity=selective (or null), or parallelism.pp=1, with algo.routing_replay",
         )

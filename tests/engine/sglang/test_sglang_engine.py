@@ -14,8 +14,10 @@ from slime.engine import http_client
 from slime.engine.base import EngineStartupError, get_engine_class
 from slime.engine.router import Router
 from slime.engine.sglang.engine import SGLangEngine
+from slime.moe.routes import decode_routes
 from tests.fakes.fake_sglang import GENERATE_MARK
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
+from tests.helpers.moe_rollout import tiny_moe
 from tests.helpers.sglang_probe import SGLangProbe
 
 
@@ -83,6 +85,24 @@ def test_prefill_server_gets_disaggregation_mode_and_bootstrap_port(tmp_path, sg
     engine = make_engine("/m", tmp_path, worker_type="prefill", server_args={"pp_size": 2}, gpu_ids=("0", "1"))
     args = sglang_parser(engine.command([1, 2, 3])[3:])
     assert (args["disaggregation_mode"], args["disaggregation_bootstrap_port"], args["tp_size"]) == ("prefill", 3, 1)
+
+
+def test_routing_replay_starts_the_server_returning_each_tokens_experts(tmp_path, sglang_parser):
+    """algo.routing_replay=rollout: SGLang's parser reads --enable-return-routed-experts, and the fake server (the hf
+    engine under SGLang's routes and request types) answers return_routed_experts with one row per fed token."""
+    moe = tiny_moe(tmp_path / "models")
+    engine = make_engine(moe.hf_checkpoint, tmp_path, routes=True)
+    assert sglang_parser(engine.command([1, 2, 3])[3:])["enable_return_routed_experts"] is True
+    assert sglang_parser(make_engine("/m", tmp_path).command([1, 2, 3])[3:])["enable_return_routed_experts"] is False
+    engine.start()
+    try:
+        body = {"input_ids": [1, 5, 11, 7], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
+        out = http_client.post(engine.url + "/generate", {**body, "return_routed_experts": True})
+        routes = decode_routes(out["meta_info"]["routed_experts"], num_tokens=4 + 5, num_layers=2, topk=2)
+        assert routes.shape == (8, 2, 2) and set(routes.ravel()) <= {0, 1, 2, 3}
+        assert "routed_experts" not in http_client.post(engine.url + "/generate", body)["meta_info"]
+    finally:
+        engine.shutdown()
 
 
 def test_framework_owned_fields_are_refused(tmp_path):

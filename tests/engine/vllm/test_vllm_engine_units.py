@@ -3,8 +3,11 @@ generate translation, and the trainer's end of vLLM's NCCL group (vLLM's module 
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,6 +108,37 @@ def test_distributed_sync_over_nccl_opens_the_trainers_end_with_vllms_own_rendez
     assert [(src, t.tolist()) for src, t in sent] == [(0, [1.0, 1.0]), (0, [0.0, 0.0, 0.0])]
     sync.close()
     assert ("destroy",) in calls  # the communicator is destroyed with the group (PyNcclCommunicator.destroy)
+
+
+VLLM_ROUTES = """
+import numpy as np, sys
+from vllm.utils.serial_utils import numpy2base64
+routes = (np.arange(5 * 2 * 3) % 7).reshape(5, 2, 3).astype(sys.argv[1])
+print(numpy2base64(routes))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int32"])
+def test_vllms_routed_experts_become_sglangs(dtype, tmp_path):
+    """`choices[0].routed_experts` as vLLM's own `numpy2base64` encodes it (a .npy file, uint8 for few experts)
+    reaches the sample as SGLang's base64 of raw int32; the server flag and its model runner come with the launch."""
+    from slime.engine.base import EngineLaunch
+    from slime.engine.vllm.engine import VLLMEngineConfig
+    from slime.engine.vllm.protocol import as_sglang_output
+    from slime.moe.routes import decode_routes
+
+    out = subprocess.run([sys.executable, "-c", VLLM_ROUTES, dtype], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    choice = {"token_ids": [3], "logprobs": {"content": [{"token_id": 3, "logprob": -0.5}]}}
+    meta = as_sglang_output({"choices": [{**choice, "routed_experts": out.stdout.split()[-1]}]}, str)["meta_info"]
+    routes = decode_routes(meta["routed_experts"], num_tokens=6, num_layers=2, topk=3)
+    assert routes.tolist() == (np.arange(30) % 7).reshape(5, 2, 3).tolist()
+    assert "routed_experts" not in as_sglang_output({"choices": [choice]}, str)["meta_info"]
+    launch = EngineLaunch(rank=0, model_path="/m", host="h", seed=0, device="cuda", log_dir=str(tmp_path))
+    for returns in (True, False):
+        engine = VLLMEngine(dataclasses.replace(launch, return_routed_experts=returns), VLLMEngineConfig(args={}))
+        assert engine.adapter_args().get("enable_return_routed_experts", False) is returns
+        assert (engine.env().get("VLLM_USE_V2_MODEL_RUNNER") == "1") is returns
 
 
 def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
