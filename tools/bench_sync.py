@@ -3,7 +3,7 @@ code (`slime.sync.*` via `slime.registry.WEIGHT_SYNC`), for each mode, and print
 
     python tools/bench_sync.py                  # Qwen3-1.7B shape, bf16, random weights, on cuda:0
     python tools/bench_sync.py --tiny           # a small shape on CPU (seconds)
-    python tools/bench_sync.py --modes tensor --bucket-mb 1024 --repeats 5
+    python tools/bench_sync.py --modes tensor --bucket-mb 512,1024,2048 --repeats 5
 
 This process is the trainer: it holds HF-named random bf16 tensors on its device, cut into buckets of
 `--bucket-mb` MiB, and pushes them with `WeightSync.push` (pause, flush, transfer, continue), exactly as
@@ -35,8 +35,9 @@ from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
+from slime.sync.tensor import TensorWeightSync  # noqa: E402
 from slime.wire.hf_dir import write_hf_dir  # noqa: E402
-from slime.wire.tensors import Bucket  # noqa: E402
+from slime.wire.tensors import Bucket, bucket_nbytes  # noqa: E402
 
 QWEN3_1P7B = dict(
     num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16, num_query_groups=8, kv_channels=128
@@ -130,24 +131,38 @@ def start_engine(model_dir: Path, log_dir: Path, device: str, gpu: str | None) -
     return engine
 
 
-def bench_mode(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args) -> list[float]:
+def bench_mode(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args) -> list[dict]:
+    """`perf/*` of each timed push (after one warm-up): the whole push, and the mode's own phases."""
     context = SyncContext(
         source_checkpoint=str(engine.launch_spec.model_path),
         work_dir=str(work_dir),
-        bucket_bytes=args.bucket_mb << 20,
+        bucket_bytes=max(bucket_nbytes(b) for b in buckets),
     )
     sync = WEIGHT_SYNC.load(mode)([engine.client], context)
-    times = []
+    pushes = []
     try:
         for version in range(1, args.repeats + 2):  # the first push warms up (group join, allocator, page cache)
             start = time.perf_counter()
-            sync.push(iter(buckets), weight_version=version)
-            times.append(time.perf_counter() - start)
+            perf = sync.push(iter(buckets), weight_version=version)
+            pushes.append({**perf, "wall": time.perf_counter() - start})
             if args.check:
                 check_bit_exact(engine, buckets)
     finally:
         sync.close()
-    return times[1:]
+    return pushes[1:]
+
+
+def variants(modes: list[str], bucket_mbs: list[int]) -> list[tuple[str, int, bool]]:
+    """(mode, bucket MiB, pipelined) to measure: tensor mode also one bucket at a time, its baseline."""
+    out = []
+    for mode in modes:
+        for mb in bucket_mbs:
+            out += [(mode, mb, True), (mode, mb, False)] if mode == "tensor" else [(mode, mb, True)]
+    return out
+
+
+def median_ms(pushes: list[dict], key: str) -> float:
+    return statistics.median(p.get(key, 0.0) for p in pushes) * 1e3
 
 
 def check_bit_exact(engine: HFEngine, buckets: list[Bucket]) -> None:
@@ -165,7 +180,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="a small shape on CPU")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available, cpu with --tiny)")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--bucket-mb", default="512", help="bucket sizes in MiB, comma-separated (each one measured)")
     p.add_argument("--repeats", type=int, default=3, help="timed syncs per mode, after one warm-up sync")
     p.add_argument(
         "--check", action="store_true", help="compare every tensor's checksum with the engine's after each sync (slow)"
@@ -177,15 +192,14 @@ def main() -> None:
     model = model_config(args.tiny, work / "model")
     named = random_weights(model, device, seed=1)
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}; buckets of {args.bucket_mb} MiB")
+    print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
     write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
-    buckets = into_buckets(named, args.bucket_mb << 20)
     floor = sync_floor(named, device, args.repeats)
     engine_device = "cuda" if device.type == "cuda" else "cpu"
     engines: dict[str, HFEngine] = {}
     rows = []
     try:
-        for mode in args.modes.split(","):
+        for mode, mb, pipelined in variants(args.modes.split(","), [int(x) for x in args.bucket_mb.split(",")]):
             gpu = None if engine_device == "cpu" else "0"
             if mode == "distributed" and engine_device == "cuda":
                 if torch.cuda.device_count() < 2:
@@ -195,20 +209,30 @@ def main() -> None:
             key = gpu or "cpu"
             if key not in engines:
                 engines[key] = start_engine(work / "model", work / "logs", engine_device, gpu)
-            times = bench_mode(mode, engines[key], buckets, work / "sync", args)
-            med = statistics.median(times)
-            rows.append((mode, len(buckets), med, nbytes / med / 1e9, min(times), max(times)))
+            TensorWeightSync.pipelined = pipelined
+            buckets = into_buckets(named, mb << 20)
+            pushes = bench_mode(mode, engines[key], buckets, work / "sync", args)
+            rows.append((mode if pipelined else f"{mode} (one bucket at a time)", mb, len(buckets), pushes))
     finally:
         for engine in engines.values():
             engine.shutdown()
-    print("\n| mode | buckets | ms per full sync (median) | GB/s | min-max ms | floor: device copy ms | floor GB/s |")
-    print("|---|---|---|---|---|---|---|")
-    for mode, count, med, rate, lo, hi in rows:
+    print(
+        "\n| mode | bucket MiB | buckets | ms per full sync (median) | GB/s | min-max ms | pack ms | engines load ms "
+        "| floor: device copy ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode, mb, count, pushes in rows:
+        walls = [p["wall"] for p in pushes]
+        med = statistics.median(walls)
         print(
-            f"| {mode} | {count} | {med * 1e3:.1f} | {rate:.2f} | {lo * 1e3:.1f}-{hi * 1e3:.1f} "
-            f"| {floor * 1e3:.2f} | {nbytes / floor / 1e9:.2f} |"
+            f"| {mode} | {mb} | {count} | {med * 1e3:.1f} | {nbytes / med / 1e9:.2f} | "
+            f"{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f} | {median_ms(pushes, 'perf/update_weights_pack_time'):.1f} "
+            f"| {median_ms(pushes, 'perf/update_weights_load_time'):.1f} | {floor * 1e3:.2f} |"
         )
-    print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per mode after one warm-up; work dir {work}")
+    print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per row after one warm-up; work dir {work}")
+    print("pack: flattening buckets into staging buffers; load: the engines' update calls (hand-over and copy);")
+    print("the rest of a sync is pause, flush, the update session and continue. Pipelined tensor mode packs the")
+    print("next bucket while the engines load one, so its pack and load overlap.")
     if device.type == "cpu":
         print("(CPU: tensor mode hands buckets over as shared-memory segments; GPU: CUDA IPC handles)")
 

@@ -70,6 +70,7 @@ class WeightSync(abc.ABC):
     def __init__(self, engines: Sequence[EngineClient], context: SyncContext):
         self.engines = list(engines)
         self.context = context
+        self.phases: dict[str, float] = {}  # the mode's own `perf/*` seconds of its last transfer (`_transfer`)
 
     @classmethod
     def follower(cls, context: SyncContext, rank: int):
@@ -109,6 +110,7 @@ class WeightSync(abc.ABC):
         return {
             "perf/update_weights_time": time.perf_counter() - start,
             "perf/update_weights_bytes": float(transferred),
+            **self.phases,
         }
 
     def _end_sessions(self, engines: Sequence[EngineClient]) -> None:

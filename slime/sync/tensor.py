@@ -3,9 +3,12 @@
 Per bucket: flatten the bucket's tensors into one fresh byte buffer, shared memory on CPU or a CUDA buffer
 on GPU, serialised as SGLang reads it (`slime.wire.bucket_codec`), then POST /update_weights_from_tensor
 {serialized_named_tensors: [one per engine TP rank], load_format: "flattened_bucket"} to each engine in
-turn. An engine copies into its parameters before replying; only then is the buffer freed, and the next
-bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). The engines must run
-on the source rank's node.
+turn. An engine copies into its parameters before replying; only then is the buffer freed, and a later
+bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). While the engines load
+bucket k, the source packs bucket k+1 (so two buffers exist at once); with per-TP-rank handles (below) the
+buckets go one at a time, since every rank joins each bucket's collectives in step. Each push reports its
+packing and loading seconds (`perf/update_weights_pack_time`, `perf/update_weights_load_time`). The engines
+must run on the source rank's node.
 
 Per-TP-rank handles: engine TP rank i opens the handle made on its own device. When
 `SyncContext.tp_trainer_ranks` names, per engine, the training rank colocated with each TP rank, every
@@ -17,8 +20,10 @@ trainer (-1) gets the source's handle.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -29,9 +34,10 @@ from slime.wire.tensors import Bucket, bucket_nbytes
 
 
 @contextmanager
-def staged(bucket: Bucket) -> Iterator[str]:
-    """The bucket flattened into a fresh buffer on its device; yields its serialised item (SGLang's format)
-    and drops the buffer on exit."""
+def packed(bucket: Bucket) -> Iterator[tuple[torch.Tensor, list]]:
+    """The bucket flattened into a fresh uint8 buffer on its device: yields (buffer, metadata) and drops the
+    buffer on exit. Not yet shared: a buffer shared and never read by an engine would outlive the sync (torch
+    counts the reader's reference at sharing time)."""
     metadata = bucket_codec.bucket_metadata(bucket)
     nbytes = metadata[-1].end_idx if metadata else 0
     device = next((t.device for _, t in bucket if t.is_cuda), torch.device("cpu"))
@@ -40,9 +46,16 @@ def staged(bucket: Bucket) -> Iterator[str]:
         bucket_codec.flatten(bucket, flat, metadata)
         if flat.is_cuda:
             torch.cuda.current_stream(flat.device).synchronize()  # the copy lands before the engine reads
-        yield bucket_codec.encode(flat, metadata)
+        yield flat, metadata
     finally:
         del flat
+
+
+@contextmanager
+def staged(bucket: Bucket) -> Iterator[str]:
+    """The bucket packed and shared; yields its serialised item (SGLang's format) and drops the buffer on exit."""
+    with packed(bucket) as (flat, metadata):
+        yield bucket_codec.encode(flat, metadata)
 
 
 def _per_rank(context: SyncContext) -> bool:
@@ -66,6 +79,7 @@ class TensorWeightSync(WeightSync):
     """`rollout.weight_sync.mode=tensor`: shared-memory (CPU) or CUDA IPC (GPU) buckets, colocated engines."""
 
     mode = "tensor"
+    pipelined = True  # pack bucket k+1 while the engines load bucket k (tools/bench_sync.py measures both)
 
     @classmethod
     def follower(cls, context: SyncContext, rank: int) -> TensorHandleFollower | None:
@@ -73,20 +87,61 @@ class TensorWeightSync(WeightSync):
         return TensorHandleFollower(context, rank) if _per_rank(context) else None
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
-        total = 0
-        per_rank = _per_rank(self.context)
         tp_sizes = [int(engine.server_info().get("tp_size", 1) or 1) for engine in self.engines]
+        self.phases = {"perf/update_weights_pack_time": 0.0, "perf/update_weights_load_time": 0.0}
+        if _per_rank(self.context) or not self.pipelined:
+            total = self._one_at_a_time(buckets, tp_sizes, weight_version)
+        else:
+            total = self._overlapped(buckets, tp_sizes, weight_version)
+        _release_cuda_ipc()
+        return total
+
+    def _pack(self, bucket: Bucket, held: ExitStack, *, share: bool):
+        """The bucket packed (kept alive by `held`), its packing time counted: its item when `share`, else
+        (buffer, metadata) to share right before the engines read it."""
+        start = time.perf_counter()
+        out = held.enter_context(staged(bucket) if share else packed(bucket))
+        self.phases["perf/update_weights_pack_time"] += time.perf_counter() - start
+        return out
+
+    def _load(self, tp_sizes: list[int], item, items: list[str] | None, weight_version: str) -> None:
+        """Every engine loads the bucket (each replies once it copied), its loading time counted; `item` is the
+        shared bucket's item, or (buffer, metadata) to share first."""
+        start = time.perf_counter()
+        if isinstance(item, tuple):
+            item = bucket_codec.encode(*item)
+        for index, engine in enumerate(self.engines):
+            engine.update_weights_from_tensor(
+                self._handles(index, tp_sizes[index], item, items), weight_version=weight_version
+            )
+        self.phases["perf/update_weights_load_time"] += time.perf_counter() - start
+
+    def _one_at_a_time(self, buckets: Iterable[Bucket], tp_sizes: list[int], weight_version: str) -> int:
+        total, per_rank = 0, _per_rank(self.context)
         for bucket in buckets:
-            with staged(bucket) as item:
-                items = _gather(item) if per_rank else None
-                for index, engine in enumerate(self.engines):
-                    engine.update_weights_from_tensor(
-                        self._handles(index, tp_sizes[index], item, items), weight_version=weight_version
-                    )
+            with ExitStack() as held:
+                item = self._pack(bucket, held, share=True)
+                self._load(tp_sizes, item, _gather(item) if per_rank else None, weight_version)
                 if per_rank:
                     dist.barrier()  # the followers' buffers stay until every engine copied
             total += bucket_nbytes(bucket)
-        _release_cuda_ipc()
+        return total
+
+    def _overlapped(self, buckets: Iterable[Bucket], tp_sizes: list[int], weight_version: str) -> int:
+        """One load in flight on a worker thread while the next bucket is packed; a bucket's buffer is freed once
+        the engines replied (on an error, after the worker thread has stopped)."""
+        total, previous = 0, None  # previous: (its load's future, the ExitStack holding its buffer)
+        with ExitStack() as buffers, ThreadPoolExecutor(1, thread_name_prefix="tensor-sync") as loader:
+            for bucket in buckets:
+                held = buffers.enter_context(ExitStack())
+                item = self._pack(bucket, held, share=False)
+                if previous is not None:
+                    previous[0].result()
+                    previous[1].close()
+                previous = (loader.submit(self._load, tp_sizes, item, None, weight_version), held)
+                total += bucket_nbytes(bucket)
+            if previous is not None:
+                previous[0].result()
         return total
 
     def _handles(self, index: int, tp_size: int, item: str, items: list[str] | None) -> list[str]:
