@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from slime.algo.estimators import ESTIMATORS, KL_TYPES, TIS_LEVELS, TIS_MODES, Estimator
 from slime.config.problems import Problem, one_of
 from slime.config.schema import RunConfig
+from slime.moe.routes import RoutingReplay
 
 
 def check_estimator(cfg: RunConfig) -> Iterator[Problem]:
@@ -75,6 +76,13 @@ def _check_generation(cfg: RunConfig, estimator: Estimator) -> Iterator[Problem]
             yield Problem(
                 f"algo.{key}", True, f"{estimator.name} samples have no engine log-probs", f"set algo.{key}=false"
             )
+    if RoutingReplay.named(cfg.algo.routing_replay) is RoutingReplay.ROLLOUT:
+        yield Problem(
+            "algo.routing_replay",
+            cfg.algo.routing_replay,
+            f"{estimator.name} samples come from no engine, so they carry no engine routes",
+            "set algo.routing_replay=train (the trainer's own routes) or none",
+        )
     if cfg.eval.interval:
         yield Problem(
             "eval.interval",

@@ -58,6 +58,7 @@ INVALID = [
     (["recipe=tiny_opd", "algo=sft"], "algo.use_opd"),
     (["recipe=tiny_opd", "model@teacher=tiny_qwen3_moe"], "teacher.num_experts"),
     (["algo.routing_replay=always"], "algo.routing_replay"),
+    (["recipe=tiny_routing_replay", "algo=sft"], "algo.routing_replay"),
     (
         ["recipe=tiny_routing_replay", "rollout=vllm", "rollout.weight_sync.mode=disk", "model.kv_channels=32"],
         "algo.routing_replay",
