@@ -28,6 +28,7 @@ from slime.assets.prepare import prepare_assets
 from slime.config import ConfigError, to_run_config
 from slime.config.objective import objective_name, objective_value
 from slime.plan.dry_run import dry_run
+from slime.plan.memory import GIB
 from slime.plan.resolve import resolve
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
@@ -128,6 +129,7 @@ class _ResultFile:
     state: RunState
     run_dir: Path
     started: float  # time.time() at the run's start
+    plan_memory: Any = None  # the plan's MemoryEstimate (CUDA runs), shown beside the measured peaks
 
     def write(self, status: str, error: str | None) -> dict:
         cfg, state = self.cfg, self.state
@@ -146,6 +148,9 @@ class _ResultFile:
             "outputs": state.outputs,
             "run_dir": str(self.run_dir),
         }
+        if self.plan_memory is not None:  # bytes per GPU -> GiB
+            est = self.plan_memory
+            result["memory_plan_gib"] = {"trainer": est.train_peak / GIB, "engine": est.engine_total / GIB}
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
         try:
             print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
@@ -175,7 +180,7 @@ def _run_with_result(cfg, plan, run_dir: Path):
     state = RunState()
     FaultInjector.attach(cfg.debug, state.events)  # only when a debug option asks for a fault
     hydra = _hydra_run()
-    result_file = _ResultFile(cfg=cfg, state=state, run_dir=run_dir, started=time.time())
+    result_file = _ResultFile(cfg=cfg, state=state, run_dir=run_dir, started=time.time(), plan_memory=plan.memory)
     status, error, code, interrupted = "completed", None, EXIT_OK, None
     with Interrupts(on_force=result_file.forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:

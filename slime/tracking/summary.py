@@ -3,7 +3,8 @@
 status, rollouts done, wall time
 reward: first -> last (best), and the last eval means
 time per phase: the sum over rollout steps of each perf/<phase>_time, with its share of the steps' time
-training throughput: tokens/s, TFLOP/s per GPU and MFU, and the peak GPU memory of each phase
+training throughput: tokens/s, TFLOP/s per GPU and MFU, and the peak GPU memory of each phase, beside the
+                     dry-run plan's estimate for a trainer GPU (result.json's `memory_plan_gib`)
 outputs: run dir, config, metrics, samples, plots, checkpoints, wandb (and the `wandb sync` command
          for an offline run), TensorBoard
 """
@@ -44,7 +45,7 @@ def _phase_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _throughput_lines(records: list[dict[str, Any]]) -> list[str]:
+def _throughput_lines(records: list[dict[str, Any]], plan: dict[str, float] | None = None) -> list[str]:
     """Training's real tokens/s, TFLOP/s per GPU and MFU, means over the rollout steps after the first (whose time
     holds compilation and warm-up), and each phase's largest peak GPU memory."""
     rows = [r for r in records if "perf/train_tflops" in r][1:] or [r for r in records if "perf/train_tflops" in r]
@@ -60,6 +61,13 @@ def _throughput_lines(records: list[dict[str, Any]]) -> list[str]:
     lines = [line + f" (mean of {len(rows)} rollout steps)"]
     if peaks:
         lines.append("peak GPU    " + ", ".join(f"{k[14:]} {v:.1f} GiB" for k, v in sorted(peaks.items())))
+    planned = (plan or {}).get("trainer")
+    if peaks and planned:
+        measured = max(peaks.values())
+        lines.append(
+            f"  trainer GPU: {measured:.1f} GiB measured, {planned:.1f} GiB planned (dry run), "
+            f"measured/planned {measured / planned:.2f}"
+        )
     return lines
 
 
@@ -94,7 +102,7 @@ def render_summary(result: dict[str, Any], *, checkpoint_dir: str | None = None)
         + f" ({result['start_rollout']} -> {result['start_rollout'] + result['rollouts_completed']} of {result['num_rollout']})"
         + f" in {result['elapsed_s']:.1f}s"
     )
-    body = _reward_lines(records) + _phase_lines(records) + _throughput_lines(records)
+    body = _reward_lines(records) + _phase_lines(records) + _throughput_lines(records, result.get("memory_plan_gib"))
     body += _output_lines(run_dir, result, checkpoint_dir)
     rule = "=" * 78
     return "\n".join([rule, head, *body, rule])

@@ -57,6 +57,7 @@ def test_run_plots_and_summary(tmp_path):
         "num_rollout": 3,
         "elapsed_s": 20.0,
         "run_dir": str(run),
+        "memory_plan_gib": {"trainer": 15.0, "engine": 40.0},  # a CUDA run's dry-run estimate
         "outputs": {
             "plot:reward_curve": str(written[0]),
             "wandb": "/w/offline-run-x",
@@ -73,6 +74,7 @@ def test_run_plots_and_summary(tmp_path):
     # the first step (compilation, warm-up) left out of the means: steps 2 and 3
     assert "training    2500 tokens/s, 250.00 TFLOP/s per GPU, MFU 25.0% (mean of 2 rollout steps)" in lines
     assert "peak GPU    log_probs 5.0 GiB, train 12.0 GiB" in lines
+    assert "  trainer GPU: 12.0 GiB measured, 15.0 GiB planned (dry run), measured/planned 0.80" in lines
     assert "  upload:   wandb sync /w/offline-run-x" in lines and not any(
         line.startswith("checkpoints") for line in lines
     )
