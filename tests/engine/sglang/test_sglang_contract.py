@@ -116,7 +116,8 @@ def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
             args = type("Args", (), {})()
             args.config, args.router_url, args.session = rollout, recorder.url, session
             args.sampling_seed, args.request_timeout_s, args.tokenizer = 11, 30.0, None
-            args.return_routed_experts = True
+            args.return_routed_experts = True  # such a request bypasses the router: the recorder is the worker
+            args.worker_urls = [recorder.url]
             await call_engine(args, sample, params)
 
     asyncio.run(send())
