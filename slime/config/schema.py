@@ -295,7 +295,7 @@ class AlgoConfig:
     # policy's architecture) loaded into the trainer beside the policy
     use_opd: bool = False
     opd_kl_coef: float = 1.0
-    # MoE routing replay (slime.moe.routes.RoutingReplay): none | rollout (the engine's routes, R3) | train (the
+    # MoE routing replay (slime.config.routing_replay.RoutingReplay): none | rollout (the engine's routes, R3) | train (the
     # policy's log-prob forward's routes) forced on the trainer's forwards
     routing_replay: str = "none"
     value_clip: float = 0.2  # ppo critic

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from slime.config.hf_config import CHECKED
 from slime.config.problems import Problem
+from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
-from slime.moe.routes import RoutingReplay
 
 
 def check_algo(cfg: RunConfig) -> Iterator[Problem]:

@@ -6,41 +6,14 @@ expert ids of token i's forward (the last token is never fed forward, so it has 
 `tokenizer_manager.py` `_handle_batch_output`, `meta_info["routed_experts"]`, decoded by
 `state_capturer/routed_experts.py:extract_routed_experts_from_meta_info`).
 
-`algo.routing_replay` picks whose routes a trainer's forwards follow (`RoutingReplay`): none; the engine's
-(`rollout`, R3); or the trainer's own first forward of the step (`train`), replayed in its later forwards.
+`algo.routing_replay` (`slime.config.routing_replay.RoutingReplay`) picks whose routes a trainer's forwards follow.
 """
 
 from __future__ import annotations
 
 import base64
-import enum
 
 import numpy as np
-
-
-class RoutingReplay(enum.Enum):
-    """The values of `algo.routing_replay`."""
-
-    NONE = "none"
-    ROLLOUT = "rollout"  # the engine returns its routes with every response; every trainer forward replays them
-    TRAIN = "train"  # the policy's log-prob forward records its routes; the training forwards replay them
-
-    @classmethod
-    def named(cls, value: str) -> RoutingReplay | None:
-        """The mode `algo.routing_replay=value` names; None for an unknown value (validation reports it)."""
-        return next((mode for mode in cls if mode.value == value), None)
-
-    @property
-    def engine_returns_routes(self) -> bool:
-        return self is RoutingReplay.ROLLOUT
-
-    @property
-    def trainer_records_routes(self) -> bool:
-        return self is RoutingReplay.TRAIN
-
-    @property
-    def replays(self) -> bool:
-        return self is not RoutingReplay.NONE
 
 
 def encode_routes(routes: np.ndarray) -> str:

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from slime.config.hooks import load_callable
-from slime.moe.routes import RoutingReplay
+from slime.config.routing_replay import RoutingReplay
 from slime.rollout.base import (
     EvalDataset,
     RolloutContext,

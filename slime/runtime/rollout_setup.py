@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
-from slime.moe.routes import RoutingReplay
 from slime.plan.run_plan import RunPlan
 from slime.runtime.engine_fleet import FleetSetup
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from slime.algo.estimators import ESTIMATORS, KL_TYPES, TIS_LEVELS, TIS_MODES, Estimator
 from slime.config.problems import Problem, one_of
+from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
-from slime.moe.routes import RoutingReplay
 
 
 def check_estimator(cfg: RunConfig) -> Iterator[Problem]:

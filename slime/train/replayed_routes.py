@@ -1,4 +1,4 @@
-"""MoE routing replay on a loaded batch (`algo.routing_replay`, slime.moe.routes.RoutingReplay), for every backend.
+"""MoE routing replay on a loaded batch (`algo.routing_replay`: slime.config.routing_replay), for every backend.
 
 rollout: each sample's engine routes (`TrainBatch.routed_experts`) are decoded once per batch; the policy's
 log-prob and training forwards replay them. train: the policy's log-prob forward (`compute_log_probs("old")`)
@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from slime.moe.routes import RoutingReplay, decode_routes
+from slime.config.routing_replay import RoutingReplay
+from slime.moe.routes import decode_routes
 from slime.types import TrainBatch
 
 

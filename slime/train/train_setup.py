@@ -9,8 +9,8 @@ from pathlib import Path
 
 from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
+from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, RunConfig, TrainConfig
-from slime.moe.routes import RoutingReplay
 
 
 @dataclasses.dataclass(kw_only=True)

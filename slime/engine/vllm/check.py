@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from slime.config.problems import Problem
+from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
 from slime.engine.check import RouterKind, check_router_args
 from slime.engine.groups import group_overrides, rollout_gpu_count
 from slime.engine.vllm.cpu import CPU_ATTENTION_HEAD_SIZES
 from slime.engine.vllm.engine_args import LAUNCH_MODULE, check_engine_args, router_flags, tensor_parallel_size
 from slime.engine.vllm.router import VLLMRouter
-from slime.moe.routes import RoutingReplay
 from slime.registry import WEIGHT_SYNC
 
 VLLM_ROUTER = RouterKind(name="vllm-router", flags=router_flags, health_switches=VLLMRouter.health_switches)

@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 from slime.config.hf_config import FAMILIES
 from slime.config.problems import Problem, did_you_mean
+from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
-from slime.moe.routes import RoutingReplay
 
 # The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).
 MEGATRON_CONFIG_CLASSES = (
