@@ -35,7 +35,6 @@ from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
-from slime.sync.tensor import TensorWeightSync  # noqa: E402
 from slime.wire.hf_dir import write_hf_dir  # noqa: E402
 from slime.wire.tensors import Bucket, bucket_nbytes  # noqa: E402
 
@@ -131,14 +130,18 @@ def start_engine(model_dir: Path, log_dir: Path, device: str, gpu: str | None) -
     return engine
 
 
-def bench_mode(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args) -> list[dict]:
-    """`perf/*` of each timed push (after one warm-up): the whole push, and the mode's own phases."""
+def bench_mode(
+    mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args, *, pipelined: bool = True
+) -> list[dict]:
+    """`perf/*` of each timed push (after one warm-up): the whole push, and the mode's own phases; `pipelined`
+    false runs tensor mode one bucket at a time (its baseline)."""
     context = SyncContext(
         source_checkpoint=str(engine.launch_spec.model_path),
         work_dir=str(work_dir),
         bucket_bytes=max(bucket_nbytes(b) for b in buckets),
     )
     sync = WEIGHT_SYNC.load(mode)([engine.client], context)
+    sync.pipelined = pipelined
     pushes = []
     try:
         for version in range(1, args.repeats + 2):  # the first push warms up (group join, allocator, page cache)
@@ -209,9 +212,8 @@ def main() -> None:
             key = gpu or "cpu"
             if key not in engines:
                 engines[key] = start_engine(work / "model", work / "logs", engine_device, gpu)
-            TensorWeightSync.pipelined = pipelined
             buckets = into_buckets(named, mb << 20)
-            pushes = bench_mode(mode, engines[key], buckets, work / "sync", args)
+            pushes = bench_mode(mode, engines[key], buckets, work / "sync", args, pipelined=pipelined)
             rows.append((mode if pipelined else f"{mode} (one bucket at a time)", mb, len(buckets), pushes))
     finally:
         for engine in engines.values():

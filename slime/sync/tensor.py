@@ -53,7 +53,8 @@ def packed(bucket: Bucket) -> Iterator[tuple[torch.Tensor, list]]:
 
 @contextmanager
 def staged(bucket: Bucket) -> Iterator[str]:
-    """The bucket packed and shared; yields its serialised item (SGLang's format) and drops the buffer on exit."""
+    """The bucket packed and shared (a follower's own handle); yields its serialised item (SGLang's format) and
+    drops the buffer on exit."""
     with packed(bucket) as (flat, metadata):
         yield bucket_codec.encode(flat, metadata)
 
@@ -96,20 +97,20 @@ class TensorWeightSync(WeightSync):
         _release_cuda_ipc()
         return total
 
-    def _pack(self, bucket: Bucket, held: ExitStack, *, share: bool):
-        """The bucket packed (kept alive by `held`), its packing time counted: its item when `share`, else
-        (buffer, metadata) to share right before the engines read it."""
+    def _pack(self, bucket: Bucket, held: ExitStack) -> tuple[torch.Tensor, list]:
+        """The bucket packed, not yet shared (kept alive by `held`), its packing time counted."""
         start = time.perf_counter()
-        out = held.enter_context(staged(bucket) if share else packed(bucket))
+        out = held.enter_context(packed(bucket))
         self.phases["perf/update_weights_pack_time"] += time.perf_counter() - start
         return out
 
-    def _load(self, tp_sizes: list[int], item, items: list[str] | None, weight_version: str) -> None:
-        """Every engine loads the bucket (each replies once it copied), its loading time counted; `item` is the
-        shared bucket's item, or (buffer, metadata) to share first."""
+    def _load(self, tp_sizes: list[int], bucket: tuple[torch.Tensor, list], weight_version: str) -> None:
+        """Share the packed (buffer, metadata) and have every engine load it (each replies once it copied), its
+        loading time counted; with per-TP-rank handles the followers' are gathered first."""
         start = time.perf_counter()
-        if isinstance(item, tuple):
-            item = bucket_codec.encode(*item)
+        item = bucket_codec.encode(*bucket)
+        del bucket  # an engine error's traceback keeps this frame: it must not keep the shared buffer alive
+        items = _gather(item) if _per_rank(self.context) else None
         for index, engine in enumerate(self.engines):
             engine.update_weights_from_tensor(
                 self._handles(index, tp_sizes[index], item, items), weight_version=weight_version
@@ -117,12 +118,11 @@ class TensorWeightSync(WeightSync):
         self.phases["perf/update_weights_load_time"] += time.perf_counter() - start
 
     def _one_at_a_time(self, buckets: Iterable[Bucket], tp_sizes: list[int], weight_version: str) -> int:
-        total, per_rank = 0, _per_rank(self.context)
+        total = 0
         for bucket in buckets:
             with ExitStack() as held:
-                item = self._pack(bucket, held, share=True)
-                self._load(tp_sizes, item, _gather(item) if per_rank else None, weight_version)
-                if per_rank:
+                self._load(tp_sizes, self._pack(bucket, held), weight_version)
+                if _per_rank(self.context):
                     dist.barrier()  # the followers' buffers stay until every engine copied
             total += bucket_nbytes(bucket)
         return total
@@ -134,11 +134,11 @@ class TensorWeightSync(WeightSync):
         with ExitStack() as buffers, ThreadPoolExecutor(1, thread_name_prefix="tensor-sync") as loader:
             for bucket in buckets:
                 held = buffers.enter_context(ExitStack())
-                item = self._pack(bucket, held, share=False)
+                packed_bucket = self._pack(bucket, held)
                 if previous is not None:
                     previous[0].result()
                     previous[1].close()
-                previous = (loader.submit(self._load, tp_sizes, item, None, weight_version), held)
+                previous = (loader.submit(self._load, tp_sizes, packed_bucket, weight_version), held)
                 total += bucket_nbytes(bucket)
             if previous is not None:
                 previous[0].result()
