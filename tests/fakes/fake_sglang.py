@@ -64,6 +64,10 @@ def hf_args(server_args):
         argv += ["--context-length", str(server_args.context_length)]
     if server_args.enable_deterministic_inference:  # SGLang's is batch-invariant: here, each request on its own
         argv += ["--max-batch-size", "1"]
+    # SGLang captures routes only with this flag (state_capturer/routed_experts.py:RoutedExpertsCapturer.create
+    # returns None without it) and answers return_routed_experts with meta_info.routed_experts
+    # (tokenizer_manager.py, state_capturer/base.py:get_topk); the hf engine follows both, pinned by
+    # tests/engine/sglang/test_sglang_engine.py and tests/train/test_routing_replay.py
     if server_args.enable_return_routed_experts:
         argv += ["--enable-return-routed-experts"]
     return hf_server.parse_args(argv)

@@ -24,12 +24,20 @@ def tiny_moe(root):
     return make_checkpoint("qwen3_moe", root)
 
 
-def engine_samples(model_dir: str, *, dtype: torch.dtype, num: int = 16, max_new: int = 24, seed: int = 0):
-    """`num` samples (varied prompt lengths, one batch: left-padded prefill) with engine log-probs and routes."""
+def wire_generate(model_dir: str, body: dict, *, dtype: torch.dtype, capture_routes: bool = True, seed: int = 0):
+    """The hf engine's /generate answer to `body` (its parser, generator and response; no server): a dict, or a
+    list for a batch. `capture_routes`: the server's --enable-return-routed-experts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    generator = Generator(model, AutoTokenizer.from_pretrained(model_dir), seed=seed, capture_routes=True)
+    generator = Generator(model, AutoTokenizer.from_pretrained(model_dir), seed=seed, capture_routes=capture_routes)
+    call = parse_generate(body, encode=None)
+    done = [SimpleNamespace(result=r, weight_version="1", queue_time_s=0.0) for r in generator.generate(call.requests)]
+    return generate_response(call, done, lambda t: "", time.perf_counter())
+
+
+def engine_samples(model_dir: str, *, dtype: torch.dtype, num: int = 16, max_new: int = 24, seed: int = 0):
+    """`num` samples (varied prompt lengths, one batch: left-padded prefill) with engine log-probs and routes."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(4, 76) for _ in range(rng.randint(3, 8))] for _ in range(num)]
     body = {
@@ -38,10 +46,8 @@ def engine_samples(model_dir: str, *, dtype: torch.dtype, num: int = 16, max_new
         "return_logprob": True,
         "return_routed_experts": True,
     }
-    call = parse_generate(body, encode=None)
-    done = [SimpleNamespace(result=r, weight_version="1", queue_time_s=0.0) for r in generator.generate(call.requests)]
     samples = []
-    for i, (prompt, out) in enumerate(zip(prompts, generate_response(call, done, lambda t: "", time.perf_counter()))):
+    for i, (prompt, out) in enumerate(zip(prompts, wire_generate(model_dir, body, dtype=dtype, seed=seed))):
         sample = Sample(index=i, group_index=i // 4, tokens=list(prompt), reward=float(i % 2))
         append_engine_output(sample, out)
         samples.append(sample)

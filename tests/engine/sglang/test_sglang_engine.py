@@ -17,7 +17,7 @@ from slime.engine.sglang.engine import SGLangEngine
 from slime.moe.routes import decode_routes
 from tests.fakes.fake_sglang import GENERATE_MARK
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
-from tests.helpers.moe_rollout import tiny_moe
+from tests.helpers.moe_rollout import tiny_moe, wire_generate
 from tests.helpers.sglang_probe import SGLangProbe
 
 
@@ -96,13 +96,32 @@ def test_routing_replay_starts_the_server_returning_each_tokens_experts(tmp_path
     assert sglang_parser(make_engine("/m", tmp_path).command([1, 2, 3])[3:])["enable_return_routed_experts"] is False
     engine.start()
     try:
-        body = {"input_ids": [1, 5, 11, 7], "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
-        out = http_client.post(engine.url + "/generate", {**body, "return_routed_experts": True})
+        params = {"max_new_tokens": 5, "ignore_eos": True, "temperature": 0}
+        body = {"input_ids": [1, 5, 11, 7], "sampling_params": params, "return_routed_experts": True}
+        out = http_client.post(engine.url + "/generate", body)
         routes = decode_routes(out["meta_info"]["routed_experts"], num_tokens=4 + 5, num_layers=2, topk=2)
         assert routes.shape == (8, 2, 2) and set(routes.ravel()) <= {0, 1, 2, 3}
-        assert "routed_experts" not in http_client.post(engine.url + "/generate", body)["meta_info"]
+        # state_capturer/base.py:get_topk: rows from routed_experts_start_len on; a negative one is refused
+        later = http_client.post(engine.url + "/generate", {**body, "routed_experts_start_len": 3})["meta_info"]
+        tail = decode_routes(later["routed_experts"], num_tokens=4 + 5, num_layers=2, topk=2, start_len=3)
+        assert (tail == routes[3:]).all()
+        with pytest.raises(http_client.EngineHTTPError, match="must be non-negative"):
+            http_client.post(engine.url + "/generate", {**body, "routed_experts_start_len": -1})
+        not_asked = {k: v for k, v in body.items() if k != "return_routed_experts"}
+        assert "routed_experts" not in http_client.post(engine.url + "/generate", not_asked)["meta_info"]
     finally:
         engine.shutdown()
+
+
+def test_a_server_without_the_flag_returns_no_routes_even_when_asked(tmp_path):
+    """SGLang's capturer exists only with --enable-return-routed-experts
+    (state_capturer/routed_experts.py:RoutedExpertsCapturer.create), so meta_info carries no routes without it."""
+    import torch
+
+    moe = tiny_moe(tmp_path / "models")
+    body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 2}, "return_routed_experts": True}
+    out = wire_generate(moe.hf_checkpoint, body, dtype=torch.float32, capture_routes=False)
+    assert "routed_experts" not in out["meta_info"] and len(out["output_ids"]) == 2
 
 
 def test_framework_owned_fields_are_refused(tmp_path):
