@@ -9,6 +9,7 @@ from typing import Any
 
 import ray
 
+from slime.assets.prepare import prepare_assets
 from slime.config.schema import RunConfig
 from slime.plan.run_plan import RunPlan
 from slime.runtime.interrupts import Interrupts
@@ -44,6 +45,8 @@ class RunJob:
 def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
     """Run the whole job; `state` is updated as it goes so a failure can say where it happened."""
     cfg = job.cfg
+    state.enter("prepare")
+    prepare_assets(cfg)  # here, not in slime.runtime.launch: torch and transformers only once a run starts
     check_prepared(cfg)  # ConfigError: nothing started yet
     state.enter("startup")
     # with a watchdog, every actor arms its stack dump (slime.runtime.watchdog) in this directory

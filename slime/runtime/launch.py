@@ -24,7 +24,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.assets.prepare import prepare_assets
 from slime.config import ConfigError, to_run_config
 from slime.config.objective import objective_name, objective_value
 from slime.plan.dry_run import dry_run
@@ -184,8 +183,6 @@ def _run_with_result(cfg, plan, run_dir: Path):
     status, error, code, interrupted = "completed", None, EXIT_OK, None
     with Interrupts(on_force=result_file.forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:
-            state.enter("prepare")
-            prepare_assets(cfg)
             job = RunJob(
                 cfg=cfg,
                 plan=plan,
