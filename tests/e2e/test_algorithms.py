@@ -15,7 +15,10 @@ from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py_concurrently, selected_runs
 from tests.helpers.validation import config_problems
 
-pytestmark = pytest.mark.slow
+# The pool's 18 runs, three at a time, take ~13 min on 2 idle cores and more beside the unit tests: each test
+# waits for the whole pool, so pytest-timeout's 600 s default would cut it (and start the pool again for the
+# next test); each run is bounded by its own 1200 s (the full ppo run took 531 s beside two others).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ALGO_OPTIONS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
 POLICY_METRICS = {
@@ -105,8 +108,9 @@ def sft_chat_rows() -> list[dict]:
 
 
 def run_overrides(data_file: Path) -> dict[str, list[str]]:
-    """Every run of this module by key, the longest first (the full ppo run overlaps all the short ones)."""
-    runs = {"ppo_learns": ["algo=ppo"]}
+    """Every run of this module by key, the two long ones first (the full ppo run and the distillation run
+    overlap the short ones; started last, either one alone would be the pool's tail)."""
+    runs = {"ppo_learns": ["algo=ppo"], "opd": ["recipe=tiny_opd"]}
     common = ["train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001"]
     runs |= {f"algo={algo}": [f"algo={algo}", *common, *KNOBS.get(algo, [])] for algo in ALGO_OPTIONS}
     runs["sft_chat"] = [
@@ -129,7 +133,6 @@ def run_overrides(data_file: Path) -> dict[str, list[str]]:
     ]
     runs["rollout_logprobs"] = ["algo.use_rollout_logprobs=true", "train.num_rollout=2"]
     runs["off_policy"] = ["recipe=tiny_off_policy", "train.num_rollout=2"]
-    runs["opd"] = ["recipe=tiny_opd"]
     runs["routing_replay"] = ["recipe=tiny_routing_replay", "train.num_rollout=2", "debug.save_rollout_data=true"]
     return runs
 
@@ -165,7 +168,7 @@ def runs(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.Complete
         for key, overrides in run_overrides(data_file).items()
         if key in wanted
     }
-    procs = main_py_concurrently(jobs)
+    procs = main_py_concurrently(jobs, timeout=1200)
     return {key: (run_dir, procs[key]) for key, (run_dir, _) in jobs.items()}
 
 

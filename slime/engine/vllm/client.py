@@ -75,8 +75,23 @@ class VLLMClient(EngineClient):
         self._call("POST", "/abort_requests", {})
 
     def num_requests(self) -> int:
-        """Requests in flight on the generate routes (needs --enable-server-load-tracking, set by the engine)."""
-        return int(self._call("GET", "/load").get("server_load", 0))
+        """Requests in flight: the API server's count (GET /load; --enable-server-load-tracking, set by the engine),
+        or 0 when its engine core schedules none (GET /metrics).
+
+        vLLM 0.32.0's count can keep a request that has ended: in a 60-rollout run on a loaded 2-core machine it
+        stayed at 1 for the whole 60 s wait after every one of the rollout's 256 requests had answered 200, and
+        failed the run. It is taken back in a response's background task (`load_aware_call`,
+        entrypoints/serve/utils/api_utils.py), which no step runs for a response never sent; a client that leaves
+        mid-decode is taken back by `listen_for_disconnect` (tests/engine/vllm/test_vllm_server.py).
+        """
+        load = int(self._call("GET", "/load").get("server_load", 0))
+        return min(load, self.num_scheduled()) if load > 0 else 0
+
+    def num_scheduled(self) -> int:
+        """Requests the engine core runs or queues (the `vllm:num_requests_running` and `vllm:num_requests_waiting`
+        gauges of GET /metrics, summed over engines)."""
+        text = str(self._call("GET", "/metrics"))
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if _is_scheduler_gauge(line)))
 
     def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
         """POST /sleep?level=2 (vLLM sleeps as a whole: weights and KV cache; `tags` must be all or None)."""
@@ -205,3 +220,11 @@ def _weight_transfer():
     from slime.engine.vllm import weight_transfer  # torch: the driver and the rollout import this client, never torch
 
     return weight_transfer
+
+
+SCHEDULER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")  # v1/metrics/loggers.py
+
+
+def _is_scheduler_gauge(line: str) -> bool:
+    """A sample line of one of SCHEDULER_GAUGES (`name{labels} value`), not of a longer name sharing its prefix."""
+    return any(line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ") for name in SCHEDULER_GAUGES)

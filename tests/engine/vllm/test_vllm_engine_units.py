@@ -180,3 +180,24 @@ def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
     del choice["logprobs"]
     with pytest.raises(ValueError, match="must set sampling_params.logprobs=0"):
         as_sglang_output({"choices": [choice]}, str)
+
+
+@pytest.mark.parametrize(("running", "expected"), [(0.0, 0), (1.0, 1)])
+def test_a_request_vllms_count_keeps_is_in_flight_only_while_the_engine_core_schedules_one(
+    monkeypatch, running, expected
+):
+    """GET /load says 1; the engine core's gauges (the metric lines of vLLM 0.32.0's /metrics, a longer name sharing
+    their prefix among them) decide: none scheduled is idle."""
+    labels = '{engine="0",model_name="tiny"}'
+    metrics = "\n".join(
+        [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{labels} {running}",
+            f"vllm:num_requests_waiting{labels} 0.0",
+            'vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 3.0',
+        ]
+    )
+    replies = {"/load": {"server_load": 1}, "/metrics": metrics}
+    client = VLLMClient("http://127.0.0.1:1")
+    monkeypatch.setattr(client, "_call", lambda method, path, *args, **kwargs: replies[path])
+    assert client.num_requests() == expected

@@ -81,20 +81,20 @@ def trainer(model_dir):
     backend.shutdown()
 
 
-def generate(served, prompt=PROMPT, **params) -> dict:
-    """One /inference/v1/generate through the router, answered in the SGLang shape (`call_engine`)."""
+def generate(served, prompt=PROMPT, *, url: str | None = None, **params) -> dict:
+    """One /inference/v1/generate through the router (or to `url`), answered in the SGLang shape (`call_engine`)."""
+    return asyncio.run(send_generate(served, url or served.url, prompt, **params))
+
+
+async def send_generate(served, url: str, prompt=PROMPT, **params) -> dict:
     sample = Sample(prompt="", index=0, tokens=list(prompt))
     sampling = {"temperature": 1.0, "max_new_tokens": 8, **params}
-
-    async def send():
-        async with aiohttp.ClientSession() as session:
-            args = SimpleNamespace(
-                config=RolloutConfig(batch_size=1, engine="vllm"), router_url=served.url, session=session,
-                sampling_seed=None, request_timeout_s=120.0, tokenizer=served.tokenizer,
-            )  # fmt: skip
-            return await call_engine(args, sample, sampling)
-
-    return asyncio.run(send())
+    async with aiohttp.ClientSession() as session:
+        args = SimpleNamespace(
+            config=RolloutConfig(batch_size=1, engine="vllm"), router_url=url, session=session,
+            sampling_seed=None, request_timeout_s=120.0, tokenizer=served.tokenizer,
+        )  # fmt: skip
+        return await call_engine(args, sample, sampling)
 
 
 def sampled_tokens(url: str) -> float:
@@ -185,3 +185,30 @@ def test_the_rollouts_abort_cuts_a_response_that_a_later_step_continues(served, 
     assert done.status == SampleStatus.TRUNCATED and done.reward is not None
     kept = len(first) - len(PROMPT)
     assert done.loss_mask == [0] * kept + [1] * (MAX_NEW - kept)  # the cut part came from an older step
+
+
+def test_in_flight_requests_are_those_the_engine_core_schedules(served):
+    """`num_requests` (the rollout's wait-until-idle) is 1 while a request decodes and 0 once its client has left
+    (vLLM aborts it): the engine core's gauges of GET /metrics follow it, and they bound vLLM's own count
+    (GET /load), which once kept an ended request for a whole 60 s wait of a 60-rollout run."""
+    client, url = served.engine.client, served.engine.url
+
+    async def leave_mid_decode() -> tuple[int, int]:
+        before = sampled_tokens(url)
+        request = asyncio.ensure_future(send_generate(served, url, max_new_tokens=MAX_NEW, ignore_eos=True))
+        deadline = time.monotonic() + 60
+        while sampled_tokens(url) < before + 30:  # decoding, well short of its end
+            assert time.monotonic() < deadline and not request.done(), "the long request never decoded 30 tokens"
+            await asyncio.sleep(0.01)
+        decoding = client.num_scheduled(), client.num_requests()
+        request.cancel()  # the session closes its connection
+        return decoding
+
+    assert asyncio.run(leave_mid_decode()) == (1, 1)
+    deadline = time.monotonic() + 60
+    while client.num_scheduled() > 0:
+        assert time.monotonic() < deadline, "the engine core still schedules the request 60 s after its client left"
+        time.sleep(0.1)
+    assert client.num_requests() == 0 and int(http_client.get(url + "/load")["server_load"]) == 0
+    out = generate(served, max_new_tokens=4)  # the server still serves
+    assert len(out["meta_info"]["output_token_logprobs"]) == 4
