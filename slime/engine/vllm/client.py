@@ -34,6 +34,7 @@ from slime.engine.vllm import cpu
 
 SLEEP_LEVEL = 2
 WAKE_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
+SCHEDULER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")  # v1/metrics/loggers.py
 
 
 class VLLMClient(EngineClient):
@@ -220,9 +221,6 @@ def _weight_transfer():
     from slime.engine.vllm import weight_transfer  # torch: the driver and the rollout import this client, never torch
 
     return weight_transfer
-
-
-SCHEDULER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")  # v1/metrics/loggers.py
 
 
 def _is_scheduler_gauge(line: str) -> bool:
