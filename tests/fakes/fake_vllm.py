@@ -155,7 +155,15 @@ def make_server(cli):
             return 200, {"server_load": self.in_flight}
 
         async def metrics(self, http):
-            return web.Response(text=f"vllm:num_requests_running {self.in_flight}\n")
+            """The scheduler gauges of vLLM's Prometheus logger (v1/metrics/loggers.py: PrometheusStatLogger,
+            `vllm:num_requests_running` / `vllm:num_requests_waiting`, labelled by engine and model), which
+            VLLMClient.num_scheduled reads; the real server's are pinned by tests/engine/vllm/test_vllm_server.py."""
+            labels = f'{{engine="0",model_name="{self.served_names[0]}"}}'
+            lines = [
+                f"vllm:num_requests_running{labels} {float(self.in_flight)}",
+                f"vllm:num_requests_waiting{labels} 0.0",
+            ]
+            return web.Response(text="\n".join(lines) + "\n")
 
         async def models(self, http):
             """`OpenAIModelRegistry.show_available_models` (vllm/entrypoints/openai/models/serving.py)."""
