@@ -278,11 +278,12 @@ def test_opsm_drops_drifted_samples_on_the_off_policy_step_only(runs):
 
 def test_on_policy_distillation_halves_the_reverse_kl_to_the_teacher(runs):
     """recipe=tiny_opd: the student's mean reverse KL to the peaked teacher, on its own samples, falls by half
-    over the run (measured: 2.74 nats at the first rollout, 0.43x of it after 30 rollouts)."""
+    over the run (measured: 2.74 nats at the first rollout; the last 5 of its 30 rollouts 0.34x of it, and
+    0.44x already after 20)."""
     run_dir, proc = runs["opd"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     kls = [r["rollout/opd_reverse_kl"] for r in records(run_dir) if "rollout/opd_reverse_kl" in r]
-    assert len(kls) == 60 and kls[0] > 2.0, kls
+    assert len(kls) == 30 and kls[0] > 2.0, kls
     assert sum(kls[-5:]) / 5 <= 0.5 * kls[0], kls
     steps = [r for r in records(run_dir) if "train/step" in r]
     assert all("train/opd_reverse_kl" in r for r in steps)
