@@ -20,8 +20,11 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # and runs of other sessions on the same machine are not mistaken for ours.
 os.environ[TEST_SESSION_VAR] = str(os.getpid())
 # The generated models and data of this session's runs (paths.cache_dir): never the checkout's .cache, so
-# sessions share nothing through the repository. Removed when the session ends.
-SESSION_CACHE = Path(tempfile.mkdtemp(prefix="slime-test-cache-"))
+# sessions share nothing through the repository. tools/test.sh runs two pytest processes side by side and hands
+# both one temporary cache (SHARED_CACHE_VAR, removed by it), so that a model one of them imported or generated
+# (SmolLM2's GGUF import: ~2 CPU-minutes) is there for the other; any other session makes its own and removes it.
+SHARED_CACHE_VAR = "SLIME_TEST_SHARED_CACHE"
+SESSION_CACHE = Path(os.environ.get(SHARED_CACHE_VAR) or tempfile.mkdtemp(prefix="slime-test-cache-"))
 os.environ["SLIME_CACHE_DIR"] = str(SESSION_CACHE)
 
 
@@ -79,4 +82,5 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    if not os.environ.get(SHARED_CACHE_VAR):
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)

@@ -27,9 +27,12 @@ if [ $# -gt 0 ]; then
 fi
 
 unit_log=$(mktemp)
+# One cache for both halves (tests/conftest.py): what one imports or generates first, the other finds.
+SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
+export SLIME_TEST_SHARED_CACHE
 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
 unit_pid=$!
-trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log"' EXIT
+trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
 .venv/bin/python -m pytest tests -m slow
 runs=$?
 wait "$unit_pid"
