@@ -57,9 +57,14 @@ def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, 
         time.sleep(stagger_s * index if index < max_workers else 0.0)  # later jobs start as earlier ones end
         return job()
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
-        futures = {key: pool.submit(staggered, index, job) for index, (key, job) in enumerate(jobs.items())}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
+    futures = {key: pool.submit(staggered, index, job) for index, (key, job) in enumerate(jobs.items())}
+    try:
         return {key: future.result() for key, future in futures.items()}
+    finally:
+        # On pytest-timeout's interrupt the jobs not yet started are dropped (a pool's shutdown would start
+        # every one of them); the running ones end within their own timeouts.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def main_py_concurrently(
