@@ -12,6 +12,8 @@ import psutil
 # Inherited by every process the tests start (runs, Ray, routers, engines): leftovers are found by it,
 # and runs of other sessions on the same machine are not mistaken for ours.
 TEST_SESSION_VAR = "SLIME_TEST_SESSION"
+# Set by tests.helpers.runs.main_py for one run (its run directory), inherited by its Ray workers and engines.
+TEST_RUN_VAR = "SLIME_TEST_RUN"
 
 
 def session_processes() -> list[str]:
@@ -48,3 +50,18 @@ def assert_no_run_processes(timeout_s: float = 20.0) -> None:
     while session_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert session_processes() == []
+
+
+def kill_run_processes(run_id: str) -> list[int]:
+    """SIGKILL every live process that carries TEST_RUN_VAR=`run_id`; returns their pids. A main.py killed at
+    its timeout takes only what dies with it: an engine's own children (vLLM's engine core and worker, which
+    keep a core busy) outlive the actor that launched the server."""
+    killed = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(TEST_RUN_VAR) == run_id:
+                proc.kill()
+                killed.append(proc.info["pid"])
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            continue
+    return killed

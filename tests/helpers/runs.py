@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import TypeVar
 import pytest
 
 from tests.helpers.compose import ROOT
-from tests.helpers.processes import session_processes
+from tests.helpers.processes import TEST_RUN_VAR, kill_run_processes, session_processes
 
 
 def main_argv(run_dir, *overrides: str, tracked: bool = False, progress: bool = False) -> list[str]:
@@ -36,14 +37,21 @@ T = TypeVar("T")
 
 
 def main_py(run_dir: Path, *overrides: str, timeout: float = 600, tracked: bool = False) -> subprocess.CompletedProcess:
-    """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots)."""
-    return subprocess.run(
-        main_argv(run_dir, *overrides, tracked=tracked),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots). Past `timeout` the
+    run and everything it started are killed (TimeoutExpired): nothing of it keeps a core busy for later tests."""
+    run_id = str(run_dir)
+    try:
+        return subprocess.run(
+            main_argv(run_dir, *overrides, tracked=tracked),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, TEST_RUN_VAR: run_id},
+        )
+    except subprocess.TimeoutExpired:
+        kill_run_processes(run_id)
+        raise
 
 
 def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, stagger_s: float = 5.0) -> dict[str, T]:
