@@ -22,7 +22,7 @@ os.environ[TEST_SESSION_VAR] = str(os.getpid())
 # The generated models and data of this session's runs (paths.cache_dir): never the checkout's .cache, so
 # sessions share nothing through the repository. tools/test.sh runs two pytest processes side by side and hands
 # both one temporary cache (SHARED_CACHE_VAR, removed by it), so that a model one of them imported or generated
-# (SmolLM2's GGUF import: ~2 CPU-minutes) is there for the other; any other session makes its own and removes it.
+# (SmolLM2's GGUF import: ~45 CPU-seconds) is there for the other; any other session makes its own and removes it.
 SHARED_CACHE_VAR = "SLIME_TEST_SHARED_CACHE"
 SESSION_CACHE = Path(os.environ.get(SHARED_CACHE_VAR) or tempfile.mkdtemp(prefix="slime-test-cache-"))
 os.environ["SLIME_CACHE_DIR"] = str(SESSION_CACHE)
