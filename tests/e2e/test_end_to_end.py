@@ -20,7 +20,9 @@ from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_argv, main_py, rewards, run_concurrently, selected_runs
 from tests.helpers.wandb_files import offline_runs
 
-pytestmark = pytest.mark.slow
+# The module's pool (five jobs, three at a time, one of them two runs in a row) took 520 s on 2 idle cores and
+# ~630 s beside the unit tests: its first test, which waits for the pool, gets two waves of its runs' 600 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1260)]
 
 
 def _embedded_default(run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:

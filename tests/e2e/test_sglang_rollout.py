@@ -263,6 +263,7 @@ LEARN_RUNS = {  # the embedded default (hf engine, disk sync), then rollout=sgla
 }
 
 
+@pytest.mark.timeout(1260)  # four runs two at a time (296 s alone): two waves of their 600 s on 2 busy cores
 def test_every_weight_sync_mode_learns_as_the_embedded_default(tmp_path):
     """The embedded default (deterministic) and `rollout=sglang` on the fake with the distributed, disk and
     colocated tensor syncs: the same reward at every step, so the same learning (the fake's generation is
