@@ -1,11 +1,13 @@
-"""The processes of this test session: which are still alive (by the session id conftest.py exports), a function run
-in a thread."""
+"""The processes of this test session: which are still alive (by the session id conftest.py exports), killing those
+of one run (by the run's marker main_py sets), a function run in a thread."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import psutil
 
@@ -19,7 +21,7 @@ TEST_RUN_VAR = "SLIME_TEST_RUN"
 def session_processes() -> list[str]:
     """Live processes (not zombies) started by this test session, as 'pid: command line'."""
     found = []
-    for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
+    for proc in _carrying(TEST_SESSION_VAR, os.environ[TEST_SESSION_VAR]):
         if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["pid"] == os.getpid():
             continue
         command = " ".join(proc.info["cmdline"] or [])
@@ -27,13 +29,18 @@ def session_processes() -> list[str]:
             # this test process's own helpers (megatron's checkpoint Manager, spawn's resource tracker, the
             # shared-memory manager torch starts for the tensor sync's buckets)
             continue
-        try:
-            if proc.environ().get(TEST_SESSION_VAR) != os.environ[TEST_SESSION_VAR]:
-                continue
-        except psutil.Error:  # gone meanwhile, or not ours to read
-            continue
-        found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])[:120]}")
+        found.append(f"{proc.info['pid']}: {command[:120]}")
     return found
+
+
+def _carrying(var: str, value: str) -> Iterator[psutil.Process]:
+    """Processes whose environment holds `var`=`value` (those gone meanwhile, or not ours to read, left out)."""
+    for proc in psutil.process_iter(["pid", "ppid", "cmdline", "status"]):
+        try:
+            if proc.environ().get(var) == value:
+                yield proc
+        except psutil.Error:
+            continue
 
 
 def in_thread(fn) -> tuple[threading.Thread, dict]:
@@ -57,11 +64,8 @@ def kill_run_processes(run_id: str) -> list[int]:
     its timeout takes only what dies with it: an engine's own children (vLLM's engine core and worker, which
     keep a core busy) outlive the actor that launched the server."""
     killed = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get(TEST_RUN_VAR) == run_id:
-                proc.kill()
-                killed.append(proc.info["pid"])
-        except psutil.Error:  # gone meanwhile, or not ours to read
-            continue
+    for proc in _carrying(TEST_RUN_VAR, run_id):
+        with contextlib.suppress(psutil.Error):  # gone meanwhile
+            proc.kill()
+            killed.append(proc.info["pid"])
     return killed

@@ -9,10 +9,8 @@ import subprocess
 import sys
 
 import psutil
-import pytest
 
 from tests.helpers.processes import TEST_RUN_VAR, kill_run_processes
-from tests.helpers.runs import main_py
 
 ORPHAN = (
     "import subprocess, sys\n"
@@ -35,10 +33,3 @@ def test_an_orphan_carrying_the_runs_marker_is_killed_and_others_are_not(tmp_pat
         assert other.is_running() and other.status() != psutil.STATUS_ZOMBIE
     finally:
         other.kill()
-
-
-def test_a_run_past_its_timeout_raises_and_leaves_no_process(tmp_path):
-    run_dir = tmp_path / "run"
-    with pytest.raises(subprocess.TimeoutExpired):
-        main_py(run_dir, timeout=2)
-    assert kill_run_processes(str(run_dir)) == []
