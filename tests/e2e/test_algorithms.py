@@ -15,7 +15,7 @@ from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py_concurrently, selected_runs
 from tests.helpers.validation import config_problems
 
-# The pool's 18 runs, three at a time, take ~13 min on 2 idle cores and more beside the unit tests: each test
+# The pool's 15 runs, three at a time, take ~13 min on 2 idle cores and more beside the unit tests: each test
 # waits for the whole pool, so pytest-timeout's 600 s default would cut it (and start the pool again for the
 # next test); each run is bounded by its own 1200 s (the full ppo run took 531 s beside two others).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -107,14 +107,22 @@ def sft_chat_rows() -> list[dict]:
     return rows
 
 
+# The KL loss against the reference model: every run of an algo option carries it, so that its first step
+# checks kl_loss == 0 (the reference is the starting policy); 0.001 changes no learning bound below.
+KL_LOSS = ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.001"]
+# The algo options whose first-step check reads a longer run of this module instead of 2 rollouts of their own.
+ALGO_RUN = {"ppo": "ppo_learns", "sft": "sft_chat"}
+
+
 def run_overrides(data_file: Path) -> dict[str, list[str]]:
     """Every run of this module by key, the two long ones first (the full ppo run and the distillation run
     overlap the short ones; started last, either one alone would be the pool's tail)."""
-    runs = {"ppo_learns": ["algo=ppo"], "opd": ["recipe=tiny_opd"]}
-    common = ["train.num_rollout=2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.001"]
-    runs |= {f"algo={algo}": [f"algo={algo}", *common, *KNOBS.get(algo, [])] for algo in ALGO_OPTIONS}
+    runs = {"ppo_learns": ["algo=ppo", *KL_LOSS], "opd": ["recipe=tiny_opd"]}
+    short = [algo for algo in ALGO_OPTIONS if algo not in ALGO_RUN]
+    runs |= {f"algo={algo}": [f"algo={algo}", "train.num_rollout=2", *KL_LOSS, *KNOBS.get(algo, [])] for algo in short}
     runs["sft_chat"] = [
         "algo=sft",
+        *KL_LOSS,
         "data=prompt_file",
         f"data.prompt_data={data_file}",
         "data.input_key=messages",
@@ -140,8 +148,12 @@ def run_overrides(data_file: Path) -> dict[str, list[str]]:
 def run_of(test: pytest.Item) -> str | None:
     """The key of the run `test` checks (None: it starts its own processes)."""
     if test.originalname == "test_every_algo_runs_and_its_first_step_is_on_policy":
-        return f"algo={test.callspec.params['algo']}"
+        return algo_run(test.callspec.params["algo"])
     return RUN_OF_TEST.get(test.originalname)
+
+
+def algo_run(algo: str) -> str:
+    return ALGO_RUN.get(algo, f"algo={algo}")
 
 
 RUN_OF_TEST = {
@@ -175,11 +187,12 @@ def runs(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.Complete
 @pytest.mark.parametrize("algo", ALGO_OPTIONS)
 def test_every_algo_runs_and_its_first_step_is_on_policy(algo, runs):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
-    run_dir, proc = runs[f"algo={algo}"]
+    run_dir, proc = runs[algo_run(algo)]
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = records(run_dir)
     steps = [r for r in logged if "train/step" in r]
-    assert [r["train/step"] for r in steps] == list(range(4))  # 2 rollouts × K = 2
+    num_rollout = sum("rollout/raw_reward" in r for r in logged)
+    assert num_rollout >= 2 and [r["train/step"] for r in steps] == list(range(2 * num_rollout))  # K = 2
     first = steps[0]
     assert first["train/kl_loss"] == 0.0
     keys = set().union(*logged)
@@ -214,7 +227,8 @@ def test_ppo_learns_and_its_value_loss_falls(runs):
     logged = records(run_dir)
     # Spread over seeds 1-5 and 1234 (deterministic runs): last-3 mean reward 0.882-0.975; the value loss
     # (windows of 5 rollouts) peaks in window 1-5 of 12 at 2.1-5.3x the first window, and ends at
-    # 0.19-0.26x its peak. The bounds below hold on every one of those seeds with a margin.
+    # 0.19-0.26x its peak (without the KL loss; with it, seed 1234: 0.958, 2.6x in window 3, 0.24x). The bounds
+    # below hold on every one of those seeds with a margin.
     rewards = [r["rollout/raw_reward"] for r in logged if "rollout/raw_reward" in r]
     assert sum(rewards[-3:]) / 3 >= 0.8
     losses = [r["train/value_loss"] for r in logged if "train/value_loss" in r]
