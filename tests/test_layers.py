@@ -260,7 +260,9 @@ def test_train_never_imports_engine():
 
 
 # ---------------------------------------------------------------------------- imports inside functions
-MAX_FUNCTION_LEVEL_IMPORTS = 10
+# Each keeps an optional or slow library (wandb, pyarrow, torch and transformers in the driver) off the paths that
+# never use it; 11 today.
+MAX_FUNCTION_LEVEL_IMPORTS = 12
 
 
 def commented(lines: list[str], lineno: int) -> bool:

@@ -19,9 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime.assets.files import creation_lock
 from slime.assets.gguf_source import installed_gguf
+from slime.assets.made import SOURCE_FILE, is_imported
 from slime.config.schema import ModelConfig
 
-SOURCE_FILE = "slime_import.json"  # beside config.json: the GGUF file the directory was imported from
 FLOAT_KEYS = ("rms_norm_eps", "rope_theta")  # GGUF stores them as float32: 1e-5 reads 9.999999747378752e-06
 
 
@@ -53,23 +53,16 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
 def ensure_imported_model(model: ModelConfig) -> bool:
     """Import `model.import_gguf` into `model.hf_checkpoint` unless it is already there; True when imported.
     Runs starting together import it once (the check is repeated under the lock)."""
-    if _is_imported(model):
+    if is_imported(model):
         return False
     with creation_lock(model.hf_checkpoint):
-        if _is_imported(model):
+        if is_imported(model):
             return False
         gguf_file = installed_gguf(model.import_gguf)
         if gguf_file is None:  # validation said so first (slime.assets.check); a package removed since
             raise FileNotFoundError(f"model.import_gguf={model.import_gguf}: not installed")
         import_gguf(gguf_file, model.hf_checkpoint)
         return True
-
-
-def _is_imported(model: ModelConfig) -> bool:
-    record = Path(model.hf_checkpoint) / SOURCE_FILE
-    if not record.exists() or not (Path(model.hf_checkpoint) / "model.safetensors").exists():
-        return False
-    return json.loads(record.read_text()).get("gguf_file") == Path(model.import_gguf).name
 
 
 def _round_float32(config) -> None:

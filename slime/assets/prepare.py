@@ -9,10 +9,9 @@ from pathlib import Path
 from slime.assets.check import generates_checkpoint, generator_outputs
 from slime.assets.files import creation_lock
 from slime.assets.generators import GENERATOR_SHAPE, generated_file
-from slime.assets.gguf_import import ensure_imported_model
-from slime.assets.tiny_model import ensure_tiny_model
+from slime.assets.made import is_made
 from slime.config.hooks import load_callable
-from slime.config.schema import RunConfig
+from slime.config.schema import ModelConfig, RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +24,8 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
     """
     created = []
     for model in (cfg.model, cfg.teacher):
-        if model is not None and generates_checkpoint(model):
-            ensure = ensure_tiny_model if model.import_gguf is None else ensure_imported_model
-            if ensure(model):
-                created.append(model.hf_checkpoint)
+        if model is not None and generates_checkpoint(model) and not is_made(model) and _make_model(model):
+            created.append(model.hf_checkpoint)
     for key, prompt_data, generator in generator_outputs(cfg):
         path = generated_file(prompt_data, generator)
         if path is None or Path(path).exists():
@@ -40,3 +37,12 @@ def prepare_assets(cfg: RunConfig) -> list[str]:
     for path in created:
         logger.info("created %s", path)
     return created
+
+
+def _make_model(model: ModelConfig) -> bool:
+    """Generate or import `model` (a run starting beside this one may have just made it: then False)."""
+    # torch and transformers take ~9 CPU-seconds to import: only the run that makes a model loads them here
+    from slime.assets import gguf_import, tiny_model
+
+    ensure = tiny_model.ensure_tiny_model if model.import_gguf is None else gguf_import.ensure_imported_model
+    return ensure(model)

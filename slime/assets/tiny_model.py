@@ -10,27 +10,15 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from slime.assets.files import creation_lock
-from slime.assets.hf_config_file import read_hf_config
+from slime.assets.made import is_current
 from slime.assets.tokenizer import build_tokenizer, vocabulary
-from slime.config.hf_config import hf_fields, mismatches
+from slime.config.hf_config import hf_fields
 from slime.config.schema import ModelConfig
 
 
 def hf_config_dict(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int | None) -> dict:
     """The transformers `config.json` fields for `model` (any `model.architecture`)."""
     return hf_fields(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-
-
-def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
-    """True when `save_dir` holds a model generated from exactly this config (shape, init std and seed)."""
-    if not (Path(save_dir) / "config.json").exists() or not (Path(save_dir) / "model.safetensors").exists():
-        return False
-    actual = read_hf_config(save_dir)
-    return (
-        not mismatches(model, actual)
-        and actual.get("initializer_range") == model.init_std
-        and actual.get("slime_init_seed") == model.init_seed
-    )
 
 
 def ensure_tiny_model(model: ModelConfig) -> bool:

@@ -4,8 +4,6 @@ generated prompt files. They run after `prepare_assets` and before Ray starts; a
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer
-
 from slime.config import ConfigError
 from slime.config.schema import RunConfig
 from slime.rollout.check_data import check_prompt_lengths
@@ -16,6 +14,8 @@ def check_prepared(cfg: RunConfig) -> None:
     so the tokenizer is loaded (as the rollout manager loads it) only when it is set."""
     if cfg.rollout.max_prompt_len is None:
         return
+    from transformers import AutoTokenizer  # ~9 CPU-seconds with torch, in the driver: only for a length check
+
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_checkpoint)
     problems = list(check_prompt_lengths(cfg, tokenizer))
     if problems:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from slime.assets.gguf_import import SOURCE_FILE, ensure_imported_model
+from slime.assets.gguf_import import ensure_imported_model
 from slime.assets.gguf_source import INSTALL_HINT, installed_gguf
 from slime.assets.hf_config_file import read_hf_config
+from slime.assets.made import SOURCE_FILE
 from slime.config.hf_config import mismatches
 from tests.helpers.compose import ROOT, typed_config
 from tests.helpers.tools import load_tool

@@ -1,0 +1,38 @@
+"""Whether a model the run makes on first use is made already, read from its directory's files alone (no torch,
+no transformers): the driver asks this of every run, and most runs find their model there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slime.assets.hf_config_file import read_hf_config
+from slime.config.hf_config import mismatches
+from slime.config.schema import ModelConfig
+
+SOURCE_FILE = "slime_import.json"  # beside config.json: the GGUF file the directory was imported from
+
+
+def is_made(model: ModelConfig) -> bool:
+    """True when `model.hf_checkpoint` holds the model its option makes (generated, or imported from GGUF)."""
+    return is_current(model, model.hf_checkpoint) if model.import_gguf is None else is_imported(model)
+
+
+def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
+    """True when `save_dir` holds a model generated from exactly this config (shape, init std and seed)."""
+    if not (Path(save_dir) / "config.json").exists() or not (Path(save_dir) / "model.safetensors").exists():
+        return False
+    actual = read_hf_config(save_dir)
+    return (
+        not mismatches(model, actual)
+        and actual.get("initializer_range") == model.init_std
+        and actual.get("slime_init_seed") == model.init_seed
+    )
+
+
+def is_imported(model: ModelConfig) -> bool:
+    """True when `model.hf_checkpoint` holds the weights imported from `model.import_gguf`'s file."""
+    record = Path(model.hf_checkpoint) / SOURCE_FILE
+    if not record.exists() or not (Path(model.hf_checkpoint) / "model.safetensors").exists():
+        return False
+    return json.loads(record.read_text()).get("gguf_file") == Path(model.import_gguf).name
