@@ -9,9 +9,12 @@ SmolLM2-135M-Instruct); `tools/import_gguf.py` imports any GGUF file.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,6 +25,11 @@ from slime.assets.gguf_source import installed_gguf
 from slime.assets.made import SOURCE_FILE, is_imported
 from slime.config.schema import ModelConfig
 
+try:
+    import gguf
+except ImportError:  # the smollm2 extra: validation refuses a GGUF model without it (slime.assets.check)
+    gguf = None
+
 FLOAT_KEYS = ("rms_norm_eps", "rope_theta")  # GGUF stores them as float32: 1e-5 reads 9.999999747378752e-06
 
 
@@ -29,10 +37,10 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     """Write `out_dir` (config.json, fp32 model.safetensors, tokenizer) from `gguf_file`; atomic rename."""
     gguf_file, out_dir = Path(gguf_file), Path(out_dir)
     source = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name)
-    tokenizer = AutoTokenizer.from_pretrained(**source)
-    # Each from_pretrained parses the whole file's metadata (~1/3 of an import's CPU): the config is the loaded
-    # model's own rather than a third parse, less the GGUF quantizer's record (the weights are written as fp32).
-    loaded = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+    with _parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(**source)
+        # The config is the loaded model's own, less the GGUF quantizer's record (the weights are written as fp32).
+        loaded = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -48,6 +56,22 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp_dir.rename(out_dir)
     return out_dir
+
+
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """Within the block, gguf's reader and tensor-name map are made once per argument. transformers parses the
+    file's metadata anew in each from_pretrained (`load_gguf_checkpoint`: three parses an import, ~16 CPU-s each
+    for SmolLM2's 49152-token vocabulary) and builds gguf's name map for each of a model's ~400 modules
+    (`get_gguf_hf_weights_map`, ~20 CPU-s); both are pure functions of their arguments, and transformers looks
+    both up in the `gguf` module at each call, where this block puts the memoised ones."""
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def ensure_imported_model(model: ModelConfig) -> bool:
