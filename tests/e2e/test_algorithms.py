@@ -1,4 +1,7 @@
-"""Every algo option end to end on the embedded default, the first-step invariants, and bad combinations."""
+"""The algo options whose runs differ beyond their estimator record (tests/helpers/algo_options.py), the recipes of
+the second wave (distillation, off-policy correction, routing replay) and ppo's critic end to end on the embedded
+default; the first-step invariants; bad combinations. Every option's first step on a rank driven directly:
+tests/algo/test_algo_first_step.py."""
 
 from __future__ import annotations
 
@@ -10,17 +13,16 @@ from pathlib import Path
 import pytest
 
 from slime.moe.routes import decode_routes
-from tests.helpers.compose import CONF
+from tests.helpers.algo_options import ALGO_OPTIONS, END_TO_END, IN_PROCESS
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py_concurrently, selected_runs
 from tests.helpers.validation import config_problems
 
-# The pool's 15 runs, three at a time, take ~13 min on 2 idle cores and more beside the unit tests: each test
+# The pool's 9 runs, three at a time, last about as long as its full ppo run (531 s beside two others): each test
 # waits for the whole pool, so pytest-timeout's 600 s default would cut it (and start the pool again for the
-# next test); each run is bounded by its own 1200 s (the full ppo run took 531 s beside two others).
+# next test); each run is bounded by its own 1200 s.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-ALGO_OPTIONS = sorted(p.stem for p in (CONF / "algo").glob("*.yaml"))
 POLICY_METRICS = {
     "train/pg_loss",
     "train/entropy_loss",
@@ -118,7 +120,7 @@ def run_overrides(data_file: Path) -> dict[str, list[str]]:
     """Every run of this module by key, the two long ones first (the full ppo run and the distillation run
     overlap the short ones; started last, either one alone would be the pool's tail)."""
     runs = {"ppo_learns": ["algo=ppo", *KL_LOSS], "opd": ["recipe=tiny_opd"]}
-    short = [algo for algo in ALGO_OPTIONS if algo not in ALGO_RUN]
+    short = [algo for algo in END_TO_END if algo not in ALGO_RUN]
     runs |= {f"algo={algo}": [f"algo={algo}", "train.num_rollout=2", *KL_LOSS, *KNOBS.get(algo, [])] for algo in short}
     runs["sft_chat"] = [
         "algo=sft",
@@ -147,7 +149,7 @@ def run_overrides(data_file: Path) -> dict[str, list[str]]:
 
 def run_of(test: pytest.Item) -> str | None:
     """The key of the run `test` checks (None: it starts its own processes)."""
-    if test.originalname == "test_every_algo_runs_and_its_first_step_is_on_policy":
+    if test.originalname == "test_the_algo_runs_and_its_first_step_is_on_policy":
         return algo_run(test.callspec.params["algo"])
     return RUN_OF_TEST.get(test.originalname)
 
@@ -184,8 +186,12 @@ def runs(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.Complete
     return {key: (run_dir, procs[key]) for key, (run_dir, _) in jobs.items()}
 
 
-@pytest.mark.parametrize("algo", ALGO_OPTIONS)
-def test_every_algo_runs_and_its_first_step_is_on_policy(algo, runs):
+def test_every_algo_option_is_checked_end_to_end_or_in_process():
+    assert set(END_TO_END) | set(IN_PROCESS) == set(ALGO_OPTIONS) and "ppo" not in IN_PROCESS
+
+
+@pytest.mark.parametrize("algo", END_TO_END)
+def test_the_algo_runs_and_its_first_step_is_on_policy(algo, runs):
     """Step 0: recomputed log-probs equal the old and reference ones, so ppo_kl and kl_loss are exactly 0."""
     run_dir, proc = runs[algo_run(algo)]
     assert proc.returncode == 0, proc.stderr[-3000:]
