@@ -52,18 +52,25 @@ def smollm2_dir() -> str:
 
 
 # Order of the end-to-end (`slow`) modules. tools/test.sh runs them beside the unit tests, which keep one core busy
-# for the first ~8 minutes: modules whose runs leave a core idle go first (the embedded default's 60-rollout run
-# outlasts its module's other runs; single runs), and the pools of many short runs, which keep both cores busy,
-# go last. Other modules run in between, in file order.
-FIRST_SLOW_MODULES = ("test_end_to_end.py",)
+# for most of the end-to-end half (47 of ~80 min in CI): modules whose runs leave a core idle go first (the
+# embedded default's 60-rollout run outlasts its module's other runs; the real vLLM's long run outlasts its
+# partner; single runs that wait on a process or a fault), and the pools of many short runs, which keep both cores
+# busy without the unit tests, go last. Other modules run in between, in file order.
+FIRST_SLOW_MODULES = (
+    "test_end_to_end.py",
+    "test_vllm_real.py",
+    "test_fault_tolerance.py",
+    "test_rollout_progress.py",
+    "test_parallel.py",
+)
 LAST_SLOW_MODULES = ("test_exact_resume.py", "test_interrupts.py", "test_determinism.py", "test_algorithms.py")
 
 
 def _module_rank(item) -> int:
     name = item.path.name
     if name in FIRST_SLOW_MODULES:
-        return 0
-    return 2 + LAST_SLOW_MODULES.index(name) if name in LAST_SLOW_MODULES else 1
+        return FIRST_SLOW_MODULES.index(name) - len(FIRST_SLOW_MODULES)
+    return 1 + LAST_SLOW_MODULES.index(name) if name in LAST_SLOW_MODULES else 0
 
 
 def pytest_collection_modifyitems(config, items):
