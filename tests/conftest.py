@@ -69,8 +69,10 @@ LAST_SLOW_MODULES = ("test_exact_resume.py", "test_interrupts.py", "test_determi
 def _module_rank(item) -> int:
     name = item.path.name
     if name in FIRST_SLOW_MODULES:
-        return FIRST_SLOW_MODULES.index(name) - len(FIRST_SLOW_MODULES)
-    return 1 + LAST_SLOW_MODULES.index(name) if name in LAST_SLOW_MODULES else 0
+        return FIRST_SLOW_MODULES.index(name)
+    if name in LAST_SLOW_MODULES:
+        return len(FIRST_SLOW_MODULES) + 1 + LAST_SLOW_MODULES.index(name)
+    return len(FIRST_SLOW_MODULES)
 
 
 def pytest_collection_modifyitems(config, items):

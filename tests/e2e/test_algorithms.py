@@ -187,7 +187,8 @@ def runs(request, tmp_path_factory) -> dict[str, tuple[Path, subprocess.Complete
 
 
 def test_every_algo_option_is_checked_end_to_end_or_in_process():
-    assert set(END_TO_END) | set(IN_PROCESS) == set(ALGO_OPTIONS) and "ppo" not in IN_PROCESS
+    assert set(END_TO_END) <= set(ALGO_OPTIONS)
+    assert set(ALGO_OPTIONS) - set(IN_PROCESS) <= set(END_TO_END)  # those a rank alone cannot check (a critic)
 
 
 @pytest.mark.parametrize("algo", END_TO_END)
