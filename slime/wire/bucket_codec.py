@@ -96,9 +96,25 @@ def _reduce_tensor_by_uuid(tensor: torch.Tensor):
     return rebuild, args
 
 
-class _SGLangPickler(pickle._Pickler):
-    """ForkingPickler's reductions (shared tensors), with this module's metadata class written under SGLang's
-    path. The Python pickler, because only it lets a class be written under another name (`save_global`)."""
+def _reduce_metadata(meta: FlattenedTensorMetadata):
+    """A call of the metadata class with its fields in SGLang's order (its dataclass takes them positionally)."""
+    return FlattenedTensorMetadata, (meta.name, meta.shape, meta.dtype, meta.start_idx, meta.end_idx, meta.numel)
+
+
+def _class_prologue() -> bytes:
+    """Opcodes that push SGLang's metadata class by its module path, keep it in memo slot 0 and pop it. The C
+    pickler names a class only where it can import it (never SGLang's here), so it is handed slot 0 as the
+    class (`_SGLangPickler.memo`) and writes each metadata item as a call of what slot 0 holds."""
+    out = bytearray(pickle.PROTO + bytes([4]))
+    for text in SGLANG_METADATA_CLASS:
+        raw = text.encode()
+        out += pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
+    return bytes(out + pickle.STACK_GLOBAL + pickle.MEMOIZE + pickle.POP)
+
+
+class _SGLangPickler(pickle.Pickler):
+    """The C pickler with ForkingPickler's reductions (shared tensors), CUDA devices by UUID, and this module's
+    metadata class written as SGLang's: `dump` writes `_class_prologue` first and starts its memo from it."""
 
     def __init__(self, file: io.BytesIO):
         super().__init__(file, protocol=4)
@@ -106,15 +122,13 @@ class _SGLangPickler(pickle._Pickler):
         self.dispatch_table.update(ForkingPickler._extra_reducers)
         for cls in (torch.Tensor, torch.nn.Parameter):
             self.dispatch_table[cls] = _reduce_tensor_by_uuid
+        self.dispatch_table[FlattenedTensorMetadata] = _reduce_metadata
+        self.file = file
 
-    def save_global(self, obj, name=None):
-        if obj is not FlattenedTensorMetadata:
-            return super().save_global(obj, name)
-        module, qualname = SGLANG_METADATA_CLASS
-        self.save(module)
-        self.save(qualname)
-        self.write(pickle.STACK_GLOBAL)
-        self.memoize(obj)
+    def dump(self, obj) -> None:
+        self.file.write(_class_prologue())
+        self.memo = {id(FlattenedTensorMetadata): (0, FlattenedTensorMetadata)}
+        super().dump(obj)
 
 
 @contextmanager

@@ -209,11 +209,16 @@ def open_bucket(items: list[str]) -> list[dict]:
     from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
     monkey_patch_torch_reductions()
     per_rank = []
     for item in items:  # TP rank i deserialises item i (TpModelWorker.deserialize_own_rank)
         payload = MultiprocessingSerializer.deserialize(item)
+        strangers = {type(m).__module__ + "." + type(m).__qualname__ for m in payload["metadata"]}
+        strangers -= {FlattenedTensorMetadata.__module__ + "." + FlattenedTensorMetadata.__qualname__}
+        if strangers:  # SGLang's updater reads the fields by name; a look-alike class would pass it by chance
+            raise TypeError(f"metadata items are not SGLang's FlattenedTensorMetadata: {sorted(strangers)}")
         model = _Model()
         WeightUpdater._update_weights_from_flattened_bucket(SimpleNamespace(get_model=lambda m=model: m), payload)
         per_rank.append(_digest(model.loaded))

@@ -185,7 +185,7 @@ class HFServer:
     def _load_from_disk(self, model_path: str, version: Any) -> int:
         tensors = read_safetensors_dir(model_path)
         self.generator.flush_cache()  # SGLang flushes its radix cache on every weight update
-        count = load_weights_strict(self.model, tensors)
+        count = load_weights_strict(self.model, tensors, layout=self.receiver.layout)
         if version is not None:
             self.scheduler.weight_version = str(version)
         return count

@@ -32,7 +32,7 @@ import torch
 from aiohttp import web
 
 from slime.engine.hf.weight_checker import WeightChecker, checker_reply
-from slime.engine.hf.weights import WeightLoadError, load_weights_strict
+from slime.engine.hf.weights import StateLayout, WeightLoadError, load_weights_strict
 from slime.wire import bucket_codec
 from slime.wire.tensors import parse_dtype
 from slime.wire.weight_group import CustomWeightGroup
@@ -79,6 +79,7 @@ class WeightReceiver:
         self.groups: dict[str, Any] = {}
         self.session_open = False
         self.checker = WeightChecker(model)
+        self.layout = StateLayout(model)  # every bucket of every sync loads through it
         self._lock = threading.Lock()
 
     def routes(self) -> list[web.RouteDef]:
@@ -241,7 +242,7 @@ class WeightReceiver:
 
     # ---- loading (model thread) ---------------------------------------------------------------
     def load(self, tensors: NamedTensors, version: Optional[Any]) -> int:
-        count = load_weights_strict(self.model, dict(tensors), partial=True)
+        count = load_weights_strict(self.model, dict(tensors), partial=True, layout=self.layout)
         if version is not None:
             self.scheduler.weight_version = str(version)
         return count

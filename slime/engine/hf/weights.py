@@ -44,25 +44,48 @@ def _short(names) -> str:
     return ", ".join(names[:_MAX_LISTED]) + extra
 
 
+class StateLayout:
+    """Where each of a model's checkpoint names lives: the module and attribute holding it, read at each use (so
+    the layout stays true when `model.to()` replaces buffers or parameter data). Built once per model: walking
+    `state_dict()` and `named_parameters()` for every bucket of a weight sync cost ~1 ms per 100 tensors."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
+        for name in model.state_dict(keep_vars=True):
+            path, _, attr = name.rpartition(".")
+            self.slots[name] = (model.get_submodule(path), attr)
+        primary = {name for name, _ in model.named_parameters()}  # tied duplicates removed
+        all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        primary |= {name for name in self.slots if name not in all_params}  # persistent buffers
+        self.primary = frozenset(primary)
+        self.aliases = frozenset(set(self.slots) - primary)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        module, attr = self.slots[name]
+        return getattr(module, attr)
+
+
 @torch.no_grad()
-def load_weights_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], *, partial: bool = False) -> int:
-    """Check `tensors` against `model.state_dict()` names/shapes, then copy them in. Returns the count copied.
+def load_weights_strict(
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    *,
+    partial: bool = False,
+    layout: StateLayout | None = None,
+) -> int:
+    """Check `tensors` against the model's checkpoint names and shapes, then copy them in. Returns the count copied.
 
     Values are cast to each parameter's dtype and moved to its device. `partial`: one bucket of a
     multi-bucket update (tensor and distributed modes), so names may be missing, never unexpected.
+    `layout`: the model's `StateLayout`, when the caller loads into it more than once.
     """
-    state = model.state_dict()
-    primary = {name for name, _ in model.named_parameters()}  # tied duplicates removed
-    all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    primary |= {name for name in state if name not in all_params}  # persistent buffers
-    aliases = set(state) - primary
-
-    missing = set() if partial else primary - set(tensors)
-    unexpected = set(tensors) - set(state)
+    layout = layout or StateLayout(model)
+    missing = set() if partial else layout.primary - set(tensors)
+    unexpected = set(tensors) - set(layout.slots)
     mismatched = [
-        f"{name}: checkpoint {tuple(t.shape)} vs model {tuple(state[name].shape)}"
+        f"{name}: checkpoint {tuple(t.shape)} vs model {tuple(layout.tensor(name).shape)}"
         for name, t in tensors.items()
-        if name in state and tuple(t.shape) != tuple(state[name].shape)
+        if name in layout.slots and tuple(t.shape) != tuple(layout.tensor(name).shape)
     ]
     problems = []
     if missing:
@@ -76,9 +99,9 @@ def load_weights_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor]
 
     copied = 0
     for name, tensor in tensors.items():
-        if name in aliases:
+        if name in layout.aliases:
             continue
-        target = state[name]
+        target = layout.tensor(name)
         target.copy_(tensor.to(dtype=target.dtype))
         copied += 1
     return copied
