@@ -72,6 +72,9 @@ class TrainBackendFacts:
     # train.ref_offload moves them to the CPU between forwards); False: host copies of this rank's parameters swapped
     # into the policy's own tensors for their forward (slime.train.megatron.backend), no GPU memory of their own.
     frozen_models_on_gpu: bool = False
+    # The `parallelism` key (dotted) and the value with which the backend recomputes every layer in its backward,
+    # keeping only the layer inputs (fsdp: gradient_checkpointing; megatron: recompute.granularity=full).
+    full_recompute: tuple[str, Any] = ("gradient_checkpointing", True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,7 +178,7 @@ TRAIN_BACKENDS = Registry(
     what="training backend",
     facts={
         "fsdp": TrainBackendFacts(fully_sharded_state=True, frozen_models_on_gpu=True),
-        "megatron": TrainBackendFacts(),
+        "megatron": TrainBackendFacts(full_recompute=("recompute.granularity", "full")),
     },
     default_facts=TrainBackendFacts(),
     checks={

@@ -1,7 +1,7 @@
 """Weight-sync benchmark: a trainer process pushes a model into an hf engine process through the real sync
 code (`slime.sync.*` via `slime.registry.WEIGHT_SYNC`), for each mode, and prints a table.
 
-    python tools/bench_sync.py                  # Qwen3-1.7B shape, bf16, random weights, on cuda:0
+    python tools/bench_sync.py                  # Qwen3-1.7B shape, bf16, random weights, default buckets, cuda:0
     python tools/bench_sync.py --tiny           # a small shape on CPU (seconds)
     python tools/bench_sync.py --modes tensor --bucket-mb 512,1024,2048 --repeats 5
 
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slime.assets.tiny_model import hf_config_dict  # noqa: E402
 from slime.assets.tokenizer import build_tokenizer  # noqa: E402
 from slime.config.schema import HFEngineConfig, ModelConfig  # noqa: E402
+from slime.config.schema_rollout import WeightSyncConfig  # noqa: E402
 from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
@@ -183,7 +184,11 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="a small shape on CPU")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available, cpu with --tiny)")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--bucket-mb", default="512", help="bucket sizes in MiB, comma-separated (each one measured)")
+    p.add_argument(
+        "--bucket-mb",
+        default=str(WeightSyncConfig().bucket_mb),
+        help="bucket sizes in MiB, comma-separated (each one measured; default: rollout.weight_sync.bucket_mb's)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed syncs per mode, after one warm-up sync")
     p.add_argument(
         "--check", action="store_true", help="compare every tensor's checksum with the engine's after each sync (slow)"

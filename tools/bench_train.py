@@ -18,8 +18,10 @@ causal attention halved), against a bf16 matmul ceiling (8192³) measured in the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from slime.plan.derive import derive  # noqa: E402
+from slime.plan.memory import GIB, estimate_memory  # noqa: E402
+from slime.train import batching  # noqa: E402
 from slime.train.throughput import matmul_ceiling_tflops  # noqa: E402
 from tools.bench_train_steps import (  # noqa: E402
     SHAPES,
@@ -44,8 +49,17 @@ from tools.bench_train_steps import (  # noqa: E402
     write_model,
 )
 
-MEGATRON_16K = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=16384"]
-MEGATRON_32K = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32768"]
+# the model's preset brings full recompute with parallelism=megatron; a variant says whether it recomputes
+MEGATRON_16K = [
+    "parallelism=megatron",
+    "parallelism.recompute.granularity=null",
+    "parallelism.max_tokens_per_gpu=16384",
+]
+MEGATRON_32K = [
+    "parallelism=megatron",
+    "parallelism.recompute.granularity=null",
+    "parallelism.max_tokens_per_gpu=32768",
+]
 FULL_RECOMPUTE = "parallelism.recompute.granularity=full"
 # the MLP keeps only its input (its fc1 output and SwiGLU output, 3 x ffn per token, are recomputed)
 SELECTIVE_MLP = ["parallelism.recompute.granularity=selective", "parallelism.recompute.modules=[mlp]"]
@@ -112,14 +126,14 @@ def run_variant(args) -> dict:
         step = hf_padded_step(cfg, batch, device=args.device, **options)
     else:
         step = backend_step(cfg, batch)
-    times = time_steps(step, args.steps, args.device)
+    times, logged = time_steps(step, args.steps, args.device)
     if args.profile:
         profile_step(step, Path(args.profile) / f"{args.worker}.txt")
-    seconds = sorted(times)[len(times) // 2]
+    seconds = statistics.median(times)
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
     reserved = torch.cuda.max_memory_reserved() / 2**30 if args.device == "cuda" else float("nan")
     tokens = sum(p + r for p, r in lengths)
-    return {
+    row = {
         "variant": args.worker,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
@@ -128,6 +142,25 @@ def run_variant(args) -> dict:
         "reserved_gib": reserved,
         "tokens": tokens,
     }
+    if kind != "hf_padded":  # what a run of this config logs and plans (`perf/*`, the dry run's estimate)
+        row["run_tflops"] = statistics.median(perf["perf/train_tflops"] for perf in logged)
+        row["run_mfu"] = statistics.median(perf.get("perf/mfu", float("nan")) for perf in logged)
+        row["plan_gib"] = estimate_memory(*planned_for(cfg, lengths)).train_peak / GIB
+    return row
+
+
+def planned_for(cfg, lengths: list[tuple[int, int]]):
+    """(config, derived) of the dry run's memory estimate for this batch: its activations sized by the batch's
+    largest micro-batch (the plan assumes full ones, `parallelism.max_tokens_per_gpu`, which this batch may not
+    fill)."""
+    p = cfg.parallelism
+    sizes = [prompt + response for prompt, response in lengths]
+    bins = batching.split(
+        list(range(len(sizes))), sizes, micro_batch_size=p.micro_batch_size, max_tokens=p.max_tokens_per_gpu
+    )
+    largest = max(sum(sizes[i] for i in micro) for micro in bins)
+    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(p, max_tokens_per_gpu=largest))
+    return cfg, derive(cfg)
 
 
 # ---- driver side ---------------------------------------------------------------------------------
@@ -163,18 +196,29 @@ def run_in_subprocess(name: str, args, model_dir: str) -> dict:
 
 
 def print_table(rows: list[dict], ceiling: float, baseline: str | None) -> None:
+    """The bench's figures, and beside a backend's: what a run of its config logs (`perf/train_tflops`, `perf/mfu`:
+    the LM head on response tokens only, the train phase alone, its own ceiling) and the dry run's estimate of a
+    training GPU's peak memory against the measured one."""
     base = next((r for r in rows if r["variant"] == baseline and "error" not in r), None)
     print(f"\nbf16 matmul ceiling: {ceiling:.0f} TFLOP/s")
-    print("| variant | real tokens/s | TFLOP/s | MFU | peak GiB (reserved) | vs baseline |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| variant | real tokens/s | TFLOP/s | MFU | peak GiB (reserved) | vs baseline "
+        "| run's perf/train_tflops, perf/mfu | plan GiB (vs peak) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['variant']} | {r['error']} | | | | |")
+            print(f"| {r['variant']} | {r['error']} | | | | | | |")
             continue
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
+        run = plan = ""
+        if "run_tflops" in r:
+            run = f"{r['run_tflops']:.0f}, {100 * r['run_mfu']:.1f}% ({r['run_mfu'] * ceiling / r['tflops']:.3f}x)"
+            plan = f"{r['plan_gib']:.1f} ({r['plan_gib'] / r['peak_gib']:.2f}x)"
         print(
             f"| {r['variant']} | {r['tokens_per_s'] / 1e3:.1f}k | {r['tflops']:.0f} | "
-            f"{100 * r['tflops'] / ceiling:.1f}% | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f}) | {ratio} |"
+            f"{100 * r['tflops'] / ceiling:.1f}% | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f}) | {ratio} | {run} "
+            f"| {plan} |"
         )
 
 

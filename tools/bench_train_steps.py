@@ -46,6 +46,7 @@ def compose(shape: str, device: str, model_dir: str, overrides: list[str]):
         f"cluster={cluster}",
         # the fsdp backend (a megatron variant's parallelism=megatron comes later and wins) and the built-in engine
         "parallelism=fsdp",
+        "parallelism.gradient_checkpointing=false",  # the model's preset recomputes; a variant says whether it does
         "rollout=hf",
         "algo=grpo",
         "algo.use_kl_loss=false",
@@ -95,24 +96,25 @@ def make_batch(cfg, lengths: list[tuple[int, int]], seed: int):
     )[0]
 
 
-def time_steps(step, steps: int, device: str) -> list[float]:
-    """Seconds of each of `steps` calls of `step()` after one warm-up call."""
+def time_steps(step, steps: int, device: str) -> tuple[list[float], list]:
+    """Seconds of each of `steps` calls of `step()` after one warm-up call, and what each of them returned."""
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     step()
     sync()
-    times = []
+    times, returned = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        step()
+        returned.append(step())
         sync()
         times.append(time.perf_counter() - start)
-    return times
+    return times, returned
 
 
 def backend_step(cfg, batch):
-    """The configured train backend as the runtime drives it, one rank: load, advantages, one optimizer step."""
+    """The configured train backend as the runtime drives it, one rank: load, advantages, one optimizer step; a
+    call returns the step's `perf/*` as a run logs them."""
     from slime.net import free_port
     from slime.plan.derive import derive
     from slime.train.base import get_backend_class
@@ -127,7 +129,7 @@ def backend_step(cfg, batch):
     def step():
         backend.load_batch(0, batch)
         backend.compute_advantages()
-        backend.train()
+        return backend.train()["perf"]
 
     return step
 

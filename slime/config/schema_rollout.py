@@ -46,7 +46,7 @@ class WeightSyncConfig:
     # a name of slime.registry.WEIGHT_SYNC: disk (HF files) | distributed (broadcast group) | tensor (shared
     # memory / CUDA IPC; colocated engines only)
     mode: str = "disk"
-    bucket_mb: int = 512  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
+    bucket_mb: int = 1024  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
     keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
     # rollout steps between syncs (the seeds' --update-weights-interval); > 1 needs train.async=true
     interval: int = 1

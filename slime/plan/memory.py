@@ -11,9 +11,12 @@ KV = kv_heads·d (d = kv_channels). Training, per GPU of a rank (s = the rank's 
     reference model (KL terms), distillation teacher (algo.use_opd): fsdp each N · 2 B (bf16) or 4 B (a
               whole transformers model on every rank), 0 with train.ref_offload (on the GPU only for its
               forward); megatron 0 (host copies swapped into the policy's tensors for their forward)
-    activations: T·L/(tp·cp) · 2 B · (3·H + 2·Q + 2·KV + 3·F) -- the tensors a decoder layer keeps for
-              backward per token with packed (varlen) attention, no [S, S] scores; with
-              gradient checkpointing only the layer inputs T·L·H·2 B/(tp·cp) plus one layer's.
+    activations: T·L/(tp·cp) · 2 B · (3·H + 3·Q + 3·KV + 4·F) -- the tensors a decoder layer keeps for
+              backward per token with packed (varlen) attention, no [S, S] scores: the norms' inputs and
+              output, q and k before and after their norms and RoPE, v, the attention output, SwiGLU's gate,
+              up, activation and product; where the backend recomputes every layer (its record's
+              full_recompute: fsdp gradient_checkpointing, megatron recompute.granularity=full) only the layer
+              inputs T·L·H·2 B/(tp·cp) plus one layer's (selective recompute counts as none: an upper bound).
               T = parallelism.max_tokens_per_gpu, else micro_batch_size · (1024 prompt tokens assumed +
               rollout.max_response_len)
     logits: 2 · 1024 · V · 4 B (the LM head's fp32 logits and their gradient, 1024 tokens at a time)
@@ -26,8 +29,10 @@ Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
 activations and logits while training: peak = state + max(engine, activations + logits). The GPU size
-is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Estimates within ~30%:
-allocator fragmentation, CUDA context (~0.5-1 GiB) and communication buffers are not counted.
+is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Not counted: allocator
+fragmentation, the CUDA context (~0.5-1 GiB), communication buffers. On the Qwen3-1.7B shape (one H200,
+tools/bench_train.py, the plan sized by the batch's largest micro-batch) the measured peaks were 0.91-1.03x of
+the estimate for both backends, with and without recompute.
 """
 
 from __future__ import annotations
@@ -140,6 +145,15 @@ def gpu_capacity_gib(cfg: RunConfig) -> tuple[float, str]:
     return DEFAULT_GPU_GIB, "assumed (set debug.gpu_memory_gib)"
 
 
+def _recomputes_every_layer(cfg: RunConfig) -> bool:
+    """Whether the backend keeps only each layer's input for backward (its record's `full_recompute`)."""
+    key, value = TRAIN_BACKENDS.facts(cfg.parallelism.backend).full_recompute
+    node = cfg.parallelism
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node == value
+
+
 def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict[str, float]:
     p, m, r = cfg.parallelism, cfg.model, cfg.rollout
     bf16 = derived.precision == "bf16"
@@ -163,8 +177,8 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
     split = max(p.tp * p.cp, 1)
-    per_token_layer = 2 * (3 * m.hidden_size + 2 * q + 2 * kv + 3 * active_ffn_width(cfg.model))
-    if p.gradient_checkpointing:
+    per_token_layer = 2 * (3 * m.hidden_size + 3 * q + 3 * kv + 4 * active_ffn_width(cfg.model))
+    if _recomputes_every_layer(cfg):
         acts = tokens * (m.num_layers * m.hidden_size * 2 + per_token_layer) / split
     else:
         acts = tokens * m.num_layers * per_token_layer / split

@@ -87,8 +87,17 @@ class TensorWeightSync(WeightSync):
         """Per-TP-rank handles: every non-source training rank takes part in each push."""
         return TensorHandleFollower(context, rank) if _per_rank(context) else None
 
+    def __init__(self, engines, context: SyncContext):
+        super().__init__(engines, context)
+        self.tp_sizes: dict[str, int] = {}  # engine URL -> its TP size (`/server_info`, asked once per engine)
+
+    def _tp_size(self, engine) -> int:
+        if engine.url not in self.tp_sizes:
+            self.tp_sizes[engine.url] = int(engine.server_info().get("tp_size", 1) or 1)
+        return self.tp_sizes[engine.url]
+
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
-        tp_sizes = [int(engine.server_info().get("tp_size", 1) or 1) for engine in self.engines]
+        tp_sizes = [self._tp_size(engine) for engine in self.engines]
         self.phases = {"perf/update_weights_pack_time": 0.0, "perf/update_weights_load_time": 0.0}
         if _per_rank(self.context) or not self.pipelined:
             total = self._one_at_a_time(buckets, tp_sizes, weight_version)

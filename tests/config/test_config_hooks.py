@@ -209,7 +209,7 @@ def test_save_hf_is_a_directory_template(template, ok):
 
 def test_weight_sync_schema_and_checks():
     ws = typed_config([]).rollout.weight_sync
-    assert (ws.mode, ws.bucket_mb, ws.keep) == ("disk", 512, False)
+    assert (ws.mode, ws.bucket_mb, ws.keep) == ("disk", 1024, False)
     found = problems_for(["rollout.weight_sync.mode=dsk", "rollout.weight_sync.bucket_mb=0"])
     assert "did you mean disk?" in found["rollout.weight_sync.mode"]
     assert "must be > 0" in found["rollout.weight_sync.bucket_mb"]

@@ -132,6 +132,27 @@ def test_frozen_models_take_gpu_memory_where_the_backend_keeps_them_there():
     assert est.train["reference"] == est.train["teacher"] == 0.0 and est.train["weights"] > 0
 
 
+@pytest.mark.parametrize(
+    ("backend", "recompute", "every_layer"),
+    [
+        (["parallelism=fsdp"], ["parallelism.gradient_checkpointing=true"], True),
+        (["parallelism=megatron"], ["parallelism.recompute.granularity=full"], True),
+        (["parallelism=megatron"], ["parallelism.recompute.granularity=null"], False),  # the switch is fsdp's
+        (["parallelism=megatron"], ["parallelism.recompute.granularity=selective"], False),  # counted as none
+    ],
+)
+def test_activations_count_what_a_layer_keeps_unless_the_backend_recomputes_every_layer(backend, recompute, every_layer):
+    """Per token and layer, bf16: 3 hidden-wide, 3 query-wide, 3 kv-wide and 4 FFN-wide tensors, or with every layer
+    recomputed the layer inputs plus one layer's (the backend's record names its switch)."""
+    sizes = ["parallelism.max_tokens_per_gpu=16384", "parallelism.gradient_checkpointing=true"]
+    cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", *backend, *sizes, *recompute])
+    m = cfg.model
+    q, kv = m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
+    layer = 2 * (3 * m.hidden_size + 3 * q + 3 * kv + 4 * m.ffn_hidden_size)
+    expected = 16384 * (m.num_layers * m.hidden_size * 2 + layer) if every_layer else 16384 * m.num_layers * layer
+    assert estimate_memory(cfg, derive(cfg)).train["activations"] == pytest.approx(expected)
+
+
 def test_memory_estimate_numbers_and_colocation_warning():
     cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "rollout.hf.max_batch_size=8", "debug.gpu_memory_gib=80"])
     n, _ = parameter_count(cfg)

@@ -91,8 +91,12 @@ def test_the_weight_sync_records_state_their_facts():
 
 
 def test_the_train_backend_records_state_their_memory_model():
-    assert TRAIN_BACKENDS.facts("fsdp") == TrainBackendFacts(fully_sharded_state=True, frozen_models_on_gpu=True)
-    assert TRAIN_BACKENDS.facts("megatron") == TrainBackendFacts(fully_sharded_state=False, frozen_models_on_gpu=False)
+    assert TRAIN_BACKENDS.facts("fsdp") == TrainBackendFacts(
+        fully_sharded_state=True, frozen_models_on_gpu=True, full_recompute=("gradient_checkpointing", True)
+    )
+    assert TRAIN_BACKENDS.facts("megatron") == TrainBackendFacts(
+        fully_sharded_state=False, frozen_models_on_gpu=False, full_recompute=("recompute.granularity", "full")
+    )
 
 
 def test_every_registered_name_has_a_record_and_an_unknown_one_is_named():
