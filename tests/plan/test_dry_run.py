@@ -141,7 +141,9 @@ def test_frozen_models_take_gpu_memory_where_the_backend_keeps_them_there():
         (["parallelism=megatron"], ["parallelism.recompute.granularity=selective"], False),  # counted as none
     ],
 )
-def test_activations_count_what_a_layer_keeps_unless_the_backend_recomputes_every_layer(backend, recompute, every_layer):
+def test_activations_count_what_a_layer_keeps_unless_the_backend_recomputes_every_layer(
+    backend, recompute, every_layer
+):
     """Per token and layer, bf16: 3 hidden-wide, 3 query-wide, 3 kv-wide and 4 FFN-wide tensors, or with every layer
     recomputed the layer inputs plus one layer's (the backend's record names its switch)."""
     sizes = ["parallelism.max_tokens_per_gpu=16384", "parallelism.gradient_checkpointing=true"]
