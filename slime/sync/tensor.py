@@ -28,6 +28,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 
+from slime.engine.client import EngineClient
 from slime.sync.base import SyncContext, WeightSync
 from slime.wire import bucket_codec
 from slime.wire.tensors import Bucket, bucket_nbytes
@@ -91,7 +92,7 @@ class TensorWeightSync(WeightSync):
         super().__init__(engines, context)
         self.tp_sizes: dict[str, int] = {}  # engine URL -> its TP size (`/server_info`, asked once per engine)
 
-    def _tp_size(self, engine) -> int:
+    def _tp_size(self, engine: EngineClient) -> int:
         if engine.url not in self.tp_sizes:
             self.tp_sizes[engine.url] = int(engine.server_info().get("tp_size", 1) or 1)
         return self.tp_sizes[engine.url]

@@ -47,7 +47,8 @@ def _short(names) -> str:
 class StateLayout:
     """Where each of a model's checkpoint names lives: the module and attribute holding it, read at each use (so
     the layout stays true when `model.to()` replaces buffers or parameter data). Built once per model: walking
-    `state_dict()` and `named_parameters()` for every bucket of a weight sync cost ~1 ms per 100 tensors."""
+    `state_dict()` and `named_parameters()` for every bucket of a weight sync cost ~9 ms a bucket on one CPU core
+    for the 310 tensors of the 1.7B shape."""
 
     def __init__(self, model: torch.nn.Module):
         self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
