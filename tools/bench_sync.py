@@ -179,7 +179,7 @@ def check_bit_exact(engine: HFEngine, buckets: list[Bucket]) -> None:
         raise RuntimeError(f"{len(differ)} tensors differ in the engine after the sync: {differ[:8]}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiny", action="store_true", help="a small shape on CPU")
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available, cpu with --tiny)")
@@ -194,15 +194,11 @@ def main() -> None:
         "--check", action="store_true", help="compare every tensor's checksum with the engine's after each sync (slow)"
     )
     p.add_argument("--work-dir", default=None, help="model dir, disk-sync dirs and logs (default: a temp dir)")
-    args = p.parse_args()
-    device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda:0"))
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="slime-bench-sync-"))
-    model = model_config(args.tiny, work / "model")
-    named = random_weights(model, device, seed=1)
-    nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
-    write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
-    floor = sync_floor(named, device, args.repeats)
+    return p.parse_args()
+
+
+def measure(named, device: torch.device, work: Path, args) -> list[tuple[str, int, int, list[dict]]]:
+    """(row label, bucket MiB, buckets, timed pushes) of every variant; one engine process per device it needs."""
     engine_device = "cuda" if device.type == "cuda" else "cpu"
     engines: dict[str, HFEngine] = {}
     rows = []
@@ -223,6 +219,10 @@ def main() -> None:
     finally:
         for engine in engines.values():
             engine.shutdown()
+    return rows
+
+
+def print_table(rows, nbytes: int, floor: float) -> None:
     print(
         "\n| mode | bucket MiB | buckets | ms per full sync (median) | GB/s | min-max ms | pack ms | engines load ms "
         "| floor: device copy ms |"
@@ -236,6 +236,19 @@ def main() -> None:
             f"{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f} | {median_ms(pushes, 'perf/update_weights_pack_time'):.1f} "
             f"| {median_ms(pushes, 'perf/update_weights_load_time'):.1f} | {floor * 1e3:.2f} |"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device or ("cpu" if args.tiny or not torch.cuda.is_available() else "cuda:0"))
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="slime-bench-sync-"))
+    model = model_config(args.tiny, work / "model")
+    named = random_weights(model, device, seed=1)
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
+    write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
+    floor = sync_floor(named, device, args.repeats)
+    print_table(measure(named, device, work, args), nbytes, floor)
     print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per row after one warm-up; work dir {work}")
     print("pack: flattening buckets into staging buffers; load: the engines' update calls (hand-over and copy);")
     print("the rest of a sync is pause, flush, the update session and continue. Pipelined tensor mode packs the")

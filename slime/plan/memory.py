@@ -42,6 +42,7 @@ import shutil
 import subprocess
 
 from slime.config.derived import Derived
+from slime.config.problems import get as config_value
 from slime.config.schema import RunConfig
 from slime.model_flops import active_ffn_width
 from slime.registry import ENGINES, TRAIN_BACKENDS
@@ -148,10 +149,7 @@ def gpu_capacity_gib(cfg: RunConfig) -> tuple[float, str]:
 def _recomputes_every_layer(cfg: RunConfig) -> bool:
     """Whether the backend keeps only each layer's input for backward (its record's `full_recompute`)."""
     key, value = TRAIN_BACKENDS.facts(cfg.parallelism.backend).full_recompute
-    node = cfg.parallelism
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node == value
+    return config_value(cfg.parallelism, key) == value
 
 
 def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict[str, float]:
