@@ -222,5 +222,17 @@ class EngineClient:
         """GET /v1/loads (engine-specific shape; the hf engine's is documented in its server)."""
         return self._get("/v1/loads?include=core")
 
+    def memory_gib(self) -> dict[str, float]:
+        """The engine's memory by part, GiB, `{part: GiB}`: GET /v1/loads?include=memory, each data-parallel rank's
+        `memory` section (SGLang's `MemoryMetrics`, `managers/load_snapshot.py`: weight_gb, kv_cache_gb and graph_gb,
+        filled in GiB by `scheduler_components/load_inquirer.py`; the hf engine's `weight_gb`, `peak_gb`), each part
+        named without `_gb` and the largest over the ranks; {} when the engine reports none."""
+        parts: dict[str, float] = {}
+        for rank in self._get("/v1/loads?include=memory").get("loads", []):
+            for key, value in (rank.get("memory") or {}).items():
+                if key.endswith("_gb") and isinstance(value, (int, float)):
+                    parts[key[:-3]] = max(parts.get(key[:-3], 0.0), float(value))
+        return parts
+
     def __repr__(self) -> str:
         return f"EngineClient({self.url})"

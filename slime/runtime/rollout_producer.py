@@ -193,6 +193,7 @@ class RolloutProducer:
             self._cursor_before = (rollout_id, copy.deepcopy(self.data_source.state_dict()))
         ctx = self._context(progress, evaluation=False)
         out = self._rollout(ctx, rollout_id)
+        engine_memory = self.fleet.memory_gib() if self.setup.load_rollout_data is None else {}
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(
@@ -213,6 +214,7 @@ class RolloutProducer:
             **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt),
             **shaping,
             **staleness,
+            **engine_memory,
         }
         metrics["rollout/rewards"] = float(rewards.mean())
         metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))

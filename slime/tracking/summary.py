@@ -47,20 +47,17 @@ def _phase_lines(records: list[dict[str, Any]]) -> list[str]:
 
 def _throughput_lines(records: list[dict[str, Any]], plan: dict[str, float] | None = None) -> list[str]:
     """Training's real tokens/s, TFLOP/s per GPU and MFU, means over the rollout steps after the first (whose time
-    holds compilation and warm-up), and each phase's largest peak GPU memory."""
+    holds compilation and warm-up), each phase's largest peak GPU memory, and the engines' largest reports."""
+    lines = []
     rows = [r for r in records if "perf/train_tflops" in r][1:] or [r for r in records if "perf/train_tflops" in r]
-    if not rows:
-        return []
-    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
-    line = (
-        f"training    {mean('perf/train_tokens_per_s'):.0f} tokens/s, {mean('perf/train_tflops'):.2f} TFLOP/s per GPU"
-    )
-    if all("perf/mfu" in r for r in rows):
-        line += f", MFU {100 * mean('perf/mfu'):.1f}%"
-    peaks = {k: max(r[k] for r in records if k in r) for r in records for k in r if k.startswith("perf/peak_gib/")}
-    lines = [line + f" (mean of {len(rows)} rollout steps)"]
+    if rows:
+        mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+        line = f"training    {mean('perf/train_tokens_per_s'):.0f} tokens/s, {mean('perf/train_tflops'):.2f} TFLOP/s"
+        line += " per GPU" + (f", MFU {100 * mean('perf/mfu'):.1f}%" if all("perf/mfu" in r for r in rows) else "")
+        lines.append(line + f" (mean of {len(rows)} rollout steps)")
+    peaks = _largest(records, "perf/peak_gib/")
     if peaks:
-        lines.append("peak GPU    " + ", ".join(f"{k[14:]} {v:.1f} GiB" for k, v in sorted(peaks.items())))
+        lines.append("peak GPU    " + ", ".join(f"{k} {v:.1f} GiB" for k, v in sorted(peaks.items())))
     planned = (plan or {}).get("trainer")
     if peaks and planned:
         measured = max(peaks.values())
@@ -68,7 +65,16 @@ def _throughput_lines(records: list[dict[str, Any]], plan: dict[str, float] | No
             f"  trainer GPU: {measured:.1f} GiB measured, {planned:.1f} GiB planned (dry run), "
             f"measured/planned {measured / planned:.2f}"
         )
+    engines = _largest(records, "perf/engine_gib/")
+    if engines:
+        lines.append("engines     " + ", ".join(f"{k} {v:.2f} GiB" for k, v in sorted(engines.items())))
     return lines
+
+
+def _largest(records: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """{key without `prefix`: its largest value over the records} of every key under `prefix`."""
+    keys = {k for r in records for k in r if k.startswith(prefix)}
+    return {k[len(prefix) :]: max(r[k] for r in records if k in r) for k in keys}
 
 
 def _output_lines(run_dir: Path, result: dict[str, Any], checkpoint_dir: str | None) -> list[str]:

@@ -17,7 +17,7 @@ import yaml
 
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes
-from tests.helpers.runs import main_argv, main_py, rewards, run_concurrently, selected_runs
+from tests.helpers.runs import checkpoint_gib, main_argv, main_py, rewards, run_concurrently, selected_runs
 from tests.helpers.wandb_files import offline_runs
 
 # The module's pool (five jobs, three at a time, one of them two runs in a row) took 520 s on 2 idle cores and
@@ -139,6 +139,9 @@ def test_embedded_default_learns(runs):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*records)
     assert {"rollout/step", "rollout/raw_reward", "train/pg_loss", "train/grad_norm", "train/step"} <= keys
+    # the engine's weights as it reports them after each rollout: the checkpoint's bytes (and a 64-byte rotary table)
+    engine_gib = [r["perf/engine_gib/weight"] for r in records if "rollout/raw_reward" in r]
+    assert len(engine_gib) == 60 and all(g == pytest.approx(checkpoint_gib(run_dir), rel=1e-3) for g in engine_gib)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["rollouts_completed"] == 60
     assert (run_dir / "config.yaml").exists() and (run_dir / "reward_curve.png").stat().st_size > 10_000

@@ -156,6 +156,9 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
         if "train/train_rollout_logprob_abs_diff" in line
     ]
     assert diffs and max(diffs) < 1e-5  # the engine generated with exactly the trainer's weights
+    # each step logs SGLang's memory section, read after generation (the tiny model's weights round to 0.000 GiB)
+    memory_keys = {"perf/engine_gib/weight", "perf/engine_gib/kv_cache", "perf/engine_gib/graph"}
+    assert all(memory_keys <= set(step) for step in metrics(run_dir).values())
 
 
 def handoff_steps(run_dir: Path) -> list[tuple[int, str]]:

@@ -9,7 +9,8 @@ Run as SGLang is run: `python -m tests.fakes.fake_sglang --model-path P --port N
 - routes: a request to a method and path SGLang's FastAPI app does not serve answers 404; a body is built
   into the route's own request type (io_struct, or GenerateReqInput plus SGLang's JSON contract gate and
   `SamplingParams`) the way FastAPI builds it, and answers 422 (400 for /generate) when SGLang would refuse it;
-- `/server_info` is `build_server_info(server_args, ...)`; `/v1/loads` is SGLang's `LoadSnapshot` shape;
+- `/server_info` is `build_server_info(server_args, ...)`; `/v1/loads` is SGLang's `LoadSnapshot` (its memory section
+  the model's weights);
 - tensor updates: TP rank i's item is deserialised with `MultiprocessingSerializer` after
   `monkey_patch_torch_reductions` (`tp_worker.deserialize_own_rank`) and rebuilt by the model runner's
   `WeightUpdater._update_weights_from_flattened_bucket`; every rank must get the same tensors;
@@ -139,7 +140,7 @@ def make_receiver_class():
 def make_server(server_args):
     """The hf server behind SGLang's route table, request types and rules (see the module docstring)."""
     from aiohttp import web
-    from sglang.srt.managers.load_snapshot import LoadSnapshot
+    from sglang.srt.managers.load_snapshot import LoadSnapshot, MemoryMetrics
     from sglang.srt.utils.common import build_server_info
     from sglang.version import __version__
 
@@ -168,10 +169,17 @@ def make_server(server_args):
 
         async def v1_loads(self, request: web.Request) -> web.Response:
             loads = self.scheduler.loads()
+            # scheduler_components/load_inquirer.py fills MemoryMetrics from the model runner (GiB); this model
+            # holds its weights and no KV pool or graphs, and its token capacity is its context
+            weight = hf_server.memory_gib(self.model, self.args.device)["weight_gb"]
+            memory = MemoryMetrics(
+                weight_gb=round(weight, 3), kv_cache_gb=0.0, graph_gb=0.0, token_capacity=self.generator.context_length
+            )
             snapshot = LoadSnapshot(
                 timestamp=time.time(),
                 num_running_reqs=loads["num_running_reqs"],
                 num_waiting_reqs=loads["num_waiting_reqs"],
+                memory=memory,
             )
             include = request.query.get("include")
             body = {

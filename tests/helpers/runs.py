@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import yaml
 
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import TEST_RUN_VAR, kill_run_processes, session_processes
@@ -105,6 +106,14 @@ def metrics(run_dir: Path) -> dict[int, dict]:
         if "rollout/raw_reward" in record:
             merged.setdefault(record["rollout/step"], {}).update(record)
     return merged
+
+
+def checkpoint_gib(run_dir: Path) -> float:
+    """GiB of the tensors in the safetensors files of the run's `model.hf_checkpoint` (its config.yaml)."""
+    from safetensors.torch import load_file
+
+    checkpoint = Path(yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["hf_checkpoint"])
+    return sum(t.nbytes for path in checkpoint.glob("*.safetensors") for t in load_file(path).values()) / 2**30
 
 
 def engine_of(run_dir: Path, rank: int, timeout_s: float = 300) -> dict:

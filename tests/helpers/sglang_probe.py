@@ -113,6 +113,9 @@ class SGLangProbe:
     def checksums(self, model_path: str) -> dict:
         return self.call("checksums", timeout=120, model_path=model_path)
 
+    def loads_entry(self, memory: list, include: str) -> dict:
+        return self.call("loads_entry", memory=memory, include=include)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -283,8 +286,18 @@ def checksums(*, model_path: str) -> dict:
     return OneRank(model).handle("checksum", role="target")
 
 
+def loads_entry(*, memory: list, include: str) -> dict:
+    """One rank's entry of SGLang's GET /v1/loads?include=`include` (`entrypoints/v1_loads.py`: `LoadSnapshot.to_dict`)
+    for a scheduler whose `MemoryMetrics` are `memory` (weight_gb, kv_cache_gb, graph_gb, token_capacity)."""
+    from sglang.srt.managers.load_snapshot import LoadSnapshot, MemoryMetrics
+
+    snapshot = LoadSnapshot(dp_rank=0, num_running_reqs=2, memory=MemoryMetrics(*memory))
+    return snapshot.to_dict(set(include.split(",")))
+
+
 _COMMANDS = {
     "ping": lambda: "pong",
+    "loads_entry": loads_entry,
     "routes": routes,
     "check_request": check_request,
     "parse_cli": parse_cli,

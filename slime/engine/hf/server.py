@@ -8,7 +8,7 @@ Endpoints (SGLang's names, payloads and rules; errors are `{"error": {"message":
                                        ignored, unknown `sampling_params` keys are a 400 naming the key
   GET  /server_info, /get_server_info  launch arguments and state
   GET  /model_info, /get_model_info    model_path, architectures, weight_version, ...
-  GET  /v1/loads                       request counts; shape documented on `HFServer.v1_loads`
+  GET  /v1/loads                       request counts and memory; shape documented on `HFServer.v1_loads`
   POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?}
   health, flush, pause/continue, abort, memory release/resume: `control.py`
   weight-update sessions, tensor and distributed syncs, /weights_checker: `weight_receiver.py`
@@ -158,9 +158,15 @@ class HFServer:
         )
 
     async def v1_loads(self, request: web.Request) -> web.Response:
-        """`{"loads": [{"dp_rank": 0, "num_running_reqs", "num_waiting_reqs", "num_total_reqs"}]}`:
-        one entry per data-parallel rank (always one here); waiting includes requests held by a pause."""
-        return web.json_response({"loads": [{"dp_rank": 0, **self.scheduler.loads()}]})
+        """`{"loads": [{"dp_rank": 0, "num_running_reqs", "num_waiting_reqs", "num_total_reqs", "memory"?}]}`:
+        one entry per data-parallel rank (always one here); waiting includes requests held by a pause. `memory`
+        (`memory_gib`) when `include` asks for it or is absent, as SGLang's `LoadSnapshot.to_dict` adds its section
+        (`sglang/srt/managers/load_snapshot.py`); asking for it starts a new peak."""
+        entry = {"dp_rank": 0, **self.scheduler.loads()}
+        include = request.query.get("include")
+        if include is None or {"memory", "all"} & set(include.split(",")):
+            entry["memory"] = memory_gib(self.model, self.args.device)
+        return web.json_response({"loads": [entry]})
 
     # ---------------------------------------------------------------- weights from disk
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
@@ -189,6 +195,20 @@ class HFServer:
         if version is not None:
             self.scheduler.weight_version = str(version)
         return count
+
+
+def memory_gib(model: torch.nn.Module, device: str) -> dict[str, float]:
+    """The engine's memory, GiB, in SGLang's `MemoryMetrics` names where they mean the same: `weight_gb`, the bytes of
+    the model's parameters and buffers on the engine's device (0 while the weights tag is released to the host). On
+    CUDA also `peak_gb`: the most torch's allocator held since the last call (weights plus what generation built
+    beside them: this engine keeps no KV pool, its cache grows with each batch); each call starts a new peak."""
+    kind = torch.device(device).type
+    tensors = [*model.parameters(), *model.buffers()]
+    report = {"weight_gb": sum(t.nbytes for t in tensors if t.device.type == kind) / 2**30}
+    if kind == "cuda" and torch.cuda.is_available():
+        report["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    return report
 
 
 def _device_memory_allocated(device: str) -> int:

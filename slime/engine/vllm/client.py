@@ -107,6 +107,11 @@ class VLLMClient(EngineClient):
         if wanted:
             self._call("POST", "/wake_up?" + urllib.parse.urlencode([("tags", t) for t in wanted]), {})
 
+    def memory_gib(self) -> dict[str, float]:
+        """{}: vLLM 0.32.0's HTTP API reports no memory in bytes (GET /metrics has `vllm:kv_cache_usage_perc`, a
+        fraction of its KV blocks, and `vllm:cache_config_info`'s block counts; its weights are only logged)."""
+        return {}
+
     def is_sleeping(self) -> bool:
         return bool(self._call("GET", "/is_sleeping")["is_sleeping"])
 

@@ -149,9 +149,14 @@ def test_batch_text_and_info_endpoints(cluster):
         info = http_client.get(url + path)
         assert info["is_generation"] is True and info["architectures"] == ["Qwen3ForCausalLM"]
         assert info["model_type"] == "qwen3" and info["weight_version"] == "0"
-    assert http_client.get(url + "/v1/loads")["loads"] == [
-        {"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0, "num_total_reqs": 0}
-    ]
+    idle = {"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0, "num_total_reqs": 0}
+    assert http_client.get(url + "/v1/loads?include=core")["loads"] == [idle]
+    # every section unless asked for some, as SGLang's: the memory one holds the checkpoint's bytes (and the rotary
+    # table's 64), in GiB; no peak on a CPU
+    checkpoint = sum(t.nbytes for f in Path(cluster.model_dir).glob("*.safetensors") for t in load_file(f).values())
+    memory = {"weight_gb": pytest.approx((checkpoint + 64) / 2**30, rel=1e-9)}
+    assert http_client.get(url + "/v1/loads")["loads"] == [{**idle, "memory": memory}]
+    assert cluster.engines[0].client.memory_gib() == {"weight": memory["weight_gb"]}
     assert http_client.request("GET", url + "/health")[0] == 200
     assert http_client.request("POST", url + "/flush_cache")[0] == 200
     assert cluster.engines[0].client.is_healthy()

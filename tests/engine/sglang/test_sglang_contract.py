@@ -54,6 +54,7 @@ CLIENT_CALLS = {
     "abort_all_and_wait_idle": lambda c: c.abort_all_and_wait_idle(timeout_s=5),
     "get_weight_version": lambda c: c.get_weight_version(),
     "loads": lambda c: c.loads(),
+    "memory_gib": lambda c: c.memory_gib(),
 }
 NOT_HTTP = {"trainer_weight_group", "prepare_disk_checkpoint"}  # the weight group's trainer end; a pushed dir
 
@@ -204,6 +205,26 @@ def test_abort_all_is_sent_again_on_every_poll_until_the_engine_is_idle():
         recorder.stop()
     paths = [path for _, path, _, _ in recorder.requests]
     assert paths == ["/abort_request", "/v1/loads"] * 4
+
+
+def test_the_engine_memory_a_run_logs_is_read_from_sglangs_own_load_snapshot(probe):
+    """SGLang's memory section (GiB per part, `MemoryMetrics`) as its /v1/loads writes it for the sections the client
+    asks for; each part is the largest over the data-parallel ranks, the token capacity is not a size."""
+    asked = []
+
+    def loads(requests):
+        include = requests[-1][2]["include"]
+        asked.append(include)
+        ranks = ([12.5, 60.25, 1.5, 400_000], [12.5, 61.0, 1.25, 410_000])
+        return {"loads": [{**probe.loads_entry(memory, include), "dp_rank": i} for i, memory in enumerate(ranks)]}
+
+    recorder = RequestRecorder({"/v1/loads": loads}).start()
+    try:
+        memory = EngineClient(recorder.url).memory_gib()
+    finally:
+        recorder.stop()
+    assert asked == ["memory"]
+    assert memory == {"weight": 12.5, "kv_cache": 61.0, "graph": 1.5}
 
 
 def test_the_built_in_engine_serves_what_the_client_calls_and_nothing_sglang_lacks(recorder, tiny_model_dir, tmp_path):
