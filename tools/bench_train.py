@@ -9,6 +9,7 @@ memory is its own and an out-of-memory variant does not stop the others:
     python tools/bench_train.py --variants hf_padded_mb2 fsdp     # some of them
     python tools/bench_train.py --shape tiny --device cpu --steps 1   # a smoke run on CPU
     python tools/bench_train.py --variants megatron_16k_compile --profile /tmp/prof   # + a profiler table
+    python tools/bench_train.py --variants fsdp_16k --batch-from RUN/rollout_data/2.jsonl   # a run's batch
 
 MFU counts the model FLOPs of the real tokens only (REFERENCE.md §9.6, `slime.model_flops`): per token of a sequence
 of length S, 3 × [L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F) + 2·H·V + L·2·Q·S] (every matmul, the LM head on every token,
@@ -34,6 +35,7 @@ import torch  # noqa: E402
 
 from slime.plan.derive import derive  # noqa: E402
 from slime.plan.memory import GIB, estimate_memory  # noqa: E402
+from slime.rollout.dumps import load_rollout_data  # noqa: E402
 from slime.train import batching  # noqa: E402
 from slime.train.throughput import matmul_ceiling_tflops  # noqa: E402
 from tools.bench_train_steps import (  # noqa: E402
@@ -118,7 +120,7 @@ def run_variant(args) -> dict:
     kind, options = VARIANTS[args.worker]
     overrides = options if isinstance(options, list) else []
     cfg = compose(args.shape, args.device, args.model_dir, overrides)
-    lengths = rl_batch_lengths(args.seed)
+    lengths = batch_lengths(args)
     batch = make_batch(cfg, lengths, args.seed)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -147,6 +149,16 @@ def run_variant(args) -> dict:
         row["run_mfu"] = statistics.median(perf.get("perf/mfu", float("nan")) for perf in logged)
         row["plan_gib"] = estimate_memory(*planned_for(cfg, lengths)).train_peak / GIB
     return row
+
+
+def batch_lengths(args) -> list[tuple[int, int]]:
+    """(prompt, response) token counts: the RL-shaped synthetic batch, or the samples of a run's rollout dump
+    (`--batch-from`, written with debug.save_rollout_data=true) in its order."""
+    if not args.batch_from:
+        return rl_batch_lengths(args.seed)
+    dump = Path(args.batch_from)
+    samples = [s for group in load_rollout_data(dump.parent, int(dump.stem)) for s in group]
+    return [(len(s.tokens) - s.response_length, s.response_length) for s in samples]
 
 
 def planned_for(cfg, lengths: list[tuple[int, int]]):
@@ -183,7 +195,10 @@ def run_in_subprocess(name: str, args, model_dir: str) -> dict:
             str(args.seed),
             "--result",
             out.name,
-        ] + (["--profile", args.profile] if args.profile else [])
+        ]
+        cmd += (["--profile", args.profile] if args.profile else []) + (
+            ["--batch-from", args.batch_from] * bool(args.batch_from)
+        )
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -233,6 +248,11 @@ def main() -> None:
     parser.add_argument("--baseline", default="hf_padded_mb2")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--profile", help="write a torch.profiler table of one extra step per variant to this dir")
+    parser.add_argument(
+        "--batch-from",
+        help="train on this rollout dump's samples (<run dir>/rollout_data/<step>.jsonl of a run with "
+        "debug.save_rollout_data=true; its model's shape is --shape)",
+    )
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -243,7 +263,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as model_dir:
         cfg = compose(args.shape, args.device, model_dir, [])
         write_model(cfg, model_dir, args.device)
-        lengths = rl_batch_lengths(args.seed)
+        lengths = batch_lengths(args)
         print(
             f"model {SHAPES[args.shape]}: {len(lengths)} samples, {sum(p + r for p, r in lengths)} real tokens, "
             f"longest {max(p + r for p, r in lengths)}; {args.steps} timed steps (median)"
