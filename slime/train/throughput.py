@@ -42,6 +42,14 @@ def shard_train_flops(model, batch: TrainBatch) -> float:
     return TRAIN_PASSES * forward_flops(model, sequences)
 
 
+def seconds_since(start: float, device: torch.device) -> float:
+    """Wall seconds from `start` (`time.perf_counter()`) until the work queued on `device` has finished: a phase's
+    last kernels (the optimizer's update) still run when its Python returns, and would fall into the next phase."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
 def begin_phase(device: torch.device) -> None:
     """Start a phase's peak-memory window (CUDA)."""
     if device.type == "cuda":

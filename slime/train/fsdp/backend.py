@@ -19,7 +19,7 @@ from slime.train import batching, packing
 from slime.train.fsdp.rank import FSDPRank
 from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
-from slime.train.throughput import begin_phase, matmul_ceiling_tflops
+from slime.train.throughput import begin_phase, matmul_ceiling_tflops, seconds_since
 from slime.types import TrainBatch
 
 
@@ -107,7 +107,7 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
                 log_probs = self._forward(model, batch, mb, with_entropy=False, record=record)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
-        return self._log_probs_perf(which, time.perf_counter() - start)
+        return self._log_probs_perf(which, seconds_since(start, self.device))
 
     @contextlib.contextmanager
     def _on_device(self, model):
@@ -141,4 +141,4 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
             steps.append(metrics)
         if self.router_tap is not None:
             self.router_tap.replay(None)
-        return {"steps": steps, "perf": self._train_perf(time.perf_counter() - start, trained=bool(steps))}
+        return {"steps": steps, "perf": self._train_perf(seconds_since(start, self.device), trained=bool(steps))}

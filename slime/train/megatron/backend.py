@@ -19,7 +19,7 @@ from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
 from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
-from slime.train.throughput import begin_phase, matmul_ceiling_tflops
+from slime.train.throughput import begin_phase, matmul_ceiling_tflops, seconds_since
 
 
 class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
@@ -95,7 +95,7 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
             self._recording = self._replaying = False
             if live is not None:
                 self._load_params(live)
-        return self._log_probs_perf(which, time.perf_counter() - start)
+        return self._log_probs_perf(which, seconds_since(start, self.device))
 
     # ---- MoE routing replay (slime.train.replayed_routes) ----------------------------------------
     def _megatron_fields(self) -> dict:
@@ -145,4 +145,4 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
             steps.append(metrics)
         self._replaying = False
-        return {"steps": steps, "perf": self._train_perf(time.perf_counter() - start, trained=bool(steps))}
+        return {"steps": steps, "perf": self._train_perf(seconds_since(start, self.device), trained=bool(steps))}
