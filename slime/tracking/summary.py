@@ -67,7 +67,8 @@ def _throughput_lines(records: list[dict[str, Any]], plan: dict[str, float] | No
         )
     engines = _largest(records, "perf/engine_gib/")
     if engines:
-        lines.append("engines     " + ", ".join(f"{k} {v:.2f} GiB" for k, v in sorted(engines.items())))
+        sizes = (f"{k} {v:.2f} GiB" if v >= 0.1 else f"{k} {v * 1024:.1f} MiB" for k, v in sorted(engines.items()))
+        lines.append("engines     " + ", ".join(sizes))
     return lines
 
 

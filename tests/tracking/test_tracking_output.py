@@ -34,6 +34,7 @@ def write_metrics(run_dir, rewards, k=1):
                 "perf/peak_gib/train": 10.0 + r,
                 "perf/peak_gib/log_probs": 5.0,
                 "perf/engine_gib/weight": 3.25,
+                "perf/engine_gib/graph": 0.0625,
                 "perf/engine_gib/kv_cache": 20.0 - r,
             }
         )
@@ -77,7 +78,7 @@ def test_run_plots_and_summary(tmp_path):
     assert "training    2500 tokens/s, 250.00 TFLOP/s per GPU, MFU 25.0% (mean of 2 rollout steps)" in lines
     assert "peak GPU    log_probs 5.0 GiB, train 12.0 GiB" in lines
     assert "  trainer GPU: 12.0 GiB measured, 15.0 GiB planned (dry run), measured/planned 0.80" in lines
-    assert "engines     kv_cache 20.00 GiB, weight 3.25 GiB" in lines  # each part's largest report
+    assert "engines     graph 64.0 MiB, kv_cache 20.00 GiB, weight 3.25 GiB" in lines  # each part's largest report
     assert "  upload:   wandb sync /w/offline-run-x" in lines and not any(
         line.startswith("checkpoints") for line in lines
     )
