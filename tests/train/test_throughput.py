@@ -73,4 +73,3 @@ def test_a_phase_on_cuda_is_timed_until_its_queued_work_has_finished(monkeypatch
     assert events == [("sync", cuda), ("clock", None)]
     events.clear()
     assert seconds_since(2.0, torch.device("cpu")) == 3.0 and events == [("clock", None)]
-
