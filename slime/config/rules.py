@@ -7,6 +7,7 @@ live next to their code; slime/plan/validate.py runs them all and reports every 
     validate_algo.py   algorithm knobs (what the estimator needs: slime/train/check_estimator.py)
     validate_async.py  the one-step-async loop and the weight-sync interval
     validate_eval.py   eval datasets and the rollout loop's options
+    validate_lora.py   LoRA adapters: sizes, targets, the backends that train them
     hf_config.py       the model option against its family
     objective.py       the sweep objective
 """
@@ -23,6 +24,7 @@ from slime.config.validate_algo import check_algo
 from slime.config.validate_async import check_async
 from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_keys import check_unknown_keys
+from slime.config.validate_lora import check_lora
 
 DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
@@ -209,6 +211,7 @@ def schema_problems(cfg: RunConfig) -> list[Problem]:
         check_ranges(cfg),
         check_token_limits(cfg),
         check_model(cfg.model),
+        check_lora(cfg),
         check_batch_arithmetic(cfg),
         check_options(cfg),
         check_async(cfg),

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from omegaconf import MISSING
 
 from slime.config.input_kinds import HOST, MODEL_CHECKPOINT, PATH_READ, PATH_WRITTEN, RAY_ADDRESS
+from slime.config.schema_lora import LoRAConfig
 from slime.config.schema_rollout import (  # noqa: F401  (re-exported: the run's schema in one place)
     FaultToleranceConfig,
     HFEngineConfig,
@@ -101,6 +102,7 @@ class ModelConfig:
     moe_shared_expert_intermediate_size: Optional[int] = None  # None: no shared expert
     moe_norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss coefficient
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # adapters instead of full fine-tuning (rank 0: off)
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,9 @@
 """Checkpoints of the fsdp backend (REFERENCE.md §9.3 layout, HF weights inside).
 
     <root>/latest_checkpointed_iteration.txt      the last complete rollout id
-    <root>/iter_0000007/model/                    HF safetensors + config + tokenizer
+    <root>/iter_0000007/model/                    HF safetensors + config + tokenizer; with model.lora the
+                                                  adapters alone (adapter_model.safetensors: the base is
+                                                  model.hf_checkpoint, never trained)
     <root>/iter_0000007/optimizer.pt              AdamW + LR scheduler + step counter (full state)
     <root>/iter_0000007/rng_rank<r>.pt            Python, NumPy and torch RNG states per rank
 
@@ -16,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -26,12 +29,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from slime.train.checkpoint_files import publish as _publish
 from slime.train.checkpoint_files import replace_text, staging_dir
-from slime.train.fsdp import parallel
+from slime.train.fsdp import lora, parallel
 from slime.train.rng import rng_state, set_rng_state
 from slime.wire.hf_dir import copy_side_files
 
 TRACKER = "latest_checkpointed_iteration.txt"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's name for an adapter's weights
 
 
 def iter_dir(root: Path, rollout_id: int) -> Path:
@@ -44,8 +48,11 @@ def save_model_dir(backend, path: Path) -> None:
     state = get_model_state_dict(backend.model, options=_FULL)
     if backend.rank == 0:
         path.mkdir(parents=True, exist_ok=True)
-        backend.model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
-        copy_side_files(backend.setup.model.hf_checkpoint, path)
+        if backend.trains_adapters:
+            save_file({k: v.contiguous() for k, v in lora.adapter_state(state).items()}, str(path / ADAPTER_FILE))
+        else:
+            backend.model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+            copy_side_files(backend.setup.model.hf_checkpoint, path)
     parallel.barrier()
 
 
@@ -79,6 +86,29 @@ def latest_rollout_id(root: Path) -> int | None:
     return int(tracker.read_text().strip()) if tracker.exists() else None
 
 
+def _load_weights(backend, source: Path, root: str) -> None:
+    """The model's weights from `source`: a checkpoint's adapters (LoRA; the base is already loaded), or an HF
+    directory (with LoRA its weights become the base and the adapters keep their initialisation)."""
+    if backend.trains_adapters and (source / ADAPTER_FILE).exists():
+        adapters = load_file(str(source / ADAPTER_FILE))
+        expected = {name for name, _ in backend.model.named_parameters() if lora.is_adapter(name)}
+        if set(adapters) != expected:
+            raise ValueError(
+                f"checkpoint.load={root}: the adapters in {source} are not model.lora's ({len(adapters)} tensors, "
+                f"{len(expected)} expected): resume with the model.lora the checkpoint was trained with"
+            )
+        options = StateDictOptions(full_state_dict=True, strict=False)  # the base is model.hf_checkpoint's
+        set_model_state_dict(backend.model, adapters, options=options)
+        return
+    if not (source / "config.json").exists():
+        raise FileNotFoundError(f"checkpoint.load={root}: no HF model at {source}")
+    state = backend._load_model(str(source)).state_dict()  # the role's own model class (causal LM or value model)
+    if backend.trains_adapters:
+        state = lora.as_injected(state, backend.model)
+    options = StateDictOptions(full_state_dict=True, strict=not backend.trains_adapters)
+    set_model_state_dict(backend.model, state, options=options)
+
+
 def load(backend, root: str, ckpt_step: int | None) -> int:
     """Restore model (+ optimizer, scheduler, RNG when saved); return the next rollout id.
 
@@ -88,11 +118,7 @@ def load(backend, root: str, ckpt_step: int | None) -> int:
     root_path = Path(root)
     rollout_id = ckpt_step if ckpt_step is not None else latest_rollout_id(root_path)
     source = iter_dir(root_path, rollout_id) / "model" if rollout_id is not None else root_path
-    if not (source / "config.json").exists():
-        raise FileNotFoundError(f"checkpoint.load={root}: no HF model at {source}")
-    loaded = backend._load_model(str(source))  # the role's own model class (causal LM or value model)
-    set_model_state_dict(backend.model, loaded.state_dict(), options=StateDictOptions(full_state_dict=True))
-    del loaded
+    _load_weights(backend, source, root)
     if rollout_id is None:
         return 0
     target = iter_dir(root_path, rollout_id)

@@ -9,6 +9,7 @@ and steps, and returns the step's metrics already reduced over ranks.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,11 +18,13 @@ import torch
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
-from slime.train.fsdp import checkpoint, parallel
+from slime.train.fsdp import checkpoint, lora, parallel
 from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 from slime.wire.tensors import Bucket, in_buckets
+
+logger = logging.getLogger(__name__)
 
 # (micro-batch sample indices, token weights Tensor[T], loss mask Tensor[T]) -> (loss, weighted metrics)
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -52,8 +55,19 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.groups = parallel.Groups(self.layout, s.device)
         torch.manual_seed(s.seed + self.coords.dp_rank)  # the ranks of one tp group draw alike
         self.model = self._load_model(init_path)
+        if self.trains_adapters:
+            lora.apply_lora(self.model, s.model.lora)
+            logger.info(
+                "LoRA rank %d on %s: %d trainable parameters of %d",
+                s.model.lora.rank,
+                ",".join(s.model.lora.target_modules),
+                sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                sum(p.numel() for p in self.model.parameters()),
+            )
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.trains_adapters:  # the frozen embeddings' output must carry grad into the recomputed layers
+                self.model.enable_input_require_grads()
         parallel.apply_tensor_parallel(self.model, self.groups)
         if s.parallelism.fsdp.compile and s.device == "cuda":
             for layer in self.model.model.layers:
@@ -66,7 +80,7 @@ class FSDPRank(BatchColumns, TrainBackend):
             cpu_offload=s.parallelism.fsdp.cpu_offload,
         )
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],
             lr=lr,
             betas=(s.train.adam_beta1, s.train.adam_beta2),
             eps=s.train.adam_eps,
@@ -86,6 +100,11 @@ class FSDPRank(BatchColumns, TrainBackend):
         )
         self.pad_id = self.model.config.pad_token_id or 0
         self.global_step = 0
+
+    @property
+    def trains_adapters(self) -> bool:
+        """The policy with `model.lora`: adapters train, the base stays frozen (`slime.train.fsdp.lora`)."""
+        return self.role == "actor" and self.setup.model.lora.enabled
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the data-parallel ranks (the ranks of one tp group hold the same values)."""
@@ -177,8 +196,10 @@ class FSDPRank(BatchColumns, TrainBackend):
 
     # ---- weights and checkpoints -------------------------------------------------------------
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """HF-named parameters (tied duplicates once) in buckets of about `bucket_bytes`; sharded
-        parameters are gathered on every rank, one at a time."""
+        """HF-named parameters (tied duplicates once; adapters merged into their bases) in buckets of about
+        `bucket_bytes`; sharded parameters are gathered on every rank, one at a time."""
+        if self.trains_adapters:
+            return in_buckets(lora.merged_weights(self.model, _whole), bucket_bytes)
         return in_buckets(
             ((name, _whole(param.detach())) for name, param in self.model.named_parameters()), bucket_bytes
         )

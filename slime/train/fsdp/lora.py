@@ -1,0 +1,87 @@
+"""LoRA on the fsdp backend: peft's adapters injected into the HF model in place (its class and the names of every
+other weight stay), the base frozen, the adapters trained in fp32.
+
+Names: a target projection `...q_proj.weight` becomes `...q_proj.base_layer.weight` beside
+`...q_proj.lora_A.default.weight` (rank x in) and `...q_proj.lora_B.default.weight` (out x rank). Engines and HF
+exports get the merged weights under the base's names: W + B·A·alpha/rank (`merged_weights`). A checkpoint holds the
+adapters alone (`adapter_state`): the base never changes and is the run's `model.hf_checkpoint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from slime.config.schema import ModelConfig
+from slime.config.schema_lora import LoRAConfig
+
+ADAPTER = "default"  # peft's adapter name
+BASE = ".base_layer"
+PEFT_INIT = {"default": True, "gaussian": "gaussian"}  # model.lora.init -> peft's init_lora_weights
+
+
+def apply_lora(model: nn.Module, lora: LoRAConfig) -> None:
+    """Inject adapters on `lora.target_modules` of every decoder layer; only they require grad afterwards."""
+    from peft import LoraConfig, inject_adapter_in_model  # ~4 s to import: runs with adapters only
+
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        init_lora_weights=PEFT_INIT[lora.init],
+    )
+    inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_adapter(name))
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def adapter_parameter_count(model: ModelConfig) -> int:
+    """Trainable parameters: every layer's targets, rank x (in + out) each."""
+    h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
+    kv, f = model.num_query_groups * model.kv_channels, model.ffn_hidden_size
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    shapes |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+    per_layer = sum(model.lora.rank * sum(shapes[name]) for name in model.lora.target_modules)
+    return model.num_layers * per_layer
+
+
+def merged_weights(
+    model: nn.Module, whole: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) of every weight with its adapter merged in (B·A·scaling added to the base), the adapters
+    themselves left out; `whole` gathers a sharded tensor (every rank must call it alike)."""
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        if is_adapter(name):
+            continue
+        tensor = whole(param.detach())
+        owner, _, leaf = name.rpartition(".")
+        if owner.endswith(BASE) and leaf == "weight":
+            layer = modules[owner.removesuffix(BASE)]
+            a = whole(layer.lora_A[ADAPTER].weight.detach())
+            b = whole(layer.lora_B[ADAPTER].weight.detach())
+            tensor = (tensor.float() + (b.float() @ a.float()) * layer.scaling[ADAPTER]).to(tensor.dtype)
+        yield name.replace(BASE, ""), tensor
+
+
+def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters' entries of a full model state dict."""
+    return {name: tensor for name, tensor in state.items() if is_adapter(name)}
+
+
+def as_injected(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A plain HF state dict renamed onto `model`'s injected names (a target's weight under `.base_layer`)."""
+    injected = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    renamed = {}
+    for name, tensor in state.items():
+        owner, _, leaf = name.rpartition(".")
+        based = f"{owner}{BASE}.{leaf}"
+        renamed[based if based in injected and name not in injected else name] = tensor
+    return renamed

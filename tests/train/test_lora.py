@@ -1,0 +1,98 @@
+"""LoRA on the fsdp backend (model.lora): what trains, what engines receive, what a checkpoint holds, and the
+configs refused before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from slime.config.schema_lora import LoRAConfig
+from slime.train.fsdp import lora
+from tests.helpers.compose import typed_config
+from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.validation import config_problems
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def tiny(model_dir, lora_cfg: LoRAConfig):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    lora.apply_lora(model, lora_cfg)
+    return model
+
+
+def test_only_the_adapters_train_and_their_count_is_the_formula(tiny_model_dir):
+    cfg = typed_config(["model.lora.rank=4"]).model
+    model = tiny(tiny_model_dir, cfg.lora)
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(lora.is_adapter(n) for n in trainable)
+    # tiny_qwen3: L 2, H 64, Q 64, KV 32, F 192: per layer 4·[(64+64) + 2·(64+32) + (64+64) + 2·(64+192) + (192+64)]
+    assert sum(trainable.values()) == lora.adapter_parameter_count(cfg) == 2 * 4 * (128 + 192 + 128 + 512 + 256)
+    only_q = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, target_modules=["q_proj"]))
+    assert sum(p.numel() for p in tiny(tiny_model_dir, only_q.lora).parameters() if p.requires_grad) == 2 * 4 * 128
+
+
+def test_engines_get_the_base_weights_with_peft_s_own_merge_of_the_adapters(tiny_model_dir):
+    plain = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
+    model = tiny(tiny_model_dir, LoRAConfig(rank=4, alpha=8.0, target_modules=TARGETS))
+    fresh = dict(lora.merged_weights(model, lambda t: t))
+    assert fresh.keys() == plain.keys()  # the base's HF names, adapters left out
+    assert all(torch.equal(fresh[n], plain[n]) for n in plain)  # B starts at zero: the merge is the base
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_()
+    merged = dict(lora.merged_weights(model, lambda t: t))
+    for module in model.modules():  # peft's merge into the base, the reference
+        if hasattr(module, "merge") and hasattr(module, "lora_A"):
+            module.merge()
+    expected = {n.replace(lora.BASE, ""): p for n, p in model.named_parameters() if not lora.is_adapter(n)}
+    changed = [n for n in plain if not torch.equal(merged[n], plain[n])]
+    assert sorted(changed) == sorted(n for n in plain if n.split(".")[-2] in TARGETS)
+    assert all(torch.allclose(merged[n], expected[n], atol=1e-6, rtol=0) for n in plain)
+
+
+def test_a_checkpoint_holds_the_adapters_and_resumes_them_exactly(tiny_model_dir, tmp_path):
+    setup = make_setup(tiny_model_dir, ["model.lora.rank=4", "train.lr=1e-2"])
+    backend = make_backend(setup)
+    batch = batches_for(make_samples(8, seed=3), dp=1, k=1)[0]
+    train_rollout(backend, batch)
+    backend.save_checkpoint(0, str(tmp_path))
+    saved = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
+    files = sorted(p.name for p in (tmp_path / "iter_0000000" / "model").iterdir())
+    assert files == ["adapter_model.safetensors"]  # the base is model.hf_checkpoint, never trained
+    backend.shutdown()
+    resumed = make_backend(make_setup(tiny_model_dir, ["model.lora.rank=4", "train.lr=1e-2"]))
+    assert resumed.load_checkpoint(str(tmp_path), None) == 1
+    state = dict(resumed.model.named_parameters())
+    assert state.keys() == saved.keys() and all(torch.equal(state[n], saved[n]) for n in saved)
+    assert any(not torch.equal(saved[n], p) for n, p in make_backend_params(tiny_model_dir).items())
+    resumed.shutdown()
+
+
+def make_backend_params(model_dir) -> dict[str, torch.Tensor]:
+    """A fresh LoRA backend's parameters (the adapters at their initialisation)."""
+    backend = make_backend(make_setup(model_dir, ["model.lora.rank=4"]))
+    params = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
+    backend.shutdown()
+    return params
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (["model.lora.rank=8", "parallelism=megatron"], "model.lora.rank", "megatron backend trains no LoRA"),
+        (["model.lora.rank=8", "parallelism.tp=2"], "model.lora.rank", "tensor-parallel"),
+        (["model.lora.rank=8", "model.lora.target_modules=[qkv]"], "model.lora.target_modules", "['qkv']"),
+        (["model.lora.rank=-1"], "model.lora.rank", ">= 0"),
+        (["model.lora.rank=8", "model.lora.alpha=0"], "model.lora.alpha", "> 0"),
+        (["model.lora.rank=8", "model.lora.init=pissa"], "model.lora.init", "default"),
+    ],
+)
+def test_a_lora_config_no_backend_can_train_is_refused(overrides, key, says):
+    problems = config_problems(overrides)
+    assert says in problems.get(key, ""), problems
