@@ -75,7 +75,6 @@ class TrainBackendFacts:
     # The `parallelism` key (dotted) and the value with which the backend recomputes every layer in its backward,
     # keeping only the layer inputs (fsdp: gradient_checkpointing; megatron: recompute.granularity=full).
     full_recompute: tuple[str, Any] = ("gradient_checkpointing", True)
-    lora: bool = False  # trains low-rank adapters (model.lora) on a frozen base
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -178,7 +177,7 @@ TRAIN_BACKENDS = Registry(
     },
     what="training backend",
     facts={
-        "fsdp": TrainBackendFacts(fully_sharded_state=True, frozen_models_on_gpu=True, lora=True),
+        "fsdp": TrainBackendFacts(fully_sharded_state=True, frozen_models_on_gpu=True),
         "megatron": TrainBackendFacts(full_recompute=("recompute.granularity", "full")),
     },
     default_facts=TrainBackendFacts(),

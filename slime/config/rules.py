@@ -7,7 +7,7 @@ live next to their code; slime/plan/validate.py runs them all and reports every 
     validate_algo.py   algorithm knobs (what the estimator needs: slime/train/check_estimator.py)
     validate_async.py  the one-step-async loop and the weight-sync interval
     validate_eval.py   eval datasets and the rollout loop's options
-    validate_lora.py   LoRA adapters: sizes, targets, the backends that train them
+    validate_lora.py   LoRA adapters: sizes and targets
     hf_config.py       the model option against its family
     objective.py       the sweep objective
 """

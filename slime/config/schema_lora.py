@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from slime.config.schema import ModelConfig
 
 # The linear projections of a Llama/Qwen decoder layer, by their HF module names.
 DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The hidden-size RMSNorm gains `train_params` may name.
+NORM_GAIN = re.compile(r"^model\.(norm|layers\.(\d+)\.(input_layernorm|post_attention_layernorm))\.weight$")
 
 
 @dataclass(kw_only=True)
@@ -18,7 +25,21 @@ class LoRAConfig:
     dropout: float = 0.0  # on the adapter's input, training only
     target_modules: list[str] = field(default_factory=lambda: list(DECODER_PROJECTIONS))  # HF names, every layer
     init: str = "default"  # default: A Kaiming-uniform, B zero (peft's) | gaussian: A normal(0, 1/rank), B zero
+    lr: Optional[float] = None  # the optimizer's peak learning rate with adapters; None: train.lr
+    # RMSNorm gains trained whole beside the adapters, by HF name (`model.norm.weight`, a layer's
+    # `model.layers.<i>.input_layernorm.weight` / `post_attention_layernorm.weight`): the final norm's frozen gain
+    # caps how sharp the policy's logits can get through a frozen LM head
+    train_params: list[str] = field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    def parameter_count(self, model: ModelConfig) -> int:
+        """Trainable parameters of these adapters on `model`: every layer's targets, rank x (in + out) each."""
+        h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
+        kv, f = model.num_query_groups * model.kv_channels, model.ffn_hidden_size
+        shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        shapes |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+        adapters = model.num_layers * sum(self.rank * sum(shapes[name]) for name in self.target_modules)
+        return adapters + len(self.train_params) * model.hidden_size  # a gain per hidden unit

@@ -1,4 +1,4 @@
-"""LoRA (`model.lora`): its sizes, its targets, and the backends and layouts that train adapters."""
+"""LoRA (`model.lora`): its sizes and targets (the backends refuse the layouts they cannot train: their checks)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Iterator
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
-from slime.config.schema_lora import DECODER_PROJECTIONS
-from slime.registry import TRAIN_BACKENDS
+from slime.config.schema_lora import DECODER_PROJECTIONS, NORM_GAIN
 
 LORA_INITS = ("default", "gaussian")
 
@@ -20,6 +19,8 @@ def check_lora(cfg: RunConfig) -> Iterator[Problem]:
         return
     if lora.alpha <= 0:
         yield Problem("model.lora.alpha", lora.alpha, "must be > 0", "set model.lora.alpha=16")
+    if lora.lr is not None and lora.lr <= 0:
+        yield Problem("model.lora.lr", lora.lr, "must be > 0 (null: train.lr)", "set model.lora.lr=null")
     if not 0 <= lora.dropout < 1:
         yield Problem("model.lora.dropout", lora.dropout, "must be in [0, 1)", "set model.lora.dropout=0")
     if lora.init not in LORA_INITS:
@@ -32,25 +33,12 @@ def check_lora(cfg: RunConfig) -> Iterator[Problem]:
             f"names no decoder projection ({unknown or 'empty'}); adapters go on {list(DECODER_PROJECTIONS)}",
             "set model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
         )
-    backend = cfg.parallelism.backend
-    if not TRAIN_BACKENDS.facts(backend).lora:
-        yield Problem(
-            "model.lora.rank",
-            lora.rank,
-            f"the {backend} backend trains no LoRA adapters yet (the fsdp backend does)",
-            "set parallelism=fsdp, or model.lora.rank=0",
-        )
-    if cfg.parallelism.tp > 1:
-        yield Problem(
-            "model.lora.rank",
-            lora.rank,
-            f"LoRA adapters are not split over tensor-parallel ranks yet (parallelism.tp={cfg.parallelism.tp})",
-            "set parallelism.tp=1, or model.lora.rank=0",
-        )
-    if cfg.model.num_experts:
-        yield Problem(
-            "model.lora.rank",
-            lora.rank,
-            "adapters on MoE experts are not supported (model.num_experts is set)",
-            "set model.lora.rank=0, or train a dense model",
-        )
+    for name in lora.train_params:
+        gain = NORM_GAIN.match(name)
+        if gain is None or (gain.group(2) is not None and int(gain.group(2)) >= cfg.model.num_layers):
+            yield Problem(
+                "model.lora.train_params",
+                list(lora.train_params),
+                f"{name!r} is not an RMSNorm gain of this {cfg.model.num_layers}-layer model",
+                "name model.norm.weight or model.layers.<i>.input_layernorm.weight / post_attention_layernorm.weight",
+            )

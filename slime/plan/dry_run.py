@@ -72,6 +72,20 @@ def batch_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         f" = {derived.dp_size} data-parallel rank(s) x {derived.samples_per_dp_rank} samples",
         f"  run: {_run_length(cfg, plan)}; {_engines_phrase(cfg, plan)}",
         f"  loop: {_loop_line(cfg)}",
+        *_lora_lines(cfg),
+    ]
+
+
+def _lora_lines(cfg: RunConfig) -> list[str]:
+    """What trains with `model.lora`: the adapters' parameters against the model's."""
+    m = cfg.model
+    if not m.lora.enabled:
+        return []
+    n, _ = parameter_count(cfg)
+    trained = m.lora.parameter_count(m)
+    return [
+        f"  LoRA rank {m.lora.rank} (alpha {m.lora.alpha:g}) on {', '.join(m.lora.target_modules)}: "
+        f"{trained:,} trainable parameters ({100 * trained / n:.2f}% of {n:,}; the base frozen)"
     ]
 
 

@@ -159,7 +159,10 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     facts = TRAIN_BACKENDS.facts(p.backend)
     if facts.fully_sharded_state:
         shard = n / max(derived.dp_size * p.tp, 1)
-        state = {"weights": 4 * shard + 2 * n_layer, "gradients": 4 * shard, "optimizer": 8 * shard}
+        # with LoRA the base is frozen: gradients and optimizer state for the adapters alone (their weights too)
+        trained = m.lora.parameter_count(m) / max(derived.dp_size * p.tp, 1) if m.lora.enabled else shard
+        state = {"weights": 4 * (shard + trained * m.lora.enabled) + 2 * n_layer}
+        state |= {"gradients": 4 * trained, "optimizer": 8 * trained}
     else:
         # Experts are split by ep x etp and their optimizer state over the expert-data-parallel ranks
         # (world / (ep x etp x pp)), which are fewer than the dense parameters' dp ranks.

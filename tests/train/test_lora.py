@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from slime.config.schema_lora import LoRAConfig
@@ -24,15 +25,24 @@ def tiny(model_dir, lora_cfg: LoRAConfig):
     return model
 
 
+def with_lora(model, **fields):
+    return dataclasses.replace(model, lora=dataclasses.replace(model.lora, **fields))
+
+
 def test_only_the_adapters_train_and_their_count_is_the_formula(tiny_model_dir):
-    cfg = typed_config(["model.lora.rank=4"]).model
+    cfg = with_lora(typed_config(["model.lora.rank=4"]).model, train_params=[])
     model = tiny(tiny_model_dir, cfg.lora)
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(lora.is_adapter(n) for n in trainable)
     # tiny_qwen3: L 2, H 64, Q 64, KV 32, F 192: per layer 4·[(64+64) + 2·(64+32) + (64+64) + 2·(64+192) + (192+64)]
-    assert sum(trainable.values()) == lora.adapter_parameter_count(cfg) == 2 * 4 * (128 + 192 + 128 + 512 + 256)
-    only_q = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, target_modules=["q_proj"]))
+    assert sum(trainable.values()) == cfg.lora.parameter_count(cfg) == 2 * 4 * (128 + 192 + 128 + 512 + 256)
+    only_q = with_lora(cfg, target_modules=["q_proj"])
     assert sum(p.numel() for p in tiny(tiny_model_dir, only_q.lora).parameters() if p.requires_grad) == 2 * 4 * 128
+    # the embedded preset's norm gain trains whole beside them: hidden_size more
+    gains = with_lora(cfg, train_params=["model.norm.weight", "model.layers.1.input_layernorm.weight"])
+    trainable = {n for n, p in tiny(tiny_model_dir, gains.lora).named_parameters() if p.requires_grad}
+    assert {"model.norm.weight", "model.layers.1.input_layernorm.weight"} <= trainable
+    assert gains.lora.parameter_count(gains) == cfg.lora.parameter_count(cfg) + 2 * 64
 
 
 def test_engines_get_the_base_weights_with_peft_s_own_merge_of_the_adapters(tiny_model_dir):
@@ -65,6 +75,8 @@ def test_a_checkpoint_holds_the_adapters_and_resumes_them_exactly(tiny_model_dir
     saved = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
     files = sorted(p.name for p in (tmp_path / "iter_0000000" / "model").iterdir())
     assert files == ["adapter_model.safetensors"]  # the base is model.hf_checkpoint, never trained
+    written = load_file(tmp_path / "iter_0000000" / "model" / "adapter_model.safetensors")
+    assert set(written) == {n for n, p in backend.model.named_parameters() if p.requires_grad}
     backend.shutdown()
     resumed = make_backend(make_setup(tiny_model_dir, ["model.lora.rank=4", "train.lr=1e-2"]))
     assert resumed.load_checkpoint(str(tmp_path), None) == 1
@@ -91,6 +103,14 @@ def make_backend_params(model_dir) -> dict[str, torch.Tensor]:
         (["model.lora.rank=-1"], "model.lora.rank", ">= 0"),
         (["model.lora.rank=8", "model.lora.alpha=0"], "model.lora.alpha", "> 0"),
         (["model.lora.rank=8", "model.lora.init=pissa"], "model.lora.init", "default"),
+        (
+            ["model.lora.rank=8", "model.lora.train_params=[model.layers.2.input_layernorm.weight]"],
+            "model.lora.train_params",
+            "2-layer",
+        ),
+        (["model.lora.rank=8", "model.lora.train_params=[lm_head.weight]"], "model.lora.train_params", "RMSNorm gain"),
+        (["model.lora.rank=8", "model.lora.lr=0"], "model.lora.lr", "> 0"),
+        (["model.lora.rank=8", "model=tiny_qwen3_moe"], "model.lora.rank", "MoE"),
     ],
 )
 def test_a_lora_config_no_backend_can_train_is_refused(overrides, key, says):

@@ -31,7 +31,8 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
 
     def init(self) -> int:
         s = self.setup
-        self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
+        lr = s.model.lora.lr if s.model.lora.enabled and s.model.lora.lr is not None else s.train.lr
+        self._build(init_path=s.model.hf_checkpoint, lr=lr, warmup_steps=s.train.lr_warmup_steps)
         self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
         self.router_tap = RouterTap(self.model) if self.routing_replay.replays else None  # the policy's only
         # the reference model and the distillation teacher, by column; never trained

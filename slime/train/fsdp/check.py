@@ -38,12 +38,33 @@ def check(cfg: RunConfig) -> Iterator[Problem]:
             "sequence parallelism needs tensor parallelism (megatron)",
             "set parallelism.sequence_parallel=false",
         )
+    if m.lora.enabled:
+        yield from _check_lora(cfg)
     if p.fsdp.mixed_precision not in MIXED_PRECISION_MODES:
         yield Problem(
             "parallelism.fsdp.mixed_precision",
             p.fsdp.mixed_precision,
             f"unknown mode; expected one of {', '.join(MIXED_PRECISION_MODES)}",
             "set parallelism.fsdp.mixed_precision=fsdp2 (bf16 compute over fp32 shards) or autocast",
+        )
+
+
+def _check_lora(cfg: RunConfig) -> Iterator[Problem]:
+    """The layouts whose adapters this backend does not split (slime.train.fsdp.lora)."""
+    rank = cfg.model.lora.rank
+    if cfg.parallelism.tp > 1:
+        yield Problem(
+            "model.lora.rank",
+            rank,
+            f"LoRA adapters are not split over tensor-parallel ranks yet (parallelism.tp={cfg.parallelism.tp})",
+            "set parallelism.tp=1, or model.lora.rank=0",
+        )
+    if cfg.model.num_experts:
+        yield Problem(
+            "model.lora.rank",
+            rank,
+            "adapters on MoE experts are not supported (model.num_experts is set)",
+            "set model.lora.rank=0, or train a dense model",
         )
 
 

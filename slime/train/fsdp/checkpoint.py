@@ -49,7 +49,10 @@ def save_model_dir(backend, path: Path) -> None:
     if backend.rank == 0:
         path.mkdir(parents=True, exist_ok=True)
         if backend.trains_adapters:
-            save_file({k: v.contiguous() for k, v in lora.adapter_state(state).items()}, str(path / ADAPTER_FILE))
+            save_file(
+                {k: v.contiguous() for k, v in lora.trained_state(state, backend.setup.model.lora).items()},
+                str(path / ADAPTER_FILE),
+            )
         else:
             backend.model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
             copy_side_files(backend.setup.model.hf_checkpoint, path)
@@ -91,10 +94,10 @@ def _load_weights(backend, source: Path, root: str) -> None:
     directory (with LoRA its weights become the base and the adapters keep their initialisation)."""
     if backend.trains_adapters and (source / ADAPTER_FILE).exists():
         adapters = load_file(str(source / ADAPTER_FILE))
-        expected = {name for name, _ in backend.model.named_parameters() if lora.is_adapter(name)}
+        expected = {name for name, param in backend.model.named_parameters() if param.requires_grad}
         if set(adapters) != expected:
             raise ValueError(
-                f"checkpoint.load={root}: the adapters in {source} are not model.lora's ({len(adapters)} tensors, "
+                f"checkpoint.load={root}: the tensors in {source} are not what model.lora trains ({len(adapters)}, "
                 f"{len(expected)} expected): resume with the model.lora the checkpoint was trained with"
             )
         options = StateDictOptions(full_state_dict=True, strict=False)  # the base is model.hf_checkpoint's

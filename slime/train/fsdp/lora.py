@@ -3,8 +3,9 @@ other weight stay), the base frozen, the adapters trained in fp32.
 
 Names: a target projection `...q_proj.weight` becomes `...q_proj.base_layer.weight` beside
 `...q_proj.lora_A.default.weight` (rank x in) and `...q_proj.lora_B.default.weight` (out x rank). Engines and HF
-exports get the merged weights under the base's names: W + B·A·alpha/rank (`merged_weights`). A checkpoint holds the
-adapters alone (`adapter_state`): the base never changes and is the run's `model.hf_checkpoint`.
+exports get the merged weights under the base's names: W + B·A·alpha/rank (`merged_weights`). `model.lora.train_params`
+(norm gains) train whole. A checkpoint holds what trains alone (`trained_state`): the rest never changes and is the
+run's `model.hf_checkpoint`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from slime.config.schema import ModelConfig
 from slime.config.schema_lora import LoRAConfig
 
 ADAPTER = "default"  # peft's adapter name
@@ -35,21 +35,11 @@ def apply_lora(model: nn.Module, lora: LoRAConfig) -> None:
     )
     inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
-        param.requires_grad_(is_adapter(name))
+        param.requires_grad_(is_adapter(name) or name in lora.train_params)
 
 
 def is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
-
-
-def adapter_parameter_count(model: ModelConfig) -> int:
-    """Trainable parameters: every layer's targets, rank x (in + out) each."""
-    h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
-    kv, f = model.num_query_groups * model.kv_channels, model.ffn_hidden_size
-    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
-    shapes |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
-    per_layer = sum(model.lora.rank * sum(shapes[name]) for name in model.lora.target_modules)
-    return model.num_layers * per_layer
 
 
 def merged_weights(
@@ -71,9 +61,9 @@ def merged_weights(
         yield name.replace(BASE, ""), tensor
 
 
-def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapters' entries of a full model state dict."""
-    return {name: tensor for name, tensor in state.items() if is_adapter(name)}
+def trained_state(state: dict[str, torch.Tensor], lora: LoRAConfig) -> dict[str, torch.Tensor]:
+    """What trains of a full model state dict: the adapters and `lora.train_params`."""
+    return {name: tensor for name, tensor in state.items() if is_adapter(name) or name in lora.train_params}
 
 
 def as_injected(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

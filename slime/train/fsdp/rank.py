@@ -9,7 +9,6 @@ and steps, and returns the step's metrics already reduced over ranks.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,8 +22,6 @@ from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 from slime.wire.tensors import Bucket, in_buckets
-
-logger = logging.getLogger(__name__)
 
 # (micro-batch sample indices, token weights Tensor[T], loss mask Tensor[T]) -> (loss, weighted metrics)
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -57,13 +54,7 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.model = self._load_model(init_path)
         if self.trains_adapters:
             lora.apply_lora(self.model, s.model.lora)
-            logger.info(
-                "LoRA rank %d on %s: %d trainable parameters of %d",
-                s.model.lora.rank,
-                ",".join(s.model.lora.target_modules),
-                sum(p.numel() for p in self.model.parameters() if p.requires_grad),
-                sum(p.numel() for p in self.model.parameters()),
-            )
+        self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             if self.trains_adapters:  # the frozen embeddings' output must carry grad into the recomputed layers
@@ -191,6 +182,7 @@ class FSDPRank(BatchColumns, TrainBackend):
         reduced = self._all_reduce(torch.stack([totals[k].float() for k in names]))
         metrics = {f"{prefix}{k}": float(v) for k, v in zip(names, reduced)}
         metrics[f"{prefix}grad_norm"] = float(grad_norm)
+        metrics[f"{prefix}trainable_params"] = float(self.trainable_params)
         metrics[f"{prefix}lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
         return metrics
 

@@ -118,6 +118,13 @@ def check(cfg: RunConfig) -> Iterator[Problem]:
             "megatron-core's TransformerLayer cannot)",
             "train it with parallelism=fsdp",
         )
+    if cfg.model.lora.enabled:
+        yield Problem(
+            "model.lora.rank",
+            cfg.model.lora.rank,
+            "the megatron backend trains no LoRA adapters yet (the fsdp backend does)",
+            "set parallelism=fsdp, or model.lora.rank=0",
+        )
     yield from check_backend_options(cfg)
 
 
