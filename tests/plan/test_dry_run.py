@@ -132,6 +132,27 @@ def test_frozen_models_take_gpu_memory_where_the_backend_keeps_them_there():
     assert est.train["reference"] == est.train["teacher"] == 0.0 and est.train["weights"] > 0
 
 
+def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state():
+    """fsdp shards (dp 4): the frozen base's fp32 weights stay, the adapters add theirs; gradients (4 B) and AdamW's
+    moments (8 B) exist for the adapters alone; the plan prints how many train."""
+    full = typed_config([*GPU_RUN, "cluster=one_node_8gpu"])
+    cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "model.lora.rank=16"])
+    m = cfg.model
+    q, kv, h, f = (
+        m.num_attention_heads * m.kv_channels,
+        m.num_query_groups * m.kv_channels,
+        m.hidden_size,
+        m.ffn_hidden_size,
+    )
+    adapters = m.num_layers * 16 * ((h + q) * 2 + (h + kv) * 2 + (h + f) * 3)
+    assert m.lora.parameter_count(m) == adapters
+    lora, base = estimate_memory(cfg, derive(cfg)).train, estimate_memory(full, derive(full)).train
+    assert lora["gradients"] == pytest.approx(4 * adapters / 4) and lora["optimizer"] == pytest.approx(8 * adapters / 4)
+    assert lora["weights"] == pytest.approx(base["weights"] + 4 * adapters / 4)
+    line = next(line for line in plan_of(["cluster=one_node_8gpu", "model.lora.rank=16"]) if "LoRA rank 16" in line)
+    assert f"{adapters:,} trainable parameters" in line
+
+
 @pytest.mark.parametrize(
     ("backend", "recompute", "every_layer"),
     [
