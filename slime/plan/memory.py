@@ -174,7 +174,9 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         state["optimizer"] = 12 * (dense / max(derived.dp_size, 1) + expert * p.ep * p.etp * p.pp / max(world, 1))
     # one frozen model of the policy's shape, whole (never sharded), where the backend keeps it on the GPU
     frozen = (2 if bf16 else 4) * n if facts.frozen_models_on_gpu and not cfg.train.ref_offload else 0.0
-    state["reference"] = frozen if cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0 else 0.0
+    # with LoRA the policy's own checkpoint as the reference is the policy with its adapters off: no copy
+    ref_is_base = m.lora.enabled and cfg.checkpoint.ref_load == m.hf_checkpoint
+    state["reference"] = frozen if (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0) and not ref_is_base else 0.0
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
     tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
     split = max(p.tp * p.cp, 1)

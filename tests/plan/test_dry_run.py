@@ -149,6 +149,8 @@ def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state():
     lora, base = estimate_memory(cfg, derive(cfg)).train, estimate_memory(full, derive(full)).train
     assert lora["gradients"] == pytest.approx(4 * adapters / 4) and lora["optimizer"] == pytest.approx(8 * adapters / 4)
     assert lora["weights"] == pytest.approx(base["weights"] + 4 * adapters / 4)
+    kl = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "model.lora.rank=16", "algo.use_kl_loss=true"])
+    assert estimate_memory(kl, derive(kl)).train["reference"] == 0.0  # the policy with its adapters off
     line = next(line for line in plan_of(["cluster=one_node_8gpu", "model.lora.rank=16"]) if "LoRA rank 16" in line)
     assert f"{adapters:,} trainable parameters" in line
 

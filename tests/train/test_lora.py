@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from slime.config.schema_lora import LoRAConfig
 from slime.train.fsdp import lora
 from tests.helpers.compose import typed_config
-from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.fsdp_rank import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
 from tests.helpers.validation import config_problems
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -84,6 +84,24 @@ def test_a_checkpoint_holds_the_adapters_and_resumes_them_exactly(tiny_model_dir
     assert state.keys() == saved.keys() and all(torch.equal(state[n], saved[n]) for n in saved)
     assert any(not torch.equal(saved[n], p) for n, p in make_backend_params(tiny_model_dir).items())
     resumed.shutdown()
+
+
+def test_the_kl_reference_is_the_frozen_base_without_a_second_copy(tiny_model_dir):
+    kl = ["model.lora.rank=4", "train.lr=1e-2", "algo.use_kl_loss=true", "algo.kl_loss_coef=0.1"]
+    backend = make_backend(make_setup(tiny_model_dir, [*kl, f"checkpoint.ref_load={tiny_model_dir}"]))
+    assert backend.frozen["ref"] is backend.model
+    batch = batches_for(make_samples(8, seed=3), dp=1, k=1)[0]
+    for _ in range(2):  # the adapters and the final norm's gain move away from the base
+        train_rollout(backend, batch)
+    trained = log_probs(backend, batch, "old")
+    reference = log_probs(backend, batch, "ref")
+    plain = make_backend(make_setup(tiny_model_dir))
+    base = log_probs(plain, batch, "old")
+    plain.shutdown()
+    assert (trained - base).abs().max() > 1e-3  # the policy moved
+    assert torch.allclose(reference, base, atol=1e-6, rtol=0)  # the reference did not
+    assert torch.equal(log_probs(backend, batch, "old"), trained)  # and the policy came back whole
+    backend.shutdown()
 
 
 def make_backend_params(model_dir) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from slime.moe.hf_routers import RouterTap
 from slime.moe.routes import stream_routes
 from slime.train import batching, packing
+from slime.train.fsdp import lora
 from slime.train.fsdp.rank import FSDPRank
 from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
@@ -35,14 +36,23 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
         self._build(init_path=s.model.hf_checkpoint, lr=lr, warmup_steps=s.train.lr_warmup_steps)
         self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
         self.router_tap = RouterTap(self.model) if self.routing_replay.replays else None  # the policy's only
-        # the reference model and the distillation teacher, by column; never trained
+        # the reference model and the distillation teacher, by column; never trained. With LoRA a reference that is
+        # the policy's own checkpoint is the policy with its adapters off (`lora.base_only`): no second copy
+        self.base_gains = None
+        checkpoints = dict(s.frozen_checkpoints)
+        if self.trains_adapters and checkpoints.get("ref") == s.model.hf_checkpoint:
+            del checkpoints["ref"]
+            self.base_gains = {
+                n: p.detach().clone() for n, p in self.model.named_parameters() if n in s.model.lora.train_params
+            }
         self.frozen = {
-            which: self._load_model(path, dtype=self._frozen_dtype).eval()
-            for which, path in s.frozen_checkpoints.items()
+            which: self._load_model(path, dtype=self._frozen_dtype).eval() for which, path in checkpoints.items()
         }
         if s.train.ref_offload:
             for model in self.frozen.values():
                 model.to("cpu")
+        if self.base_gains is not None:
+            self.frozen["ref"] = self.model
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
@@ -100,7 +110,8 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
         parts = {}
         model.train(which == "old")  # the actor in its training mode: the first step's ratio is exactly 1
         record = self._records_routes(frozen)
-        with torch.no_grad(), self._on_device(model):
+        base = lora.base_only(self.model, self.base_gains) if frozen is self.model else contextlib.nullcontext()
+        with torch.no_grad(), self._on_device(model), base:
             for mb in micro:
                 if not mb:
                     self._dummy_loss(model)
@@ -114,7 +125,7 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
     def _on_device(self, model):
         """A frozen model (reference, teacher) on the device for its forward only with `train.ref_offload` (a
         no-op on CPU runs, where it never leaves the CPU)."""
-        frozen = any(model is m for m in self.frozen.values())
+        frozen = model is not self.model and any(model is m for m in self.frozen.values())
         offload = frozen and self.setup.train.ref_offload and self.device.type != "cpu"
         if offload:
             model.to(self.device)

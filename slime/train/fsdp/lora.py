@@ -5,11 +5,13 @@ Names: a target projection `...q_proj.weight` becomes `...q_proj.base_layer.weig
 `...q_proj.lora_A.default.weight` (rank x in) and `...q_proj.lora_B.default.weight` (out x rank). Engines and HF
 exports get the merged weights under the base's names: W + B·A·alpha/rank (`merged_weights`). `model.lora.train_params`
 (norm gains) train whole. A checkpoint holds what trains alone (`trained_state`): the rest never changes and is the
-run's `model.hf_checkpoint`.
+run's `model.hf_checkpoint`. The reference model of a KL term is that base: the policy with its adapters off
+(`base_only`), no second copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -75,3 +77,25 @@ def as_injected(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, t
         based = f"{owner}{BASE}.{leaf}"
         renamed[based if based in injected and name not in injected else name] = tensor
     return renamed
+
+
+@contextlib.contextmanager
+def base_only(model: nn.Module, gains: dict[str, torch.Tensor]):
+    """`model` as its frozen base for a forward: every adapter switched off (peft's `enable_adapters`) and the trained
+    `gains` (name -> their value at the start, `train_params`) swapped in; all restored on exit."""
+    layers = [m for m in model.modules() if hasattr(m, "enable_adapters") and hasattr(m, "lora_A")]
+    params = dict(model.named_parameters())
+    trained = {name: params[name].detach().clone() for name in gains}
+    with torch.no_grad():
+        for name, value in gains.items():
+            params[name].copy_(value)
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+        with torch.no_grad():
+            for name, value in trained.items():
+                params[name].copy_(value)
