@@ -78,10 +78,13 @@ def _last_phase(log: str) -> str:
 
 
 def _checkpoint(root: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """(model weights, optimizer state) of the latest checkpoint under `root`."""
+    """(model weights, optimizer state) of the latest checkpoint under `root` (with LoRA: what trains)."""
     step = tracked_iteration(str(root))
-    ckpt = root / f"iter_{step:07d}"
-    return load_file(ckpt / "model" / "model.safetensors"), torch.load(ckpt / "optimizer.pt", weights_only=True)
+    model = root / f"iter_{step:07d}" / "model"
+    weights = (
+        model / "model.safetensors" if (model / "model.safetensors").exists() else model / "adapter_model.safetensors"
+    )
+    return load_file(weights), torch.load(model.parent / "optimizer.pt", weights_only=True)
 
 
 def _flat(tree, prefix: str = "") -> dict[str, object]:
@@ -98,17 +101,24 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "_timestamp"} for r in records]
 
 
-def test_killed_mid_rollout_train_and_save_resume_bit_identical(tmp_path):
-    reference = _start_alone(tmp_path / "reference", [])
-    killed = {name: _start_alone(tmp_path / name, [*overrides, "debug.signal=SIGKILL"]) for name, overrides, _ in KILLS}
+@pytest.mark.parametrize(
+    ("kills", "run"),
+    [(KILLS, []), (KILLS[1:2], ["model.lora.rank=8"])],  # LoRA: the adapters, the norm gain and their optimizer
+    ids=["full", "lora"],
+)
+def test_killed_mid_rollout_train_and_save_resume_bit_identical(tmp_path, kills, run):
+    reference = _start_alone(tmp_path / "reference", run)
+    killed = {
+        name: _start_alone(tmp_path / name, [*run, *overrides, "debug.signal=SIGKILL"]) for name, overrides, _ in kills
+    }
     resumed = {}
-    for name, _, phase in KILLS:
+    for name, _, phase in kills:
         assert _wait(killed[name]) == -9, f"{name}: {killed[name].stderr_tail}"
         assert _last_phase((tmp_path / name / "main.log").read_text()) == phase, name
         assert tracked_iteration(str(tmp_path / name / "checkpoints")) == 0, name
-        resumed[name] = _start(tmp_path / name, [])
-    # mid-save left the data source's state of rollout 1 beside checkpoint 0; the resume must not use it
-    assert (tmp_path / "mid_save" / "checkpoints" / "rollout" / "global_dataset_state_dict_1.pt").exists()
+        resumed[name] = _start(tmp_path / name, run)
+    if "mid_save" in resumed:  # it left the data source's state of rollout 1 beside checkpoint 0; unused on resume
+        assert (tmp_path / "mid_save" / "checkpoints" / "rollout" / "global_dataset_state_dict_1.pt").exists()
     assert _wait(reference) == 0, reference.stderr_tail
     ref_weights, ref_optimizer = _checkpoint(tmp_path / "reference" / "checkpoints")
     ref_metrics = _metrics(tmp_path / "reference")
