@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
-
-if TYPE_CHECKING:
-    from slime.config.schema import ModelConfig
+from typing import Any, Optional
 
 # The linear projections of a Llama/Qwen decoder layer, by their HF module names.
 DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -35,8 +32,9 @@ class LoRAConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def parameter_count(self, model: ModelConfig) -> int:
-        """Trainable parameters of these adapters on `model`: every layer's targets, rank x (in + out) each."""
+    def parameter_count(self, model: Any) -> int:
+        """Trainable parameters of these adapters on `model` (the ModelConfig holding them): every layer's targets,
+        rank x (in + out) each, and hidden_size per trained gain."""
         h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
         kv, f = model.num_query_groups * model.kv_channels, model.ffn_hidden_size
         shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
