@@ -14,15 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
+from safetensors.torch import load_file
 
-from tests.helpers.compose import ROOT
+from tests.helpers.compose import ROOT, typed_config
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import checkpoint_gib, main_argv, main_py, rewards, run_concurrently, selected_runs
 from tests.helpers.wandb_files import offline_runs
 
-# The module's pool (five jobs, three at a time, one of them two runs in a row) took 520 s on 2 idle cores and
-# over 600 s beside the unit tests: its first test, which waits for the pool, gets the embedded run's 1200 s and
-# a later wave of the shorter runs.
+# The module's pool (six jobs, three at a time, one of them two runs in a row) took 520 s on 2 idle cores and over
+# 600 s beside the unit tests before the LoRA run joined it: its first test, which waits for the pool, gets the
+# embedded run's 1200 s and a later wave of the shorter runs.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
@@ -105,6 +106,7 @@ JOBS: dict[str, Callable[[Path], Any]] = {
     "multirun": _multirun,
     "data_parallel": _data_parallel,
     "sigterm": _sigterm_after_two_rollouts,
+    "lora": lambda run_dir: main_py(run_dir, "model.lora.rank=8"),
     "startup_failure": lambda run_dir: main_py(
         run_dir, "data.source_class=tests.helpers.user_hooks.DataSourceFailingAtStartup", "train.num_rollout=2"
     ),
@@ -115,6 +117,7 @@ RUN_OF_TEST = {
     "test_data_parallel_run_and_resume": "data_parallel",
     "test_interrupt_stops_everything": "sigterm",
     "test_failure_during_startup_writes_result_and_cleans_up": "startup_failure",
+    "test_the_embedded_default_learns_through_rank_8_adapters": "lora",
 }
 
 
@@ -279,3 +282,22 @@ def test_multirun_sweeps_recipes_by_glob(runs):
     groups = {run["group"] for d in results.values() for run in offline_runs(d)}
     assert groups == {f"{sweep_dir.parent.name}_{sweep_dir.name}"}  # one wandb group: the sweep
     assert_no_run_processes()
+
+
+def test_the_embedded_default_learns_through_rank_8_adapters(runs):
+    """`python main.py model.lora.rank=8`: adapters on a frozen base learn the digit task; the engine generates with
+    the trainer's merged weights after every sync; the checkpoint holds what trains."""
+    run_dir, proc = runs["lora"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    curve = rewards(run_dir)
+    assert len(curve) == 60 and curve[0] <= 0.1 and sum(curve[-3:]) / 3 >= 0.8, curve
+    model = typed_config(["model.lora.rank=8"]).model
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/trainable_params" in r]
+    # 2 layers x 8 x (128 + 96 + 96 + 128 + 256 + 256 + 256) adapters + the final norm's 64 gains
+    assert {r["train/trainable_params"] for r in steps} == {model.lora.parameter_count(model)} == {19_520}
+    # the engine generates with exactly the weights the trainer scores with: adapters merged into the base
+    diffs = [r["train/train_rollout_logprob_abs_diff"] for r in steps]
+    assert len(diffs) == 120 and max(diffs) < 1e-5
+    saved = load_file(run_dir / "checkpoints" / "iter_0000059" / "model" / "adapter_model.safetensors")
+    assert len(saved) == 2 * 7 * 2 + 1 and "model.norm.weight" in saved
