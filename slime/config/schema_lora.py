@@ -23,6 +23,7 @@ class LoRAConfig:
     target_modules: list[str] = field(default_factory=lambda: list(DECODER_PROJECTIONS))  # HF names, every layer
     init: str = "default"  # default: A Kaiming-uniform, B zero (peft's) | gaussian: A normal(0, 1/rank), B zero
     lr: Optional[float] = None  # the optimizer's peak learning rate with adapters; None: train.lr
+    export_merged: bool = False  # checkpoint.save_hf: also the merged HF model in <dir>/merged (always: the adapter)
     # RMSNorm gains trained whole beside the adapters, by HF name (`model.norm.weight`, a layer's
     # `model.layers.<i>.input_layernorm.weight` / `post_attention_layernorm.weight`): the final norm's frozen gain
     # caps how sharp the policy's logits can get through a frozen LM head

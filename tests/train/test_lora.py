@@ -13,7 +13,15 @@ from transformers import AutoModelForCausalLM
 from slime.config.schema_lora import LoRAConfig
 from slime.train.fsdp import lora
 from tests.helpers.compose import typed_config
-from tests.helpers.fsdp_rank import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.fsdp_rank import (
+    batches_for,
+    log_probs,
+    make_backend,
+    make_samples,
+    make_setup,
+    response_log_probs,
+    train_rollout,
+)
 from tests.helpers.validation import config_problems
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -102,6 +110,34 @@ def test_the_kl_reference_is_the_frozen_base_without_a_second_copy(tiny_model_di
     assert torch.allclose(reference, base, atol=1e-6, rtol=0)  # the reference did not
     assert torch.equal(log_probs(backend, batch, "old"), trained)  # and the policy came back whole
     backend.shutdown()
+
+
+def test_the_hf_export_is_a_peft_adapter_that_peft_loads_onto_the_base(tiny_model_dir, tmp_path):
+    """checkpoint.save_hf with LoRA: peft's own PeftModel.from_pretrained over the base scores as the trainer does;
+    model.lora.export_merged adds the merged model, which transformers loads to the same scores."""
+    from peft import PeftModel
+
+    setup = make_setup(tiny_model_dir, ["model.lora.rank=4", "train.lr=1e-2", "model.lora.export_merged=true"])
+    backend = make_backend(setup)
+    train_rollout(backend, batches_for(make_samples(8, seed=3), dp=1, k=1)[0])
+    backend.save_hf(str(tmp_path / "hf"))
+    prompt, response = [5, 9, 11, 20], [33, 7, 12]
+    ours = response_log_probs(backend, prompt, response)
+    backend.shutdown()
+
+    def scored(model) -> torch.Tensor:  # the response's log-probs from a plain transformers forward
+        with torch.no_grad():
+            logits = model.eval()(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+    def load(path):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    plain = scored(load(tiny_model_dir))
+    peft = scored(PeftModel.from_pretrained(load(tiny_model_dir), str(tmp_path / "hf")))
+    merged = scored(load(tmp_path / "hf" / "merged"))
+    assert (ours - plain).abs().max() > 1e-3  # trained away from the base
+    assert torch.allclose(peft, ours, atol=1e-5, rtol=0) and torch.allclose(merged, ours, atol=1e-5, rtol=0)
 
 
 def make_backend_params(model_dir) -> dict[str, torch.Tensor]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from slime.config.schema_lora import LoRAConfig
@@ -24,18 +26,26 @@ BASE = ".base_layer"
 PEFT_INIT = {"default": True, "gaussian": "gaussian"}  # model.lora.init -> peft's init_lora_weights
 
 
-def apply_lora(model: nn.Module, lora: LoRAConfig) -> None:
-    """Inject adapters on `lora.target_modules` of every decoder layer; only they require grad afterwards."""
-    from peft import LoraConfig, inject_adapter_in_model  # ~4 s to import: runs with adapters only
+def peft_config(lora: LoRAConfig, **fields):
+    """peft's `LoraConfig` of `lora` (the trained norm gains as its `modules_to_save`, by module)."""
+    from peft import LoraConfig  # ~4 s to import: runs with adapters only
 
-    config = LoraConfig(
+    return LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         init_lora_weights=PEFT_INIT[lora.init],
+        **fields,
     )
-    inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+
+
+def apply_lora(model: nn.Module, lora: LoRAConfig) -> None:
+    """Inject adapters on `lora.target_modules` of every decoder layer; only they (and `lora.train_params`) require
+    grad afterwards."""
+    from peft import inject_adapter_in_model
+
+    inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name) or name in lora.train_params)
 
@@ -99,3 +109,25 @@ def base_only(model: nn.Module, gains: dict[str, torch.Tensor]):
         with torch.no_grad():
             for name, value in trained.items():
                 params[name].copy_(value)
+
+
+def peft_adapter_tensors(
+    model: nn.Module, lora: LoRAConfig, whole: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """What trains, under the names `PeftModel.save_pretrained` writes (`base_model.model.<HF name>`, the adapter's
+    name dropped); `whole` gathers a sharded tensor (every rank must call it alike)."""
+    tensors = {}
+    for name, param in model.named_parameters():
+        if is_adapter(name) or name in lora.train_params:
+            key = "base_model.model." + name.replace(f".{ADAPTER}.", ".")
+            tensors[key] = whole(param.detach()).to("cpu").contiguous()
+    return tensors
+
+
+def write_peft_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, path: str | Path, base: str) -> None:
+    """A peft adapter directory at `path` (adapter_config.json by peft itself, adapter_model.safetensors) that
+    `PeftModel.from_pretrained(<the model at base>, path)` loads."""
+    modules = [name.removesuffix(".weight") for name in lora.train_params]
+    config = peft_config(lora, modules_to_save=modules or None, base_model_name_or_path=base, task_type="CAUSAL_LM")
+    config.save_pretrained(str(path))
+    save_file(tensors, str(Path(path) / "adapter_model.safetensors"), metadata={"format": "pt"})

@@ -196,6 +196,18 @@ class FSDPRank(BatchColumns, TrainBackend):
             ((name, _whole(param.detach())) for name, param in self.model.named_parameters()), bucket_bytes
         )
 
+    def save_hf(self, path: str) -> None:
+        """With LoRA a peft adapter directory at `path` (and, with `model.lora.export_merged`, the merged HF
+        model in `path`/merged); else the HF model (`TrainBackend.save_hf`). Collective; the source rank writes."""
+        if not self.trains_adapters:
+            return super().save_hf(path)
+        s = self.setup
+        tensors = lora.peft_adapter_tensors(self.model, s.model.lora, _whole)
+        if self.layout.is_source(self.rank):
+            lora.write_peft_adapter(tensors, s.model.lora, path, s.model.hf_checkpoint)
+        if s.model.lora.export_merged:
+            super().save_hf(str(Path(path) / "merged"))
+
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
         checkpoint.save(self, Path(root), rollout_id)
 
