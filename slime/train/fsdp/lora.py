@@ -26,11 +26,15 @@ BASE = ".base_layer"
 PEFT_INIT = {"default": True, "gaussian": "gaussian"}  # model.lora.init -> peft's init_lora_weights
 
 
-def peft_config(lora: LoRAConfig, **fields):
-    """peft's `LoraConfig` of `lora` (the trained norm gains as its `modules_to_save`, by module)."""
-    from peft import LoraConfig  # ~4 s to import: runs with adapters only
+def _peft():
+    import peft  # ~4 s to import: only runs with adapters load it
 
-    return LoraConfig(
+    return peft
+
+
+def peft_config(lora: LoRAConfig, **fields):
+    """peft's `LoraConfig` of `lora` (`fields`: more of its fields, e.g. the trained gains' `modules_to_save`)."""
+    return _peft().LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -43,9 +47,7 @@ def peft_config(lora: LoRAConfig, **fields):
 def apply_lora(model: nn.Module, lora: LoRAConfig) -> None:
     """Inject adapters on `lora.target_modules` of every decoder layer; only they (and `lora.train_params`) require
     grad afterwards."""
-    from peft import inject_adapter_in_model
-
-    inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER)
+    _peft().inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name) or name in lora.train_params)
 
