@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 # The linear projections of a Llama/Qwen decoder layer, by their HF module names.
 DECODER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# model.lora.init -> peft's `init_lora_weights`
+LORA_INITS = {"default": True, "gaussian": "gaussian"}
 # The hidden-size RMSNorm gains `train_params` may name.
 NORM_GAIN = re.compile(r"^model\.(norm|layers\.(\d+)\.(input_layernorm|post_attention_layernorm))\.weight$")
 

@@ -6,9 +6,7 @@ from collections.abc import Iterator
 
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
-from slime.config.schema_lora import DECODER_PROJECTIONS, NORM_GAIN
-
-LORA_INITS = ("default", "gaussian")
+from slime.config.schema_lora import DECODER_PROJECTIONS, LORA_INITS, NORM_GAIN
 
 
 def check_lora(cfg: RunConfig) -> Iterator[Problem]:

@@ -19,11 +19,10 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from slime.config.schema_lora import LoRAConfig
+from slime.config.schema_lora import LORA_INITS, LoRAConfig
 
 ADAPTER = "default"  # peft's adapter name
 BASE = ".base_layer"
-PEFT_INIT = {"default": True, "gaussian": "gaussian"}  # model.lora.init -> peft's init_lora_weights
 
 
 def _peft():
@@ -39,7 +38,7 @@ def peft_config(lora: LoRAConfig, **fields):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
-        init_lora_weights=PEFT_INIT[lora.init],
+        init_lora_weights=LORA_INITS[lora.init],
         **fields,
     )
 
