@@ -140,6 +140,23 @@ def test_the_hf_export_is_a_peft_adapter_that_peft_loads_onto_the_base(tiny_mode
     assert torch.allclose(peft, ours, atol=1e-5, rtol=0) and torch.allclose(merged, ours, atol=1e-5, rtol=0)
 
 
+def test_an_hf_directory_given_as_checkpoint_load_becomes_the_base(tiny_model_dir, tmp_path):
+    """checkpoint.load=<HF dir> (no tracker: fine-tune from it) with LoRA: its weights go under the injected names
+    (`.base_layer`), the adapters keep their start, so the policy scores as that model does."""
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for param in other.parameters():
+            param.mul_(1.5)
+    other.save_pretrained(tmp_path / "other")
+    batch = batches_for(make_samples(8, seed=3), dp=1, k=1)[0]
+    backend = make_backend(make_setup(tiny_model_dir, ["model.lora.rank=4", f"checkpoint.load={tmp_path / 'other'}"]))
+    ours = log_probs(backend, batch)
+    backend.shutdown()
+    plain = make_backend(make_setup(tmp_path / "other"))
+    assert torch.allclose(ours, log_probs(plain, batch), atol=1e-6, rtol=0)
+    plain.shutdown()
+
+
 def make_backend_params(model_dir) -> dict[str, torch.Tensor]:
     """A fresh LoRA backend's parameters (the adapters at their initialisation)."""
     backend = make_backend(make_setup(model_dir, ["model.lora.rank=4"]))
