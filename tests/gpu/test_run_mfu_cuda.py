@@ -60,6 +60,7 @@ def model_dir(tmp_path_factory) -> str:
     return write_bench_model(tmp_path_factory.mktemp("qwen3_1p7b_random"))
 
 
+@pytest.mark.timeout(900)  # the run (up to 500 s) and the bench (up to 400 s)
 @pytest.mark.parametrize("variant", BACKENDS)
 def test_a_runs_logged_mfu_is_the_benchs_for_its_batch(variant, model_dir, tmp_path):
     run_dir = tmp_path / "run"
