@@ -9,11 +9,20 @@ io_struct request types; `tests/engine/sglang/test_sglang_contract.py` checks ea
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
+
+
+def largest_parts(reports: Iterable[dict[str, float]]) -> dict[str, float]:
+    """{part: its largest value over the reports} (memory reports of ranks or of engines, GiB)."""
+    parts: dict[str, float] = {}
+    for report in reports:
+        for part, value in report.items():
+            parts[part] = max(parts.get(part, value), value)
+    return parts
 
 
 class EngineClient:
@@ -227,12 +236,12 @@ class EngineClient:
         `memory` section (SGLang's `MemoryMetrics`, `managers/load_snapshot.py`: weight_gb, kv_cache_gb and graph_gb,
         filled in GiB by `scheduler_components/load_inquirer.py`; the hf engine's `weight_gb`, `peak_gb`), each part
         named without `_gb` and the largest over the ranks; {} when the engine reports none."""
-        parts: dict[str, float] = {}
-        for rank in self._get("/v1/loads?include=memory").get("loads", []):
-            for key, value in (rank.get("memory") or {}).items():
-                if key.endswith("_gb") and isinstance(value, (int, float)):
-                    parts[key[:-3]] = max(parts.get(key[:-3], 0.0), float(value))
-        return parts
+        ranks = self._get("/v1/loads?include=memory").get("loads", [])
+        sections = [(rank.get("memory") or {}).items() for rank in ranks]
+        return largest_parts(
+            {key[:-3]: float(v) for key, v in section if key.endswith("_gb") and isinstance(v, (int, float))}
+            for section in sections
+        )
 
     def __repr__(self) -> str:
         return f"EngineClient({self.url})"

@@ -290,23 +290,6 @@ class EngineFleet:
         for url in self.external:
             self.client(url).abort_all_and_wait_idle(timeout_s=timeout_s)
 
-    def memory_gib(self) -> dict[str, float]:
-        """`{"perf/engine_gib/<part>": GiB}`, each part (`EngineClient.memory_gib`) the largest over the engines
-        that report it; an engine that does not answer is left out (its health is the probes' and the next call's)."""
-
-        def report(client: EngineClient) -> dict[str, float]:
-            try:
-                return client.memory_gib()
-            except EngineHTTPError as exc:
-                logger.warning("no memory report from %s: %s", client.url, exc)
-                return {}
-
-        parts: dict[str, float] = {}
-        for reported in self._each(report):
-            for part, gib in reported.items():
-                parts[f"perf/engine_gib/{part}"] = max(parts.get(f"perf/engine_gib/{part}", 0.0), gib)
-        return parts
-
     def prepare_weight_check(self) -> None:
         """`debug.check_weight_update_equal` (slime's): every updatable engine snapshots the weights it loaded from
         the checkpoint and overwrites them with random values; the run's first push compares (slime.sync.base)."""

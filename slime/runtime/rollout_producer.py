@@ -40,6 +40,7 @@ from slime.rollout.postprocess import overlong_penalty, post_process_rewards, ro
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.rollout.staleness import record_staleness
 from slime.runtime.engine_fleet import EngineFleet
+from slime.runtime.engine_memory import engine_memory_metrics
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.train.rng import rng_state, set_rng_state
@@ -193,7 +194,7 @@ class RolloutProducer:
             self._cursor_before = (rollout_id, copy.deepcopy(self.data_source.state_dict()))
         ctx = self._context(progress, evaluation=False)
         out = self._rollout(ctx, rollout_id)
-        engine_memory = self.fleet.memory_gib() if self.setup.load_rollout_data is None else {}
+        engine_memory = engine_memory_metrics(self.fleet.clients()) if self.setup.load_rollout_data is None else {}
         groups = out.groups
         if len(groups) != self.setup.rollout.batch_size:
             raise RuntimeError(

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from slime.engine import http_client
 from slime.engine.base import EngineStartupError, get_engine_class
@@ -190,6 +192,18 @@ def test_every_control_call_reaches_the_server_in_order(started, tiny_model_dir)
         ("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}),
     ]
     assert client.get_weight_version() == "7"
+
+
+def test_the_fakes_memory_section_is_sglangs_filled_with_the_models_weights(started, tiny_model_dir):
+    """The fake fills SGLang's MemoryMetrics as scheduler_components/load_inquirer.py does (GiB rounded to 3 places,
+    the token capacity an int): its model's weights, no KV pool, no graphs; a core-only read carries no section."""
+    engine, _ = started
+    checkpoint = sum(t.nbytes for f in Path(tiny_model_dir).glob("*.safetensors") for t in load_file(f).values())
+    (rank,) = http_client.get(engine.url + "/v1/loads?include=memory")["loads"]
+    weight = round((checkpoint + 64) / 2**30, 3)  # and the rotary table's 64 bytes
+    assert rank["memory"] == {"weight_gb": weight, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": 512}
+    assert engine.client.memory_gib() == {"weight": weight, "kv_cache": 0.0, "graph": 0.0}
+    assert "memory" not in engine.client.loads()["loads"][0]
 
 
 def test_a_server_that_rejects_its_arguments_fails_with_the_log_tail(tmp_path):
