@@ -196,9 +196,10 @@ def run_in_subprocess(name: str, args, model_dir: str) -> dict:
             "--result",
             out.name,
         ]
-        cmd += (["--profile", args.profile] if args.profile else []) + (
-            ["--batch-from", args.batch_from] * bool(args.batch_from)
-        )
+        if args.profile:
+            cmd += ["--profile", args.profile]
+        if args.batch_from:
+            cmd += ["--batch-from", args.batch_from]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
