@@ -14,7 +14,6 @@ scaled by the dp size (`loss_scale`).
 
 from __future__ import annotations
 
-import datetime
 import math
 
 import torch
@@ -25,6 +24,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from slime.train.layout import RankLayout
+from slime.train.process_group import init_default_group
 
 # Per decoder layer (Llama / Qwen module names): the Megatron split.
 TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -36,14 +36,10 @@ TP_PARTIAL_GRADS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
 def init_process_group(*, device: str, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
     """gloo on CPU (only when there are several ranks), nccl on CUDA (always: FSDP2 needs a group)."""
-    if dist.is_initialized() or (world_size == 1 and device != "cuda"):
+    if world_size == 1 and device != "cuda":
         return
-    dist.init_process_group(
-        backend="nccl" if device == "cuda" else "gloo",
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(minutes=30),
+    init_default_group(
+        device=device, rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port
     )
 
 

@@ -8,8 +8,6 @@ on CPU (with the CPU shims active), NCCL on CUDA.
 
 from __future__ import annotations
 
-import datetime
-
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
@@ -17,6 +15,7 @@ from megatron.core import tensor_parallel
 
 from slime.train.layout import RankLayout
 from slime.train.megatron import cpu_shims, multi_tensor
+from slime.train.process_group import init_default_group
 
 
 def init(*, device: str, rank: int, layout: RankLayout, vpp: int | None, master_addr: str, master_port: int, seed: int):
@@ -25,14 +24,9 @@ def init(*, device: str, rank: int, layout: RankLayout, vpp: int | None, master_
     multi_tensor.activate(device)
     if device == "cuda":
         torch.cuda.set_device(torch.cuda.current_device())
-    if not dist.is_initialized():
-        dist.init_process_group(
-            backend="nccl" if device == "cuda" else "gloo",
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=layout.world_size,
-            timeout=datetime.timedelta(minutes=30),
-        )
+    init_default_group(
+        device=device, rank=rank, world_size=layout.world_size, master_addr=master_addr, master_port=master_port
+    )
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
