@@ -43,6 +43,16 @@ class EngineStartupError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LoRAServing:
+    """The LoRA adapters a server takes at run time (SGLang's --enable-lora, --max-lora-rank, --lora-target-modules):
+    the policy's adapters, synced alone (`model.lora`)."""
+
+    max_rank: int
+    target_modules: tuple[str, ...]
+    adapter_name: str = "policy"  # the name the syncs load it under and every generation request gives
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineLaunch:
     """Where and as what one engine runs; the same fields for every engine kind."""
 
@@ -61,6 +71,7 @@ class EngineLaunch:
     # the trainer replays the engine's MoE routing (algo.routing_replay=rollout): capture and return each token's
     # experts (SGLang's --enable-return-routed-experts)
     return_routed_experts: bool = False
+    lora: Optional[LoRAServing] = None  # serve the policy's LoRA adapters (None: full weights only)
     startup_timeout_s: float = 600.0  # launch until health answers 200
     shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL
 

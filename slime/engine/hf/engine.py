@@ -51,7 +51,12 @@ class HFEngine(EngineServer):
         ] + (
             (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
             + (["--enable-return-routed-experts"] if launch.return_routed_experts else [])
+            + (self._lora_flags() if launch.lora else [])
         )
+
+    def _lora_flags(self) -> list[str]:
+        lora = self.launch_spec.lora
+        return ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--lora-target-modules", *lora.target_modules]
 
     def env(self) -> dict[str, str]:
         threads = str(max(1, self.config.num_threads))

@@ -48,6 +48,7 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     rid: str = ""
     aborted: bool = False
+    lora: Optional[str] = None  # the LoRA adapter it runs with (SGLang's `lora_path`: the adapter's name)
 
 
 @dataclass

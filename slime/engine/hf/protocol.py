@@ -2,7 +2,8 @@
 
 Request: `{input_ids: [int] | [[int]], text?: str | [str], sampling_params: {...} | [{...}],
 return_logprob?: bool | [bool], return_text_in_logprobs?: bool, rid?: str | [str], return_routed_experts?: bool,
-routed_experts_start_len?: int, ...}`. Any other
+routed_experts_start_len?: int, lora_path?: str | [str], ...}` (`lora_path`: the name of a loaded LoRA
+adapter, `lora_routes.py`). Any other
 top-level key (the router adds model, stream, log_metrics, return_hidden_states, background, no_logs,
 return_bytes, return_entropy, ...) is ignored; `stream: true` is refused (no streaming here).
 A list input is a batch and is answered with a list, in order.
@@ -68,14 +69,17 @@ def parse_generate(body: dict, encode: Callable[[str], list[int]]) -> GenerateCa
     rids = _per_item(body.get("rid"), n, "rid", batch)
     routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", batch)
     starts = _per_item(body.get("routed_experts_start_len", 0), n, "routed_experts_start_len", batch)
+    adapters = _per_item(body.get("lora_path"), n, "lora_path", batch)
     requests = []
-    for prompt, sp, rid in zip(prompts, params, rids):
+    for prompt, sp, rid, adapter in zip(prompts, params, rids, adapters):
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             raise GenerationError("input_ids must be a list of ints or a list of lists of ints")
         if not isinstance(sp, dict):
             raise GenerationError("sampling_params must be a JSON object")
         rid = rid if rid is not None else uuid.uuid4().hex
-        requests.append(GenerationRequest(prompt, SamplingParams.from_dict(sp), rid))
+        if adapter is not None and not isinstance(adapter, str):
+            raise GenerationError("lora_path must name a loaded LoRA adapter")
+        requests.append(GenerationRequest(prompt, SamplingParams.from_dict(sp), rid, lora=adapter))
     routes_from = [_routes_start(int(start)) if want else None for want, start in zip(routed, starts)]
     return GenerateCall(requests, [bool(x) for x in logprob], [bool(x) for x in text_lp], batch, routes_from)
 

@@ -7,6 +7,8 @@
 - Every other operation that touches the model (weight loads, memory release/resume, the health
   generation) goes through `run_exclusive()`: same executor, same lock, so none of them ever lands
   in the middle of a batch.
+- With a LoRA slot (`lora_slot.py`), a batch holds requests of one adapter only (or none), and runs with the slot
+  switched accordingly.
 - Abort marks requests; queued ones resolve at once with finish_reason type "abort", running ones
   stop at the next decode step and return their partial output.
 """
@@ -52,13 +54,17 @@ class Scheduler:
         max_batch_size: most sequences decoded together.
         batch_wait_s: how long (seconds) to wait for more requests after the first of a batch.
         weight_version: initial version string stamped on responses.
+        lora: the engine's LoRA slot (None: started without --enable-lora).
     """
 
-    def __init__(self, generator: Generator, *, max_batch_size: int, batch_wait_s: float, weight_version: str):
+    def __init__(
+        self, generator: Generator, *, max_batch_size: int, batch_wait_s: float, weight_version: str, lora=None
+    ):
         self.generator = generator
         self.max_batch_size = max(1, int(max_batch_size))
         self.batch_wait_s = max(0.0, float(batch_wait_s))
         self.weight_version = str(weight_version)
+        self.lora = lora
         self.lock = threading.Lock()
         self.paused = False
         self.released_tags: set[str] = set()
@@ -91,6 +97,7 @@ class Scheduler:
         """Enqueue `reqs` and wait for all of them. Raises GenerationError (HTTP 400) for bad input."""
         for req in reqs:
             self.generator.validate(req)
+            self._check_adapter(req)
         self._check_not_released()
         loop = asyncio.get_running_loop()
         pending = [_Pending(req, loop.create_future()) for req in reqs]
@@ -162,6 +169,20 @@ class Scheduler:
                 f"memory is released ({sorted(self.released_tags)}); call /resume_memory_occupation first"
             )
 
+    def _check_adapter(self, req: GenerationRequest) -> None:
+        if self.lora is not None:
+            self.lora.check_request(req.lora)
+        elif req.lora is not None:
+            raise GenerationError("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+
+    def _take_same_adapter(self, lora: str | None) -> _Pending | None:
+        """The first queued request of adapter `lora`, removed from the queue (None if there is none)."""
+        for p in self._queue:
+            if p.req.lora == lora:
+                self._queue.remove(p)
+                return p
+        return None
+
     def _resolve_aborted(self, p: _Pending) -> None:
         if not p.future.done():
             result = GenerationResult([], [], "", {"type": "abort", "message": "Abort in waiting queue"})
@@ -175,8 +196,9 @@ class Scheduler:
         batch = [self._queue.popleft()]
         deadline = time.monotonic() + self.batch_wait_s
         while len(batch) < self.max_batch_size:
-            if self._queue:
-                batch.append(self._queue.popleft())
+            more = self._take_same_adapter(batch[0].req.lora)
+            if more is not None:
+                batch.append(more)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.paused:
@@ -191,6 +213,10 @@ class Scheduler:
     def _generate_batch(self, reqs: list[GenerationRequest]) -> tuple[str, list[GenerationResult]]:
         with self.lock:
             self._check_not_released()
+            if self.lora is not None:
+                self.lora.check_request(reqs[0].lora)  # unloaded while queued
+                if self.lora.use(reqs[0].lora):
+                    self.generator.flush_cache()  # cached prefixes were computed with the adapter switched the other way
             return self.weight_version, self.generator.generate(reqs)
 
     async def _worker(self) -> None:

@@ -32,6 +32,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from slime.engine.hf.control import EngineControl
 from slime.engine.hf.generator import GenerationError, Generator
 from slime.engine.hf.http_util import DropMalformedRequestErrors, errors_as_json, json_body
+from slime.engine.hf.lora_routes import LoRARoutes
+from slime.engine.hf.lora_slot import LoRASlot
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS
 from slime.engine.hf.protocol import generate_response, parse_generate
 from slime.engine.hf.scheduler import Scheduler
@@ -58,6 +60,11 @@ class HFServer:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.model, self.tokenizer = load_model(args.model_path, args.device, args.dtype)
+        self.lora = (
+            LoRASlot(self.model, max_rank=args.max_lora_rank, target_modules=args.lora_target_modules)
+            if args.enable_lora
+            else None
+        )
         self.dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         self.generator = Generator(
             self.model,
@@ -72,6 +79,7 @@ class HFServer:
             max_batch_size=args.max_batch_size,
             batch_wait_s=args.batch_wait_ms / 1000.0,
             weight_version=args.weight_version,
+            lora=self.lora,
         )
         self.port: int | None = None
         self.receiver = WeightReceiver(self.model, self.scheduler, device=args.device)
@@ -90,6 +98,7 @@ class HFServer:
             web.get("/v1/loads", self.v1_loads),
             *self.control.routes(),
             *self.receiver.routes(),
+            *LoRARoutes(self.lora, self.scheduler).routes(),
         ]
 
     # ---------------------------------------------------------------- generation
@@ -278,6 +287,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--enable-return-routed-experts",
         action="store_true",
         help="capture each token's MoE experts for requests with return_routed_experts (as SGLang's flag)",
+    )
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (as SGLang's flag)")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank the slot holds")
+    p.add_argument(
+        "--lora-target-modules", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"], help="HF module names"
     )
     p.add_argument("--weight-version", default="0")
     p.add_argument("--log-level", default="INFO")

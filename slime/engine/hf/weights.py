@@ -44,6 +44,14 @@ def _short(names) -> str:
     return ", ".join(names[:_MAX_LISTED]) + extra
 
 
+def _checkpoint_name(name: str) -> str | None:
+    """The checkpoint name of a model state name: a LoRA slot's base weight (`q_proj.base_layer.weight`) under
+    its projection's name, the adapter's own tensors (`lora_slot.py`) None: no checkpoint holds them."""
+    if ".lora_A." in name or ".lora_B." in name:
+        return None
+    return name.replace(".base_layer.", ".")
+
+
 class StateLayout:
     """Where each of a model's checkpoint names lives: the module and attribute holding it, read at each use (so
     the layout stays true when `model.to()` replaces buffers or parameter data). Built once per model: walking
@@ -53,11 +61,13 @@ class StateLayout:
     def __init__(self, model: torch.nn.Module):
         self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
         for name in model.state_dict(keep_vars=True):
-            path, _, attr = name.rpartition(".")
-            self.slots[name] = (model.get_submodule(path), attr)
-        primary = {name for name, _ in model.named_parameters()}  # tied duplicates removed
-        all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+            if _checkpoint_name(name) is not None:
+                path, _, attr = name.rpartition(".")
+                self.slots[_checkpoint_name(name)] = (model.get_submodule(path), attr)
+        primary = {_checkpoint_name(name) for name, _ in model.named_parameters()}  # tied duplicates removed
+        all_params = {_checkpoint_name(name) for name, _ in model.named_parameters(remove_duplicate=False)}
         primary |= {name for name in self.slots if name not in all_params}  # persistent buffers
+        primary.discard(None)
         self.primary = frozenset(primary)
         self.aliases = frozenset(set(self.slots) - primary)
 

@@ -85,6 +85,13 @@ class SGLangEngine(EngineServer):
         }
         if launch.device == "cpu":
             args["device"] = "cpu"
+        if launch.lora is not None:  # server_args.py: --max-loras-per-batch 1, one adapter (the policy's)
+            args |= {
+                "enable_lora": True,
+                "max_lora_rank": launch.lora.max_rank,
+                "lora_target_modules": list(launch.lora.target_modules),
+                "max_loras_per_batch": 1,
+            }
         if cfg.worker_type != "regular":
             args["disaggregation_mode"] = cfg.worker_type
             args["disaggregation_bootstrap_port"] = ports[2]

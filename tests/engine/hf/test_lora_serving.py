@@ -1,0 +1,133 @@
+"""The hf engine serves a LoRA adapter as SGLang does: a real server process, the adapter pushed by tensors (the
+flattened bucket) or from a peft directory, and its log-probs against peft's own forward of the same adapter."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from slime.config.schema_lora import LoRAConfig
+from slime.engine import http_client
+from slime.engine.base import EngineLaunch, LoRAServing, get_engine_class
+from slime.engine.http_client import EngineHTTPError
+from slime.sync.tensor import packed
+from slime.train.fsdp import lora as train_lora
+from slime.wire import bucket_codec
+
+PROMPT = [1, 5, 11, 16, 28]
+GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+TARGETS = ("q_proj", "v_proj", "down_proj")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    from slime.config.schema import HFEngineConfig
+
+    launch = EngineLaunch(
+        rank=0,
+        model_path=tiny_model_dir,
+        host="127.0.0.1",
+        seed=7,
+        device="cpu",
+        log_dir=str(tmp_path_factory.mktemp("lora_engine_logs")),
+        startup_timeout_s=90,
+        lora=LoRAServing(max_rank=8, target_modules=TARGETS),
+    )
+    server = get_engine_class("hf")(launch, HFEngineConfig(max_batch_size=8, num_threads=1, startup_timeout_s=90))
+    server.launch()
+    try:
+        server.wait_until_ready()
+        yield server
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir):
+    """A rank-4 adapter with random A and B on a peft-injected copy of the model: (model, config dict, tensors)."""
+    lora = LoRAConfig(rank=4, alpha=8.0, target_modules=list(TARGETS))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    train_lora.apply_lora(model, lora)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if train_lora.is_adapter(name):
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    tensors = train_lora.peft_adapter_tensors(model, lora, whole=lambda t: t)
+    config = train_lora.peft_config(lora).to_dict()
+    config["target_modules"] = sorted(config["target_modules"])  # a set in peft's dict: JSON needs a list
+    return SimpleNamespace(model=model, config=config, tensors=tensors)
+
+
+def generate(url: str, **extra) -> tuple[list[int], list[float]]:
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True, **extra}
+    reply = http_client.post(url + "/generate", body, timeout=60)
+    return reply["output_ids"], [entry[0] for entry in reply["meta_info"]["output_token_logprobs"]]
+
+
+def reference_log_probs(model, output_ids: list[int]) -> list[float]:
+    tokens = torch.tensor([PROMPT + output_ids])
+    with torch.no_grad():
+        logits = model(tokens).logits[0, len(PROMPT) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output_ids)[:, None])[:, 0].tolist()
+
+
+def load_by_tensors(url: str, adapter, name: str = "policy") -> dict:
+    bucket = sorted(adapter.tensors.items())
+    with packed(bucket) as (flat, metadata):
+        body = {
+            "lora_name": name,
+            "config_dict": adapter.config,
+            "serialized_named_tensors": [bucket_codec.encode(flat, metadata)],
+            "load_format": "flattened_bucket",
+        }
+        return http_client.post(url + "/load_lora_adapter_from_tensors", body, timeout=60)
+
+
+def test_adapter_by_tensors_serves_peft_log_probs_and_unnamed_requests_the_base(engine, adapter, tiny_model_dir):
+    base_ids, base_lps = generate(engine.url)
+    reply = load_by_tensors(engine.url, adapter)
+    assert reply == {"success": True, "error_message": None, "loaded_adapters": {"policy": "policy"}}
+
+    ids, lps = generate(engine.url, lora_path="policy")
+    assert ids != base_ids  # the adapter changes the greedy continuation
+    assert lps == pytest.approx(reference_log_probs(adapter.model, ids), abs=2e-5)
+    with train_lora.base_only(adapter.model, {}):
+        assert generate(engine.url) == (base_ids, base_lps)
+        assert base_lps == pytest.approx(reference_log_probs(adapter.model, base_ids), abs=2e-5)
+
+    with pytest.raises(EngineHTTPError, match="requested LoRA adapters are not loaded: other"):
+        generate(engine.url, lora_path="other")
+    with pytest.raises(EngineHTTPError, match="holds one adapter"):
+        load_by_tensors(engine.url, adapter, name="second")
+    http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+    with pytest.raises(EngineHTTPError, match="not loaded: policy"):
+        generate(engine.url, lora_path="policy")
+
+
+def test_adapter_from_a_peft_directory_and_the_weight_version(engine, adapter, tmp_path):
+    lora = LoRAConfig(rank=4, alpha=8.0, target_modules=list(TARGETS))
+    train_lora.write_peft_adapter(adapter.tensors, lora, tmp_path / "adapter", base="tiny")
+    http_client.post(
+        engine.url + "/load_lora_adapter", {"lora_name": "policy", "lora_path": str(tmp_path / "adapter")}, timeout=60
+    )
+    reply = http_client.post(engine.url + "/update_weight_version", {"new_version": "3"}, timeout=30)
+    assert reply["new_version"] == "3"
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True, "lora_path": "policy"}
+    out = http_client.post(engine.url + "/generate", body, timeout=60)
+    assert out["meta_info"]["weight_version"] == "3"
+    lps = [entry[0] for entry in out["meta_info"]["output_token_logprobs"]]
+    assert lps == pytest.approx(reference_log_probs(adapter.model, out["output_ids"]), abs=2e-5)
+    http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+
+
+def test_adapter_that_does_not_fit_the_slot_is_refused(engine, adapter):
+    too_big = dict(adapter.config, r=16)
+    with pytest.raises(EngineHTTPError, match=r"rank 16 is not in \[1, --max-lora-rank 8\]"):
+        load_by_tensors(engine.url, SimpleNamespace(config=too_big, tensors=adapter.tensors))
+    elsewhere = dict(adapter.config, target_modules=["gate_proj"])
+    with pytest.raises(EngineHTTPError, match="outside --lora-target-modules"):
+        load_by_tensors(engine.url, SimpleNamespace(config=elsewhere, tensors=adapter.tensors))
