@@ -59,6 +59,9 @@ class EngineFacts:
     memory_fraction_default: float = 0.0
     # Import path of fn(cfg, engine_specs) -> str: the dry run's line on how its servers split their GPUs.
     plan_line: Optional[str] = None
+    # Its servers load LoRA adapters at run time from tensors and serve requests naming one (SGLang's --enable-lora,
+    # /load_lora_adapter_from_tensors, generate's lora_path).
+    serves_lora_adapters: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,9 @@ class WeightSyncFacts:
     needs_tensor_handle_ranks: bool = False
     # Why a server without an accelerator cannot take this mode's syncs (None: it can).
     cpu_blocker: Optional[str] = "its weight-transfer engine needs an accelerator"
+    # Import path of the class that moves the policy's LoRA adapter alone in this mode (None: the mode moves full
+    # weights only, and a LoRA run syncs the merged weights: model.lora.sync_merged).
+    adapter_sync: Optional[str] = None
 
 
 class Registry:
@@ -206,8 +212,10 @@ ENGINES = Registry(
         "vllm": Checks(check="slime.engine.vllm.check.check", check_unchosen="slime.engine.vllm.check.check_unchosen"),
     },
     facts={
-        "hf": EngineFacts(),
-        "sglang": EngineFacts(memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8),
+        "hf": EngineFacts(serves_lora_adapters=True),
+        "sglang": EngineFacts(
+            memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8, serves_lora_adapters=True
+        ),
         "vllm": EngineFacts(
             router="vllm-router",
             abort_path="/abort_requests",
@@ -236,10 +244,12 @@ WEIGHT_SYNC = Registry(
         "tensor": Checks(check="slime.sync.check.check_tensor"),
     },
     facts={
-        "disk": WeightSyncFacts(cpu_blocker=None),
+        "disk": WeightSyncFacts(cpu_blocker=None, adapter_sync="slime.sync.adapter.DiskAdapterSync"),
         "distributed": WeightSyncFacts(),
         "tensor": WeightSyncFacts(
-            needs_tensor_handle_ranks=True, cpu_blocker="its IPC transfer and sleep mode need an accelerator"
+            needs_tensor_handle_ranks=True,
+            cpu_blocker="its IPC transfer and sleep mode need an accelerator",
+            adapter_sync="slime.sync.adapter.TensorAdapterSync",
         ),
     },
     default_facts=WeightSyncFacts(),

@@ -25,6 +25,10 @@ class LoRAConfig:
     target_modules: list[str] = field(default_factory=lambda: list(DECODER_PROJECTIONS))  # HF names, every layer
     init: str = "default"  # default: A Kaiming-uniform, B zero (peft's) | gaussian: A normal(0, 1/rank), B zero
     lr: Optional[float] = None  # the optimizer's peak learning rate with adapters; None: train.lr
+    # Weight sync: False moves the adapter alone (engines serve it as a LoRA adapter: SGLang's --enable-lora, the hf
+    # engine; rollout.weight_sync.mode=tensor or disk); True merges it into the base and moves every weight (engines without
+    # LoRA serving, other modes, trained train_params)
+    sync_merged: bool = False
     export_merged: bool = False  # checkpoint.save_hf: also the merged HF model in <dir>/merged (always: the adapter)
     # RMSNorm gains trained whole beside the adapters, by HF name (`model.norm.weight`, a layer's
     # `model.layers.<i>.input_layernorm.weight` / `post_attention_layernorm.weight`): the final norm's frozen gain
@@ -34,6 +38,27 @@ class LoRAConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    @property
+    def synced_alone(self) -> bool:
+        """The engines serve the adapter and each sync moves it alone (`sync_merged` off)."""
+        return self.enabled and not self.sync_merged
+
+    def adapter_config(self) -> dict[str, Any]:
+        """peft's adapter_config.json of these adapters (the fields `peft.LoraConfig.to_dict` writes that an engine
+        reads: SGLang's `lora/lora_config.py` takes r, lora_alpha and target_modules), without importing peft."""
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": self.rank,
+            "lora_alpha": self.alpha,
+            "lora_dropout": self.dropout,
+            "target_modules": sorted(self.target_modules),
+            "bias": "none",
+            "use_rslora": False,
+            "use_dora": False,
+            "modules_to_save": None,
+        }
 
     def parameter_count(self, model: Any) -> int:
         """Trainable parameters of these adapters on `model` (the ModelConfig holding them): every layer's targets,

@@ -184,6 +184,40 @@ class EngineClient:
             payload["weight_version"] = str(weight_version)
         return self._weights_call("/update_weights_from_tensor", payload, timeout)
 
+    def load_lora_adapter_from_tensors(
+        self, name: str, config: dict, serialized_named_tensors: Sequence[str], *, timeout: float = 600.0
+    ) -> dict:
+        """POST /load_lora_adapter_from_tensors (`io_struct.LoadLoRAAdapterFromTensorsReqInput`): the peft adapter
+        `config` (adapter_config.json as a dict) and one serialised flattened bucket of its tensors per TP rank."""
+        payload = {
+            "lora_name": name,
+            "config_dict": config,
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "load_format": "flattened_bucket",
+        }
+        return self._lora_call("/load_lora_adapter_from_tensors", payload, timeout)
+
+    def load_lora_adapter(self, name: str, path: str, *, timeout: float = 600.0) -> dict:
+        """POST /load_lora_adapter {lora_name, lora_path} (`io_struct.LoadLoRAAdapterReqInput`): a peft directory."""
+        return self._lora_call("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout)
+
+    def unload_lora_adapter(self, name: str, *, timeout: float = 60.0) -> dict:
+        return self._lora_call("/unload_lora_adapter", {"lora_name": name}, timeout)
+
+    def _lora_call(self, path: str, payload: dict, timeout: float) -> dict:
+        """A LoRA route; EngineHTTPError with SGLang's `LoRAUpdateOutput.error_message` unless it succeeded."""
+        url = self.url + path
+        status, body = http_client.request("POST", url, payload, timeout=timeout)
+        if status != 200 or not (isinstance(body, dict) and body.get("success")):
+            message = body.get("error_message", body) if isinstance(body, dict) else body
+            raise EngineHTTPError("POST", url, status, str(message))
+        return body
+
+    def update_weight_version(self, version: str) -> None:
+        """POST /update_weight_version {new_version} (`io_struct.UpdateWeightVersionReqInput`; it aborts what
+        runs, harmless while paused): the version later responses carry, after a push that carries none itself."""
+        self._weights_call("/update_weight_version", {"new_version": str(version)}, self.timeout_s)
+
     def check_weights(self, action: str, timeout: float = 600.0) -> dict:
         """POST /weights_checker {action}: snapshot | reset_tensors | compare | checksum (checksum: `ranks`, one
         `{checksums, per_gpu_checksum, parallelism_info}` per TP rank, and `per_engine_checksum`). Raises

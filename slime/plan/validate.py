@@ -36,6 +36,7 @@ from slime.registry import ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
 from slime.rollout.check_data import check_data
 from slime.rollout.check_hooks import check_hooks
 from slime.rollout.check_rewards import check_rewards
+from slime.sync.check import check_adapter_sync
 from slime.tracking.check import check_sinks
 from slime.train.check_estimator import check_estimator
 
@@ -75,6 +76,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_cluster(cfg, derived)
     yield from check_model_parallel_split(cfg, derived)
     yield from check_fault_tolerance(cfg)
+    yield from check_adapter_sync(cfg)
     yield from check_sinks(cfg)
     yield from check_rewards(cfg)
     yield from check_hooks(cfg)

@@ -105,6 +105,7 @@ class RolloutContext:
     model_routers: dict[str, str] = dataclasses.field(default_factory=dict)  # every served model's router by name
     request_timeout_s: float | None = None  # per /generate attempt (rollout.request_timeout_s)
     return_routed_experts: bool = False  # ask the engine for each token's MoE experts (algo.routing_replay=rollout)
+    lora_adapter: str | None = None  # the policy's LoRA adapter every request names (SGLang's lora_path); None: none
     # State of the call in progress: set once the batch is full (samples not yet started are not generated, and
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False

@@ -87,6 +87,8 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
     if args.return_routed_experts:  # the whole sequence's (routed_experts_start_len 0): a resumed sample's too
         payload["return_routed_experts"] = True
+    if args.lora_adapter is not None:  # the engines serve the policy's adapter under this name (slime.sync.adapter)
+        payload["lora_path"] = args.lora_adapter
     url = await _worker_url(args, sample) if DROPPED_REQUEST_FIELDS.intersection(payload) else args.router_url
     return await post_json(args.session, f"{url}/generate", payload, args.request_timeout_s)
 

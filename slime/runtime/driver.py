@@ -18,12 +18,12 @@ from slime.runtime.placement import create_placement
 from slime.runtime.preflight import check_prepared
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import RolloutSetup, lora_serving
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.watchdog import STACKS_ENV
 from slime.runtime.weight_push import WeightPush
-from slime.sync.base import SyncContext
+from slime.sync.base import SyncContext, SyncedAdapter
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
 from slime.train.train_setup import TrainSetup
@@ -157,7 +157,7 @@ def _tracker(job: RunJob) -> Tracker:
 
 
 def _sync_context(cfg: RunConfig) -> SyncContext:
-    w = cfg.rollout.weight_sync
+    w, serving = cfg.rollout.weight_sync, lora_serving(cfg.model.lora)
     return SyncContext(
         source_checkpoint=cfg.model.hf_checkpoint,
         engine=cfg.rollout.engine,
@@ -165,4 +165,5 @@ def _sync_context(cfg: RunConfig) -> SyncContext:
         bucket_bytes=w.bucket_mb << 20,
         keep=w.keep,
         check_weight_update_equal=cfg.debug.check_weight_update_equal,
+        adapter=SyncedAdapter(name=serving.adapter_name, config=cfg.model.lora.adapter_config()) if serving else None,
     )

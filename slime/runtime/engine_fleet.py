@@ -34,7 +34,7 @@ from typing import Any, Optional
 import ray
 
 from slime.config.schema import RolloutConfig
-from slime.engine.base import EngineLaunch, get_engine_class
+from slime.engine.base import EngineLaunch, LoRAServing, get_engine_class
 from slime.engine.client import EngineClient
 from slime.engine.groups import EngineSpec, ModelSpec, policy_model
 from slime.engine.http_client import EngineHTTPError
@@ -75,6 +75,7 @@ class FleetSetup:
     trainer_gpus: int  # the actor's ranks; colocated, training rank i shares rollout bundle i
     dtype: str = "auto"  # the trainer's precision as a torch dtype name (EngineLaunch.dtype)
     return_routed_experts: bool = False  # the policy's engines return MoE routes (EngineLaunch.return_routed_experts)
+    lora: LoRAServing | None = None  # the policy's engines serve its LoRA adapter (EngineLaunch.lora)
 
 
 class EngineFleet:
@@ -122,14 +123,16 @@ class EngineFleet:
                 startup_timeout_s=getattr(config, "startup_timeout_s", 600.0),
                 memory_saver=s.colocate,
                 dtype=s.dtype,
-                return_routed_experts=s.return_routed_experts
-                and self.policy is not None
-                and spec.model == self.policy.name,
+                return_routed_experts=s.return_routed_experts and self._serves_policy(spec),
+                lora=s.lora if self._serves_policy(spec) else None,
             )
             options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
             actor = remote_cls.options(**options, **env).remote(launch, config)
             self.slots.append(EngineSlot(rank=rank, spec=spec, actor=actor))
         return [slot.actor.launch.remote() for slot in self.slots]
+
+    def _serves_policy(self, spec) -> bool:
+        return self.policy is not None and spec.model == self.policy.name
 
     def start_routers(self) -> None:
         """Launch (or join) one router per served model while the engines come up."""

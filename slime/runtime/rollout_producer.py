@@ -141,6 +141,7 @@ class RolloutProducer:
             model_routers=self.fleet.model_routers() if s.load_rollout_data is None else {},
             request_timeout_s=r.request_timeout_s,
             return_routed_experts=RoutingReplay(s.algo.routing_replay).engine_returns_routes and not evaluation,
+            lora_adapter=s.fleet.lora.adapter_name if s.fleet.lora else None,
             tokenizer=self.tokenizer,
             batch_size=batch,
             over_sampling_batch_size=r.over_sampling_batch_size,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
+from slime.config.schema_lora import LoRAConfig
+from slime.engine.base import LoRAServing
 from slime.plan.run_plan import RunPlan
 from slime.runtime.engine_fleet import FleetSetup
 
@@ -66,6 +68,7 @@ class RolloutSetup:
                 trainer_gpus=derived.actor_gpus,
                 dtype={"fp32": "float32", "bf16": "bfloat16"}.get(derived.precision, "auto"),
                 return_routed_experts=RoutingReplay(cfg.algo.routing_replay).engine_returns_routes,
+                lora=lora_serving(cfg.model.lora),
             ),
             save_rollout_data=cfg.debug.save_rollout_data,
             check_weight_update_equal=cfg.debug.check_weight_update_equal,
@@ -74,6 +77,13 @@ class RolloutSetup:
             ),
             max_train_groups=max_train_groups(cfg),
         )
+
+
+def lora_serving(lora: LoRAConfig) -> LoRAServing | None:
+    """How the policy's engines serve its LoRA adapter when each sync moves the adapter alone (else None)."""
+    if not lora.synced_alone:
+        return None
+    return LoRAServing(max_rank=lora.rank, target_modules=tuple(lora.target_modules))
 
 
 def max_train_groups(cfg: RunConfig) -> int | None:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from slime.config.hooks import load_callable
 from slime.engine.base import engine_client
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
@@ -41,6 +42,15 @@ if TYPE_CHECKING:  # torch: the driver imports SyncContext from here and never t
     from slime.wire.tensors import Bucket
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyncedAdapter:
+    """The policy's LoRA adapter as the engines load it: its name (`EngineLaunch.lora.adapter_name`) and peft's
+    adapter_config.json as a dict."""
+
+    name: str
+    config: dict
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +65,7 @@ class SyncContext:
     check_weight_update_equal: bool = False  # debug: engines' /weights_checker around the pushes (module docstring)
     # tensor mode: per engine (in push order), the training rank colocated with each engine TP rank (-1: none)
     tp_trainer_ranks: tuple[tuple[int, ...], ...] = ()
+    adapter: SyncedAdapter | None = None  # the policy's LoRA adapter moves alone (None: full weights)
 
 
 class WeightMismatchError(RuntimeError):
@@ -172,9 +183,14 @@ def connect_weight_sync(mode: str, engine_urls: Sequence[str], context: SyncCont
     """The `rollout.weight_sync.mode` object pushing into the servers at `engine_urls`, with a control client
     of engine kind `context.engine` for each."""
     engines = [engine_client(context.engine, url) for url in engine_urls]
+    if context.adapter is not None:  # validation refused the modes without one (slime.config.validate_lora)
+        return load_callable(WEIGHT_SYNC.facts(mode).adapter_sync, key="rollout.weight_sync.mode")(engines, context)
     return WEIGHT_SYNC.load(mode)(engines, context)
 
 
 def connect_follower(mode: str, context: SyncContext, rank: int):
-    """What non-source training rank `rank` holds for `mode` (`WeightSync.follower`): None for most modes."""
+    """What non-source training rank `rank` holds for `mode` (`WeightSync.follower`): None for most modes, and for
+    an adapter's sync (the source pushes it alone)."""
+    if context.adapter is not None:
+        return None
     return WEIGHT_SYNC.load(mode).follower(context, rank)

@@ -40,3 +40,50 @@ def check_tensor(cfg: RunConfig) -> Iterator[Problem]:
             f"to the engines; cluster.num_nodes={c.num_nodes} puts engines on other nodes",
             "set rollout.weight_sync.mode=distributed (or disk), or cluster.num_nodes=1",
         )
+
+
+# rollout.sglang fields the adapter sync sets on every server (slime.engine.sglang.engine: EngineLaunch.lora)
+SGLANG_LORA_FIELDS = ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_paths")
+MERGED = "set model.lora.sync_merged=true (the merged weights move instead)"
+
+
+def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
+    """model.lora synced alone (`sync_merged: false`): a mode with an adapter transfer, engines serving adapters, and
+    nothing trained outside the adapter (SGLang's adapters hold lora_A/lora_B only)."""
+    from slime.registry import ENGINES, WEIGHT_SYNC
+
+    lora, mode, engine = cfg.model.lora, cfg.rollout.weight_sync.mode, cfg.rollout.engine
+    if not lora.synced_alone or mode not in WEIGHT_SYNC or engine not in ENGINES:
+        return
+    if WEIGHT_SYNC.facts(mode).adapter_sync is None:
+        yield Problem(
+            "rollout.weight_sync.mode",
+            mode,
+            "moves full weights only; the LoRA adapter alone moves in tensor or disk mode (model.lora.sync_merged=false)",
+            f"set rollout.weight_sync.mode=disk (or tensor with cluster.colocate=true), or {MERGED}",
+        )
+    if not ENGINES.facts(engine).serves_lora_adapters:
+        yield Problem("rollout.engine", engine, "its servers take no LoRA adapter at run time", MERGED)
+    if lora.train_params:
+        yield Problem(
+            "model.lora.train_params",
+            list(lora.train_params),
+            "trains weights outside the adapter, which an adapter sync cannot carry (an engine's adapter holds "
+            "lora_A and lora_B only)",
+            f"set model.lora.train_params=[], or {MERGED}",
+        )
+    if cfg.debug.check_weight_update_equal:
+        yield Problem(
+            "debug.check_weight_update_equal",
+            True,
+            "compares the engines' full weights with the checkpoint's; an adapter sync leaves the base as loaded",
+            f"set debug.check_weight_update_equal=false, or {MERGED}",
+        )
+    owned = sorted(set(SGLANG_LORA_FIELDS) & {k for k, v in cfg.rollout.sglang.items() if v is not None})
+    if owned:
+        yield Problem(
+            "rollout.sglang",
+            owned,
+            "set by the adapter sync on every SGLang server (model.lora.rank, target_modules)",
+            f"remove {', '.join(f'rollout.sglang.{k}' for k in owned)}",
+        )

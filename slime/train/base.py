@@ -129,6 +129,11 @@ class TrainBackend(abc.ABC):
         """The full model as buckets of (HF name, tensor) of about `bucket_bytes` each; every rank runs
         it (it may gather collectively); the source rank's buckets are the ones used."""
 
+    def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The policy's LoRA adapter alone, under peft's saved names (`base_model.model.<HF module>.lora_A.weight`,
+        `lora_B.weight`), in buckets of about `bucket_bytes`; collective like `export_weights`."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
+
     def connect_weight_sync(self, mode: str, engine_urls: Sequence[str], context: SyncContext) -> None:
         """Build the `rollout.weight_sync.mode` object on the source rank, which builds its own engine clients
         from `engine_urls`; other ranks hold the mode's follower, if it has one (`WeightSync.follower`)."""
@@ -141,8 +146,10 @@ class TrainBackend(abc.ABC):
             self.weight_sync = connect_follower(mode, context, self.rank)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
-        """Push the current weights to every engine (collective); `perf/*` timings from the source rank."""
-        buckets = self.export_weights(self.weight_sync.context.bucket_bytes if self.weight_sync else 1 << 29)
+        """Push the current weights (with `model.lora` synced alone: the adapter) to every engine (collective);
+        `perf/*` timings from the source rank."""
+        export = self.export_adapter if self.setup.model.lora.synced_alone else self.export_weights
+        buckets = export(self.weight_sync.context.bucket_bytes if self.weight_sync else 1 << 29)
         if self.weight_sync is None:
             for _ in buckets:  # take part in the gathers
                 pass

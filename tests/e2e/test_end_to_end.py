@@ -100,6 +100,10 @@ def _multirun(sweep_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
+# Rank-8 adapters synced alone, in the embedded run's disk mode (a peft directory a sync): the engine serves them as a
+# LoRA adapter (no trained gain: it would not ride along). Tensor mode's: tests/engine/hf/test_lora_serving.py.
+ADAPTER_SYNC = ("model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false")
+
 # The runs of this module's tests, the longest first: they run three at a time (run_concurrently).
 JOBS: dict[str, Callable[[Path], Any]] = {
     "embedded_default": _embedded_default,
@@ -107,6 +111,7 @@ JOBS: dict[str, Callable[[Path], Any]] = {
     "data_parallel": _data_parallel,
     "sigterm": _sigterm_after_two_rollouts,
     "lora": lambda run_dir: main_py(run_dir, "model.lora.rank=8"),
+    "lora_adapter_sync": lambda run_dir: main_py(run_dir, *ADAPTER_SYNC, "train.num_rollout=3"),
     "startup_failure": lambda run_dir: main_py(
         run_dir, "data.source_class=tests.helpers.user_hooks.DataSourceFailingAtStartup", "train.num_rollout=2"
     ),
@@ -118,6 +123,7 @@ RUN_OF_TEST = {
     "test_interrupt_stops_everything": "sigterm",
     "test_failure_during_startup_writes_result_and_cleans_up": "startup_failure",
     "test_the_embedded_default_learns_through_rank_8_adapters": "lora",
+    "test_adapter_only_sync_moves_the_adapters_bytes_and_the_engine_scores_as_the_trainer": "lora_adapter_sync",
 }
 
 
@@ -301,3 +307,20 @@ def test_the_embedded_default_learns_through_rank_8_adapters(runs):
     assert len(diffs) == 120 and max(diffs) < 1e-5
     saved = load_file(run_dir / "checkpoints" / "iter_0000059" / "model" / "adapter_model.safetensors")
     assert len(saved) == 2 * 7 * 2 + 1 and "model.norm.weight" in saved
+
+
+def test_adapter_only_sync_moves_the_adapters_bytes_and_the_engine_scores_as_the_trainer(runs):
+    """Each sync moves the adapter alone (fp32 A and B: 4 bytes per trainable parameter) and the engine, serving it
+    as a LoRA adapter over its frozen base, scores every sampled token as the trainer does."""
+    run_dir, proc = runs["lora_adapter_sync"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model = typed_config(list(ADAPTER_SYNC)).model
+    assert model.lora.parameter_count(model) == 19_456  # 2 layers x 8 x (128 + 96 + 96 + 128 + 256 + 256 + 256)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    pushed = [r["perf/update_weights_bytes"] for r in records if "perf/update_weights_bytes" in r]
+    assert pushed == [19_456 * 4] * 3
+    diffs = [r["train/train_rollout_logprob_abs_diff"] for r in records if "train/trainable_params" in r]
+    assert len(diffs) == 6 and max(diffs) < 1e-5
+    engine_log = (run_dir / "logs" / "engine_0.log").read_text()
+    assert engine_log.count(": load_lora_adapter 'policy'") == 4  # before rollout 0, then after each step
+    assert engine_log.count(": unload_lora_adapter 'policy'") == 3

@@ -108,14 +108,19 @@ def router(worker, tmp_path_factory):
 
 def test_the_router_drops_exactly_these_sampling_params(router, worker):
     assert sorted(SAMPLING_VALUES) == sorted(sglang_sampling_fields())  # every field the pinned SGLang takes
-    sent = {"input_ids": [1, 2, 3], "sampling_params": SAMPLING_VALUES, "return_logprob": True}
+    sent = {"input_ids": [1, 2, 3], "sampling_params": SAMPLING_VALUES, "return_logprob": True, "lora_path": "policy"}
     count = len(worker.bodies("/generate"))
     assert post_generate(router.url, sent) == 200
     received = worker.wait_for("/generate", count + 1)[-1]
     arrived = received["sampling_params"]
     assert set(SAMPLING_VALUES) - set(arrived) == DROPPED_SAMPLING_PARAMS
     assert {k: v for k, v in SAMPLING_VALUES.items() if k not in DROPPED_SAMPLING_PARAMS} == arrived  # unchanged
-    assert {k: received[k] for k in ("input_ids", "return_logprob")} == {"input_ids": [1, 2, 3], "return_logprob": True}
+    kept = (
+        "input_ids",
+        "return_logprob",
+        "lora_path",
+    )  # lora_path: the policy's adapter (model.lora, slime.sync.adapter)
+    assert {k: received.get(k) for k in kept} == {"input_ids": [1, 2, 3], "return_logprob": True, "lora_path": "policy"}
 
 
 def test_the_router_drops_the_routed_experts_request_and_the_rollout_goes_to_a_worker(router, worker):

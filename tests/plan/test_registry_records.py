@@ -60,7 +60,9 @@ def third_sync():
 
 
 def test_the_engine_records_state_their_facts():
-    hf = EngineFacts(router="sglang-router", abort_path="/abort_request", abort_all_flag=True)
+    hf = EngineFacts(
+        router="sglang-router", abort_path="/abort_request", abort_all_flag=True, serves_lora_adapters=True
+    )
     assert ENGINES.facts("hf") == hf
     assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
     sglang = dataclasses.replace(hf, memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8)
@@ -74,16 +76,23 @@ def test_the_engine_records_state_their_facts():
         memory_fraction_key="vllm.gpu_memory_utilization",
         memory_fraction_default=0.92,
         plan_line="slime.engine.vllm.engine_args.plan_line",
+        serves_lora_adapters=False,  # vLLM's /v1/load_lora_adapter is not wired: model.lora.sync_merged
     )
     assert load_callable(ENGINES.facts("vllm").plan_line) is vllm_plan_line
     assert generate_protocol("vllm").GENERATE_PATH == "/inference/v1/generate"
     assert generate_protocol("sglang") is None and generate_protocol("hf") is None
+    for name in ("disk", "tensor"):
+        assert load_callable(WEIGHT_SYNC.facts(name).adapter_sync).mode == name
 
 
 def test_the_weight_sync_records_state_their_facts():
-    assert WEIGHT_SYNC.facts("disk") == WeightSyncFacts(needs_tensor_handle_ranks=False, cpu_blocker=None)
+    assert WEIGHT_SYNC.facts("disk") == WeightSyncFacts(
+        needs_tensor_handle_ranks=False, cpu_blocker=None, adapter_sync="slime.sync.adapter.DiskAdapterSync"
+    )
     assert WEIGHT_SYNC.facts("tensor") == WeightSyncFacts(
-        needs_tensor_handle_ranks=True, cpu_blocker="its IPC transfer and sleep mode need an accelerator"
+        needs_tensor_handle_ranks=True,
+        cpu_blocker="its IPC transfer and sleep mode need an accelerator",
+        adapter_sync="slime.sync.adapter.TensorAdapterSync",
     )
     assert WEIGHT_SYNC.facts("distributed") == WeightSyncFacts(
         needs_tensor_handle_ranks=False, cpu_blocker="its weight-transfer engine needs an accelerator"

@@ -187,3 +187,44 @@ def make_backend_params(model_dir) -> dict[str, torch.Tensor]:
 def test_a_lora_config_no_backend_can_train_is_refused(overrides, key, says):
     problems = config_problems(overrides)
     assert says in problems.get(key, ""), problems
+
+
+ALONE = ["model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false"]
+TENSOR = ["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        ([*ALONE, "rollout.weight_sync.mode=distributed"], "rollout.weight_sync.mode", "moves full weights only"),
+        (
+            ["model.lora.rank=8", "model.lora.sync_merged=false", *TENSOR],
+            "model.lora.train_params",
+            "lora_A and lora_B",
+        ),
+        (
+            [*ALONE, *TENSOR, "debug.check_weight_update_equal=true"],
+            "debug.check_weight_update_equal",
+            "base as loaded",
+        ),
+        ([*ALONE, *TENSOR, "model=tiny_qwen3_vllm"], "rollout.engine", "no LoRA adapter at run time"),
+    ],
+)
+def test_an_adapter_sync_the_run_cannot_make_is_refused(overrides, key, says):
+    problems = config_problems(overrides)
+    assert says in problems.get(key, ""), problems
+
+
+def test_the_adapter_sync_config_is_what_peft_writes_and_the_runs_that_use_it_validate():
+    from slime.plan.validate import validate
+
+    adapters = typed_config([*ALONE, *TENSOR]).model.lora
+    written = lora.peft_config(adapters, task_type="CAUSAL_LM").to_dict()  # as write_peft_adapter writes it
+    ours = adapters.adapter_config()
+    assert {key: written[key] for key in ours if key != "target_modules"} == {
+        k: v for k, v in ours.items() if k != "target_modules"
+    }
+    assert sorted(written["target_modules"]) == ours["target_modules"]
+    validate(typed_config([*ALONE, *TENSOR]))
+    validate(typed_config(ALONE))  # the embedded run's disk mode: a peft directory
+    validate(typed_config(["model.lora.rank=8"]))  # the embedded preset trains the final gain: merged weights move

@@ -196,6 +196,10 @@ class FSDPRank(BatchColumns, TrainBackend):
             ((name, _whole(param.detach())) for name, param in self.model.named_parameters()), bucket_bytes
         )
 
+    def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
+        tensors = lora.peft_adapter_tensors(self.model, self.setup.model.lora, _whole)
+        return in_buckets(iter(tensors.items()), bucket_bytes)
+
     def save_hf(self, path: str) -> None:
         """With LoRA a peft adapter directory at `path` (and, with `model.lora.export_merged`, the merged HF
         model in `path`/merged); else the HF model (`TrainBackend.save_hf`). Collective; the source rank writes."""

@@ -131,3 +131,33 @@ def test_adapter_that_does_not_fit_the_slot_is_refused(engine, adapter):
     elsewhere = dict(adapter.config, target_modules=["gate_proj"])
     with pytest.raises(EngineHTTPError, match="outside --lora-target-modules"):
         load_by_tensors(engine.url, SimpleNamespace(config=elsewhere, tensors=adapter.tensors))
+
+
+@pytest.mark.parametrize("mode", ["tensor", "disk"])
+def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_lost_it(engine, adapter, mode, tmp_path):
+    """The mode's adapter sync: per push unload, load, stamp the version; the bytes are the adapter's. An engine that
+    lost the adapter (restarted) refuses the unload, and the push loads it anyway. Disk mode leaves no directory."""
+    from slime.sync.base import SyncContext, SyncedAdapter, connect_weight_sync
+
+    context = SyncContext(
+        source_checkpoint="unused",
+        engine="hf",
+        work_dir=str(tmp_path),
+        bucket_bytes=1 << 20,
+        adapter=SyncedAdapter(name="policy", config=adapter.config),
+    )
+    sync = connect_weight_sync(mode, [engine.url], context)
+    assert type(sync).__name__ == f"{mode.capitalize()}AdapterSync"
+    buckets = [list(adapter.tensors.items())[:3], list(adapter.tensors.items())[3:]]  # one load of both buckets
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True, "lora_path": "policy"}
+    for version in (1, 2, 3):
+        if version == 3:  # the engine lost the adapter, as a restarted one has none
+            http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+        perf = sync.push(iter(buckets), weight_version=version)
+        assert perf["perf/update_weights_bytes"] == sum(t.numel() * 4 for t in adapter.tensors.values())
+        out = http_client.post(engine.url + "/generate", body, timeout=60)
+        assert out["meta_info"]["weight_version"] == str(version)
+        lps = [entry[0] for entry in out["meta_info"]["output_token_logprobs"]]
+        assert lps == pytest.approx(reference_log_probs(adapter.model, out["output_ids"]), abs=2e-5)
+    http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+    assert not any(tmp_path.rglob("*.safetensors"))

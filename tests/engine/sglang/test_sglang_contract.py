@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 import torch
 
+from slime.config.schema_lora import LoRAConfig
 from slime.engine.client import EngineClient
 from slime.rollout.generate import call_engine
 from slime.runtime.rollout_producer import sampling_params
@@ -55,6 +56,12 @@ CLIENT_CALLS = {
     "get_weight_version": lambda c: c.get_weight_version(),
     "loads": lambda c: c.loads(),
     "memory_gib": lambda c: c.memory_gib(),
+    "load_lora_adapter_from_tensors": lambda c: c.load_lora_adapter_from_tensors(
+        "policy", LoRAConfig(rank=8).adapter_config(), ["aGVsbG8="]
+    ),
+    "load_lora_adapter": lambda c: c.load_lora_adapter("policy", "/ckpt/adapter"),
+    "unload_lora_adapter": lambda c: c.unload_lora_adapter("policy"),
+    "update_weight_version": lambda c: c.update_weight_version("3"),
 }
 NOT_HTTP = {"trainer_weight_group", "prepare_disk_checkpoint"}  # the weight group's trainer end; a pushed dir
 
@@ -102,6 +109,10 @@ def test_every_request_of_the_engine_client_is_a_route_and_request_type_of_sglan
     verdict = probe.check_request("POST", "/update_weights_from_tensor", tensor_body)
     assert verdict["value"]["serialized_named_tensors"] == ["b'hello'"]  # base64 items decoded as SGLang does
     assert verdict["value"]["load_format"] == "flattened_bucket" and verdict["value"]["weight_version"] == "3"
+    lora_body = next(body for _, path, _, body in recorder.requests if path == "/load_lora_adapter_from_tensors")
+    verdict = probe.check_request("POST", "/load_lora_adapter_from_tensors", lora_body)
+    assert verdict["value"]["serialized_named_tensors"] == ["b'hello'"]
+    assert verdict["value"]["config_dict"]["r"] == 8 and verdict["value"]["load_format"] == "flattened_bucket"
 
 
 def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
@@ -118,13 +129,14 @@ def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
             args.config, args.router_url, args.session = rollout, recorder.url, session
             args.sampling_seed, args.request_timeout_s, args.tokenizer = 11, 30.0, None
             args.return_routed_experts = True  # such a request bypasses the router: the recorder is the worker
+            args.lora_adapter = "policy"  # model.lora synced alone: every request names the policy's adapter
             args.worker_urls = [recorder.url]
             await call_engine(args, sample, params)
 
     asyncio.run(send())
     ((method, path, _, body),) = recorder.requests
     assert (method, path) == ("POST", "/generate") and body["sampling_params"]["sampling_seed"] > 0
-    assert body["return_routed_experts"] is True
+    assert body["return_routed_experts"] is True and body["lora_path"] == "policy"
     assert_sglang_accepts(probe, recorder.requests)
 
 

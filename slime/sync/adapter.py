@@ -1,0 +1,108 @@
+"""Adapter-only weight sync (`model.lora` with `sync_merged: false`): the policy's LoRA adapter moves, the frozen
+base the engines loaded at start stays.
+
+The trainer exports the adapter alone (`TrainBackend.export_adapter`: peft's saved names,
+`base_model.model.<HF module>.lora_A.weight` / `lora_B.weight`). A push pauses and flushes every engine as any
+sync does, then, per engine: unload the adapter it holds (`/unload_lora_adapter`), load the new one under the same
+name in one request (`/load_lora_adapter_from_tensors`: SGLang 0.5.23 loads an adapter whole, so the buckets are
+packed into one flattened bucket, `tp_worker.py:load_lora_adapter_from_tensors`), stamp the weight version
+(`/update_weight_version`: the LoRA routes carry none), and continue. Every generation request names the adapter
+(`lora_path`), so no request runs on the base or on half an adapter. Tensor mode hands the adapter over in memory
+(colocated engines), disk mode as a peft adapter directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from slime.engine.http_client import EngineHTTPError
+from slime.sync.base import SyncContext, WeightSync
+from slime.sync.tensor import packed
+from slime.wire import bucket_codec
+from slime.wire.tensors import Bucket, bucket_nbytes
+
+logger = logging.getLogger(__name__)
+
+
+class AdapterSync(WeightSync):
+    """The per-engine protocol of an adapter push; a subclass moves the tensors (`_deliver`)."""
+
+    bracketed = False  # SGLang's LoRA loads need no weight-update session
+
+    def __init__(self, engines, context: SyncContext):
+        super().__init__(engines, context)
+        if context.adapter is None:
+            raise ValueError(f"{type(self).__name__} needs SyncContext.adapter (the peft config of the synced adapter)")
+        self.holding: set[str] = set()  # engine URLs holding the adapter from an earlier push
+
+    def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
+        whole = [pair for bucket in buckets for pair in bucket]  # SGLang loads an adapter whole, in one request
+        self._deliver(whole, weight_version)
+        return bucket_nbytes(whole)
+
+    def _deliver(self, whole: Bucket, weight_version: str) -> None:
+        """Have every engine load `whole` (the adapter's tensors) through `_load_into`."""
+        raise NotImplementedError
+
+    def _load_into(self, engine, weight_version: str, load: Callable[..., object], *args) -> None:
+        """Unload the engine's previous adapter, `load(*args)` the new one (an engine's load call), note that it holds
+        one, and stamp the version."""
+        if engine.url in self.holding:
+            self.holding.discard(engine.url)
+            try:
+                engine.unload_lora_adapter(self.context.adapter.name)
+            except EngineHTTPError as exc:
+                logger.warning(
+                    "%s: unload before the new adapter failed (a restarted engine holds none): %s", engine.url, exc
+                )
+        load(*args)
+        self.holding.add(engine.url)
+        engine.update_weight_version(weight_version)
+
+
+class TensorAdapterSync(AdapterSync):
+    """`rollout.weight_sync.mode=tensor`: the adapter in one shared-memory (CPU) or CUDA IPC flattened bucket."""
+
+    mode = "tensor"
+
+    def _deliver(self, whole: Bucket, weight_version: str) -> None:
+        adapter = self.context.adapter
+        with packed(whole) as (flat, metadata):  # the buffer lives until every engine copied it
+            item = bucket_codec.encode(flat, metadata)
+            del flat
+            for engine in self.engines:
+                items = [item] * int(engine.server_info().get("tp_size", 1) or 1)
+                load = engine.load_lora_adapter_from_tensors
+                self._load_into(engine, weight_version, load, adapter.name, adapter.config, items)
+
+
+class DiskAdapterSync(AdapterSync):
+    """`rollout.weight_sync.mode=disk`: a peft adapter directory (adapter_config.json, adapter_model.safetensors) at
+    `<work_dir>/weights/adapter_v<N>`, which every engine loads (`/load_lora_adapter`); deleted afterwards unless
+    `rollout.weight_sync.keep`. The directory must be visible to every engine's node."""
+
+    mode = "disk"
+
+    @property
+    def root(self) -> Path:
+        return Path(self.context.work_dir) / "weights"
+
+    def _deliver(self, whole: Bucket, weight_version: str) -> None:
+        adapter = self.context.adapter
+        path = self.root / f"adapter_v{int(weight_version):06d}"
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            (path / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2))
+            tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in whole}
+            save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+            for engine in self.engines:
+                self._load_into(engine, weight_version, engine.load_lora_adapter, adapter.name, str(path))
+        finally:
+            if not self.context.keep:
+                shutil.rmtree(path, ignore_errors=True)
