@@ -39,7 +39,6 @@ class AdapterSync(WeightSync):
         super().__init__(engines, context)
         if context.adapter is None:
             raise ValueError(f"{type(self).__name__} needs SyncContext.adapter (the peft config of the synced adapter)")
-        self.holding: set[str] = set()  # engine URLs holding the adapter from an earlier push
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         whole = [pair for bucket in buckets for pair in bucket]  # SGLang loads an adapter whole, in one request
@@ -51,18 +50,14 @@ class AdapterSync(WeightSync):
         raise NotImplementedError
 
     def _load_into(self, engine, weight_version: str, load: Callable[..., object], *args) -> None:
-        """Unload the engine's previous adapter, `load(*args)` the new one (an engine's load call), note that it holds
-        one, and stamp the version."""
-        if engine.url in self.holding:
-            self.holding.discard(engine.url)
-            try:
-                engine.unload_lora_adapter(self.context.adapter.name)
-            except EngineHTTPError as exc:
-                logger.warning(
-                    "%s: unload before the new adapter failed (a restarted engine holds none): %s", engine.url, exc
-                )
+        """Unload the engine's previous adapter, `load(*args)` the new one (an engine's load call), and stamp the
+        version. The unload is always asked: a sync reconnected after an engine restart cannot tell the engines that
+        hold the adapter from the fresh ones, which refuse it."""
+        try:
+            engine.unload_lora_adapter(self.context.adapter.name)
+        except EngineHTTPError as exc:
+            logger.info("%s held no adapter to unload: %s", engine.url, exc)
         load(*args)
-        self.holding.add(engine.url)
         engine.update_weight_version(weight_version)
 
 

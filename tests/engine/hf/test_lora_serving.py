@@ -136,7 +136,8 @@ def test_adapter_that_does_not_fit_the_slot_is_refused(engine, adapter):
 @pytest.mark.parametrize("mode", ["tensor", "disk"])
 def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_lost_it(engine, adapter, mode, tmp_path):
     """The mode's adapter sync: per push unload, load, stamp the version; the bytes are the adapter's. An engine that
-    lost the adapter (restarted) refuses the unload, and the push loads it anyway. Disk mode leaves no directory."""
+    lost the adapter (restarted) refuses the unload, and the push loads it anyway; so does one that holds it for a
+    sync reconnected after a restart. Disk mode leaves no directory."""
     from slime.sync.base import SyncContext, SyncedAdapter, connect_weight_sync
 
     context = SyncContext(
@@ -150,9 +151,11 @@ def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_l
     assert type(sync).__name__ == f"{mode.capitalize()}AdapterSync"
     buckets = [list(adapter.tensors.items())[:3], list(adapter.tensors.items())[3:]]  # one load of both buckets
     body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True, "lora_path": "policy"}
-    for version in (1, 2, 3):
+    for version in (1, 2, 3, 4):
         if version == 3:  # the engine lost the adapter, as a restarted one has none
             http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+        if version == 4:  # a sync reconnected after another engine restarted
+            sync = connect_weight_sync(mode, [engine.url], context)
         perf = sync.push(iter(buckets), weight_version=version)
         assert perf["perf/update_weights_bytes"] == sum(t.numel() * 4 for t in adapter.tensors.values())
         out = http_client.post(engine.url + "/generate", body, timeout=60)
