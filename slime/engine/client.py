@@ -15,6 +15,8 @@ from typing import Any, Optional
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
 
+LORA_REASON = "error_message"  # the LoRA routes' reply is SGLang's LoRAUpdateOutput (io_struct.py)
+
 
 def largest_parts(reports: Iterable[dict[str, float]]) -> dict[str, float]:
     """{part: its largest value over the reports} (memory reports of ranks or of engines, GiB)."""
@@ -94,12 +96,13 @@ class EngineClient:
             raise EngineHTTPError("POST", url, status, str(body))
         return body
 
-    def _weights_call(self, path: str, payload: dict, timeout: float) -> dict:
-        """POST a weight-update call; raises EngineHTTPError (naming this URL) unless it reports success."""
+    def _weights_call(self, path: str, payload: dict, timeout: float, reason: str = "message") -> dict:
+        """POST a weight-update call; raises EngineHTTPError (naming this URL, with the body's `reason` field) unless it
+        reports success."""
         url = self.url + path
         status, body = http_client.request("POST", url, payload, timeout=timeout)
         if status != 200 or not (isinstance(body, dict) and body.get("success")):
-            message = body.get("message", body) if isinstance(body, dict) else body
+            message = body.get(reason, body) if isinstance(body, dict) else body
             raise EngineHTTPError("POST", url, status, str(message))
         return body
 
@@ -195,23 +198,16 @@ class EngineClient:
             "serialized_named_tensors": list(serialized_named_tensors),
             "load_format": "flattened_bucket",
         }
-        return self._lora_call("/load_lora_adapter_from_tensors", payload, timeout)
+        return self._weights_call("/load_lora_adapter_from_tensors", payload, timeout, LORA_REASON)
 
     def load_lora_adapter(self, name: str, path: str, *, timeout: float = 600.0) -> dict:
         """POST /load_lora_adapter {lora_name, lora_path} (`io_struct.LoadLoRAAdapterReqInput`): a peft directory."""
-        return self._lora_call("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout)
+        return self._weights_call(
+            "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout, LORA_REASON
+        )
 
     def unload_lora_adapter(self, name: str, *, timeout: float = 60.0) -> dict:
-        return self._lora_call("/unload_lora_adapter", {"lora_name": name}, timeout)
-
-    def _lora_call(self, path: str, payload: dict, timeout: float) -> dict:
-        """A LoRA route; EngineHTTPError with SGLang's `LoRAUpdateOutput.error_message` unless it succeeded."""
-        url = self.url + path
-        status, body = http_client.request("POST", url, payload, timeout=timeout)
-        if status != 200 or not (isinstance(body, dict) and body.get("success")):
-            message = body.get("error_message", body) if isinstance(body, dict) else body
-            raise EngineHTTPError("POST", url, status, str(message))
-        return body
+        return self._weights_call("/unload_lora_adapter", {"lora_name": name}, timeout, LORA_REASON)
 
     def update_weight_version(self, version: str) -> None:
         """POST /update_weight_version {new_version} (`io_struct.UpdateWeightVersionReqInput`; it aborts what
