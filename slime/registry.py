@@ -59,9 +59,10 @@ class EngineFacts:
     memory_fraction_default: float = 0.0
     # Import path of fn(cfg, engine_specs) -> str: the dry run's line on how its servers split their GPUs.
     plan_line: Optional[str] = None
-    # Its servers load LoRA adapters at run time from tensors and serve requests naming one (SGLang's --enable-lora,
-    # /load_lora_adapter_from_tensors, generate's lora_path).
-    serves_lora_adapters: bool = False
+    # The weight-sync modes in which its servers load the policy's LoRA adapter at run time and serve the requests
+    # naming it (SGLang's --enable-lora: /load_lora_adapter_from_tensors in tensor mode, /load_lora_adapter in disk
+    # mode, generate's lora_path); empty: it serves merged weights only (model.lora.sync_merged).
+    lora_adapter_modes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,9 +213,11 @@ ENGINES = Registry(
         "vllm": Checks(check="slime.engine.vllm.check.check", check_unchosen="slime.engine.vllm.check.check_unchosen"),
     },
     facts={
-        "hf": EngineFacts(serves_lora_adapters=True),
+        "hf": EngineFacts(lora_adapter_modes=("tensor", "disk")),
         "sglang": EngineFacts(
-            memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8, serves_lora_adapters=True
+            memory_fraction_key="sglang.mem_fraction_static",
+            memory_fraction_default=0.8,
+            lora_adapter_modes=("tensor", "disk"),
         ),
         "vllm": EngineFacts(
             router="vllm-router",
@@ -226,6 +229,7 @@ ENGINES = Registry(
             memory_fraction_key="vllm.gpu_memory_utilization",
             memory_fraction_default=0.92,
             plan_line="slime.engine.vllm.engine_args.plan_line",
+            lora_adapter_modes=("disk",),  # /v1/load_lora_adapter reads a peft directory; no route takes tensors
         ),
     },
     default_facts=EngineFacts(),

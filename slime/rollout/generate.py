@@ -74,7 +74,7 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
         params["sampling_seed"] = request_seed(args.sampling_seed, sample)
     protocol = generate_protocol(args.config.engine)
     if protocol is not None:  # e.g. vLLM's token-level endpoint, answered in the SGLang shape (as vime does)
-        payload = protocol.generate_payload(prompt_ids(args, sample), params)
+        payload = protocol.generate_payload(prompt_ids(args, sample), params, args.lora_adapter)
         out = await post_json(args.session, args.router_url + protocol.GENERATE_PATH, payload, args.request_timeout_s)
         skip = params.get("skip_special_tokens", True)  # the text SGLang would return for these params
         return protocol.as_sglang_output(out, lambda ids: args.tokenizer.decode(ids, skip_special_tokens=skip))

@@ -79,10 +79,16 @@ class TensorAdapterSync(AdapterSync):
 
 class DiskAdapterSync(AdapterSync):
     """`rollout.weight_sync.mode=disk`: a peft adapter directory (adapter_config.json, adapter_model.safetensors) at
-    `<work_dir>/weights/adapter_v<N>`, which every engine loads (`/load_lora_adapter`); deleted afterwards unless
-    `rollout.weight_sync.keep`. The directory must be visible to every engine's node."""
+    `<work_dir>/weights/adapter_v<N>`, which every engine loads (`/load_lora_adapter`). A directory stays until the
+    next push has replaced it in every engine (vLLM reads the files at the first request naming the adapter:
+    `lora/worker_manager.py:_load_adapter`), then goes unless `rollout.weight_sync.keep`; `close` removes the last.
+    It must be visible to every engine's node."""
 
     mode = "disk"
+
+    def __init__(self, engines, context: SyncContext):
+        super().__init__(engines, context)
+        self.served: Path | None = None  # the directory the engines' adapter was loaded from
 
     @property
     def root(self) -> Path:
@@ -92,12 +98,15 @@ class DiskAdapterSync(AdapterSync):
         adapter = self.context.adapter
         path = self.root / f"adapter_v{int(weight_version):06d}"
         path.mkdir(parents=True, exist_ok=True)
-        try:
-            (path / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2))
-            tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in whole}
-            save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
-            for engine in self.engines:
-                self._load_into(engine, weight_version, engine.load_lora_adapter, adapter.name, str(path))
-        finally:
-            if not self.context.keep:
-                shutil.rmtree(path, ignore_errors=True)
+        (path / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2))
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in whole}
+        save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        for engine in self.engines:
+            self._load_into(engine, weight_version, engine.load_lora_adapter, adapter.name, str(path))
+        previous, self.served = self.served, path
+        if previous is not None and previous != path and not self.context.keep:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def close(self) -> None:
+        if not self.context.keep:
+            shutil.rmtree(self.root, ignore_errors=True)

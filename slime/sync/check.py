@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.config.problems import Problem
+from slime.config.problems import Problem, get
 from slime.config.schema import RunConfig
 
 
@@ -42,14 +42,17 @@ def check_tensor(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
-# rollout.sglang fields the adapter sync sets on every server (slime.engine.sglang.engine: EngineLaunch.lora)
-SGLANG_LORA_FIELDS = ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_paths")
+# Server fields the adapter sync sets (EngineLaunch.lora: slime.engine.sglang.engine, slime.engine.vllm.engine)
+SERVER_LORA_FIELDS = {
+    "rollout.sglang": ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_paths"),
+    "rollout.vllm": ("enable_lora", "max_lora_rank", "max_loras", "lora_modules"),
+}
 MERGED = "set model.lora.sync_merged=true (the merged weights move instead)"
 
 
 def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
-    """model.lora synced alone (`sync_merged: false`): a mode with an adapter transfer, engines serving adapters, and
-    nothing trained outside the adapter (SGLang's adapters hold lora_A/lora_B only)."""
+    """model.lora synced alone (`sync_merged: false`): a mode with an adapter transfer that the engines take, nothing
+    trained outside the adapter (an engine's adapter holds lora_A/lora_B only), and no server LoRA flag of the user's."""
     from slime.registry import ENGINES, WEIGHT_SYNC
 
     lora, mode, engine = cfg.model.lora, cfg.rollout.weight_sync.mode, cfg.rollout.engine
@@ -62,8 +65,8 @@ def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
             "moves full weights only; the LoRA adapter alone moves in tensor or disk mode (model.lora.sync_merged=false)",
             f"set rollout.weight_sync.mode=disk (or tensor with cluster.colocate=true), or {MERGED}",
         )
-    if not ENGINES.facts(engine).serves_lora_adapters:
-        yield Problem("rollout.engine", engine, "its servers take no LoRA adapter at run time", MERGED)
+    elif mode not in ENGINES.facts(engine).lora_adapter_modes:
+        yield _engine_problem(engine, mode, ENGINES.facts(engine).lora_adapter_modes)
     if lora.train_params:
         yield Problem(
             "model.lora.train_params",
@@ -79,11 +82,28 @@ def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
             "compares the engines' full weights with the checkpoint's; an adapter sync leaves the base as loaded",
             f"set debug.check_weight_update_equal=false, or {MERGED}",
         )
-    owned = sorted(set(SGLANG_LORA_FIELDS) & {k for k, v in cfg.rollout.sglang.items() if v is not None})
-    if owned:
-        yield Problem(
-            "rollout.sglang",
-            owned,
-            "set by the adapter sync on every SGLang server (model.lora.rank, target_modules)",
-            f"remove {', '.join(f'rollout.sglang.{k}' for k in owned)}",
-        )
+    yield from _server_lora_fields(cfg)
+
+
+def _engine_problem(engine: str, mode: str, modes: tuple[str, ...]) -> Problem:
+    if not modes:
+        return Problem("rollout.engine", engine, "its servers take no LoRA adapter at run time", MERGED)
+    return Problem(
+        "rollout.engine",
+        engine,
+        f"its servers load a LoRA adapter at run time in {' or '.join(modes)} mode only, not {mode}",
+        f"set rollout.weight_sync.mode={modes[0]}, or {MERGED}",
+    )
+
+
+def _server_lora_fields(cfg: RunConfig) -> Iterator[Problem]:
+    for key, fields in SERVER_LORA_FIELDS.items():
+        given = get(cfg, key) or {}
+        owned = sorted(set(fields) & {name for name, value in given.items() if value is not None})
+        if owned:
+            yield Problem(
+                key,
+                owned,
+                "set by the adapter sync on every server (model.lora.rank, target_modules)",
+                f"remove {', '.join(f'{key}.{name}' for name in owned)}",
+            )

@@ -76,7 +76,7 @@ def test_the_engine_records_state_their_facts():
         memory_fraction_key="vllm.gpu_memory_utilization",
         memory_fraction_default=0.92,
         plan_line="slime.engine.vllm.engine_args.plan_line",
-        serves_lora_adapters=False,  # vLLM's /v1/load_lora_adapter is not wired: model.lora.sync_merged
+        lora_adapter_modes=("disk",),  # /v1/load_lora_adapter reads a directory
     )
     assert load_callable(ENGINES.facts("vllm").plan_line) is vllm_plan_line
     assert generate_protocol("vllm").GENERATE_PATH == "/inference/v1/generate"

@@ -10,6 +10,7 @@ the dev and RL routers):
     abort everything          POST /abort_requests {}                 ; in flight: GET /load {"server_load"}
     release / resume memory   POST /sleep?level=2, POST /wake_up?tags=weights | tags=kv_cache
     weight version            GET /weight_info, POST /update_weight_version {"new_version"}
+    LoRA adapter              POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace}, /v1/unload_lora_adapter
     disk                      POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path"}}
     distributed (nccl) and    POST /init_weight_transfer_engine {"init_info"}, per push POST /start_weight_update,
     tensor (ipc) transfers    per bucket POST /update_weights {"update_info"}, POST /finish_weight_update
@@ -148,8 +149,26 @@ class VLLMClient(EngineClient):
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": timeout}
         self._call("POST", "/collective_rpc", rpc, timeout=timeout)
         if weight_version is not None:
-            self._call("POST", "/update_weight_version", {"new_version": str(weight_version)})
+            self.update_weight_version(weight_version)
         return {"success": True}
+
+    # ---- LoRA: vLLM's runtime adapter routes (VLLM_ALLOW_RUNTIME_LORA_UPDATING, entrypoints/serve/lora/) ------------
+    def load_lora_adapter(self, name: str, path: str, *, timeout: float = 600.0) -> dict:
+        """POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace}: the peft directory at `path` under `name`
+        (`load_inplace`: an adapter of that name is replaced; its reply is text)."""
+        body = {"lora_name": name, "lora_path": str(path), "load_inplace": True}
+        return {"success": True, "message": self._call("POST", "/v1/load_lora_adapter", body, timeout=timeout)}
+
+    def load_lora_adapter_from_tensors(self, name: str, config: dict, serialized_named_tensors, **_) -> dict:
+        raise NotImplementedError(
+            "vLLM 0.32.0 loads a LoRA adapter from a directory only (rollout.weight_sync.mode=disk)"
+        )
+
+    def unload_lora_adapter(self, name: str, *, timeout: float = 60.0) -> dict:
+        return {"success": True, "message": self._call("POST", "/v1/unload_lora_adapter", {"lora_name": name}, timeout)}
+
+    def update_weight_version(self, version: str) -> None:
+        self._call("POST", "/update_weight_version", {"new_version": str(version)})
 
     def init_weights_update_group(
         self,

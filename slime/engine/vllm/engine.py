@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 # rollout.weight_sync.mode -> vLLM weight transfer backend (disk reloads through /collective_rpc instead)
 TRANSFER_BACKENDS = {"tensor": "ipc", "distributed": "nccl"}
 PD_CONNECTOR = "NixlConnector"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32.0 config/lora.py: MaxLoRARanks
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,6 +92,9 @@ class VLLMEngine(EngineServer):
             args["weight_transfer_config"] = {"backend": cfg.weight_transfer_backend}
         if cfg.worker_type != "regular":
             args["kv_transfer_config"] = {"kv_connector": PD_CONNECTOR, "kv_role": "kv_both"}
+        if self.launch_spec.lora is not None:  # vLLM 0.32 config/lora.py: max_lora_rank is one of MaxLoRARanks
+            rank = min(r for r in LORA_RANKS if r >= self.launch_spec.lora.max_rank)
+            args |= {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
         return args
 
     def launch_defaults(self) -> dict[str, Any]:
@@ -133,6 +137,8 @@ class VLLMEngine(EngineServer):
         env = {**super().env(), "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
         if self.launch_spec.return_routed_experts:  # vLLM 0.32 config/aux_output.py: routes need model runner V2
             env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        if self.launch_spec.lora is not None:  # envs.py: mounts /v1/load_lora_adapter and /v1/unload_lora_adapter
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.config.worker_type != "regular" and self.lease is not None:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.launch_spec.host
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.lease.ports[1])

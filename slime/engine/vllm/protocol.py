@@ -71,9 +71,15 @@ def sampling_params(sglang: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def generate_payload(token_ids: Sequence[int], sglang_params: dict[str, Any]) -> dict[str, Any]:
-    """The body of POST /inference/v1/generate continuing `token_ids`."""
-    return {"token_ids": list(token_ids), "sampling_params": sampling_params(sglang_params)}
+def generate_payload(
+    token_ids: Sequence[int], sglang_params: dict[str, Any], lora: str | None = None
+) -> dict[str, Any]:
+    """The body of POST /inference/v1/generate continuing `token_ids`; with `lora`, generated with that LoRA adapter
+    (vLLM names an adapter as a served model: `GenerateRequest.model`, `serving.py:_maybe_get_adapters`)."""
+    payload = {"token_ids": list(token_ids), "sampling_params": sampling_params(sglang_params)}
+    if lora is not None:
+        payload["model"] = lora
+    return payload
 
 
 def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:

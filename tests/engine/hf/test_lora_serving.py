@@ -137,7 +137,7 @@ def test_adapter_that_does_not_fit_the_slot_is_refused(engine, adapter):
 def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_lost_it(engine, adapter, mode, tmp_path):
     """The mode's adapter sync: per push unload, load, stamp the version; the bytes are the adapter's. An engine that
     lost the adapter (restarted) refuses the unload, and the push loads it anyway; so does one that holds it for a
-    sync reconnected after a restart. Disk mode leaves no directory."""
+    sync reconnected after a restart. Disk mode keeps the served adapter's directory only, until closed."""
     from slime.sync.base import SyncContext, SyncedAdapter, connect_weight_sync
 
     context = SyncContext(
@@ -154,7 +154,8 @@ def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_l
     for version in (1, 2, 3, 4):
         if version == 3:  # the engine lost the adapter, as a restarted one has none
             http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
-        if version == 4:  # a sync reconnected after another engine restarted
+        if version == 4:  # a sync reconnected after another engine restarted (the trainer closes the old one)
+            sync.close()
             sync = connect_weight_sync(mode, [engine.url], context)
         perf = sync.push(iter(buckets), weight_version=version)
         assert perf["perf/update_weights_bytes"] == sum(t.numel() * 4 for t in adapter.tensors.values())
@@ -163,4 +164,6 @@ def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_l
         lps = [entry[0] for entry in out["meta_info"]["output_token_logprobs"]]
         assert lps == pytest.approx(reference_log_probs(adapter.model, out["output_ids"]), abs=2e-5)
     http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+    assert len(list(tmp_path.rglob("*.safetensors"))) == (mode == "disk")  # the served adapter's directory alone
+    sync.close()
     assert not any(tmp_path.rglob("*.safetensors"))

@@ -4,6 +4,7 @@ router registration with the real sglang-router, every control call, and the err
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -13,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 
 from slime.engine import http_client
-from slime.engine.base import EngineStartupError, get_engine_class
+from slime.engine.base import EngineStartupError, LoRAServing, get_engine_class
 from slime.engine.router import Router
 from slime.engine.sglang.engine import SGLangEngine
 from slime.moe.routes import decode_routes
@@ -269,3 +270,21 @@ def test_every_generation_request_has_a_timeout(monkeypatch):
 
     asyncio.run(scenario())
     assert len(attempts) == 2
+
+
+def test_an_adapter_sync_starts_the_server_serving_one_lora_adapter(tmp_path, sglang_parser):
+    """model.lora synced alone: SGLang's parser reads LoRA serving on the adapter's targets, at its rank, one adapter
+    a batch; without it, none."""
+    engine = make_engine("/m", tmp_path)
+    engine.launch_spec = dataclasses.replace(
+        engine.launch_spec, lora=LoRAServing(max_rank=8, target_modules=("q_proj", "down_proj"))
+    )
+    args = sglang_parser(engine.command([1, 2, 3])[3:])
+    lora = {k: args[k] for k in ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch")}
+    assert lora == {
+        "enable_lora": True,
+        "max_lora_rank": 8,
+        "lora_target_modules": ["q_proj", "down_proj"],
+        "max_loras_per_batch": 1,
+    }
+    assert not sglang_parser(make_engine("/m", tmp_path).command([1, 2, 3])[3:])["enable_lora"]

@@ -15,6 +15,7 @@ Two fake servers start once for the module, in parallel (see the `servers` fixtu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -25,7 +26,7 @@ import torch
 
 from slime.config.schema import RolloutConfig, RouterConfig, WeightSyncConfig
 from slime.engine import http_client
-from slime.engine.base import EngineLaunch, EngineStartupError, get_engine_class
+from slime.engine.base import EngineLaunch, EngineStartupError, LoRAServing, get_engine_class
 from slime.engine.router import RouterError
 from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
@@ -392,3 +393,20 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
         assert entry["restarts"] == 1 and entry["pid"] == regular.pid and entry["kind"] == "vllm"
     finally:
         fleet._monitor_stop.set()
+
+
+def test_an_adapter_sync_starts_the_server_with_runtime_lora_loading(tmp_path):
+    """model.lora synced alone: vLLM's parser reads LoRA on, one adapter, its rank rounded up to one vLLM takes, and the
+    environment mounts the runtime LoRA routes."""
+    engine = make_engine("/models/qwen", tmp_path)
+    engine.launch_spec = dataclasses.replace(
+        engine.launch_spec, lora=LoRAServing(max_rank=4, target_modules=("q_proj",))
+    )
+    args = parsed_by_vllm(engine.command([15001])[3:])
+    assert {k: args[k] for k in ("enable_lora", "max_lora_rank", "max_loras")} == {
+        "enable_lora": True,
+        "max_lora_rank": 8,
+        "max_loras": 1,
+    }
+    assert engine.env()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in make_engine("/models/qwen", tmp_path).env()

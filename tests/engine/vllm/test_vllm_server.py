@@ -16,12 +16,12 @@ import torch
 
 from slime.config.schema import RolloutConfig, RouterConfig
 from slime.engine import http_client
-from slime.engine.base import EngineLaunch
+from slime.engine.base import EngineLaunch, LoRAServing
 from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
 from slime.engine.vllm.router import VLLMRouter
 from slime.rollout.generate import call_engine
 from slime.rollout.rewards import RewardHub
-from slime.sync.base import SyncContext
+from slime.sync.base import SyncContext, SyncedAdapter
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import model_fields
 from tests.helpers.fsdp_rank import (
@@ -51,7 +51,8 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def served(model_dir, tmp_path_factory):
-    """One real vLLM server (the adapter's command line: scale-out, fp32, a 1 GiB KV cache, the untied view),
+    """One real vLLM server (the adapter's command line: scale-out, fp32, a 1 GiB KV cache, the untied view, LoRA
+    adapters of rank <= 8 on q_proj and v_proj),
     decoding 2 sequences at a time (requests run in waves, so an abort catches a wave mid-decode), each decode step
     held 15 ms (tests/helpers/vllm_slow_step.py: a long response decodes for seconds, whatever the load)."""
     from transformers import AutoTokenizer
@@ -59,7 +60,7 @@ def served(model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm_logs")
     launch = EngineLaunch(
         rank=0, model_path=model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(logs), dtype="float32",
-        startup_timeout_s=600,
+        startup_timeout_s=600, lora=LoRAServing(max_rank=8, target_modules=("q_proj", "v_proj")),
     )  # fmt: skip
     config = VLLMEngineConfig(
         args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP]}, weight_transfer_backend=None, startup_timeout_s=600
@@ -81,18 +82,19 @@ def trainer(model_dir):
     backend.shutdown()
 
 
-def generate(served, prompt=PROMPT, *, url: str | None = None, **params) -> dict:
-    """One /inference/v1/generate through the router (or to `url`), answered in the SGLang shape (`call_engine`)."""
-    return asyncio.run(send_generate(served, url or served.url, prompt, **params))
+def generate(served, prompt=PROMPT, *, url: str | None = None, lora: str | None = None, **params) -> dict:
+    """One /inference/v1/generate through the router (or to `url`), answered in the SGLang shape (`call_engine`);
+    with `lora`, generated with that loaded LoRA adapter."""
+    return asyncio.run(send_generate(served, url or served.url, prompt, lora, **params))
 
 
-async def send_generate(served, url: str, prompt=PROMPT, **params) -> dict:
+async def send_generate(served, url: str, prompt=PROMPT, lora: str | None = None, **params) -> dict:
     sample = Sample(prompt="", index=0, tokens=list(prompt))
     sampling = {"temperature": 1.0, "max_new_tokens": 8, **params}
     async with aiohttp.ClientSession() as session:
         args = SimpleNamespace(
             config=RolloutConfig(batch_size=1, engine="vllm"), router_url=url, session=session,
-            sampling_seed=None, request_timeout_s=120.0, tokenizer=served.tokenizer,
+            sampling_seed=None, request_timeout_s=120.0, tokenizer=served.tokenizer, lora_adapter=lora,
         )  # fmt: skip
         return await call_engine(args, sample, sampling)
 
@@ -108,6 +110,38 @@ def assert_engine_runs_trainer_weights(served, trainer) -> None:
     ids = [t for _, t in out["meta_info"]["output_token_logprobs"]]
     engine_lp = torch.tensor([lp for lp, _ in out["meta_info"]["output_token_logprobs"]])
     assert (response_log_probs(trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
+
+
+ADAPTERS = ["model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false", "train.lr=0.05"]
+
+
+def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir, tmp_path):
+    """model.lora synced alone into vLLM: each disk push is a peft directory vLLM loads in place under the name every
+    request gives (`model`); after each train-then-sync round vLLM's log-probs with it equal the LoRA trainer's, and
+    a request naming none is served by the frozen base. First in the module: the base is still the checkpoint."""
+    lora_trainer = make_backend(make_setup(model_dir, ["model=tiny_qwen3_vllm", *ADAPTERS]))
+    base_ids = [t for _, t in generate(served, temperature=0.0)["meta_info"]["output_token_logprobs"]]
+    adapter = SyncedAdapter(name="policy", config=lora_trainer.setup.model.lora.adapter_config())
+    context = SyncContext(
+        source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20, adapter=adapter
+    )
+    lora_trainer.connect_weight_sync("disk", [served.engine.url], context)
+    try:
+        for version in (1, 2):
+            train_rollout(lora_trainer, batches_for(make_samples(8, seed=version), dp=1, k=2)[0], rollout_id=version)
+            perf = lora_trainer.update_weights(weight_version=version)
+            assert perf["perf/update_weights_bytes"] == 4 * lora_trainer.trainable_params
+            out = generate(served, lora="policy")
+            assert out["meta_info"]["weight_version"] == str(version)
+            ids = [t for _, t in out["meta_info"]["output_token_logprobs"]]
+            engine_lp = torch.tensor([lp for lp, _ in out["meta_info"]["output_token_logprobs"]])
+            assert (response_log_probs(lora_trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
+        base = generate(served, temperature=0.0)["meta_info"]["output_token_logprobs"]
+        assert [t for _, t in base] == base_ids  # a request naming no adapter: the frozen base
+    finally:
+        lora_trainer.close_weight_sync()
+        served.engine.client.unload_lora_adapter("policy")
+        lora_trainer.shutdown()
 
 
 def test_disk_syncs_keep_a_tied_model_exactly_the_trainers(served, trainer, model_dir, tmp_path):
