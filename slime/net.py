@@ -5,16 +5,47 @@ A leaf imported by the runtime, trainers, syncs and engines; it imports no slime
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+# The engines' servers reserve their ports in this range (`slime.engine.ports.reserve_ports`, under a lock per port).
+ENGINE_PORTS = (15000, 32000)
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")  # the kernel's picks for bind(0) and connect()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def bindable(host: str, port: int) -> bool:
+    """Whether a listener could bind `host:port` now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on `host` a moment ago (bind to 0, read it, close).
+    """A port that was free on `host` a moment ago, chosen at random above the engines' range and below the
+    kernel's ephemeral range (32001-32767 by default), where no outgoing connection's or port-0 listener's port can
+    land; the kernel's own pick (bind to 0) when that window is empty or full.
 
-    Tiny race: another process may take the port between this close and the child's bind; use it only where
-    the listener cannot report its own port (torch's rendezvous, sglang-router: no port-0/port-file option).
+    Small race: another process may take the port between this check and the listener's bind; use it only where
+    the listener cannot report its own port (torch's rendezvous of several ranks, sglang-router: no port-0 option).
     Engines' own ports come from `slime.engine.ports.reserve_ports`, which holds a lock per port.
     """
+    window = list(range(ENGINE_PORTS[1] + 1, _ephemeral_start()))
+    random.SystemRandom().shuffle(window)  # concurrent callers start at different ports
+    for port in window:
+        if bindable(host, port):
+            return port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

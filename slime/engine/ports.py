@@ -16,28 +16,18 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import tempfile
 from pathlib import Path
 
-DEFAULT_FIRST_PORT = 15000
-DEFAULT_LAST_PORT = 32000  # below the default ephemeral range 32768-60999
+from slime.net import ENGINE_PORTS, bindable
+
+DEFAULT_FIRST_PORT, DEFAULT_LAST_PORT = ENGINE_PORTS  # below the default ephemeral range 32768-60999
 
 
 def _lock_dir() -> Path:
     path = Path(os.environ.get("SLIME_PORT_LOCK_DIR") or Path(tempfile.gettempdir()) / f"slime-ports-{os.getuid()}")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _bindable(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 class PortLease:
@@ -82,7 +72,7 @@ def reserve_ports(
         except OSError:
             os.close(fd)
             continue
-        if _bindable(host, port):
+        if bindable(host, port):
             ports.append(port)
             handles.append(fd)
         else:

@@ -182,3 +182,29 @@ def test_child_dies_with_its_parent(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_free_ports_come_from_between_the_engines_range_and_the_kernels_picks(monkeypatch):
+    """A rendezvous or router port is taken from 32001 up to the ephemeral range's start (read from the kernel), where
+    neither an engine's reservation nor a kernel-chosen port (an outgoing connection, a port-0 listener) lands; the
+    kernel's pick once that window is full."""
+    from slime import net
+
+    ephemeral = int(net.EPHEMERAL_RANGE.read_text().split()[0])
+    assert all(32000 < net.free_port() < ephemeral for _ in range(20))
+    monkeypatch.setattr(net, "_ephemeral_start", lambda: 32004)
+    held = []
+    try:
+        for port in (32001, 32002, 32003):
+            if net.bindable("127.0.0.1", port):
+                busy = socket.socket()
+                busy.bind(("127.0.0.1", port))
+                busy.listen()
+                held.append(busy)
+        assert len(held) == 3, "another process holds a port of 32001-32003"
+        assert net.free_port() >= ephemeral  # the window is full: the kernel's pick
+        held.pop().close()
+        assert net.free_port() == 32003
+    finally:
+        for busy in held:
+            busy.close()
