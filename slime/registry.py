@@ -92,6 +92,8 @@ class WeightSyncFacts:
     # Import path of the class that moves the policy's LoRA adapter alone in this mode (None: the mode moves full
     # weights only, and a LoRA run syncs the merged weights: model.lora.sync_merged).
     adapter_sync: Optional[str] = None
+    # Its adapter sync has every engine check each adapter tensor it loaded (debug.check_weight_update_equal).
+    checks_adapters: bool = False
 
 
 class Registry:
@@ -254,6 +256,7 @@ WEIGHT_SYNC = Registry(
             needs_tensor_handle_ranks=True,
             cpu_blocker="its IPC transfer and sleep mode need an accelerator",
             adapter_sync="slime.sync.adapter.TensorAdapterSync",
+            checks_adapters=True,
         ),
     },
     default_facts=WeightSyncFacts(),

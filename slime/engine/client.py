@@ -188,16 +188,25 @@ class EngineClient:
         return self._weights_call("/update_weights_from_tensor", payload, timeout)
 
     def load_lora_adapter_from_tensors(
-        self, name: str, config: dict, serialized_named_tensors: Sequence[str], *, timeout: float = 600.0
+        self,
+        name: str,
+        config: dict,
+        serialized_named_tensors: Sequence[str],
+        *,
+        expected_checksums: Optional[dict[str, str]] = None,
+        timeout: float = 600.0,
     ) -> dict:
         """POST /load_lora_adapter_from_tensors (`io_struct.LoadLoRAAdapterFromTensorsReqInput`): the peft adapter
-        `config` (adapter_config.json as a dict) and one serialised flattened bucket of its tensors per TP rank."""
+        `config` (adapter_config.json as a dict) and one serialised flattened bucket of its tensors per TP rank;
+        `expected_checksums` ({name: sha256}) has every rank check what it received."""
         payload = {
             "lora_name": name,
             "config_dict": config,
             "serialized_named_tensors": list(serialized_named_tensors),
             "load_format": "flattened_bucket",
         }
+        if expected_checksums is not None:
+            payload["expected_checksums"] = expected_checksums
         return self._weights_call("/load_lora_adapter_from_tensors", payload, timeout, LORA_REASON)
 
     def load_lora_adapter(self, name: str, path: str, *, timeout: float = 600.0) -> dict:

@@ -71,7 +71,9 @@ class RolloutSetup:
                 lora=lora_serving(cfg.model.lora),
             ),
             save_rollout_data=cfg.debug.save_rollout_data,
-            check_weight_update_equal=cfg.debug.check_weight_update_equal,
+            # an adapter sync leaves the base as loaded: nothing to snapshot, randomise and compare (its adapters are
+            # checked tensor by tensor as they load: slime.sync.adapter)
+            check_weight_update_equal=cfg.debug.check_weight_update_equal and not cfg.model.lora.synced_alone,
             load_rollout_data=(
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
             ),

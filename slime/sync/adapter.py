@@ -13,12 +13,15 @@ packed into one flattened bucket, `tp_worker.py:load_lora_adapter_from_tensors`)
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
 from slime.engine.http_client import EngineHTTPError
@@ -34,6 +37,7 @@ class AdapterSync(WeightSync):
     """The per-engine protocol of an adapter push; a subclass moves the tensors (`_deliver`)."""
 
     bracketed = False  # SGLang's LoRA loads need no weight-update session
+    pushes_base = False  # the base stays as the engines loaded it
 
     def __init__(self, engines, context: SyncContext):
         super().__init__(engines, context)
@@ -61,19 +65,30 @@ class AdapterSync(WeightSync):
         engine.update_weight_version(weight_version)
 
 
+def sha256_of(tensors: Bucket) -> dict[str, str]:
+    """{name: sha256 of the tensor's bytes}, as SGLang checks an adapter it loads (`expected_checksums`,
+    `tp_worker.py:load_lora_adapter_from_tensors`)."""
+    return {
+        name: hashlib.sha256(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
+        for name, t in tensors
+    }
+
+
 class TensorAdapterSync(AdapterSync):
-    """`rollout.weight_sync.mode=tensor`: the adapter in one shared-memory (CPU) or CUDA IPC flattened bucket."""
+    """`rollout.weight_sync.mode=tensor`: the adapter in one shared-memory (CPU) or CUDA IPC flattened bucket; with
+    `debug.check_weight_update_equal` every engine checks each tensor it loaded against the trainer's sha256."""
 
     mode = "tensor"
 
     def _deliver(self, whole: Bucket, weight_version: str) -> None:
         adapter = self.context.adapter
+        checksums = sha256_of(whole) if self.context.check_weight_update_equal else None
         with packed(whole) as (flat, metadata):  # the buffer lives until every engine copied it
             item = bucket_codec.encode(flat, metadata)
             del flat
             for engine in self.engines:
                 items = [item] * int(engine.server_info().get("tp_size", 1) or 1)
-                load = engine.load_lora_adapter_from_tensors
+                load = functools.partial(engine.load_lora_adapter_from_tensors, expected_checksums=checksums)
                 self._load_into(engine, weight_version, load, adapter.name, adapter.config, items)
 
 

@@ -77,6 +77,7 @@ class WeightSync(abc.ABC):
 
     mode = "base"
     bracketed = True  # the buckets go between the engines' begin_weight_update and finish_weight_update
+    pushes_base = True  # the push carries every weight (check_weight_update_equal compares them after the first)
 
     def __init__(self, engines: Sequence[EngineClient], context: SyncContext):
         self.engines = list(engines)
@@ -94,7 +95,7 @@ class WeightSync(abc.ABC):
         start = time.perf_counter()
         paused: list[EngineClient] = []
         opened: list[EngineClient] = []
-        check_first = self.context.check_weight_update_equal and weight_version == 0
+        check_first = self.context.check_weight_update_equal and weight_version == 0 and self.pushes_base
         try:
             for engine in self.engines:
                 engine.pause_generation()

@@ -75,12 +75,13 @@ def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
             "lora_A and lora_B only)",
             f"set model.lora.train_params=[], or {MERGED}",
         )
-    if cfg.debug.check_weight_update_equal:
+    if cfg.debug.check_weight_update_equal and not WEIGHT_SYNC.facts(mode).checks_adapters:
         yield Problem(
             "debug.check_weight_update_equal",
             True,
-            "compares the engines' full weights with the checkpoint's; an adapter sync leaves the base as loaded",
-            f"set debug.check_weight_update_equal=false, or {MERGED}",
+            f"an adapter's {mode} sync carries no checksums to check it by (tensor mode's does: SGLang's "
+            "expected_checksums)",
+            f"set rollout.weight_sync.mode=tensor, debug.check_weight_update_equal=false, or {MERGED}",
         )
     yield from _server_lora_fields(cfg)
 

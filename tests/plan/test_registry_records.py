@@ -61,7 +61,7 @@ def third_sync():
 
 def test_the_engine_records_state_their_facts():
     hf = EngineFacts(
-        router="sglang-router", abort_path="/abort_request", abort_all_flag=True, serves_lora_adapters=True
+        router="sglang-router", abort_path="/abort_request", abort_all_flag=True, lora_adapter_modes=("tensor", "disk")
     )
     assert ENGINES.facts("hf") == hf
     assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
@@ -93,6 +93,7 @@ def test_the_weight_sync_records_state_their_facts():
         needs_tensor_handle_ranks=True,
         cpu_blocker="its IPC transfer and sleep mode need an accelerator",
         adapter_sync="slime.sync.adapter.TensorAdapterSync",
+        checks_adapters=True,
     )
     assert WEIGHT_SYNC.facts("distributed") == WeightSyncFacts(
         needs_tensor_handle_ranks=False, cpu_blocker="its weight-transfer engine needs an accelerator"

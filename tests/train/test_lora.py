@@ -202,11 +202,7 @@ TENSOR = ["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]
             "model.lora.train_params",
             "lora_A and lora_B",
         ),
-        (
-            [*ALONE, *TENSOR, "debug.check_weight_update_equal=true"],
-            "debug.check_weight_update_equal",
-            "base as loaded",
-        ),
+        ([*ALONE, "debug.check_weight_update_equal=true"], "debug.check_weight_update_equal", "no checksums"),
         ([*ALONE, *TENSOR, "model=tiny_qwen3_vllm"], "rollout.engine", "in disk mode only, not tensor"),
         ([*ALONE, "+rollout.sglang.max_lora_rank=16"], "rollout.sglang", "set by the adapter sync"),
     ],
@@ -227,6 +223,7 @@ def test_the_adapter_sync_config_is_what_peft_writes_and_the_runs_that_use_it_va
     }
     assert sorted(written["target_modules"]) == ours["target_modules"]
     validate(typed_config([*ALONE, *TENSOR]))
+    validate(typed_config([*ALONE, *TENSOR, "debug.check_weight_update_equal=true"]))  # SGLang's expected_checksums
     validate(typed_config(ALONE))  # the embedded run's disk mode: a peft directory
     validate(typed_config([*ALONE, "model=tiny_qwen3_vllm"]))  # a real vLLM on CPU: disk mode
     validate(typed_config(["model.lora.rank=8"]))  # the embedded preset trains the final gain: merged weights move

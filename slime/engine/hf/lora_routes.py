@@ -5,7 +5,8 @@
                                            load_format?: "flattened_bucket" | None, pinned?, ...}
                                           (`LoadLoRAAdapterFromTensorsReqInput`; `tp_worker.py:
                                           load_lora_adapter_from_tensors` reads item tp_rank; this engine
-                                          takes the flattened bucket, `slime.wire.bucket_codec`)
+                                          takes the flattened bucket, `slime.wire.bucket_codec`; with
+                                          expected_checksums {name: sha256} each tensor is checked first)
     POST /unload_lora_adapter             {lora_name}                       (`UnloadLoRAAdapterReqInput`)
     POST /update_weight_version           {new_version, abort_all_requests = true} (`UpdateWeightVersionReqInput`)
 
@@ -16,9 +17,11 @@ Loads and unloads run on the model thread, between batches.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from slime.engine.hf.generator import GenerationError
@@ -74,7 +77,10 @@ class LoRARoutes:
             config = body.get("config_dict")
             if not isinstance(config, dict):
                 raise GenerationError("config_dict must be the adapter's adapter_config.json as an object")
-            slot.load(body["lora_name"], config, _tensors(body))
+            tensors = _tensors(body)
+            if body.get("expected_checksums") is not None:
+                _check_sums(tensors, body["expected_checksums"])
+            slot.load(body["lora_name"], config, tensors)
 
         return await self._lora_call("load_lora_adapter_from_tensors", request, change)
 
@@ -92,6 +98,24 @@ class LoRARoutes:
         return web.json_response(
             {"success": True, "message": f"Weight version updated to {version}", "new_version": str(version)}
         )
+
+
+def _check_sums(tensors: dict[str, Any], expected: dict[str, str]) -> None:
+    """SGLang's check of a loaded adapter (`tp_worker.py:load_lora_adapter_from_tensors`, `expected_checksums`): the
+    sha256 of each tensor's bytes equals the sender's, none missing, none extra; else its [LORA-CHECK] error."""
+    got = {
+        name: hashlib.sha256(t.contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
+        for name, t in tensors.items()
+    }
+    mismatch = [name for name, want in expected.items() if name in got and got[name] != want]
+    missing = [name for name in expected if name not in got]
+    extra = [name for name in got if name not in expected]
+    if mismatch or missing or extra:
+        raise GenerationError(
+            f"[LORA-CHECK] rank0 adapter sync MISMATCH of {len(expected)} expected: {len(mismatch)} value-diff "
+            f"{mismatch[:5]}, {len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}"
+        )
+    logger.info("[LORA-CHECK] rank0 adapter sync OK: %d/%d tensors match (sha256)", len(expected), len(expected))
 
 
 def _tensors(body: dict) -> dict[str, Any]:

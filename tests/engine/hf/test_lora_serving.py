@@ -146,6 +146,7 @@ def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_l
         work_dir=str(tmp_path),
         bucket_bytes=1 << 20,
         adapter=SyncedAdapter(name="policy", config=adapter.config),
+        check_weight_update_equal=mode == "tensor",  # each tensor checked against the trainer's sha256
     )
     sync = connect_weight_sync(mode, [engine.url], context)
     assert type(sync).__name__ == f"{mode.capitalize()}AdapterSync"
@@ -167,3 +168,23 @@ def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_l
     assert len(list(tmp_path.rglob("*.safetensors"))) == (mode == "disk")  # the served adapter's directory alone
     sync.close()
     assert not any(tmp_path.rglob("*.safetensors"))
+
+
+def test_an_adapter_tensor_that_arrives_changed_fails_its_load(engine, adapter):
+    """debug.check_weight_update_equal on an adapter sync: the engine checks each tensor against the sender's sha256
+    (SGLang's expected_checksums) and refuses a changed, missing or extra one, loading nothing."""
+    from slime.engine.client import EngineClient
+    from slime.sync.adapter import sha256_of
+
+    bucket = sorted(adapter.tensors.items())
+    sums = sha256_of(bucket)
+    changed = dict(sums, **{bucket[0][0]: "0" * 64})
+    missing = {name: value for name, value in sums.items() if name != bucket[1][0]}
+    client = EngineClient(engine.url)
+    with packed(bucket) as (flat, metadata):
+        item = bucket_codec.encode(flat, metadata)
+        for expected, says in ((changed, "1 value-diff"), (missing, "1 extra")):
+            with pytest.raises(EngineHTTPError, match=f"LORA-CHECK.*{says}"):
+                client.load_lora_adapter_from_tensors("policy", adapter.config, [item], expected_checksums=expected)
+        client.load_lora_adapter_from_tensors("policy", adapter.config, [item], expected_checksums=sums)
+    client.unload_lora_adapter("policy")

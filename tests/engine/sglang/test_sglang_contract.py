@@ -57,7 +57,7 @@ CLIENT_CALLS = {
     "loads": lambda c: c.loads(),
     "memory_gib": lambda c: c.memory_gib(),
     "load_lora_adapter_from_tensors": lambda c: c.load_lora_adapter_from_tensors(
-        "policy", LoRAConfig(rank=8).adapter_config(), ["aGVsbG8="]
+        "policy", LoRAConfig(rank=8).adapter_config(), ["aGVsbG8="], expected_checksums={"a.lora_A.weight": "00"}
     ),
     "load_lora_adapter": lambda c: c.load_lora_adapter("policy", "/ckpt/adapter"),
     "unload_lora_adapter": lambda c: c.unload_lora_adapter("policy"),
@@ -113,6 +113,7 @@ def test_every_request_of_the_engine_client_is_a_route_and_request_type_of_sglan
     verdict = probe.check_request("POST", "/load_lora_adapter_from_tensors", lora_body)
     assert verdict["value"]["serialized_named_tensors"] == ["b'hello'"]
     assert verdict["value"]["config_dict"]["r"] == 8 and verdict["value"]["load_format"] == "flattened_bucket"
+    assert verdict["value"]["expected_checksums"] == {"a.lora_A.weight": "00"}
 
 
 def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
