@@ -80,14 +80,23 @@ class TensorAdapterSync(AdapterSync):
 
     mode = "tensor"
 
+    def __init__(self, engines, context: SyncContext):
+        super().__init__(engines, context)
+        self.tp_sizes: dict[str, int] = {}  # engine URL -> its TP size (`/server_info`, asked once per engine)
+
+    def _tp_size(self, engine) -> int:
+        if engine.url not in self.tp_sizes:
+            self.tp_sizes[engine.url] = int(engine.server_info().get("tp_size", 1) or 1)
+        return self.tp_sizes[engine.url]
+
     def _deliver(self, whole: Bucket, weight_version: str) -> None:
         adapter = self.context.adapter
         checksums = sha256_of(whole) if self.context.check_weight_update_equal else None
         with packed(whole) as (flat, metadata):  # the buffer lives until every engine copied it
-            item = bucket_codec.encode(flat, metadata)
-            del flat
             for engine in self.engines:
-                items = [item] * int(engine.server_info().get("tp_size", 1) or 1)
+                # an item per reader: a shared CPU buffer counts one reader per serialisation (torch's file_system
+                # sharing), and each reader's release counts it down
+                items = [bucket_codec.encode(flat, metadata) for _ in range(self._tp_size(engine))]
                 load = functools.partial(engine.load_lora_adapter_from_tensors, expected_checksums=checksums)
                 self._load_into(engine, weight_version, load, adapter.name, adapter.config, items)
 

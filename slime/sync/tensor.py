@@ -20,8 +20,9 @@ trainer (-1) gets the source's handle.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
 
@@ -116,15 +117,19 @@ class TensorWeightSync(WeightSync):
 
     def _load(self, tp_sizes: list[int], bucket: tuple[torch.Tensor, list], weight_version: str) -> None:
         """Share the packed (buffer, metadata) and have every engine load it (each replies once it copied), its
-        loading time counted; with per-TP-rank handles the followers' are gathered first."""
+        loading time counted; with per-TP-rank handles the followers' are gathered first. Each reader of the source's
+        buffer gets an item of its own: a shared CPU buffer counts its readers per serialisation (torch's
+        file_system sharing), so one item opened by a third reader finds the buffer gone."""
         start = time.perf_counter()
-        item = bucket_codec.encode(*bucket)
-        del bucket  # an engine error's traceback keeps this frame: it must not keep the shared buffer alive
-        items = _gather(item) if _per_rank(self.context) else None
-        for index, engine in enumerate(self.engines):
-            engine.update_weights_from_tensor(
-                self._handles(index, tp_sizes[index], item, items), weight_version=weight_version
-            )
+        source = functools.partial(bucket_codec.encode, *bucket)
+        del bucket
+        try:
+            items = _gather(source()) if _per_rank(self.context) else None
+            for index, engine in enumerate(self.engines):
+                handles = self._handles(index, tp_sizes[index], source, items)
+                engine.update_weights_from_tensor(handles, weight_version=weight_version)
+        finally:
+            del source  # an engine error's traceback keeps this frame: it must not keep the shared buffer alive
         self.phases["perf/update_weights_load_time"] += time.perf_counter() - start
 
     def _one_at_a_time(self, buckets: Iterable[Bucket], tp_sizes: list[int], weight_version: str) -> int:
@@ -154,12 +159,13 @@ class TensorWeightSync(WeightSync):
                 previous[0].result()
         return total
 
-    def _handles(self, index: int, tp_size: int, item: str, items: list[str] | None) -> list[str]:
-        """One item per engine TP rank (SGLang's TP rank i reads item i)."""
+    def _handles(self, index: int, tp_size: int, source: Callable[[], str], items: list[str] | None) -> list[str]:
+        """One item per engine TP rank (SGLang's TP rank i reads item i): a colocated trainer rank's own, else a fresh
+        item of the source's buffer (`source()`)."""
         ranks = self.context.tp_trainer_ranks[index] if index < len(self.context.tp_trainer_ranks) else ()
         if items is not None and ranks:
-            return [items[r] if r >= 0 else item for r in ranks]
-        return [item] * tp_size
+            return [items[r] if r >= 0 else source() for r in ranks]
+        return [source() for _ in range(tp_size)]
 
 
 class TensorHandleFollower:

@@ -5,6 +5,9 @@ the distributed group rebuilt for a restarted engine; engine errors named and ge
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -152,3 +155,40 @@ def test_engine_failing_before_the_broadcast_raises_at_once(trained, engine, tin
         assert_runs_trainer_weights(trained, engine.url, "9")
     finally:
         trained.close_weight_sync()
+
+
+# One long-lived reader (an engine process): opens each item of stdin, reads it and lets it go, as an engine does.
+READ_ITEMS = """
+import gc, sys
+from slime.wire import bucket_codec
+for item in sys.stdin.read().split():
+    try:
+        flat, metadata = bucket_codec.decode(item)
+        print(int(flat.sum()), flush=True)
+        del flat
+        gc.collect()
+    except RuntimeError as exc:
+        print(type(exc).__name__, flush=True)
+"""
+
+
+def test_every_reader_of_a_cpu_bucket_opens_an_item_of_its_own():
+    """Tensor mode into engines that read the same bucket (here 3 TP ranks' items read by one process, as engines
+    in turn read theirs): every read opens an item of its own (torch's file_system sharing counts readers per
+    serialised item; once an item's readers released it, a further read of it finds the buffer gone)."""
+    from slime.sync.tensor import TensorWeightSync
+
+    opened = []
+
+    def read_each(handles, weight_version):
+        proc = subprocess.run(
+            [sys.executable, "-c", READ_ITEMS], input=" ".join(handles), capture_output=True, text=True
+        )
+        opened.extend(proc.stdout.split() or [proc.stderr[-500:]])
+
+    engine = SimpleNamespace(url="http://tp3", server_info=lambda: {"tp_size": 3})
+    engine.update_weights_from_tensor = read_each
+    sync = TensorWeightSync([engine], SyncContext(source_checkpoint="-", work_dir="-", bucket_bytes=1 << 20))
+    bucket = [("w", torch.ones(256, dtype=torch.uint8)), ("b", torch.full((16,), 2, dtype=torch.uint8))]
+    assert sync._transfer(iter([bucket]), weight_version="1") == 272
+    assert opened == ["288"] * 3

@@ -181,10 +181,11 @@ def test_an_adapter_tensor_that_arrives_changed_fails_its_load(engine, adapter):
     changed = dict(sums, **{bucket[0][0]: "0" * 64})
     missing = {name: value for name, value in sums.items() if name != bucket[1][0]}
     client = EngineClient(engine.url)
-    with packed(bucket) as (flat, metadata):
-        item = bucket_codec.encode(flat, metadata)
+    with packed(bucket) as (flat, metadata):  # an item per read: each read releases its reference
         for expected, says in ((changed, "1 value-diff"), (missing, "1 extra")):
             with pytest.raises(EngineHTTPError, match=f"LORA-CHECK.*{says}"):
+                item = bucket_codec.encode(flat, metadata)
                 client.load_lora_adapter_from_tensors("policy", adapter.config, [item], expected_checksums=expected)
+        item = bucket_codec.encode(flat, metadata)
         client.load_lora_adapter_from_tensors("policy", adapter.config, [item], expected_checksums=sums)
     client.unload_lora_adapter("policy")
