@@ -184,7 +184,7 @@ def connect_weight_sync(mode: str, engine_urls: Sequence[str], context: SyncCont
     """The `rollout.weight_sync.mode` object pushing into the servers at `engine_urls`, with a control client
     of engine kind `context.engine` for each."""
     engines = [engine_client(context.engine, url) for url in engine_urls]
-    if context.adapter is not None:  # validation refused the modes without one (slime.config.validate_lora)
+    if context.adapter is not None:  # validation refused the modes without one (slime.sync.check.check_adapter_sync)
         return load_callable(WEIGHT_SYNC.facts(mode).adapter_sync, key="rollout.weight_sync.mode")(engines, context)
     return WEIGHT_SYNC.load(mode)(engines, context)
 
