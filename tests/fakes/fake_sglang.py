@@ -14,6 +14,8 @@ Run as SGLang is run: `python -m tests.fakes.fake_sglang --model-path P --port N
 - tensor updates: TP rank i's item is deserialised with `MultiprocessingSerializer` after
   `monkey_patch_torch_reductions` (`tp_worker.deserialize_own_rank`) and rebuilt by the model runner's
   `WeightUpdater._update_weights_from_flattened_bucket`; every rank must get the same tensors;
+- LoRA adapters (`--enable-lora`): the hf engine's slot and routes (`slime/engine/hf/lora_slot.py`), each TP rank's
+  `/load_lora_adapter_from_tensors` item opened with SGLang's deserialiser as `tp_worker.py` opens it;
 - distributed updates: the group is joined through `WeightUpdater.init_weights_update_group`
   (`init_custom_process_group`), received with `receive_weights_from_distributed` and left with
   `destroy_weights_update_group` (one rank: a tp_size > 1 fake refuses distributed updates).
@@ -71,7 +73,44 @@ def hf_args(server_args):
     # tests/engine/sglang/test_sglang_engine.py and tests/train/test_routing_replay.py
     if server_args.enable_return_routed_experts:
         argv += ["--enable-return-routed-experts"]
+    if server_args.enable_lora:  # the hf engine's LoRA slot serves adapters as SGLang's --enable-lora does
+        argv += ["--enable-lora", "--max-lora-rank", str(server_args.max_lora_rank)]
+        argv += ["--lora-target-modules", *sorted(server_args.lora_target_modules)]
     return hf_server.parse_args(argv)
+
+
+def make_lora_routes_class(tp_size: int):
+    """The hf engine's LoRA routes with SGLang's deserialiser: every TP rank's item opened as
+    `tp_worker.py:load_lora_adapter_from_tensors` opens its own (`deserialize_own_rank`, then a flattened bucket's
+    `FlattenedTensorBucket.reconstruct_tensors`); every rank must get the same tensors."""
+    import torch
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    from slime.engine.hf.generator import GenerationError
+    from slime.engine.hf.lora_routes import LoRARoutes
+
+    class SGLangLoRARoutes(LoRARoutes):
+        def open_tensors(self, body: dict) -> dict:
+            items = body.get("serialized_named_tensors") or []
+            if len(items) < tp_size:
+                crash(f"IndexError: TP rank {len(items)} of {tp_size} has no serialized_named_tensors item")
+            monkey_patch_torch_reductions()
+            per_rank = []
+            for item in items[:tp_size]:
+                data = MultiprocessingSerializer.deserialize(item)
+                if body.get("load_format") == "flattened_bucket":
+                    bucket = FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=data["metadata"])
+                    data = dict(bucket.reconstruct_tensors())
+                per_rank.append({name: tensor.clone() for name, tensor in data.items()})
+            for rank, tensors in enumerate(per_rank[1:], start=1):
+                same = tensors.keys() == per_rank[0].keys()
+                if not same or not all(torch.equal(tensors[n], per_rank[0][n]) for n in tensors):
+                    raise GenerationError(f"the adapter of TP rank {rank} differs from TP rank 0's")
+            return per_rank[0]
+
+    return SGLangLoRARoutes
 
 
 def make_receiver_class():
@@ -152,6 +191,8 @@ def make_server(server_args):
     receiver_class.tp_size = int(server_args.tp_size)
 
     class FakeSGLangServer(hf_server.HFServer):
+        lora_routes_class = make_lora_routes_class(int(server_args.tp_size))
+
         def __init__(self, args):
             super().__init__(args)
             self.receiver = receiver_class(self.model, self.scheduler, device=args.device)

@@ -12,10 +12,20 @@ FAKE = "tests.fakes.fake_sglang"
 
 
 def make_engine(
-    model_dir, log_dir, *, gpu_ids=(), device="cpu", memory_saver=False, timeout_s=120.0, routes=False, **config
+    model_dir,
+    log_dir,
+    *,
+    gpu_ids=(),
+    device="cpu",
+    memory_saver=False,
+    timeout_s=120.0,
+    routes=False,
+    lora=None,
+    **config,
 ):
     """An SGLangEngine running the fake (tp = len(gpu_ids), 1 without); `routes`: it returns MoE routes
-    (`EngineLaunch.return_routed_experts`); `config` sets SGLangEngineConfig fields."""
+    (`EngineLaunch.return_routed_experts`); `lora`: the LoRA adapters it serves (`EngineLaunch.lora`); `config` sets
+    SGLangEngineConfig fields."""
     launch = EngineLaunch(
         rank=3,
         model_path=str(model_dir),
@@ -28,6 +38,7 @@ def make_engine(
         shutdown_grace_s=5,
         memory_saver=memory_saver,
         return_routed_experts=routes,
+        lora=lora,
     )
     fields = {"server_args": {}, "launch_module": FAKE, **config}
     return SGLangEngine(launch, SGLangEngineConfig(**fields))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext
@@ -72,3 +73,54 @@ def test_an_update_outside_a_session_is_refused_as_sglang_refuses_it(fakes):
     with pytest.raises(EngineHTTPError, match="no weight-update session is open"):
         engine.client.finish_weight_update("9")
     assert engine.client.get_weight_version() == "9"
+
+
+def test_an_adapter_sync_serves_the_trainers_lora_adapter_in_sglang(tiny_model_dir, tmp_path):
+    """model.lora synced alone into the fake SGLang at tp 2 (SGLang's LoRA request types and deserialiser, each rank
+    its item): after each train-then-sync round, generating with the adapter (`lora_path`) gives the LoRA trainer's
+    log-probs, and every rank checked the sha256 of what it loaded (debug.check_weight_update_equal)."""
+    from slime.engine import http_client
+    from slime.engine.base import LoRAServing
+    from slime.sync.base import SyncedAdapter
+    from tests.helpers.fsdp_rank import (
+        batches_for,
+        make_backend,
+        make_samples,
+        make_setup,
+        response_log_probs,
+        train_rollout,
+    )
+
+    overrides = ["model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false", "train.lr=0.05"]
+    trainer = make_backend(make_setup(tiny_model_dir, overrides))
+    lora = trainer.setup.model.lora
+    engine = make_engine(
+        tiny_model_dir,
+        tmp_path / "logs",
+        gpu_ids=("0", "1"),
+        lora=LoRAServing(max_rank=8, target_modules=tuple(lora.target_modules)),
+    )
+    engine.start()
+    adapter = SyncedAdapter(name="policy", config=lora.adapter_config())
+    context = SyncContext(
+        source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, adapter=adapter,
+        check_weight_update_equal=True,
+    )  # fmt: skip
+    trainer.connect_weight_sync("tensor", [engine.url], context)
+    body = {"input_ids": [1, 5, 11, 16], "sampling_params": {"max_new_tokens": 6}, "return_logprob": True}
+    try:
+        for version in (1, 2):
+            train_rollout(trainer, batches_for(make_samples(8, seed=version), dp=1, k=2)[0], rollout_id=version)
+            assert trainer.update_weights(weight_version=version)["perf/update_weights_bytes"] == 4 * 19_456
+            out = http_client.post(engine.url + "/generate", {**body, "lora_path": "policy"}, timeout=60)
+            assert out["meta_info"]["weight_version"] == str(version)
+            engine_lp = torch.tensor([lp for lp, *_ in out["meta_info"]["output_token_logprobs"]])
+            assert (response_log_probs(trainer, body["input_ids"], out["output_ids"]) - engine_lp).abs().max() < 1e-5
+    finally:
+        trainer.close_weight_sync()
+        trainer.shutdown()
+        engine.shutdown()
+    loads = [r for r in requests_logged(engine) if r["path"] == "/load_lora_adapter_from_tensors"]
+    assert len(loads) == 2 and all(len(r["body"]["serialized_named_tensors"]) == 2 for r in loads)
+    assert all(r["body"]["load_format"] == "flattened_bucket" for r in loads)
+    assert all("expected_checksums" in r["body"] for r in loads)  # each rank checked the sha256 of its 28 tensors

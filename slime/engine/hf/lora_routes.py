@@ -77,12 +77,16 @@ class LoRARoutes:
             config = body.get("config_dict")
             if not isinstance(config, dict):
                 raise GenerationError("config_dict must be the adapter's adapter_config.json as an object")
-            tensors = _tensors(body)
+            tensors = self.open_tensors(body)
             if body.get("expected_checksums") is not None:
                 _check_sums(tensors, body["expected_checksums"])
             slot.load(body["lora_name"], config, tensors)
 
         return await self._lora_call("load_lora_adapter_from_tensors", request, change)
+
+    def open_tensors(self, body: dict) -> dict[str, Any]:
+        """The adapter's tensors of the body (TP rank 0's item; a server with SGLang's deserialiser replaces this)."""
+        return _tensors(body)
 
     async def unload(self, request: web.Request) -> web.Response:
         return await self._lora_call("unload_lora_adapter", request, lambda slot, body: slot.unload(body["lora_name"]))

@@ -57,6 +57,8 @@ def load_model(model_path: str, device: str, dtype: str):
 class HFServer:
     """Holds the model, generator and scheduler, and implements the HTTP handlers."""
 
+    lora_routes_class = LoRARoutes  # the LoRA routes' handlers (a server with SGLang's deserialiser subclasses them)
+
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.model, self.tokenizer = load_model(args.model_path, args.device, args.dtype)
@@ -98,7 +100,7 @@ class HFServer:
             web.get("/v1/loads", self.v1_loads),
             *self.control.routes(),
             *self.receiver.routes(),
-            *LoRARoutes(self.lora, self.scheduler).routes(),
+            *self.lora_routes_class(self.lora, self.scheduler).routes(),
         ]
 
     # ---------------------------------------------------------------- generation
