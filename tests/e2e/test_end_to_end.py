@@ -16,7 +16,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.helpers.compose import ROOT, typed_config
+from tests.helpers.compose import LORA_ALONE, ROOT, typed_config
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import checkpoint_gib, main_argv, main_py, rewards, run_concurrently, selected_runs
 from tests.helpers.wandb_files import offline_runs
@@ -100,9 +100,9 @@ def _multirun(sweep_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-# Rank-8 adapters synced alone, in the embedded run's disk mode (a peft directory a sync): the engine serves them as a
-# LoRA adapter (no trained gain: it would not ride along). Tensor mode's: tests/engine/hf/test_lora_serving.py.
-ADAPTER_SYNC = ("model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false")
+# Rank-8 adapters synced alone, in the embedded run's disk mode (a peft directory a sync). Tensor mode's:
+# tests/engine/hf/test_lora_serving.py.
+ADAPTER_SYNC = LORA_ALONE
 
 # The runs of this module's tests, the longest first: they run three at a time (run_concurrently).
 JOBS: dict[str, Callable[[Path], Any]] = {

@@ -10,10 +10,21 @@ import os
 import pytest
 import torch
 
+from slime.engine import http_client
+from slime.engine.base import LoRAServing
 from slime.engine.http_client import EngineHTTPError
-from slime.sync.base import SyncContext
+from slime.sync.base import SyncContext, SyncedAdapter
 from slime.wire import bucket_codec
+from tests.helpers.compose import LORA_ALONE
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
+from tests.helpers.fsdp_rank import (
+    batches_for,
+    make_backend,
+    make_samples,
+    make_setup,
+    response_log_probs,
+    train_rollout,
+)
 from tests.helpers.weights import engine_checksums, trainer_checksums
 
 
@@ -79,20 +90,7 @@ def test_an_adapter_sync_serves_the_trainers_lora_adapter_in_sglang(tiny_model_d
     """model.lora synced alone into the fake SGLang at tp 2 (SGLang's LoRA request types and deserialiser, each rank
     its item): after each train-then-sync round, generating with the adapter (`lora_path`) gives the LoRA trainer's
     log-probs, and every rank checked the sha256 of what it loaded (debug.check_weight_update_equal)."""
-    from slime.engine import http_client
-    from slime.engine.base import LoRAServing
-    from slime.sync.base import SyncedAdapter
-    from tests.helpers.fsdp_rank import (
-        batches_for,
-        make_backend,
-        make_samples,
-        make_setup,
-        response_log_probs,
-        train_rollout,
-    )
-
-    overrides = ["model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false", "train.lr=0.05"]
-    trainer = make_backend(make_setup(tiny_model_dir, overrides))
+    trainer = make_backend(make_setup(tiny_model_dir, [*LORA_ALONE, "train.lr=0.05"]))
     lora = trainer.setup.model.lora
     engine = make_engine(
         tiny_model_dir,

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from slime.config.schema_lora import LoRAConfig
 from slime.train.fsdp import lora
-from tests.helpers.compose import typed_config
+from tests.helpers.compose import LORA_ALONE, typed_config
 from tests.helpers.fsdp_rank import (
     batches_for,
     log_probs,
@@ -189,7 +189,7 @@ def test_a_lora_config_no_backend_can_train_is_refused(overrides, key, says):
     assert says in problems.get(key, ""), problems
 
 
-ALONE = ["model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false"]
+ALONE = list(LORA_ALONE)
 TENSOR = ["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]
 
 

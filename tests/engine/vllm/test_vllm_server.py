@@ -23,7 +23,7 @@ from slime.rollout.generate import call_engine
 from slime.rollout.rewards import RewardHub
 from slime.sync.base import SyncContext, SyncedAdapter
 from slime.types import Sample, SampleStatus
-from tests.helpers.compose import model_fields
+from tests.helpers.compose import LORA_ALONE, model_fields
 from tests.helpers.fsdp_rank import (
     batches_for,
     make_backend,
@@ -112,14 +112,11 @@ def assert_engine_runs_trainer_weights(served, trainer) -> None:
     assert (response_log_probs(trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
 
 
-ADAPTERS = ["model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false", "train.lr=0.05"]
-
-
 def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir, tmp_path):
     """model.lora synced alone into vLLM: each disk push is a peft directory vLLM loads in place under the name every
     request gives (`model`); after each train-then-sync round vLLM's log-probs with it equal the LoRA trainer's, and
     a request naming none is served by the frozen base. First in the module: the base is still the checkpoint."""
-    lora_trainer = make_backend(make_setup(model_dir, ["model=tiny_qwen3_vllm", *ADAPTERS]))
+    lora_trainer = make_backend(make_setup(model_dir, ["model=tiny_qwen3_vllm", *LORA_ALONE, "train.lr=0.05"]))
     base_ids = [t for _, t in generate(served, temperature=0.0)["meta_info"]["output_token_logprobs"]]
     adapter = SyncedAdapter(name="policy", config=lora_trainer.setup.model.lora.adapter_config())
     context = SyncContext(
