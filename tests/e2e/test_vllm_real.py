@@ -23,16 +23,19 @@ pytestmark = pytest.mark.slow
 LEARNING_MODEL = "tiny_qwen3_vllm"  # tied embeddings: vLLM's untied view, its LM head reloaded with every sync
 UNTIED_MODEL = "tiny_qwen3_vllm_untied"
 UNTIED_ROLLOUTS = 6  # the sync path is what differs: a few steps show it exact, learning is the tied run's
+# The tied run's length: half the embedded run's 60 (which the hf engine's runs learn to 0.8 in), where its reward has
+# climbed from ~0.01 to ~0.5 (last-3 mean 0.54 on 2 cores, `python main.py model=tiny_qwen3_vllm train.num_rollout=30`)
+LEARNING_ROLLOUTS = 30
 TRAIN_LOGPROB_DIFF = "train/train_rollout_logprob_abs_diff"
 
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """The embedded run through a real vLLM, side by side: the tied model for the whole 60 rollouts, the untied
-    one for a few."""
+    """The embedded run through a real vLLM, side by side: the tied model for LEARNING_ROLLOUTS, the untied one for a
+    few."""
     root = tmp_path_factory.mktemp("vllm_real")
     runs = {
-        LEARNING_MODEL: (root / LEARNING_MODEL, [f"model={LEARNING_MODEL}"]),
+        LEARNING_MODEL: (root / LEARNING_MODEL, [f"model={LEARNING_MODEL}", f"train.num_rollout={LEARNING_ROLLOUTS}"]),
         UNTIED_MODEL: (root / UNTIED_MODEL, [f"model={UNTIED_MODEL}", f"train.num_rollout={UNTIED_ROLLOUTS}"]),
     }
     done = main_py_concurrently(runs, max_workers=2, timeout=1200)
@@ -61,10 +64,10 @@ def test_the_embedded_task_is_learnt_through_a_real_vllm(vllm_runs):
     """The reward rises as in the hf engine's embedded run, the engine exact after every sync (tied model: its
     untied view, whose LM head is reloaded with every sync)."""
     run_dir, proc = vllm_runs[LEARNING_MODEL]
-    assert_vllm_generated_with_the_trainers_weights(run_dir, proc, 60)
+    assert_vllm_generated_with_the_trainers_weights(run_dir, proc, LEARNING_ROLLOUTS)
     reward = rewards(run_dir)
-    assert len(reward) == 60
-    assert sum(reward[-3:]) / 3 >= 0.8 and sum(reward[:3]) / 3 < 0.5, reward
+    assert len(reward) == LEARNING_ROLLOUTS
+    assert sum(reward[-3:]) / 3 >= 0.3 and sum(reward[:3]) / 3 < 0.1, reward  # measured 0.54 and 0.01
 
 
 @pytest.mark.timeout(1260)
