@@ -261,8 +261,8 @@ def test_train_never_imports_engine():
 
 # ---------------------------------------------------------------------------- imports inside functions
 # Each keeps an optional or slow library (wandb, pyarrow, torch and transformers in the driver, peft: 4 s, in
-# every fsdp rank) off the paths that never use it; 12 today.
-MAX_FUNCTION_LEVEL_IMPORTS = 13
+# every fsdp rank and in an hf engine serving LoRA adapters) off the paths that never use it; 13 today.
+MAX_FUNCTION_LEVEL_IMPORTS = 14
 
 
 def commented(lines: list[str], lineno: int) -> bool:

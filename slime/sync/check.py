@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from slime.config.problems import Problem, get
 from slime.config.schema import RunConfig
+from slime.registry import ENGINES, WEIGHT_SYNC
 
 
 def check_disk_unchosen(cfg: RunConfig) -> Iterator[Problem]:
@@ -53,8 +54,6 @@ MERGED = "set model.lora.sync_merged=true (the merged weights move instead)"
 def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
     """model.lora synced alone (`sync_merged: false`): a mode with an adapter transfer that the engines take, nothing
     trained outside the adapter (an engine's adapter holds lora_A/lora_B only), and no server LoRA flag of the user's."""
-    from slime.registry import ENGINES, WEIGHT_SYNC
-
     lora, mode, engine = cfg.model.lora, cfg.rollout.weight_sync.mode, cfg.rollout.engine
     if not lora.synced_alone or mode not in WEIGHT_SYNC or engine not in ENGINES:
         return

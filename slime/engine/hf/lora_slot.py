@@ -33,7 +33,7 @@ class LoRASlot:
     """The engine's adapter slot over `model` (rank `max_rank` on `target_modules`); `loaded` names its adapter."""
 
     def __init__(self, model: nn.Module, *, max_rank: int, target_modules: list[str]):
-        import peft
+        import peft  # ~4 s to import: only a server started with --enable-lora loads it
 
         config = peft.LoraConfig(r=max_rank, lora_alpha=max_rank, target_modules=list(target_modules))
         peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
