@@ -14,21 +14,19 @@ packed into one flattened bucket, `tp_worker.py:load_lora_adapter_from_tensors`)
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightSync
 from slime.sync.tensor import packed
 from slime.wire import bucket_codec
-from slime.wire.tensors import Bucket, bucket_nbytes
+from slime.wire.tensors import Bucket, bucket_nbytes, sha256
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +64,8 @@ class AdapterSync(WeightSync):
 
 
 def sha256_of(tensors: Bucket) -> dict[str, str]:
-    """{name: sha256 of the tensor's bytes}, as SGLang checks an adapter it loads (`expected_checksums`,
-    `tp_worker.py:load_lora_adapter_from_tensors`)."""
-    return {
-        name: hashlib.sha256(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
-        for name, t in tensors
-    }
+    """{name: sha256 of the tensor's bytes}: SGLang's `expected_checksums` of an adapter (`slime.wire.tensors.sha256`)."""
+    return {name: sha256(tensor) for name, tensor in tensors}
 
 
 class TensorAdapterSync(AdapterSync):

@@ -6,6 +6,7 @@ views of a flat byte buffer.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -45,6 +46,12 @@ def in_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: 
             bucket, size = [], 0
     if bucket:
         yield bucket
+
+
+def sha256(tensor: torch.Tensor) -> str:
+    """The sha256 of a tensor's bytes, as SGLang checks an adapter it loads (`expected_checksums`,
+    `tp_worker.py:load_lora_adapter_from_tensors`: detached, on the CPU, contiguous, flattened to uint8)."""
+    return hashlib.sha256(tensor.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def bucket_nbytes(bucket: Sequence[tuple[str, torch.Tensor]]) -> int:

@@ -17,17 +17,16 @@ Loads and unloads run on the model thread, between batches.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
-import torch
 from aiohttp import web
 
 from slime.engine.hf.generator import GenerationError
 from slime.engine.hf.http_util import json_body
 from slime.engine.hf.lora_slot import LoRASlot
 from slime.wire import bucket_codec
+from slime.wire.tensors import sha256
 
 logger = logging.getLogger("slime.engine.hf.lora_routes")
 
@@ -107,10 +106,7 @@ class LoRARoutes:
 def _check_sums(tensors: dict[str, Any], expected: dict[str, str]) -> None:
     """SGLang's check of a loaded adapter (`tp_worker.py:load_lora_adapter_from_tensors`, `expected_checksums`): the
     sha256 of each tensor's bytes equals the sender's, none missing, none extra; else its [LORA-CHECK] error."""
-    got = {
-        name: hashlib.sha256(t.contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
-        for name, t in tensors.items()
-    }
+    got = {name: sha256(tensor) for name, tensor in tensors.items()}
     mismatch = [name for name, want in expected.items() if name in got and got[name] != want]
     missing = [name for name in expected if name not in got]
     extra = [name for name in got if name not in expected]
