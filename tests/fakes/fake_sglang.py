@@ -14,8 +14,9 @@ Run as SGLang is run: `python -m tests.fakes.fake_sglang --model-path P --port N
 - tensor updates: TP rank i's item is deserialised with `MultiprocessingSerializer` after
   `monkey_patch_torch_reductions` (`tp_worker.deserialize_own_rank`) and rebuilt by the model runner's
   `WeightUpdater._update_weights_from_flattened_bucket`; every rank must get the same tensors;
-- LoRA adapters (`--enable-lora`): the hf engine's slot and routes (`slime/engine/hf/lora_slot.py`), each TP rank's
-  `/load_lora_adapter_from_tensors` item opened with SGLang's deserialiser as `tp_worker.py` opens it;
+- LoRA adapters (`--enable-lora`): the hf engine's slot and routes (`slime/engine/hf/lora_slot.py`); a
+  `/load_lora_adapter_from_tensors` body goes through SGLang's own `TpModelWorker.load_lora_adapter_from_tensors`
+  once per TP rank (deserialiser, flattened bucket, `expected_checksums` check; a mismatch kills the server);
 - distributed updates: the group is joined through `WeightUpdater.init_weights_update_group`
   (`init_custom_process_group`), received with `receive_weights_from_distributed` and left with
   `destroy_weights_update_group` (one rank: a tp_size > 1 fake refuses distributed updates).
@@ -80,30 +81,52 @@ def hf_args(server_args):
 
 
 def make_lora_routes_class(tp_size: int):
-    """The hf engine's LoRA routes with SGLang's deserialiser: every TP rank's item opened as
-    `tp_worker.py:load_lora_adapter_from_tensors` opens its own (`deserialize_own_rank`, then a flattened bucket's
-    `FlattenedTensorBucket.reconstruct_tensors`); every rank must get the same tensors."""
+    """The hf engine's LoRA routes with SGLang's own adapter intake: the body prepared as
+    `tokenizer_control_mixin.py:load_lora_adapter_from_tensors` prepares it (payloads normalised, a `LoRARef` id),
+    then, for each TP rank, `tp_worker.py:TpModelWorker.load_lora_adapter_from_tensors` itself (its
+    `deserialize_own_rank`, the flattened bucket, the `expected_checksums` check) with the model runner's load
+    recording what it got; its exception kills the server, as it kills SGLang's scheduler. Every rank must get the
+    same tensors; rank 0's go into the engine's slot."""
+    import functools
+
     import torch
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    from sglang.srt.lora.lora_registry import LoRARef
+    from sglang.srt.managers.io_struct import LoadLoRAAdapterFromTensorsReqInput, LoRAUpdateOutput
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.utils.common import normalize_serialized_named_tensor_payloads
 
     from slime.engine.hf.generator import GenerationError
     from slime.engine.hf.lora_routes import LoRARoutes
+    from tests.helpers import sglang_routes
+
+    def rank_receives(request, rank: int) -> dict:
+        """What TP rank `rank`'s model runner is handed (SGLang's tp_worker code up to that call)."""
+        got = {}
+
+        def runner_load(lora_ref, tensors, config_dict, added_tokens_config=None):
+            got.update({name: tensor.clone() for name, tensor in tensors.items()})
+            return LoRAUpdateOutput(success=True)
+
+        worker = SimpleNamespace(model_runner=SimpleNamespace(load_lora_adapter_from_tensors=runner_load))
+        worker.deserialize_own_rank = functools.partial(TpModelWorker.deserialize_own_rank, worker)
+        with get_parallel().override(tp_rank=rank):
+            try:
+                TpModelWorker.load_lora_adapter_from_tensors(worker, request)
+            except Exception as exc:  # noqa: BLE001 - SGLang's scheduler does not catch it either
+                crash(f"{type(exc).__name__}: {exc}")
+        return got
 
     class SGLangLoRARoutes(LoRARoutes):
         def open_tensors(self, body: dict) -> dict:
-            items = body.get("serialized_named_tensors") or []
-            if len(items) < tp_size:
-                crash(f"IndexError: TP rank {len(items)} of {tp_size} has no serialized_named_tensors item")
-            monkey_patch_torch_reductions()
-            per_rank = []
-            for item in items[:tp_size]:
-                data = MultiprocessingSerializer.deserialize(item)
-                if body.get("load_format") == "flattened_bucket":
-                    bucket = FlattenedTensorBucket(flattened_tensor=data["flattened_tensor"], metadata=data["metadata"])
-                    data = dict(bucket.reconstruct_tensors())
-                per_rank.append({name: tensor.clone() for name, tensor in data.items()})
+            request, _ = sglang_routes.parse_body(LoadLoRAAdapterFromTensorsReqInput, body)  # the middleware checked it
+            request.serialized_named_tensors = normalize_serialized_named_tensor_payloads(
+                request.serialized_named_tensors
+            )
+            request.lora_id = LoRARef(
+                lora_name=request.lora_name, lora_path="__tensor__", pinned=request.pinned
+            ).lora_id
+            per_rank = [rank_receives(request, rank) for rank in range(tp_size)]
             for rank, tensors in enumerate(per_rank[1:], start=1):
                 same = tensors.keys() == per_rank[0].keys()
                 if not same or not all(torch.equal(tensors[n], per_rank[0][n]) for n in tensors):

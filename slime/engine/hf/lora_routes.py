@@ -76,16 +76,17 @@ class LoRARoutes:
             config = body.get("config_dict")
             if not isinstance(config, dict):
                 raise GenerationError("config_dict must be the adapter's adapter_config.json as an object")
-            tensors = self.open_tensors(body)
-            if body.get("expected_checksums") is not None:
-                _check_sums(tensors, body["expected_checksums"])
-            slot.load(body["lora_name"], config, tensors)
+            slot.load(body["lora_name"], config, self.open_tensors(body))
 
         return await self._lora_call("load_lora_adapter_from_tensors", request, change)
 
     def open_tensors(self, body: dict) -> dict[str, Any]:
-        """The adapter's tensors of the body (TP rank 0's item; a server with SGLang's deserialiser replaces this)."""
-        return _tensors(body)
+        """The adapter's tensors as TP rank 0 receives them: its item opened, then checked against the body's
+        `expected_checksums` if any (a server running SGLang's own intake replaces this)."""
+        tensors = _tensors(body)
+        if body.get("expected_checksums") is not None:
+            _check_sums(tensors, body["expected_checksums"])
+        return tensors
 
     async def unload(self, request: web.Request) -> web.Response:
         return await self._lora_call("unload_lora_adapter", request, lambda slot, body: slot.unload(body["lora_name"]))
@@ -105,7 +106,8 @@ class LoRARoutes:
 
 def _check_sums(tensors: dict[str, Any], expected: dict[str, str]) -> None:
     """SGLang's check of a loaded adapter (`tp_worker.py:load_lora_adapter_from_tensors`, `expected_checksums`): the
-    sha256 of each tensor's bytes equals the sender's, none missing, none extra; else its [LORA-CHECK] error."""
+    sha256 of each tensor's bytes equals the sender's, none missing, none extra; else its [LORA-CHECK] error (which
+    kills SGLang's scheduler; this engine answers 400)."""
     got = {name: sha256(tensor) for name, tensor in tensors.items()}
     mismatch = [name for name, want in expected.items() if name in got and got[name] != want]
     missing = [name for name in expected if name not in got]
@@ -119,15 +121,13 @@ def _check_sums(tensors: dict[str, Any], expected: dict[str, str]) -> None:
 
 
 def _tensors(body: dict) -> dict[str, Any]:
-    """TP rank 0's item of `serialized_named_tensors` ({name: tensor}), in the body's `load_format`."""
+    """TP rank 0's item of `serialized_named_tensors` ({name: tensor}), a flattened bucket."""
     items = body.get("serialized_named_tensors")
     if not isinstance(items, list) or not items:
         raise GenerationError("serialized_named_tensors must list one serialised item per engine TP rank")
+    if body.get("load_format") != "flattened_bucket":
+        raise GenerationError(f"load_format={body.get('load_format')!r} is not supported (flattened_bucket)")
     try:
-        if body.get("load_format") == "flattened_bucket":
-            return {name: tensor.clone() for name, tensor in bucket_codec.reconstruct(*bucket_codec.decode(items[0]))}
-    except GenerationError:
-        raise
+        return {name: tensor.clone() for name, tensor in bucket_codec.reconstruct(*bucket_codec.decode(items[0]))}
     except Exception as exc:  # noqa: BLE001 - a bad payload is the caller's error
         raise GenerationError(f"cannot open the serialised adapter: {exc}") from exc
-    raise GenerationError(f"load_format={body.get('load_format')!r} is not supported (flattened_bucket)")

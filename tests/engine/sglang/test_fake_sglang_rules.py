@@ -5,16 +5,21 @@ comment of tests/fakes/fake_sglang.py or slime/engine/hf/control.py to SGLang's 
   SGLANG_HEALTH_CHECK_TIMEOUT seconds (`http_server.py:health_generate`), 200 once generation continues;
 - the scheduler dies on `resume_memory_occupation` of a tag that is not released (`offload_tags.remove`), on
   `release_memory_occupation` while a request runs (its idle assertion), and on a health generation while
-  memory is released (it would run on freed memory), and the server with it."""
+  memory is released (it would run on freed memory), and on an adapter whose tensors miss their
+  `expected_checksums` (`tp_worker.py:load_lora_adapter_from_tensors` raises), and the server with it."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import torch
 
 from slime.engine import http_client
+from slime.engine.base import LoRAServing
 from slime.engine.http_client import EngineHTTPError
+from slime.sync.tensor import packed
+from slime.wire import bucket_codec
 from tests.fakes.fake_sglang import CRASH_MARK
 from tests.helpers.fake_sglang_engine import make_engine
 from tests.helpers.processes import in_thread
@@ -87,3 +92,21 @@ def test_a_health_probe_while_memory_is_released_kills_the_server(fake):
     with pytest.raises(EngineHTTPError):
         http_client.get(fake.url + "/health", timeout=30)
     assert_crashed(fake, "health generation on released memory")
+
+
+def test_an_adapter_tensor_missing_its_checksum_kills_the_server(tiny_model_dir, tmp_path):
+    """SGLang's own tp_worker intake, run by the fake for each TP rank: the [LORA-CHECK] error of a changed tensor
+    is raised in the scheduler, which dies of it."""
+    engine = make_engine(tiny_model_dir, tmp_path, lora=LoRAServing(max_rank=8, target_modules=("q_proj",)))
+    engine.start()
+    try:
+        name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+        with packed([(name, torch.ones(8, 64))]) as (flat, metadata):
+            with pytest.raises(EngineHTTPError):
+                engine.client.load_lora_adapter_from_tensors(
+                    "policy", {"r": 8, "lora_alpha": 16}, [bucket_codec.encode(flat, metadata)],
+                    expected_checksums={name: "0" * 64},
+                )  # fmt: skip
+        assert_crashed(engine, "[LORA-CHECK] rank0 adapter sync MISMATCH of 1 expected: 1 value-diff")
+    finally:
+        engine.shutdown()
