@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightSync
-from slime.sync.tensor import packed
+from slime.sync.tensor import TPSizes, packed
 from slime.wire import bucket_codec
 from slime.wire.tensors import Bucket, bucket_nbytes, sha256
 
@@ -76,12 +76,7 @@ class TensorAdapterSync(AdapterSync):
 
     def __init__(self, engines, context: SyncContext):
         super().__init__(engines, context)
-        self.tp_sizes: dict[str, int] = {}  # engine URL -> its TP size (`/server_info`, asked once per engine)
-
-    def _tp_size(self, engine) -> int:
-        if engine.url not in self.tp_sizes:
-            self.tp_sizes[engine.url] = int(engine.server_info().get("tp_size", 1) or 1)
-        return self.tp_sizes[engine.url]
+        self.tp_sizes = TPSizes()
 
     def _deliver(self, whole: Bucket, weight_version: str) -> None:
         adapter = self.context.adapter
@@ -90,7 +85,7 @@ class TensorAdapterSync(AdapterSync):
             for engine in self.engines:
                 # an item per reader: a shared CPU buffer counts one reader per serialisation (torch's file_system
                 # sharing), and each reader's release counts it down
-                items = [bucket_codec.encode(flat, metadata) for _ in range(self._tp_size(engine))]
+                items = [bucket_codec.encode(flat, metadata) for _ in range(self.tp_sizes.of(engine))]
                 load = functools.partial(engine.load_lora_adapter_from_tensors, expected_checksums=checksums)
                 self._load_into(engine, weight_version, load, adapter.name, adapter.config, items)
 

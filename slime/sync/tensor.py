@@ -78,6 +78,18 @@ def _release_cuda_ipc() -> None:
         torch.cuda.empty_cache()
 
 
+class TPSizes:
+    """Each engine's TP size (`/server_info`), asked once per engine URL: how many items a bucket is posted as."""
+
+    def __init__(self):
+        self.sizes: dict[str, int] = {}
+
+    def of(self, engine: EngineClient) -> int:
+        if engine.url not in self.sizes:
+            self.sizes[engine.url] = int(engine.server_info().get("tp_size", 1) or 1)
+        return self.sizes[engine.url]
+
+
 class TensorWeightSync(WeightSync):
     """`rollout.weight_sync.mode=tensor`: shared-memory (CPU) or CUDA IPC (GPU) buckets, colocated engines."""
 
@@ -91,15 +103,10 @@ class TensorWeightSync(WeightSync):
 
     def __init__(self, engines, context: SyncContext):
         super().__init__(engines, context)
-        self.tp_sizes: dict[str, int] = {}  # engine URL -> its TP size (`/server_info`, asked once per engine)
-
-    def _tp_size(self, engine: EngineClient) -> int:
-        if engine.url not in self.tp_sizes:
-            self.tp_sizes[engine.url] = int(engine.server_info().get("tp_size", 1) or 1)
-        return self.tp_sizes[engine.url]
+        self.tp_sizes = TPSizes()
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
-        tp_sizes = [self._tp_size(engine) for engine in self.engines]
+        tp_sizes = [self.tp_sizes.of(engine) for engine in self.engines]
         self.phases = {"perf/update_weights_pack_time": 0.0, "perf/update_weights_load_time": 0.0}
         if _per_rank(self.context) or not self.pipelined:
             total = self._one_at_a_time(buckets, tp_sizes, weight_version)

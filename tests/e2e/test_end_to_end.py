@@ -100,10 +100,6 @@ def _multirun(sweep_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-# Rank-8 adapters synced alone, in the embedded run's disk mode (a peft directory a sync). Tensor mode's:
-# tests/engine/hf/test_lora_serving.py.
-ADAPTER_SYNC = LORA_ALONE
-
 # The runs of this module's tests, the longest first: they run three at a time (run_concurrently).
 JOBS: dict[str, Callable[[Path], Any]] = {
     "embedded_default": _embedded_default,
@@ -111,7 +107,8 @@ JOBS: dict[str, Callable[[Path], Any]] = {
     "data_parallel": _data_parallel,
     "sigterm": _sigterm_after_two_rollouts,
     "lora": lambda run_dir: main_py(run_dir, "model.lora.rank=8"),
-    "lora_adapter_sync": lambda run_dir: main_py(run_dir, *ADAPTER_SYNC, "train.num_rollout=3"),
+    # the adapter synced alone, in the embedded run's disk mode (tensor mode's: tests/engine/hf/test_lora_serving.py)
+    "lora_adapter_sync": lambda run_dir: main_py(run_dir, *LORA_ALONE, "train.num_rollout=3"),
     "startup_failure": lambda run_dir: main_py(
         run_dir, "data.source_class=tests.helpers.user_hooks.DataSourceFailingAtStartup", "train.num_rollout=2"
     ),
@@ -314,7 +311,7 @@ def test_adapter_only_sync_moves_the_adapters_bytes_and_the_engine_scores_as_the
     as a LoRA adapter over its frozen base, scores every sampled token as the trainer does."""
     run_dir, proc = runs["lora_adapter_sync"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    model = typed_config(list(ADAPTER_SYNC)).model
+    model = typed_config(list(LORA_ALONE)).model
     assert model.lora.parameter_count(model) == 19_456  # 2 layers x 8 x (128 + 96 + 96 + 128 + 256 + 256 + 256)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     pushed = [r["perf/update_weights_bytes"] for r in records if "perf/update_weights_bytes" in r]

@@ -24,13 +24,11 @@ from aiohttp import web
 
 from slime.engine.hf.generator import GenerationError
 from slime.engine.hf.http_util import json_body
-from slime.engine.hf.lora_slot import LoRASlot
+from slime.engine.hf.lora_slot import NOT_ENABLED, LoRASlot
 from slime.wire import bucket_codec
 from slime.wire.tensors import sha256
 
 logger = logging.getLogger("slime.engine.hf.lora_routes")
-
-NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
 
 
 class LoRARoutes:

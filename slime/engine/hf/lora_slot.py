@@ -26,6 +26,8 @@ from torch import nn
 from slime.engine.hf.generator import GenerationError
 
 ADAPTER = "default"  # peft's name for the one injected adapter
+# SGLang's answer to a LoRA call or request on a server without --enable-lora (`tokenizer_control_mixin.py`)
+NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
 PEFT_PREFIX = "base_model.model."  # peft's saved names: the wrapped model's module names behind this
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest, GenerationResult, Generator
+from slime.engine.hf.lora_slot import NOT_ENABLED, LoRASlot
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,13 @@ class Scheduler:
     """
 
     def __init__(
-        self, generator: Generator, *, max_batch_size: int, batch_wait_s: float, weight_version: str, lora=None
+        self,
+        generator: Generator,
+        *,
+        max_batch_size: int,
+        batch_wait_s: float,
+        weight_version: str,
+        lora: LoRASlot | None = None,
     ):
         self.generator = generator
         self.max_batch_size = max(1, int(max_batch_size))
@@ -173,7 +180,7 @@ class Scheduler:
         if self.lora is not None:
             self.lora.check_request(req.lora)
         elif req.lora is not None:
-            raise GenerationError("LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+            raise GenerationError(NOT_ENABLED)
 
     def _take_same_adapter(self, lora: str | None) -> _Pending | None:
         """The first queued request of adapter `lora`, removed from the queue (None if there is none)."""
