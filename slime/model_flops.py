@@ -5,7 +5,9 @@ Forward FLOPs of one token of a sequence of S tokens, every matmul at 2 FLOPs pe
     layers  L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F + 2·Q·S)   (q, k, v, o projections; SwiGLU's three matrices over the
             active FFN width F; causal attention's scores and values over S/2 keys on average)
     head    2·H·V, on the tokens the LM head is computed for (our backends: the response tokens only)
-Training is 3x the forward (the backward computes gradients of both inputs and weights).
+Training is 3x the forward (the backward computes gradients of both inputs and weights). With LoRA (`model.lora`)
+the base weights are frozen: their matmuls get no weight gradient and count twice (forward and input gradient), while
+attention's score and value products and the adapters' own matmuls (2 FLOPs per adapter parameter) count thrice.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 TRAIN_PASSES = 3.0  # forward + backward (2x the forward)
+FROZEN_PASSES = 2.0  # forward + the input gradient of a frozen weight's matmul
 
 
 def active_ffn_width(model) -> int:
@@ -27,8 +30,14 @@ def layer_flops_per_token(model, seq_len: int) -> float:
     """Forward FLOPs of every decoder layer for one token of a sequence of `seq_len` tokens."""
     h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
     kv = model.num_query_groups * model.kv_channels
-    per_layer = 2 * (h * q + 2 * h * kv + q * h) + 6 * h * active_ffn_width(model) + 2 * q * seq_len
-    return float(model.num_layers * per_layer)
+    per_layer = 2 * (h * q + 2 * h * kv + q * h) + 6 * h * active_ffn_width(model)
+    return float(model.num_layers * per_layer) + attention_flops_per_token(model, seq_len)
+
+
+def attention_flops_per_token(model, seq_len: int) -> float:
+    """Forward FLOPs of every layer's score and value products for one token of a `seq_len`-token sequence (causal:
+    S/2 keys on average), the part of a layer with no weights."""
+    return float(model.num_layers * 2 * model.num_attention_heads * model.kv_channels * seq_len)
 
 
 def head_flops_per_token(model) -> float:
@@ -40,3 +49,14 @@ def forward_flops(model, sequences: Iterable[tuple[int, int]]) -> float:
     """Forward FLOPs of sequences given as (tokens, tokens the LM head is computed for)."""
     head = head_flops_per_token(model)
     return sum(n * layer_flops_per_token(model, n) + head_tokens * head for n, head_tokens in sequences)
+
+
+def train_flops(model, sequences: list[tuple[int, int]]) -> float:
+    """Training FLOPs (forward and backward) of sequences given as (tokens, tokens the LM head is computed for)."""
+    forward = forward_flops(model, sequences)
+    lora = model.lora
+    if not lora.enabled:
+        return TRAIN_PASSES * forward
+    attention = sum(n * attention_flops_per_token(model, n) for n, _ in sequences)
+    adapters = 2 * lora.adapter_parameter_count(model) * sum(n for n, _ in sequences)
+    return FROZEN_PASSES * (forward - attention) + TRAIN_PASSES * (attention + adapters)

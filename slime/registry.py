@@ -79,6 +79,9 @@ class TrainBackendFacts:
     # The `parallelism` key (dotted) and the value with which the backend recomputes every layer in its backward,
     # keeping only the layer inputs (fsdp: gradient_checkpointing; megatron: recompute.granularity=full).
     full_recompute: tuple[str, Any] = ("gradient_checkpointing", True)
+    # The `parallelism` key and value under which a bf16 run holds a LoRA policy's frozen base in bf16 (fsdp: FSDP2's
+    # bf16 policy, slime.train.fsdp.rank `_base_dtype`); None: the base's dtype is the backend's usual weights'.
+    bf16_lora_base: Optional[tuple[str, Any]] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -186,7 +189,9 @@ TRAIN_BACKENDS = Registry(
     },
     what="training backend",
     facts={
-        "fsdp": TrainBackendFacts(fully_sharded_state=True, frozen_models_on_gpu=True),
+        "fsdp": TrainBackendFacts(
+            fully_sharded_state=True, frozen_models_on_gpu=True, bf16_lora_base=("fsdp.mixed_precision", "fsdp2")
+        ),
         "megatron": TrainBackendFacts(full_recompute=("recompute.granularity", "full")),
     },
     default_facts=TrainBackendFacts(),

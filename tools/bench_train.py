@@ -13,7 +13,8 @@ memory is its own and an out-of-memory variant does not stop the others:
 
 MFU counts the model FLOPs of the real tokens only (REFERENCE.md §9.6, `slime.model_flops`): per token of a sequence
 of length S, 3 × [L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F) + 2·H·V + L·2·Q·S] (every matmul, the LM head on every token,
-causal attention halved), against a bf16 matmul ceiling (8192³) measured in the same run.
+causal attention halved), against a bf16 matmul ceiling (8192³) measured in the same run. A LoRA variant's frozen
+weights count 2 passes instead of 3 (no weight gradient; `slime.model_flops.train_flops`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ FULL_RECOMPUTE = "parallelism.recompute.granularity=full"
 # the MLP keeps only its input (its fc1 output and SwiGLU output, 3 x ffn per token, are recomputed)
 SELECTIVE_MLP = ["parallelism.recompute.granularity=selective", "parallelism.recompute.modules=[mlp]"]
 COMPILE = "parallelism.compile_layers=true"
+LORA = "model.lora.rank=32"
 
 # name -> (kind, config overrides of the fsdp/megatron backend or options of the padded baseline)
 VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
@@ -81,7 +83,14 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
     ),
     "fsdp_8k": ("fsdp", ["parallelism.max_tokens_per_gpu=8192"]),
     "fsdp_16k": ("fsdp", ["parallelism.max_tokens_per_gpu=16384"]),
+    "fsdp_16k_eager": ("fsdp", ["parallelism.max_tokens_per_gpu=16384", "parallelism.fsdp.compile=false"]),
     "fsdp_16k_ckpt": ("fsdp", ["parallelism.max_tokens_per_gpu=16384", "parallelism.gradient_checkpointing=true"]),
+    # LoRA rank 32 on every projection: the frozen base in bf16, adapters and their AdamW state fp32
+    "fsdp_16k_lora": ("fsdp", ["parallelism.max_tokens_per_gpu=16384", LORA]),
+    "fsdp_16k_ckpt_lora": (
+        "fsdp",
+        ["parallelism.max_tokens_per_gpu=16384", "parallelism.gradient_checkpointing=true", LORA],
+    ),
     "fsdp_8k_compile": ("fsdp", ["parallelism.max_tokens_per_gpu=8192", "parallelism.fsdp.compile=true"]),
     "fsdp_16k_ckpt_compile": (
         "fsdp",

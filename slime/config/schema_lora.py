@@ -61,11 +61,14 @@ class LoRAConfig:
         }
 
     def parameter_count(self, model: Any) -> int:
-        """Trainable parameters of these adapters on `model` (the ModelConfig holding them): every layer's targets,
-        rank x (in + out) each, and hidden_size per trained gain."""
+        """Trainable parameters on `model` (the ModelConfig holding them): the adapters', and hidden_size per trained
+        gain."""
+        return self.adapter_parameter_count(model) + len(self.train_params) * model.hidden_size
+
+    def adapter_parameter_count(self, model: Any) -> int:
+        """Parameters of the adapters alone: every layer's targets, rank x (in + out) each."""
         h, q = model.hidden_size, model.num_attention_heads * model.kv_channels
         kv, f = model.num_query_groups * model.kv_channels, model.ffn_hidden_size
         shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
         shapes |= {"gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
-        adapters = model.num_layers * sum(self.rank * sum(shapes[name]) for name in self.target_modules)
-        return adapters + len(self.train_params) * model.hidden_size  # a gain per hidden unit
+        return model.num_layers * sum(self.rank * sum(shapes[name]) for name in self.target_modules)

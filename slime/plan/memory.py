@@ -152,6 +152,14 @@ def _recomputes_every_layer(cfg: RunConfig) -> bool:
     return config_value(cfg.parallelism, key) == value
 
 
+def _base_bytes(cfg: RunConfig, derived: Derived) -> int:
+    """Bytes per weight of a fully sharded policy: fp32 master weights, or a LoRA policy's frozen base in bf16 where
+    the backend's record says it holds it so (`bf16_lora_base`)."""
+    held = TRAIN_BACKENDS.facts(cfg.parallelism.backend).bf16_lora_base
+    bf16_base = cfg.model.lora.enabled and derived.precision == "bf16" and held is not None
+    return 2 if bf16_base and config_value(cfg.parallelism, held[0]) == held[1] else 4
+
+
 def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict[str, float]:
     p, m, r = cfg.parallelism, cfg.model, cfg.rollout
     bf16 = derived.precision == "bf16"
@@ -161,7 +169,7 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         shard = n / max(derived.dp_size * p.tp, 1)
         # with LoRA the base is frozen: gradients and optimizer state for the adapters alone (their weights too)
         trained = m.lora.parameter_count(m) / max(derived.dp_size * p.tp, 1) if m.lora.enabled else shard
-        state = {"weights": 4 * (shard + trained * m.lora.enabled) + 2 * n_layer}
+        state = {"weights": _base_bytes(cfg, derived) * shard + 4 * trained * m.lora.enabled + 2 * n_layer}
         state |= {"gradients": 4 * trained, "optimizer": 8 * trained}
     else:
         # Experts are split by ep x etp and their optimizer state over the expert-data-parallel ranks

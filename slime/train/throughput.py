@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from slime.model_flops import TRAIN_PASSES, forward_flops
+from slime.model_flops import train_flops
 from slime.types import TrainBatch
 
 CEILING_SIZE = 8192  # the square bf16 matmul whose speed is the MFU denominator, as tools/bench_train.py
@@ -39,7 +39,7 @@ def matmul_ceiling_tflops(device: torch.device) -> float | None:
 def shard_train_flops(model, batch: TrainBatch) -> float:
     """Training FLOPs of this rank's shard: every sample's real tokens once (its K optimizer steps split them)."""
     sequences = [(len(tokens), response) for tokens, response in zip(batch.tokens, batch.response_lengths)]
-    return TRAIN_PASSES * forward_flops(model, sequences)
+    return train_flops(model, sequences)
 
 
 def seconds_since(start: float, device: torch.device) -> float:

@@ -119,3 +119,33 @@ def test_fsdp2_mixed_precision_policy_matches_autocast(tiny_model_dir):
         assert steps[0]["train/ppo_kl"] == 0.0
         backend.shutdown()
     assert (results["fsdp2"] - results["autocast"]).abs().mean() < 0.02
+
+
+def test_a_lora_policy_holds_its_frozen_base_in_bf16(tiny_model_dir):
+    """FSDP2's bf16 policy with model.lora: the base's shards are bf16, the adapters and their AdamW state fp32; the
+    first forward is the full model's (fp32 shards cast to the same bf16 values, B = 0) up to bf16 rounding (the
+    compiled layers fuse the adapter's sum differently: 1e-3 seen on an H200), and the reference is the base itself
+    (the adapters off)."""
+    gpu = ["algo.use_kl_loss=true", "algo.kl_loss_coef=0.1", f"checkpoint.ref_load={tiny_model_dir}"]
+    batch = batches_for(make_samples(16, seed=3), dp=1, k=2)[0]
+    full = make_backend(dataclasses.replace(make_setup(tiny_model_dir, gpu), device="cuda", precision="bf16"))
+    full_log_probs = log_probs(full, batch).cpu()
+    full.shutdown()
+
+    setup = make_setup(tiny_model_dir, [*gpu, "model.lora.rank=4", "train.lr=1e-2"])
+    lora_gpu = make_backend(dataclasses.replace(setup, device="cuda", precision="bf16"), port=free_port())
+    params = dict(lora_gpu.model.named_parameters())
+    trained = {n for n, p in params.items() if p.requires_grad}  # the adapters and the preset's trained norm gain
+    assert any(".lora_" in n for n in trained) and {params[n].dtype for n in trained} == {torch.float32}
+    assert {p.dtype for n, p in params.items() if n not in trained} == {torch.bfloat16}
+    assert "ref" in lora_gpu.frozen and lora_gpu.frozen["ref"] is lora_gpu.model  # no second copy
+    assert (log_probs(lora_gpu, batch).cpu() - full_log_probs).abs().mean() < 0.02
+
+    steps = train_rollout(lora_gpu, batch)["steps"]
+    assert steps[0]["train/ppo_kl"] == 0.0 and abs(steps[0]["train/kl_loss"]) < 1e-3  # B = 0: policy = base
+    assert steps[1]["train/kl_loss"] > steps[0]["train/kl_loss"]
+    assert all(torch.isfinite(torch.tensor(s["train/grad_norm"])) for s in steps)
+    states = [v for state in lora_gpu.optimizer.state.values() for v in state.values() if v.dim() > 0]
+    assert states and {v.dtype for v in states} == {torch.float32}
+    assert (log_probs(lora_gpu, batch, "ref").cpu() - full_log_probs).abs().mean() < 0.02  # the base, untrained
+    lora_gpu.shutdown()

@@ -20,7 +20,10 @@ from tests.helpers.compose import typed_config
 
 
 def make_setup(model_dir, overrides=()) -> TrainSetup:
-    cfg = typed_config([f"model.hf_checkpoint={model_dir}", "checkpoint.ref_load=null", *overrides])
+    # a rank takes no logger: wandb's mode is off so that validation asks for no wandb package (the GPU machine's)
+    cfg = typed_config(
+        [f"model.hf_checkpoint={model_dir}", "checkpoint.ref_load=null", "logger.wandb.mode=disabled", *overrides]
+    )
     derived = validate(cfg)
     return TrainSetup.from_run_config(fill_derived(cfg, derived), derived)
 

@@ -132,9 +132,13 @@ def test_frozen_models_take_gpu_memory_where_the_backend_keeps_them_there():
     assert est.train["reference"] == est.train["teacher"] == 0.0 and est.train["weights"] > 0
 
 
+AUTOCAST = "parallelism.fsdp.mixed_precision=autocast"
+
+
 def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state():
-    """fsdp shards (dp 4): the frozen base's fp32 weights stay, the adapters add theirs; gradients (4 B) and AdamW's
-    moments (8 B) exist for the adapters alone; the plan prints how many train."""
+    """fsdp shards (dp 4): the frozen base's weights are bf16 under FSDP2's bf16 policy (fp32 under autocast), the
+    adapters add their fp32 ones; gradients (4 B) and AdamW's moments (8 B) exist for the adapters alone; the plan
+    prints how many train."""
     full = typed_config([*GPU_RUN, "cluster=one_node_8gpu"])
     cfg = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "model.lora.rank=16"])
     m = cfg.model
@@ -148,7 +152,12 @@ def test_with_lora_only_the_adapters_have_gradients_and_optimizer_state():
     assert m.lora.parameter_count(m) == adapters
     lora, base = estimate_memory(cfg, derive(cfg)).train, estimate_memory(full, derive(full)).train
     assert lora["gradients"] == pytest.approx(4 * adapters / 4) and lora["optimizer"] == pytest.approx(8 * adapters / 4)
-    assert lora["weights"] == pytest.approx(base["weights"] + 4 * adapters / 4)
+    shard = parameter_count(cfg)[0] / 4
+    assert lora["weights"] == pytest.approx(base["weights"] - 2 * shard + 4 * adapters / 4)
+    autocast = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "model.lora.rank=16", AUTOCAST])
+    assert estimate_memory(autocast, derive(autocast)).train["weights"] == pytest.approx(
+        base["weights"] + 4 * adapters / 4
+    )
     kl = typed_config([*GPU_RUN, "cluster=one_node_8gpu", "model.lora.rank=16", "algo.use_kl_loss=true"])
     assert estimate_memory(kl, derive(kl)).train["reference"] == 0.0  # the policy with its adapters off
     line = next(line for line in plan_of(["cluster=one_node_8gpu", "model.lora.rank=16"]) if "LoRA rank 16" in line)

@@ -37,6 +37,27 @@ def with_lora(model, **fields):
     return dataclasses.replace(model, lora=dataclasses.replace(model.lora, **fields))
 
 
+def test_on_a_bf16_base_what_trains_is_fp32_and_merges_from_it(tiny_model_dir):
+    """The frozen base in bf16 (FSDP2's bf16 policy on CUDA): peft gives new adapters the base's dtype, apply_lora
+    makes what trains fp32; the merged weight is the bf16 base plus the fp32 product, rounded once to bf16."""
+    cfg = with_lora(typed_config(["model.lora.rank=4"]).model, train_params=["model.norm.weight"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    lora.apply_lora(model, cfg.lora)
+    params = dict(model.named_parameters())
+    trained = {n for n, p in params.items() if p.requires_grad}
+    assert trained == {n for n in params if lora.is_adapter(n)} | {"model.norm.weight"}
+    assert {params[n].dtype for n in trained} == {torch.float32}
+    assert {p.dtype for n, p in params.items() if n not in trained} == {torch.bfloat16}
+    with torch.no_grad():
+        params["model.layers.0.self_attn.q_proj.lora_B.default.weight"].normal_()
+    merged = dict(lora.merged_weights(model, lambda t: t))
+    layer = model.model.layers[0].self_attn.q_proj
+    delta = layer.lora_B["default"].weight @ layer.lora_A["default"].weight * layer.scaling["default"]
+    base = params["model.layers.0.self_attn.q_proj.base_layer.weight"]
+    assert merged["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], (base.float() + delta).bfloat16())
+
+
 def test_only_the_adapters_train_and_their_count_is_the_formula(tiny_model_dir):
     cfg = with_lora(typed_config(["model.lora.rank=4"]).model, train_params=[])
     model = tiny(tiny_model_dir, cfg.lora)

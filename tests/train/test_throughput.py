@@ -3,10 +3,12 @@ step logs: perf/train_tokens_per_s, perf/train_tflops (per GPU) and perf/mfu aga
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from slime.model_flops import TRAIN_PASSES, active_ffn_width, forward_flops, head_flops_per_token
+from slime.model_flops import TRAIN_PASSES, active_ffn_width, forward_flops, head_flops_per_token, train_flops
 from slime.train.throughput import seconds_since, shard_train_flops, train_rates
 from tests.helpers.compose import typed_config
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
@@ -19,6 +21,19 @@ def test_forward_flops_of_the_tiny_model_by_hand():
     assert head_flops_per_token(TINY) == 10240
     assert forward_flops(TINY, [(10, 4)]) == 10 * 2 * (98304 + 128 * 10) + 4 * 10240
     assert forward_flops(TINY, [(10, 4), (3, 0)]) == forward_flops(TINY, [(10, 4)]) + 3 * 2 * (98304 + 128 * 3)
+
+
+def test_with_lora_the_frozen_weights_count_two_passes_attention_and_adapters_three():
+    # (10, 4) on TINY: weight matmuls 10·2·98304 + 4·10240 (the head), attention 10·2·128·10; the rank-4 adapters on
+    # every projection: 9728 parameters, 2 FLOPs each per token
+    lora = dataclasses.replace(TINY, lora=dataclasses.replace(TINY.lora, rank=4, train_params=["model.norm.weight"]))
+    weights, attention = 10 * 2 * 98304 + 4 * 10240, 10 * 2 * 128 * 10
+    assert lora.lora.adapter_parameter_count(lora) == 9728
+    assert train_flops(TINY, [(10, 4)]) == 3 * (weights + attention)
+    assert train_flops(lora, [(10, 4)]) == 2 * weights + 3 * (attention + 2 * 9728 * 10)
+    batch = batches_for(make_samples(4, seed=1), dp=1, k=1)[0]
+    sequences = [(len(t), r) for t, r in zip(batch.tokens, batch.response_lengths)]
+    assert shard_train_flops(lora, batch) == train_flops(lora, sequences) < shard_train_flops(TINY, batch)
 
 
 def test_an_moe_token_passes_through_its_top_k_experts_and_the_shared_one():

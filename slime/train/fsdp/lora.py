@@ -45,10 +45,13 @@ def peft_config(lora: LoRAConfig, **fields):
 
 def apply_lora(model: nn.Module, lora: LoRAConfig) -> None:
     """Inject adapters on `lora.target_modules` of every decoder layer; only they (and `lora.train_params`) require
-    grad afterwards."""
+    grad afterwards, in fp32 (peft gives an adapter its base layer's dtype, which may be bf16)."""
     _peft().inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
-        param.requires_grad_(is_adapter(name) or name in lora.train_params)
+        trains = is_adapter(name) or name in lora.train_params
+        param.requires_grad_(trains)
+        if trains:
+            param.data = param.data.float()
 
 
 def is_adapter(name: str) -> bool:

@@ -51,9 +51,9 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.device = torch.device("cuda", torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
         self.groups = parallel.Groups(self.layout, s.device)
         torch.manual_seed(s.seed + self.coords.dp_rank)  # the ranks of one tp group draw alike
-        self.model = self._load_model(init_path)
+        self.model = self._load_model(init_path, dtype=self._base_dtype)
         if self.trains_adapters:
-            lora.apply_lora(self.model, s.model.lora)
+            lora.apply_lora(self.model, s.model.lora)  # what trains in fp32, whatever the base's dtype
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         if s.parallelism.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -115,6 +115,14 @@ class FSDPRank(BatchColumns, TrainBackend):
         """bf16 compute through FSDP2's mixed-precision policy (fp32 shards); see `FSDPOptions`."""
         s = self.setup
         return s.precision == "bf16" and parallel.uses_fsdp(s.device) and s.parallelism.fsdp.mixed_precision == "fsdp2"
+
+    @property
+    def _base_dtype(self) -> torch.dtype:
+        """The dtype the trained model is loaded in: fp32 master weights, except a LoRA policy's frozen base, held in
+        bf16 where it computes in bf16 anyway (`_bf16_params`): half its memory, the same forward, since FSDP2's
+        policy casts an fp32 shard to those same bf16 values. FSDP2 asks one dtype of the trainable parameters
+        alone (`FSDPParamGroup._init_mp_dtypes`), and those stay fp32."""
+        return self._frozen_dtype if self.trains_adapters else torch.float32
 
     @property
     def _frozen_dtype(self) -> torch.dtype:
