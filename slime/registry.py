@@ -63,6 +63,10 @@ class EngineFacts:
     # naming it (SGLang's --enable-lora: /load_lora_adapter_from_tensors in tensor mode, /load_lora_adapter in disk
     # mode, generate's lora_path); empty: it serves merged weights only (model.lora.sync_merged).
     lora_adapter_modes: tuple[str, ...] = ()
+    # Its servers' multi-node flags (node count, node rank, the first node's rendezvous address): an engine wider
+    # than a node runs one server process per node slice (SGLang's --nnodes / --node-rank / --dist-init-addr);
+    # None: each server stays inside one node.
+    node_span_flags: Optional[tuple[str, str, str]] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -225,6 +229,7 @@ ENGINES = Registry(
             memory_fraction_key="sglang.mem_fraction_static",
             memory_fraction_default=0.8,
             lora_adapter_modes=("tensor", "disk"),
+            node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
         ),
         "vllm": EngineFacts(
             router="vllm-router",

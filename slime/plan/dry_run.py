@@ -16,6 +16,7 @@ from collections.abc import Callable
 from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
+from slime.plan.check_spans import spanning_engines
 from slime.plan.memory import GIB, gpu_capacity_gib, parameter_count
 from slime.plan.resolve import resolve
 from slime.plan.roles import packed_device
@@ -52,6 +53,7 @@ def placement_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         node, gpu = packed_device(index, per_node)
         lines.append(f"  node {node} {unit} {gpu}: {' + '.join(holds.get(index, [])) or 'free'}")
     facts = ENGINES.facts(cfg.rollout.engine)
+    lines += _span_lines(cfg, plan, facts.node_span_flags)
     router = facts.router
     if facts.plan_line:
         lines.append(load_callable(facts.plan_line, key="rollout.engine")(cfg, plan.engines))
@@ -59,6 +61,20 @@ def placement_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         f"  router ({cfg.rollout.router.address or router + ', launched'}) and rollout manager: "
         "the driver's node, no GPU"
     )
+    return lines
+
+
+def _span_lines(cfg: RunConfig, plan: RunPlan, flags: tuple[str, str, str] | None) -> list[str]:
+    """A line per engine spanning nodes: its server per node slice and their multi-node flags."""
+    lines = []
+    for engine, nodes in spanning_engines(plan.roles, cfg.cluster.num_gpus_per_node).items():
+        count, rank, address = flags or ("nnodes", "node rank", "rendezvous address")
+        first, *rest = sorted(nodes)
+        servers = [f"{rank} 0 on node {first} (serves HTTP; {address} on a reserved port there)"]
+        servers += [f"{rank} {i} on node {node}" for i, node in enumerate(rest, start=1)]
+        lines.append(
+            f"  engine {engine} spans {len(nodes)} nodes, one server each: {count} {len(nodes)}; {', '.join(servers)}"
+        )
     return lines
 
 

@@ -12,10 +12,12 @@ layouts) raises in both modes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from slime.config.derived import fill_derived
-from slime.config.problems import ConfigError
+from slime.config.problems import ConfigError, Problem
 from slime.config.schema import RunConfig
+from slime.plan.check_spans import check_engine_spans
 from slime.plan.derive import derive
 from slime.plan.frozen import freeze
 from slime.plan.run_plan import RunPlan, plan_run
@@ -27,9 +29,15 @@ def resolve(cfg: RunConfig, *, defer_absent: bool = False) -> tuple[RunConfig, R
     Raises ConfigError listing every problem (with `defer_absent`, every problem but absent inputs)."""
     derived = derive(cfg)
     problems = problems_of(cfg, derived)
+    _refuse(problems, defer_absent)
+    resolved = fill_derived(copy.deepcopy(cfg), derived)
+    plan = plan_run(resolved, derived)
+    problems += check_engine_spans(resolved, plan)  # read off the plan, which needs a valid config
+    _refuse(problems, defer_absent)
+    return freeze(resolved), dataclasses.replace(plan, still_needs=tuple(p for p in problems if p.machine))
+
+
+def _refuse(problems: list[Problem], defer_absent: bool) -> None:
     refused = [p for p in problems if not (defer_absent and p.machine)]
     if refused:
         raise ConfigError(refused)
-    resolved = fill_derived(copy.deepcopy(cfg), derived)
-    still_needs = tuple(p for p in problems if p.machine)
-    return freeze(resolved), plan_run(resolved, derived, still_needs=still_needs)

@@ -42,3 +42,13 @@ def assign_roles(
 def packed_device(index: int, gpus_per_node: int) -> tuple[int, int]:
     """(node, GPU) of bundle `index` when PACK fills empty identical nodes in order."""
     return index // gpus_per_node, index % gpus_per_node
+
+
+def node_slices(bundles: tuple[int, ...], gpus_per_node: int) -> dict[int, tuple[int, ...]]:
+    """node -> the GPUs of `bundles` (one engine's) on it, in node order under PACK: one entry for an engine inside a
+    node, one per node slice for an engine spanning nodes."""
+    slices: dict[int, list[int]] = {}
+    for bundle in bundles:
+        node, gpu = packed_device(bundle, gpus_per_node)
+        slices.setdefault(node, []).append(gpu)
+    return {node: tuple(gpus) for node, gpus in slices.items()}

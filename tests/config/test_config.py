@@ -26,6 +26,8 @@ NEEDS = {
     ("preset", "tiny_qwen3_vllm_untied"): "vllm_cpu_model",
     ("cluster", "one_node_8gpu"): "gpu_cluster",
     ("cluster", "one_gpu"): "gpu_cluster",
+    ("cluster", "two_nodes_16gpu"): "gpu_cluster",
+    ("cluster", "four_nodes_32gpu"): "gpu_cluster",
     ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",
     ("data", "prompt_file"): "prompt_file",
     ("debug", "train_only"): "rollout_dumps",

@@ -65,7 +65,12 @@ def test_the_engine_records_state_their_facts():
     )
     assert ENGINES.facts("hf") == hf
     assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
-    sglang = dataclasses.replace(hf, memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.8)
+    sglang = dataclasses.replace(
+        hf,
+        memory_fraction_key="sglang.mem_fraction_static",
+        memory_fraction_default=0.8,
+        node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
+    )
     assert ENGINES.facts("sglang") == sglang
     assert ENGINES.facts("vllm") == EngineFacts(
         router="vllm-router",
@@ -102,7 +107,10 @@ def test_the_weight_sync_records_state_their_facts():
 
 def test_the_train_backend_records_state_their_memory_model():
     assert TRAIN_BACKENDS.facts("fsdp") == TrainBackendFacts(
-        fully_sharded_state=True, frozen_models_on_gpu=True, full_recompute=("gradient_checkpointing", True)
+        fully_sharded_state=True,
+        frozen_models_on_gpu=True,
+        full_recompute=("gradient_checkpointing", True),
+        bf16_lora_base=("fsdp.mixed_precision", "fsdp2"),
     )
     assert TRAIN_BACKENDS.facts("megatron") == TrainBackendFacts(
         fully_sharded_state=False, frozen_models_on_gpu=False, full_recompute=("recompute.granularity", "full")

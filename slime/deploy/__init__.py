@@ -1,0 +1,1 @@
+"""Launching runs on multi-node clusters (KubeRay, Slurm)."""

@@ -1,0 +1,85 @@
+"""Engines wider than a node (slime.plan.check_spans): the plan's node slices per engine, SGLang's multi-node flags in
+the dry run, and what validation says where an engine cannot span nodes or a launch cannot start it yet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from slime.config.problems import ConfigError
+from slime.plan.resolve import resolve
+from slime.plan.roles import node_slices
+from tests.helpers.compose import ROOT, fake_hf_dir, typed_config
+
+TWO_NODES = ["model=qwen3_4b", "cluster=two_nodes_16gpu", "data=digit_task", "rollout.rm_type=exact_match"]
+
+
+def test_node_slices_of_an_engine_follow_the_packed_bundles():
+    assert node_slices((0, 1, 2, 3), 8) == {0: (0, 1, 2, 3)}
+    assert node_slices(tuple(range(8, 24)), 8) == {1: tuple(range(8)), 2: tuple(range(8))}
+    assert node_slices((6, 7, 8, 9), 8) == {0: (6, 7), 1: (0, 1)}
+
+
+def test_the_16_gpu_recipe_plans_one_sglang_server_per_node_without_starting_ray():
+    code = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('RAY_IMPORTED', 'ray' in sys.modules))\n"
+        "sys.argv = ['main.py', 'recipe=gpu/qwen3_30b_a3b_grpo_2x8_tp16', 'debug=dry_run']\n"
+        "runpy.run_path('main.py', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("Placement plan (16 GPU(s) of 2 node(s) x 8; colocated;")
+    assert "  node 0 GPU 0: actor rank 0 (dp 0, tp 0, pp 0, cp 0) + engine 0 [GPU 1/16]" in lines
+    assert "  node 1 GPU 7: actor rank 15 (dp 3, tp 3, pp 0, cp 0) + engine 0 [GPU 16/16]" in lines
+    assert (
+        "  engine 0 spans 2 nodes, one server each: --nnodes 2; --node-rank 0 on node 0 (serves HTTP; "
+        "--dist-init-addr on a reserved port there), --node-rank 1 on node 1"
+    ) in lines
+    assert "1 engine(s) x 16 GPU(s)" in proc.stdout
+    assert "  - cluster.rollout.num_gpus_per_engine=16: engine 0's GPUs lie on nodes 0-1" in proc.stdout
+    assert "RAY_IMPORTED False" in proc.stdout and lines[-2] == "Dry run: configuration valid; nothing was started."
+
+
+def span_problems(overrides: list[str], tmp_path) -> list:
+    """The problems `resolve` raises, as a launch does, for the config of `overrides` (GPUs declared on a Ray
+    cluster's nodes, the model's checkpoint present)."""
+    model = f"model.hf_checkpoint={fake_hf_dir(tmp_path, 'qwen3_4b')}"
+    with pytest.raises(ConfigError) as info:
+        resolve(typed_config([*TWO_NODES, model, "cluster.ray_address=auto", *overrides]))
+    return info.value.problems
+
+
+def test_a_launch_refuses_a_spanning_engine_before_anything_starts(tmp_path):
+    overrides = ["rollout=sglang", "cluster.colocate=true", "cluster.actor.num_nodes=2"]
+    (problem,) = span_problems([*overrides, "cluster.rollout.num_gpus_per_engine=16"], tmp_path)
+    assert problem.key == "cluster.rollout.num_gpus_per_engine" and problem.machine
+    assert "the runtime does not launch engines spanning nodes yet" in str(problem)
+    _, plan = resolve(
+        typed_config([*TWO_NODES, *overrides, "cluster.rollout.num_gpus_per_engine=16"]), defer_absent=True
+    )
+    assert "cluster.rollout.num_gpus_per_engine" in {p.key for p in plan.still_needs}  # the dry run plans it
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (  # four training GPUs, then an engine of 8: 4 GPUs on node 0, 4 on node 1
+            ["rollout=vllm", "cluster.rollout.num_gpus_per_engine=8"],
+            "engine 0's GPUs lie on nodes 0-1 (8 GPUs a node), and rollout.engine=vllm runs each server inside one "
+            "node. Fix: set cluster.rollout.num_gpus_per_engine to a divisor of cluster.num_gpus_per_node=8 that "
+            "divides the 4 GPU(s) before the engines too, or rollout.engine=sglang",
+        ),
+        (  # four training GPUs, then engines of 6: engine 0 has 4 GPUs on node 0 and 2 on node 1
+            ["rollout=sglang", "cluster.rollout.num_gpus=12", "cluster.rollout.num_gpus_per_engine=6"],
+            "engine 0's GPUs lie on nodes 0-1 (8 GPUs a node) in unequal slices",
+        ),
+    ],
+)
+def test_an_engine_that_cannot_span_nodes_is_a_config_error(overrides, expected, tmp_path):
+    problems = span_problems(["cluster.actor.num_gpus_per_node=4", *overrides], tmp_path)
+    (problem,) = [p for p in problems if p.key == "cluster.rollout.num_gpus_per_engine"]
+    assert not problem.machine and expected in str(problem)
