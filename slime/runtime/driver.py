@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from slime.config.schema import RunConfig
 from slime.plan.run_plan import RunPlan
 from slime.runtime.interrupts import Interrupts
 from slime.runtime.loop import RunLoop, RunParts
-from slime.runtime.placement import create_placement
+from slime.runtime.placement import RunPlacement, create_placement
 from slime.runtime.preflight import check_prepared
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
@@ -103,6 +104,7 @@ class StartedRun:
                 "the critic checkpoint is not at the actor's rollout step: set train.critic.load "
                 "to the critic saved with checkpoint.load"
             )
+        _write_placement(Path(cfg.paths.output_dir), self.placement, actor)  # its ranks are up: asked at once
         ray.get(self.engines_ready)
         pusher = None  # replaying dumps (debug.load_rollout_data) starts no engine to push weights to
         if cfg.debug.load_rollout_data is None:
@@ -142,6 +144,15 @@ class StartedRun:
         for group in self.groups:
             group.shutdown(graceful=graceful)
         state.phase = state_phase if exit_code else "done"
+
+
+def _write_placement(run_dir: Path, placement: RunPlacement, actor: TrainGroup) -> None:
+    """`<run dir>/placement.json`: the reserved node and GPU of every trainer rank and engine, and the node each
+    trainer rank's process reports it runs on (`process_node_id`)."""
+    record = placement.describe()
+    for rank, node_id in enumerate(actor.node_ids()):
+        record["actor"][rank]["process_node_id"] = node_id
+    (run_dir / "placement.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _tracker(job: RunJob) -> Tracker:

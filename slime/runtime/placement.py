@@ -27,6 +27,7 @@ class Placement:
     device: str  # cuda | cpu
     gpu_id: str | None = None  # the physical GPU id Ray assigned to the bundle (cuda)
     node_id: str | None = None  # the Ray node holding the bundle
+    sort_position: int = 0  # the bundle's place in the run's (node IP, node id, GPU) order
 
     def actor_options(self, *, fraction: float) -> dict:
         """Ray options for an actor taking `fraction` (1.0: all) of this bundle's device."""
@@ -91,6 +92,26 @@ class RunPlacement:
     critic: list[Placement]  # PPO's critic: its own bundles, or the actor's when colocated with it
     rollout: list[EnginePlacement]  # one entry per engine
 
+    def nodes(self) -> list[str]:
+        """The Ray node ids holding the run's bundles, in the sorted order (the dry run's node 0, 1, ...)."""
+        ordered = [*self.actor, *self.critic, *(b for engine in self.rollout for b in engine.bundles)]
+        ordered.sort(key=lambda p: p.sort_position)
+        return list(dict.fromkeys(p.node_id for p in ordered))
+
+    def describe(self) -> dict:
+        """`<run dir>/placement.json`: each trainer rank's and engine's node (index into `nodes`, and id) and GPU."""
+        index = {node: i for i, node in enumerate(self.nodes())}
+
+        def where(p: Placement) -> dict:
+            return {"node": index[p.node_id], "node_id": p.node_id, "gpu": p.gpu_id, "bundle": p.bundle_index}
+
+        return {
+            "nodes": self.nodes(),
+            "actor": [where(p) for p in self.actor],
+            "critic": [where(p) for p in self.critic],
+            "engines": [[where(b) for b in engine.bundles] for engine in self.rollout],
+        }
+
 
 PLACEMENT_TIMEOUT_S = 120.0  # seconds the bundles may take to be reserved
 
@@ -108,8 +129,12 @@ def create_placement(roles: RolePlan, *, device: str) -> RunPlacement:
             f"cluster resources are {ray.cluster_resources()}"
         )
     located = _locate(group, count, device)
-    order = sorted(range(count), key=lambda i: (_ip_key(located[i][1]), located[i][2], i))
-    places = [Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0]) for i in order]
+    # node id after IP: raylets sharing a host (a local multi-node cluster) still keep their bundles together
+    order = sorted(range(count), key=lambda i: (_ip_key(located[i][1]), located[i][0], located[i][2], i))
+    places = [
+        Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0], position)
+        for position, i in enumerate(order)
+    ]
     return RunPlacement(
         group=group,
         actor=[places[i] for i in roles.actor],

@@ -57,6 +57,10 @@ class TrainRank:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.backend, method)(*args, **kwargs)
 
+    def node_id(self) -> str:
+        """The Ray node this rank's process runs on."""
+        return ray.get_runtime_context().get_node_id()
+
     def execute(self, fn: Callable[[], Any]) -> Any:
         """Run a driver-given function in this rank's process (slime.runtime.fault_injection's hang)."""
         return fn()
@@ -102,6 +106,10 @@ class TrainGroup:
             for rank, place in enumerate(placements)
         ]
         return cls(layout, actors)
+
+    def node_ids(self) -> list[str]:
+        """The Ray node of each rank's process, in rank order."""
+        return ray.get([a.node_id.remote() for a in self.actors])
 
     # ---- dispatch ----------------------------------------------------------------------------
     def _all(self, method: str, *args, **kwargs) -> list[Any]:
