@@ -53,6 +53,16 @@ class LoRAServing:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeSlice:
+    """This server's part of an engine spanning nodes: one server per node (SGLang's --nnodes / --node-rank), all
+    meeting at the first node's rendezvous address (--dist-init-addr, host:port); node rank 0 serves the API."""
+
+    num_nodes: int
+    node_rank: int
+    dist_init_addr: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineLaunch:
     """Where and as what one engine runs; the same fields for every engine kind."""
 
@@ -72,6 +82,7 @@ class EngineLaunch:
     # experts (SGLang's --enable-return-routed-experts)
     return_routed_experts: bool = False
     lora: Optional[LoRAServing] = None  # serve the policy's LoRA adapters (None: full weights only)
+    node_slice: Optional[NodeSlice] = None  # one node's server of an engine spanning nodes (None: the whole engine)
     startup_timeout_s: float = 600.0  # launch until health answers 200
     shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL
 
@@ -89,7 +100,9 @@ class EngineServer(abc.ABC):
     def __init__(self, launch: EngineLaunch, config: Any):
         self.launch_spec = launch
         self.config = config
-        self.log_path = Path(launch.log_dir) / f"engine_{launch.rank}.log"
+        span = launch.node_slice
+        node = f"_node{span.node_rank}" if span is not None and span.node_rank > 0 else ""
+        self.log_path = Path(launch.log_dir) / f"engine_{launch.rank}{node}.log"
         self.process: Optional[subprocess.Popen] = None
         self.lease: Optional[PortLease] = None
         self._launched_at = 0.0

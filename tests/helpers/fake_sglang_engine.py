@@ -21,10 +21,12 @@ def make_engine(
     timeout_s=120.0,
     routes=False,
     lora=None,
+    node_slice=None,
     **config,
 ):
     """An SGLangEngine running the fake (tp = len(gpu_ids), 1 without); `routes`: it returns MoE routes
-    (`EngineLaunch.return_routed_experts`); `lora`: the LoRA adapters it serves (`EngineLaunch.lora`); `config` sets
+    (`EngineLaunch.return_routed_experts`); `lora`: the LoRA adapters it serves (`EngineLaunch.lora`); `node_slice`: one node's server of an
+    engine spanning nodes (`EngineLaunch.node_slice`); `config` sets
     SGLangEngineConfig fields."""
     launch = EngineLaunch(
         rank=3,
@@ -39,6 +41,7 @@ def make_engine(
         memory_saver=memory_saver,
         return_routed_experts=routes,
         lora=lora,
+        node_slice=node_slice,
     )
     fields = {"server_args": {}, "launch_module": FAKE, **config}
     return SGLangEngine(launch, SGLangEngineConfig(**fields))

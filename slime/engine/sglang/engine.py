@@ -37,7 +37,8 @@ class SGLangEngineConfig:
 
 
 class SGLangEngine(EngineServer):
-    """One SGLang server over `len(launch.gpu_ids)` GPUs (tp_size = that count / pp_size)."""
+    """One SGLang server over `len(launch.gpu_ids)` GPUs (tp_size = that count / pp_size), or one node's server of an
+    engine spanning nodes (`launch.node_slice`: tp_size counts every node's GPUs)."""
 
     kind = "sglang"
     num_ports: ClassVar[int] = 3  # HTTP, NCCL, PD bootstrap
@@ -67,12 +68,13 @@ class SGLangEngine(EngineServer):
         """The ServerArgs the framework decides (REFERENCE.md §7.1), by field name."""
         launch, cfg = self.launch_spec, self.config
         pp = int(cfg.server_args.get("pp_size", 1) or 1)
+        nodes = launch.node_slice.num_nodes if launch.node_slice is not None else 1  # tp spans every node's GPUs
         args: dict[str, Any] = {
             "model_path": launch.model_path,
             "host": launch.host,
             "port": ports[0],
             "nccl_port": ports[1],
-            "tp_size": max(self.num_gpus // pp, 1),
+            "tp_size": max(self.num_gpus * nodes // pp, 1),
             "base_gpu_id": 0,  # CUDA_VISIBLE_DEVICES holds exactly this engine's GPUs
             "gpu_id_step": 1,
             "random_seed": launch.seed,
@@ -92,6 +94,9 @@ class SGLangEngine(EngineServer):
                 "lora_target_modules": list(launch.lora.target_modules),
                 "max_loras_per_batch": 1,
             }
+        if launch.node_slice is not None:  # engine.py Engine._launch_subprocesses: rank 0 serves, the others follow
+            span = launch.node_slice
+            args |= {"nnodes": span.num_nodes, "node_rank": span.node_rank, "dist_init_addr": span.dist_init_addr}
         if cfg.worker_type != "regular":
             args["disaggregation_mode"] = cfg.worker_type
             args["disaggregation_bootstrap_port"] = ports[2]

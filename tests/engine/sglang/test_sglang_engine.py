@@ -8,16 +8,18 @@ import dataclasses
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from slime.engine import http_client
-from slime.engine.base import EngineStartupError, LoRAServing, get_engine_class
+from slime.engine.base import EngineStartupError, LoRAServing, NodeSlice, get_engine_class
 from slime.engine.router import Router
 from slime.engine.sglang.engine import SGLangEngine
 from slime.moe.routes import decode_routes
+from slime.net import free_port
 from tests.fakes.fake_sglang import GENERATE_MARK
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
 from tests.helpers.moe_rollout import tiny_moe, wire_generate
@@ -288,3 +290,36 @@ def test_an_adapter_sync_starts_the_server_serving_one_lora_adapter(tmp_path, sg
         "max_loras_per_batch": 1,
     }
     assert not sglang_parser(make_engine("/m", tmp_path).command([1, 2, 3])[3:])["enable_lora"]
+
+
+def test_an_engine_spanning_two_nodes_is_a_server_per_node_as_sglang_runs_them(tiny_model_dir, tmp_path, sglang_parser):
+    """`EngineLaunch.node_slice`: each node's server gets SGLang's --nnodes / --node-rank / --dist-init-addr and the
+    tp of every node's GPUs. Node rank 0 is not ready before the others join at the rendezvous; a node rank >= 1 runs
+    SGLang's dummy health server only (no API) and stops once node rank 0 has gone."""
+    address = f"127.0.0.1:{free_port()}"
+    first, second = (
+        make_engine(tiny_model_dir, tmp_path, node_slice=NodeSlice(num_nodes=2, node_rank=r, dist_init_addr=address))
+        for r in (0, 1)
+    )
+    args = sglang_parser(second.command([15001, 15002, 15003])[3:])
+    assert (args["nnodes"], args["node_rank"], args["dist_init_addr"], args["tp_size"]) == (2, 1, address, 2)
+    assert (first.log_path.name, second.log_path.name) == ("engine_3.log", "engine_3_node1.log")
+    first.launch()
+    try:
+        time.sleep(8)  # long enough for the fake alone to have been ready (it is, in a one-node engine)
+        assert not first.client.is_healthy(first.health_path, timeout=2.0)  # waiting for node rank 1
+        second.start()
+        first.wait_until_ready()
+        assert second.client.is_healthy("/health", timeout=2.0)
+        with pytest.raises(http_client.EngineHTTPError, match="404"):  # no API on a follower node
+            http_client.post(second.url + "/generate", {"input_ids": [1, 2], "sampling_params": {}})
+        out = http_client.post(first.url + "/generate", {"input_ids": [1, 5], "sampling_params": {"max_new_tokens": 2}})
+        assert len(out["output_ids"]) == 2
+        first.shutdown()
+        deadline = time.monotonic() + 30
+        while second.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not second.is_running() and "node rank 0 is gone" in second.log_path.read_text()
+    finally:
+        first.shutdown()
+        second.shutdown()
