@@ -26,8 +26,7 @@ def spanning_engines(roles: RolePlan, gpus_per_node: int) -> dict[int, dict[int,
 
 
 def check_engine_spans(cfg: RunConfig, plan: RunPlan) -> Iterator[Problem]:
-    """An engine spanning nodes needs an engine kind that runs across nodes, and equal slices; the runtime does not
-    launch such engines yet, which a real launch reports (the dry run prints the plan). Read off the plan, so the
+    """An engine spanning nodes needs an engine kind that runs across nodes, and equal slices. Read off the plan, so the
     problems come after validation's (slime.plan.resolve)."""
     c = cfg.cluster
     spans = spanning_engines(plan.roles, c.num_gpus_per_node)
@@ -52,12 +51,4 @@ def check_engine_spans(cfg: RunConfig, plan: RunPlan) -> Iterator[Problem]:
             f"{where} in unequal slices; an engine spanning nodes splits its tensor parallelism evenly over them",
             f"make {KEY} a multiple of cluster.num_gpus_per_node={c.num_gpus_per_node} (and the GPUs before the "
             "engines a multiple of it)",
-        )
-    else:
-        yield Problem(
-            KEY,
-            value,
-            f"{where}: the plan runs one server per node, but the runtime does not launch engines spanning nodes yet",
-            f"set {KEY}<={c.num_gpus_per_node} to launch now; `debug=dry_run` prints the spanning plan",
-            machine=True,
         )

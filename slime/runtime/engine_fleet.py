@@ -23,6 +23,7 @@ external engines, the control calls the loop uses, engines.json, and fault toler
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -40,6 +41,7 @@ from slime.engine.groups import EngineSpec, ModelSpec, policy_model
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
 from slime.runtime.engine_health import HealthGate, HealthMonitor
+from slime.runtime.engine_nodes import EngineActors, ask_each, create_engine_actors
 from slime.runtime.placement import EnginePlacement
 
 logger = logging.getLogger(__name__)
@@ -52,12 +54,17 @@ class EngineSlot:
 
     rank: int
     spec: EngineSpec
-    actor: Any
+    actor: Any  # node rank 0's (the whole engine's inside one node): its URL is the engine's
+    followers: list = dataclasses.field(default_factory=list)  # node ranks >= 1 of an engine spanning nodes
     url: Optional[str] = None
     info: dict = dataclasses.field(default_factory=dict)
     registered: bool = False
     dead: bool = False
     restarts: int = 0
+
+    @property
+    def actors(self) -> list:
+        return [self.actor, *self.followers]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,6 +116,11 @@ class EngineFleet:
             if s.device == "cuda"
             else {}
         )
+        fraction = 0.2 if s.colocate else 1.0
+
+        def actor_on(place, launch, *, config):
+            return remote_cls.options(**place.actor_options(fraction=fraction), **env).remote(launch, config)
+
         paths = {m.name: m.model_path for m in s.models}
         for rank, (spec, placement) in enumerate(zip(s.specs, self.placements)):
             config = engine_cls.config_from(s.rollout, worker_type=spec.worker_type, overrides=spec.overrides)
@@ -126,10 +138,9 @@ class EngineFleet:
                 return_routed_experts=s.return_routed_experts and self._serves_policy(spec),
                 lora=s.lora if self._serves_policy(spec) else None,
             )
-            options = placement.first.actor_options(fraction=0.2 if s.colocate else 1.0)
-            actor = remote_cls.options(**options, **env).remote(launch, config)
-            self.slots.append(EngineSlot(rank=rank, spec=spec, actor=actor))
-        return [slot.actor.launch.remote() for slot in self.slots]
+            actors = create_engine_actors(functools.partial(actor_on, config=config), launch, placement)
+            self.slots.append(EngineSlot(rank=rank, spec=spec, actor=actors.main, followers=actors.followers))
+        return [actor.launch.remote() for slot in self.slots for actor in slot.actors]
 
     def _serves_policy(self, spec) -> bool:
         return self.policy is not None and spec.model == self.policy.name
@@ -148,6 +159,7 @@ class EngineFleet:
     def finish_start(self) -> None:
         """Wait for every engine, register each (and the external engines), write engines.json, start the monitor."""
         urls = ray.get([slot.actor.wait_until_ready.remote() for slot in self.slots])
+        ray.get([actor.wait_until_ready.remote() for slot in self.slots for actor in slot.followers])
         for slot, url in zip(self.slots, urls):
             slot.url = url
         self._describe_all()
@@ -165,8 +177,9 @@ class EngineFleet:
         slot.registered = True
 
     def _describe_all(self) -> None:
-        for slot, info in zip(self.slots, ray.get([slot.actor.describe.remote() for slot in self.slots])):
-            slot.info = info
+        """Each engine's entry; an engine spanning nodes lists its other nodes' servers under `nodes`."""
+        for slot, infos in zip(self.slots, ask_each([slot.actors for slot in self.slots], "describe")):
+            slot.info = {**infos[0], **({"nodes": infos[1:]} if slot.followers else {})}
 
     def shutdown(self) -> None:
         """Deregister every engine (external ones included), stop ours and the routers we launched."""
@@ -176,8 +189,9 @@ class EngineFleet:
                 self._deregister(slot)
         for url in self.external:
             self._try(lambda u=url: self.routers[self.policy.name].remove_worker(u), f"deregistering {url}")
-        for slot in self.slots:
-            self._try(lambda a=slot.actor: ray.get(a.shutdown.remote()), f"stopping engine {slot.rank}")
+        for slot in self.slots:  # node rank 0 first: the other nodes' servers stop with it
+            for actor in slot.actors:
+                self._try(lambda a=actor: ray.get(a.shutdown.remote()), f"stopping engine {slot.rank}")
         self.slots = []
         for router in self.routers.values():
             router.shutdown()
@@ -353,8 +367,8 @@ class EngineFleet:
         """Mark dead each engine whose server process has exited (the probes rest while engines are held, and
         a held engine is not to be probed), then return every dead rank."""
         live = [slot for slot in self.slots if not slot.dead]
-        for slot, running in zip(live, ray.get([slot.actor.is_running.remote() for slot in live])):
-            if not running:
+        for slot, answers in zip(live, ask_each([slot.actors for slot in live], "is_running")):
+            if not all(answers):  # one node's server gone: the whole engine is
                 self.mark_dead(slot.rank, "has no server process")
         return self.dead_ranks()
 
@@ -371,9 +385,11 @@ class EngineFleet:
                     f"{ft.max_restarts}); its log: {slot.info.get('log')}"
                 )
             slot.restarts += 1
-            ray.get(slot.actor.shutdown.remote())  # reaps the dead process, frees its ports
+            ray.get([actor.shutdown.remote() for actor in slot.actors])  # reaps the dead processes, frees ports
             self._released.pop(slot.url, None)
-        urls = ray.get([slot.actor.start.remote() for slot in dead])
+        started = [EngineActors(slot.actor, slot.followers).start_refs() for slot in dead]
+        urls = ray.get([refs[0] for refs in started])
+        ray.get([ref for refs in started for ref in refs[1:]])
         for slot, url in zip(dead, urls):
             slot.url, slot.dead = url, False
             logger.warning("engine %d restarted at %s (restart %d)", slot.rank, url, slot.restarts)

@@ -15,6 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from slime.net import free_port
 from slime.plan.roles import RolePlan
 
 
@@ -53,10 +54,36 @@ class EnginePlacement:
     def gpu_ids(self) -> tuple[str, ...]:
         return tuple(b.gpu_id for b in self.bundles if b.gpu_id is not None)
 
+    def node_slices(self) -> list[EnginePlacement]:
+        """The engine's bundles per node, in order: one slice for an engine inside a node, one per node for an engine
+        spanning nodes (a server each)."""
+        slices: dict[str | None, list[Placement]] = {}
+        for bundle in self.bundles:
+            slices.setdefault(bundle.node_id, []).append(bundle)
+        return [EnginePlacement(tuple(bundles)) for bundles in slices.values()]
+
 
 @ray.remote(num_cpus=0)
 def _probe() -> tuple[str, str, list]:
     return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+
+
+def _free_address() -> tuple[str, int]:
+    """This node's IP and a free TCP port on it."""
+    return ray.util.get_node_ip_address(), free_port("")  # "": free on every interface of this node
+
+
+def free_address_on(place: Placement) -> tuple[str, int]:
+    """A free (IP, port) on the node of `place`, for a rendezvous there (torch.distributed's, SGLang's
+    --dist-init-addr): found right here when that is this process's node, else by a task there."""
+    if place.node_id == ray.get_runtime_context().get_node_id():
+        return _free_address()
+    task = ray.remote(num_cpus=0)(_free_address).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=place.group, placement_group_bundle_index=place.bundle_index
+        )
+    )
+    return ray.get(task.remote())
 
 
 def _locate(group: PlacementGroup, count: int, device: str) -> list[tuple[str, str, list]]:

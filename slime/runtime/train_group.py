@@ -20,31 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.net import free_port
 from slime.registry import TRAIN_BACKENDS
-from slime.runtime.placement import Placement
+from slime.runtime.placement import Placement, free_address_on
 from slime.runtime.watchdog import arm_stack_dump
 from slime.train.layout import RankLayout
 from slime.train.train_setup import TrainSetup
-
-
-def _free_address() -> tuple[str, int]:
-    """This node's IP and a free TCP port on it, for torch.distributed's rendezvous."""
-    return ray.util.get_node_ip_address(), free_port("")  # "": free on every interface of this node
-
-
-def _rendezvous_address(first: Placement) -> tuple[str, int]:
-    """A free address on rank 0's node: found right here when that is the driver's node, else by a task there."""
-    if first.node_id == ray.get_runtime_context().get_node_id():
-        return _free_address()
-    task = ray.remote(num_cpus=0)(_free_address).options(
-        scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=first.group, placement_group_bundle_index=first.bundle_index
-        )
-    )
-    return ray.get(task.remote())
 
 
 class TrainRank:
@@ -98,7 +79,7 @@ class TrainGroup:
         """A `TrainRank` actor per placement (rank order), each on `fraction` of its bundle's accelerator."""
         if layout.world_size != len(placements):
             raise ValueError(f"a layout of {layout.world_size} ranks for {len(placements)} placements")
-        addr, port = _rendezvous_address(placements[0])
+        addr, port = free_address_on(placements[0])
         actors = [
             ray.remote(TrainRank)
             .options(**place.actor_options(fraction=fraction))

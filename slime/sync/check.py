@@ -23,23 +23,16 @@ def check_disk_unchosen(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_tensor(cfg: RunConfig) -> Iterator[Problem]:
-    """Tensor mode needs the engines on the trainer's node and devices."""
-    c = cfg.cluster
-    if not c.colocate:
+    """Tensor mode needs the engines on the trainer's devices. Colocated, on any number of nodes: every engine TP rank
+    opens the handle that the training rank on its own device staged (slime.sync.tensor), so no handle leaves its
+    node; only the request carrying them does."""
+    if not cfg.cluster.colocate:
         yield Problem(
             "rollout.weight_sync.mode",
             "tensor",
             "tensor mode hands weights over in shared memory / CUDA IPC, "
             "so the engines must share the trainer's node and devices (cluster.colocate=false)",
             "set cluster.colocate=true, or rollout.weight_sync.mode=distributed (or disk)",
-        )
-    if c.num_nodes > 1:
-        yield Problem(
-            "rollout.weight_sync.mode",
-            "tensor",
-            f"tensor mode hands every bucket from the source rank's node "
-            f"to the engines; cluster.num_nodes={c.num_nodes} puts engines on other nodes",
-            "set rollout.weight_sync.mode=distributed (or disk), or cluster.num_nodes=1",
         )
 
 

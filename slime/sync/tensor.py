@@ -7,8 +7,8 @@ turn. An engine copies into its parameters before replying; only then is the buf
 bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). While the engines load
 bucket k, the source packs bucket k+1 (so two buffers exist at once); with per-TP-rank handles (below) the
 buckets go one at a time, since every rank joins each bucket's collectives in step. Each push reports its
-packing and loading seconds (`perf/update_weights_pack_time`, `perf/update_weights_load_time`). The engines
-must run on the source rank's node.
+packing and loading seconds (`perf/update_weights_pack_time`, `perf/update_weights_load_time`). Without
+per-TP-rank handles the engines must run on the source rank's node.
 
 Per-TP-rank handles: engine TP rank i opens the handle made on its own device. When
 `SyncContext.tp_trainer_ranks` names, per engine, the training rank colocated with each TP rank, every

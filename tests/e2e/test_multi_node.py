@@ -1,14 +1,21 @@
 """Several nodes on one machine: a local Ray cluster of two raylets (Ray's own `ray.cluster_utils.Cluster`), each a
-"node" of one CPU slot, joined by the embedded run through `cluster.ray_address`. The placement group must put the
-trainer on one node and the engine on the other; `placement.json` records which, and each trainer rank reports the
-node its own process runs on."""
+"node" of one CPU slot, joined by a run through `cluster.ray_address`. The embedded run must put the trainer on one
+node and the engine on the other; colocated, one fake-SGLang engine of TP 2 spans both nodes (a server per node, as
+SGLang runs one) and takes the two training ranks' tensor syncs. `placement.json` records where each role is, and
+each trainer rank reports the node its own process runs on."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
+from slime.engine import http_client
+from tests.fakes.fake_sglang import REQUEST_MARK
+from tests.helpers.fleet import running_fleet, wait_until
 from tests.helpers.runs import main_py
 
 pytestmark = pytest.mark.slow
@@ -49,3 +56,75 @@ def test_the_trainer_and_the_engine_run_on_different_nodes(two_raylets, tmp_path
     assert placement["nodes"][rank["node"]] == rank["node_id"]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["rollout/step"] for s in steps if "rollout/raw_reward" in s] == [0, 1]
+
+
+@pytest.mark.timeout(600)
+def test_an_sglang_engine_spans_both_nodes_and_every_sync_reaches_it(two_raylets, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = main_py(
+        run_dir,
+        "rollout=sglang",
+        "rollout.sglang_launch.module=tests.fakes.fake_sglang",
+        f"cluster.ray_address={two_raylets.address}",
+        "cluster.num_nodes=2",
+        "cluster.num_gpus_per_node=1",
+        "cluster.actor.num_nodes=2",  # a training rank on each node
+        "cluster.colocate=true",
+        "cluster.rollout.num_gpus_per_engine=2",  # one engine over both nodes
+        "rollout.weight_sync.mode=tensor",
+        "rollout.batch_size=16",
+        "train.global_batch_size=64",
+        "rollout.deterministic=false",
+        "train.num_rollout=2",
+        timeout=480,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    placement = json.loads((run_dir / "placement.json").read_text())
+    ((first, second),) = placement["engines"]
+    assert (first["node"], second["node"]) == (0, 1)
+    assert [(r["node"], r["process_node_id"]) for r in placement["actor"]] == [
+        (0, first["node_id"]),
+        (1, second["node_id"]),
+    ]
+    (engine,) = json.loads((run_dir / "engines.json").read_text())["engines"]
+    (follower,) = engine["nodes"]
+    assert Path(follower["log"]).name == "engine_0_node1.log" and follower["pid"] != engine["pid"]
+    served = [
+        json.loads(line.split(" ", 1)[1])
+        for line in Path(engine["log"]).read_text().splitlines()
+        if line.startswith(REQUEST_MARK)
+    ]
+    pushes = [r for r in served if r["path"] == "/update_weights_from_tensor"]
+    assert len(pushes) >= 3  # before rollout 0 and after each step, every TP rank's item taken in by node rank 0
+    assert "node rank 0 is gone" in Path(follower["log"]).read_text()  # stopped with node rank 0
+
+
+@pytest.mark.timeout(600)
+def test_a_spanning_engine_whose_follower_dies_is_restarted_whole(two_raylets, tiny_model_dir, tmp_path):
+    """`rollout.fault_tolerance`: the other node's server dies (kill -9); the fleet finds the engine dead, restarts
+    both nodes' servers (node rank 0 waits for the new follower at the same rendezvous) and it generates again."""
+    overrides = [
+        f"model.hf_checkpoint={tiny_model_dir}",
+        "rollout=sglang",
+        "rollout.sglang_launch.module=tests.fakes.fake_sglang",
+        "rollout.fault_tolerance.enabled=true",
+        f"cluster.ray_address={two_raylets.address}",
+        "cluster.num_nodes=2",
+        "cluster.num_gpus_per_node=1",
+        "cluster.actor.num_nodes=2",
+        "cluster.colocate=true",
+        "cluster.rollout.num_gpus_per_engine=2",
+    ]
+    with running_fleet(overrides, tmp_path) as fleet:
+        (slot,) = fleet.slots
+        before = (slot.info["pid"], slot.info["nodes"][0]["pid"])
+        os.kill(before[1], signal.SIGKILL)
+        wait_until(lambda: fleet.find_dead() == [0], what="the engine found dead")
+        assert fleet.recover() == [0]
+        fleet.resume_memory(["weights", "kv_cache", "cuda_graph"])  # colocated: it came up released, as slime's do
+        fleet.register_restarted([0])
+        after = (slot.info["pid"], slot.info["nodes"][0]["pid"])
+        assert after[0] != before[0] and after[1] != before[1] and slot.restarts == 1
+        out = http_client.post(slot.url + "/generate", {"input_ids": [1, 5], "sampling_params": {"max_new_tokens": 2}})
+        assert len(out["output_ids"]) == 2
+        assert json.loads((tmp_path / "engines.json").read_text())["engines"][0]["nodes"][0]["pid"] == after[1]

@@ -399,8 +399,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s [fake-sglang] %(message)s", force=True
     )
+    from sglang.version import __version__
+
     logger.info(
-        "ServerArgs from SGLang %s's parser: tp_size=%s port=%s",
+        "ServerArgs from SGLang %s's parser: tp_size=%s port=%s model_path=%s",
+        __version__,
         server_args.tp_size,
         server_args.port,
         server_args.model_path,
