@@ -27,10 +27,6 @@ class EngineActors:
     main: Any
     followers: list[Any] = dataclasses.field(default_factory=list)
 
-    @property
-    def all(self) -> list[Any]:
-        return [self.main, *self.followers]
-
     def start_refs(self) -> list:
         """Start every server (followers first: node rank 0 waits for them); one ref per actor, main's first."""
         followers = [actor.start.remote() for actor in self.followers]
