@@ -258,6 +258,7 @@ WEIGHT_SYNC = Registry(
     checks={
         "disk": Checks(check_unchosen="slime.sync.check.check_disk_unchosen"),
         "tensor": Checks(check="slime.sync.check.check_tensor"),
+        "distributed": Checks(check="slime.sync.check.check_distributed"),
     },
     facts={
         "disk": WeightSyncFacts(cpu_blocker=None, adapter_sync="slime.sync.adapter.DiskAdapterSync"),

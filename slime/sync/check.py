@@ -36,6 +36,21 @@ def check_tensor(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
+def check_distributed(cfg: RunConfig) -> Iterator[Problem]:
+    """Distributed mode's NCCL group holds the trainer's source rank and every engine TP rank. Colocated on GPUs, a
+    training rank and an engine rank share a GPU, and NCCL refuses two ranks of one group on one device ("Duplicate
+    GPU detected", ncclInvalidUsage, at the first push); slime colocates with tensor mode for this reason."""
+    c = cfg.cluster
+    if c.colocate and c.device == "cuda":
+        yield Problem(
+            "rollout.weight_sync.mode",
+            "distributed",
+            "colocated on GPUs, a training rank and an engine rank share each GPU, and NCCL refuses two ranks of one "
+            "group on one device",
+            "set rollout.weight_sync.mode=tensor (CUDA IPC on each GPU) or disk, or cluster.colocate=false",
+        )
+
+
 # Server fields the adapter sync sets (EngineLaunch.lora: slime.engine.sglang.engine, slime.engine.vllm.engine)
 SERVER_LORA_FIELDS = {
     "rollout.sglang": ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_paths"),

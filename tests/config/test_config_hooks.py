@@ -14,7 +14,7 @@ from slime.assets.prepare import prepare_assets
 from slime.config import ConfigError, fill_derived
 from slime.config.hooks import HookError, load_callable
 from slime.plan.derive import derive
-from slime.plan.validate import validate
+from slime.plan.validate import collect_problems, validate
 from slime.registry import ENGINES, REWARD_TYPES, TRAIN_BACKENDS
 from tests.helpers.compose import typed_config
 from tests.helpers.runs import assert_stopped_in_validation, run_main
@@ -229,6 +229,17 @@ def test_tensor_weight_sync_needs_colocated_engines():
     assert (
         "cluster.colocate=true" in problems_for(["rollout.weight_sync.mode=tensor", *nodes])["rollout.weight_sync.mode"]
     )
+
+
+def test_distributed_weight_sync_is_refused_where_engines_share_the_trainers_gpus():
+    """NCCL refuses two ranks of one group on one GPU ("Duplicate GPU detected"): colocated on CUDA, the trainer's
+    source rank and an engine TP rank would be; on CPU (gloo) and disaggregated it is allowed."""
+    gpu = ["model=qwen3_4b", "cluster.ray_address=auto", "rollout=sglang", "rollout.weight_sync.mode=distributed"]
+    found = problems_for([*gpu, "cluster=one_gpu"])
+    assert "NCCL refuses two ranks of one group on one device" in found["rollout.weight_sync.mode"]
+    assert "rollout.weight_sync.mode=tensor" in found["rollout.weight_sync.mode"]
+    for allowed in ([*gpu, "cluster=one_node_8gpu"], ["rollout.weight_sync.mode=distributed", "cluster.colocate=true"]):
+        assert "rollout.weight_sync.mode" not in {p.key for p in collect_problems(typed_config(allowed))}
 
 
 def test_choices_come_from_the_registries(monkeypatch):

@@ -47,7 +47,12 @@ def span_problems(overrides: list[str], tmp_path) -> list:
 
 
 def test_a_spanning_sglang_engine_is_launched_with_nothing_more_needed(tmp_path):
-    overrides = ["rollout=sglang", "cluster.colocate=true", "cluster.actor.num_nodes=2"]
+    overrides = [
+        "rollout=sglang",
+        "cluster.colocate=true",
+        "cluster.actor.num_nodes=2",
+        "rollout.weight_sync.mode=tensor",
+    ]
     model = f"model.hf_checkpoint={fake_hf_dir(tmp_path, 'qwen3_4b')}"
     _, plan = resolve(typed_config([*TWO_NODES, model, "cluster.ray_address=auto", *overrides, f"{KEY}=16"]))
     assert plan.roles.engines == (tuple(range(16)),) and plan.still_needs == ()
