@@ -16,6 +16,7 @@ import pytest
 from slime.engine import http_client
 from tests.fakes.fake_sglang import REQUEST_MARK
 from tests.helpers.fleet import running_fleet, wait_until
+from tests.helpers.raylets import local_raylets
 from tests.helpers.runs import main_py
 
 pytestmark = pytest.mark.slow
@@ -23,15 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_raylets():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    try:
+    with local_raylets(2) as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
 
 
 @pytest.mark.timeout(600)
