@@ -41,7 +41,8 @@ from slime.engine.groups import EngineSpec, ModelSpec, policy_model
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
 from slime.runtime.engine_health import HealthGate, HealthMonitor
-from slime.runtime.engine_nodes import EngineActors, ask_each, create_engine_actors
+from slime.runtime.engine_nodes import ask_each, create_engine_actors
+from slime.runtime.engine_recovery import FleetRecovery
 from slime.runtime.placement import EnginePlacement
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class FleetSetup:
     lora: LoRAServing | None = None  # the policy's engines serve its LoRA adapter (EngineLaunch.lora)
 
 
-class EngineFleet:
+class EngineFleet(FleetRecovery):
     """All engines and routers of a run; see the module docstring."""
 
     def __init__(self, setup: FleetSetup, placements: list[EnginePlacement]):
@@ -344,63 +345,3 @@ class EngineFleet:
         self._map(resume, clients)
         if not any(self._released.get(client.url) for client in clients):
             self.health.release("released")
-
-    # ---- fault tolerance --------------------------------------------------------------------------
-    def probe_targets(self) -> list[tuple[int, str]]:
-        """(rank, url) of every engine the health monitor probes: ours, registered and not dead."""
-        return [(slot.rank, slot.url) for slot in list(self.slots) if slot.registered and not slot.dead]
-
-    def mark_dead(self, rank: int, why: str) -> None:
-        """Take engine `rank` out of its router; `recover()` restarts it."""
-        with self._lock:
-            slot = self.slots[rank]
-            if slot.dead:
-                return
-            slot.dead = True
-        logger.error("engine %d at %s (pid %s) %s: removed from its router", rank, slot.url, slot.info.get("pid"), why)
-        self._deregister(slot)
-
-    def dead_ranks(self) -> list[int]:
-        return [slot.rank for slot in self.slots if slot.dead]
-
-    def find_dead(self) -> list[int]:
-        """Mark dead each engine whose server process has exited (the probes rest while engines are held, and
-        a held engine is not to be probed), then return every dead rank."""
-        live = [slot for slot in self.slots if not slot.dead]
-        for slot, answers in zip(live, ask_each([slot.actors for slot in live], "is_running")):
-            if not all(answers):  # one node's server gone: the whole engine is
-                self.mark_dead(slot.rank, "has no server process")
-        return self.dead_ranks()
-
-    def recover(self) -> list[int]:
-        """Restart every dead engine (not yet registered: it needs the current weights first); returns their
-        ranks. Colocated, each releases its memory once up. Raises RuntimeError when an engine died more than
-        `max_restarts` times."""
-        ft = self.setup.rollout.fault_tolerance
-        dead = [self.slots[rank] for rank in self.find_dead()]
-        for slot in dead:
-            if slot.restarts >= ft.max_restarts:
-                raise RuntimeError(
-                    f"engine {slot.rank} died {slot.restarts + 1} times (rollout.fault_tolerance.max_restarts="
-                    f"{ft.max_restarts}); its log: {slot.info.get('log')}"
-                )
-            slot.restarts += 1
-            ray.get([actor.shutdown.remote() for actor in slot.actors])  # reaps the dead processes, frees ports
-            self._released.pop(slot.url, None)
-        started = [EngineActors(slot.actor, slot.followers).start_refs() for slot in dead]
-        urls = ray.get([refs[0] for refs in started])
-        ray.get([ref for refs in started for ref in refs[1:]])
-        for slot, url in zip(dead, urls):
-            slot.url, slot.dead = url, False
-            logger.warning("engine %d restarted at %s (restart %d)", slot.rank, url, slot.restarts)
-        if dead:
-            self._describe_all()
-            self.write_engines_json()
-        if dead and self.setup.colocate:  # as slime's recovery: released first, then resumed with the others
-            self._release([url for url in self.sync_urls() if url in urls])
-        return [slot.rank for slot in dead]
-
-    def register_restarted(self, ranks: list[int]) -> None:
-        """Put restarted (and re-synced) engines back behind their routers."""
-        for rank in ranks:
-            self._register(self.slots[rank])

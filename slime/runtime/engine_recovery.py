@@ -1,0 +1,80 @@
+"""The fleet's fault tolerance (`rollout.fault_tolerance`, slime.runtime.engine_fleet's docstring): which engines the
+health monitor probes, marking one dead (out of its router), finding engines whose server process is gone, and
+restarting them (an engine spanning nodes whole: every node's server).
+
+A mixin of `EngineFleet`: it reads the fleet's slots, setup, lock and released-memory record, and uses its register,
+deregister, describe and release steps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ray
+
+from slime.runtime.engine_nodes import EngineActors, ask_each
+
+logger = logging.getLogger(__name__)
+
+
+class FleetRecovery:
+    """Probe targets, dead engines and their restart, on an `EngineFleet`."""
+
+    def probe_targets(self) -> list[tuple[int, str]]:
+        """(rank, url) of every engine the health monitor probes: ours, registered and not dead."""
+        return [(slot.rank, slot.url) for slot in list(self.slots) if slot.registered and not slot.dead]
+
+    def mark_dead(self, rank: int, why: str) -> None:
+        """Take engine `rank` out of its router; `recover()` restarts it."""
+        with self._lock:
+            slot = self.slots[rank]
+            if slot.dead:
+                return
+            slot.dead = True
+        logger.error("engine %d at %s (pid %s) %s: removed from its router", rank, slot.url, slot.info.get("pid"), why)
+        self._deregister(slot)
+
+    def dead_ranks(self) -> list[int]:
+        return [slot.rank for slot in self.slots if slot.dead]
+
+    def find_dead(self) -> list[int]:
+        """Mark dead each engine whose server process has exited (the probes rest while engines are held, and
+        a held engine is not to be probed), then return every dead rank."""
+        live = [slot for slot in self.slots if not slot.dead]
+        for slot, answers in zip(live, ask_each([slot.actors for slot in live], "is_running")):
+            if not all(answers):  # one node's server gone: the whole engine is
+                self.mark_dead(slot.rank, "has no server process")
+        return self.dead_ranks()
+
+    def recover(self) -> list[int]:
+        """Restart every dead engine (not yet registered: it needs the current weights first); returns their
+        ranks. Colocated, each releases its memory once up. Raises RuntimeError when an engine died more than
+        `max_restarts` times."""
+        ft = self.setup.rollout.fault_tolerance
+        dead = [self.slots[rank] for rank in self.find_dead()]
+        for slot in dead:
+            if slot.restarts >= ft.max_restarts:
+                raise RuntimeError(
+                    f"engine {slot.rank} died {slot.restarts + 1} times (rollout.fault_tolerance.max_restarts="
+                    f"{ft.max_restarts}); its log: {slot.info.get('log')}"
+                )
+            slot.restarts += 1
+            ray.get([actor.shutdown.remote() for actor in slot.actors])  # reaps the dead processes, frees ports
+            self._released.pop(slot.url, None)
+        started = [EngineActors(slot.actor, slot.followers).start_refs() for slot in dead]
+        urls = ray.get([refs[0] for refs in started])
+        ray.get([ref for refs in started for ref in refs[1:]])
+        for slot, url in zip(dead, urls):
+            slot.url, slot.dead = url, False
+            logger.warning("engine %d restarted at %s (restart %d)", slot.rank, url, slot.restarts)
+        if dead:
+            self._describe_all()
+            self.write_engines_json()
+        if dead and self.setup.colocate:  # as slime's recovery: released first, then resumed with the others
+            self._release([url for url in self.sync_urls() if url in urls])
+        return [slot.rank for slot in dead]
+
+    def register_restarted(self, ranks: list[int]) -> None:
+        """Put restarted (and re-synced) engines back behind their routers."""
+        for rank in ranks:
+            self._register(self.slots[rank])
