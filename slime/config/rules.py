@@ -71,14 +71,15 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
             f"conflicts with checkpoint.load={cfg.checkpoint.load} (auto resumes from checkpoint.save)",
             "drop one: checkpoint.resume=null, or checkpoint.load=null",
         )
-    timeout = cfg.runtime.phase_timeout_s
-    if timeout is not None and not timeout > 0:
-        yield Problem(
-            "runtime.phase_timeout_s",
-            timeout,
-            "must be > 0 seconds (or null: no limit)",
-            "set runtime.phase_timeout_s=3600",
-        )
+    for key in ("phase_timeout_s", "startup_timeout_s"):
+        timeout = getattr(cfg.runtime, key)
+        if timeout is not None and not timeout > 0:
+            yield Problem(
+                f"runtime.{key}",
+                timeout,
+                "must be > 0 seconds (or null: no limit)",
+                f"set runtime.{key}=3600",
+            )
 
 
 def check_ranges(cfg: RunConfig) -> Iterator[Problem]:

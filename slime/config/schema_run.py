@@ -179,3 +179,6 @@ class RuntimeConfig:
     # are dumped to <run dir>/stacks/<pid>.txt, result.json says status "hung" and names the phase, the run is
     # torn down and exits 3. None: no limit.
     phase_timeout_s: Optional[float] = None
+    # The startup phase's own limit (Ray, the trainer's model load, the engines' launch: often far longer than a
+    # step). None: phase_timeout_s applies to startup too.
+    startup_timeout_s: Optional[float] = None

@@ -22,7 +22,7 @@ from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
 from slime.runtime.rollout_setup import RolloutSetup, lora_serving
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
-from slime.runtime.watchdog import STACKS_ENV
+from slime.runtime.watchdog import STACKS_ENV, PhaseLimits
 from slime.runtime.weight_push import WeightPush
 from slime.sync.base import SyncContext, SyncedAdapter
 from slime.tracking.naming import RunIdentity
@@ -51,7 +51,8 @@ def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
     check_prepared(cfg)  # ConfigError: nothing started yet
     state.enter("startup")
     # with a watchdog, every actor arms its stack dump (slime.runtime.watchdog) in this directory
-    env = {STACKS_ENV: str(Path(cfg.paths.output_dir) / "stacks")} if cfg.runtime.phase_timeout_s else {}
+    watched = PhaseLimits.of_config(cfg.runtime).armed
+    env = {STACKS_ENV: str(Path(cfg.paths.output_dir) / "stacks")} if watched else {}
     with ray_session(
         cfg.cluster, num_bundles=job.plan.roles.num_bundles, log_to_driver=cfg.debug.ray_log_to_driver, env=env
     ):

@@ -32,7 +32,7 @@ from slime.plan.resolve import resolve
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState
-from slime.runtime.watchdog import Watchdog, remove_armed
+from slime.runtime.watchdog import PhaseLimits, Watchdog, remove_armed
 from slime.tracking.env_report import tracker_config
 from slime.tracking.naming import HydraRun, run_identity
 from slime.tracking.secrets import redact, redact_overrides, scrub, secret_env_values
@@ -218,8 +218,10 @@ def _one_line(cfg, derived) -> str:
 
 @contextlib.contextmanager
 def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
-    """`runtime.phase_timeout_s`: a phase overrunning it dumps the stacks and stops the run (status "hung")."""
-    if cfg.runtime.phase_timeout_s is None:
+    """`runtime.phase_timeout_s` (startup: `runtime.startup_timeout_s`): a phase overrunning it dumps the stacks and
+    stops the run (status "hung")."""
+    limits = PhaseLimits.of_config(cfg.runtime)
+    if not limits.armed:
         yield
         return
 
@@ -230,7 +232,7 @@ def _watchdog(cfg, state, interrupts: Interrupts, run_dir: Path):
     stacks_dir = run_dir / "stacks"
     watchdog = Watchdog(
         state.events,
-        cfg.runtime.phase_timeout_s,
+        limits,
         stacks_dir,
         on_fire=fire,
         on_stuck=lambda: interrupts.force(EXIT_RUN_FAILED),

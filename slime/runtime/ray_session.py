@@ -77,6 +77,7 @@ def _start_local(*, num_cpus: int, num_gpus: int, log_to_driver: bool, attempts:
     for attempt in range(1, attempts + 1):
         try:
             ray.init(
+                address="local",  # never a `ray start` cluster this machine happens to run (Ray's default joins it)
                 num_cpus=num_cpus,
                 num_gpus=num_gpus,
                 include_dashboard=False,

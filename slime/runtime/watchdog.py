@@ -1,4 +1,5 @@
-"""The phase watchdog: a phase running past `runtime.phase_timeout_s` gets every process's stacks dumped.
+"""The phase watchdog: a phase running past `runtime.phase_timeout_s` (startup: `runtime.startup_timeout_s`) gets
+every process's stacks dumped.
 
 Each Ray actor of the run calls `arm_stack_dump()` when it starts: SIGUSR1 then makes faulthandler write
 every thread's Python stack (C-level, so a thread stuck in a sleep, a lock or native code still answers)
@@ -23,6 +24,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -35,6 +37,35 @@ STACKS_ENV = "SLIME_STACKS_DIR"
 DUMP_SIGNAL = signal.SIGUSR1
 ARMED = ".armed"
 TEARDOWN = "teardown"  # the phase (slime.config.schema.RUN_PHASES) from which on the watchdog rests
+STARTUP = "startup"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseLimits:
+    """The most seconds a phase may run (None: unwatched). Startup (Ray, the trainer's model load, the engines'
+    launch) often takes far longer than a step, so it has a limit of its own; None there: `phase_s` applies."""
+
+    phase_s: float | None
+    startup_s: float | None = None
+
+    @classmethod
+    def of_config(cls, runtime) -> PhaseLimits:
+        """From slime.config.schema.RuntimeConfig."""
+        return cls(phase_s=runtime.phase_timeout_s, startup_s=runtime.startup_timeout_s)
+
+    @property
+    def armed(self) -> bool:
+        return self.phase_s is not None or self.startup_s is not None
+
+    def of(self, phase: str) -> tuple[float | None, str]:
+        """(seconds, the config key that set them) for `phase`."""
+        if phase == STARTUP and self.startup_s is not None:
+            return self.startup_s, "runtime.startup_timeout_s"
+        return self.phase_s, "runtime.phase_timeout_s"
+
+    @property
+    def poll_s(self) -> float:
+        return min(1.0, *(limit / 4 for limit in (self.phase_s, self.startup_s) if limit is not None))
 
 
 def arm_stack_dump() -> None:
@@ -99,7 +130,7 @@ class Watchdog:
     the current one.
 
     Args:
-        timeout_s: the most seconds any watched phase may take.
+        limits: the most seconds each watched phase may take.
         on_fire: called once, from the watchdog thread, with the message naming the phase, after the dump.
         on_stuck: called if the main thread has not left the hung phase `grace_s` after `on_fire`.
     """
@@ -109,13 +140,13 @@ class Watchdog:
     def __init__(
         self,
         events: EventBus,
-        timeout_s: float,
+        limits: PhaseLimits,
         stacks_dir: Path,
         *,
         on_fire: Callable[[str], None],
         on_stuck: Callable[[], None],
     ):
-        self.timeout_s, self.stacks_dir = timeout_s, stacks_dir
+        self.limits, self.stacks_dir = limits, stacks_dir
         self.current: tuple[str, int | None, float] | None = None  # (phase, rollout id, started) under watch
         events.subscribe(RunEvent.PHASE_STARTED, self._on_phase)
         self.on_fire, self.on_stuck = on_fire, on_stuck
@@ -134,21 +165,18 @@ class Watchdog:
         self.current = (event.data["phase"], event.rollout_id, event.data["started"])  # one atomic assignment
 
     def _watch(self) -> None:
-        poll_s = min(1.0, self.timeout_s / 4)
-        while not self._stop.wait(poll_s):
+        while not self._stop.wait(self.limits.poll_s):
             watched = self.current
             if watched is None:
                 continue
             phase, rollout_id, started = watched
             if phase == TEARDOWN:  # teardown bounds its own waits
                 return
-            if time.monotonic() - started <= self.timeout_s:
+            limit_s, key = self.limits.of(phase)
+            if limit_s is None or time.monotonic() - started <= limit_s:
                 continue
             where = f" of rollout {rollout_id}" if rollout_id is not None and rollout_id >= 0 else ""
-            self.fired = (
-                f"phase {phase}{where} exceeded runtime.phase_timeout_s={self.timeout_s:g}s; "
-                f"stacks in {self.stacks_dir}"
-            )
+            self.fired = f"phase {phase}{where} exceeded {key}={limit_s:g}s; stacks in {self.stacks_dir}"
             logger.error("watchdog: %s", self.fired)
             try:
                 files = dump_stacks(self.stacks_dir)

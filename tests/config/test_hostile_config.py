@@ -20,6 +20,7 @@ CASES = {
     "range: top_p above 1": (["rollout.top_p=1.5"], "rollout.top_p", "(0, 1]"),
     "range: watchdog of 0 s": (["runtime.phase_timeout_s=0"], "runtime.phase_timeout_s", "must be > 0 seconds"),
     "range: negative watchdog": (["runtime.phase_timeout_s=-5"], "runtime.phase_timeout_s", "must be > 0 seconds"),
+    "range: startup watchdog of 0 s": (["runtime.startup_timeout_s=0"], "runtime.startup_timeout_s", "must be > 0"),
     "range: save every 0 rollouts": (["checkpoint.save_interval=0"], "checkpoint.save_interval", "must be > 0"),
     "range: eval every 0 rollouts": (["eval.interval=0"], "eval.interval", "must be > 0"),
     "range: negative ckpt_step": (["checkpoint.ckpt_step=-1"], "checkpoint.ckpt_step", "must be >= 0"),

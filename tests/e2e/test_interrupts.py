@@ -40,9 +40,15 @@ def run_of(test: pytest.Item) -> str | None:
 
 
 # debug.hang_at puts training rank 0 to sleep forever in train of rollout 1: the watchdog names the phase.
-# The limit (40 s when this run was alone) leaves start-up, the longest phase, room to share the cores with
-# the two runs starting beside it; its wait overlaps their work.
-HUNG_RUN = ["debug.hang_at=train:1", "runtime.phase_timeout_s=60", "train.num_rollout=3", "checkpoint.save_interval=1"]
+# Start-up, the longest phase, has a limit of its own: on CI, sharing the cores with the runs starting beside it
+# and the unit tests, it took 61 s. The hung run's wait overlaps the others' work.
+HUNG_RUN = [
+    "debug.hang_at=train:1",
+    "runtime.phase_timeout_s=60",
+    "runtime.startup_timeout_s=600",
+    "train.num_rollout=3",
+    "checkpoint.save_interval=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +111,7 @@ def test_hung_trainer_rank_is_caught_dumped_and_torn_down(phase_runs):
     assert "phase log_probs (rollout 1) done in" in log and "phase train (rollout 1) started" in log
     # the checkpoint of rollout 0 is intact
     assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "0"
-    assert result["elapsed_s"] < 240
+    assert result["elapsed_s"] < 400
     assert_no_run_processes()
 
 

@@ -131,14 +131,16 @@ def user_generate_that_hangs(release: threading.Event) -> None:
 def test_generate_function_that_hangs_is_named_in_the_watchdogs_dump(tmp_path):
     """A rollout that never returns: past runtime.phase_timeout_s the stack dump shows the user's function."""
     from slime.runtime.events import EventBus, RunEvent
-    from slime.runtime.watchdog import Watchdog
+    from slime.runtime.watchdog import PhaseLimits, Watchdog
 
     release, fired = threading.Event(), []
     worker = threading.Thread(target=user_generate_that_hangs, args=(release,))
     worker.start()
     try:
         events = EventBus()
-        Watchdog(events, 5.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: None).start()
+        Watchdog(
+            events, PhaseLimits(phase_s=5.0), tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: None
+        ).start()
         events.publish(RunEvent.PHASE_STARTED, 3, phase="rollout", started=time.monotonic() - 10)  # run 10 s
         deadline = time.monotonic() + 10
         while not fired and time.monotonic() < deadline:

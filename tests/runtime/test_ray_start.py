@@ -11,6 +11,7 @@ import ray
 from slime.config.schema import ClusterConfig
 from slime.net import free_port
 from slime.runtime import ray_session
+from tests.helpers.raylets import local_raylets
 
 TIMEOUT = "The current node timed out during startup. This could happen because some of the raylet failed to startup"
 
@@ -72,3 +73,14 @@ def test_a_head_that_accepts_connections_is_joined():
         ray_session.check_head_answers(f"ray://127.0.0.1:{port}")
         ray_session.check_head_answers(f"127.0.0.1:{port}")
     ray_session.check_head_answers("auto")
+
+
+def test_a_null_ray_address_starts_its_own_cluster_beside_a_running_one():
+    """A running head (`ray start`, or Ray's Cluster) writes its address where Ray's default `ray.init()` looks
+    (ray._private.services.get_ray_address_from_environment): cluster.ray_address=null still starts a cluster of its
+    own, sized as asked, rather than joining that one."""
+    with local_raylets(1) as running:
+        assert ray._private.services.find_bootstrap_address(None) == running.address
+        with ray_session.ray_session(ClusterConfig(), num_bundles=3, log_to_driver=False):
+            assert ray.get_runtime_context().gcs_address != running.address
+            assert ray.cluster_resources()["CPU"] >= 3

@@ -11,7 +11,7 @@ import time
 
 from slime.runtime.events import RunEvent
 from slime.runtime.run_state import RunState
-from slime.runtime.watchdog import ARMED, STACKS_ENV, Watchdog, dump_stacks, remove_armed
+from slime.runtime.watchdog import ARMED, STACKS_ENV, PhaseLimits, Watchdog, dump_stacks, remove_armed
 from tests.helpers.compose import ROOT
 
 SLEEPER = textwrap.dedent("""
@@ -60,7 +60,13 @@ def _started_ago(state: RunState, phase: str, rollout_id: int, seconds: float) -
 
 def test_watchdog_fires_once_on_the_overrunning_phase_and_not_in_teardown(tmp_path):
     state, fired = RunState(), []
-    dog = Watchdog(state.events, 2.0, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: fired.append("stuck"))
+    dog = Watchdog(
+        state.events,
+        PhaseLimits(phase_s=2.0),
+        tmp_path / "stacks",
+        on_fire=fired.append,
+        on_stuck=lambda: fired.append("stuck"),
+    )
     state.enter("rollout", 0)
     dog.start()
     time.sleep(0.5)
@@ -74,7 +80,9 @@ def test_watchdog_fires_once_on_the_overrunning_phase_and_not_in_teardown(tmp_pa
     dog.stop()
 
     state, fired = RunState(), []
-    Watchdog(state.events, 0.1, tmp_path / "s2", on_fire=fired.append, on_stuck=lambda: None).start()
+    Watchdog(
+        state.events, PhaseLimits(phase_s=0.1), tmp_path / "s2", on_fire=fired.append, on_stuck=lambda: None
+    ).start()
     state.enter("save", 1)
     state.enter("teardown")
     time.sleep(0.5)
@@ -85,7 +93,7 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
     state, calls = RunState(), []
     dog = Watchdog(
         state.events,
-        1.0,
+        PhaseLimits(phase_s=1.0),
         tmp_path / "stacks",
         on_fire=lambda m: calls.append("fire"),
         on_stuck=lambda: calls.append("stuck"),
@@ -99,7 +107,7 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
     state, calls = RunState(), []  # the main thread reacts (teardown begins): no forced exit
     dog = Watchdog(
         state.events,
-        1.0,
+        PhaseLimits(phase_s=1.0),
         tmp_path / "stacks2",
         on_fire=lambda m: (calls.append("fire"), state.enter("teardown")),
         on_stuck=lambda: calls.append("stuck"),
@@ -110,3 +118,22 @@ def test_watchdog_forces_the_exit_when_the_main_thread_does_not_react(tmp_path):
     _wait_until(lambda: calls)
     time.sleep(1.0)  # over three times the grace: a forced exit would have come
     assert calls == ["fire"]
+
+
+def test_startup_has_its_own_limit_and_the_message_names_its_key(tmp_path):
+    """runtime.startup_timeout_s bounds startup only; the other phases keep runtime.phase_timeout_s."""
+    state, fired = RunState(), []
+    limits = PhaseLimits(phase_s=1.0, startup_s=30.0)
+    dog = Watchdog(state.events, limits, tmp_path / "stacks", on_fire=fired.append, on_stuck=lambda: None)
+    _started_ago(state, "startup", -1, 5)  # over phase_s, under startup_s
+    dog.start()
+    time.sleep(0.8)
+    assert fired == []
+    _started_ago(state, "startup", -1, 31)
+    _wait_until(lambda: fired)
+    assert fired == [f"phase startup exceeded runtime.startup_timeout_s=30s; stacks in {tmp_path / 'stacks'}"]
+    dog.stop()
+
+    assert PhaseLimits(phase_s=None, startup_s=30.0).of("train") == (None, "runtime.phase_timeout_s")
+    assert PhaseLimits(phase_s=60.0).of("startup") == (60.0, "runtime.phase_timeout_s")
+    assert not PhaseLimits(phase_s=None).armed

@@ -91,7 +91,7 @@ def test_the_manager_answers_progress_while_it_generates():
         def rollout_groups(self, rollout_id, counts, *, final):
             self.seen.append((rollout_id, counts, final))
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         manager = ray.remote(**ACTOR_OPTIONS)(_Generating).remote()
         display = _Display()
