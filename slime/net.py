@@ -54,7 +54,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def local_address_towards(host: str) -> str:
     """This machine's IP on the route to `host` (no packet is sent); 127.0.0.1 for a loopback host."""
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in LOOPBACK_HOSTS:
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -62,6 +62,20 @@ def local_address_towards(host: str) -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def reached_at(bind_host: str, node_ip: str | None) -> str:
+    """The address others reach a server bound to `bind_host` at: its node's IP when it binds every interface (a
+    wildcard address is no destination), else `bind_host` itself."""
+    if bind_host in WILDCARD_HOSTS:
+        if node_ip is None:
+            raise ValueError(f"a server bound to {bind_host!r} needs its node's IP to be reached at")
+        return node_ip
+    return bind_host
 
 
 def unreachable(host: str, port: int, timeout_s: float) -> str | None:

@@ -33,6 +33,7 @@ from slime.engine.client import EngineClient
 from slime.engine.ports import PortLease, reserve_ports
 from slime.engine.process import child_env, http_url, launch_process, log_tail, terminate_process
 from slime.engine.router import Router
+from slime.net import reached_at
 from slime.registry import ENGINES
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class EngineLaunch:
 
     rank: int  # engine index: names the log `<log_dir>/engine_<rank>.log`
     model_path: str  # HF checkpoint dir (architecture, tokenizer; weights are pushed before rollout 0)
-    host: str  # address the server binds to and is reached at
+    host: str  # address the server binds to (cluster.host)
     seed: int  # the server's sampling seed
     device: str  # cpu | cuda
     log_dir: str
@@ -83,6 +84,7 @@ class EngineLaunch:
     return_routed_experts: bool = False
     lora: Optional[LoRAServing] = None  # serve the policy's LoRA adapters (None: full weights only)
     node_slice: Optional[NodeSlice] = None  # one node's server of an engine spanning nodes (None: the whole engine)
+    node_ip: Optional[str] = None  # the IP of the server's node: where it is reached when `host` is a wildcard
     startup_timeout_s: float = 600.0  # launch until health answers 200
     shutdown_grace_s: float = 10.0  # SIGTERM to SIGKILL
 
@@ -133,7 +135,7 @@ class EngineServer(abc.ABC):
     def url(self) -> str:
         if self.lease is None:
             raise RuntimeError(f"engine {self.rank} has no port yet: call start()")
-        return http_url(self.launch_spec.host, self.lease.ports[0])
+        return http_url(reached_at(self.launch_spec.host, self.launch_spec.node_ip), self.lease.ports[0])
 
     @property
     def client(self) -> EngineClient:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.process import cli_flags, http_url, launch_process, log_tail, terminate_process
-from slime.net import free_port
+from slime.net import free_port, reached_at
 
 if TYPE_CHECKING:  # only attributes are read: importable without omegaconf
     from slime.config.schema import RouterConfig
@@ -138,11 +138,14 @@ class Router:
         self._launch: Optional[tuple[str, int, int, Any, bool]] = None  # (host, port, prometheus port, cfg, pd)
 
     @classmethod
-    def launch(cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path, pd: bool = False) -> Router:
+    def launch(
+        cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path, pd: bool = False, node_ip=None
+    ) -> Router:
         """Start `python -m <launch_module>` bound to `host` (PD mode when `pd`), wait for GET /health = 200 (at
-        most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail."""
+        most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail. `node_ip`: this node's IP, where
+        a router bound to a wildcard `host` is reached."""
         port, prom_port = free_port(host), free_port(host)  # racy by nature; see free_port
-        router = cls(http_url(host, port), None, Path(log_path))
+        router = cls(http_url(reached_at(host, node_ip), port), None, Path(log_path))
         router._launch = (host, port, prom_port, cfg, pd)
         router.start_process()
         return router

@@ -11,6 +11,7 @@ from slime.config.derived import Derived
 from slime.config.problems import Problem, get
 from slime.config.schema import RunConfig
 from slime.engine.groups import group_problems
+from slime.net import WILDCARD_HOSTS
 
 
 def check_cluster(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
@@ -161,3 +162,17 @@ def _local_cuda_count() -> int:
         return torch.cuda.device_count()
     except Exception:  # torch missing or broken CUDA: treat as no GPU
         return 0
+
+
+def check_host_on_several_nodes(cfg: RunConfig) -> Iterator[Problem]:
+    """On several nodes every server binds all interfaces and is reached at its node's IP (slime.net.reached_at): one
+    node's address (or a loopback one) cannot be bound, or reached, on the others."""
+    c = cfg.cluster
+    if c.num_nodes > 1 and c.host not in WILDCARD_HOSTS:
+        yield Problem(
+            "cluster.host",
+            c.host,
+            f"one node's address with cluster.num_nodes={c.num_nodes}: the servers of the other nodes cannot bind it "
+            "(a loopback address: nothing off their node reaches them)",
+            "set cluster.host=0.0.0.0 (each server is then reached at its node's IP)",
+        )

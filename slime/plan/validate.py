@@ -30,7 +30,7 @@ from slime.config.rules import schema_problems
 from slime.config.schema import RunConfig
 from slime.config.validate_addresses import check_addresses
 from slime.engine.check import check_fault_tolerance
-from slime.plan.check_resources import check_cluster, check_model_parallel_split
+from slime.plan.check_resources import check_cluster, check_host_on_several_nodes, check_model_parallel_split
 from slime.plan.derive import derive
 from slime.registry import ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
 from slime.rollout.check_data import check_data
@@ -83,6 +83,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_generators(cfg)
     yield from check_paths(cfg)
     yield from check_addresses(cfg)
+    yield from check_host_on_several_nodes(cfg)
     yield from check_data(cfg)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from slime.assets.prepare import prepare_assets
 from slime.config.schema import RunConfig
@@ -73,8 +74,13 @@ class StartedRun:
     def __init__(self, job: RunJob, state: RunState):
         self.job, self.state = job, state
         self.placement = create_placement(job.plan.roles, device=job.cfg.cluster.device)
-        self.manager = ray.remote(**ACTOR_OPTIONS)(RolloutManager).remote(
-            RolloutSetup.from_run_config(job.cfg, job.plan), self.placement.rollout
+        self.placement.check_reachable(job.cfg.cluster.host)
+        # on the driver's node: the router it launches is where placement.check_reachable expects it
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self.manager = (
+            ray.remote(**ACTOR_OPTIONS)(RolloutManager)
+            .options(scheduling_strategy=here)
+            .remote(RolloutSetup.from_run_config(job.cfg, job.plan), self.placement.rollout)
         )
         self.engines_ready = self.tracker = self.loop = None
         self.groups: list[TrainGroup] = []

@@ -133,6 +133,7 @@ class EngineFleet(FleetRecovery):
                 device=s.device,
                 log_dir=str(self.log_dir),
                 gpu_ids=placement.gpu_ids,
+                node_ip=placement.first.node_ip,
                 startup_timeout_s=getattr(config, "startup_timeout_s", 600.0),
                 memory_saver=s.colocate,
                 dtype=s.dtype,
@@ -155,7 +156,9 @@ class EngineFleet(FleetRecovery):
                 continue
             pd = any(spec.model == model.name and spec.worker_type != "regular" for spec in self.setup.specs)
             log = self.log_dir / ("router.log" if len(self.setup.models) == 1 else f"router_{model.name}.log")
-            self.routers[model.name] = router_cls.launch(host=self.setup.host, cfg=model.router, log_path=log, pd=pd)
+            self.routers[model.name] = router_cls.launch(
+                host=self.setup.host, cfg=model.router, log_path=log, pd=pd, node_ip=ray.util.get_node_ip_address()
+            )
 
     def finish_start(self) -> None:
         """Wait for every engine, register each (and the external engines), write engines.json, start the monitor."""

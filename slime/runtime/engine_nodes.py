@@ -45,7 +45,12 @@ def create_engine_actors(
     actors = []
     for node_rank, part in enumerate(slices):
         span = NodeSlice(num_nodes=len(slices), node_rank=node_rank, dist_init_addr=f"{host}:{port}")
-        actors.append(spawn(part.first, dataclasses.replace(launch, gpu_ids=part.gpu_ids, node_slice=span)))
+        actors.append(
+            spawn(
+                part.first,
+                dataclasses.replace(launch, gpu_ids=part.gpu_ids, node_slice=span, node_ip=part.first.node_ip),
+            )
+        )
     return EngineActors(main=actors[0], followers=actors[1:])
 
 

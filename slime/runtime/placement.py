@@ -15,7 +15,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.net import free_port
+from slime.config.problems import ConfigError, Problem
+from slime.net import LOOPBACK_HOSTS, free_port
 from slime.plan.roles import RolePlan
 
 
@@ -29,6 +30,7 @@ class Placement:
     gpu_id: str | None = None  # the physical GPU id Ray assigned to the bundle (cuda)
     node_id: str | None = None  # the Ray node holding the bundle
     sort_position: int = 0  # the bundle's place in the run's (node IP, node id, GPU) order
+    node_ip: str | None = None  # that node's IP, where a server bound to a wildcard cluster.host is reached
 
     def actor_options(self, *, fraction: float) -> dict:
         """Ray options for an actor taking `fraction` (1.0: all) of this bundle's device."""
@@ -130,7 +132,13 @@ class RunPlacement:
         index = {node: i for i, node in enumerate(self.nodes())}
 
         def where(p: Placement) -> dict:
-            return {"node": index[p.node_id], "node_id": p.node_id, "gpu": p.gpu_id, "bundle": p.bundle_index}
+            return {
+                "node": index[p.node_id],
+                "node_id": p.node_id,
+                "node_ip": p.node_ip,
+                "gpu": p.gpu_id,
+                "bundle": p.bundle_index,
+            }
 
         return {
             "nodes": self.nodes(),
@@ -138,6 +146,28 @@ class RunPlacement:
             "critic": [where(p) for p in self.critic],
             "engines": [[where(b) for b in engine.bundles] for engine in self.rollout],
         }
+
+    def check_reachable(self, host: str) -> None:
+        """Servers bound to a loopback `cluster.host` answer only on their own node; a role on another node than the
+        driver's (where the router runs) could not reach them, nor they it: stopped here, naming the key."""
+        if host not in LOOPBACK_HOSTS:
+            return
+        here = ray.get_runtime_context().get_node_id()
+        away = sorted({p.node_id for p in (*self.actor, *self.critic, *(b for e in self.rollout for b in e.bundles))})
+        away = [node for node in away if node != here]
+        if away:
+            where = f"Ray placed roles of this run on {len(away)} node(s) other than the driver's"
+            raise ConfigError(
+                [
+                    Problem(
+                        "cluster.host",
+                        host,
+                        f"{where} ({', '.join(node[:12] for node in away)}), where a server bound to a loopback "
+                        "address is not reached",
+                        "set cluster.host=0.0.0.0 (each server is then reached at its node's IP)",
+                    )
+                ]
+            )
 
 
 PLACEMENT_TIMEOUT_S = 120.0  # seconds the bundles may take to be reserved
@@ -159,7 +189,15 @@ def create_placement(roles: RolePlan, *, device: str) -> RunPlacement:
     # node id after IP: raylets sharing a host (a local multi-node cluster) still keep their bundles together
     order = sorted(range(count), key=lambda i: (_ip_key(located[i][1]), located[i][0], located[i][2], i))
     places = [
-        Placement(group, i, device, located[i][2][0] if located[i][2] else None, located[i][0], position)
+        Placement(
+            group,
+            i,
+            device,
+            located[i][2][0] if located[i][2] else None,
+            located[i][0],
+            position,
+            node_ip=located[i][1],
+        )
         for position, i in enumerate(order)
     ]
     return RunPlacement(

@@ -224,7 +224,7 @@ def test_tensor_weight_sync_needs_colocated_engines():
     validate(typed_config(["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]))
     validate(typed_config(["rollout.weight_sync.mode=distributed", "debug.check_weight_update_equal=true"]))
     # on several nodes too: each engine TP rank opens the handle of the training rank on its own device
-    nodes = ["cluster.num_nodes=2", "cluster.num_gpus_per_node=1", "cluster.actor.num_nodes=2"]
+    nodes = ["cluster.num_nodes=2", "cluster.num_gpus_per_node=1", "cluster.actor.num_nodes=2", "cluster.host=0.0.0.0"]
     validate(typed_config(["rollout.weight_sync.mode=tensor", "cluster.colocate=true", *nodes]))
     assert (
         "cluster.colocate=true" in problems_for(["rollout.weight_sync.mode=tensor", *nodes])["rollout.weight_sync.mode"]

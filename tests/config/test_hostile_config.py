@@ -21,6 +21,7 @@ CASES = {
     "range: watchdog of 0 s": (["runtime.phase_timeout_s=0"], "runtime.phase_timeout_s", "must be > 0 seconds"),
     "range: negative watchdog": (["runtime.phase_timeout_s=-5"], "runtime.phase_timeout_s", "must be > 0 seconds"),
     "range: startup watchdog of 0 s": (["runtime.startup_timeout_s=0"], "runtime.startup_timeout_s", "must be > 0"),
+    "several nodes: loopback host": (["cluster.num_nodes=2"], "cluster.host", "one node's address with cluster.num"),
     "range: save every 0 rollouts": (["checkpoint.save_interval=0"], "checkpoint.save_interval", "must be > 0"),
     "range: eval every 0 rollouts": (["eval.interval=0"], "eval.interval", "must be > 0"),
     "range: negative ckpt_step": (["checkpoint.ckpt_step=-1"], "checkpoint.ckpt_step", "must be >= 0"),

@@ -35,6 +35,7 @@ def test_the_trainer_and_the_engine_run_on_different_nodes(two_raylets, tmp_path
         run_dir,
         f"cluster.ray_address={two_raylets.address}",
         "cluster.num_nodes=2",
+        "cluster.host=0.0.0.0",
         "cluster.num_gpus_per_node=1",  # one CPU slot a node: the trainer's and the engine's bundles must split
         "train.num_rollout=2",
         timeout=480,
@@ -48,8 +49,28 @@ def test_the_trainer_and_the_engine_run_on_different_nodes(two_raylets, tmp_path
     assert {rank["node"], engine["node"]} == {0, 1}  # the dry run's node numbers, one role on each
     assert rank["node_id"] != engine["node_id"] and rank["process_node_id"] == rank["node_id"]
     assert placement["nodes"][rank["node"]] == rank["node_id"]
+    # every raylet has its own IP (tests/helpers/raylets.py); the engine binds every interface and is reached at its
+    # node's: that is the address the router was given
+    ips = {node.node_id: node.node_ip_address for node in two_raylets.list_all_nodes()}
+    assert engine["node_ip"] == ips[engine["node_id"]] != ips[rank["node_id"]] == rank["node_ip"]
+    (served,) = json.loads((run_dir / "engines.json").read_text())["engines"]
+    assert served["url"].startswith(f"http://{engine['node_ip']}:")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["rollout/step"] for s in steps if "rollout/raw_reward" in s] == [0, 1]
+
+
+@pytest.mark.timeout(300)
+def test_a_loopback_host_with_roles_off_the_drivers_node_stops_before_they_start(two_raylets, tmp_path):
+    """cluster.num_nodes=1 passes validation, but Ray spreads the two bundles over both raylets: servers bound to
+    127.0.0.1 on the other node could not be reached, so the run stops at placement (exit 2), naming the key."""
+    run_dir = tmp_path / "run"
+    proc = main_py(run_dir, f"cluster.ray_address={two_raylets.address}", timeout=240)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "cluster.host='127.0.0.1': Ray placed roles of this run on 1 node(s) other than the driver's" in proc.stderr
+    assert "set cluster.host=0.0.0.0" in proc.stderr and "Traceback" not in proc.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "invalid_config" and result["phase"] == "startup"
+    assert not (run_dir / "engines.json").exists() and not (run_dir / "placement.json").exists()
 
 
 @pytest.mark.timeout(600)
@@ -61,6 +82,7 @@ def test_an_sglang_engine_spans_both_nodes_and_every_sync_reaches_it(two_raylets
         "rollout.sglang_launch.module=tests.fakes.fake_sglang",
         f"cluster.ray_address={two_raylets.address}",
         "cluster.num_nodes=2",
+        "cluster.host=0.0.0.0",
         "cluster.num_gpus_per_node=1",
         "cluster.actor.num_nodes=2",  # a training rank on each node
         "cluster.colocate=true",
@@ -75,13 +97,14 @@ def test_an_sglang_engine_spans_both_nodes_and_every_sync_reaches_it(two_raylets
     assert proc.returncode == 0, proc.stderr[-3000:]
     placement = json.loads((run_dir / "placement.json").read_text())
     ((first, second),) = placement["engines"]
-    assert (first["node"], second["node"]) == (0, 1)
+    assert (first["node"], second["node"]) == (0, 1) and first["node_ip"] != second["node_ip"]
     assert [(r["node"], r["process_node_id"]) for r in placement["actor"]] == [
         (0, first["node_id"]),
         (1, second["node_id"]),
     ]
     (engine,) = json.loads((run_dir / "engines.json").read_text())["engines"]
     (follower,) = engine["nodes"]
+    assert engine["url"].startswith(f"http://{first['node_ip']}:")  # node rank 0 serves the API
     assert Path(follower["log"]).name == "engine_0_node1.log" and follower["pid"] != engine["pid"]
     served = [
         json.loads(line.split(" ", 1)[1])
@@ -104,6 +127,7 @@ def test_a_spanning_engine_whose_follower_dies_is_restarted_whole(two_raylets, t
         "rollout.fault_tolerance.enabled=true",
         f"cluster.ray_address={two_raylets.address}",
         "cluster.num_nodes=2",
+        "cluster.host=0.0.0.0",
         "cluster.num_gpus_per_node=1",
         "cluster.actor.num_nodes=2",
         "cluster.colocate=true",

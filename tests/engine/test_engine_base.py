@@ -19,12 +19,14 @@ from slime.engine.hf.engine import HFEngine
 from slime.engine.ports import reserve_ports
 from slime.engine.process import child_env
 from slime.engine.router import router_flags
+from slime.net import reached_at
 from tests.helpers.engines import CommandEngine
 
 # A stand-in server: answers /health_generate with 200 after `delay` seconds, on the port it is given.
 _HEALTH_SERVER = textwrap.dedent("""
     import http.server, sys, time
     port, delay = int(sys.argv[1]), float(sys.argv[2])
+    host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
     start = time.monotonic()
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -32,7 +34,7 @@ _HEALTH_SERVER = textwrap.dedent("""
             self.send_response(200 if ok else 503); self.end_headers()
         def log_message(self, *a): pass
     print("serving on", port, flush=True)
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    http.server.HTTPServer((host, port), H).serve_forever()
 """)
 
 
@@ -137,6 +139,25 @@ def test_server_gets_the_reserved_port_and_health_is_polled(tmp_path):
         pid = engine.pid
         engine.shutdown()
     assert _gone(pid) and engine.lease._handles == []
+
+
+def test_a_server_bound_to_every_interface_is_reached_at_its_nodes_ip(tmp_path):
+    """cluster.host=0.0.0.0 (several nodes): the server binds every interface and is reached, health-polled and
+    registered at `EngineLaunch.node_ip` (here another loopback address, as another node's IP would be)."""
+    engine = CommandEngine(
+        lambda ports: [sys.executable, "-c", _HEALTH_SERVER, str(ports[0]), "0", "0.0.0.0"],
+        tmp_path,
+        host="0.0.0.0",
+        node_ip="127.0.0.3",
+    )
+    url = engine.start()
+    try:
+        assert url == f"http://127.0.0.3:{engine.lease.ports[0]}" and engine.client.is_healthy()
+    finally:
+        engine.shutdown()
+    assert reached_at("10.1.2.3", "10.9.9.9") == "10.1.2.3"  # a given address is where it is reached
+    with pytest.raises(ValueError, match="needs its node's IP"):
+        reached_at("0.0.0.0", None)
 
 
 def test_startup_failure_raises_with_log_tail(tmp_path):

@@ -29,12 +29,13 @@ class CommandEngine(EngineServer):
 
     kind = "command"
 
-    def __init__(self, make_cmd, log_dir, timeout_s=20.0):
+    def __init__(self, make_cmd, log_dir, timeout_s=20.0, *, host="127.0.0.1", node_ip=None):
         super().__init__(
             EngineLaunch(
                 rank=7,
                 model_path="unused",
-                host="127.0.0.1",
+                host=host,
+                node_ip=node_ip,
                 seed=0,
                 device="cpu",
                 log_dir=str(log_dir),

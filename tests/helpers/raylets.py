@@ -1,5 +1,5 @@
 """A local Ray cluster of several raylets on this machine (Ray's own `ray.cluster_utils.Cluster`): each raylet a
-"node" with its own resources, for the multi-node tests."""
+"node" with its own resources and, past the first, its own loopback IP (127.0.0.2, ...), for the multi-node tests."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ def local_raylets(count: int, *, num_cpus: int = 1) -> Iterator:
     for attempt in range(1, START_ATTEMPTS + 1):
         cluster = Cluster()
         try:
-            for _ in range(count):
-                cluster.add_node(num_cpus=num_cpus, include_dashboard=False)
+            for index in range(count):
+                # each further raylet at its own loopback address, as another machine has its own IP
+                ip = {"node_ip_address": f"127.0.0.{index + 1}"} if index else {}
+                cluster.add_node(num_cpus=num_cpus, include_dashboard=False, **ip)
             cluster.wait_for_nodes()
             break
         except Exception:  # noqa: BLE001 - Ray's start-up timeouts are bare Exceptions

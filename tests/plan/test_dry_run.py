@@ -49,6 +49,7 @@ def test_disaggregated_two_node_plan_with_tensor_parallel():
         [
             "cluster=one_node_8gpu",
             "cluster.num_nodes=2",
+            "cluster.host=0.0.0.0",
             "cluster.actor.num_gpus_per_node=8",
             "cluster.rollout.num_gpus=8",
             "rollout.hf.max_batch_size=8",

@@ -32,6 +32,7 @@ from slime.engine.base import EngineLaunch, EngineServer
 from slime.engine.vllm import cpu, engine_args
 from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.router import VLLMRouter
+from slime.net import reached_at
 
 if TYPE_CHECKING:
     from slime.config.schema import RolloutConfig
@@ -140,7 +141,8 @@ class VLLMEngine(EngineServer):
         if self.launch_spec.lora is not None:  # envs.py: mounts /v1/load_lora_adapter and /v1/unload_lora_adapter
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.config.worker_type != "regular" and self.lease is not None:
-            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self.launch_spec.host
+            # the address the decode side connects to (vLLM's nixl connector sends it): never a wildcard
+            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = reached_at(self.launch_spec.host, self.launch_spec.node_ip)
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.lease.ports[1])
         return env
 
