@@ -242,6 +242,7 @@ ENGINES = Registry(
             memory_fraction_default=0.92,
             plan_line="slime.engine.vllm.engine_args.plan_line",
             lora_adapter_modes=("disk",),  # /v1/load_lora_adapter reads a peft directory; no route takes tensors
+            node_span_flags=("--nnodes", "--node-rank", "--master-addr/--master-port"),  # node ranks >= 1 --headless
         ),
     },
     default_facts=EngineFacts(),

@@ -78,6 +78,9 @@ class VLLMLaunchConfig:
 
     # run as `python -m <module>` with vLLM's server CLI (`vllm serve`'s; CPU tests: a fake server)
     module: str = "vllm.entrypoints.launchers.api_server.entry"
+    # node ranks >= 1 of an engine spanning nodes run `python -m <headless_module> serve ... --headless` (vLLM's CLI,
+    # cli/serve.py run_headless: workers only; the API server entry above would ignore --headless)
+    headless_module: str = "vllm.entrypoints.cli.main"
     startup_timeout_s: float = 600.0  # launch until GET /health answers 200
 
 

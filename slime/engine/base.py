@@ -55,8 +55,9 @@ class LoRAServing:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NodeSlice:
-    """This server's part of an engine spanning nodes: one server per node (SGLang's --nnodes / --node-rank), all
-    meeting at the first node's rendezvous address (--dist-init-addr, host:port); node rank 0 serves the API."""
+    """This server's part of an engine spanning nodes: one server per node (--nnodes / --node-rank), all meeting at
+    the first node's rendezvous address (host:port: SGLang's --dist-init-addr, vLLM's --master-addr / --master-port);
+    node rank 0 serves the API."""
 
     num_nodes: int
     node_rank: int

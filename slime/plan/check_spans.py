@@ -2,8 +2,9 @@
 
 An engine of `cluster.rollout.num_gpus_per_engine` GPUs takes consecutive bundles (slime.plan.roles); where they
 cross a node boundary the engine is one server per node slice, started with the engine record's `node_span_flags`
-(SGLang: `--nnodes`, `--node-rank`, `--dist-init-addr` on the first node). SGLang splits tp evenly over its nodes, so
-every slice must hold the same number of GPUs.
+(SGLang: `--nnodes`, `--node-rank`, `--dist-init-addr` on the first node; vLLM: `--nnodes`, `--node-rank`,
+`--master-addr` / `--master-port`, `--headless` past the first). Both split tp evenly over the nodes, so every slice
+must hold the same number of GPUs.
 """
 
 from __future__ import annotations

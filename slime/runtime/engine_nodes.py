@@ -1,9 +1,10 @@
 """The actors of one engine: one actor and server, or, for an engine spanning nodes, one per node slice.
 
-An engine wider than a node runs a server per node with SGLang's multi-node arguments (`EngineLaunch.node_slice`):
+An engine wider than a node runs a server per node with the engine's multi-node arguments (`EngineLaunch.node_slice`):
 node rank 0 serves the API and is the engine's URL (registered with the router, probed, sent every control call and
-weight sync: SGLang's rank 0 passes them to every TP rank); node ranks >= 1 serve only a health probe. They meet at
-`--dist-init-addr`, a free port on node rank 0's node. Node rank 0 becomes ready only once every node has joined,
+weight sync: its rank 0 passes them to every TP rank); node ranks >= 1 serve only a health probe (SGLang) or no HTTP
+at all (vLLM's headless nodes). They meet at the rendezvous address (`--dist-init-addr`; vLLM's `--master-addr` /
+`--master-port`), a free port on node rank 0's node. Node rank 0 becomes ready only once every node has joined,
 so the followers start first; stopping node rank 0 stops the others (SGLang's ShutdownReq broadcast), and their own
 actors then reap them.
 """

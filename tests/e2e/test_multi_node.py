@@ -15,8 +15,9 @@ import pytest
 
 from slime.engine import http_client
 from tests.fakes.fake_sglang import REQUEST_MARK
+from tests.fakes.fake_vllm import REQUEST_MARK as VLLM_REQUEST_MARK
 from tests.helpers.fleet import running_fleet, wait_until
-from tests.helpers.raylets import local_raylets
+from tests.helpers.raylets import local_raylets, logged_requests, spanning_engine, spanning_run
 from tests.helpers.runs import main_py
 
 pytestmark = pytest.mark.slow
@@ -80,40 +81,44 @@ def test_an_sglang_engine_spans_both_nodes_and_every_sync_reaches_it(two_raylets
         run_dir,
         "rollout=sglang",
         "rollout.sglang_launch.module=tests.fakes.fake_sglang",
-        f"cluster.ray_address={two_raylets.address}",
-        "cluster.num_nodes=2",
-        "cluster.host=0.0.0.0",
-        "cluster.num_gpus_per_node=1",
-        "cluster.actor.num_nodes=2",  # a training rank on each node
-        "cluster.colocate=true",
-        "cluster.rollout.num_gpus_per_engine=2",  # one engine over both nodes
-        "rollout.weight_sync.mode=tensor",
-        "rollout.batch_size=16",
-        "train.global_batch_size=64",
-        "rollout.deterministic=false",
-        "train.num_rollout=2",
+        *spanning_run(two_raylets.address),
         timeout=480,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    placement = json.loads((run_dir / "placement.json").read_text())
-    ((first, second),) = placement["engines"]
-    assert (first["node"], second["node"]) == (0, 1) and first["node_ip"] != second["node_ip"]
+    placement, engine, follower = spanning_engine(run_dir)
+    first, second = placement["engines"][0]
     assert [(r["node"], r["process_node_id"]) for r in placement["actor"]] == [
         (0, first["node_id"]),
         (1, second["node_id"]),
     ]
-    (engine,) = json.loads((run_dir / "engines.json").read_text())["engines"]
-    (follower,) = engine["nodes"]
-    assert engine["url"].startswith(f"http://{first['node_ip']}:")  # node rank 0 serves the API
     assert Path(follower["log"]).name == "engine_0_node1.log" and follower["pid"] != engine["pid"]
-    served = [
-        json.loads(line.split(" ", 1)[1])
-        for line in Path(engine["log"]).read_text().splitlines()
-        if line.startswith(REQUEST_MARK)
-    ]
-    pushes = [r for r in served if r["path"] == "/update_weights_from_tensor"]
+    pushes = [r for r in logged_requests(engine["log"], REQUEST_MARK) if r["path"] == "/update_weights_from_tensor"]
     assert len(pushes) >= 3  # before rollout 0 and after each step, every TP rank's item taken in by node rank 0
     assert "node rank 0 is gone" in Path(follower["log"]).read_text()  # stopped with node rank 0
+
+
+@pytest.mark.timeout(600)
+def test_a_vllm_engine_spans_both_nodes_with_a_headless_follower(two_raylets, tmp_path):
+    """vLLM's multi-node launch: node rank 0 serves, node rank 1 runs `serve --headless` (the fake's, through vLLM's
+    own parser); both meet at --master-addr:--master-port on node rank 0's node, every sync goes to node rank 0."""
+    run_dir = tmp_path / "run"
+    proc = main_py(
+        run_dir,
+        "rollout=vllm",
+        "rollout.vllm_launch.module=tests.fakes.fake_vllm",
+        "rollout.vllm_launch.headless_module=tests.fakes.fake_vllm",
+        *spanning_run(two_raylets.address),
+        timeout=480,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    placement, engine, follower = spanning_engine(run_dir)
+    first = placement["engines"][0][0]
+    assert follower["url"] is None  # a headless node serves no HTTP
+    follower_log = Path(follower["log"]).read_text()
+    assert "--nnodes 2 --node-rank 1" in follower_log and "--headless" in follower_log
+    assert "headless multiproc executor, with head node address " + first["node_ip"] in follower_log
+    pushes = [r for r in logged_requests(engine["log"], VLLM_REQUEST_MARK) if r["path"] == "/update_weights"]
+    assert len(pushes) >= 3  # before rollout 0 and after each step
 
 
 @pytest.mark.timeout(600)
@@ -125,13 +130,7 @@ def test_a_spanning_engine_whose_follower_dies_is_restarted_whole(two_raylets, t
         "rollout=sglang",
         "rollout.sglang_launch.module=tests.fakes.fake_sglang",
         "rollout.fault_tolerance.enabled=true",
-        f"cluster.ray_address={two_raylets.address}",
-        "cluster.num_nodes=2",
-        "cluster.host=0.0.0.0",
-        "cluster.num_gpus_per_node=1",
-        "cluster.actor.num_nodes=2",
-        "cluster.colocate=true",
-        "cluster.rollout.num_gpus_per_engine=2",
+        *spanning_run(two_raylets.address),
     ]
     with running_fleet(overrides, tmp_path) as fleet:
         (slot,) = fleet.slots

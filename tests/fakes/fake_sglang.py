@@ -345,48 +345,22 @@ def _init_world() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(hours=1))
 
 
-def _join_nodes(server_args):
-    """The nodes of an engine spanning nodes meet at `--dist-init-addr` (torch's TCPStore there, hosted by node rank 0,
-    as SGLang's schedulers' `tcp://` rendezvous is): node rank 0 waits until every node has joined, so it is not ready
-    before they are."""
-    import datetime
-
-    import torch.distributed as dist
-
-    host, _, port = server_args.dist_init_addr.rpartition(":")
-    return dist.TCPStore(
-        host,
-        int(port),
-        world_size=server_args.nnodes,
-        is_master=server_args.node_rank == 0,
-        wait_for_workers=True,
-        timeout=datetime.timedelta(seconds=300),
-    )
-
-
 def follow(server_args, nodes) -> None:
     """A node rank >= 1, as `Engine._launch_subprocesses` (sglang/srt/entrypoints/engine.py) runs one: no tokenizer and
     no API, only SGLang's own `launch_dummy_health_check_server` on its port (/health, /health_generate, /ping), until
     node rank 0 goes (SGLang's ShutdownReq broadcast ends its schedulers); SIGTERM alone is only logged."""
     import signal
-    import threading
 
     from sglang.srt.utils.common import launch_dummy_health_check_server, set_prometheus_multiproc_dir
+
+    from tests.helpers.node_rendezvous import follow_until_node_zero_is_gone
 
     if server_args.enable_metrics:  # engine.py _set_envs_and_config, before any metrics middleware
         set_prometheus_multiproc_dir()
     signal.signal(signal.SIGTERM, lambda *_: logger.warning("SIGTERM received on node_rank %d", server_args.node_rank))
     launch_dummy_health_check_server(server_args.host, server_args.port, server_args.enable_metrics)
     logger.info("node rank %d of %d follows node rank 0", server_args.node_rank, server_args.nnodes)
-    stop = threading.Event()
-    while not stop.wait(0.5):
-        try:
-            nodes.check(["node rank 0"])  # any call: it fails once node rank 0, which hosts the store, is gone
-        except Exception:  # noqa: BLE001 - node rank 0 is gone: its schedulers would have been told to stop
-            logger.info("node rank 0 is gone: node rank %d stops", server_args.node_rank)
-            break
-    sys.stderr.flush()
-    os._exit(0)
+    follow_until_node_zero_is_gone(nodes, server_args.node_rank)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -411,7 +385,11 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    nodes = _join_nodes(server_args) if server_args.nnodes > 1 else None
+    nodes = None
+    if server_args.nnodes > 1:  # SGLang's schedulers meet at --dist-init-addr (a TCPStore node rank 0 hosts)
+        from tests.helpers.node_rendezvous import join_nodes
+
+        nodes = join_nodes(server_args.dist_init_addr, num_nodes=server_args.nnodes, node_rank=server_args.node_rank)
     if nodes is not None and server_args.node_rank >= 1:
         follow(server_args, nodes)
         return

@@ -13,7 +13,9 @@ and uses its code wherever that code runs without an engine (`tests/helpers/vllm
   route's `GenerateRequest` and `SamplingParams`, `init_info`, `update_info`, ...), refused with vLLM's 400;
 - responses: vLLM's types (`GenerateTokensResponse`, logprobs by `ServingTokens._create_tokens_logprobs`,
   `ModelList`, `ErrorResponse`); /version is vLLM's handler;
-- weight transfers: vLLM's engine classes parse `init_info` / `update_info` (`tests/fakes/fake_vllm_transfer.py`).
+- weight transfers: vLLM's engine classes parse `init_info` / `update_info` (`tests/fakes/fake_vllm_transfer.py`);
+- several nodes (`--nnodes` > 1): the nodes meet at `--master-addr:--master-port` before node rank 0 serves; a
+  `--headless` node (run as vLLM's CLI, `serve` first) serves no HTTP and ends with node rank 0.
 
 Behind the routes the engine is the hf engine (`slime.engine.hf`) on the tiny model, in one process whatever
 the parallel sizes say; where it stands in for vLLM's engine each handler names the vLLM code it follows.
@@ -353,17 +355,42 @@ async def serve(cli) -> None:
     await hf_server.run_app(server, web.Application(client_max_size=1 << 30))
 
 
+def follow_or_lead(cli):
+    """Several nodes (`--nnodes` > 1): the nodes' workers meet at `--master-addr:--master-port` (torch.distributed's
+    store there, node rank 0's, returned to be held while it serves) before node rank 0 serves. A `--headless` node, as `run_headless`
+    (vllm/entrypoints/cli/serve.py) runs one, serves no HTTP: its workers only, until node rank 0 is gone."""
+    from tests.helpers import vllm_real
+    from tests.helpers.node_rendezvous import follow_until_node_zero_is_gone, join_nodes
+
+    nodes = join_nodes(f"{cli.master_addr}:{cli.master_port}", num_nodes=cli.nnodes, node_rank=cli.node_rank)
+    if not cli.headless:
+        return nodes
+    logger.info(
+        "Launching vLLM (v%s) headless multiproc executor, with head node address %s:%s (node rank %d of %d)",
+        vllm_real.PINNED_VERSION,
+        cli.master_addr,
+        cli.master_port,
+        cli.node_rank,
+        cli.nnodes,
+    )
+    follow_until_node_zero_is_gone(nodes, cli.node_rank)
+
+
 def main(argv: list[str] | None = None) -> None:
     from tests.helpers import vllm_real
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # run as vLLM's CLI (`vllm serve`, a headless node): the same server parser after it
+        argv = argv[1:]
     cli = vllm_real.parse_cli(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s [fake-vllm] %(message)s", force=True)
     logger.info("accepted by vLLM %s's parser: %s", vllm_real.PINNED_VERSION, " ".join(argv))
     import torch
 
     torch.set_num_threads(1)
+    nodes = follow_or_lead(cli) if cli.nnodes > 1 else None  # node rank 0 hosts the store while it serves
     asyncio.run(serve(cli))
+    del nodes
     sys.stderr.flush()
     os._exit(0)
 

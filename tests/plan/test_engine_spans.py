@@ -1,5 +1,5 @@
 """Engines wider than a node (slime.plan.check_spans): the plan's node slices per engine, SGLang's multi-node flags in
-the dry run, and what validation says where an engine cannot span nodes."""
+the dry run (vLLM's too), and what validation says where an engine cannot span nodes."""
 
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ def span_problems(overrides: list[str], tmp_path) -> list:
     return info.value.problems
 
 
-def test_a_spanning_sglang_engine_is_launched_with_nothing_more_needed(tmp_path):
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_spanning_engine_is_launched_with_nothing_more_needed(engine, tmp_path):
     overrides = [
-        "rollout=sglang",
+        f"rollout={engine}",
         "cluster.colocate=true",
         "cluster.actor.num_nodes=2",
         "rollout.weight_sync.mode=tensor",
@@ -61,12 +62,6 @@ def test_a_spanning_sglang_engine_is_launched_with_nothing_more_needed(tmp_path)
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (  # four training GPUs, then an engine of 8: 4 GPUs on node 0, 4 on node 1
-            ["rollout=vllm", "cluster.rollout.num_gpus_per_engine=8"],
-            "engine 0's GPUs lie on nodes 0-1 (8 GPUs a node), and rollout.engine=vllm runs each server inside one "
-            "node. Fix: set cluster.rollout.num_gpus_per_engine to a divisor of cluster.num_gpus_per_node=8 that "
-            "divides the 4 GPU(s) before the engines too, or rollout.engine=sglang",
-        ),
         (  # four training GPUs, then engines of 6: engine 0 has 4 GPUs on node 0 and 2 on node 1
             ["rollout=sglang", "cluster.rollout.num_gpus=12", "cluster.rollout.num_gpus_per_engine=6"],
             "engine 0's GPUs lie on nodes 0-1 (8 GPUs a node) in unequal slices",
@@ -77,3 +72,14 @@ def test_an_engine_that_cannot_span_nodes_is_a_config_error(overrides, expected,
     problems = span_problems(["cluster.actor.num_gpus_per_node=4", *overrides], tmp_path)
     (problem,) = [p for p in problems if p.key == KEY]
     assert not problem.machine and expected in str(problem)
+
+
+def test_the_dry_run_names_vllms_multi_node_flags():
+    proc, _ = run_main(
+        "recipe=gpu/qwen3_30b_a3b_grpo_ep_vllm", "cluster.rollout.num_gpus_per_engine=16", "debug=dry_run"
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (
+        "  engine 0 spans 2 nodes, one server each: --nnodes 2; --node-rank 0 on node 0 (serves HTTP; "
+        "--master-addr/--master-port on a reserved port there), --node-rank 1 on node 1"
+    ) in proc.stdout.splitlines()

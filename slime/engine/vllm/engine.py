@@ -49,6 +49,7 @@ class VLLMEngineConfig:
 
     args: dict[str, Any]  # rollout.vllm + the group's overrides, already validated (framework keys included)
     launch_module: str = engine_args.LAUNCH_MODULE
+    headless_module: str = "vllm.entrypoints.cli.main"  # node ranks >= 1 of an engine spanning nodes (`serve`)
     startup_timeout_s: float = 600.0
     worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
     weight_transfer_backend: Optional[str] = "nccl"  # vLLM's weight transfer backend, None: disk syncs only
@@ -75,6 +76,7 @@ class VLLMEngine(EngineServer):
         return VLLMEngineConfig(
             args={**rollout.vllm, **(overrides or {})},
             launch_module=rollout.vllm_launch.module,
+            headless_module=rollout.vllm_launch.headless_module,
             startup_timeout_s=rollout.vllm_launch.startup_timeout_s,
             worker_type=worker_type,
             weight_transfer_backend=TRANSFER_BACKENDS.get(rollout.weight_sync.mode),
@@ -121,18 +123,37 @@ class VLLMEngine(EngineServer):
             cpu.untied_view(self.launch_spec.model_path, self.served_path())
         super().launch()
 
+    @property
+    def headless(self) -> bool:
+        """A node rank >= 1 of an engine spanning nodes: vLLM's workers there, no API server."""
+        return self.launch_spec.node_slice is not None and self.launch_spec.node_slice.node_rank > 0
+
     def command(self, ports: list[int]) -> list[str]:
         launch, cfg = self.launch_spec, self.config
+        span = launch.node_slice  # tp spans every node's GPUs
         argv = engine_args.server_args(
             {**self.launch_defaults(), **cfg.args},
             model_path=self.served_path(),
             host=launch.host,
             port=ports[0],
-            num_gpus=len(launch.gpu_ids),
+            num_gpus=len(launch.gpu_ids) if span is None else max(len(launch.gpu_ids), 1) * span.num_nodes,
             seed=launch.seed,
             sleep_mode=launch.memory_saver,
         )
-        return [sys.executable, "-m", cfg.launch_module, *argv, *engine_args.cli_flags(self.adapter_args())]
+        argv += engine_args.cli_flags(self.adapter_args())
+        if span is not None:
+            argv += engine_args.cli_flags(engine_args.node_span_args(span))
+        if self.headless:
+            return [sys.executable, "-m", cfg.headless_module, "serve", *argv]
+        return [sys.executable, "-m", cfg.launch_module, *argv]
+
+    def wait_until_ready(self) -> str:
+        """A headless node answers no HTTP (cli/serve.py run_headless): it is up once its process runs; node rank 0
+        becomes healthy only after every node's workers joined its rendezvous."""
+        if not self.headless:
+            return super().wait_until_ready()
+        self._check_alive()
+        return self.url
 
     def env(self) -> dict[str, str]:
         env = {**super().env(), "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
@@ -147,4 +168,5 @@ class VLLMEngine(EngineServer):
         return env
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "worker_type": self.config.worker_type, "bootstrap_port": None}
+        described = {**super().describe(), "worker_type": self.config.worker_type, "bootstrap_port": None}
+        return described | ({"url": None} if self.headless else {})  # a headless node serves no HTTP

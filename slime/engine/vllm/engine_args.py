@@ -20,12 +20,15 @@ import difflib
 import importlib.metadata
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from slime.config.schema import RunConfig
 from slime.engine import process
 from slime.engine.arg_fields import ArgIssue, FieldList, pinned_fields, type_ok
 from slime.engine.groups import EngineSpec
+
+if TYPE_CHECKING:
+    from slime.engine.base import NodeSlice
 
 FIELDS_FILE = Path(__file__).with_name("engine_args_fields.json")
 LAUNCH_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (0.32.0)
@@ -48,7 +51,7 @@ OWNED_FIELDS: dict[str, str] = {
     "uds": "a port the framework reserves",
     "grpc": "the framework's HTTP client",
     "grpc_port": "the framework's HTTP client",
-    "headless": "one HTTP server per engine",
+    "headless": "the placement group (node ranks >= 1 of an engine spanning nodes)",
     "api_server_count": "one HTTP server per engine",
     "config": "the framework (rollout.vllm holds the server options; a YAML file of them would skip validation)",
     "device_ids": "the engine's bundles (CUDA_VISIBLE_DEVICES)",
@@ -191,6 +194,17 @@ def owned_args(
     if max(num_gpus, 1) > 1:  # inside a Ray actor vLLM would pick its Ray executor; the GPUs are already ours
         owned["distributed_executor_backend"] = "mp"
     return owned
+
+
+def node_span_args(span: NodeSlice) -> dict[str, Any]:
+    """One node's server of an engine spanning nodes, as vLLM's multiprocessing executor runs over nodes: every node
+    the same --nnodes, its --node-rank, node rank 0's torch.distributed rendezvous as --master-addr / --master-port
+    (arg_utils.py create_engine_config); node ranks >= 1 run --headless (cli/serve.py run_headless: the workers only,
+    no API server). --tensor-parallel-size counts every node's GPUs."""
+    host, _, port = span.dist_init_addr.rpartition(":")
+    args: dict[str, Any] = {"nnodes": span.num_nodes, "node_rank": span.node_rank}
+    args |= {"master_addr": host, "master_port": int(port), "headless": span.node_rank > 0 or None}
+    return args
 
 
 def server_args(

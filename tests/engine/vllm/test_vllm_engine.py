@@ -410,3 +410,54 @@ def test_an_adapter_sync_starts_the_server_with_runtime_lora_loading(tmp_path):
     }
     assert engine.env()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in make_engine("/models/qwen", tmp_path).env()
+
+
+def test_an_engine_spanning_two_nodes_is_vllms_multi_node_launch(tiny_model_dir, tmp_path):
+    """`EngineLaunch.node_slice`: every node's server gets vLLM's --nnodes / --node-rank / --master-addr /
+    --master-port and the tp of every node's GPUs; node rank 1 runs vLLM's CLI (`serve --headless`: its API server
+    entry would ignore the flag). Run with the fake: node rank 0 is not ready before node rank 1 joined the
+    rendezvous, the headless node serves no HTTP and stops once node rank 0 has gone."""
+    import importlib.util
+
+    from slime.engine.base import NodeSlice
+    from slime.net import free_port
+
+    assert importlib.util.find_spec("vllm.entrypoints.cli.main") is not None
+    from vllm.entrypoints.cli.serve import run_headless  # noqa: F401 - what `serve --headless` runs (0.32.0)
+
+    address = f"127.0.0.1:{free_port()}"
+
+    def node(rank, **config):
+        engine = make_engine(tiny_model_dir, tmp_path, rank=3, gpu_ids=("0", "1"), **config)
+        span = NodeSlice(num_nodes=2, node_rank=rank, dist_init_addr=address)
+        return VLLMEngine(dataclasses.replace(engine.launch_spec, node_slice=span), engine.config)
+
+    real = node(1, launch_module="vllm.entrypoints.launchers.api_server.entry")
+    cmd = real.command([15001, 15002])
+    assert cmd[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    args = parsed_by_vllm(cmd[4:])  # vLLM 0.32.0's serve parser
+    spans = ("nnodes", "node_rank", "master_addr", "master_port", "headless", "tensor_parallel_size")
+    assert tuple(args[k] for k in spans) == (2, 1, "127.0.0.1", int(address.split(":")[1]), True, 4)
+    assert not parsed_by_vllm(node(0).command([15001, 15002])[3:])["headless"]
+
+    first, second = node(0), node(1, headless_module=FAKE)
+    first.launch()
+    try:
+        time.sleep(8)  # long enough for the fake alone to have been ready
+        assert not first.client.is_healthy(first.health_path, timeout=2.0)  # waiting for node rank 1
+        second.start()
+        first.wait_until_ready()
+        assert second.describe()["url"] is None and second.is_running()
+        body = {"token_ids": [1, 5], "sampling_params": {"max_tokens": 2}}
+        (choice,) = http_client.post(first.url + "/inference/v1/generate", body)["choices"]
+        assert len(choice["token_ids"]) == 2
+        first.shutdown()
+        deadline = time.monotonic() + 30
+        while second.is_running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not second.is_running()
+        assert "node rank 0 is gone: node rank 1 stops" in second.log_path.read_text()
+        assert (first.log_path.name, second.log_path.name) == ("engine_3.log", "engine_3_node1.log")
+    finally:
+        first.shutdown()
+        second.shutdown()
