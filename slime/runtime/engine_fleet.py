@@ -41,7 +41,7 @@ from slime.engine.groups import EngineSpec, ModelSpec, policy_model
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
 from slime.runtime.engine_health import HealthGate, HealthMonitor
-from slime.runtime.engine_nodes import ask_each, create_engine_actors
+from slime.runtime.engine_nodes import ask_each, create_engine_actors, get_failing_fast
 from slime.runtime.engine_recovery import FleetRecovery
 from slime.runtime.placement import EnginePlacement
 
@@ -162,8 +162,9 @@ class EngineFleet(FleetRecovery):
 
     def finish_start(self) -> None:
         """Wait for every engine, register each (and the external engines), write engines.json, start the monitor."""
-        urls = ray.get([slot.actor.wait_until_ready.remote() for slot in self.slots])
-        ray.get([actor.wait_until_ready.remote() for slot in self.slots for actor in slot.followers])
+        mains = [slot.actor.wait_until_ready.remote() for slot in self.slots]
+        followers = [actor.wait_until_ready.remote() for slot in self.slots for actor in slot.followers]
+        urls = get_failing_fast(mains + followers)[: len(mains)]
         for slot, url in zip(self.slots, urls):
             slot.url = url
         self._describe_all()

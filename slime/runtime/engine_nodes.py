@@ -59,3 +59,13 @@ def ask_each(groups: list[list[Any]], method: str) -> list[list]:
     """Per group of actors (an engine's, node rank 0 first), their answers to `method()`, all asked at once."""
     answers = iter(ray.get([getattr(actor, method).remote() for actors in groups for actor in actors]))
     return [[next(answers) for _ in actors] for actors in groups]
+
+
+def get_failing_fast(refs: list) -> list:
+    """`ray.get(refs)`, except that the first error raises as soon as its ref ends, not after every ref before it:
+    one engine (or one node's server) that dies while the others still load fails the start at once, with its log."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)
+    return ray.get(refs)

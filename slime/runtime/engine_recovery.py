@@ -12,7 +12,7 @@ import logging
 
 import ray
 
-from slime.runtime.engine_nodes import EngineActors, ask_each
+from slime.runtime.engine_nodes import EngineActors, ask_each, get_failing_fast
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class FleetRecovery:
             ray.get([actor.shutdown.remote() for actor in slot.actors])  # reaps the dead processes, frees ports
             self._released.pop(slot.url, None)
         started = [EngineActors(slot.actor, slot.followers).start_refs() for slot in dead]
-        urls = ray.get([refs[0] for refs in started])
-        ray.get([ref for refs in started for ref in refs[1:]])
+        answers = get_failing_fast([refs[0] for refs in started] + [ref for refs in started for ref in refs[1:]])
+        urls = answers[: len(started)]
         for slot, url in zip(dead, urls):
             slot.url, slot.dead = url, False
             logger.warning("engine %d restarted at %s (restart %d)", slot.rank, url, slot.restarts)
