@@ -139,7 +139,13 @@ class Router:
 
     @classmethod
     def launch(
-        cls, *, host: str = "127.0.0.1", cfg: RouterConfig, log_path: str | Path, pd: bool = False, node_ip=None
+        cls,
+        *,
+        host: str = "127.0.0.1",
+        cfg: RouterConfig,
+        log_path: str | Path,
+        pd: bool = False,
+        node_ip: Optional[str] = None,
     ) -> Router:
         """Start `python -m <launch_module>` bound to `host` (PD mode when `pd`), wait for GET /health = 200 (at
         most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail. `node_ip`: this node's IP, where
