@@ -82,6 +82,7 @@ def test_the_engine_records_state_their_facts():
         memory_fraction_default=0.92,
         plan_line="slime.engine.vllm.engine_args.plan_line",
         lora_adapter_modes=("disk",),  # /v1/load_lora_adapter reads a directory
+        node_span_flags=("--nnodes", "--node-rank", "--master-addr/--master-port"),
     )
     assert load_callable(ENGINES.facts("vllm").plan_line) is vllm_plan_line
     assert generate_protocol("vllm").GENERATE_PATH == "/inference/v1/generate"
