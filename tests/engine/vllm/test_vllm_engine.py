@@ -355,6 +355,7 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
     from slime.runtime import engine_fleet
 
     monkeypatch.setattr(engine_fleet.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(engine_fleet.ray, "wait", lambda refs, num_returns: (refs[:num_returns], refs[num_returns:]))
     regular = servers[0]
     router.remove_worker(regular.url)
     ft = FaultToleranceConfig(enabled=True, health_check_interval_s=0.1, health_check_timeout_s=2.0)
