@@ -25,28 +25,78 @@ class Family:
     """What an HF model type implies beyond its config.json keys."""
 
     hf_class: str
-    qk_layernorm: bool  # per-head RMSNorm on q and k (not a config key: part of the architecture)
+    qk_layernorm: bool | None  # per-head RMSNorm on q and k, fixed by the architecture; None: read `use_qk_norm`
     qkv_bias: bool | None  # fixed by the architecture (Qwen2), or None: read `attention_bias`
     moe: bool
-    megatron: bool = True  # maps onto megatron-core's GPT layer spec
+    # GLM-4.5 / DeepSeek-V3 MoE: n_routed_experts and n_shared_experts of moe_intermediate_size, dense first layers
+    # (first_k_dense_replace), a sigmoid router with expert-score bias, routed_scaling_factor, grouped top-k
+    grouped_moe: bool = False
+    mla: bool = False  # multi-head latent attention (q_lora_rank, kv_lora_rank, qk_{nope,rope}_head_dim, v_head_dim)
+    norms_per_layer: int = 2  # RMSNorms of hidden width per decoder layer (GLM-4 also normalises both outputs)
+    no_megatron: str | None = None  # why the megatron backend cannot build it; None: megatron-core's GPT layer spec
+
+    @property
+    def megatron(self) -> bool:
+        return self.no_megatron is None
 
 
+_NOT_BUILT = "the megatron backend does not build its {} yet"
 FAMILIES = {
     "qwen3": Family("Qwen3ForCausalLM", qk_layernorm=True, qkv_bias=None, moe=False),
     "qwen3_moe": Family("Qwen3MoeForCausalLM", qk_layernorm=True, qkv_bias=None, moe=True),
     "qwen2": Family("Qwen2ForCausalLM", qk_layernorm=False, qkv_bias=True, moe=False),
     "llama": Family("LlamaForCausalLM", qk_layernorm=False, qkv_bias=None, moe=False),
-    "glm4": Family("Glm4ForCausalLM", qk_layernorm=False, qkv_bias=None, moe=False, megatron=False),
+    "glm4": Family(
+        "Glm4ForCausalLM",
+        qk_layernorm=False,
+        qkv_bias=None,
+        moe=False,
+        norms_per_layer=4,
+        no_megatron="GLM-4 normalises each attention and MLP output, which megatron-core's TransformerLayer cannot",
+    ),
+    "glm4_moe": Family(
+        "Glm4MoeForCausalLM",
+        qk_layernorm=None,
+        qkv_bias=None,
+        moe=True,
+        grouped_moe=True,
+        no_megatron=_NOT_BUILT.format("GLM-4.5 MoE layers (sigmoid router with expert bias, shared experts)"),
+    ),
+    "deepseek_v3": Family(
+        "DeepseekV3ForCausalLM",
+        qk_layernorm=False,
+        qkv_bias=False,
+        moe=True,
+        grouped_moe=True,
+        mla=True,
+        no_megatron=_NOT_BUILT.format("multi-head latent attention and DeepSeek-V3 MoE layers"),
+    ),
 }
 
 # transformers' class defaults for keys a config.json may omit (per model_type where they differ)
 _HF_DEFAULTS = {
     "tie_word_embeddings": {"*": False},
     "attention_bias": {"glm4": True, "*": False},
-    "partial_rotary_factor": {"glm4": 0.5, "*": 1.0},
+    "partial_rotary_factor": {"glm4": 0.5, "glm4_moe": 0.5, "*": 1.0},
     "norm_topk_prob": {"*": False},
     "router_aux_loss_coef": {"*": 0.001},
-    "rms_norm_eps": {"glm4": 1.5625e-07, "*": 1e-6},
+    "rms_norm_eps": {"glm4": 1.5625e-07, "glm4_moe": 1e-5, "*": 1e-6},
+    "use_qk_norm": {"*": False},
+}
+# The grouped MoE families' router keys and MLA's, with their transformers class defaults (Glm4MoeConfig,
+# DeepseekV3Config) for a config.json that omits one
+_GROUPED_MOE = {
+    "moe_first_dense_layers": ("first_k_dense_replace", {"glm4_moe": 1, "deepseek_v3": 3}),
+    "moe_routed_scaling_factor": ("routed_scaling_factor", {"glm4_moe": 1.0, "deepseek_v3": 2.5}),
+    "moe_router_num_groups": ("n_group", {"glm4_moe": 1, "deepseek_v3": 8}),
+    "moe_router_group_topk": ("topk_group", {"glm4_moe": 1, "deepseek_v3": 4}),
+}
+_MLA = {
+    "q_lora_rank": ("q_lora_rank", 1536),
+    "kv_lora_rank": ("kv_lora_rank", 512),
+    "qk_head_dim": ("qk_nope_head_dim", 128),
+    "qk_pos_emb_head_dim": ("qk_rope_head_dim", 64),
+    "v_head_dim": ("v_head_dim", 128),
 }
 
 # ModelConfig field -> HF key, for fields that are a plain copy
@@ -89,6 +139,8 @@ CHECKED = (
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
     "moe_norm_topk_prob",
+    *_GROUPED_MOE,
+    *_MLA,
 )
 
 
@@ -127,14 +179,34 @@ def hf_fields(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int
     )
     if family.qkv_bias is None:
         fields["attention_bias"] = model.add_qkv_bias
-    if model.rotary_percent != 1.0 or model.architecture == "glm4":
+    if model.rotary_percent != 1.0 or _default("partial_rotary_factor", model.architecture) != 1.0:
         fields["partial_rotary_factor"] = model.rotary_percent
     if model.rope_scaling is not None:
         fields["rope_scaling"] = dict(model.rope_scaling)
-    if family.moe:
+    if family.qk_layernorm is None:
+        fields["use_qk_norm"] = model.qk_layernorm
+    if family.moe and not family.grouped_moe:
         fields.update({hf: getattr(model, ours) for ours, hf in _MOE.items()})
         fields.update(decoder_sparse_step=1, mlp_only_layers=[])
+    if family.grouped_moe:
+        fields.update(_grouped_moe_fields(model))
+    if family.mla:
+        fields.update({hf: getattr(model, ours) for ours, (hf, _) in _MLA.items()})
+        fields.update(num_key_value_heads=model.num_attention_heads, attention_bias=False)
     return fields
+
+
+def _grouped_moe_fields(model: ModelConfig) -> dict:
+    """GLM-4.5 / DeepSeek-V3's MoE keys: the shared experts as a count of routed-expert widths."""
+    shared = model.moe_shared_expert_intermediate_size or 0
+    fields = {hf: getattr(model, ours) for ours, (hf, _) in _GROUPED_MOE.items()}
+    return fields | {
+        "n_routed_experts": model.num_experts,
+        "num_experts_per_tok": model.moe_router_topk,
+        "moe_intermediate_size": model.moe_ffn_hidden_size,
+        "n_shared_experts": shared // model.moe_ffn_hidden_size,
+        "norm_topk_prob": model.moe_norm_topk_prob,
+    }
 
 
 def model_fields_from_hf(config: dict) -> dict[str, Any]:
@@ -151,7 +223,11 @@ def model_fields_from_hf(config: dict) -> dict[str, Any]:
     fields["rotary_base"] = float(config.get("rope_theta", rope.get("rope_theta", 10000.0)))
     fields["rope_scaling"] = normalize_rope_scaling(config.get("rope_scaling") or rope)
     fields["tie_word_embeddings"] = config.get("tie_word_embeddings", _default("tie_word_embeddings", model_type))
-    fields["qk_layernorm"] = family.qk_layernorm
+    fields["qk_layernorm"] = (
+        family.qk_layernorm
+        if family.qk_layernorm is not None
+        else config.get("use_qk_norm", _default("use_qk_norm", model_type))
+    )
     fields["add_qkv_bias"] = (
         family.qkv_bias
         if family.qkv_bias is not None
@@ -160,10 +236,29 @@ def model_fields_from_hf(config: dict) -> dict[str, Any]:
     fields["rotary_percent"] = config.get("partial_rotary_factor", _default("partial_rotary_factor", model_type))
     fields["num_experts"] = None
     fields["moe_shared_expert_intermediate_size"] = config.get("shared_expert_intermediate_size")
-    if family.moe:
+    if family.moe and not family.grouped_moe:
         config = {"num_experts": config.get("num_local_experts"), **config}
         for ours, hf in _MOE.items():
             fields[ours] = config.get(hf, _HF_DEFAULTS.get(hf, {}).get("*"))
+    if family.grouped_moe:
+        fields.update(_grouped_moe_from_hf(config, model_type))
+    if family.mla:
+        fields.update({ours: config.get(hf, default) for ours, (hf, default) in _MLA.items()})
+        fields["kv_channels"] = fields["qk_pos_emb_head_dim"]  # DeepseekV3Config's head_dim; the file has none
+    return fields
+
+
+def _grouped_moe_from_hf(config: dict, model_type: str) -> dict[str, Any]:
+    routed_width = config.get("moe_intermediate_size")
+    fields: dict[str, Any] = {
+        "num_experts": config.get("n_routed_experts"),
+        "moe_router_topk": config.get("num_experts_per_tok"),
+        "moe_ffn_hidden_size": routed_width,
+        "moe_shared_expert_intermediate_size": (config.get("n_shared_experts") or 0) * routed_width or None,
+        "moe_norm_topk_prob": config.get("norm_topk_prob", True),
+    }
+    for ours, (hf, defaults) in _GROUPED_MOE.items():
+        fields[ours] = config.get(hf, defaults[model_type])
     return fields
 
 
@@ -215,7 +310,7 @@ def check_model(model: ModelConfig) -> Iterator[Problem]:
         return  # reported by check_choices
     family = FAMILIES[model.architecture]
     arch = f"model.architecture={model.architecture}"
-    if model.qk_layernorm != family.qk_layernorm:
+    if family.qk_layernorm is not None and model.qk_layernorm != family.qk_layernorm:
         yield Problem("model.qk_layernorm", model.qk_layernorm, f"{arch} implies {family.qk_layernorm}", "drop it")
     if family.qkv_bias is not None and model.add_qkv_bias != family.qkv_bias:
         yield Problem("model.add_qkv_bias", model.add_qkv_bias, f"{arch} implies {family.qkv_bias}", "drop it")

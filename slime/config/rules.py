@@ -25,6 +25,7 @@ from slime.config.validate_async import check_async
 from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_keys import check_unknown_keys
 from slime.config.validate_lora import check_lora
+from slime.config.validate_model_shape import check_model_shape
 
 DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
@@ -212,6 +213,7 @@ def schema_problems(cfg: RunConfig) -> list[Problem]:
         check_ranges(cfg),
         check_token_limits(cfg),
         check_model(cfg.model),
+        check_model_shape(cfg.model),
         check_lora(cfg),
         check_batch_arithmetic(cfg),
         check_options(cfg),

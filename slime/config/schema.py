@@ -91,8 +91,9 @@ class ModelConfig:
     rotary_base: float = 1_000_000.0
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 40960
-    # Family details (defaults: Qwen3 dense). architecture: qwen3 | qwen3_moe | qwen2 | llama | glm4
-    qk_layernorm: bool = True  # RMSNorm over each q/k head (Qwen3); False for Qwen2/Llama
+    # Family details (defaults: Qwen3 dense). architecture: qwen3 | qwen3_moe | qwen2 | llama | glm4 | glm4_moe |
+    # deepseek_v3 (MLA: kv_channels is transformers' head_dim there, the rotary part of a q/k head)
+    qk_layernorm: bool = True  # RMSNorm over each q/k head (Qwen3, GLM-4.5's use_qk_norm); False for Qwen2/Llama
     add_qkv_bias: bool = False  # bias on q/k/v projections (Qwen2)
     rotary_percent: float = 1.0  # fraction of head_dim rotated (GLM-4: 0.5)
     rope_scaling: Optional[dict[str, Any]] = None  # HF config.json's rope_scaling dict (Llama-3: rope_type llama3)
@@ -102,6 +103,19 @@ class ModelConfig:
     moe_shared_expert_intermediate_size: Optional[int] = None  # None: no shared expert
     moe_norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1
     moe_aux_loss_coeff: float = 0.0  # load-balancing loss coefficient
+    # GLM-4.5 / DeepSeek-V3 MoE: the first layers keep a dense FFN of ffn_hidden_size (HF first_k_dense_replace);
+    # routed weights scaled by this factor; experts chosen within the top groups (HF n_group, topk_group)
+    moe_first_dense_layers: int = 0
+    moe_routed_scaling_factor: float = 1.0
+    moe_router_num_groups: Optional[int] = None
+    moe_router_group_topk: Optional[int] = None
+    # Multi-head latent attention (deepseek_v3): q through a rank-q_lora_rank bottleneck (None: a full projection),
+    # k and v through kv_lora_rank; each head's q/k is qk_head_dim without RoPE plus qk_pos_emb_head_dim with it
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: Optional[int] = None
+    qk_head_dim: Optional[int] = None
+    qk_pos_emb_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # adapters instead of full fine-tuning (rank 0: off)
 
 

@@ -15,6 +15,13 @@ def check_lora(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem("model.lora.rank", lora.rank, "must be >= 0 (0: no adapters)", "set model.lora.rank=8, or 0")
     if not lora.enabled:
         return
+    if cfg.model.kv_lora_rank is not None:  # its projections are not q_proj, k_proj, v_proj
+        yield Problem(
+            "model.lora.rank",
+            lora.rank,
+            f"adapters on multi-head latent attention (model.architecture={cfg.model.architecture}) are not supported",
+            "set model.lora.rank=0 (full fine-tuning)",
+        )
     if lora.alpha <= 0:
         yield Problem("model.lora.alpha", lora.alpha, "must be > 0", "set model.lora.alpha=16")
     if lora.lr is not None and lora.lr <= 0:

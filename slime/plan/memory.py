@@ -1,8 +1,9 @@
 """Per-GPU memory estimate of a run, from its config alone (no torch): part of the RunPlan, printed by the dry run.
 
 N = parameters of the policy: embedding V·H (twice when the output layer is untied) + per layer
-[attention H·Q + 2·H·KV + Q·H, SwiGLU MLP 3·H·F, norms 2·H + 2·d] + final norm H, with Q = heads·d and
-KV = kv_heads·d (d = kv_channels). Training, per GPU of a rank (s = the rank's shard of N):
+[attention H·Q + 2·H·KV + Q·H (MLA: its latent projections), SwiGLU MLP 3·H·F (MoE layers: the routed experts,
+router and shared experts), norms 2·H (+ q/k norms, biases)] + final norm H, with Q = heads·d and KV = kv_heads·d
+(d = kv_channels); slime.model_shape has each term. Training, per GPU of a rank (s = the rank's shard of N):
     fsdp      s = N / (dp·tp): FSDP2 shards parameters, gradients and optimizer state over every rank;
               weights 4 B (fp32 parameters; bf16 is autocast compute), gradients 4 B, optimizer 8 B
               (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
@@ -25,7 +26,7 @@ Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
     the GPU for weights + KV cache, so KV cache = fraction·GPU - weights (vllm: its gpu_memory_utilization,
     rollout.vllm, default 0.92 in vLLM 0.32.0, the same way); the hf engine holds weights +
     the KV cache of rollout.hf.max_batch_size sequences of 1024 + max_response_len tokens
-    (2·L·KV·2 B per token).
+    (2·L·KV·2 B per token; MLA: L·(kv_lora_rank + rotary dims)·2 B).
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
 activations and logits while training: peak = state + max(engine, activations + logits). The GPU size
@@ -45,6 +46,18 @@ from slime.config.derived import Derived
 from slime.config.problems import get as config_value
 from slime.config.schema import RunConfig
 from slime.model_flops import active_ffn_width
+from slime.model_shape import (
+    attention_parameters,
+    dense_layer_count,
+    kv_cache_width,
+    layer_norm_parameters,
+    moe_layer_count,
+    moe_layer_other_weights,
+    qk_head_width,
+    routed_expert_weights,
+    uses_mla,
+    v_head_width,
+)
 from slime.registry import ENGINES, TRAIN_BACKENDS
 
 GIB = 1 << 30
@@ -54,18 +67,16 @@ DEFAULT_GPU_GIB = 80.0
 
 
 def parameter_count(cfg: RunConfig) -> tuple[int, int]:
-    """(parameters of the model, parameters of one decoder layer), MoE experts and routers included."""
+    """(parameters of the model, parameters of its mean decoder layer), MoE experts and routers included, by the
+    layer kinds of slime.model_shape (dense and MoE layers, GQA or MLA attention)."""
     m = cfg.model
-    h, d = m.hidden_size, m.kv_channels
-    q, kv = m.num_attention_heads * d, m.num_query_groups * d
-    layer = h * q + 2 * h * kv + q * h + 2 * h + 2 * d + _expert_parameters(cfg) // m.num_layers
-    if m.num_experts is None:
-        layer += 3 * h * m.ffn_hidden_size
-    else:  # the router, and the shared expert with its gate where the family has one
-        shared = m.moe_shared_expert_intermediate_size
-        layer += h * m.num_experts + (3 * h * shared + h if shared else 0)
+    h = m.hidden_size
+    layers = m.num_layers * (attention_parameters(m) + layer_norm_parameters(m))
+    layers += dense_layer_count(m) * 3 * h * m.ffn_hidden_size
+    if m.num_experts is not None:
+        layers += moe_layer_count(m) * moe_layer_other_weights(m) + _expert_parameters(cfg)
     embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
-    return embed + m.num_layers * layer + h, layer
+    return embed + layers + h, layers // m.num_layers
 
 
 def _expert_parameters(cfg: RunConfig) -> int:
@@ -73,7 +84,7 @@ def _expert_parameters(cfg: RunConfig) -> int:
     m = cfg.model
     if m.num_experts is None:
         return 0
-    return m.num_layers * m.num_experts * 3 * m.hidden_size * (m.moe_ffn_hidden_size or m.ffn_hidden_size)
+    return moe_layer_count(m) * routed_expert_weights(m)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +174,9 @@ def _base_bytes(cfg: RunConfig, derived: Derived) -> int:
 def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict[str, float]:
     p, m, r = cfg.parallelism, cfg.model, cfg.rollout
     bf16 = derived.precision == "bf16"
-    q, kv = m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
+    q, kv = m.num_attention_heads * qk_head_width(m), m.num_attention_heads * v_head_width(m)
+    if not uses_mla(m):
+        kv = m.num_query_groups * m.kv_channels
     facts = TRAIN_BACKENDS.facts(p.backend)
     if facts.fully_sharded_state:
         shard = n / max(derived.dp_size * p.tp, 1)
@@ -204,7 +217,7 @@ def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:
     m, r = cfg.model, cfg.rollout
     g = max(cfg.cluster.rollout.num_gpus_per_engine, 1)
     weights = 2 * n / g
-    kv_per_token = 2 * m.num_layers * m.num_query_groups * m.kv_channels * 2 / g
+    kv_per_token = m.num_layers * kv_cache_width(m) * 2 / g
     facts = ENGINES.facts(r.engine)
     if facts.memory_fraction_key:
         section, option = facts.memory_fraction_key.split(".")

@@ -13,7 +13,10 @@ from slime.plan.validate import validate
 from tests.helpers.compose import ROOT, fake_hf_dir, group_options, typed_config
 from tests.helpers.validation import config_problems
 
-GPU_MODELS = ("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen2_5_7b", "llama3_8b", "glm4_9b")
+GPU_MODELS = (
+    *("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen2_5_7b", "llama3_8b", "glm4_9b"),
+    *("glm4_5", "glm4_5_air", "deepseek_v3", "moonlight_16b_a3b"),
+)
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {
     **{("model", name): "hf_model_dir+gpu_cluster+prompt_file+reward" for name in GPU_MODELS},

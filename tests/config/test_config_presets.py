@@ -164,11 +164,13 @@ def test_a_size_preset_none_leaves_unset_is_a_config_error_naming_the_key_and_th
     assert_stopped_in_validation(proc, imported)
     assert "Traceback" not in proc.stderr and "Missing mandatory value" not in proc.stderr
     assert "invalid configuration (2 problems)" in proc.stderr, proc.stderr
-    fix = "Fix: set it on the command line ({key}=<value>), or choose a preset: preset=<embedded, "
+    fix = "Fix: set it on the command line ({key}=<value>), or choose a preset: preset=<deepseek_v3, embedded, "
     for key in ("rollout.batch_size", "train.num_rollout"):
         assert f"  - {key}='???': is mandatory and nothing in the composed config sets it" in proc.stderr
         assert fix.format(key=key) in proc.stderr
-    assert "preset=<embedded, " in proc.stderr and ", none," not in proc.stderr and "qwen3_4b" in proc.stderr
+    assert (
+        "preset=<deepseek_v3, embedded, " in proc.stderr and ", none," not in proc.stderr and "qwen3_4b" in proc.stderr
+    )
     cfg = typed_config(["preset=none", "rollout.batch_size=4"])  # stated on the command line: it composes
     assert cfg.rollout.batch_size == 4
 
@@ -329,8 +331,9 @@ def test_help_lists_the_registered_names():
         "rollout.function": "default, sft",
     }
     assert (
-        "model: glm4_9b, llama3_8b, qwen2_5_7b, qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, "
-        "smollm2_135m, tiny_qwen3, tiny_qwen3_moe" in proc.stdout
+        "model: deepseek_v3, glm4_5, glm4_5_air, glm4_9b, llama3_8b, moonlight_16b_a3b, qwen2_5_7b, qwen3_0_6b, "
+        "qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, smollm2_135m, tiny_deepseek_v3, tiny_glm4_moe, tiny_qwen3, "
+        "tiny_qwen3_moe" in proc.stdout
     )
     presets = next(line for line in proc.stdout.splitlines() if line.startswith("preset: "))
     assert {"none", "embedded", "quickstart_8gpu", "qwen3_4b", "tiny_qwen3"} <= set(presets[8:].split(", "))

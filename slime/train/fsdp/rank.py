@@ -196,13 +196,11 @@ class FSDPRank(BatchColumns, TrainBackend):
 
     # ---- weights and checkpoints -------------------------------------------------------------
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """HF-named parameters (tied duplicates once; adapters merged into their bases) in buckets of about
-        `bucket_bytes`; sharded parameters are gathered on every rank, one at a time."""
+        """HF-named parameters (tied duplicates once; adapters merged into their bases) and persistent buffers in
+        buckets of about `bucket_bytes`; sharded parameters are gathered on every rank, one at a time."""
         if self.trains_adapters:
             return in_buckets(lora.merged_weights(self.model, _whole), bucket_bytes)
-        return in_buckets(
-            ((name, _whole(param.detach())) for name, param in self.model.named_parameters()), bucket_bytes
-        )
+        return in_buckets(((name, _whole(t.detach())) for name, t in checkpoint_tensors(self.model)), bucket_bytes)
 
     def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
         tensors = lora.peft_adapter_tensors(self.model, self.setup.model.lora, _whole)
@@ -234,3 +232,11 @@ class FSDPRank(BatchColumns, TrainBackend):
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """The full tensor of a parameter: DTensors (FSDP2, tp) are all-gathered, every rank taking part."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def checkpoint_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an HF checkpoint of `model` holds: its parameters (tied ones once) and its persistent buffers, such as
+    GLM-4.5's and DeepSeek-V3's router `e_score_correction_bias` (no gradient; transformers keeps it a buffer)."""
+    yield from model.named_parameters()
+    saved = model.state_dict().keys()
+    yield from ((name, buffer) for name, buffer in model.named_buffers() if name in saved)

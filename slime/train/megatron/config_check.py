@@ -114,8 +114,7 @@ def check(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "model.architecture",
             cfg.model.architecture,
-            "has no megatron-core layer spec here (GLM-4 normalises each attention and MLP output, which "
-            "megatron-core's TransformerLayer cannot)",
+            f"has no megatron-core layer spec here ({family.no_megatron})",
             "train it with parallelism=fsdp",
         )
     if cfg.model.lora.enabled:

@@ -1,0 +1,140 @@
+"""The model families' shapes (slime.model_shape, slime.config.hf_config): every model option's parameter count is
+transformers' own count of the model its config.json builds, and GLM-4.5's and DeepSeek-V3's options are within 1%
+of their published totals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slime.config.hf_config import hf_fields, mismatches
+from slime.config.problems import ConfigError
+from slime.config.schema import ModelConfig
+from slime.plan.memory import parameter_count
+from slime.plan.validate import validate
+from tests.helpers.compose import CONF, model_fields, typed_config
+
+MODEL_OPTIONS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+PUBLISHED_TOTALS = {  # the model cards' totals (the MTP layers of GLM-4.5 and DeepSeek-V3, not trained, left out)
+    "glm4_5": 355e9,
+    "glm4_5_air": 106e9,
+    "deepseek_v3": 671e9,
+    "moonlight_16b_a3b": 16e9,
+}
+
+
+def _transformers_count(model: ModelConfig) -> int:
+    """Parameters of the transformers model of `model`'s config.json, built on the meta device (no memory)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**hf_fields(model, eos_token_id=0, pad_token_id=0))
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in built.parameters())
+
+
+@pytest.mark.parametrize("option", MODEL_OPTIONS)
+def test_the_parameter_count_is_transformers_count_of_the_same_config(option):
+    cfg = typed_config([f"model={option}"])
+    assert parameter_count(cfg)[0] == _transformers_count(cfg.model)
+
+
+@pytest.mark.parametrize("option,published", PUBLISHED_TOTALS.items())
+def test_the_new_families_options_match_their_published_totals(option, published):
+    total = parameter_count(typed_config([f"model={option}"]))[0]
+    assert abs(total / published - 1) < 0.01, total
+
+
+@pytest.mark.parametrize(
+    "overrides,key,words",
+    [
+        (["model.kv_lora_rank=16"], "model.kv_lora_rank", "has no latent attention"),
+        (["model.moe_first_dense_layers=1"], "model.moe_first_dense_layers", "has no such router"),
+        (["model=tiny_deepseek_v3", "model.kv_channels=16"], "model.kv_channels", "model.kv_channels=8"),
+        (["model=tiny_deepseek_v3", "model.num_query_groups=2"], "model.num_query_groups", "num_key_value_heads"),
+        (["model=tiny_deepseek_v3", "model.v_head_dim=null"], "model.v_head_dim", "needs it > 0"),
+        (["model=tiny_deepseek_v3", "model.moe_router_num_groups=3"], "model.moe_router_group_topk", "must divide"),
+        (["model=tiny_glm4_moe", "model.moe_first_dense_layers=2"], "model.moe_first_dense_layers", "[0, model"),
+        (["model=tiny_glm4_moe", "model.moe_shared_expert_intermediate_size=40"], "model.moe_shared", "multiple of 32"),
+        (["model=tiny_deepseek_v3", "model.lora.rank=8"], "model.lora.rank", "multi-head latent attention"),
+        (["model=tiny_glm4_moe", "parallelism=megatron"], "model.architecture", "GLM-4.5 MoE layers"),
+        (["model=tiny_deepseek_v3", "parallelism=megatron"], "model.architecture", "multi-head latent attention"),
+    ],
+)
+def test_the_new_families_rules_name_the_key(overrides, key, words):
+    with pytest.raises(ConfigError) as info:
+        validate(typed_config(["cluster.ray_address=auto", *overrides]))
+    found = [(p.key, str(p)) for p in info.value.problems]
+    assert any(k.startswith(key) and words in message for k, message in found), found
+
+
+def test_glm4_5_reads_back_from_its_config_json_spelling():
+    """GLM-4.5's config.json names (n_routed_experts, n_shared_experts, first_k_dense_replace, use_qk_norm) are ours."""
+    fields = hf_fields(ModelConfig(**{**model_fields("glm4_5"), "hf_checkpoint": "/x"}), eos_token_id=0, pad_token_id=0)
+    assert (fields["n_routed_experts"], fields["n_shared_experts"], fields["first_k_dense_replace"]) == (160, 1, 3)
+    assert (fields["use_qk_norm"], fields["attention_bias"], fields["partial_rotary_factor"]) == (True, True, 0.5)
+    assert (fields["n_group"], fields["topk_group"], fields["routed_scaling_factor"]) == (1, 1, 2.5)
+
+
+def test_model_flops_count_latent_attention_and_the_dense_first_layer():
+    """tiny_deepseek_v3 by hand: attention weights q 32·(64 + 4·24) + latent 64·(16 + 8) + up 16·4·(16 + 16) + o
+    4·16·64 = 12800 a layer; FFN widths 192 (the dense layer) + 2·32 + 32 (the MoE layer: top-2 and the shared);
+    scores and values 4 heads · (24 + 16) · S a layer."""
+    from slime.model_flops import layer_flops_per_token
+
+    model = typed_config(["model=tiny_deepseek_v3"]).model
+    assert layer_flops_per_token(model, 10) == 2 * 2 * 12800 + 6 * 64 * (192 + 96) + 2 * 4 * 40 * 10
+
+
+def test_deepseek_v3s_published_config_json_matches_the_option():
+    """deepseek-ai/DeepSeek-V3's config.json as published: no head_dim (transformers derives it from qk_rope_head_dim),
+    `rope_scaling` spelled with `type`, the MTP layer's key; it matches model=deepseek_v3 field for field."""
+    published = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_nextn_predict_layers": 1,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_shared_experts": 1,
+        "n_routed_experts": 256,
+        "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "qk_nope_head_dim": 128,
+        "topk_method": "noaux_tc",
+        "n_group": 8,
+        "topk_group": 4,
+        "num_experts_per_tok": 8,
+        "moe_layer_freq": 1,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
+        "scoring_func": "sigmoid",
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": 40,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+            "type": "yarn",
+        },
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": 129280,
+    }
+    option = ModelConfig(**{**model_fields("deepseek_v3"), "hf_checkpoint": "/x"})
+    assert mismatches(option, published) == []
+    assert mismatches(dataclasses.replace(option, moe_router_group_topk=2), published) == [
+        ("moe_router_group_topk", 2, 4)
+    ]
