@@ -85,13 +85,13 @@ _HF_DEFAULTS = {
 }
 # The grouped MoE families' router keys and MLA's, with their transformers class defaults (Glm4MoeConfig,
 # DeepseekV3Config) for a config.json that omits one
-_GROUPED_MOE = {
+GROUPED_MOE_KEYS = {
     "moe_first_dense_layers": ("first_k_dense_replace", {"glm4_moe": 1, "deepseek_v3": 3}),
     "moe_routed_scaling_factor": ("routed_scaling_factor", {"glm4_moe": 1.0, "deepseek_v3": 2.5}),
     "moe_router_num_groups": ("n_group", {"glm4_moe": 1, "deepseek_v3": 8}),
     "moe_router_group_topk": ("topk_group", {"glm4_moe": 1, "deepseek_v3": 4}),
 }
-_MLA = {
+MLA_KEYS = {
     "q_lora_rank": ("q_lora_rank", 1536),
     "kv_lora_rank": ("kv_lora_rank", 512),
     "qk_head_dim": ("qk_nope_head_dim", 128),
@@ -139,8 +139,8 @@ CHECKED = (
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
     "moe_norm_topk_prob",
-    *_GROUPED_MOE,
-    *_MLA,
+    *GROUPED_MOE_KEYS,
+    *MLA_KEYS,
 )
 
 
@@ -191,7 +191,7 @@ def hf_fields(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int
     if family.grouped_moe:
         fields.update(_grouped_moe_fields(model))
     if family.mla:
-        fields.update({hf: getattr(model, ours) for ours, (hf, _) in _MLA.items()})
+        fields.update({hf: getattr(model, ours) for ours, (hf, _) in MLA_KEYS.items()})
         fields.update(num_key_value_heads=model.num_attention_heads, attention_bias=False)
     return fields
 
@@ -199,7 +199,7 @@ def hf_fields(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int
 def _grouped_moe_fields(model: ModelConfig) -> dict:
     """GLM-4.5 / DeepSeek-V3's MoE keys: the shared experts as a count of routed-expert widths."""
     shared = model.moe_shared_expert_intermediate_size or 0
-    fields = {hf: getattr(model, ours) for ours, (hf, _) in _GROUPED_MOE.items()}
+    fields = {hf: getattr(model, ours) for ours, (hf, _) in GROUPED_MOE_KEYS.items()}
     return fields | {
         "n_routed_experts": model.num_experts,
         "num_experts_per_tok": model.moe_router_topk,
@@ -243,7 +243,7 @@ def model_fields_from_hf(config: dict) -> dict[str, Any]:
     if family.grouped_moe:
         fields.update(_grouped_moe_from_hf(config, model_type))
     if family.mla:
-        fields.update({ours: config.get(hf, default) for ours, (hf, default) in _MLA.items()})
+        fields.update({ours: config.get(hf, default) for ours, (hf, default) in MLA_KEYS.items()})
         fields["kv_channels"] = fields["qk_pos_emb_head_dim"]  # DeepseekV3Config's head_dim; the file has none
     return fields
 
@@ -257,7 +257,7 @@ def _grouped_moe_from_hf(config: dict, model_type: str) -> dict[str, Any]:
         "moe_shared_expert_intermediate_size": (config.get("n_shared_experts") or 0) * routed_width or None,
         "moe_norm_topk_prob": config.get("norm_topk_prob", True),
     }
-    for ours, (hf, defaults) in _GROUPED_MOE.items():
+    for ours, (hf, defaults) in GROUPED_MOE_KEYS.items():
         fields[ours] = config.get(hf, defaults[model_type])
     return fields
 

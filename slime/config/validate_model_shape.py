@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
-from slime.config.hf_config import FAMILIES
+from slime.config.hf_config import FAMILIES, GROUPED_MOE_KEYS, MLA_KEYS
 from slime.config.problems import Problem
 from slime.config.schema import ModelConfig
 
-MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-GROUPED_MOE_DEFAULTS = {
-    "moe_first_dense_layers": 0,
-    "moe_routed_scaling_factor": 1.0,
-    "moe_router_num_groups": None,
-    "moe_router_group_topk": None,
-}
+# the schema's defaults of the grouped routers' fields: what a family without such a router keeps
+GROUPED_MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in GROUPED_MOE_KEYS}
 
 
 def check_model_shape(model: ModelConfig) -> Iterator[Problem]:
@@ -38,7 +34,7 @@ def check_model_shape(model: ModelConfig) -> Iterator[Problem]:
 
 
 def _check_mla(model: ModelConfig, arch: str) -> Iterator[Problem]:
-    for key in MLA_KEYS[1:]:
+    for key in list(MLA_KEYS)[1:]:  # q_lora_rank may be None: q through one projection
         if getattr(model, key) is None or getattr(model, key) <= 0:
             yield Problem(f"model.{key}", getattr(model, key), f"{arch} needs it > 0", f"set model.{key}=<HF value>")
     if model.kv_channels != model.qk_pos_emb_head_dim:

@@ -356,9 +356,11 @@ async def serve(cli) -> None:
 
 
 def follow_or_lead(cli):
-    """Several nodes (`--nnodes` > 1): the nodes' workers meet at `--master-addr:--master-port` (torch.distributed's
-    store there, node rank 0's, returned to be held while it serves) before node rank 0 serves. A `--headless` node, as `run_headless`
-    (vllm/entrypoints/cli/serve.py) runs one, serves no HTTP: its workers only, until node rank 0 is gone."""
+    """Several nodes (`--nnodes` > 1): the nodes' workers meet at `--master-addr:--master-port`, torch.distributed's
+    store there (vllm/distributed/parallel_state.py `init_distributed_environment`: with nnodes > 1 the init method is
+    master_addr:master_port), node rank 0's, returned to be held while it serves. A `--headless` node, as
+    `run_headless` (vllm/entrypoints/cli/serve.py) runs one, serves no HTTP: its workers only, until node rank 0 is
+    gone (its logged line is run_headless's)."""
     from tests.helpers import vllm_real
     from tests.helpers.node_rendezvous import follow_until_node_zero_is_gone, join_nodes
 

@@ -421,7 +421,7 @@ def test_an_engine_spanning_two_nodes_is_vllms_multi_node_launch(tiny_model_dir,
     import importlib.util
 
     from slime.engine.base import NodeSlice
-    from slime.net import free_port
+    from slime.net import free_port, unreachable
 
     assert importlib.util.find_spec("vllm.entrypoints.cli.main") is not None
     from vllm.entrypoints.cli.serve import run_headless  # noqa: F401 - what `serve --headless` runs (0.32.0)
@@ -449,6 +449,7 @@ def test_an_engine_spanning_two_nodes_is_vllms_multi_node_launch(tiny_model_dir,
         second.start()
         first.wait_until_ready()
         assert second.describe()["url"] is None and second.is_running()
+        assert unreachable("127.0.0.1", second.lease.ports[0], 2.0) is not None  # no HTTP on a headless node
         body = {"token_ids": [1, 5], "sampling_params": {"max_tokens": 2}}
         (choice,) = http_client.post(first.url + "/inference/v1/generate", body)["choices"]
         assert len(choice["token_ids"]) == 2
