@@ -3,9 +3,10 @@
 # The test extra pulls megatron-core (the megatron backend's CPU tests); on a CPU machine tools/setup.sh
 # keeps torch at the CPU build (constraints-cpu.txt), which megatron-core's torch requirement accepts.
 #
-# Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
-# main.py runs that keep both cores of a 2-core machine busy) and the unit tests (one core at a time); the
-# unit tests' report is printed after the runs'. With arguments, one pytest process runs `tests` with them.
+# Without arguments (CI), three pytest processes run side by side: the end-to-end runs (marked `slow`) in two groups
+# (tests/helpers/slow_groups.py: a run mostly waits on processes starting, so one stream of runs leaves a core
+# idle) and the unit tests (one core at a time); the first group's and the unit tests' reports follow the second's.
+# With arguments, one pytest process runs `tests` with them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh test || exit 1
@@ -27,18 +28,32 @@ if [ $# -gt 0 ]; then
 fi
 
 unit_log=$(mktemp)
-# One cache for both halves (tests/conftest.py): what one imports or generates first, the other finds.
+first_log=$(mktemp)
+# One cache for every process (tests/conftest.py): what one imports or generates first, the others find.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
-.venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
+mapfile -t first < <(.venv/bin/python -m tests.helpers.slow_groups first) || exit 1
+mapfile -t second < <(.venv/bin/python -m tests.helpers.slow_groups second) || exit 1
+[ "${#first[@]}" -gt 0 ] && [ "${#second[@]}" -gt 0 ] || no_tests
+# the unit tests' session also checks that every slow test is in one of the two groups
+SLIME_SLOW_GROUPED=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
 unit_pid=$!
-trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
-.venv/bin/python -m pytest tests -m slow
-runs=$?
+.venv/bin/python -m pytest -m slow "${first[@]}" >"$first_log" 2>&1 &
+first_pid=$!
+trap 'kill "$unit_pid" "$first_pid" 2>/dev/null; rm -f "$unit_log" "$first_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
+.venv/bin/python -m pytest -m slow "${second[@]}"
+second=$?
+wait "$first_pid"
+first=$?
 wait "$unit_pid"
 unit=$?
+echo "==================== end-to-end runs, first group (they ran beside the ones above) ===================="
+cat "$first_log"
 echo "========================== unit tests (they ran beside the end-to-end runs) =========================="
 cat "$unit_log"
-[ "$runs" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests  # each half has tests: one without is a broken selection
-[ "$runs" -ne 0 ] && exit "$runs"
-exit "$unit"
+# each process has tests: one without is a broken selection
+[ "$first" -eq 5 ] || [ "$second" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests
+for status in "$second" "$first" "$unit"; do
+  [ "$status" -ne 0 ] && exit "$status"
+done
+exit 0
