@@ -29,6 +29,7 @@ fi
 
 unit_log=$(mktemp)
 first_log=$(mktemp)
+second_log=$(mktemp)
 # One cache for every process (tests/conftest.py): what one imports or generates first, the others find.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
@@ -40,9 +41,9 @@ SLIME_SLOW_GROUPED=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log"
 unit_pid=$!
 .venv/bin/python -m pytest -m slow "${first[@]}" >"$first_log" 2>&1 &
 first_pid=$!
-trap 'kill "$unit_pid" "$first_pid" 2>/dev/null; rm -f "$unit_log" "$first_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
-.venv/bin/python -m pytest -m slow "${second[@]}"
-second=$?
+trap 'kill "$unit_pid" "$first_pid" 2>/dev/null; rm -f "$unit_log" "$first_log" "$second_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
+.venv/bin/python -m pytest -m slow "${second[@]}" 2>&1 | tee "$second_log"
+second=${PIPESTATUS[0]}
 wait "$first_pid"
 first=$?
 wait "$unit_pid"
@@ -51,6 +52,16 @@ echo "==================== end-to-end runs, first group (they ran beside the one
 cat "$first_log"
 echo "========================== unit tests (they ran beside the end-to-end runs) =========================="
 cat "$unit_log"
+# Last, what each process ended with (its failures and its count): a reader of the output's tail sees all three.
+echo "=============================================== summary ==============================================="
+for part in "end-to-end, second group:$second_log" "end-to-end, first group:$first_log" "unit tests:$unit_log"; do
+  echo "--- ${part%%:*}"
+  if grep -q "short test summary info" "${part#*:}"; then
+    sed -n '/short test summary info/,$p' "${part#*:}" | tail -n 40
+  else
+    tail -n 1 "${part#*:}"
+  fi
+done
 # each process has tests: one without is a broken selection
 [ "$first" -eq 5 ] || [ "$second" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests
 for status in "$second" "$first" "$unit"; do
