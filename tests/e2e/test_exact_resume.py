@@ -23,7 +23,7 @@ from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_argv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # ten runs, four at a time, on a loaded machine
 
 NUM_ROLLOUT, K = 2, 2  # rollouts; optimizer steps per rollout
 COMMON = [
@@ -65,7 +65,7 @@ def _start_alone(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
 
 
 def _wait(proc: subprocess.Popen) -> int:
-    _, stderr = proc.communicate(timeout=300)
+    _, stderr = proc.communicate(timeout=900)
     proc.stderr_tail = stderr[-3000:]
     return proc.returncode
 

@@ -15,6 +15,7 @@ from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_argv, main_py_concurrently, selected_runs
 
 # ---------------------------------------------------------------- real runs (Ray, router, engine, trainer)
+pytestmark = pytest.mark.timeout(1200)  # the first test waits for the pool of eight runs, on a loaded machine
 
 PHASE_CASES = [
     ("startup", 0.0, "SIGINT", 130),  # before Ray starts
@@ -111,7 +112,7 @@ def test_hung_trainer_rank_is_caught_dumped_and_torn_down(phase_runs):
     assert "phase log_probs (rollout 1) done in" in log and "phase train (rollout 1) started" in log
     # the checkpoint of rollout 0 is intact
     assert (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "0"
-    assert result["elapsed_s"] < 400
+    assert result["elapsed_s"] < 900  # start-up, two rollouts and the 60 s limit, on a loaded machine
     assert_no_run_processes()
 
 

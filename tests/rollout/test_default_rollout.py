@@ -65,7 +65,7 @@ def served(tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
 
     log_dir = tmp_path_factory.mktemp("rollout_logs")
-    router = Router.launch(cfg=RouterConfig(startup_timeout_s=30), log_path=log_dir / "router.log")
+    router = Router.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=log_dir / "router.log")
     launch = EngineLaunch(
         rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(log_dir)
     )

@@ -33,10 +33,10 @@ def engine(tiny_model_dir, tmp_path_factory):
         seed=7,
         device="cpu",
         log_dir=str(tmp_path_factory.mktemp("lora_engine_logs")),
-        startup_timeout_s=90,
+        startup_timeout_s=300,
         lora=LoRAServing(max_rank=8, target_modules=TARGETS),
     )
-    server = get_engine_class("hf")(launch, HFEngineConfig(max_batch_size=8, num_threads=1, startup_timeout_s=90))
+    server = get_engine_class("hf")(launch, HFEngineConfig(max_batch_size=8, num_threads=1, startup_timeout_s=300))
     server.launch()
     try:
         server.wait_until_ready()

@@ -31,9 +31,9 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 def cluster(tiny_model_dir, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("engine_logs")
     router = Router.launch(
-        cfg=RouterConfig(policy="round_robin", startup_timeout_s=30), log_path=log_dir / "router.log"
+        cfg=RouterConfig(policy="round_robin", startup_timeout_s=120), log_path=log_dir / "router.log"
     )
-    cfg = HFEngineConfig(max_batch_size=8, batch_wait_ms=5.0, num_threads=1, startup_timeout_s=90)
+    cfg = HFEngineConfig(max_batch_size=8, batch_wait_ms=5.0, num_threads=1, startup_timeout_s=300)
     engine_cls = get_engine_class("hf")
     engines = [
         engine_cls(
@@ -44,7 +44,7 @@ def cluster(tiny_model_dir, tmp_path_factory):
                 seed=100 + i,
                 device="cpu",
                 log_dir=str(log_dir),
-                startup_timeout_s=90,
+                startup_timeout_s=300,
             ),
             cfg,
         )

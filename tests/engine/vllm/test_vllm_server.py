@@ -66,7 +66,7 @@ def served(model_dir, tmp_path_factory):
         args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP]}, weight_transfer_backend=None, startup_timeout_s=600
     )
     engine = VLLMEngine(launch, config)
-    router = VLLMRouter.launch(cfg=RouterConfig(startup_timeout_s=60), log_path=logs / "router.log")
+    router = VLLMRouter.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=logs / "router.log")
     try:
         router.add_worker(engine.start())
         yield SimpleNamespace(engine=engine, url=router.url, tokenizer=AutoTokenizer.from_pretrained(model_dir))
