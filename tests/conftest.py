@@ -52,8 +52,8 @@ def smollm2_dir() -> str:
     return model.hf_checkpoint
 
 
-# Order of the end-to-end (`slow`) modules within each of tools/test.sh's two groups of them, which run beside the
-# unit tests (one core busy for most of the runs' time): modules whose runs leave a core idle go first (the
+# Order of the end-to-end (`slow`) modules. tools/test.sh runs them beside the unit tests, which keep one core busy
+# for most of the end-to-end half: modules whose runs leave a core idle go first (the
 # embedded default's 60-rollout run outlasts its module's other runs; the real vLLM's long run outlasts its
 # partner; single runs that wait on a process or a fault), and the pools of many short runs, which keep both cores
 # busy without the unit tests, go last. Other modules run in between, in file order.
@@ -80,8 +80,8 @@ def _module_rank(item) -> int:
 def pytest_collection_modifyitems(config, items):
     """Modules in the order above (a stable sort by module: each module's tests stay together, in order, so a
     module-scoped pool of runs starts once). GPU-tier tests (marked `gpu`) run on a CUDA machine only; on CPU
-    machines they are reported as skipped. With GROUPED_VAR set (tools/test.sh), a slow test outside both groups
-    of tests/helpers/slow_groups.py fails the session: no end-to-end run is left out of CI."""
+    machines they are reported as skipped. With GROUPED_VAR set (tools/test.sh), a slow test in a file that
+    tests/helpers/slow_groups.py does not list fails the session: no end-to-end run is left out of CI."""
     if os.environ.get(GROUPED_VAR):
         _check_slow_groups(items)
     items.sort(key=_module_rank)
@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config, items):
 def _check_slow_groups(items) -> None:
     left_out = ungrouped({str(item.path.relative_to(ROOT)) for item in items if "slow" in item.keywords})
     if left_out:
-        raise pytest.UsageError(f"slow tests in files that tests/helpers/slow_groups.py does not group: {left_out}")
+        raise pytest.UsageError(f"slow tests in files that tests/helpers/slow_groups.py does not list: {left_out}")
 
 
 def pytest_unconfigure(config):

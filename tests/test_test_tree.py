@@ -2,7 +2,7 @@
 
 Unit tests mirror the package, end-to-end runs live in tests/e2e (all `slow`), the GPU tier in tests/gpu (all
 `gpu`); no loose test modules at the top; test modules share code only through tests/helpers and tests/fakes;
-tools/test.sh's two groups of end-to-end files (tests/helpers/slow_groups.py) hold every slow file once.
+tools/test.sh's end-to-end process collects every file with a slow test (tests/helpers/slow_groups.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.slow_groups import FIRST, groups, slow_files, ungrouped
+from tests.helpers.slow_groups import slow_files, ungrouped
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -143,28 +143,20 @@ def test_every_test_of_a_tier_folder_carries_its_marker(folder, marker):
     assert "deselected" in proc.stdout, proc.stdout  # the folder has tests, all deselected by the marker
 
 
-def test_the_groups_split_every_slow_file_once():
-    found = groups()
-    assert found["first"] == list(FIRST) and found["second"]
-    assert sorted(found["first"] + found["second"]) == slow_files()
-    assert "tests/e2e/test_end_to_end.py" in found["first"] and "tests/e2e/test_multi_node.py" in found["second"]
-    assert "tests/test_test_tree.py" not in slow_files()  # it writes the mark in strings, marks nothing
+def test_the_slow_files_are_those_with_a_slow_mark():
+    found = slow_files()
+    assert "tests/e2e/test_end_to_end.py" in found and "tests/runtime/test_fault_tolerance.py" in found
+    assert all(name.startswith("tests/") and name.endswith(".py") for name in found)
+    assert "tests/test_test_tree.py" not in found  # it writes the mark in strings, marks nothing
 
 
 def test_a_slow_test_in_a_file_without_the_mark_is_reported(tmp_path):
-    """A slow test the grouping missed (a mark the text scan does not read, e.g. a parametrized case's) is named."""
+    """A slow test the text scan missed (a mark it does not read, e.g. a parametrized case's) is named."""
     tests = tmp_path / "tests" / "e2e"
     tests.mkdir(parents=True)
-    for name in FIRST:
-        (tmp_path / name).write_text("import pytest\npytestmark = pytest.mark.slow\n")
     (tests / "test_other.py").write_text("import pytest\n\n@pytest.mark.slow\ndef test_run(): ...\n")
+    (tests / "test_module.py").write_text("import pytest\npytestmark = [pytest.mark.slow]\n")
     (tests / "test_param.py").write_text("import pytest\nCASES = [pytest.param(1, marks=[pytest.mark.slow])]\n")
-    assert groups(tmp_path)["second"] == ["tests/e2e/test_other.py"]
-    missed = {"tests/e2e/test_other.py", "tests/e2e/test_param.py", "tests/e2e/test_end_to_end.py"}
+    assert slow_files(tmp_path) == ["tests/e2e/test_module.py", "tests/e2e/test_other.py"]
+    missed = {"tests/e2e/test_other.py", "tests/e2e/test_param.py"}
     assert ungrouped(missed, tmp_path) == ["tests/e2e/test_param.py"]
-
-
-def test_a_first_group_file_without_a_slow_test_is_refused(tmp_path):
-    (tmp_path / "tests" / "e2e").mkdir(parents=True)
-    with pytest.raises(ValueError, match="FIRST names files without a slow test"):
-        groups(tmp_path)

@@ -3,10 +3,10 @@
 # The test extra pulls megatron-core (the megatron backend's CPU tests); on a CPU machine tools/setup.sh
 # keeps torch at the CPU build (constraints-cpu.txt), which megatron-core's torch requirement accepts.
 #
-# Without arguments (CI), three pytest processes run side by side: the end-to-end runs (marked `slow`) in two groups
-# (tests/helpers/slow_groups.py: a run mostly waits on processes starting, so one stream of runs leaves a core
-# idle) and the unit tests (one core at a time); the first group's and the unit tests' reports follow the second's.
-# With arguments, one pytest process runs `tests` with them.
+# Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
+# main.py runs that keep both cores of a 2-core machine busy; the process collects only the files with a slow
+# test, tests/helpers/slow_groups.py) and the unit tests (one core at a time); the unit tests' report is printed
+# after the runs', then both processes' summaries. With arguments, one pytest process runs `tests` with them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh test || exit 1
@@ -28,33 +28,25 @@ if [ $# -gt 0 ]; then
 fi
 
 unit_log=$(mktemp)
-first_log=$(mktemp)
-second_log=$(mktemp)
-# One cache for every process (tests/conftest.py): what one imports or generates first, the others find.
+runs_log=$(mktemp)
+# One cache for both processes (tests/conftest.py): what one imports or generates first, the other finds.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
-mapfile -t first < <(.venv/bin/python -m tests.helpers.slow_groups first) || exit 1
-mapfile -t second < <(.venv/bin/python -m tests.helpers.slow_groups second) || exit 1
-[ "${#first[@]}" -gt 0 ] && [ "${#second[@]}" -gt 0 ] || no_tests
-# the unit tests' session also checks that every slow test is in one of the two groups
+mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_groups) || exit 1
+[ "${#slow[@]}" -gt 0 ] || no_tests
+# the unit tests' session also checks that every slow test is in one of those files
 SLIME_SLOW_GROUPED=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
 unit_pid=$!
-.venv/bin/python -m pytest -m slow "${first[@]}" >"$first_log" 2>&1 &
-first_pid=$!
-trap 'kill "$unit_pid" "$first_pid" 2>/dev/null; rm -f "$unit_log" "$first_log" "$second_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
-.venv/bin/python -m pytest -m slow "${second[@]}" 2>&1 | tee "$second_log"
-second=${PIPESTATUS[0]}
-wait "$first_pid"
-first=$?
+trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log" "$runs_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
+.venv/bin/python -m pytest -m slow "${slow[@]}" 2>&1 | tee "$runs_log"
+runs=${PIPESTATUS[0]}
 wait "$unit_pid"
 unit=$?
-echo "==================== end-to-end runs, first group (they ran beside the ones above) ===================="
-cat "$first_log"
 echo "========================== unit tests (they ran beside the end-to-end runs) =========================="
 cat "$unit_log"
-# Last, what each process ended with (its failures and its count): a reader of the output's tail sees all three.
+# Last, what each process ended with (its failures and its count): a reader of the output's tail sees both.
 echo "=============================================== summary ==============================================="
-for part in "end-to-end, second group:$second_log" "end-to-end, first group:$first_log" "unit tests:$unit_log"; do
+for part in "end-to-end runs:$runs_log" "unit tests:$unit_log"; do
   echo "--- ${part%%:*}"
   if grep -q "short test summary info" "${part#*:}"; then
     sed -n '/short test summary info/,$p' "${part#*:}" | tail -n 40
@@ -62,9 +54,6 @@ for part in "end-to-end, second group:$second_log" "end-to-end, first group:$fir
     tail -n 1 "${part#*:}"
   fi
 done
-# each process has tests: one without is a broken selection
-[ "$first" -eq 5 ] || [ "$second" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests
-for status in "$second" "$first" "$unit"; do
-  [ "$status" -ne 0 ] && exit "$status"
-done
-exit 0
+[ "$runs" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests  # each process has tests: one without is a broken selection
+[ "$runs" -ne 0 ] && exit "$runs"
+exit "$unit"

@@ -45,8 +45,8 @@ class KilledRun:
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory) -> dict[str, object]:
-    """Side by side: the tied model's learning run, and the untied model's run whose second server is killed
-    mid-rollout (each mostly waits on its vLLM servers, so together they take little more than the longer)."""
+    """The tied model's learning run, then the untied model's run whose second server is killed mid-rollout: one
+    after the other, as three CPU vLLM servers at once (their worker threads) starve a loaded 2-core machine."""
     root = tmp_path_factory.mktemp("vllm_real")
     learning_dir = root / LEARNING_MODEL
     learning = [f"model={LEARNING_MODEL}", f"train.num_rollout={LEARNING_ROLLOUTS}"]
@@ -55,7 +55,7 @@ def vllm_runs(tmp_path_factory) -> dict[str, object]:
             LEARNING_MODEL: lambda: (learning_dir, main_py(learning_dir, *learning, timeout=1200)),
             "killed": lambda: kill_second_server_mid_rollout(root / "killed"),
         },
-        max_workers=2,
+        max_workers=1,
     )
 
 
@@ -76,7 +76,7 @@ def assert_vllm_generated_with_the_trainers_weights(run_dir: Path, proc, num_rol
     assert engine["restarts"] == 0
 
 
-@pytest.mark.timeout(1260)  # its fixture's two runs side by side may take their 1200 s on 2 busy cores
+@pytest.mark.timeout(2460)  # its fixture's two runs, one after the other, may take their 1200 s each on 2 busy cores
 def test_the_embedded_task_is_learnt_through_a_real_vllm(vllm_runs):
     """The reward rises as in the hf engine's embedded run, the engine exact after every sync (tied model: its
     untied view, whose LM head is reloaded with every sync)."""
@@ -118,7 +118,7 @@ def kill_second_server_mid_rollout(run_dir: Path) -> KilledRun:
         else:
             os.kill(victim["pid"], signal.SIGKILL)
             killed.victim = victim
-        _, killed.stderr = proc.communicate(timeout=600)
+        _, killed.stderr = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -126,7 +126,7 @@ def kill_second_server_mid_rollout(run_dir: Path) -> KilledRun:
     return killed
 
 
-@pytest.mark.timeout(1260)
+@pytest.mark.timeout(2460)
 def test_a_vllm_server_killed_mid_rollout_is_restarted_and_no_prompt_is_lost(vllm_runs):
     """The fleet finds the killed server dead, restarts it and pushes it the trained weights; the rollout's prompts
     are all trained once, none lost or doubled; the run ends with no process left. The model is untied (its LM head
