@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.compose import ROOT, model_fields
 from tests.helpers.processes import TEST_SESSION_VAR
-from tests.helpers.slow_groups import GROUPED_VAR, ungrouped
+from tests.helpers.slow_files import CHECK_VAR, unlisted
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -80,10 +80,10 @@ def _module_rank(item) -> int:
 def pytest_collection_modifyitems(config, items):
     """Modules in the order above (a stable sort by module: each module's tests stay together, in order, so a
     module-scoped pool of runs starts once). GPU-tier tests (marked `gpu`) run on a CUDA machine only; on CPU
-    machines they are reported as skipped. With GROUPED_VAR set (tools/test.sh), a slow test in a file that
-    tests/helpers/slow_groups.py does not list fails the session: no end-to-end run is left out of CI."""
-    if os.environ.get(GROUPED_VAR):
-        _check_slow_groups(items)
+    machines they are reported as skipped. With CHECK_VAR set (tools/test.sh), a slow test in a file that
+    tests/helpers/slow_files.py does not list fails the session: no end-to-end run is left out of CI."""
+    if os.environ.get(CHECK_VAR):
+        _check_slow_files(items)
     items.sort(key=_module_rank)
     import torch
 
@@ -95,10 +95,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _check_slow_groups(items) -> None:
-    left_out = ungrouped({str(item.path.relative_to(ROOT)) for item in items if "slow" in item.keywords})
+def _check_slow_files(items) -> None:
+    left_out = unlisted({str(item.path.relative_to(ROOT)) for item in items if "slow" in item.keywords})
     if left_out:
-        raise pytest.UsageError(f"slow tests in files that tests/helpers/slow_groups.py does not list: {left_out}")
+        raise pytest.UsageError(f"slow tests in files that tests/helpers/slow_files.py does not list: {left_out}")
 
 
 def pytest_unconfigure(config):

@@ -2,7 +2,7 @@
 
 Unit tests mirror the package, end-to-end runs live in tests/e2e (all `slow`), the GPU tier in tests/gpu (all
 `gpu`); no loose test modules at the top; test modules share code only through tests/helpers and tests/fakes;
-tools/test.sh's end-to-end process collects every file with a slow test (tests/helpers/slow_groups.py).
+tools/test.sh's end-to-end process collects every file with a slow test (tests/helpers/slow_files.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.slow_groups import slow_files, ungrouped
+from tests.helpers.slow_files import slow_files, unlisted
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -159,4 +159,4 @@ def test_a_slow_test_in_a_file_without_the_mark_is_reported(tmp_path):
     (tests / "test_param.py").write_text("import pytest\nCASES = [pytest.param(1, marks=[pytest.mark.slow])]\n")
     assert slow_files(tmp_path) == ["tests/e2e/test_module.py", "tests/e2e/test_other.py"]
     missed = {"tests/e2e/test_other.py", "tests/e2e/test_param.py"}
-    assert ungrouped(missed, tmp_path) == ["tests/e2e/test_param.py"]
+    assert unlisted(missed, tmp_path) == ["tests/e2e/test_param.py"]

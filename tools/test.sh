@@ -5,7 +5,7 @@
 #
 # Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
 # main.py runs that keep both cores of a 2-core machine busy; the process collects only the files with a slow
-# test, tests/helpers/slow_groups.py) and the unit tests (one core at a time); the unit tests' report is printed
+# test, tests/helpers/slow_files.py) and the unit tests (one core at a time); the unit tests' report is printed
 # after the runs', then both processes' summaries. With arguments, one pytest process runs `tests` with them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,10 +32,10 @@ runs_log=$(mktemp)
 # One cache for both processes (tests/conftest.py): what one imports or generates first, the other finds.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
-mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_groups) || exit 1
+mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_files) || exit 1
 [ "${#slow[@]}" -gt 0 ] || no_tests
 # the unit tests' session also checks that every slow test is in one of those files
-SLIME_SLOW_GROUPED=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
+SLIME_CHECK_SLOW_FILES=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
 unit_pid=$!
 trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log" "$runs_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
 .venv/bin/python -m pytest -m slow "${slow[@]}" 2>&1 | tee "$runs_log"

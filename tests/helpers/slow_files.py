@@ -1,10 +1,10 @@
 """The end-to-end (`slow`) test files, which tools/test.sh runs as one pytest process beside the unit tests, naming
 the files so that the process collects only them (collecting the whole tree imports every test module: ~2 min).
 
-    python -m tests.helpers.slow_groups    # the files, one a line
+    python -m tests.helpers.slow_files    # the files, one a line
 
 A file belongs here when it marks a test, or its whole module, `slow` (the text scan below). The unit tests'
-session checks that every collected slow test is in one of these files (tests/conftest.py, with GROUPED_VAR set),
+session checks that every collected slow test is in one of these files (tests/conftest.py, with CHECK_VAR set),
 so a slow mark the scan cannot read (a parametrized case's) fails CI instead of being skipped.
 
 Three processes (two of runs) were tried: on a 2-core machine the runs alive at once, each with its Ray daemons,
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GROUPED_VAR = "SLIME_SLOW_GROUPED"  # set by tools/test.sh for the unit tests' session: check the files
+CHECK_VAR = "SLIME_CHECK_SLOW_FILES"  # set by tools/test.sh for the unit tests' session: check the files
 SLOW_MARK = re.compile(r"^\s*(@pytest\.mark\.slow\b|pytestmark\s*=.*\bpytest\.mark\.slow\b)", re.MULTILINE)
 
 
@@ -31,14 +31,14 @@ def slow_files(root: Path = ROOT) -> list[str]:
     )
 
 
-def ungrouped(slow_test_files: set[str], root: Path = ROOT) -> list[str]:
+def unlisted(slow_test_files: set[str], root: Path = ROOT) -> list[str]:
     """The files (relative to `root`) of collected slow tests that the runs' process would not collect."""
     return sorted(slow_test_files - set(slow_files(root)))
 
 
 def main(argv: list[str]) -> int:
     if argv:
-        print("usage: python -m tests.helpers.slow_groups", file=sys.stderr)
+        print("usage: python -m tests.helpers.slow_files", file=sys.stderr)
         return 2
     print("\n".join(slow_files()))
     return 0
