@@ -22,9 +22,9 @@ from tests.helpers.runs import checkpoint_gib, main_argv, main_py, rewards, run_
 from tests.helpers.wandb_files import offline_runs
 
 # The module's pool (seven jobs, three at a time, one of them two runs in a row) took 520 s on 2 idle cores, and over
-# 600 s beside the unit tests before the LoRA run joined it; beside the unit tests and the other group of runs
-# (tools/test.sh), with a loaded machine, the embedded run alone took 1105 s. Its first test, which waits for the
-# pool, gets the two 60-rollout runs' 1800 s and a later wave of the shorter runs.
+# 600 s beside the unit tests before the LoRA run joined it; on a machine loaded further (more runs alive at once)
+# the embedded run alone took 1105 s. Its first test, which waits for the pool, gets the two 60-rollout runs'
+# 1800 s and a later wave of the shorter runs.
 LONG_RUN_TIMEOUT_S = 1800
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
