@@ -18,7 +18,7 @@ import pytest
 from slime.engine import http_client
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes
-from tests.helpers.runs import engine_of, main_argv, main_py, metrics, rewards, run_concurrently
+from tests.helpers.runs import engine_of, main_argv, main_py, metrics, rewards
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +37,8 @@ class KilledRun:
     why) and the run's process once it ended."""
 
     run_dir: Path
+    proc: subprocess.Popen
     victim: dict | None = None
-    proc: subprocess.Popen | None = None
     stderr: str = ""
     failure: str = ""
 
@@ -49,14 +49,8 @@ def vllm_runs(tmp_path_factory) -> dict[str, object]:
     after the other, as three CPU vLLM servers at once (their worker threads) starve a loaded 2-core machine."""
     root = tmp_path_factory.mktemp("vllm_real")
     learning_dir = root / LEARNING_MODEL
-    learning = [f"model={LEARNING_MODEL}", f"train.num_rollout={LEARNING_ROLLOUTS}"]
-    return run_concurrently(
-        {
-            LEARNING_MODEL: lambda: (learning_dir, main_py(learning_dir, *learning, timeout=1200)),
-            "killed": lambda: kill_second_server_mid_rollout(root / "killed"),
-        },
-        max_workers=1,
-    )
+    learning = main_py(learning_dir, f"model={LEARNING_MODEL}", f"train.num_rollout={LEARNING_ROLLOUTS}", timeout=1200)
+    return {LEARNING_MODEL: (learning_dir, learning), "killed": kill_second_server_mid_rollout(root / "killed")}
 
 
 def train_logprob_diffs(run_dir: Path) -> list[float]:
@@ -104,7 +98,7 @@ def kill_second_server_mid_rollout(run_dir: Path) -> KilledRun:
     cmd += ["train.global_batch_size=64", "rollout.max_response_len=24", "cluster.rollout.num_gpus=2"]
     cmd += ["rollout.fault_tolerance.enabled=true", "rollout.fault_tolerance.health_check_interval_s=0.5"]
     killed = KilledRun(
-        run_dir, proc=subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        run_dir, subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     )
     proc = killed.proc
     try:
