@@ -17,7 +17,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.compose import ROOT
+
 CHECK_VAR = "SLIME_CHECK_SLOW_FILES"  # set by tools/test.sh for the unit tests' session: check the files
 SLOW_MARK = re.compile(r"^\s*(@pytest\.mark\.slow\b|pytestmark\s*=.*\bpytest\.mark\.slow\b)", re.MULTILINE)
 
