@@ -60,7 +60,6 @@ FAMILIES = {
         qkv_bias=None,
         moe=True,
         grouped_moe=True,
-        no_megatron=_NOT_BUILT.format("GLM-4.5 MoE layers (sigmoid router with expert bias, shared experts)"),
     ),
     "deepseek_v3": Family(
         "DeepseekV3ForCausalLM",
@@ -149,11 +148,16 @@ def _default(key: str, model_type: str) -> Any:
     return table.get(model_type, table["*"])
 
 
+# Keys transformers 5 keeps in `rope_parameters` that are not a scaling (model.rotary_base, model.rotary_percent)
+_ROPE_NOT_SCALING = ("rope_theta", "partial_rotary_factor")
+
+
 def normalize_rope_scaling(scaling: dict | None) -> dict | None:
-    """HF rope scaling without `rope_theta`, with `type` spelled `rope_type`; None for plain RoPE."""
+    """HF rope scaling without `rope_theta` and `partial_rotary_factor`, with `type` spelled `rope_type`; None for
+    plain RoPE."""
     if not scaling:
         return None
-    out = {("rope_type" if k == "type" else k): v for k, v in scaling.items() if k != "rope_theta"}
+    out = {("rope_type" if k == "type" else k): v for k, v in scaling.items() if k not in _ROPE_NOT_SCALING}
     if out.get("rope_type", "default") == "default" and set(out) <= {"rope_type"}:
         return None
     return out
@@ -233,7 +237,9 @@ def model_fields_from_hf(config: dict) -> dict[str, Any]:
         if family.qkv_bias is not None
         else config.get("attention_bias", _default("attention_bias", model_type))
     )
-    fields["rotary_percent"] = config.get("partial_rotary_factor", _default("partial_rotary_factor", model_type))
+    fields["rotary_percent"] = config.get(
+        "partial_rotary_factor", rope.get("partial_rotary_factor", _default("partial_rotary_factor", model_type))
+    )
     fields["num_experts"] = None
     fields["moe_shared_expert_intermediate_size"] = config.get("shared_expert_intermediate_size")
     if family.moe and not family.grouped_moe:

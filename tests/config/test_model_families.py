@@ -59,7 +59,12 @@ def test_the_new_families_options_match_their_published_totals(option, published
         (["model=tiny_glm4_moe", "model.moe_first_dense_layers=2"], "model.moe_first_dense_layers", "[0, model"),
         (["model=tiny_glm4_moe", "model.moe_shared_expert_intermediate_size=40"], "model.moe_shared", "multiple of 32"),
         (["model=tiny_deepseek_v3", "model.lora.rank=8"], "model.lora.rank", "multi-head latent attention"),
-        (["model=tiny_glm4_moe", "parallelism=megatron"], "model.architecture", "GLM-4.5 MoE layers"),
+        (["model=tiny_glm4_moe", "parallelism=megatron", "model.moe_norm_topk_prob=false"], "model.moe_norm", "renorm"),
+        (
+            ["model=glm4_5", "parallelism=megatron", "model.moe_router_num_groups=4", "model.moe_router_group_topk=2"],
+            "model.moe_router_group_topk",
+            "by its top 2",
+        ),
         (["model=tiny_deepseek_v3", "parallelism=megatron"], "model.architecture", "multi-head latent attention"),
     ],
 )
@@ -138,3 +143,16 @@ def test_deepseek_v3s_published_config_json_matches_the_option():
     assert mismatches(dataclasses.replace(option, moe_router_group_topk=2), published) == [
         ("moe_router_group_topk", 2, 4)
     ]
+
+
+def test_a_glm4_5_config_json_as_transformers_5_writes_it_matches():
+    """transformers 5 saves partial_rotary_factor inside rope_parameters (beside rope_theta): it is
+    model.rotary_percent, not a RoPE scaling."""
+    model = ModelConfig(**{**model_fields("glm4_5"), "hf_checkpoint": "/x"})
+    published = hf_fields(model, eos_token_id=0, pad_token_id=0)
+    rewritten = {k: v for k, v in published.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    rewritten["rope_parameters"] = {"rope_type": "default", "rope_theta": published["rope_theta"]}
+    rewritten["rope_parameters"]["partial_rotary_factor"] = 0.5
+    assert mismatches(model, published) == [] and mismatches(model, rewritten) == []
+    rewritten["rope_parameters"]["partial_rotary_factor"] = 1.0
+    assert mismatches(model, rewritten) == [("rotary_percent", 0.5, 1.0)]

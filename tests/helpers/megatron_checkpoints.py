@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from slime.config.schema import ModelConfig
 from tests.helpers.compose import model_fields
 
@@ -14,11 +16,13 @@ LLAMA3_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-# family -> overrides of tiny_qwen3: tied qwen3; untied MoE; qwen2 q/k/v bias; llama untied with rope scaling
+# family -> overrides of tiny_qwen3: tied qwen3; untied MoE; qwen2 q/k/v bias; GLM-4.5 MoE (a dense first layer,
+# sigmoid router with expert bias, shared expert); llama untied with rope scaling
 FAMILIES = {
     "qwen3": {},
     "qwen3_moe": {k: v for k, v in model_fields("tiny_qwen3_moe").items() if k != "name"},
     "qwen2": {"architecture": "qwen2", "qk_layernorm": False, "add_qkv_bias": True, "tie_word_embeddings": False},
+    "glm4_moe": {k: v for k, v in model_fields("tiny_glm4_moe").items() if k != "name"},
     "llama": {
         "architecture": "llama",
         "qk_layernorm": False,
@@ -42,3 +46,17 @@ def make_checkpoint(family: str, root: str | Path, **overrides) -> ModelConfig:
     model = tiny_config(family, Path(root) / f"{family}{suffix}", **overrides)
     create_tiny_model(model)
     return model
+
+
+def with_random_expert_bias(model: ModelConfig, seed: int = 0) -> None:
+    """Give every router of `model`'s checkpoint a random expert-score bias (created at 0, as transformers
+    initialises it), so that a check exercises the bias: it changes which experts are chosen, not their weights."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(model.hf_checkpoint) / "model.safetensors"
+    tensors = load_file(path)
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in tensors.items():
+        if name.endswith("mlp.gate.e_score_correction_bias"):
+            tensors[name] = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype) * 0.2
+    save_file(tensors, path, metadata={"format": "pt"})

@@ -56,13 +56,13 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
         return {
             f"{i}.{n}": p.detach().to("cpu", copy=True)
             for i, chunk in enumerate(self.model)
-            for n, p in chunk.module.named_parameters()
+            for n, p in hf_weights.state_tensors(chunk.module)
         }
 
     @torch.no_grad()
     def _load_params(self, state: dict[str, torch.Tensor]) -> None:
         for i, chunk in enumerate(self.model):
-            for n, p in chunk.module.named_parameters():
+            for n, p in hf_weights.state_tensors(chunk.module):
                 p.copy_(state[f"{i}.{n}"])
 
     # ---- scores --------------------------------------------------------------------------------

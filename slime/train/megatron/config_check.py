@@ -157,6 +157,7 @@ def check_unchosen(cfg: RunConfig) -> Iterator[Problem]:
 def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
     """The megatron backend's parallelism options against the model and the device."""
     p, m = cfg.parallelism, cfg.model
+    family = FAMILIES.get(m.architecture)
     if p.sequence_parallel and cfg.cluster.device == "cpu":
         yield Problem(
             "parallelism.sequence_parallel",
@@ -187,6 +188,29 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
         )
     yield from _check_pipeline_stages(cfg)
     yield from _check_recompute(cfg)
+    if family is not None and family.grouped_moe:
+        yield from _check_grouped_router(m)
+
+
+def _check_grouped_router(m) -> Iterator[Problem]:
+    """What megatron-core's sigmoid router computes as transformers' Glm4MoeTopkRouter does (model_config's
+    `_grouped_router_fields`): renormalised top-k scores, and groups ranked by their top 2 scores."""
+    if not m.moe_norm_topk_prob and m.moe_router_topk > 1:
+        yield Problem(
+            "model.moe_norm_topk_prob",
+            False,
+            "megatron-core's sigmoid router always renormalises the chosen experts' scores",
+            "train this model with parallelism=fsdp",
+        )
+    groups, chosen = m.moe_router_num_groups or 1, m.moe_router_group_topk or 1
+    if groups > 1 and m.moe_router_topk != 2 * chosen:
+        yield Problem(
+            "model.moe_router_group_topk",
+            chosen,
+            f"megatron-core ranks a group by its top moe_router_topk/group_topk={m.moe_router_topk // chosen} scores, "
+            "transformers by its top 2: they agree only when moe_router_topk = 2 x moe_router_group_topk",
+            "train this model with parallelism=fsdp",
+        )
 
 
 def _check_pipeline_stages(cfg: RunConfig) -> Iterator[Problem]:

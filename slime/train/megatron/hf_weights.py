@@ -40,11 +40,12 @@ HALF_PRECISION = {"BF16", "F16"}  # safetensors dtypes no finer than the bf16 pa
 
 @dataclasses.dataclass(frozen=True)
 class LocalParam:
-    """One parameter of this rank: `name` global (global expert index), `unit` with the local expert index."""
+    """One parameter (or state buffer) of this rank: `name` global (global expert index), `unit` with the local
+    expert index."""
 
     name: str
     unit: str
-    param: torch.nn.Parameter
+    param: torch.Tensor
 
 
 def unwrap(chunks) -> list[torch.nn.Module]:
@@ -52,11 +53,17 @@ def unwrap(chunks) -> list[torch.nn.Module]:
     return unwrap_model(list(chunks) if isinstance(chunks, list | tuple) else [chunks])
 
 
+def state_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's parameters, then its buffers that are model state (`names.STATE_BUFFERS`), by local name."""
+    yield from module.named_parameters()
+    yield from ((name, b) for name, b in module.named_buffers() if names.canonical(name).endswith(names.STATE_BUFFERS))
+
+
 def local_parameters(chunks) -> list[LocalParam]:
     """This rank's parameters under global names, in chunk order then parameter order."""
     out = []
     for chunk in unwrap(chunks):
-        for local_name, param in chunk.named_parameters():
+        for local_name, param in state_tensors(chunk):
             name = names.canonical(local_name)
             layer, rest = names.split_layer(name)
             if layer is None:

@@ -17,16 +17,17 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
 
+from slime.config.hf_config import FAMILIES
 from slime.config.schema import ModelConfig, ParallelismConfig
 from slime.train.megatron import rope
 from slime.train.megatron.attention import PackedAttention
 
-ARCHITECTURES = ("qwen3", "qwen3_moe", "qwen2", "llama", "glm4")
+ARCHITECTURES = tuple(name for name, family in FAMILIES.items() if family.megatron)
 
 
 def transformer_config(
@@ -84,7 +85,31 @@ def _model_fields(m: ModelConfig) -> dict[str, Any]:
             moe_router_load_balancing_type="aux_loss" if m.moe_aux_loss_coeff else "none",
             moe_grouped_gemm=False,
         )
+    if FAMILIES[m.architecture].grouped_moe:
+        fields.update(_grouped_router_fields(m))
     return fields
+
+
+def _grouped_router_fields(m: ModelConfig) -> dict[str, Any]:
+    """GLM-4.5's router (transformers' `Glm4MoeTopkRouter.forward`): sigmoid scores; the expert-score bias
+    (`e_score_correction_bias`, megatron's `expert_bias`) only chooses the experts; the chosen scores renormalised
+    (norm_topk_prob; megatron's sigmoid path always does, config_check refuses a model that does not) and scaled by
+    routed_scaling_factor. With groups, HF sums each group's top 2 scores where megatron sums its top
+    topk/group_topk (`moe_utils.group_limited_topk`): config_check requires they agree. The bias stays the
+    checkpoint's (an update rate of 0): the engines route with it, and transformers never updates it. The first
+    moe_first_dense_layers layers are dense (HF first_k_dense_replace)."""
+    grouped = (m.moe_router_num_groups or 1) > 1
+    dense = m.moe_first_dense_layers
+    return dict(
+        moe_router_score_function="sigmoid",
+        moe_router_pre_softmax=False,
+        moe_router_enable_expert_bias=True,
+        moe_router_bias_update_rate=0.0,
+        moe_router_topk_scaling_factor=m.moe_routed_scaling_factor,
+        moe_router_num_groups=m.moe_router_num_groups if grouped else None,
+        moe_router_group_topk=m.moe_router_group_topk if grouped else None,
+        moe_layer_freq=[0] * dense + [1] * (m.num_layers - dense),
+    )
 
 
 def _layout_fields(p: ParallelismConfig, params_dtype: torch.dtype) -> dict[str, Any]:
@@ -140,8 +165,16 @@ def _recompute_fields(p: ParallelismConfig) -> dict[str, Any]:
     raise ValueError(f"parallelism.recompute.granularity={r.granularity!r}: expected full, selective or null")
 
 
-def layer_spec(config):
-    """megatron's local layer spec (RMSNorm, SequentialMLP experts) with `PackedAttention` as core attention."""
+def layer_spec(config, vp_stage: int | None = None):
+    """megatron's local layer spec (RMSNorm, SequentialMLP experts) with `PackedAttention` as core attention; for a
+    model with dense and MoE layers (`moe_layer_freq` a list), the block spec of this stage's layers, each so."""
+    if isinstance(config.moe_layer_freq, list):
+        block = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage
+        )
+        for spec in {id(spec): spec for spec in block.layer_specs}.values():  # the dense one and the MoE one
+            spec.submodules.self_attention.submodules.core_attention = PackedAttention
+        return block
     spec = get_gpt_layer_local_spec(
         num_experts=config.num_moe_experts,
         moe_grouped_gemm=False,
@@ -162,14 +195,13 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
     if config.num_moe_experts:
         _moe_without_te()
     rope.rope_kwargs(model_cfg)  # a rope_scaling megatron lacks fails here, before anything is built
-    spec = layer_spec(config)
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for stage in range(vpp or 1):
         vp_stage = stage if vpp else None
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=layer_spec(config, vp_stage),
             vocab_size=model_cfg.vocab_size,
             max_sequence_length=model_cfg.max_position_embeddings,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,20 +14,29 @@ from slime.net import free_port  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
 from tests.helpers.compose import typed_config  # noqa: E402
 from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup  # noqa: E402
+from tests.helpers.megatron_checkpoints import with_random_expert_bias  # noqa: E402
 from tests.helpers.megatron_logprobs import hf_log_probs, megatron_run  # noqa: E402
 
+MODEL_OF_KIND = {"dense": None, "moe": "tiny_qwen3_moe", "glm4_moe": "tiny_glm4_moe"}
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+
+@pytest.mark.parametrize("kind", list(MODEL_OF_KIND))
 def test_log_probs_equal_transformers(kind, tiny_model_dir, tmp_path):
-    """Qwen3ForCausalLM / Qwen3MoeForCausalLM and the megatron model loaded from the same HF directory."""
+    """Qwen3ForCausalLM / Qwen3MoeForCausalLM / Glm4MoeForCausalLM and the megatron model loaded from the same HF
+    directory (GLM-4.5's: a dense first layer, then the sigmoid router with a random expert-score bias, which
+    changes the experts chosen, four routed experts and a shared one; half of each head rotated)."""
     overrides = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32", "rollout.temperature=0.7"]
     model_dir = tiny_model_dir
-    if kind == "moe":
-        overrides.insert(0, "model=tiny_qwen3_moe")
-        model_dir = str(create_tiny_model(typed_config(["model=tiny_qwen3_moe"]).model, tmp_path / "moe"))
+    option = MODEL_OF_KIND[kind]
+    if option is not None:
+        overrides.insert(0, f"model={option}")
+        model = typed_config([f"model={option}"]).model
+        model_dir = str(create_tiny_model(model, tmp_path / kind))
+        if kind == "glm4_moe":
+            with_random_expert_bias(dataclasses.replace(model, hf_checkpoint=model_dir))
     setup = make_setup(model_dir, overrides)
     batch = batches_for(make_samples(6, seed=5), dp=1, k=1)[0]
-    ours = megatron_run(setup, batch, 29650 + (kind == "moe"))["log_probs"]
+    ours = megatron_run(setup, batch, 29650 + list(MODEL_OF_KIND).index(kind))["log_probs"]
     theirs = hf_log_probs(model_dir, batch, temperature=0.7)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 

@@ -2,10 +2,13 @@
 
 Each case spawns the layout's ranks, computes forward-only log-probs of one shard, then runs one
 optimizer step; the owner rank's log-probs must equal the single rank's to 1e-5 and the step's grad
-norm to 1e-4 (relative). Layouts: TP=2, PP=2, CP=2 on the tiny dense model; EP=2 (with TP=2) on the tiny MoE.
+norm to 1e-4 (relative). Layouts: TP=2, PP=2, CP=2 on the tiny dense model; EP=2 on the tiny MoE; EP=2 and PP=2
+on the tiny GLM-4.5.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from slime.train.layout import RankLayout  # noqa: E402
 from slime.train.megatron.backend import MegatronBackend  # noqa: E402
 from tests.helpers.compose import typed_config  # noqa: E402
 from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup, train_rollout  # noqa: E402
+from tests.helpers.megatron_checkpoints import with_random_expert_bias  # noqa: E402
 
 
 def _one_layout(rank, layout, port, setup, batch) -> dict:
@@ -63,23 +67,33 @@ def many_ranks(cases: dict, tmp_path, port: int, world: int = 2) -> dict:
     return merged
 
 
-@pytest.fixture(scope="module")
-def moe_model_dir(tmp_path_factory) -> str:
-    cfg = typed_config(["model=tiny_qwen3_moe"])
-    return str(create_tiny_model(cfg.model, tmp_path_factory.mktemp("tiny_moe")))
-
-
 LAYOUTS = {
     "dense": {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "cp2": {"cp": 2}},
     # experts split over the two data-parallel ranks (megatron needs sequence parallel, not on CPU, for ep with tp)
     "moe": {"ep2": {"dp": 2, "ep": 2}},
+    # GLM-4.5's layers (a dense first layer; sigmoid router with a random expert-score bias, a shared expert); pp 2
+    # puts the dense layer and the MoE layer on different stages
+    "glm4_moe": {"ep2": {"dp": 2, "ep": 2}, "pp2": {"pp": 2}},
 }
+MODEL_OF_KIND = {"dense": None, "moe": "tiny_qwen3_moe", "glm4_moe": "tiny_glm4_moe"}
+
+
+def model_dir_of(kind: str, tiny_model_dir: str, root) -> str:
+    option = MODEL_OF_KIND[kind]
+    if option is None:
+        return tiny_model_dir
+    model = typed_config([f"model={option}"]).model
+    path = str(create_tiny_model(model, root / kind))
+    if kind == "glm4_moe":
+        with_random_expert_bias(dataclasses.replace(model, hf_checkpoint=path))
+    return path
 
 
 @pytest.mark.parametrize("kind", list(LAYOUTS))
-def test_layouts_equal_single_rank(kind, tiny_model_dir, moe_model_dir, tmp_path):
-    model_dir = tiny_model_dir if kind == "dense" else moe_model_dir
-    base = (["model=tiny_qwen3_moe"] if kind == "moe" else []) + [
+def test_layouts_equal_single_rank(kind, tiny_model_dir, tmp_path):
+    model_dir = model_dir_of(kind, tiny_model_dir, tmp_path)
+    option = MODEL_OF_KIND[kind]
+    base = ([f"model={option}"] if option else []) + [
         "parallelism=megatron",
         "parallelism.max_tokens_per_gpu=24",
         "train.lr=1e-2",

@@ -14,11 +14,13 @@ expert indices (REFERENCE.md §8.4):
     decoder.layers.L.mlp.linear_fc1.weight                 mlp.gate_proj ; mlp.up_proj (concatenated rows)
     decoder.layers.L.mlp.linear_fc2.weight                 mlp.down_proj
     decoder.layers.L.mlp.router.weight                     mlp.gate.weight (MoE)
+    decoder.layers.L.mlp.router.expert_bias                mlp.gate.e_score_correction_bias (glm4_moe)
     decoder.layers.L.mlp.experts.local_experts.E.linear_fc1.weight   mlp.experts.E.gate_proj ; up_proj
     decoder.layers.L.mlp.experts.local_experts.E.linear_fc2.weight   mlp.experts.E.down_proj
     decoder.layers.L.mlp.shared_experts.linear_fc1.weight  mlp.shared_expert.gate_proj ; up_proj
     decoder.layers.L.mlp.shared_experts.linear_fc2.weight  mlp.shared_expert.down_proj
     decoder.layers.L.mlp.shared_experts.gate_weight        mlp.shared_expert_gate.weight
+                                                           (glm4_moe: mlp.shared_experts.*, ungated)
     decoder.final_layernorm.weight                         model.norm.weight
     output_layer.weight                                    lm_head.weight (untied only)
 
@@ -35,13 +37,16 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from slime.config.hf_config import FAMILIES
+from slime.config.hf_config import FAMILIES, Family
 from slime.config.schema import ModelConfig
 
 _TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
 }
+# Buffers that are model state (a checkpoint tensor each, loaded and exported as the parameters are): the MoE
+# router's expert-score bias. Other buffers (megatron's per-step token counts) are not.
+STATE_BUFFERS = ("mlp.router.expert_bias",)
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.*)$")
 
@@ -119,14 +124,25 @@ def _layer_rules(model: ModelConfig, layer: int) -> list[Rule]:
     if model.qk_layernorm:
         rules.append(Rule(f"{p}self_attention.q_layernorm.weight", (f"{a}q_norm.weight",)))
         rules.append(Rule(f"{p}self_attention.k_layernorm.weight", (f"{a}k_norm.weight",)))
-    if model.num_experts is None:
+    if model.num_experts is None or layer < model.moe_first_dense_layers:
         return rules + _mlp_rules(f"{p}mlp.", f"{h}mlp.")
-    rules.append(Rule(f"{p}mlp.router.weight", (f"{h}mlp.gate.weight",)))
+    return rules + _moe_rules(model, FAMILIES[model.architecture], p, h)
+
+
+def _moe_rules(model: ModelConfig, family: Family, p: str, h: str) -> list[Rule]:
+    """A MoE layer's router, experts and shared experts (Qwen2-MoE's gated `shared_expert`; GLM-4.5's ungated
+    `shared_experts` and the router's expert-score bias)."""
+    rules = [Rule(f"{p}mlp.router.weight", (f"{h}mlp.gate.weight",))]
+    if family.grouped_moe:
+        rules.append(Rule(f"{p}mlp.router.expert_bias", (f"{h}mlp.gate.e_score_correction_bias",)))
     for e in range(model.num_experts):
         rules += _mlp_rules(f"{p}{expert_rest(e, '')}", f"{h}mlp.experts.{e}.")
-    if model.moe_shared_expert_intermediate_size:
-        rules += _mlp_rules(f"{p}mlp.shared_experts.", f"{h}mlp.shared_expert.")
-        rules.append(Rule(f"{p}mlp.shared_experts.gate_weight", (f"{h}mlp.shared_expert_gate.weight",)))
+    if not model.moe_shared_expert_intermediate_size:
+        return rules
+    if family.grouped_moe:
+        return rules + _mlp_rules(f"{p}mlp.shared_experts.", f"{h}mlp.shared_experts.")
+    rules += _mlp_rules(f"{p}mlp.shared_experts.", f"{h}mlp.shared_expert.")
+    rules.append(Rule(f"{p}mlp.shared_experts.gate_weight", (f"{h}mlp.shared_expert_gate.weight",)))
     return rules
 
 
@@ -201,7 +217,7 @@ def hf_shape(model: ModelConfig, hf_name: str) -> tuple[int, ...]:
     ffn = model.ffn_hidden_size
     if ".mlp.experts." in hf_name:
         ffn = model.moe_ffn_hidden_size
-    elif ".mlp.shared_expert." in hf_name:
+    elif ".mlp.shared_expert." in hf_name or ".mlp.shared_experts." in hf_name:
         ffn = model.moe_shared_expert_intermediate_size
     shapes = {
         "embed_tokens.weight": (model.vocab_size, h),
@@ -221,6 +237,7 @@ def hf_shape(model: ModelConfig, hf_name: str) -> tuple[int, ...]:
         "up_proj.weight": (ffn, h),
         "down_proj.weight": (h, ffn),
         "mlp.gate.weight": (model.num_experts, h),
+        "mlp.gate.e_score_correction_bias": (model.num_experts,),
         "shared_expert_gate.weight": (1, h),
     }
     for suffix, shape in shapes.items():
