@@ -1,7 +1,8 @@
 """Strict loading of HF-named safetensors into a live transformers model (disk weight sync, §8.3).
 
 Every `*.safetensors` file of the directory is read (an index json, if any, is not needed). The set
-of tensor names must equal the model's own checkpoint names: missing names, unexpected names and
+of tensor names must equal the model's own checkpoint names (those `save_pretrained` writes, a MoE layer's
+experts one by one, where transformers holds them fused): missing names, unexpected names and
 shape mismatches are all reported together and nothing is copied, so a failed update leaves the old
 weights intact. Tied aliases (e.g. `lm_head.weight` when embeddings are tied) are optional; when
 present they are shape-checked but not copied (the primary tensor wins).
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+from slime.assets.checkpoint_names import StridedPart, checkpoint_parts
 
 _MAX_LISTED = 8  # names listed per category in an error message
 
@@ -54,26 +57,32 @@ def _checkpoint_name(name: str) -> str | None:
 
 class StateLayout:
     """Where each of a model's checkpoint names lives: the module and attribute holding it, read at each use (so
-    the layout stays true when `model.to()` replaces buffers or parameter data). Built once per model: walking
-    `state_dict()` and `named_parameters()` for every bucket of a weight sync cost ~9 ms a bucket on one CPU core
-    for the 310 tensors of the 1.7B shape."""
+    the layout stays true when `model.to()` replaces buffers or parameter data), and the part of that tensor it is
+    where transformers holds several checkpoint tensors in one (a MoE layer's fused experts). Built once per model:
+    walking `state_dict()` and `named_parameters()` for every bucket of a weight sync cost ~9 ms a bucket on one
+    CPU core for the 310 tensors of the 1.7B shape."""
 
     def __init__(self, model: torch.nn.Module):
-        self.slots: dict[str, tuple[torch.nn.Module, str]] = {}
-        for name in model.state_dict(keep_vars=True):
-            if _checkpoint_name(name) is not None:
-                path, _, attr = name.rpartition(".")
-                self.slots[_checkpoint_name(name)] = (model.get_submodule(path), attr)
-        primary = {_checkpoint_name(name) for name, _ in model.named_parameters()}  # tied duplicates removed
-        all_params = {_checkpoint_name(name) for name, _ in model.named_parameters(remove_duplicate=False)}
-        primary |= {name for name in self.slots if name not in all_params}  # persistent buffers
-        primary.discard(None)
+        self.slots: dict[str, tuple[torch.nn.Module, str, StridedPart | None]] = {}
+        names: dict[str, set[str]] = {}  # state name -> the checkpoint names it holds
+        for name, value in model.state_dict(keep_vars=True).items():
+            if _checkpoint_name(name) is None:
+                continue
+            path, _, attr = name.rpartition(".")
+            module = model.get_submodule(path)
+            parts = checkpoint_parts(model, name, value)
+            names[name] = {_checkpoint_name(part) for part in parts}
+            self.slots.update({_checkpoint_name(part): (module, attr, where) for part, where in parts.items()})
+        primary = set().union(*(names[name] for name, _ in model.named_parameters() if name in names))
+        all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        primary |= set().union(*(held for name, held in names.items() if name not in all_params))  # buffers
         self.primary = frozenset(primary)
         self.aliases = frozenset(set(self.slots) - primary)
 
     def tensor(self, name: str) -> torch.Tensor:
-        module, attr = self.slots[name]
-        return getattr(module, attr)
+        module, attr, part = self.slots[name]
+        whole = getattr(module, attr)
+        return whole if part is None else part.of(whole)
 
 
 @torch.no_grad()

@@ -9,11 +9,13 @@ and steps, and returns the step's metrics already reduced over ranks.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
+from slime.assets.checkpoint_names import to_checkpoint
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
@@ -196,11 +198,16 @@ class FSDPRank(BatchColumns, TrainBackend):
 
     # ---- weights and checkpoints -------------------------------------------------------------
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """HF-named parameters (tied duplicates once; adapters merged into their bases) and persistent buffers in
-        buckets of about `bucket_bytes`; sharded parameters are gathered on every rank, one at a time."""
+        """Parameters (tied duplicates once; adapters merged into their bases) and persistent buffers under their
+        checkpoint names (a MoE layer's experts one by one), in buckets of about `bucket_bytes`; sharded
+        parameters are gathered on every rank, one at a time."""
         if self.trains_adapters:
-            return in_buckets(lora.merged_weights(self.model, _whole), bucket_bytes)
-        return in_buckets(((name, _whole(t.detach())) for name, t in checkpoint_tensors(self.model)), bucket_bytes)
+            weights = lora.merged_weights(self.model, _whole)
+        else:
+            weights = ((name, _whole(t.detach())) for name, t in self.model.named_parameters())
+        tensors = itertools.chain(weights, persistent_buffers(self.model))
+        held = (part for name, tensor in tensors for part in to_checkpoint(self.model, name, tensor).items())
+        return in_buckets(held, bucket_bytes)
 
     def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
         tensors = lora.peft_adapter_tensors(self.model, self.setup.model.lora, _whole)
@@ -234,9 +241,7 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def checkpoint_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """What an HF checkpoint of `model` holds: its parameters (tied ones once) and its persistent buffers, such as
-    GLM-4.5's and DeepSeek-V3's router `e_score_correction_bias` (no gradient; transformers keeps it a buffer)."""
-    yield from model.named_parameters()
+def persistent_buffers(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The buffers a checkpoint of `model` holds (`state_dict`'s), such as a router's `e_score_correction_bias`."""
     saved = model.state_dict().keys()
     yield from ((name, buffer) for name, buffer in model.named_buffers() if name in saved)

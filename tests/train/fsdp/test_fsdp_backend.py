@@ -10,6 +10,7 @@ from slime.rollout.postprocess import split_for_data_parallel
 from slime.train.layout import RankLayout
 from slime.types import Sample
 from tests.helpers.fsdp_rank import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.megatron_checkpoints import make_checkpoint, with_random_expert_bias
 
 
 def _rank_main(rank, world, port, setup, batches, out):
@@ -115,3 +116,18 @@ def test_grpo_step_raises_probability_of_rewarded_response(tiny_model_dir):
     train_rollout(backend, batch)
     after = log_probs(backend, batch).tolist()
     assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_a_moe_export_carries_the_checkpoints_names_and_values(tmp_path):
+    """What `save_pretrained` writes (experts one by one, the router's expert bias), whatever transformers holds
+    in memory: SGLang, vLLM and the hf engine load these names."""
+    from safetensors.torch import load_file
+
+    source = make_checkpoint("glm4_moe", tmp_path)
+    with_random_expert_bias(source)
+    backend = make_backend(make_setup(source.hf_checkpoint, ["model=tiny_glm4_moe"]))
+    exported = {name: t for bucket in backend.export_weights(1 << 14) for name, t in bucket}
+    backend.shutdown()
+    saved = load_file(f"{source.hf_checkpoint}/model.safetensors")
+    assert exported.keys() == saved.keys() and "model.layers.1.mlp.experts.3.down_proj.weight" in exported
+    assert all(torch.equal(exported[name], value) for name, value in saved.items())
