@@ -84,6 +84,8 @@ def test_a_wrong_expert_tensor_is_named_and_nothing_is_copied(tmp_path):
     before = {name: value.clone() for name, value in model.state_dict().items()}
     bad = {name: torch.zeros_like(value) for name, value in tensors.items()}
     bad["model.layers.1.mlp.experts.2.up_proj.weight"] = torch.zeros(31, 64)
-    with pytest.raises(WeightLoadError, match=r"experts\.2\.up_proj\.weight: checkpoint \(31, 64\) vs model \(32, 64\)"):
+    with pytest.raises(
+        WeightLoadError, match=r"experts\.2\.up_proj\.weight: checkpoint \(31, 64\) vs model \(32, 64\)"
+    ):
         load_weights_strict(model, bad)
     assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
