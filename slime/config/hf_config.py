@@ -40,7 +40,6 @@ class Family:
         return self.no_megatron is None
 
 
-_NOT_BUILT = "the megatron backend does not build its {} yet"
 FAMILIES = {
     "qwen3": Family("Qwen3ForCausalLM", qk_layernorm=True, qkv_bias=None, moe=False),
     "qwen3_moe": Family("Qwen3MoeForCausalLM", qk_layernorm=True, qkv_bias=None, moe=True),
@@ -68,7 +67,6 @@ FAMILIES = {
         moe=True,
         grouped_moe=True,
         mla=True,
-        no_megatron=_NOT_BUILT.format("multi-head latent attention and DeepSeek-V3 MoE layers"),
     ),
 }
 

@@ -55,11 +55,11 @@ def _check_mla(model: ModelConfig, arch: str) -> Iterator[Problem]:
 
 
 def _check_grouped_moe(model: ModelConfig, arch: str) -> Iterator[Problem]:
-    if not 0 <= model.moe_first_dense_layers < model.num_layers:
+    if not 0 <= model.moe_first_dense_layers <= model.num_layers:  # all dense: transformers builds no MoE layer
         yield Problem(
             "model.moe_first_dense_layers",
             model.moe_first_dense_layers,
-            f"must be in [0, model.num_layers={model.num_layers})",
+            f"must be in [0, model.num_layers={model.num_layers}]",
             "set it to the checkpoint's first_k_dense_replace",
         )
     shared, width = model.moe_shared_expert_intermediate_size, model.moe_ffn_hidden_size

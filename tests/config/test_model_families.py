@@ -56,7 +56,7 @@ def test_the_new_families_options_match_their_published_totals(option, published
         (["model=tiny_deepseek_v3", "model.num_query_groups=2"], "model.num_query_groups", "num_key_value_heads"),
         (["model=tiny_deepseek_v3", "model.v_head_dim=null"], "model.v_head_dim", "needs it > 0"),
         (["model=tiny_deepseek_v3", "model.moe_router_num_groups=3"], "model.moe_router_group_topk", "must divide"),
-        (["model=tiny_glm4_moe", "model.moe_first_dense_layers=2"], "model.moe_first_dense_layers", "[0, model"),
+        (["model=tiny_glm4_moe", "model.moe_first_dense_layers=3"], "model.moe_first_dense_layers", "[0, model"),
         (["model=tiny_glm4_moe", "model.moe_shared_expert_intermediate_size=40"], "model.moe_shared", "multiple of 32"),
         (["model=tiny_deepseek_v3", "model.lora.rank=8"], "model.lora.rank", "multi-head latent attention"),
         (["model=tiny_glm4_moe", "parallelism=megatron", "model.moe_norm_topk_prob=false"], "model.moe_norm", "renorm"),
@@ -65,7 +65,12 @@ def test_the_new_families_options_match_their_published_totals(option, published
             "model.moe_router_group_topk",
             "by its top 2",
         ),
-        (["model=tiny_deepseek_v3", "parallelism=megatron"], "model.architecture", "multi-head latent attention"),
+        (["model=tiny_deepseek_v3", "parallelism=megatron", "parallelism.cp=2"], "parallelism.cp", "rotates its own"),
+        (
+            ["model=tiny_deepseek_v3", "model.moe_first_dense_layers=2", "parallelism=megatron", "parallelism.tp=2"],
+            "parallelism.tp",
+            "shared rotated key's gradient",
+        ),
     ],
 )
 def test_the_new_families_rules_name_the_key(overrides, key, words):

@@ -123,3 +123,28 @@ def test_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
     step = standalone.train_step(backend, samples)  # the compiled layers' backward
     assert torch.isfinite(torch.tensor(step["train/grad_norm"])) and step["train/grad_norm"] > 0
     backend.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (tensor parallel over NCCL)")
+@pytest.mark.parametrize("option", ["tiny_glm4_moe", "tiny_deepseek_v3"])
+def test_moe_and_latent_attention_split_over_two_gpus_equal_one(option, tmp_path):
+    """tp=2 with sequence parallelism (megatron needs it for MoE layers and for latent attention's shared rotated
+    key), and tp=2 with ep=2 (the experts over the same two ranks, not split within), fp32, against one GPU: log-probs to 1e-5, the
+    first step's grad norm to 1e-4 (the CPU tier checks ep and pp alone, tests/train/megatron/test_parallel.py)."""
+    from slime.net import free_port
+    from tests.helpers.megatron_layouts import assert_layouts_equal_one_rank, tiny_option_dir
+
+    model_dir = tiny_option_dir(option, [], tmp_path / option)
+    base = [
+        f"model={option}",
+        "parallelism=megatron",
+        "parallelism.max_tokens_per_gpu=24",
+        "train.lr=1e-2",
+        "cluster=one_gpu",
+        "cluster.num_gpus_per_node=2",
+    ]
+    layouts = {
+        "tp2_sp": {"tp": 2, "sequence_parallel": True},
+        "tp2_ep2": {"tp": 2, "ep": 2, "etp": 1, "sequence_parallel": True},
+    }
+    assert_layouts_equal_one_rank(model_dir, base, layouts, tmp_path, free_port())

@@ -17,12 +17,14 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 8192,
 }
 # family -> overrides of tiny_qwen3: tied qwen3; untied MoE; qwen2 q/k/v bias; GLM-4.5 MoE (a dense first layer,
-# sigmoid router with expert bias, shared expert); llama untied with rope scaling
+# sigmoid router with expert bias, shared expert); DeepSeek-V3 (GLM-4.5's MoE over two groups, latent attention);
+# llama untied with rope scaling
 FAMILIES = {
     "qwen3": {},
     "qwen3_moe": {k: v for k, v in model_fields("tiny_qwen3_moe").items() if k != "name"},
     "qwen2": {"architecture": "qwen2", "qk_layernorm": False, "add_qkv_bias": True, "tie_word_embeddings": False},
     "glm4_moe": {k: v for k, v in model_fields("tiny_glm4_moe").items() if k != "name"},
+    "deepseek_v3": {k: v for k, v in model_fields("tiny_deepseek_v3").items() if k != "name"},
     "llama": {
         "architecture": "llama",
         "qk_layernorm": False,

@@ -144,6 +144,8 @@ def _cu(lengths: list[int], device) -> Tensor:
 class PackedAttention(torch.nn.Module):
     """Drop-in for megatron's core attention (same constructor and forward arguments); THD only."""
 
+    rotates = True  # applies the micro-batch's RoPE tables to q and k
+
     def __init__(self, config, layer_number, attn_mask_type, attention_type, **kwargs):
         super().__init__()
         self.config = config
@@ -158,20 +160,24 @@ class PackedAttention(torch.nn.Module):
         self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
     ):
         params = packed_seq_params
-        if getattr(params, "rope_cos", None) is None or params.qkv_format != "thd":
+        if getattr(params, "qkv_format", None) != "thd" or (self.rotates and getattr(params, "rope_cos", None) is None):
             raise ValueError(
                 "PackedAttention runs packed THD micro-batches with their RoPE tables only "
                 "(slime.train.megatron.batch.MicroBatch.packed_seq_params)"
             )
-        interleaved = self.config.rotary_interleaved
-        query = rope.apply(query, params.rope_cos, params.rope_sin, interleaved=interleaved)
-        key = rope.apply(key, params.rope_cos, params.rope_sin, interleaved=interleaved)
+        if self.rotates:
+            interleaved = self.config.rotary_interleaved
+            query = rope.apply(query, params.rope_cos, params.rope_sin, interleaved=interleaved)
+            key = rope.apply(key, params.rope_cos, params.rope_sin, interleaved=interleaved)
+        out = self._attend(query, key, value, params)
+        return out.reshape(out.shape[0], -1)
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, params) -> Tensor:
+        """[t, hq, dv] from rotated q, k [t, h, d] and v [t, hkv, dv]."""
         cp = self.config.context_parallel_size
         if cp == 1 and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and self.kernel:
-            out = _varlen_packed(self.kernel, self.native_gqa, query, key, value, params, self.scale)  # no host sync
-            return out.reshape(out.shape[0], -1)
-        out = self._per_segment(query, key, value, params)
-        return out.reshape(out.shape[0], -1)
+            return _varlen_packed(self.kernel, self.native_gqa, query, key, value, params, self.scale)  # no host sync
+        return self._per_segment(query, key, value, params)
 
     # a Python loop over the samples (the host cu_seqlens): never traced into a compiled layer, where every
     # new set of sample lengths would be a recompile
@@ -191,3 +197,18 @@ class PackedAttention(torch.nn.Module):
 
 def _cp_group():
     return ps.get_context_parallel_group()
+
+
+class PackedLatentAttention(PackedAttention):
+    """The core attention behind megatron's `MultiLatentAttention`, which rotates q and k itself: q, k
+    [t, h, qk_head_dim + qk_pos_emb_head_dim], v [t, h, v_head_dim], the softmax scale the layer gives. FlashAttention's
+    varlen kernel takes one head size, so v is zero-padded to q's there and the output cut back (exact)."""
+
+    rotates = False
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, params) -> Tensor:
+        width = value.shape[-1]
+        if width == query.shape[-1] or not query.is_cuda:
+            return super()._attend(query, key, value, params)
+        padded = F.pad(value, (0, query.shape[-1] - width))
+        return super()._attend(query, key, padded, params)[..., :width]

@@ -179,12 +179,32 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             f"the megatron backend splits model.vocab_size={m.vocab_size} evenly over the tp ranks",
             f"pick a parallelism.tp dividing {m.vocab_size}",
         )
-    if m.num_experts is not None and p.tp > 1 and not p.sequence_parallel:
+    has_moe_layers = m.num_experts is not None and m.moe_first_dense_layers < m.num_layers
+    if has_moe_layers and p.tp > 1 and not p.sequence_parallel:
         yield Problem(
             "parallelism.tp",
             p.tp,
             "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
             "set parallelism.sequence_parallel=true (CUDA), or split experts with parallelism.ep instead of tp",
+        )
+    elif family is not None and family.mla and p.tp > 1 and not p.sequence_parallel:
+        # MLASelfAttention.get_query_key_value_tensors: each tp rank's heads use the whole rotated key k_pos_emb,
+        # whose gradient only sequence parallelism's reduce-scatter sums over the ranks (without it a one-step
+        # grad norm on CPU was 0.2% off the single rank's, the log-probs equal)
+        yield Problem(
+            "parallelism.tp",
+            p.tp,
+            "megatron-core's latent attention sums the shared rotated key's gradient over tp ranks only with "
+            "sequence parallelism",
+            "set parallelism.sequence_parallel=true (CUDA), or parallelism.tp=1",
+        )
+    if family is not None and family.mla and p.cp > 1:
+        yield Problem(
+            "parallelism.cp",
+            p.cp,
+            "latent attention (model.architecture=deepseek_v3) rotates its own q and k, which this backend's "
+            "zigzag context-parallel split of packed samples does not give it",
+            "set parallelism.cp=1",
         )
     yield from _check_pipeline_stages(cfg)
     yield from _check_recompute(cfg)

@@ -11,6 +11,7 @@ module level: the package is loaded only when `parallelism.backend=megatron` (th
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -19,13 +20,14 @@ from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import TransformerConfig, multi_latent_attention
 from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.transformer_config import MLATransformerConfig
 
 from slime.config.hf_config import FAMILIES
 from slime.config.schema import ModelConfig, ParallelismConfig
 from slime.train.megatron import rope
-from slime.train.megatron.attention import PackedAttention
+from slime.train.megatron.attention import PackedAttention, PackedLatentAttention
 
 ARCHITECTURES = tuple(name for name, family in FAMILIES.items() if family.megatron)
 
@@ -49,7 +51,23 @@ def transformer_config(
         **_recompute_fields(p),
         **(extra or {}),
     }
-    return TransformerConfig(**kwargs)
+    return (MLATransformerConfig if FAMILIES[m.architecture].mla else TransformerConfig)(**kwargs)
+
+
+def _latent_attention_fields(m: ModelConfig) -> dict[str, Any]:
+    """DeepSeek-V3's multi-head latent attention (megatron's `MultiLatentAttention`): the q and kv down-projections
+    (none for q without q_lora_rank), their latent RMSNorms (megatron's q/kv_layernorm, built where qk_layernorm
+    is set), per-head up-projections into qk_head_dim (no position) + qk_pos_emb_head_dim (rotated) and v_head_dim.
+    The layer rotates its own q and k (`rope.latent_rope_fields`)."""
+    return dict(
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        qk_layernorm=True,
+        **rope.latent_rope_fields(m),
+    )
 
 
 def _model_fields(m: ModelConfig) -> dict[str, Any]:
@@ -87,6 +105,8 @@ def _model_fields(m: ModelConfig) -> dict[str, Any]:
         )
     if FAMILIES[m.architecture].grouped_moe:
         fields.update(_grouped_router_fields(m))
+    if FAMILIES[m.architecture].mla:
+        fields.update(_latent_attention_fields(m))
     return fields
 
 
@@ -167,13 +187,15 @@ def _recompute_fields(p: ParallelismConfig) -> dict[str, Any]:
 
 def layer_spec(config, vp_stage: int | None = None):
     """megatron's local layer spec (RMSNorm, SequentialMLP experts) with `PackedAttention` as core attention; for a
-    model with dense and MoE layers (`moe_layer_freq` a list), the block spec of this stage's layers, each so."""
-    if isinstance(config.moe_layer_freq, list):
+    model with dense and MoE layers (`moe_layer_freq` a list) or latent attention, the block spec of this stage's
+    layers, each so (`PackedLatentAttention` behind latent attention, which rotates q and k itself)."""
+    if isinstance(config.moe_layer_freq, list) or config.multi_latent_attention:
         block = get_gpt_decoder_block_spec(
             config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage
         )
+        core = PackedLatentAttention if config.multi_latent_attention else PackedAttention
         for spec in {id(spec): spec for spec in block.layer_specs}.values():  # the dense one and the MoE one
-            spec.submodules.self_attention.submodules.core_attention = PackedAttention
+            spec.submodules.self_attention.submodules.core_attention = core
         return block
     spec = get_gpt_layer_local_spec(
         num_experts=config.num_moe_experts,
@@ -194,7 +216,9 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
     """
     if config.num_moe_experts:
         _moe_without_te()
-    rope.rope_kwargs(model_cfg)  # a rope_scaling megatron lacks fails here, before anything is built
+    if config.multi_latent_attention:
+        _latent_attention_without_te()
+    rope.rotary_embedding(model_cfg, config)  # a rope_scaling megatron lacks fails here, before anything is built
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for stage in range(vpp or 1):
@@ -243,6 +267,14 @@ def _moe_without_te() -> None:
     Transformer Engine imports; without TE it must be None (the plain matmul path)."""
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+def _latent_attention_without_te() -> None:
+    """megatron-core 0.16's `multi_latent_attention` imports megatron's Transformer Engine extension, which without
+    TE defines its layer classes over a MagicMock and imports fine: the module's HAVE_TE is then True and its
+    `isinstance(self.linear_proj, TELinear)` raises. Without TE it must be False."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        multi_latent_attention.HAVE_TE = False
 
 
 def _hidden_output(model, *, head: str) -> None:

@@ -43,8 +43,44 @@ def rope_kwargs(m: ModelConfig) -> dict[str, Any]:
     return kwargs
 
 
+# HF's YaRN keys (DeepSeek-V3's rope_scaling) -> megatron's MLATransformerConfig fields, with HF's defaults
+# (transformers' `_compute_yarn_parameters`; `DeepseekV3Attention` scales the softmax by mscale_all_dim's mscale)
+YARN_FIELDS = {
+    "factor": ("rotary_scaling_factor", None),
+    "original_max_position_embeddings": ("original_max_position_embeddings", None),
+    "beta_fast": ("beta_fast", 32.0),
+    "beta_slow": ("beta_slow", 1.0),
+    "mscale": ("mscale", 1.0),
+    "mscale_all_dim": ("mscale_all_dim", 0.0),
+}
+
+
+def latent_rope_fields(m: ModelConfig) -> dict[str, Any]:
+    """MLATransformerConfig's RoPE of a latent-attention model: plain (`rope`) or YaRN as HF's rope_scaling says.
+    megatron rotates the qk_pos_emb_head_dim dimensions DeepSeek's way (pairs interleaved, as HF's
+    `rope_interleave`); without scaling the softmax scale is 1/sqrt(qk_head_dim + qk_pos_emb_head_dim)."""
+    fields: dict[str, Any] = {"rotary_base": m.rotary_base, "rotary_percent": 1.0}
+    scaling = m.rope_scaling
+    if not scaling:
+        return {**fields, "rope_type": "rope", "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "yarn":
+        raise ValueError(f"model.rope_scaling={dict(scaling)}: latent attention on megatron takes rope_type yarn only")
+    fields["rope_type"] = "yarn"
+    for key, (field, default) in YARN_FIELDS.items():
+        value = scaling.get(key, default)
+        if value is None:
+            raise ValueError(f"model.rope_scaling={dict(scaling)}: YaRN needs {key!r}")
+        fields[field] = float(value) if field != "original_max_position_embeddings" else int(value)
+    return fields
+
+
 def rotary_embedding(model_cfg: ModelConfig, config):
-    """megatron's RotaryEmbedding with the arguments GPTModel would give it (base, percent, llama3 scaling)."""
+    """megatron's RotaryEmbedding with the arguments GPTModel would give it (base, percent, llama3 scaling); None
+    for latent attention, whose layers rotate q and k themselves (`latent_rope_fields`)."""
+    if config.multi_latent_attention:
+        latent_rope_fields(model_cfg)
+        return None
     return RotaryEmbedding(
         kv_channels=config.kv_channels,
         rotary_interleaved=config.rotary_interleaved,
@@ -55,7 +91,9 @@ def rotary_embedding(model_cfg: ModelConfig, config):
 
 def tables(rotary, position_ids: Tensor, max_seqlen: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(cos, sin), each Tensor[t, 1, 1, d] in `dtype`, for the tokens at `position_ids` (Tensor[1, t] or [t],
-    every entry < max_seqlen)."""
+    every entry < max_seqlen); (None, None) without a `rotary` (latent attention)."""
+    if rotary is None:
+        return None, None
     emb = rotary.get_emb(max_seqlen)  # [max_seqlen, 1, 1, d] fp32
     freqs = emb[position_ids.reshape(-1).to(emb.device)]
     return torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)

@@ -17,26 +17,36 @@ from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup  # noq
 from tests.helpers.megatron_checkpoints import with_random_expert_bias  # noqa: E402
 from tests.helpers.megatron_logprobs import hf_log_probs, megatron_run  # noqa: E402
 
-MODEL_OF_KIND = {"dense": None, "moe": "tiny_qwen3_moe", "glm4_moe": "tiny_glm4_moe"}
+MODEL_OF_KIND = {
+    "dense": None,
+    "moe": "tiny_qwen3_moe",
+    "glm4_moe": "tiny_glm4_moe",
+    "deepseek_v3": "tiny_deepseek_v3",
+}
 
 
-@pytest.mark.parametrize("kind", list(MODEL_OF_KIND))
+# Moonlight's kind of latent attention: no q bottleneck, RoPE unscaled
+OPTIONS_OF_KIND = {"moonlight": ("tiny_deepseek_v3", ["model.q_lora_rank=null", "model.rope_scaling=null"])}
+
+
+@pytest.mark.parametrize("kind", [*MODEL_OF_KIND, *OPTIONS_OF_KIND])
 def test_log_probs_equal_transformers(kind, tiny_model_dir, tmp_path):
-    """Qwen3ForCausalLM / Qwen3MoeForCausalLM / Glm4MoeForCausalLM and the megatron model loaded from the same HF
-    directory (GLM-4.5's: a dense first layer, then the sigmoid router with a random expert-score bias, which
-    changes the experts chosen, four routed experts and a shared one; half of each head rotated)."""
+    """Qwen3ForCausalLM / Qwen3MoeForCausalLM / Glm4MoeForCausalLM / DeepseekV3ForCausalLM and the megatron model
+    loaded from the same HF directory (GLM-4.5's: a dense first layer, then the sigmoid router with a random
+    expert-score bias, which changes the experts chosen, four routed experts and a shared one; half of each head
+    rotated. DeepSeek-V3's: latent attention with a q bottleneck and YaRN, the same router over two groups of experts)."""
     overrides = ["parallelism=megatron", "parallelism.max_tokens_per_gpu=32", "rollout.temperature=0.7"]
     model_dir = tiny_model_dir
-    option = MODEL_OF_KIND[kind]
+    option, model_overrides = OPTIONS_OF_KIND.get(kind, (MODEL_OF_KIND.get(kind), []))
     if option is not None:
-        overrides.insert(0, f"model={option}")
-        model = typed_config([f"model={option}"]).model
+        overrides[:0] = [f"model={option}", *model_overrides]
+        model = typed_config([f"model={option}", *model_overrides]).model
         model_dir = str(create_tiny_model(model, tmp_path / kind))
-        if kind == "glm4_moe":
+        if model.architecture in ("glm4_moe", "deepseek_v3"):
             with_random_expert_bias(dataclasses.replace(model, hf_checkpoint=model_dir))
     setup = make_setup(model_dir, overrides)
     batch = batches_for(make_samples(6, seed=5), dp=1, k=1)[0]
-    ours = megatron_run(setup, batch, 29650 + list(MODEL_OF_KIND).index(kind))["log_probs"]
+    ours = megatron_run(setup, batch, 29650 + [*MODEL_OF_KIND, *OPTIONS_OF_KIND].index(kind))["log_probs"]
     theirs = hf_log_probs(model_dir, batch, temperature=0.7)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 

@@ -10,17 +10,23 @@ expert indices (REFERENCE.md §8.4):
     decoder.layers.L.self_attention.q_layernorm.weight     self_attn.q_norm.weight (qwen3, qwen3_moe)
     decoder.layers.L.self_attention.k_layernorm.weight     self_attn.k_norm.weight
     decoder.layers.L.self_attention.linear_proj.weight     self_attn.o_proj.weight
+    decoder.layers.L.self_attention.linear_q_down_proj.weight   self_attn.q_a_proj.weight (deepseek_v3: latent
+    decoder.layers.L.self_attention.q_layernorm.weight          self_attn.q_a_layernorm.weight   attention; with
+    decoder.layers.L.self_attention.linear_q_up_proj.weight     self_attn.q_b_proj.weight        no q_lora_rank,
+    decoder.layers.L.self_attention.linear_kv_down_proj.weight  self_attn.kv_a_proj_with_mqa.weight  linear_q_proj
+    decoder.layers.L.self_attention.kv_layernorm.weight         self_attn.kv_a_layernorm.weight  <- q_proj)
+    decoder.layers.L.self_attention.linear_kv_up_proj.weight    self_attn.kv_b_proj.weight
     decoder.layers.L.pre_mlp_layernorm.weight              post_attention_layernorm.weight
     decoder.layers.L.mlp.linear_fc1.weight                 mlp.gate_proj ; mlp.up_proj (concatenated rows)
     decoder.layers.L.mlp.linear_fc2.weight                 mlp.down_proj
     decoder.layers.L.mlp.router.weight                     mlp.gate.weight (MoE)
-    decoder.layers.L.mlp.router.expert_bias                mlp.gate.e_score_correction_bias (glm4_moe)
+    decoder.layers.L.mlp.router.expert_bias                mlp.gate.e_score_correction_bias (glm4_moe, deepseek_v3)
     decoder.layers.L.mlp.experts.local_experts.E.linear_fc1.weight   mlp.experts.E.gate_proj ; up_proj
     decoder.layers.L.mlp.experts.local_experts.E.linear_fc2.weight   mlp.experts.E.down_proj
     decoder.layers.L.mlp.shared_experts.linear_fc1.weight  mlp.shared_expert.gate_proj ; up_proj
     decoder.layers.L.mlp.shared_experts.linear_fc2.weight  mlp.shared_expert.down_proj
     decoder.layers.L.mlp.shared_experts.gate_weight        mlp.shared_expert_gate.weight
-                                                           (glm4_moe: mlp.shared_experts.*, ungated)
+                                                           (glm4_moe, deepseek_v3: mlp.shared_experts.*, ungated)
     decoder.final_layernorm.weight                         model.norm.weight
     output_layer.weight                                    lm_head.weight (untied only)
 
@@ -106,27 +112,49 @@ def _mlp_rules(prefix: str, hf_prefix: str) -> list[Rule]:
 
 def _layer_rules(model: ModelConfig, layer: int) -> list[Rule]:
     p, h = f"decoder.layers.{layer}.", f"model.layers.{layer}."
-    a = f"{h}self_attn."
     rules = [
         Rule(f"{p}input_layernorm.weight", (f"{h}input_layernorm.weight",)),
-        Rule(
-            f"{p}self_attention.linear_qkv.weight",
-            (f"{a}q_proj.weight", f"{a}k_proj.weight", f"{a}v_proj.weight"),
-            "qkv",
-        ),
-        Rule(f"{p}self_attention.linear_proj.weight", (f"{a}o_proj.weight",)),
+        *_attention_rules(model, f"{p}self_attention.", f"{h}self_attn."),
         Rule(f"{p}pre_mlp_layernorm.weight", (f"{h}post_attention_layernorm.weight",)),
     ]
-    if model.add_qkv_bias:
-        rules.append(
-            Rule(f"{p}self_attention.linear_qkv.bias", (f"{a}q_proj.bias", f"{a}k_proj.bias", f"{a}v_proj.bias"), "qkv")
-        )
-    if model.qk_layernorm:
-        rules.append(Rule(f"{p}self_attention.q_layernorm.weight", (f"{a}q_norm.weight",)))
-        rules.append(Rule(f"{p}self_attention.k_layernorm.weight", (f"{a}k_norm.weight",)))
     if model.num_experts is None or layer < model.moe_first_dense_layers:
         return rules + _mlp_rules(f"{p}mlp.", f"{h}mlp.")
     return rules + _moe_rules(model, FAMILIES[model.architecture], p, h)
+
+
+def _attention_rules(model: ModelConfig, p: str, a: str) -> list[Rule]:
+    """Self-attention: fused q/k/v (query-group interleaved), or DeepSeek's latent attention, whose HF and
+    megatron projections hold the same rows in the same order (per head: no-position dims, then rotated ones)."""
+    if FAMILIES[model.architecture].mla:
+        return _latent_attention_rules(model, p, a)
+    rules = [
+        Rule(f"{p}linear_qkv.weight", (f"{a}q_proj.weight", f"{a}k_proj.weight", f"{a}v_proj.weight"), "qkv"),
+        Rule(f"{p}linear_proj.weight", (f"{a}o_proj.weight",)),
+    ]
+    if model.add_qkv_bias:
+        rules.append(Rule(f"{p}linear_qkv.bias", (f"{a}q_proj.bias", f"{a}k_proj.bias", f"{a}v_proj.bias"), "qkv"))
+    if model.qk_layernorm:
+        rules.append(Rule(f"{p}q_layernorm.weight", (f"{a}q_norm.weight",)))
+        rules.append(Rule(f"{p}k_layernorm.weight", (f"{a}k_norm.weight",)))
+    return rules
+
+
+def _latent_attention_rules(model: ModelConfig, p: str, a: str) -> list[Rule]:
+    if model.q_lora_rank is None:
+        query = [Rule(f"{p}linear_q_proj.weight", (f"{a}q_proj.weight",))]
+    else:
+        query = [
+            Rule(f"{p}linear_q_down_proj.weight", (f"{a}q_a_proj.weight",)),
+            Rule(f"{p}q_layernorm.weight", (f"{a}q_a_layernorm.weight",)),
+            Rule(f"{p}linear_q_up_proj.weight", (f"{a}q_b_proj.weight",)),
+        ]
+    return [
+        *query,
+        Rule(f"{p}linear_kv_down_proj.weight", (f"{a}kv_a_proj_with_mqa.weight",)),
+        Rule(f"{p}kv_layernorm.weight", (f"{a}kv_a_layernorm.weight",)),
+        Rule(f"{p}linear_kv_up_proj.weight", (f"{a}kv_b_proj.weight",)),
+        Rule(f"{p}linear_proj.weight", (f"{a}o_proj.weight",)),
+    ]
 
 
 def _moe_rules(model: ModelConfig, family: Family, p: str, h: str) -> list[Rule]:
@@ -240,7 +268,25 @@ def hf_shape(model: ModelConfig, hf_name: str) -> tuple[int, ...]:
         "mlp.gate.e_score_correction_bias": (model.num_experts,),
         "shared_expert_gate.weight": (1, h),
     }
+    if FAMILIES[model.architecture].mla:
+        latent = _latent_attention_shapes(model)  # first: `q_a_layernorm` before `layernorm`, its `o_proj` wins
+        shapes = {**latent, **{suffix: shape for suffix, shape in shapes.items() if suffix not in latent}}
     for suffix, shape in shapes.items():
         if hf_name.endswith(suffix):
             return shape
     raise KeyError(f"no shape known for HF tensor {hf_name!r}")
+
+
+def _latent_attention_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    heads, h = model.num_attention_heads, model.hidden_size
+    q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
+    return {
+        "self_attn.q_proj.weight": (heads * q_head, h),
+        "q_a_proj.weight": (model.q_lora_rank, h),
+        "q_a_layernorm.weight": (model.q_lora_rank,),
+        "q_b_proj.weight": (heads * q_head, model.q_lora_rank),
+        "kv_a_proj_with_mqa.weight": (model.kv_lora_rank + model.qk_pos_emb_head_dim, h),
+        "kv_a_layernorm.weight": (model.kv_lora_rank,),
+        "kv_b_proj.weight": (heads * (model.qk_head_dim + model.v_head_dim), model.kv_lora_rank),
+        "o_proj.weight": (h, heads * model.v_head_dim),
+    }

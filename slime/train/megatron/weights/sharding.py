@@ -2,6 +2,7 @@
 
     layout      parameters                                          rank r of n holds
     column      linear_qkv.weight/.bias                             rows r/n (whole query groups)
+                latent attention's q/kv down and up projections     rows r/n
     glu         linear_fc1.weight (dense, expert, shared expert)    [gate rows r/n ; up rows r/n]
     row         linear_proj.weight, linear_fc2.weight               columns r/n
     vocab       word_embeddings.weight, output_layer.weight         padded-vocab rows r/n
@@ -17,13 +18,19 @@ from __future__ import annotations
 import torch
 
 VOCAB_DIVISOR = 128  # megatron's --make-vocab-size-divisible-by default
+# latent attention's projections: megatron's local spec builds each a ColumnParallelLinear (the down-projections'
+# outputs are gathered again before their norms, `MLASelfAttention.get_query_key_value_tensors`)
+LATENT_COLUMNS = tuple(
+    f"{proj}.weight"
+    for proj in ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+)
 
 
 def tp_layout(name: str) -> str:
     """The layout (module docstring) of a megatron parameter name."""
     if name.endswith(("word_embeddings.weight", "output_layer.weight")):
         return "vocab"
-    if name.endswith(("linear_qkv.weight", "linear_qkv.bias")):
+    if name.endswith(("linear_qkv.weight", "linear_qkv.bias", *LATENT_COLUMNS)):
         return "column"
     if name.endswith("linear_fc1.weight"):
         return "glu"
