@@ -67,9 +67,14 @@ def test_the_new_families_options_match_their_published_totals(option, published
         ),
         (["model=tiny_deepseek_v3", "parallelism=megatron", "parallelism.cp=2"], "parallelism.cp", "rotates its own"),
         (
-            ["model=tiny_deepseek_v3", "model.moe_first_dense_layers=2", "parallelism=megatron", "parallelism.tp=2"],
+            [
+                "model=tiny_deepseek_v3",
+                "parallelism=megatron",
+                "parallelism.tp=2",
+                "parallelism.sequence_parallel=true",
+            ],
             "parallelism.tp",
-            "shared rotated key's gradient",
+            "only through Transformer Engine's layer spec",
         ),
     ],
 )

@@ -5,7 +5,6 @@ layout tests build (the MoE families with a random expert-score bias, so that it
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -48,7 +47,8 @@ def _one_layout(rank, layout, port, setup, batch) -> dict:
 
 def _rank_main(rank, cases, port, out):
     if any(setup.device == "cuda" for _, setup, _ in cases.values()):
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # one GPU per rank, as Ray gives each training actor
+        # one GPU per rank (megatron's import has initialised CUDA by now: CUDA_VISIBLE_DEVICES would be too late)
+        torch.cuda.set_device(rank)
     results = {}
     for name, (layout, setup, shards) in cases.items():
         result = _one_layout(rank, layout, port, setup, shards[layout.shard_of(rank)])
@@ -96,7 +96,9 @@ def assert_layouts_equal_one_rank(model_dir: str, base: list[str], layouts: dict
     for name, (_, _, shards) in cases.items():
         many = results[name]
         expected = torch.cat([by_sample[i] for i in shards[0].sample_indices])  # the owner's shard
-        torch.testing.assert_close(many["log_probs"], expected, rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(
+            many["log_probs"], expected, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
         grad_norm = many["steps"][0]["train/grad_norm"]
         assert grad_norm == pytest.approx(one["steps"][0]["train/grad_norm"], rel=1e-4), name
         pg_loss = many["steps"][0]["train/pg_loss"]

@@ -158,13 +158,6 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
     """The megatron backend's parallelism options against the model and the device."""
     p, m = cfg.parallelism, cfg.model
     family = FAMILIES.get(m.architecture)
-    if p.sequence_parallel and cfg.cluster.device == "cpu":
-        yield Problem(
-            "parallelism.sequence_parallel",
-            True,
-            "megatron-core's sequence parallelism needs CUDA (torch's norms reject it on CPU)",
-            "set parallelism.sequence_parallel=false for cluster.device=cpu",
-        )
     if p.sequence_parallel and p.tp == 1:
         yield Problem(
             "parallelism.sequence_parallel",
@@ -185,18 +178,19 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "parallelism.tp",
             p.tp,
             "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
-            "set parallelism.sequence_parallel=true (CUDA), or split experts with parallelism.ep instead of tp",
+            "set parallelism.sequence_parallel=true, or split experts with parallelism.ep instead of tp",
         )
-    elif family is not None and family.mla and p.tp > 1 and not p.sequence_parallel:
-        # MLASelfAttention.get_query_key_value_tensors: each tp rank's heads use the whole rotated key k_pos_emb,
-        # whose gradient only sequence parallelism's reduce-scatter sums over the ranks (without it a one-step
-        # grad norm on CPU was 0.2% off the single rank's, the log-probs equal)
+    if family is not None and family.mla and p.tp > 1:
+        # megatron's local spec splits the q/kv down-projections over tp (ColumnParallelLinear): each rank's heads
+        # then send their part of the shared rotated key's gradient to the rank holding its rows only
+        # (MLASelfAttention.get_query_key_value_tensors), and the latent norms' whole gradients are summed again
+        # over tp (finalize_model_grads, by name): a one-step grad norm on CPU was 0.1-0.2% off one rank's
         yield Problem(
             "parallelism.tp",
             p.tp,
-            "megatron-core's latent attention sums the shared rotated key's gradient over tp ranks only with "
-            "sequence parallelism",
-            "set parallelism.sequence_parallel=true (CUDA), or parallelism.tp=1",
+            "megatron-core's latent attention (model.architecture=deepseek_v3) trains with tensor parallelism only "
+            "through Transformer Engine's layer spec, which this backend does not build",
+            "set parallelism.tp=1 and split the model with parallelism.ep and parallelism.pp",
         )
     if family is not None and family.mla and p.cp > 1:
         yield Problem(

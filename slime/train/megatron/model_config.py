@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer import TransformerConfig, multi_latent_attention
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -186,25 +187,36 @@ def _recompute_fields(p: ParallelismConfig) -> dict[str, Any]:
 
 
 def layer_spec(config, vp_stage: int | None = None):
-    """megatron's local layer spec (RMSNorm, SequentialMLP experts) with `PackedAttention` as core attention; for a
-    model with dense and MoE layers (`moe_layer_freq` a list) or latent attention, the block spec of this stage's
-    layers, each so (`PackedLatentAttention` behind latent attention, which rotates q and k itself)."""
-    if isinstance(config.moe_layer_freq, list) or config.multi_latent_attention:
-        block = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage
-        )
-        core = PackedLatentAttention if config.multi_latent_attention else PackedAttention
-        for spec in {id(spec): spec for spec in block.layer_specs}.values():  # the dense one and the MoE one
-            spec.submodules.self_attention.submodules.core_attention = core
-        return block
-    spec = get_gpt_layer_local_spec(
-        num_experts=config.num_moe_experts,
-        moe_grouped_gemm=False,
-        qk_layernorm=config.qk_layernorm,
-        normalization="RMSNorm",
-    )
-    spec.submodules.self_attention.submodules.core_attention = PackedAttention
-    return spec
+    """The block spec of this stage's layers from megatron's local layer specs (SequentialMLP experts; dense and
+    MoE layers where `moe_layer_freq` is a list; latent attention where the config has it), with `PackedAttention`
+    as core attention (`PackedLatentAttention` behind latent attention, which rotates q and k itself) and every
+    norm a `TorchRMSNorm`."""
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage)
+    core = PackedLatentAttention if config.multi_latent_attention else PackedAttention
+    for spec in {id(spec): spec for spec in block.layer_specs}.values():  # one per kind of layer (dense, MoE)
+        layer = spec.submodules
+        layer.input_layernorm = layer.pre_mlp_layernorm = TorchRMSNorm
+        attention = layer.self_attention.submodules
+        attention.core_attention = core
+        for norm in ("q_layernorm", "k_layernorm", "kv_layernorm"):
+            if getattr(attention, norm, IdentityOp) is not IdentityOp:
+                setattr(attention, norm, TorchRMSNorm)
+    block.layer_norm = TorchRMSNorm
+    return block
+
+
+class TorchRMSNorm:
+    """torch's RMSNorm, as megatron's local spec builds it without Transformer Engine or apex (`WrappedTorchNorm`),
+    but with sequence parallelism, which WrappedTorchNorm refuses at construction: a norm computes each token alone,
+    so each tp rank normalises its own tokens, and the weight is marked `sequence_parallel` for megatron's
+    `finalize_model_grads` to sum its gradient over the tp ranks (`_allreduce_non_tensor_model_parallel_grads`),
+    as it does for Transformer Engine's norms."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **kwargs):
+        norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
 
 
 def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> list[torch.nn.Module]:
@@ -287,7 +299,10 @@ def _hidden_output(model, *, head: str) -> None:
 
     def forward(hidden, weight=None, runtime_gather_output=None):
         if layer.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+            # the backward takes this rank's tokens of the gradient, which is already whole on every rank: the
+            # vocab-parallel log-probs sum it over the tp ranks (`logprobs.copy_to_tensor_model_parallel_region`)
+            # and a value head's is the same on each; a reduce-scatter here would sum it tp times
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return hidden, None
 
     layer.forward = forward

@@ -69,8 +69,10 @@ def test_backend_option_rules():
         ["parallelism=megatron", "parallelism.sequence_parallel=true", "parallelism.tp=2", "parallelism.pp=2"]
         + ["parallelism.vpp=2", "cluster.actor.num_gpus_per_node=4"]
     )
-    assert "needs CUDA" in found["parallelism.sequence_parallel"]
+    assert "parallelism.sequence_parallel" not in found  # on CPU too (tests/train/megatron/test_parallel.py)
     assert "pair up wrongly on CPU" in found["parallelism.vpp"]
+    found = problems_for(["parallelism=megatron", "parallelism.sequence_parallel=true"])
+    assert "splits over tp ranks, and tp=1" in found["parallelism.sequence_parallel"]
     found = problems_for(["parallelism=megatron", "parallelism.recompute.method=uniform"])
     assert "granularity=full only" in found["parallelism.recompute"]
     found = problems_for(["parallelism.recompute.granularity=full", "parallelism.compile_layers=true"])  # fsdp
