@@ -8,6 +8,7 @@ so nothing about this machine (its GPUs, its files) is checked, and their GPU co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from slime.plan.derive import derive
+from slime.plan.memory import GIB, estimate_memory
 from slime.plan.validate import collect_problems
 from tests.helpers.compose import CONF, ROOT, fake_hf_dir, group_options, typed_config
 
@@ -49,7 +51,7 @@ def selected_options(path: Path) -> dict[str, str]:
 
 
 def test_recipes_are_found_recursively_and_counted():
-    assert (len(ALL), len(TOP), len(GPU)) == (31, 18, 13), [recipe_name(p) for p in ALL]
+    assert (len(ALL), len(TOP), len(GPU)) == (33, 18, 15), [recipe_name(p) for p in ALL]
     assert set(ALL) == set(TOP) | set(GPU)
     # test_config validates every top-level recipe: its option list is exactly these.
     assert sorted(o for g, o in group_options() if g == "recipe") == sorted(p.stem for p in TOP)
@@ -108,4 +110,10 @@ def test_gpu_recipe_composes_and_validates_on_cpu(path, tmp_path):
     problems = [str(p) for p in collect_problems(cfg) if not getattr(p, "machine", False)]
     assert problems == []
     assert cfg.cluster.device == "cuda"
-    assert derive(cfg).total_gpus == int(header(path)["GPUs"].split()[0])
+    derived = derive(cfg)
+    assert derived.total_gpus == int(header(path)["GPUs"].split()[0])
+    # the layout fits the 80 GB cards the headers name, by the dry run's estimate (slime/plan/memory.py)
+    estimate = estimate_memory(
+        dataclasses.replace(cfg, debug=dataclasses.replace(cfg.debug, gpu_memory_gib=80.0)), derived
+    )
+    assert estimate.warnings() == [] and estimate.peak <= 80 * GIB, estimate.warnings()
