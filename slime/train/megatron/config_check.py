@@ -180,30 +180,37 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
             "set parallelism.sequence_parallel=true, or split experts with parallelism.ep instead of tp",
         )
-    if family is not None and family.mla and p.tp > 1:
-        # megatron's local spec splits the q/kv down-projections over tp (ColumnParallelLinear): each rank's heads
-        # then send their part of the shared rotated key's gradient to the rank holding its rows only
-        # (MLASelfAttention.get_query_key_value_tensors), and the latent norms' whole gradients are summed again
-        # over tp (finalize_model_grads, by name): a one-step grad norm on CPU was 0.1-0.2% off one rank's
-        yield Problem(
-            "parallelism.tp",
-            p.tp,
-            "megatron-core's latent attention (model.architecture=deepseek_v3) trains with tensor parallelism only "
-            "through Transformer Engine's layer spec, which this backend does not build",
-            "set parallelism.tp=1 and split the model with parallelism.ep and parallelism.pp",
-        )
-    if family is not None and family.mla and p.cp > 1:
-        yield Problem(
-            "parallelism.cp",
-            p.cp,
-            "latent attention (model.architecture=deepseek_v3) rotates its own q and k, which this backend's "
-            "zigzag context-parallel split of packed samples does not give it",
-            "set parallelism.cp=1",
-        )
+    if family is not None and family.mla:
+        yield from _check_latent_attention(p)
     yield from _check_pipeline_stages(cfg)
     yield from _check_recompute(cfg)
     if family is not None and family.grouped_moe:
         yield from _check_grouped_router(m)
+
+
+# megatron's local spec splits latent attention's q/kv down-projections over tp (ColumnParallelLinear): each rank's
+# heads then send their part of the shared rotated key's gradient to the rank holding its rows only
+# (MLASelfAttention.get_query_key_value_tensors), and the latent norms' whole gradients are summed again over tp
+# (finalize_model_grads, by name): a one-step grad norm on CPU was 0.1-0.2% off one rank's
+LATENT_ATTENTION_SPLITS = {
+    "tp": (
+        "megatron-core's latent attention (model.architecture=deepseek_v3) trains with tensor parallelism only "
+        "through Transformer Engine's layer spec, which this backend does not build",
+        "set parallelism.tp=1 and split the model with parallelism.ep and parallelism.pp",
+    ),
+    "cp": (
+        "latent attention (model.architecture=deepseek_v3) rotates its own q and k, which this backend's zigzag "
+        "context-parallel split of packed samples does not give it",
+        "set parallelism.cp=1",
+    ),
+}
+
+
+def _check_latent_attention(p) -> Iterator[Problem]:
+    """The parallel splits of latent attention this backend refuses (`LATENT_ATTENTION_SPLITS`)."""
+    for key, (why, fix) in LATENT_ATTENTION_SPLITS.items():
+        if getattr(p, key) > 1:
+            yield Problem(f"parallelism.{key}", getattr(p, key), why, fix)
 
 
 def _check_grouped_router(m) -> Iterator[Problem]:
