@@ -54,10 +54,10 @@ def _strided(indices: torch.Tensor, taken: torch.Tensor, part: str) -> StridedPa
     """The view of `indices` (contiguous) equal to `taken`, its elements chosen by the conversion."""
     flat = taken.reshape(-1)
     offset = int(flat[0]) if flat.numel() else 0
-    stride = []
+    stride = []  # along each dimension, the index one step on (any stride fits a dimension of size 1)
     for dim, size in enumerate(taken.shape):
         step = [0] * taken.dim()
-        step[dim] = 1 if size > 1 else 0
+        step[dim] = 1
         stride.append(int(taken[tuple(step)]) - offset if size > 1 else 1)
     part_view = StridedPart(size=tuple(taken.shape), stride=tuple(stride), offset=offset)
     if not torch.equal(part_view.of(indices), taken):

@@ -52,13 +52,15 @@ def make_checkpoint(family: str, root: str | Path, **overrides) -> ModelConfig:
 
 def with_random_expert_bias(model: ModelConfig, seed: int = 0) -> None:
     """Give every router of `model`'s checkpoint a random expert-score bias (created at 0, as transformers
-    initialises it), so that a check exercises the bias: it changes which experts are chosen, not their weights."""
+    initialises it), so that a check exercises the bias: it changes which experts are chosen, not their weights. A
+    checkpoint without one (no such router, or every layer dense) is left as it is."""
     from safetensors.torch import load_file, save_file
 
     path = Path(model.hf_checkpoint) / "model.safetensors"
     tensors = load_file(path)
     generator = torch.Generator().manual_seed(seed)
-    for name, tensor in tensors.items():
-        if name.endswith("mlp.gate.e_score_correction_bias"):
-            tensors[name] = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype) * 0.2
-    save_file(tensors, path, metadata={"format": "pt"})
+    biases = sorted(name for name in tensors if name.endswith("mlp.gate.e_score_correction_bias"))
+    for name in biases:
+        tensors[name] = torch.rand(tensors[name].shape, generator=generator, dtype=tensors[name].dtype) * 0.2
+    if biases:
+        save_file(tensors, path, metadata={"format": "pt"})

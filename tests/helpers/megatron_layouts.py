@@ -21,12 +21,11 @@ RANK_DIMS = {field.name for field in dataclasses.fields(RankLayout)}
 
 
 def tiny_option_dir(option: str, overrides: list[str], root) -> str:
-    """The tiny `option` (with `overrides`) created under `root`; a router's expert-score bias made random."""
+    """The tiny `option` (with `overrides`) created under `root`; its routers' expert-score bias, where it has one,
+    made random."""
     model = typed_config([f"model={option}", *overrides]).model
     path = str(create_tiny_model(model, root))
-    if model.num_experts and model.moe_first_dense_layers < model.num_layers:
-        if model.architecture in ("glm4_moe", "deepseek_v3"):
-            with_random_expert_bias(dataclasses.replace(model, hf_checkpoint=path))
+    with_random_expert_bias(dataclasses.replace(model, hf_checkpoint=path))
     return path
 
 

@@ -230,7 +230,8 @@ def build_model_chunks(model_cfg: ModelConfig, config, *, head: str = "lm") -> l
         _moe_without_te()
     if config.multi_latent_attention:
         _latent_attention_without_te()
-    rope.rotary_embedding(model_cfg, config)  # a rope_scaling megatron lacks fails here, before anything is built
+    if not config.multi_latent_attention:  # (latent attention's RoPE was read into the config: `transformer_config`)
+        rope.rope_kwargs(model_cfg)  # a rope_scaling megatron lacks fails here, before anything is built
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for stage in range(vpp or 1):

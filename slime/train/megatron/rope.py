@@ -79,7 +79,6 @@ def rotary_embedding(model_cfg: ModelConfig, config):
     """megatron's RotaryEmbedding with the arguments GPTModel would give it (base, percent, llama3 scaling); None
     for latent attention, whose layers rotate q and k themselves (`latent_rope_fields`)."""
     if config.multi_latent_attention:
-        latent_rope_fields(model_cfg)
         return None
     return RotaryEmbedding(
         kv_channels=config.kv_channels,

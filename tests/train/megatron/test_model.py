@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
 
-from slime.assets.tiny_model import create_tiny_model  # noqa: E402
 from slime.net import free_port  # noqa: E402
 from slime.train.layout import RankLayout  # noqa: E402
-from tests.helpers.compose import typed_config  # noqa: E402
 from tests.helpers.fsdp_rank import batches_for, make_samples, make_setup  # noqa: E402
-from tests.helpers.megatron_checkpoints import with_random_expert_bias  # noqa: E402
+from tests.helpers.megatron_layouts import tiny_option_dir  # noqa: E402
 from tests.helpers.megatron_logprobs import hf_log_probs, megatron_run  # noqa: E402
 
 MODEL_OF_KIND = {
@@ -40,10 +36,7 @@ def test_log_probs_equal_transformers(kind, tiny_model_dir, tmp_path):
     option, model_overrides = OPTIONS_OF_KIND.get(kind, (MODEL_OF_KIND.get(kind), []))
     if option is not None:
         overrides[:0] = [f"model={option}", *model_overrides]
-        model = typed_config([f"model={option}", *model_overrides]).model
-        model_dir = str(create_tiny_model(model, tmp_path / kind))
-        if model.architecture in ("glm4_moe", "deepseek_v3"):
-            with_random_expert_bias(dataclasses.replace(model, hf_checkpoint=model_dir))
+        model_dir = tiny_option_dir(option, model_overrides, tmp_path / kind)
     setup = make_setup(model_dir, overrides)
     batch = batches_for(make_samples(6, seed=5), dp=1, k=1)[0]
     ours = megatron_run(setup, batch, 29650 + [*MODEL_OF_KIND, *OPTIONS_OF_KIND].index(kind))["log_probs"]
