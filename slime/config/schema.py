@@ -160,6 +160,11 @@ class ParallelismConfig:
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
     vpp: Optional[int] = None
+    # megatron backend: decoder layers of the first / last pipeline stage (None: an equal share), the others split
+    # the rest equally, as megatron's num_layers_in_first/last_pipeline_stage (slime's --decoder-first/last-pipeline-
+    # num-layers): DeepSeek-V3's 61 layers split over no pp equally
+    pp_first_stage_layers: Optional[int] = None
+    pp_last_stage_layers: Optional[int] = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     compile_layers: bool = False  # megatron backend: torch.compile each transformer layer; CUDA only
     # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core

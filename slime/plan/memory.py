@@ -7,8 +7,9 @@ router and shared experts), norms 2·H (+ q/k norms, biases)] + final norm H, wi
     fsdp      s = N / (dp·tp): FSDP2 shards parameters, gradients and optimizer state over every rank;
               weights 4 B (fp32 parameters; bf16 is autocast compute), gradients 4 B, optimizer 8 B
               (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
-    megatron  s = N / (tp·pp); weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads),
-              optimizer 12 B (fp32 master copy + m + v) further divided by dp (distributed optimizer)
+    megatron  s = N / (tp·pp) (for unequal pipeline stages N·tp⁻¹ times the fullest stage's share of the layers);
+              weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads), optimizer 12 B (fp32 master
+              copy + m + v) further divided by dp (distributed optimizer)
     reference model (KL terms), distillation teacher (algo.use_opd): fsdp each N · 2 B (bf16) or 4 B (a
               whole transformers model on every rank), 0 with train.ref_offload (on the GPU only for its
               forward); megatron 0 (host copies swapped into the policy's tensors for their forward)
@@ -59,6 +60,7 @@ from slime.model_shape import (
     v_head_width,
 )
 from slime.registry import ENGINES, TRAIN_BACKENDS
+from slime.train.layout import pipeline_stage_layers
 
 GIB = 1 << 30
 ASSUMED_PROMPT_TOKENS = 1024
@@ -188,7 +190,8 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
         # Experts are split by ep x etp and their optimizer state over the expert-data-parallel ranks
         # (world / (ep x etp x pp)), which are fewer than the dense parameters' dp ranks.
         experts = _expert_parameters(cfg)
-        dense, expert = (n - experts) / max(p.tp * p.pp, 1), experts / max(p.ep * p.etp * p.pp, 1)
+        share = _fullest_stage_share(cfg)
+        dense, expert = (n - experts) * share / max(p.tp, 1), experts * share / max(p.ep * p.etp, 1)
         shard = dense + expert
         world = derived.dp_size * p.tp * p.pp * p.cp
         state = {"weights": (2 if bf16 else 4) * shard, "gradients": 4 * shard}
@@ -209,6 +212,16 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     state["activations"] = acts
     state["logits"] = 2 * LOGITS_CHUNK_TOKENS * m.vocab_size * 4
     return state
+
+
+def _fullest_stage_share(cfg: RunConfig) -> float:
+    """The share of the layers on the fullest pipeline stage: 1/pp where the stages are equal."""
+    p, layers = cfg.parallelism, cfg.model.num_layers
+    try:
+        stages = pipeline_stage_layers(layers, p.pp, first=p.pp_first_stage_layers, last=p.pp_last_stage_layers)
+    except ValueError:  # the backend's validation names the split it refuses; the estimate is of an equal one
+        return 1 / max(p.pp, 1)
+    return max(stages) / layers
 
 
 def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:

@@ -107,3 +107,22 @@ class RankLayout:
         return [
             self.rank_of(dp_rank=c.dp_rank, tp_rank=t, cp_rank=c.cp_rank, pp_rank=c.pp_rank) for t in range(self.tp)
         ]
+
+
+def pipeline_stage_layers(
+    num_layers: int, pp: int, *, first: int | None = None, last: int | None = None
+) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage, in stage order: `first` and `last` where given (megatron's
+    num_layers_in_first/last_pipeline_stage), the remaining layers split equally over the other stages (every
+    stage equal where neither is given). ValueError where they do not split so."""
+    ends = {0: first, pp - 1: last} if pp > 1 else {0: first}
+    fixed = {stage: n for stage, n in ends.items() if n is not None}
+    if any(n < 1 for n in fixed.values()):
+        raise ValueError(f"a pipeline stage needs at least one layer: first={first}, last={last}")
+    rest, middle = num_layers - sum(fixed.values()), pp - len(fixed)
+    if (middle == 0 and rest != 0) or (middle > 0 and (rest < middle or rest % middle)):
+        raise ValueError(
+            f"{num_layers} layers over {pp} pipeline stages (first={first}, last={last}): the other "
+            f"{middle} stage(s) cannot share the remaining {rest} equally"
+        )
+    return tuple(fixed.get(stage, rest // middle if middle else 0) for stage in range(pp))

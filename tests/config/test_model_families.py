@@ -66,15 +66,11 @@ def test_the_new_families_options_match_their_published_totals(option, published
             "by its top 2",
         ),
         (["model=tiny_deepseek_v3", "parallelism=megatron", "parallelism.cp=2"], "parallelism.cp", "rotates its own"),
+        (["model=tiny_deepseek_v3", "parallelism=megatron", "parallelism.tp=2"], "parallelism.tp", "latent attention"),
         (
-            [
-                "model=tiny_deepseek_v3",
-                "parallelism=megatron",
-                "parallelism.tp=2",
-                "parallelism.sequence_parallel=true",
-            ],
-            "parallelism.tp",
-            "only through Transformer Engine's layer spec",
+            ["model=tiny_glm4_moe", "parallelism=megatron", "parallelism.tp=2", "parallelism.sequence_parallel=true"],
+            "parallelism.etp",
+            "sums the experts' gradients over the data-parallel ranks only",
         ),
     ],
 )

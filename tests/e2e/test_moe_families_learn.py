@@ -17,9 +17,11 @@ import pytest
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py, rewards, run_concurrently, selected_runs
 
-pytestmark = pytest.mark.slow
+# four runs of ~2 min alone, two at a time, several times slower beside the unit tests (pytest-timeout's 600 s
+# default once ended the module's fixture on CI)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
-RUN_TIMEOUT_S = 1800  # ~2 min alone; several times that beside the unit tests and other runs
+RUN_TIMEOUT_S = 1800
 CASES = {
     f"{option}-{backend}": [f"model={option}", f"parallelism={backend}"]
     for option in ("tiny_glm4_moe", "tiny_deepseek_v3")

@@ -98,7 +98,7 @@ def assert_layouts_equal_one_rank(model_dir: str, base: list[str], layouts: dict
         torch.testing.assert_close(
             many["log_probs"], expected, rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
         )
-        grad_norm = many["steps"][0]["train/grad_norm"]
-        assert grad_norm == pytest.approx(one["steps"][0]["train/grad_norm"], rel=1e-4), name
+        grad_norm, one_norm = many["steps"][0]["train/grad_norm"], one["steps"][0]["train/grad_norm"]
+        assert grad_norm == pytest.approx(one_norm, rel=1e-4), f"{name}: grad norm {grad_norm} vs one rank's {one_norm}"
         pg_loss = many["steps"][0]["train/pg_loss"]
         assert pg_loss == pytest.approx(one["steps"][0]["train/pg_loss"], rel=1e-4, abs=1e-6), name

@@ -116,6 +116,16 @@ def test_moe_parameters_count_every_expert_and_megatron_splits_them_by_ep():
     assert est.train["optimizer"] == pytest.approx(12 * (dense / 4 + experts / 8 / 2))
 
 
+def test_unequal_pipeline_stages_count_the_fullest_stage():
+    """DeepSeek-V3's 61 layers over pp 4 with 13 on the last stage: a GPU of the first three holds 16/61 of the
+    model's tp (and ep) share, where equal stages would hold a quarter."""
+    cfg = typed_config(["recipe=gpu/deepseek_v3_grpo", "data.prompt_data=/nonexistent/train.jsonl", "debug=dry_run"])
+    n = parameter_count(cfg)[0]
+    experts = 58 * 256 * 3 * 7168 * 2048  # 58 MoE layers of 256 routed experts
+    est = estimate_memory(cfg, derive(cfg))
+    assert est.train["gradients"] == pytest.approx(4 * 16 / 61 * ((n - experts) / 8 + experts / 64))  # tp 8, ep 64
+
+
 def test_frozen_models_take_gpu_memory_where_the_backend_keeps_them_there():
     """fsdp holds the reference and the teacher whole on every rank's GPU (bf16: 2 B a parameter, not sharded)
     unless train.ref_offload; megatron swaps host copies into the policy's own tensors, so they take none."""

@@ -20,6 +20,7 @@ from slime.config.hf_config import FAMILIES
 from slime.config.problems import Problem, did_you_mean
 from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
+from slime.train.layout import pipeline_stage_layers
 
 # The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).
 MEGATRON_CONFIG_CLASSES = (
@@ -47,10 +48,15 @@ def megatron_config_fields() -> Optional[dict[str, str]]:
     return fields
 
 
+# the layers of the outer pipeline stages, where they differ from the others'
+UNEVEN_STAGE_KEYS = ("pp_first_stage_layers", "pp_last_stage_layers")
+
 # megatron-core fields the typed config decides -> the config key that sets them.
 MEGATRON_OWNED = {
     "tensor_model_parallel_size": "parallelism.tp",
     "pipeline_model_parallel_size": "parallelism.pp",
+    "num_layers_in_first_pipeline_stage": "parallelism.pp_first_stage_layers",
+    "num_layers_in_last_pipeline_stage": "parallelism.pp_last_stage_layers",
     "context_parallel_size": "parallelism.cp",
     "expert_model_parallel_size": "parallelism.ep",
     "expert_tensor_parallel_size": "parallelism.etp",
@@ -142,6 +148,7 @@ def check_unchosen(cfg: RunConfig) -> Iterator[Problem]:
             yield from megatron_problems(dict(p.megatron), fields)
     for key, value in (
         ("vpp", p.vpp),
+        *((key, getattr(p, key)) for key in UNEVEN_STAGE_KEYS),
         ("recompute.granularity", p.recompute.granularity),
         ("compile_layers", p.compile_layers or None),
     ):
@@ -180,6 +187,17 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
             "set parallelism.sequence_parallel=true, or split experts with parallelism.ep instead of tp",
         )
+    if has_moe_layers and p.ep == 1 and p.tp > 1 and p.etp != p.tp:
+        # megatron marks experts `allreduce` without expert parallelism (ColumnParallelLinear: `not (is_expert and
+        # expert_parallel)`) and its DDP then sums their gradients over the data-parallel ranks only: experts whole
+        # on every tp rank, each computing its own sequence-parallel tokens, would each learn from those alone
+        yield Problem(
+            "parallelism.etp",
+            p.etp,
+            f"with parallelism.ep=1 megatron-core sums the experts' gradients over the data-parallel ranks only, so "
+            f"they must split over the tp={p.tp} ranks as megatron's default does (etp = tp)",
+            f"set parallelism.etp={p.tp}, or parallelism.ep > 1",
+        )
     if family is not None and family.mla:
         yield from _check_latent_attention(p)
     yield from _check_pipeline_stages(cfg)
@@ -188,15 +206,15 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
         yield from _check_grouped_router(m)
 
 
-# megatron's local spec splits latent attention's q/kv down-projections over tp (ColumnParallelLinear): each rank's
-# heads then send their part of the shared rotated key's gradient to the rank holding its rows only
-# (MLASelfAttention.get_query_key_value_tensors), and the latent norms' whole gradients are summed again over tp
-# (finalize_model_grads, by name): a one-step grad norm on CPU was 0.1-0.2% off one rank's
+# Latent attention's shared rotated key is computed whole on every tp rank (its down-projection is duplicated,
+# `model_config._duplicated_linear`): only a sequence-parallel split sums its gradient over every rank's heads (the
+# sequence gather's backward); without one each rank keeps its own heads' part, and megatron's `finalize_model_grads`
+# sums the whole latent q-norm gradient over tp again, by name
 LATENT_ATTENTION_SPLITS = {
     "tp": (
-        "megatron-core's latent attention (model.architecture=deepseek_v3) trains with tensor parallelism only "
-        "through Transformer Engine's layer spec, which this backend does not build",
-        "set parallelism.tp=1 and split the model with parallelism.ep and parallelism.pp",
+        "megatron-core's latent attention (model.architecture=deepseek_v3) splits over tp ranks only with sequence "
+        "parallelism",
+        "set parallelism.sequence_parallel=true, or parallelism.tp=1",
     ),
     "cp": (
         "latent attention (model.architecture=deepseek_v3) rotates its own q and k, which this backend's zigzag "
@@ -208,8 +226,9 @@ LATENT_ATTENTION_SPLITS = {
 
 def _check_latent_attention(p) -> Iterator[Problem]:
     """The parallel splits of latent attention this backend refuses (`LATENT_ATTENTION_SPLITS`)."""
+    refused = {"tp": p.tp > 1 and not p.sequence_parallel, "cp": p.cp > 1}
     for key, (why, fix) in LATENT_ATTENTION_SPLITS.items():
-        if getattr(p, key) > 1:
+        if refused[key]:
             yield Problem(f"parallelism.{key}", getattr(p, key), why, fix)
 
 
@@ -235,37 +254,59 @@ def _check_grouped_router(m) -> Iterator[Problem]:
 
 
 def _check_pipeline_stages(cfg: RunConfig) -> Iterator[Problem]:
-    """The layers split into pp (x vpp virtual) equal stages."""
+    """The layers split into pp (x vpp virtual) equal stages, or pp stages of which the first and last hold
+    `pp_first_stage_layers` / `pp_last_stage_layers` and the others the rest equally."""
     p, m = cfg.parallelism, cfg.model
-    if p.vpp is not None:
-        if p.pp < 2 or p.vpp < 2:
-            yield Problem(
-                "parallelism.vpp",
-                p.vpp,
-                f"virtual pipeline stages need pp >= 2 and vpp >= 2 (pp={p.pp})",
-                "set parallelism.vpp=null or raise parallelism.pp",
-            )
-        elif p.pp == 2 and cfg.cluster.device == "cpu":
-            yield Problem(
-                "parallelism.vpp",
-                p.vpp,
-                "with pp=2 both pipeline neighbours are one gloo peer, and the interleaved schedule's batched"
-                " sends in both directions pair up wrongly on CPU (measured: wrong gradients)",
-                "use pp >= 4 with vpp on CPU, or parallelism.vpp=null",
-            )
-        elif m.num_layers % (p.pp * p.vpp):
-            yield Problem(
-                "parallelism.vpp",
-                p.vpp,
-                f"model.num_layers={m.num_layers} does not split into pp·vpp={p.pp * p.vpp} equal stages",
-                "pick pp and vpp whose product divides model.num_layers",
-            )
-    elif p.pp > 1 and m.num_layers % p.pp:
+    uneven = {k: v for k in UNEVEN_STAGE_KEYS if (v := getattr(p, k)) is not None}
+    if uneven and (p.pp < 2 or p.vpp is not None):
+        key = next(iter(uneven))
         yield Problem(
-            "parallelism.pp",
-            p.pp,
-            f"model.num_layers={m.num_layers} does not split into {p.pp} equal stages",
-            "pick a pp dividing model.num_layers",
+            f"parallelism.{key}",
+            uneven[key],
+            f"sets the layers of an outer pipeline stage, for pp >= 2 without virtual stages (pp={p.pp}, vpp={p.vpp})",
+            f"remove parallelism.{key}, or set parallelism.pp >= 2 and parallelism.vpp=null",
+        )
+        return
+    if p.vpp is not None:
+        yield from _check_virtual_stages(cfg)
+    elif p.pp > 1:
+        first, last = p.pp_first_stage_layers, p.pp_last_stage_layers
+        try:
+            pipeline_stage_layers(m.num_layers, p.pp, first=first, last=last)
+        except ValueError as error:
+            key = next(iter(uneven), "pp")
+            yield Problem(
+                f"parallelism.{key}",
+                getattr(p, key),
+                f"model.num_layers={m.num_layers}: {error}",
+                "pick a pp dividing model.num_layers, or set parallelism.pp_first_stage_layers and/or "
+                "pp_last_stage_layers so that the other stages share the rest equally",
+            )
+
+
+def _check_virtual_stages(cfg: RunConfig) -> Iterator[Problem]:
+    p, m = cfg.parallelism, cfg.model
+    if p.pp < 2 or p.vpp < 2:
+        yield Problem(
+            "parallelism.vpp",
+            p.vpp,
+            f"virtual pipeline stages need pp >= 2 and vpp >= 2 (pp={p.pp})",
+            "set parallelism.vpp=null or raise parallelism.pp",
+        )
+    elif p.pp == 2 and cfg.cluster.device == "cpu":
+        yield Problem(
+            "parallelism.vpp",
+            p.vpp,
+            "with pp=2 both pipeline neighbours are one gloo peer, and the interleaved schedule's batched"
+            " sends in both directions pair up wrongly on CPU (measured: wrong gradients)",
+            "use pp >= 4 with vpp on CPU, or parallelism.vpp=null",
+        )
+    elif m.num_layers % (p.pp * p.vpp):
+        yield Problem(
+            "parallelism.vpp",
+            p.vpp,
+            f"model.num_layers={m.num_layers} does not split into pp·vpp={p.pp * p.vpp} equal stages",
+            "pick pp and vpp whose product divides model.num_layers",
         )
 
 

@@ -139,6 +139,8 @@ def _layout_fields(p: ParallelismConfig, params_dtype: torch.dtype) -> dict[str,
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
         virtual_pipeline_model_parallel_size=p.vpp,
+        num_layers_in_first_pipeline_stage=p.pp_first_stage_layers,
+        num_layers_in_last_pipeline_stage=p.pp_last_stage_layers,
         context_parallel_size=p.cp,
         expert_model_parallel_size=p.ep,
         expert_tensor_parallel_size=p.etp,
@@ -201,8 +203,22 @@ def layer_spec(config, vp_stage: int | None = None):
         for norm in ("q_layernorm", "k_layernorm", "kv_layernorm"):
             if getattr(attention, norm, IdentityOp) is not IdentityOp:
                 setattr(attention, norm, TorchRMSNorm)
+        if config.multi_latent_attention:
+            attention.linear_q_down_proj = attention.linear_kv_down_proj = _duplicated_linear()
     block.layer_norm = TorchRMSNorm
     return block
+
+
+def _duplicated_linear() -> type:
+    """Latent attention's q/kv down-projections as megatron's duplicated `Linear` (whole weight on every tp rank, as
+    Transformer Engine's spec builds them, `TELinear(parallel_mode="duplicated")`): under sequence parallelism each
+    rank projects its own tokens and the shared rotated key is gathered over the sequence, whose backward sums
+    every rank's heads' gradient (`MLASelfAttention.get_query_key_value_tensors`); the weights are marked
+    `sequence_parallel` for `finalize_model_grads` to sum over tp. The local spec's ColumnParallelLinear instead
+    hands each rank's heads' part of that key's gradient only to the rank holding its rows."""
+    if multi_latent_attention.Linear is None:  # megatron imports it with its Transformer Engine extension
+        raise RuntimeError("megatron-core's latent attention did not import its duplicated Linear")
+    return multi_latent_attention.Linear
 
 
 class TorchRMSNorm:

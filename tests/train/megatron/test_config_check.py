@@ -3,12 +3,15 @@ backend's own option rules; all before anything starts (exit 2 through ConfigErr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
+import torch
 
 from slime.config.problems import ConfigError
 from slime.plan.validate import validate
+from slime.train.layout import pipeline_stage_layers
 from slime.train.megatron import config_check
 from slime.train.megatron.config_check import MEGATRON_OWNED, megatron_config_fields, megatron_problems
 from tests.helpers.compose import typed_config
@@ -86,3 +89,41 @@ def test_backend_option_rules():
         ["model=tiny_qwen3_moe", "parallelism=megatron", "parallelism.tp=2", "cluster.actor.num_gpus_per_node=2"]
     )
     assert "only together with sequence parallelism" in found["parallelism.tp"]
+
+
+def test_unequal_pipeline_stages():
+    """DeepSeek-V3's 61 layers over pp 4: no equal split; 16, 16, 16, 13 or 10, 15, 15, 21 ..."""
+    four = [
+        "model=deepseek_v3",
+        "parallelism=megatron",
+        "cluster.ray_address=auto",
+        "cluster.actor.num_gpus_per_node=4",
+    ]
+    found = problems_for([*four, "parallelism.pp=4"])
+    assert "cannot share the remaining 61 equally" in found["parallelism.pp"]
+    for split in ("parallelism.pp_last_stage_layers=13", "parallelism.pp_first_stage_layers=10"):
+        # the run still lacks a checkpoint, prompts and a reward; nothing about its split
+        assert not [key for key in problems_for([*four, "parallelism.pp=4", split]) if key.startswith("parallelism")]
+    found = problems_for([*four, "parallelism.pp=4", "parallelism.pp_first_stage_layers=12"])
+    assert "the other 3 stage(s) cannot share the remaining 49" in found["parallelism.pp_first_stage_layers"]
+    found = problems_for(["parallelism=megatron", "parallelism.pp_last_stage_layers=2"])
+    assert "for pp >= 2 without virtual stages" in found["parallelism.pp_last_stage_layers"]
+    found = problems_for(["parallelism.pp_first_stage_layers=2"])  # fsdp
+    assert "the fsdp backend would ignore it" in found["parallelism.pp_first_stage_layers"]
+    assert pipeline_stage_layers(61, 4, last=13) == (16, 16, 16, 13)
+    assert pipeline_stage_layers(61, 4, first=13, last=16) == (13, 16, 16, 16)
+    assert pipeline_stage_layers(61, 1) == (61,)
+
+
+def test_unequal_stages_are_what_megatron_builds():
+    """megatron-core's own count of each stage's layers (`get_num_layers_to_build`) from the config we give it."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from slime.train.megatron.model_config import transformer_config
+
+    cfg = typed_config(["model=deepseek_v3", "parallelism=megatron", "parallelism.pp=4"])
+    for first, last in ((None, 13), (13, None), (13, 16)):
+        p = dataclasses.replace(cfg.parallelism, pp_first_stage_layers=first, pp_last_stage_layers=last)
+        config = transformer_config(cfg.model, p, params_dtype=torch.float32, device="cpu")
+        built = tuple(get_num_layers_to_build(config, pp_rank=stage) for stage in range(4))
+        assert built == pipeline_stage_layers(61, 4, first=first, last=last), (first, last)

@@ -3,8 +3,9 @@
 Each case spawns the layout's ranks, computes forward-only log-probs of one shard, then runs one
 optimizer step; the owner rank's log-probs must equal the single rank's to 1e-5 and the step's grad
 norm to 1e-4 (relative). Layouts: TP=2 (without and with sequence parallelism), PP=2, CP=2 on the tiny dense
-model; EP=2 on the tiny MoE; EP=2 and PP=2 on the tiny GLM-4.5 and DeepSeek-V3, and TP=2 with sequence parallelism
-on GLM-4.5 (the megatron backend refuses latent attention with tp > 1).
+model; EP=2 on the tiny MoE; EP=2, PP=2 and TP=2 with sequence parallelism on the tiny GLM-4.5 (experts split over
+tp) and DeepSeek-V3 (experts over ep 2): megatron splits MoE layers, and latent attention, over tp with sequence
+parallelism only.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ from tests.helpers.megatron_layouts import (  # noqa: E402
 )
 
 SEQUENCE_PARALLEL = {"tp": 2, "sequence_parallel": True}
+# megatron sums experts' gradients over tp ranks only through expert parallelism, or with the experts split over tp
+EXPERTS_OVER_TP = {**SEQUENCE_PARALLEL, "etp": 2}
+EXPERTS_OVER_EP = {**SEQUENCE_PARALLEL, "ep": 2}
 LAYOUTS = {
     "dense": {"tp2": {"tp": 2}, "tp2_sp": SEQUENCE_PARALLEL, "pp2": {"pp": 2}, "cp2": {"cp": 2}},
     # experts split over the two data-parallel ranks
     "moe": {"ep2": {"dp": 2, "ep": 2}},
     # GLM-4.5's and DeepSeek-V3's layers (a dense first layer; sigmoid router with a random expert-score bias, a
-    # shared expert; DeepSeek's latent attention); pp 2 puts the dense layer and the MoE layer on different stages;
-    # megatron splits MoE layers over tp with sequence parallelism only, and latent attention not at all
-    "glm4_moe": {"ep2": {"dp": 2, "ep": 2}, "pp2": {"pp": 2}, "tp2_sp": SEQUENCE_PARALLEL},
-    "deepseek_v3": {"ep2": {"dp": 2, "ep": 2}, "pp2": {"pp": 2}},
+    # shared expert; DeepSeek's latent attention); pp 2 puts the dense layer and the MoE layer on different stages
+    "glm4_moe": {"ep2": {"dp": 2, "ep": 2}, "pp2": {"pp": 2}, "tp2_sp_etp2": EXPERTS_OVER_TP},
+    "deepseek_v3": {"ep2": {"dp": 2, "ep": 2}, "pp2": {"pp": 2}, "tp2_sp_ep2": EXPERTS_OVER_EP},
 }
 # kind -> the model option and its overrides (None: tiny_qwen3)
 MODEL_OF_KIND = {

@@ -1,6 +1,6 @@
 """HF weights into live sharded megatron models and back, on two gloo ranks: tp=2, pp=2 with virtual
-stages, ep=2, tp=2 with ep=2. Each rank checks its own shards against the HF tensors read directly,
-then the export (collective) against the checkpoint, bit for bit."""
+stages, ep=2, tp=2 with ep=2 (also with latent attention). Each rank checks its own shards against the HF tensors
+read directly, then the export (collective) against the checkpoint, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from slime.net import free_port  # noqa: E402
 from tests.helpers.megatron_checkpoints import make_checkpoint  # noqa: E402
 
 # (family, checkpoint overrides, parallel sizes): untied with bias over tp; tied over pp (the last stage
-# holds a copy of the embedding) with 2 virtual stages of 4 layers; MoE over ep, and over tp and ep
+# holds a copy of the embedding) with 2 virtual stages of 4 layers; MoE over ep, and over tp and ep; DeepSeek-V3's
+# latent attention over tp (its down-projections whole on each rank) with sequence parallelism
 LAYOUTS = [
     ("qwen2", {}, {"tp": 2}),
     ("qwen3", {"num_layers": 4}, {"pp": 2, "vpp": 2}),
     ("qwen3_moe", {}, {"ep": 2}),
     ("qwen3_moe", {}, {"tp": 2, "ep": 2}),
+    ("deepseek_v3", {}, {"tp": 2, "ep": 2, "sequence_parallel": True}),
 ]
 
 
@@ -37,6 +39,9 @@ def _check_local_shards(chunks, model, sizes) -> None:
     for chunk in unwrap(chunks):
         for layer in chunk.decoder.layers:
             hf = f"model.layers.{layer.layer_number - 1}."
+            if model.kv_lora_rank is not None:
+                _check_latent_shards(layer.self_attention, reader, hf, tp, tp_rank)
+                continue
             q, k, v = (reader.get(f"{hf}self_attn.{p}_proj.weight") for p in "qkv")
             rows = []
             for g in range(tp_rank * groups, (tp_rank + 1) * groups):
@@ -50,6 +55,16 @@ def _check_local_shards(chunks, model, sizes) -> None:
                 assert torch.equal(expert.linear_fc2.weight, down)  # experts are not tp-split (etp=1)
 
 
+def _check_latent_shards(attention, reader, hf: str, tp: int, tp_rank: int) -> None:
+    """The down-projections whole on every rank; the up-projections' rows this rank's heads' (HF lays them out
+    head by head)."""
+    assert torch.equal(attention.linear_kv_down_proj.weight, reader.get(f"{hf}self_attn.kv_a_proj_with_mqa.weight"))
+    assert torch.equal(attention.linear_q_down_proj.weight, reader.get(f"{hf}self_attn.q_a_proj.weight"))
+    for ours, theirs in (("linear_kv_up_proj", "kv_b_proj"), ("linear_q_up_proj", "q_b_proj")):
+        whole = reader.get(f"{hf}self_attn.{theirs}.weight")
+        assert torch.equal(getattr(attention, ours).weight, whole.chunk(tp)[tp_rank])
+
+
 def _worker(rank: int, port: int, cases: list) -> None:
     from megatron.core import parallel_state as ps
 
@@ -61,7 +76,7 @@ def _worker(rank: int, port: int, cases: list) -> None:
 
     torch.set_num_threads(1)
     for model, sizes in cases:
-        layout_sizes = {k: v for k, v in sizes.items() if k != "vpp"}
+        layout_sizes = {k: v for k, v in sizes.items() if k not in ("vpp", "sequence_parallel")}
         layout = RankLayout.for_world(2, **layout_sizes)
         parallel.init(
             device="cpu",

@@ -2,11 +2,12 @@
 
     layout      parameters                                          rank r of n holds
     column      linear_qkv.weight/.bias                             rows r/n (whole query groups)
-                latent attention's q/kv down and up projections     rows r/n
+                latent attention's q/kv up projections (q_proj)     rows r/n
     glu         linear_fc1.weight (dense, expert, shared expert)    [gate rows r/n ; up rows r/n]
     row         linear_proj.weight, linear_fc2.weight               columns r/n
     vocab       word_embeddings.weight, output_layer.weight         padded-vocab rows r/n
-    replicated  norms, router, shared-expert gate                   everything
+    replicated  norms, router, shared-expert gate,                  everything
+                latent attention's q/kv down projections
 
 Experts (`.mlp.experts.`) split over the expert-tensor-parallel group instead of the tensor-parallel
 one; expert parallelism places whole experts (`global_expert`). Vocab rows are padded with zeros to the
@@ -18,12 +19,9 @@ from __future__ import annotations
 import torch
 
 VOCAB_DIVISOR = 128  # megatron's --make-vocab-size-divisible-by default
-# latent attention's projections: megatron's local spec builds each a ColumnParallelLinear (the down-projections'
-# outputs are gathered again before their norms, `MLASelfAttention.get_query_key_value_tensors`)
-LATENT_COLUMNS = tuple(
-    f"{proj}.weight"
-    for proj in ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
-)
+# latent attention's head-wise projections (ColumnParallelLinear); the down-projections are whole on every rank
+# (`model_config._duplicated_linear`)
+LATENT_COLUMNS = tuple(f"{proj}.weight" for proj in ("linear_q_proj", "linear_q_up_proj", "linear_kv_up_proj"))
 
 
 def tp_layout(name: str) -> str:
