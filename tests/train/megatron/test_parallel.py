@@ -3,9 +3,9 @@
 Each case spawns the layout's ranks, computes forward-only log-probs of one shard, then runs one
 optimizer step; the owner rank's log-probs must equal the single rank's to 1e-5 and the step's grad
 norm to 1e-4 (relative). Layouts: TP=2 (without and with sequence parallelism), PP=2, CP=2 on the tiny dense
-model; EP=2 on the tiny MoE; EP=2, PP=2 and TP=2 with sequence parallelism on the tiny GLM-4.5 (experts split over
-tp) and DeepSeek-V3 (experts over ep 2): megatron splits MoE layers, and latent attention, over tp with sequence
-parallelism only.
+model; PP=2 of 2 and 1 layers on a 3-layer one; EP=2 on the tiny MoE; EP=2, PP=2 and TP=2 with sequence parallelism
+on the tiny GLM-4.5 (experts split over tp) and DeepSeek-V3 (experts over ep 2): megatron splits MoE layers, and
+latent attention, over tp with sequence parallelism only.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ LAYOUTS = {
     "dense": {"tp2": {"tp": 2}, "tp2_sp": SEQUENCE_PARALLEL, "pp2": {"pp": 2}, "cp2": {"cp": 2}},
     # experts split over the two data-parallel ranks
     "moe": {"ep2": {"dp": 2, "ep": 2}},
+    # three layers over two stages of 2 and 1 (megatron's num_layers_in_first_pipeline_stage)
+    "dense_3_layers": {"pp2_unequal": {"pp": 2, "pp_first_stage_layers": 2}},
     # GLM-4.5's and DeepSeek-V3's layers (a dense first layer; sigmoid router with a random expert-score bias, a
     # shared expert; DeepSeek's latent attention); pp 2 puts the dense layer and the MoE layer on different stages
     "glm4_moe": {"ep2": {"dp": 2, "ep": 2}, "pp2": {"pp": 2}, "tp2_sp_etp2": EXPERTS_OVER_TP},
@@ -43,6 +45,7 @@ LAYOUTS = {
 MODEL_OF_KIND = {
     "dense": (None, []),
     "moe": ("tiny_qwen3_moe", []),
+    "dense_3_layers": ("tiny_qwen3", ["model.num_layers=3"]),
     "glm4_moe": ("tiny_glm4_moe", []),
     "deepseek_v3": ("tiny_deepseek_v3", []),
 }
