@@ -139,12 +139,12 @@ SEQUENCE_PARALLEL = {"tp": 2, "sequence_parallel": True}
     "option,layouts",
     [
         ("tiny_qwen3", {"tp2": {"tp": 2}, "tp2_sp": SEQUENCE_PARALLEL}),
-        ("tiny_glm4_moe", {"tp2_sp": SEQUENCE_PARALLEL, "tp2_ep2": {**SEQUENCE_PARALLEL, "ep": 2, "etp": 1}}),
+        ("tiny_glm4_moe", {"tp2_sp_etp2": {**SEQUENCE_PARALLEL, "etp": 2}, "tp2_ep2": {**SEQUENCE_PARALLEL, "ep": 2}}),
     ],
 )
 def test_sequence_parallel_over_two_gpus_equals_one(option, layouts, tmp_path):
-    """tp=2 with sequence parallelism (megatron's MoE layers need it with tp), and with ep=2 (the experts whole on
-    each rank), over NCCL, fp32, against one GPU: log-probs to 1e-5, the first step's grad norm to 1e-4 (the same
+    """tp=2 with sequence parallelism (megatron's MoE layers need it with tp; the experts split over tp), and with
+    ep=2 (the experts whole on each rank), over NCCL, fp32, against one GPU: log-probs to 1e-5, the first step's grad norm to 1e-4 (the same
     layouts over gloo: tests/train/megatron/test_parallel.py)."""
     from slime.net import free_port
     from tests.helpers.megatron_layouts import assert_layouts_equal_one_rank, tiny_option_dir
