@@ -96,7 +96,10 @@ class ModelConfig:
     qk_layernorm: bool = True  # RMSNorm over each q/k head (Qwen3, GLM-4.5's use_qk_norm); False for Qwen2/Llama
     add_qkv_bias: bool = False  # bias on q/k/v projections (Qwen2)
     rotary_percent: float = 1.0  # fraction of head_dim rotated (GLM-4: 0.5)
-    rope_scaling: Optional[dict[str, Any]] = None  # HF config.json's rope_scaling dict (Llama-3: rope_type llama3)
+    # HF config.json's rope_scaling dict (Llama-3: rope_type llama3), or None. Typed Any: omegaconf cannot merge a
+    # command line's dict into a None Optional[dict] node (model.rope_scaling={...} raised AttributeError); the
+    # dict is checked in validate_model_shape
+    rope_scaling: Any = None
     num_experts: Optional[int] = None  # MoE: routed experts per layer; None = dense
     moe_router_topk: int = 2  # experts per token
     moe_ffn_hidden_size: Optional[int] = None  # FFN width of one routed expert (HF moe_intermediate_size)

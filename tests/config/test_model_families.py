@@ -51,6 +51,7 @@ def test_the_new_families_options_match_their_published_totals(option, published
     "overrides,key,words",
     [
         (["model.kv_lora_rank=16"], "model.kv_lora_rank", "has no latent attention"),
+        (["model.rope_scaling=7"], "model.rope_scaling", "rope_scaling is a dict"),
         (["model.moe_first_dense_layers=1"], "model.moe_first_dense_layers", "has no such router"),
         (["model=tiny_deepseek_v3", "model.kv_channels=16"], "model.kv_channels", "model.kv_channels=8"),
         (["model=tiny_deepseek_v3", "model.num_query_groups=2"], "model.num_query_groups", "num_key_value_heads"),
@@ -162,3 +163,10 @@ def test_a_glm4_5_config_json_as_transformers_5_writes_it_matches():
     assert mismatches(model, published) == [] and mismatches(model, rewritten) == []
     rewritten["rope_parameters"]["partial_rotary_factor"] = 1.0
     assert mismatches(model, rewritten) == [("rotary_percent", 0.5, 1.0)]
+
+
+def test_a_rope_scaling_dict_on_the_command_line_lands_as_given():
+    """Over an option's `rope_scaling: null` (omegaconf could not merge a dict into a None Optional[dict] node)."""
+    cfg = typed_config(["model.rope_scaling={rope_type:yarn,factor:4.0,original_max_position_embeddings:128}"])
+    assert cfg.model.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    assert typed_config(["model=tiny_deepseek_v3", "model.rope_scaling.factor=8.0"]).model.rope_scaling["factor"] == 8.0
