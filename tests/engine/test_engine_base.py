@@ -21,6 +21,7 @@ from slime.engine.process import child_env
 from slime.engine.router import router_flags
 from slime.net import reached_at
 from tests.helpers.engines import CommandEngine
+from tests.helpers.ports import hold_consecutive_ports
 
 # A stand-in server: answers /health_generate with 200 after `delay` seconds, on the port it is given.
 _HEALTH_SERVER = textwrap.dedent("""
@@ -208,24 +209,20 @@ def test_child_dies_with_its_parent(tmp_path):
 def test_free_ports_come_from_between_the_engines_range_and_the_kernels_picks(monkeypatch):
     """A rendezvous or router port is taken from 32001 up to the ephemeral range's start (read from the kernel), where
     neither an engine's reservation nor a kernel-chosen port (an outgoing connection, a port-0 listener) lands; the
-    kernel's pick once that window is full."""
+    kernel's pick once that window is full. The full window is three ports this test holds (runs beside it take
+    ports of the real window)."""
     from slime import net
 
     ephemeral = int(net.EPHEMERAL_RANGE.read_text().split()[0])
     assert all(32000 < net.free_port() < ephemeral for _ in range(20))
-    monkeypatch.setattr(net, "_ephemeral_start", lambda: 32004)
-    held = []
+    held = hold_consecutive_ports(range(32001, ephemeral - 2), count=3)
     try:
-        for port in (32001, 32002, 32003):
-            if net.bindable("127.0.0.1", port):
-                busy = socket.socket()
-                busy.bind(("127.0.0.1", port))
-                busy.listen()
-                held.append(busy)
-        assert len(held) == 3, "another process holds a port of 32001-32003"
+        first = held[0].getsockname()[1]
+        monkeypatch.setattr(net, "ENGINE_PORTS", (15000, first - 1))
+        monkeypatch.setattr(net, "_ephemeral_start", lambda: first + 3)
         assert net.free_port() >= ephemeral  # the window is full: the kernel's pick
         held.pop().close()
-        assert net.free_port() == 32003
+        assert net.free_port() == first + 2
     finally:
         for busy in held:
             busy.close()
