@@ -92,7 +92,7 @@ def test_backend_option_rules():
 
 
 def test_unequal_pipeline_stages():
-    """DeepSeek-V3's 61 layers over pp 4: no equal split; 16, 16, 16, 13 or 10, 15, 15, 21 ..."""
+    """DeepSeek-V3's 61 layers over pp 4: no equal split; 16, 16, 16, 13 or 10, 17, 17, 17 ..."""
     four = [
         "model=deepseek_v3",
         "parallelism=megatron",
