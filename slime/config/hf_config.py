@@ -327,6 +327,13 @@ def check_model(model: ModelConfig) -> Iterator[Problem]:
         )
     if not 0 < model.rotary_percent <= 1:
         yield Problem("model.rotary_percent", model.rotary_percent, "must be in (0, 1]", "set model.rotary_percent=1.0")
+    if model.rope_scaling is not None and not isinstance(model.rope_scaling, dict):
+        yield Problem(
+            "model.rope_scaling",
+            model.rope_scaling,
+            "HF config.json's rope_scaling is a dict (rope_type, factor, ...)",
+            "set model.rope_scaling={rope_type: yarn, factor: 4.0, ...} or null",
+        )
     if not family.moe:
         if model.num_experts is not None:
             yield Problem("model.num_experts", model.num_experts, f"{arch} is dense", "set model.num_experts=null")

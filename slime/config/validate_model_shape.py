@@ -15,13 +15,6 @@ GROUPED_MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfi
 
 
 def check_model_shape(model: ModelConfig) -> Iterator[Problem]:
-    if model.rope_scaling is not None and not isinstance(model.rope_scaling, dict):
-        yield Problem(
-            "model.rope_scaling",
-            model.rope_scaling,
-            "HF config.json's rope_scaling is a dict (rope_type, factor, ...)",
-            "set model.rope_scaling={rope_type: yarn, factor: 4.0, ...} or null",
-        )
     family = FAMILIES.get(model.architecture)
     if family is None:
         return  # reported by check_choices
