@@ -179,13 +179,30 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             f"the megatron backend splits model.vocab_size={m.vocab_size} evenly over the tp ranks",
             f"pick a parallelism.tp dividing {m.vocab_size}",
         )
+    yield from _check_tensor_parallel_splits(p, m, family)
+    yield from _check_pipeline_stages(cfg)
+    yield from _check_recompute(cfg)
+    if family is not None and family.grouped_moe:
+        yield from _check_grouped_router(m)
+
+
+LATENT_ATTENTION = "latent attention (model.architecture=deepseek_v3)"
+
+
+def _check_tensor_parallel_splits(p, m, family) -> Iterator[Problem]:
+    """What megatron-core splits over tp ranks only with sequence parallelism (MoE layers; latent attention, whose
+    shared rotated key is whole on every rank, `model_config._duplicated_linear`: only the sequence gather's backward
+    sums its gradient over every rank's heads, and without it `finalize_model_grads` would sum the whole latent
+    q-norm gradient over tp again, by name), how experts split with ep=1, and latent attention's refused cp."""
     has_moe_layers = m.num_experts is not None and m.moe_first_dense_layers < m.num_layers
-    if has_moe_layers and p.tp > 1 and not p.sequence_parallel:
+    latent = family is not None and family.mla
+    needs = [what for what, needed in (("MoE layers", has_moe_layers), (LATENT_ATTENTION, latent)) if needed]
+    if needs and p.tp > 1 and not p.sequence_parallel:
         yield Problem(
             "parallelism.tp",
             p.tp,
-            "megatron-core trains MoE models with tensor parallelism only together with sequence parallelism",
-            "set parallelism.sequence_parallel=true, or split experts with parallelism.ep instead of tp",
+            f"megatron-core splits {' and '.join(needs)} over tp ranks only together with sequence parallelism",
+            "set parallelism.sequence_parallel=true, or parallelism.tp=1 (experts split with parallelism.ep instead)",
         )
     if has_moe_layers and p.ep == 1 and p.tp > 1 and p.etp != p.tp:
         # megatron marks experts `allreduce` without expert parallelism (ColumnParallelLinear: `not (is_expert and
@@ -198,38 +215,14 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             f"they must split over the tp={p.tp} ranks as megatron's default does (etp = tp)",
             f"set parallelism.etp={p.tp}, or parallelism.ep > 1",
         )
-    if family is not None and family.mla:
-        yield from _check_latent_attention(p)
-    yield from _check_pipeline_stages(cfg)
-    yield from _check_recompute(cfg)
-    if family is not None and family.grouped_moe:
-        yield from _check_grouped_router(m)
-
-
-# Latent attention's shared rotated key is computed whole on every tp rank (its down-projection is duplicated,
-# `model_config._duplicated_linear`): only a sequence-parallel split sums its gradient over every rank's heads (the
-# sequence gather's backward); without one each rank keeps its own heads' part, and megatron's `finalize_model_grads`
-# sums the whole latent q-norm gradient over tp again, by name
-LATENT_ATTENTION_SPLITS = {
-    "tp": (
-        "megatron-core's latent attention (model.architecture=deepseek_v3) splits over tp ranks only with sequence "
-        "parallelism",
-        "set parallelism.sequence_parallel=true, or parallelism.tp=1",
-    ),
-    "cp": (
-        "latent attention (model.architecture=deepseek_v3) rotates its own q and k, which this backend's zigzag "
-        "context-parallel split of packed samples does not give it",
-        "set parallelism.cp=1",
-    ),
-}
-
-
-def _check_latent_attention(p) -> Iterator[Problem]:
-    """The parallel splits of latent attention this backend refuses (`LATENT_ATTENTION_SPLITS`)."""
-    refused = {"tp": p.tp > 1 and not p.sequence_parallel, "cp": p.cp > 1}
-    for key, (why, fix) in LATENT_ATTENTION_SPLITS.items():
-        if refused[key]:
-            yield Problem(f"parallelism.{key}", getattr(p, key), why, fix)
+    if latent and p.cp > 1:
+        yield Problem(
+            "parallelism.cp",
+            p.cp,
+            f"{LATENT_ATTENTION} rotates its own q and k, which this backend's zigzag context-parallel split of "
+            "packed samples does not give it",
+            "set parallelism.cp=1",
+        )
 
 
 def _check_grouped_router(m) -> Iterator[Problem]:
