@@ -12,64 +12,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
-import yaml
+import psutil
+
+from slime.config.schema_rollout import HFEngineConfig, RouterConfig
+from slime.engine.base import EngineLaunch
+from slime.engine.hf.engine import HFEngine
+from slime.engine.router import Router
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools.make_tiny_model import make_tiny_model  # noqa: E402
+
 PROMPTS, SAMPLES, NEW_TOKENS = 32, 8, 2
-
-
-def tiny_qwen3(path: Path) -> Path:
-    """conf/model/tiny_qwen3.yaml's random-weight model at `path` (made if missing)."""
-    if not (path / "config.json").exists():
-        from slime.assets.tiny_model import create_tiny_model
-        from slime.config.schema import ModelConfig
-
-        fields = yaml.safe_load((ROOT / "conf" / "model" / "tiny_qwen3.yaml").read_text())
-        fields.pop("generate_at", None)
-        create_tiny_model(ModelConfig(**{**fields, "hf_checkpoint": str(path)}))
-    return path
-
-
-def wait_healthy(url: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer /health in {timeout_s} s")
-
-
-def start_engine(model: Path, port: int, max_batch: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "slime.engine.hf.server", "--model-path", str(model), "--port", str(port)]
-    cmd += ["--max-batch-size", str(max_batch), "--seed", "1", "--log-level", "WARNING"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def start_router(port: int, engine_url: str, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(port + 1)]
-    cmd += ["--log-level", "warn", "--disable-health-check", "--disable-circuit-breaker"]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url)
-    body = json.dumps({"url": engine_url, "worker_type": "regular"}).encode()
-    request = urllib.request.Request(url + "/workers", data=body, headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=30).read()
-    time.sleep(2.0)  # the router takes the worker once it has checked it
-    return proc
 
 
 def step_payloads(seed: int) -> list[dict]:
@@ -103,46 +64,40 @@ async def run_steps(url: str, rounds: int) -> float:
         return (time.perf_counter() - started) / rounds
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def measure(model: Path, max_batch: int, via_router: bool, rounds: int, port: int, logs: Path) -> tuple[float, float]:
-    """(wall s per step, engine CPU s per step)."""
-    engine = start_engine(model, port, max_batch, logs / f"engine_{port}.log")
+def measure(model: Path, max_batch: int, via_router: bool, rounds: int, logs: Path) -> tuple[float, float]:
+    """(wall s per step, engine CPU s per step): the engine as a run starts it (`HFEngine`), and sglang-router as
+    a run launches it (`Router.launch`) where `via_router`."""
+    launch = EngineLaunch(rank=0, model_path=str(model), host="127.0.0.1", seed=1, device="cpu", log_dir=str(logs))
+    engine = HFEngine(launch, HFEngineConfig(max_batch_size=max_batch))
     router = None
     try:
-        engine_url = f"http://127.0.0.1:{port}"
-        wait_healthy(engine_url)
-        url = engine_url
+        url = engine.start()
         if via_router:
-            router = start_router(port + 10, engine_url, logs / f"router_{port}.log")
-            url = f"http://127.0.0.1:{port + 10}"
-        before = cpu_seconds(engine.pid)
+            router = Router.launch(cfg=RouterConfig(), log_path=logs / "router.log")
+            router.add_worker(url)
+            url = router.url
+        process = psutil.Process(engine.pid)
+        before = sum(process.cpu_times()[:2])
         wall = asyncio.run(run_steps(url, rounds))
-        return wall, (cpu_seconds(engine.pid) - before) / (rounds + 1)
+        return wall, (sum(process.cpu_times()[:2]) - before) / (rounds + 1)
     finally:
-        for proc in (router, engine):
-            if proc is not None:
-                proc.terminate()
-                proc.wait()
+        if router is not None:
+            router.shutdown()
+        engine.shutdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", type=Path, default=ROOT / ".cache" / "models" / "tiny_qwen3")
     parser.add_argument("--rounds", type=int, default=8, help="rollout steps per row (after one warm-up step)")
-    parser.add_argument("--port", type=int, default=29700, help="first port; each row takes a few above it")
     args = parser.parse_args()
-    model = tiny_qwen3(args.model_path)
+    model = args.model_path
+    if not (model / "config.json").exists():
+        model = make_tiny_model("tiny_qwen3", model)
     rows = [("batch 1 (deterministic)", 1, False), ("batch 256", 256, False)]
     rows += [("batch 1, via router", 1, True), ("batch 256, via router", 256, True)]
     with tempfile.TemporaryDirectory() as logs:
-        results = [
-            (name, *measure(model, batch, router, args.rounds, args.port + 20 * i, Path(logs)))
-            for i, (name, batch, router) in enumerate(rows)
-        ]
+        results = [(name, *measure(model, batch, router, args.rounds, Path(logs))) for name, batch, router in rows]
     base = results[0][1]
     print(f"{PROMPTS} prompts x {SAMPLES} samples, {NEW_TOKENS} new tokens, {args.rounds} steps per row")
     print(f"{'engine':<26} {'wall s/step':>12} {'engine CPU s/step':>18} {'wall ratio':>11}")
