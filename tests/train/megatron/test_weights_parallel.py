@@ -11,6 +11,7 @@ pytest.importorskip("megatron.core")
 
 from slime.net import free_port  # noqa: E402
 from tests.helpers.megatron_checkpoints import make_checkpoint  # noqa: E402
+from tests.helpers.megatron_layouts import RANK_DIMS  # noqa: E402
 
 # (family, checkpoint overrides, parallel sizes): untied with bias over tp; tied over pp (the last stage
 # holds a copy of the embedding) with 2 virtual stages of 4 layers; MoE over ep, and over tp and ep; DeepSeek-V3's
@@ -76,7 +77,7 @@ def _worker(rank: int, port: int, cases: list) -> None:
 
     torch.set_num_threads(1)
     for model, sizes in cases:
-        layout_sizes = {k: v for k, v in sizes.items() if k not in ("vpp", "sequence_parallel")}
+        layout_sizes = {k: v for k, v in sizes.items() if k in RANK_DIMS}  # vpp, sequence_parallel: the config's
         layout = RankLayout.for_world(2, **layout_sizes)
         parallel.init(
             device="cpu",
