@@ -20,6 +20,7 @@ Output semantics (as SGLang):
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 from collections.abc import Iterable, Sequence
@@ -196,7 +197,8 @@ class Generator:
         self.prefix_cache.clear()
 
     def _prefill(self, prompts, ids, mask, position_ids):
-        """(KV cache, last-position logits [B, V], whether they came from the prefix cache)."""
+        """(KV cache, last-position logits [B, V], whether they came from the prefix cache). A lone prompt's cache
+        is the prefix cache's (shared): `_decode_step` copies it before extending it."""
         alone = len(prompts) == 1 and self.prefix_cache.enabled
         hit = self.prefix_cache.get(prompts[0]) if alone else None
         if hit is not None:
@@ -237,6 +239,7 @@ class Generator:
             generator=self.generator,
         )
         cache, logits, hit = self._prefill(prompts, ids, mask, position_ids)
+        cache_shared = len(live) == 1 and self.prefix_cache.enabled  # held by the prefix cache too
         if hit:
             cached[live[0]] = len(prompts[0]) - 1
         self._take_routes(routes, live, width, prompts)
@@ -263,17 +266,23 @@ class Generator:
                 live = [live[row] for row in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             generated = out_ids[live[0]] if len(live) == 1 and step <= CACHED_DECODE_STEPS else None
-            cache, logits = self._decode_step(prompts[0], generated, tokens, mask, next_pos, cache)
+            cache, logits, cache_shared = self._decode_step(
+                prompts[0], generated, tokens, mask, next_pos, (cache, cache_shared)
+            )
             self._take_routes(routes, live, 1)
             next_pos = next_pos + 1
 
-    def _decode_step(self, prompt, generated, tokens, mask, positions, cache):
-        """(KV cache, logits [B, V]) after feeding `tokens`; a lone request's state after `prompt` and
-        `generated` (None: not cached) comes from the prefix cache when it is there."""
+    def _decode_step(self, prompt, generated, tokens, mask, positions, state):
+        """(KV cache, logits [B, V], whether that cache is the prefix cache's) after feeding `tokens` to `state`
+        (the cache, and whether it is the prefix cache's: then a copy is extended, never it). A lone request's
+        state after `prompt` and `generated` (None: not cached) comes from the prefix cache when it is there."""
+        cache, shared = state
         cacheable = generated is not None and self.prefix_cache.enabled
         hit = self.prefix_cache.get(prompt, generated) if cacheable else None
         if hit is not None:
-            return hit.cache, hit.logits
+            return hit.cache, hit.logits, True
+        if shared:
+            cache = copy.deepcopy(cache)
         out = self.model(
             input_ids=tokens.unsqueeze(1),
             attention_mask=mask,
@@ -284,7 +293,7 @@ class Generator:
         logits = out.logits[:, -1, :]
         if cacheable:
             self.prefix_cache.put(prompt, cache, logits, generated)
-        return cache, logits
+        return cache, logits, cacheable
 
     def _check_finish(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]) -> Optional[dict]:
         """SGLang's order: abort, length, (nothing before min_new_tokens), stop token, stop string."""

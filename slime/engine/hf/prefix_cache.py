@@ -9,6 +9,10 @@ needs. This is SGLang's radix cache restricted to whole prompts and their first 
 (later positions rarely coincide, and storing each would copy the growing KV cache at every step);
 batched passes are never stored (a batch's row results depend on its other rows).
 
+Entries are shared, not copied: `get` hands out the stored cache and `put` keeps the caller's, and the generator
+deep-copies a cache only before a forward would extend it (a request that finishes on cached logits, as a
+group's short answers mostly do, copies nothing).
+
 Entries are valid for the weights they were computed with: the server clears the cache on every
 weight update, `/flush_cache` and memory release, as SGLang flushes its radix cache. Capacity is
 counted in prompt tokens; the least recently used prompts go first.
@@ -16,7 +20,6 @@ counted in prompt tokens; the least recently used prompts go first.
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,8 +36,8 @@ class Prefill:
     """A prompt's prefill (or a decode step after it): the KV cache after it and the logits [1, V] at
     its last position."""
 
-    cache: Any  # a transformers Cache (DynamicCache), never decoded into: callers get copies
-    logits: torch.Tensor
+    cache: Any  # a transformers Cache (DynamicCache), shared: copy it before decoding into it
+    logits: torch.Tensor  # never written to
 
 
 class PrefixCache:
@@ -56,7 +59,7 @@ class PrefixCache:
         return len(self._entries)
 
     def get(self, prompt: list[int], generated: Sequence[int] = ()) -> Optional[Prefill]:
-        """A private copy of the state after `prompt` and `generated` (decoding may extend it), or None."""
+        """The stored state after `prompt` and `generated` (its cache is shared: copy before extending), or None."""
         if not self.enabled:
             return None
         key = (tuple(prompt), tuple(generated))
@@ -66,15 +69,16 @@ class PrefixCache:
             return None
         self.hits += 1
         self._entries.move_to_end(key)
-        return Prefill(copy.deepcopy(entry.cache), entry.logits.clone())
+        return entry
 
     def put(self, prompt: list[int], cache: Any, logits: torch.Tensor, generated: Sequence[int] = ()) -> None:
-        """Store a copy of the state after `prompt` and `generated` (call before decoding extends `cache`)."""
+        """Keep the state after `prompt` and `generated`; `cache` is shared from then on (the caller copies it
+        before extending it)."""
         key = (tuple(prompt), tuple(generated))
         size = len(key[0]) + len(key[1])
         if not self.enabled or size > self.max_tokens or key in self._entries:
             return
-        self._entries[key] = Prefill(copy.deepcopy(cache), logits.clone())
+        self._entries[key] = Prefill(cache, logits)
         self.tokens += size
         while self.tokens > self.max_tokens:
             (old_prompt, old_generated), _ = self._entries.popitem(last=False)
