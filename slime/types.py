@@ -62,7 +62,10 @@ class Sample:
     routed_experts: str | None = None
     reward: float | dict[str, Any] | None = None
     status: SampleStatus = SampleStatus.PENDING
-    weight_versions: list[str] = dataclasses.field(default_factory=list)
+    weight_versions: list[str] = dataclasses.field(default_factory=list)  # the engine's, one per engine call
+    # per response token: the weight version that generated it (-1: not an engine's, or not an integer version);
+    # None until an engine answered. A response spanning a weight push (train.async=full) holds two versions.
+    token_versions: list[int] | None = None
     staleness: int | None = None  # trainer weight version minus the oldest of weight_versions (rollout/staleness.py)
     error: str | None = None  # why the sample FAILED (e.g. the reward function raised)
     # flags
@@ -90,10 +93,20 @@ class Sample:
             return float(self.reward[reward_key])
         return float(self.reward)
 
-    def append_response(self, token_ids: list[int], log_probs: list[float], text: str, loss_mask_value: int = 1):
-        """Append generated tokens with their engine log-probs and loss mask."""
+    def append_response(
+        self,
+        token_ids: list[int],
+        log_probs: list[float],
+        text: str,
+        loss_mask_value: int = 1,
+        weight_version: int | None = None,
+    ):
+        """Append generated tokens with their engine log-probs, loss mask and (an engine's) weight version."""
         if len(token_ids) != len(log_probs):
             raise ValueError(f"got {len(token_ids)} token ids but {len(log_probs)} log-probs")
+        if weight_version is not None or self.token_versions is not None:
+            known = self.token_versions if self.token_versions is not None else [-1] * self.response_length
+            self.token_versions = known + [-1 if weight_version is None else weight_version] * len(token_ids)
         self.tokens.extend(token_ids)
         self.response_length += len(token_ids)
         self.loss_mask = (self.loss_mask or []) + [loss_mask_value] * len(token_ids)
@@ -113,6 +126,10 @@ class Sample:
         if self.rollout_log_probs is not None and len(self.rollout_log_probs) != self.response_length:
             raise ValueError(
                 f"sample {self.index}: len(rollout_log_probs)={len(self.rollout_log_probs)} != response_length={self.response_length}"
+            )
+        if self.token_versions is not None and len(self.token_versions) != self.response_length:
+            raise ValueError(
+                f"sample {self.index}: len(token_versions)={len(self.token_versions)} != response_length={self.response_length}"
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from slime.config.async_mode import AsyncMode
 from slime.config.input_kinds import HOST, MODEL_CHECKPOINT, PATH_READ, PATH_WRITTEN, RAY_ADDRESS
 from slime.config.schema_lora import LoRAConfig
 from slime.config.schema_rollout import (  # noqa: F401  (re-exported: the run's schema in one place)
@@ -252,12 +253,12 @@ class CriticTrainConfig:
 
 
 @dataclass(kw_only=True)
-@_keyword_field("async", "bool", False)
+@_keyword_field("async", "Any", "off")
 class TrainConfig:
     """Optimizer and schedule; batch sizes in samples, steps in optimizer steps.
 
-    `async` (a keyword, declared by `_keyword_field`; read it as `is_async`): the one-step-async loop
-    (REFERENCE.md §2.4): rollout k+1 is generated while step k trains; disaggregated runs only.
+    `async` (a keyword, declared by `_keyword_field`; read it as `async_mode`): off | one_step | full
+    (slime.config.async_mode; false/true mean off/one_step); one_step and full need disaggregated runs.
     """
 
     num_rollout: Optional[int] = None  # rollout steps in the run; None: derived from num_epoch
@@ -279,10 +280,19 @@ class TrainConfig:
     # on CPU runs
     ref_offload: bool = False
     critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
+    # train.async=full: a group whose oldest token came from weights more than this many versions older than the
+    # trainer's is not trained (rollout.stale_policy); >= 1 (0 is the synchronous loop)
+    max_staleness: int = 1
+
+    @property
+    def async_mode(self) -> AsyncMode:
+        """The loop `train.async` names (validation has refused any other value)."""
+        return AsyncMode.parse(getattr(self, "async"))
 
     @property
     def is_async(self) -> bool:
-        return getattr(self, "async")
+        """Generation overlaps training (one_step or full)."""
+        return self.async_mode is not AsyncMode.OFF
 
 
 @dataclass(kw_only=True)

@@ -160,6 +160,8 @@ class RolloutConfig:
     # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
     partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
     mask_offpolicy_in_partial_rollout: bool = False  # a continued sample's earlier (older-policy) tokens: loss mask 0
+    # train.async=full: a group older than train.max_staleness is dropped (counted) or regenerated (its prompt again)
+    stale_policy: str = "drop"
     max_turns: int = 1  # generate calls a multi-turn generate function may make per sample
     generate_function: Optional[Any] = None  # async fn(args, sample, sampling_params) -> Sample; None: one /generate
     buffer_filter: Optional[Any] = None  # fn(args, rollout_id, buffer, num) -> the groups taken out of the buffer

@@ -1,14 +1,50 @@
-"""The one-step-async loop (`train.async`, REFERENCE.md §2.4) and the weight-sync interval it brings."""
+"""The asynchronous loops (`train.async`: one_step, REFERENCE.md §2.4; full, slime.config.async_mode) and the keys
+they bring: the weight-sync interval, the staleness bound and what a stale group gets."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.config.problems import Problem
+from slime.config.async_mode import STALE_POLICIES, AsyncMode
+from slime.config.problems import Problem, one_of
 from slime.config.schema import RunConfig
 
 
 def check_async(cfg: RunConfig) -> Iterator[Problem]:
+    try:
+        mode = AsyncMode.parse(getattr(cfg.train, "async"))
+    except ValueError as exc:
+        yield Problem("train.async", getattr(cfg.train, "async"), str(exc), "set train.async=off, one_step or full")
+        return
+    yield from _check_interval(cfg, mode)
+    if mode is AsyncMode.OFF:
+        return
+    if cfg.cluster.colocate:
+        yield Problem(
+            "train.async",
+            getattr(cfg.train, "async"),
+            "the asynchronous loops generate while the trainer trains, so engines and trainers need GPUs of their "
+            "own, but cluster.colocate=true puts them on the same GPUs",
+            "set cluster.colocate=false (cluster.actor and cluster.rollout then get separate GPUs), or train.async=off",
+        )
+    without_half = [
+        key
+        for key, on in (("debug.rollout_only", cfg.debug.rollout_only), ("debug.train_only", cfg.debug.train_only))
+        if on
+    ]
+    if without_half or cfg.debug.load_rollout_data:
+        key = without_half[0] if without_half else "debug.load_rollout_data"
+        yield Problem(
+            "train.async",
+            getattr(cfg.train, "async"),
+            f"the asynchronous loops overlap generation with training, and {key} runs only one of them",
+            f"set train.async=off, or drop {key}",
+        )
+    if mode is AsyncMode.FULL:
+        yield from _check_full(cfg)
+
+
+def _check_interval(cfg: RunConfig, mode: AsyncMode) -> Iterator[Problem]:
     interval = cfg.rollout.weight_sync.interval
     if interval < 1:
         yield Problem(
@@ -17,32 +53,24 @@ def check_async(cfg: RunConfig) -> Iterator[Problem]:
             "must be >= 1 (rollout steps between weight syncs)",
             "set rollout.weight_sync.interval=1",
         )
-    elif interval > 1 and not cfg.train.is_async:
+    elif interval > 1 and mode is not AsyncMode.ONE_STEP:
         yield Problem(
             "rollout.weight_sync.interval",
             interval,
-            "only the one-step-async loop skips weight syncs; the synchronous loop syncs after every rollout step",
-            "set train.async=true, or rollout.weight_sync.interval=1",
+            f"only the one-step-async loop skips weight syncs; train.async={mode.value} syncs after every step "
+            "(with full, train.max_staleness bounds how old a trained sample's policy may be)",
+            "set rollout.weight_sync.interval=1, or train.async=one_step",
         )
-    if cfg.train.is_async and cfg.cluster.colocate:
+
+
+def _check_full(cfg: RunConfig) -> Iterator[Problem]:
+    """train.async=full: a staleness bound of at least one version (the rollout function and the filter it allows:
+    slime.rollout.check_hooks.check_full_async_hooks)."""
+    if cfg.train.max_staleness < 1:
         yield Problem(
-            "train.async",
-            True,
-            "the one-step-async loop generates rollout k+1 while step k trains, so engines and trainers need "
-            "GPUs of their own, but cluster.colocate=true puts them on the same GPUs",
-            "set cluster.colocate=false (cluster.actor and cluster.rollout then get separate GPUs), "
-            "or train.async=false",
+            "train.max_staleness",
+            cfg.train.max_staleness,
+            "must be >= 1 with train.async=full (0 allows only the current weights: the synchronous loop)",
+            "set train.max_staleness=1, or train.async=off",
         )
-    without_half = [
-        key
-        for key, on in (("debug.rollout_only", cfg.debug.rollout_only), ("debug.train_only", cfg.debug.train_only))
-        if on
-    ]
-    if cfg.train.is_async and (without_half or cfg.debug.load_rollout_data):
-        key = without_half[0] if without_half else "debug.load_rollout_data"
-        yield Problem(
-            "train.async",
-            True,
-            f"the one-step-async loop overlaps generation with training, and {key} runs only one of them",
-            f"set train.async=false, or drop {key}",
-        )
+    yield from one_of("rollout.stale_policy", cfg.rollout.stale_policy, STALE_POLICIES)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from slime.config.async_mode import AsyncMode
 from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
@@ -132,8 +133,16 @@ def _engines_phrase(cfg: RunConfig, plan: RunPlan) -> str:
 
 
 def _loop_line(cfg: RunConfig) -> str:
-    if not cfg.train.is_async:
+    mode = cfg.train.async_mode
+    if mode is AsyncMode.OFF:
         return "synchronous (rollout, then train, then weight sync; samples 0 versions stale)"
+    if mode is AsyncMode.FULL:
+        r = cfg.rollout
+        return (
+            f"fully async (engines generate continuously, {r.batch_size} groups in flight, at most "
+            f"{r.batch_size * (cfg.train.max_staleness + 1)} in flight or waiting; weight sync after every step, "
+            f"interrupting generation); groups over {cfg.train.max_staleness} version(s) stale: {r.stale_policy}"
+        )
     interval = cfg.rollout.weight_sync.interval
     return (
         f"one-step async (rollout k+1 generated while step k trains), weight sync every {interval} rollout "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from slime.config.async_mode import AsyncMode
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
@@ -44,6 +45,32 @@ _HOOK_FIELDS = (
         "give the import path of `def fn(args, samples) -> (raw_rewards, rewards)`, or null",
     ),
 )
+
+
+def check_full_async_hooks(cfg: RunConfig) -> Iterator[Problem]:
+    """train.async=full generates group by group in its own stream (slime.rollout.stream), taking groups in
+    completion order: the default rollout function only, and no dynamic filter."""
+    try:
+        if cfg.train.async_mode is not AsyncMode.FULL:
+            return
+    except ValueError:  # reported by slime.config.validate_async
+        return
+    function = rollout_function_path(cfg)
+    if function is not None and function != ROLLOUT_FUNCTIONS.target("default"):
+        yield Problem(
+            "rollout.function",
+            cfg.rollout.function or cfg.algo.name,
+            "train.async=full generates groups with its own stream (one group at a time, rollout.generate_function "
+            "per sample); a custom rollout function runs whole steps",
+            "drop rollout.function (customise rollout.generate_function instead), or set train.async=one_step",
+        )
+    if cfg.algo.dynamic_filter is not None:
+        yield Problem(
+            "algo.dynamic_filter",
+            cfg.algo.dynamic_filter,
+            "train.async=full takes groups as they finish; a filter that drops groups is not applied there",
+            "drop algo.dynamic_filter, or set train.async=one_step",
+        )
 
 
 def check_hooks(cfg: RunConfig) -> Iterator[Problem]:

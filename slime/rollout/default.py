@@ -169,6 +169,7 @@ def reset_sample(sample: Sample) -> Sample:
         reward=None,
         status=SampleStatus.PENDING,
         weight_versions=[],
+        token_versions=None,
         error=None,
         remove_sample=False,
     )

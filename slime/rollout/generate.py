@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 from typing import Any
 
@@ -18,6 +19,7 @@ import aiohttp
 from slime.engine.router import DROPPED_REQUEST_FIELDS, DROPPED_SAMPLING_PARAMS, Router
 from slime.registry import generate_protocol
 from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
+from slime.rollout.staleness import as_version
 from slime.types import Sample, SampleStatus
 
 RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
@@ -105,12 +107,23 @@ async def _worker_url(args: RolloutContext, sample: Sample) -> str:
 
 
 def append_engine_output(sample: Sample, out: dict) -> None:
-    """Append an engine response: its tokens (loss mask 1), log-probs, text, weight version, status and, when the
-    engine returned them, the routes of the whole sequence so far."""
+    """Append an engine response: its tokens (loss mask 1), log-probs, text, weight version (the call's, and each
+    token's), status and, when the engine returned them, the routes of the whole sequence so far."""
     meta = out["meta_info"]
     logprobs = meta["output_token_logprobs"]
-    sample.append_response([int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs], out["text"])
-    sample.weight_versions.append(str(meta.get("weight_version")))
+    version = str(meta.get("weight_version"))
+    ids, lps = [int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs]
+    per_token = meta.get("output_token_versions")  # vLLM's spans: a request kept across a weight update
+    if per_token is None or len(per_token) != len(ids):
+        sample.append_response(ids, lps, out["text"], weight_version=as_version(version))
+    else:  # one append per run of equal versions; the text goes with the last
+        start = 0
+        for token_version, run in itertools.groupby(per_token):
+            end = start + len(list(run))
+            text = out["text"] if end == len(ids) else ""
+            sample.append_response(ids[start:end], lps[start:end], text, weight_version=as_version(str(token_version)))
+            start = end
+    sample.weight_versions.append(version)
     sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])
     if meta.get("routed_experts") is not None:
         sample.routed_experts = meta["routed_experts"]

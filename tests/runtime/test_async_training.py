@@ -15,7 +15,8 @@ from slime.plan.run_plan import plan_run
 from slime.plan.validate import collect_problems
 from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
-from slime.rollout.staleness import record_staleness, sample_staleness
+from slime.rollout.generate import append_engine_output
+from slime.rollout.staleness import group_staleness, record_staleness, sample_staleness
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.loop import RunLoop, RunParts
 from slime.runtime.rollout_producer import RolloutProducer
@@ -27,17 +28,44 @@ from tests.helpers.fake_run_world import FakeWorld, eager_ray
 
 
 def test_sample_staleness_counts_the_oldest_engine_version():
-    assert sample_staleness(["4"], trainer_version=5) == 1
-    assert sample_staleness(["3", "5"], trainer_version=5) == 2  # a partial rollout resumed under newer weights
-    assert sample_staleness([], trainer_version=5) is None  # no engine call (SFT data, a custom rollout)
-    assert sample_staleness(["None", "default"], trainer_version=5) is None  # an engine that reports no version
+    def stale(versions):
+        return sample_staleness(Sample(weight_versions=versions), trainer_version=5)
+
+    assert stale(["4"]) == 1
+    assert stale(["3", "5"]) == 2  # a partial rollout resumed under newer weights
+    assert stale([]) is None  # no engine call (SFT data, a custom rollout)
+    assert stale(["None", "default"]) is None  # an engine that reports no version
     samples = [Sample(weight_versions=v) for v in (["2"], ["1", "2"], [], ["2"])]
     assert record_staleness(samples, trainer_version=2) == {
         "rollout/staleness_mean": 1 / 3,
         "rollout/staleness_max": 1.0,
+        "rollout/staleness_hist/0": 2.0,
+        "rollout/staleness_hist/1": 1.0,
     }
     assert [s.staleness for s in samples] == [0, 1, None, 0]
     assert record_staleness([Sample()], trainer_version=0) == {}
+
+
+def test_staleness_counts_tokens_so_an_empty_aborted_call_adds_no_version():
+    """A request aborted in the queue by a push returns no token: its call's version is no token's."""
+    sample = Sample(tokens=[1, 2])
+    append_engine_output(sample, _engine_out([7, 8], "3", "abort"))
+    append_engine_output(sample, _engine_out([], "4", "abort"))  # aborted while waiting: nothing generated
+    append_engine_output(sample, _engine_out([9], "5", "stop"))
+    assert sample.token_versions == [3, 3, 5] and sample.weight_versions == ["3", "4", "5"]
+    assert sample_staleness(sample, trainer_version=6) == 3
+    assert group_staleness([sample, Sample(token_versions=[], response_length=0)], trainer_version=6) == 3
+    spanning = {**_engine_out([1, 2, 3], "6", "stop")}
+    spanning["meta_info"]["output_token_versions"] = ["5", "5", "6"]  # vLLM kept it across an update
+    other = Sample(tokens=[1])
+    append_engine_output(other, spanning)
+    assert other.token_versions == [5, 5, 6] and other.response_length == 3 and other.response == "text"
+
+
+def _engine_out(ids: list[int], version: str, finish: str) -> dict:
+    logprobs = [[-0.5, t] for t in ids]
+    meta = {"output_token_logprobs": logprobs, "weight_version": version, "finish_reason": {"type": finish}}
+    return {"text": "text" if ids else "", "meta_info": meta}
 
 
 # ---- the loops' schedules, with the Ray calls made eager (a `.remote()` runs at once) ------------------------
@@ -131,10 +159,11 @@ def test_producer_records_staleness_and_a_checkpoint_keeps_the_in_flight_rollout
 def test_async_refuses_colocation_and_a_sync_interval_without_async():
     problems = collect_problems(typed_config(["train.async=true", "cluster.colocate=true"]))
     assert [p.key for p in problems] == ["train.async"]
-    assert "cluster.colocate=true" in problems[0].message and "train.async=false" in problems[0].fix
-    problems = collect_problems(typed_config(["rollout.weight_sync.interval=2"]))
-    assert [(p.key, p.value) for p in problems] == [("rollout.weight_sync.interval", 2)]
-    assert "train.async=true" in problems[0].fix
+    assert "cluster.colocate=true" in problems[0].message and "train.async=off" in problems[0].fix
+    for mode in ("off", "full"):
+        problems = collect_problems(typed_config([f"train.async={mode}", "rollout.weight_sync.interval=2"]))
+        assert [(p.key, p.value) for p in problems] == [("rollout.weight_sync.interval", 2)]
+        assert "train.async=one_step" in problems[0].fix
     assert [p.key for p in collect_problems(typed_config(["train.async=true", "rollout.weight_sync.interval=0"]))] == [
         "rollout.weight_sync.interval"
     ]
@@ -143,12 +172,29 @@ def test_async_refuses_colocation_and_a_sync_interval_without_async():
     assert [p.key for p in problems] == ["train.async"] and "debug.rollout_only runs only one" in problems[0].message
 
 
+def test_train_async_is_a_mode_and_full_brings_its_staleness_keys():
+    """off | one_step | full (false/true keep their meaning); full needs a bound >= 1, a known stale policy, the
+    default rollout function and no dynamic filter; a bad mode names the three."""
+    modes = {v: typed_config([f"train.async={v}"]).train.async_mode.value for v in ("false", "true", "off", "full")}
+    assert modes == {"false": "off", "true": "one_step", "off": "off", "full": "full"}
+    problems = collect_problems(typed_config(["train.async=sometimes"]))
+    assert [p.key for p in problems] == ["train.async"] and "one_step" in problems[0].message
+    bad = ["train.async=full", "train.max_staleness=0", "rollout.stale_policy=keep"]
+    bad += [
+        "rollout.function=slime.rollout.sft.generate_rollout",
+        "algo.dynamic_filter=slime.rollout.filters.check_reward_nonzero_std",
+    ]
+    keys = sorted(p.key for p in collect_problems(typed_config(bad)))
+    assert keys == ["algo.dynamic_filter", "rollout.function", "rollout.stale_policy", "train.max_staleness"]
+    assert collect_problems(typed_config(["train.async=full", "rollout.stale_policy=regenerate"])) == []
+
+
 def test_cli_async_colocated_exits_2_before_starting_anything(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "main.py", "train.async=true", "cluster.colocate=true", f"hydra.run.dir={run_dir}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "train.async=True: the one-step-async loop generates rollout k+1 while step k trains" in proc.stderr
+    assert "train.async=True: the asynchronous loops generate while the trainer trains" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "result.json").exists() and not (run_dir / "checkpoints").exists()
 

@@ -158,7 +158,7 @@ def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
     choice = {
         "finish_reason": "abort",
         "token_ids": [3, 4],
-        "weight_versions": [{"version": "2", "start": 0, "end": 2}],
+        "weight_versions": [{"version": "2", "start": 0, "end": 1}, {"version": "3", "start": 1, "end": 2}],
     }
     choice["logprobs"] = {"content": [{"token_id": 3, "logprob": -0.5}, {"token_id": 4, "logprob": -1.5}]}
     out = as_sglang_output({"choices": [choice], "usage": {"prompt_tokens": 7}}, lambda ids: "x" * len(ids))
@@ -167,7 +167,8 @@ def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
         "meta_info": {
             "finish_reason": {"type": "abort"},
             "output_token_logprobs": [[-0.5, 3], [-1.5, 4]],
-            "weight_version": "2",
+            "weight_version": "3",  # the last span's (a request kept across an update has several)
+            "output_token_versions": ["2", "3"],
             "prompt_tokens": 7,
             "completion_tokens": 2,
         },
@@ -177,6 +178,7 @@ def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
 
     append_engine_output(sample, out)
     assert sample.status == SampleStatus.ABORTED and sample.rollout_log_probs == [-0.5, -1.5]
+    assert sample.token_versions == [2, 3] and sample.response == "xx" and sample.weight_versions == ["3"]
     del choice["logprobs"]
     with pytest.raises(ValueError, match="must set sampling_params.logprobs=0"):
         as_sglang_output({"choices": [choice]}, str)

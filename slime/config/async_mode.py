@@ -1,0 +1,34 @@
+"""`train.async`: which training loop overlaps generation with training (README "Training loop").
+
+- off: the synchronous loop (REFERENCE.md §2.2): rollout k, then train k, then push.
+- one_step: rollout k+1 is generated while step k trains (REFERENCE.md §2.4); a push waits for that rollout.
+- full: the engines generate continuously; the trainer takes each step's groups from a bounded buffer as they
+  finish, and pushes interrupt generation (pause, push, continue); `train.max_staleness` bounds how many weight
+  versions old a trained group's oldest token may be (AReaL's, miles' and verl's fully-async trainers).
+
+The bools of earlier configs keep their meaning: false is off, true is one_step.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class AsyncMode(str, enum.Enum):
+    OFF = "off"
+    ONE_STEP = "one_step"
+    FULL = "full"
+
+    @classmethod
+    def parse(cls, value: Any) -> AsyncMode:
+        """The mode a `train.async` value names (false/true: off/one_step); ValueError for anything else."""
+        if isinstance(value, bool):
+            return cls.ONE_STEP if value else cls.OFF
+        for mode in cls:
+            if value == mode.value:
+                return mode
+        raise ValueError(f"train.async must be one of {[m.value for m in cls]} (or false/true), got {value!r}")
+
+
+STALE_POLICIES = ("drop", "regenerate")  # rollout.stale_policy: what a group older than train.max_staleness gets
