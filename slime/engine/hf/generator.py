@@ -1,11 +1,12 @@
 """Batched autoregressive generation on a transformers causal LM, with SGLang's output semantics.
 
-One `Generator.generate(requests)` call runs one static batch: prompts are left-padded, the prefill
-uses an attention mask and per-row position ids, decoding reuses a `DynamicCache`, and finished rows
-are dropped from the cache and the batch as soon as they finish (they cost no further compute). A
-batch of one request takes its prefill, and the decode step of its first token, from the prefix cache
-when a request decoded alone got there before (`prefix_cache.py`: the same computation, so the same
-bits); the owner clears that cache whenever the weights change.
+One `Generator.generate(requests)` call runs one static batch (`batch.RunningBatch`): prompts are left-padded,
+the prefill uses an attention mask and per-row position ids, decoding reuses a `DynamicCache`, and finished rows
+are dropped from the cache and the batch as soon as they finish (they cost no further compute). `new_batch()`
+gives the scheduler a batch that requests join between decode steps. A batch of one request takes its prefill,
+and the decode step of its first token, from the prefix cache when a request decoded alone got there before
+(`prefix_cache.py`: the same computation, so the same bits); the owner clears that cache whenever the weights
+change.
 
 Output semantics (as SGLang):
 - `output_ids` / `output_logprobs` hold every generated token, including a matched EOS / stop token
@@ -24,43 +25,21 @@ import copy
 import inspect
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from transformers import DynamicCache
 
-from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS, DEFAULT_MAX_TOKENS, PrefixCache
-from slime.engine.hf.sampling import LogitsSampler, SamplingParams
+from slime.engine.hf.batch import RunningBatch, joinable
+from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache
+from slime.engine.hf.request import GenerationError, GenerationRequest, GenerationResult
+from slime.engine.hf.sampling import SamplingParams
 from slime.moe.hf_routers import RouterTap
 
+# the engine's modules import the request types from here
+__all__ = ["GenerationError", "GenerationRequest", "GenerationResult", "Generator"]
+
 logger = logging.getLogger(__name__)
-
-
-class GenerationError(ValueError):
-    """A request that cannot be served as given (the server answers HTTP 400)."""
-
-
-@dataclass
-class GenerationRequest:
-    """One sequence to generate. `aborted` may be set from another thread; it is checked every step."""
-
-    input_ids: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    rid: str = ""
-    aborted: bool = False
-    lora: Optional[str] = None  # the LoRA adapter it runs with (SGLang's `lora_path`: the adapter's name)
-
-
-@dataclass
-class GenerationResult:
-    output_ids: list[int]
-    output_logprobs: list[float]  # natural log, one per output id
-    text: str
-    finish_reason: dict[str, Any]
-    cached_tokens: int = 0  # prompt tokens served by the prefix cache, counted as SGLang does (see `generate`)
-    # with `capture_routes`: int32 [prompt + output - 1, MoE layers, top-k], each fed token's experts
-    routes: Optional[torch.Tensor] = None
 
 
 def _as_id_set(value: Any) -> set[int]:
@@ -118,6 +97,8 @@ class Generator:
         # transformers >= 5.2x renamed `past_key_values` to `cache` (the old name warns).
         forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        # requests may join a running batch: its KV cache rows can be merged, and no forward's routes are returned
+        self.joinable = not capture_routes and joinable(DynamicCache(config=config))
 
     # ---------------------------------------------------------------- validation
     def validate(self, req: GenerationRequest) -> None:
@@ -139,7 +120,8 @@ class Generator:
         wanted = req.params.max_new_tokens
         return room if wanted is None else min(int(wanted), room)
 
-    def _stop_ids(self, params: SamplingParams) -> set[int]:
+    def stop_ids(self, params: SamplingParams) -> set[int]:
+        """The token ids that end a request with these params (none with ignore_eos, as SGLang)."""
         if params.ignore_eos:
             return set()
         return set(params.stop_token_ids) | self.eos_token_ids
@@ -155,50 +137,32 @@ class Generator:
         """
         for req in requests:
             self.validate(req)
-        n = len(requests)
-        out_ids: list[list[int]] = [[] for _ in range(n)]
-        out_lps: list[list[float]] = [[] for _ in range(n)]
-        budgets = [self.max_new_tokens(r) for r in requests]
-        stop_ids = [self._stop_ids(r.params) for r in requests]
-        reasons: list[Optional[dict]] = [None] * n
-        cached = [0] * n
-        routes: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        live: list[int] = []
-        for i, req in enumerate(requests):
-            if req.aborted:
-                reasons[i] = {"type": "abort", "message": "Abort before prefill"}
-            elif budgets[i] <= 0:
-                reasons[i] = {"type": "length", "length": 0}
-            else:
-                live.append(i)
-        if live:
-            tap = self.router_tap.capture() if self.router_tap else contextlib.nullcontext()
-            with tap:
-                self._decode_loop(requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached, routes)
-        results = []
-        for i, req in enumerate(requests):
-            text = self._final_text(req.params, out_ids[i], reasons[i])
-            fed = torch.cat(routes[i]).to(torch.int32) if routes[i] else None
-            results.append(GenerationResult(out_ids[i], out_lps[i], text, reasons[i], cached[i], fed))
+        results: list[Optional[GenerationResult]] = [None] * len(requests)
+        batch = self.new_batch()
+        with self.capturing_routes():
+            finished = batch.add(requests, range(len(requests)))
+            while batch:
+                finished += batch.step()
+        for index, result in finished:
+            results[index] = result
         return results
 
-    def _take_routes(self, routes, live, width: int, prompts=None) -> None:
-        """Append the last forward's routes to each live request's: the prompt's rows of a left-padded prefill
-        (`prompts` given, `width` columns), else one row per request (a decode step)."""
-        if self.router_tap is None:
-            return
-        taken = self.router_tap.take().cpu()
-        taken = taken.view(len(live), width, *taken.shape[1:])
-        for row, i in enumerate(live):
-            routes[i].append(taken[row, width - len(prompts[row]) :] if prompts else taken[row])
+    def new_batch(self) -> RunningBatch:
+        """An empty batch on this model: `add` requests, `step` until it is empty."""
+        return RunningBatch(self)
+
+    def capturing_routes(self):
+        """The context in which forwards record MoE routes (a no-op without route capture)."""
+        return self.router_tap.capture() if self.router_tap else contextlib.nullcontext()
 
     def flush_cache(self) -> None:
         """Forget every stored prefill: call whenever the weights change or memory is released."""
         self.prefix_cache.clear()
 
-    def _prefill(self, prompts, ids, mask, position_ids):
-        """(KV cache, last-position logits [B, V], whether they came from the prefix cache). A lone prompt's cache
-        is the prefix cache's (shared): `_decode_step` copies it before extending it."""
+    def prefill(self, prompts, ids, mask, position_ids):
+        """(KV cache, last-position logits [B, V], whether they came from the prefix cache) of the left-padded
+        prompts `ids` [B, W] (`mask`, `position_ids` [B, W]). A lone prompt's cache is the prefix cache's (shared):
+        `decode_step` copies it before extending it."""
         alone = len(prompts) == 1 and self.prefix_cache.enabled
         hit = self.prefix_cache.get(prompts[0]) if alone else None
         if hit is not None:
@@ -218,64 +182,11 @@ class Generator:
             self.prefix_cache.put(prompts[0], cache, logits)
         return cache, logits, False
 
-    def _decode_loop(self, requests, live, budgets, stop_ids, out_ids, out_lps, reasons, cached, routes) -> None:
-        device = self.device
-        prompts = [requests[i].input_ids for i in live]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(live), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(live), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        next_pos = mask.sum(-1)  # position of each row's first new token
-        sampler = LogitsSampler(
-            [requests[i].params for i in live],
-            prompts,
-            vocab_size=self.vocab_size,
-            device=device,
-            stop_ids_per_row=[sorted(stop_ids[i]) for i in live],
-            generator=self.generator,
-        )
-        cache, logits, hit = self._prefill(prompts, ids, mask, position_ids)
-        cache_shared = len(live) == 1 and self.prefix_cache.enabled  # held by the prefix cache too
-        if hit:
-            cached[live[0]] = len(prompts[0]) - 1
-        self._take_routes(routes, live, width, prompts)
-        step = 0
-        while True:
-            tokens, logprobs = sampler.step(logits, step)
-            step += 1
-            token_list, lp_list = tokens.tolist(), logprobs.tolist()
-            self.num_generated_tokens += len(live)
-            keep: list[int] = []
-            for row, i in enumerate(live):
-                out_ids[i].append(token_list[row])
-                out_lps[i].append(lp_list[row])
-                reasons[i] = self._check_finish(requests[i], out_ids[i], budgets[i], stop_ids[i])
-                if reasons[i] is None:
-                    keep.append(row)
-            if not keep:
-                return
-            if len(keep) < len(live):
-                index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
-                mask, next_pos, tokens = mask[index], next_pos[index], tokens[index]
-                sampler.select(keep)
-                live = [live[row] for row in keep]
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            generated = out_ids[live[0]] if len(live) == 1 and step <= CACHED_DECODE_STEPS else None
-            cache, logits, cache_shared = self._decode_step(
-                prompts[0], generated, tokens, mask, next_pos, (cache, cache_shared)
-            )
-            self._take_routes(routes, live, 1)
-            next_pos = next_pos + 1
-
-    def _decode_step(self, prompt, generated, tokens, mask, positions, state):
-        """(KV cache, logits [B, V], whether that cache is the prefix cache's) after feeding `tokens` to `state`
-        (the cache, and whether it is the prefix cache's: then a copy is extended, never it). A lone request's
-        state after `prompt` and `generated` (None: not cached) comes from the prefix cache when it is there."""
+    def decode_step(self, prompt, generated, tokens, mask, positions, state):
+        """(KV cache, logits [B, V], whether that cache is the prefix cache's) after feeding `tokens` [B] at
+        `positions` [B] (`mask` [B, W + 1]) to `state` (the cache of W positions, and whether it is the prefix
+        cache's: then a copy is extended, never it). A lone request's state after `prompt` and `generated` (None:
+        not cached) comes from the prefix cache when it is there."""
         cache, shared = state
         cacheable = generated is not None and self.prefix_cache.enabled
         hit = self.prefix_cache.get(prompt, generated) if cacheable else None
@@ -295,7 +206,7 @@ class Generator:
             self.prefix_cache.put(prompt, cache, logits, generated)
         return cache, logits, cacheable
 
-    def _check_finish(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]) -> Optional[dict]:
+    def finish_reason(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]) -> Optional[dict]:
         """SGLang's order: abort, length, (nothing before min_new_tokens), stop token, stop string."""
         if req.aborted:
             return {"type": "abort", "message": "Aborted by request"}
@@ -314,7 +225,7 @@ class Generator:
                     return {"type": "stop", "matched": s}
         return None
 
-    def _final_text(self, params: SamplingParams, ids: list[int], reason: dict) -> str:
+    def final_text(self, params: SamplingParams, ids: list[int], reason: dict) -> str:
         matched = reason.get("matched") if reason.get("type") == "stop" else None
         trim = not params.no_stop_trim
         if trim and isinstance(matched, int):

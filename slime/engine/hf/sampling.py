@@ -128,8 +128,9 @@ class SamplingParams:
 class LogitsSampler:
     """Vectorised penalties, temperature, log-probs and truncated sampling for one decode batch.
 
-    Built once per batch from the rows' params; `select(keep)` drops finished rows. Token counts for
-    the penalties are tracked only when some row uses a penalty.
+    Built from the rows' params; `select(keep)` drops finished rows, `extend(other)` appends another sampler's
+    rows (requests joining a running batch). Each row counts its own generated tokens (for min_new_tokens). Token
+    counts for the penalties are tracked only when some row uses a penalty.
     """
 
     def __init__(
@@ -161,6 +162,7 @@ class LogitsSampler:
             self.row_generators.append(gen)
         # Stop tokens masked while fewer than min_new_tokens were generated.
         self.min_new = torch.tensor([p.min_new_tokens for p in params], device=device)
+        self.generated = [0] * len(self.params)  # tokens each row sampled so far
         self.stop_mask = torch.zeros(len(params), vocab_size, dtype=torch.bool, device=device)
         for i, ids in enumerate(stop_ids_per_row):
             ids = [t for t in ids if 0 <= t < vocab_size]
@@ -170,9 +172,10 @@ class LogitsSampler:
             p.frequency_penalty != 0 or p.presence_penalty != 0 or p.repetition_penalty != 1 for p in params
         )
         if self.use_penalties:
-            self.freq = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(1)
-            self.pres = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(1)
-            self.rep = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
+            f32 = {"dtype": torch.float32, "device": device}
+            self.freq = torch.tensor([float(p.frequency_penalty) for p in params], **f32).unsqueeze(1)
+            self.pres = torch.tensor([float(p.presence_penalty) for p in params], **f32).unsqueeze(1)
+            self.rep = torch.tensor([float(p.repetition_penalty) for p in params], **f32).unsqueeze(1)
             self.out_counts = torch.zeros(len(params), vocab_size, dtype=torch.float32, device=device)
             self.seen = torch.zeros(len(params), vocab_size, dtype=torch.bool, device=device)
             for i, ids in enumerate(prompts):
@@ -183,24 +186,49 @@ class LogitsSampler:
     def select(self, keep: list[int]) -> None:
         """Keep only the given row positions (in the current order)."""
         idx = torch.tensor(keep, device=self.device)
-        for name in ("greedy", "temperature", "top_p", "top_k", "min_p", "min_new", "stop_mask"):
+        for name in self._row_tensors():
             setattr(self, name, getattr(self, name)[idx])
-        if self.use_penalties:
-            for name in ("freq", "pres", "rep", "out_counts", "seen"):
-                setattr(self, name, getattr(self, name)[idx])
         self.params = [self.params[i] for i in keep]
         self.row_generators = [self.row_generators[i] for i in keep]
+        self.generated = [self.generated[i] for i in keep]
 
-    def step(self, logits: torch.Tensor, num_generated: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(self, other: LogitsSampler) -> None:
+        """Append `other`'s rows (same vocabulary, device and shared generator) after this sampler's."""
+        if self.use_penalties or other.use_penalties:
+            self._track_penalties()
+            other._track_penalties()
+        for name in self._row_tensors():
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.params += other.params
+        self.row_generators += other.row_generators
+        self.generated += other.generated
+
+    def _row_tensors(self) -> tuple[str, ...]:
+        """Names of the per-row tensors (first dimension B)."""
+        names = ("greedy", "temperature", "top_p", "top_k", "min_p", "min_new", "stop_mask")
+        return names + ("freq", "pres", "rep", "out_counts", "seen") if self.use_penalties else names
+
+    def _track_penalties(self) -> None:
+        """Penalty state for rows without penalties: neutral values (x / 1, x * 1, x - 0 leave logits unchanged)."""
+        if self.use_penalties:
+            return
+        rows, f32 = len(self.params), {"dtype": torch.float32, "device": self.device}
+        self.freq, self.pres = torch.zeros(rows, 1, **f32), torch.zeros(rows, 1, **f32)
+        self.rep = torch.ones(rows, 1, **f32)
+        self.out_counts = torch.zeros(rows, self.vocab_size, **f32)
+        self.seen = torch.zeros(rows, self.vocab_size, dtype=torch.bool, device=self.device)
+        self.use_penalties = True
+
+    def step(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, V'] of the current rows → (token ids [B] int64, their log-probs [B] float32)."""
         logits = logits[:, : self.vocab_size].float()
         if self.use_penalties:
             rep_applied = torch.where(logits > 0, logits / self.rep, logits * self.rep)
             logits = torch.where(self.seen, rep_applied, logits)
             logits = logits - self.freq * self.out_counts - self.pres * (self.out_counts > 0).float()
-        if num_generated < int(self.min_new.max()):
-            block = self.stop_mask & (self.min_new > num_generated).unsqueeze(1)
-            logits = logits.masked_fill(block, float("-inf"))
+        too_few = self.min_new > torch.tensor(self.generated, device=self.device)
+        if bool(too_few.any()):
+            logits = logits.masked_fill(self.stop_mask & too_few.unsqueeze(1), float("-inf"))
         logits = logits / self.temperature.unsqueeze(1)
         logprobs = torch.log_softmax(logits, dim=-1)
         tokens = torch.argmax(logits, dim=-1)
@@ -212,6 +240,7 @@ class LogitsSampler:
             ones = torch.ones_like(tokens, dtype=torch.float32).unsqueeze(1)
             self.out_counts.scatter_add_(1, tokens.unsqueeze(1), ones)
             self.seen.scatter_(1, tokens.unsqueeze(1), True)
+        self.generated = [n + 1 for n in self.generated]
         return tokens, token_logprobs
 
     def _sample(self, logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
