@@ -31,4 +31,8 @@ class AsyncMode(str, enum.Enum):
         raise ValueError(f"train.async must be one of {[m.value for m in cls]} (or false/true), got {value!r}")
 
 
-STALE_POLICIES = ("drop", "regenerate")  # rollout.stale_policy: what a group older than train.max_staleness gets
+class StalePolicy(str, enum.Enum):
+    """rollout.stale_policy: what a group older than train.max_staleness gets (train.async=full)."""
+
+    DROP = "drop"  # not trained, counted (rollout/stale_dropped_groups)
+    REGENERATE = "regenerate"  # its prompt goes back to the data source, generated again with newer weights

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.config.async_mode import STALE_POLICIES, AsyncMode
+from slime.config.async_mode import AsyncMode, StalePolicy
 from slime.config.problems import Problem, one_of
 from slime.config.schema import RunConfig
 
@@ -73,4 +73,4 @@ def _check_full(cfg: RunConfig) -> Iterator[Problem]:
             "must be >= 1 with train.async=full (0 allows only the current weights: the synchronous loop)",
             "set train.max_staleness=1, or train.async=off",
         )
-    yield from one_of("rollout.stale_policy", cfg.rollout.stale_policy, STALE_POLICIES)
+    yield from one_of("rollout.stale_policy", cfg.rollout.stale_policy, [p.value for p in StalePolicy])

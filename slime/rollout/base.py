@@ -84,6 +84,21 @@ class RolloutProgress:
     dropped: int = 0  # rejected by the dynamic filter
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StreamLimits:
+    """train.async=full's stream bounds (slime.rollout.stream): groups per trainer step, the staleness bound
+    (weight versions), what a stale group gets (regenerated, or dropped)."""
+
+    batch_size: int
+    max_staleness: int
+    regenerate_stale: bool
+
+    @property
+    def capacity(self) -> int:
+        """Groups in flight plus waiting, at most."""
+        return self.batch_size * (self.max_staleness + 1)
+
+
 @dataclasses.dataclass(kw_only=True)
 class RolloutContext:
     """`args` of every rollout hook; built by the rollout manager for each rollout call."""

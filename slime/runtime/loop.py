@@ -21,6 +21,14 @@ generate(k+1) (the manager serves one call at a time) and writes the data source
 rollout k+1 drew its prompts: a resume from step k generates rollout k+1 again, from the same prompts,
 with the checkpoint's weights. Disaggregated only: validation refuses `cluster.colocate=true`.
 
+The fully async loop (`train.async=full`, slime.config.async_mode), `run_full`:
+
+    push(start) -> start the manager's stream -> for each rollout id k:
+        take k's groups from the stream (finished groups, none over train.max_staleness) -> train k
+        -> save if due (the stream's buffer and in-flight groups with it) -> weight sync (interrupting generation)
+        -> log -> eval if due
+    -> stop the stream
+
 `debug.rollout_only` (`run_rollout_only`, conf/debug/rollout_only.yaml): no trainer; every rollout is generated
 with the engines' initial weights, rewarded, logged, and evaluated at its interval; nothing trained or saved.
 
@@ -36,6 +44,7 @@ from typing import Any
 
 import ray
 
+from slime.config.async_mode import AsyncMode
 from slime.config.schema import RunConfig
 from slime.runtime.events import Event, RunEvent
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
@@ -80,7 +89,9 @@ class RunLoop:
     """The run's parts with one method per step of a rollout; `run()` picks the loop the config asks for.
 
     Timing metrics: `perf/step_time`, `perf/train_time` (s) and the loop-relative windows `perf/*_at` (s since
-    the loop began, the rollout manager's stamps rebased), `perf/save_model_time`; the async loop adds
+    the loop began, the rollout manager's stamps rebased), `perf/save_model_time`, `perf/trainer_idle_time` (s the
+    step waited for its rollout data) and `perf/engine_idle_time` (s of the step with no request of the trainer's in
+    flight: the step's time minus its rollout's, or under train.async=full the stream's own count); the async loop adds
     `perf/rollout_wait_time` (s the step waited for its rollout), `perf/rollout_overlap_time` (s of its
     generation that ran while the previous step trained) and `perf/sync_wait_time` (s a weight sync waited for
     the in-flight generation)."""
@@ -121,7 +132,9 @@ class RunLoop:
         self.state.events.publish(RunEvent.LOOP_STARTED, start=self.start, trainer=self.parts.actor)
         if self.parts.actor is None:
             self.run_rollout_only()
-        elif self.cfg.train.is_async:
+        elif self.cfg.train.async_mode is AsyncMode.FULL:
+            self.run_full()
+        elif self.cfg.train.async_mode is AsyncMode.ONE_STEP:
             self.run_async()
         else:
             self.run_sync()
@@ -164,6 +177,22 @@ class RunLoop:
                 self.wait_for_generation(step, in_flight)
                 self.push_weights(step)
             self.finish(step)
+
+    def run_full(self) -> None:
+        """train.async=full (the module docstring): the engines never wait for training, nor the trainer for a
+        whole rollout step; each push interrupts generation."""
+        self.begin()
+        ray.get(self.parts.manager.start_stream.remote(self.start))
+        for rollout_id in range(self.start, self.last + 1):
+            step = self.begin_step(rollout_id)
+            self.receive(step, self.generate(rollout_id))
+            self.state.enter("log_probs", rollout_id)
+            self.train(step)
+            self.save_if_due(step)
+            self.state.enter("weight_sync", rollout_id)
+            self.push_weights(step)
+            self.finish(step)
+        ray.get(self.parts.manager.stop_stream.remote())
 
     def run_rollout_only(self) -> None:
         """debug.rollout_only: generate, reward, log and evaluate with the engines' initial weights."""
@@ -213,9 +242,11 @@ class RunLoop:
         """Wait for the step's rollout; meanwhile (every `poll_s` s of the progress display) and once at the end,
         its group counts are published (RunEvent.ROLLOUT_PROGRESS)."""
         poll_s = self.parts.tracker.progress.poll_s
+        waited = time.perf_counter()
         while poll_s is not None and not ray.wait([pending], timeout=poll_s)[0]:
             self._publish_groups(step.rollout_id, final=False)
         step.shards, step.metrics, step.preview = ray.get(pending)  # references to the shards, not the data
+        step.metrics["perf/trainer_idle_time"] = time.perf_counter() - waited
         if poll_s is not None:
             self._publish_groups(step.rollout_id, final=True)
         for key in ROLLOUT_CLOCK:  # the manager's time.time() stamps as seconds since the loop began
@@ -327,6 +358,8 @@ class RunLoop:
         """Log the step (its optimizer steps, its metrics, sample previews), then eval when due (§2.2 step 8)."""
         rollout_id, metrics, tracker = step.rollout_id, step.metrics, self.parts.tracker
         metrics["perf/step_time"] = time.perf_counter() - step.started
+        if "perf/engine_idle_time" not in metrics and "perf/rollout_time" in metrics:  # the stream measures its own
+            metrics["perf/engine_idle_time"] = max(metrics["perf/step_time"] - metrics["perf/rollout_time"], 0.0)
         tracker.log_step(rollout_id, step.train_steps, metrics)
         if step.train_steps:
             metrics.update(step.train_steps[-1])

@@ -133,6 +133,14 @@ class RolloutManager:
         batches, metrics, preview = self.producer.rollout_step(rollout_id, counts)
         return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
 
+    def start_stream(self, trainer_version: int) -> None:
+        """train.async=full: generate continuously from now on; `generate` then takes each step's groups."""
+        self.producer.start_stream(trainer_version)
+
+    def stop_stream(self) -> None:
+        """train.async=full: the last step was taken; abort what is still generating."""
+        self.producer.stop_stream()
+
     @ray.method(concurrency_group="progress")
     def progress(self) -> tuple[int, dict[str, int]]:
         """(rollout id, its group counts so far: RolloutProgress fields) of the latest train rollout."""

@@ -39,6 +39,7 @@ from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.rollout.staleness import record_staleness
+from slime.rollout.stream import GroupStream
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.engine_memory import engine_memory_metrics
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
@@ -83,6 +84,8 @@ class RolloutProducer:
         # (rollout id, the data source's state before that rollout drew): a save of the rollout before it writes
         # this state, so the one-step-async loop's in-flight rollout is drawn again on resume (never skipped)
         self._cursor_before: tuple[int, dict[str, Any]] | None = None
+        self.stream: GroupStream | None = None  # train.async=full, once started
+        self._stream_state: dict[str, Any] | None = None  # a checkpoint's stream, until the stream starts
 
     # ---- data --------------------------------------------------------------------------------
     def load_data(self) -> None:
@@ -128,8 +131,25 @@ class RolloutProducer:
         )
 
     def close(self) -> None:
+        self.stop_stream()
         if self.rewards is not None:
             self.rewards.close()
+
+    # ---- train.async=full --------------------------------------------------------------------------
+    def start_stream(self, trainer_version: int) -> None:
+        """Start generating continuously (slime.rollout.stream), from a checkpoint's stream when loaded."""
+        ctx = self._context(RolloutProgress(needed=self.setup.rollout.batch_size), evaluation=False)
+        self.stream = GroupStream(ctx, self.data_source, self.setup.stream)
+        if self._stream_state is not None:
+            self.stream.load_state_dict(self._stream_state)
+            self._stream_state = None
+        self.stream.start(trainer_version)
+
+    def stop_stream(self) -> None:
+        """Abort what the stream generates and stop it (the run's last step was taken)."""
+        if self.stream is not None:
+            self.stream.close()
+            self.fleet.abort_and_wait_idle()
 
     # ---- rollout -----------------------------------------------------------------------------
     def _context(self, progress: RolloutProgress, *, evaluation: bool) -> RolloutContext:
@@ -240,7 +260,12 @@ class RolloutProducer:
         return batches, metrics, preview
 
     def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
-        """The rollout function's step, or the step's dump under debug.load_rollout_data."""
+        """The rollout function's step, the stream's (train.async=full), or the step's dump under
+        debug.load_rollout_data."""
+        if self.stream is not None:
+            start = time.perf_counter()
+            groups, metrics = self.stream.take(rollout_id)
+            return RolloutOutput(groups=groups, metrics={**metrics, "perf/rollout_time": time.perf_counter() - start})
         if self.setup.load_rollout_data is None:
             if self.hooks.buffer_filter is not None:
                 self.data_source.buffer_filter = functools.partial(self.hooks.buffer_filter, ctx, rollout_id)
@@ -294,12 +319,15 @@ class RolloutProducer:
         # this actor's generators (user hooks may draw from them), then the data source's cursor and buffer; the
         # one-step-async loop's in-flight rollout drew ahead: its cursor before that draw is saved instead
         drawn_ahead = self._cursor_before is not None and self._cursor_before[0] == rollout_id + 1
-        states = {
-            f"rng_{rollout_id}.pt": rng_state(),
-            f"global_dataset_state_dict_{rollout_id}.pt": self._cursor_before[1]
-            if drawn_ahead
-            else self.data_source.state_dict(),
-        }
+        states = {f"rng_{rollout_id}.pt": rng_state()}
+        if self.stream is not None:  # one snapshot: the cursor, the finished groups, those in flight
+            stream = self.stream.state_dict()
+            states[f"global_dataset_state_dict_{rollout_id}.pt"] = stream.pop("data_source")
+            states[f"stream_{rollout_id}.pt"] = stream
+        else:
+            states[f"global_dataset_state_dict_{rollout_id}.pt"] = (
+                self._cursor_before[1] if drawn_ahead else self.data_source.state_dict()
+            )
         for name, state in states.items():
             partial = directory / f"{name}.partial"  # renamed once complete: a killed save leaves no .pt
             torch.save(state, partial)
@@ -316,3 +344,7 @@ class RolloutProducer:
         rng = path.with_name(f"rng_{rollout_id}.pt")
         if rng.exists():  # absent from checkpoints of earlier versions
             set_rng_state(torch.load(rng, weights_only=True))
+        stream = path.with_name(f"stream_{rollout_id}.pt")
+        if self.setup.stream is not None and stream.exists():  # full: the stream continues from it once started
+            state = torch.load(stream, weights_only=True)
+            self._stream_state = {"data_source": self.data_source.state_dict(), **state}

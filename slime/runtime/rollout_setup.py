@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from slime.config.async_mode import AsyncMode, StalePolicy
 from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
 from slime.config.schema_lora import LoRAConfig
 from slime.engine.base import LoRAServing
 from slime.plan.run_plan import RunPlan
+from slime.rollout.base import StreamLimits
 from slime.runtime.engine_fleet import FleetSetup
 
 
@@ -37,6 +39,7 @@ class RolloutSetup:
     check_weight_update_equal: bool = False  # debug: engines snapshot and randomise their weights once up
     load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
     max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
+    stream: StreamLimits | None = None  # train.async=full: groups generated continuously (slime.rollout.stream)
 
     @classmethod
     def from_run_config(cls, cfg: RunConfig, plan: RunPlan) -> RolloutSetup:
@@ -78,7 +81,19 @@ class RolloutSetup:
                 str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
             ),
             max_train_groups=max_train_groups(cfg),
+            stream=stream_limits(cfg),
         )
+
+
+def stream_limits(cfg: RunConfig) -> StreamLimits | None:
+    """train.async=full's bounds; None for the other loops."""
+    if cfg.train.async_mode is not AsyncMode.FULL:
+        return None
+    return StreamLimits(
+        batch_size=cfg.rollout.batch_size,
+        max_staleness=cfg.train.max_staleness,
+        regenerate_stale=StalePolicy(cfg.rollout.stale_policy) is StalePolicy.REGENERATE,
+    )
 
 
 def lora_serving(lora: LoRAConfig) -> LoRAServing | None:
