@@ -1,29 +1,37 @@
-"""Per-rollout wall time of the one-step-async loop against the synchronous loop, on the same config.
+"""The training loops (`train.async`: off, one_step, full) on the embedded default with a long tail of response
+lengths (recipe=embedded_long_tail: one sample in 16 decodes 20 tokens instead of 2), the engine batching requests
+(rollout.deterministic=false), so the tail holds each batch.
 
-Runs `python main.py` twice in this process's sequence — train.async=false, then train.async=true — with the
-same overrides (the embedded default unless given), and prints one table: per-rollout wall time (mean
-perf/step_time: a step's wall time from waiting for its rollout to its log, so the steps add up to the
-loop), the same without the first step (no overlap is possible there), the rollout and train phase means,
-the step time beyond the rollout's (what the overlap can hide: train, sync, logging),
-how much generation ran during training, staleness, the last-3 mean raw reward, and each mode's ratio
-to the synchronous baseline measured in the same invocation:
+Runs `python main.py` once per mode (one subprocess each, its own hydra.run.dir under --out), reads each run's
+metrics.jsonl and prints one table: s per trained step (the loop's wall time, i.e. the last step's
+perf/train_ended_at since the loop began, over the steps), its ratio to off's measured in the same invocation, the
+mean perf/step_time and perf/rollout_time, the last-3 mean rollout/raw_reward, the mean trainer and engine idle time
+per step (perf/trainer_idle_time, perf/engine_idle_time) and the buffer depth (rollout/buffer_depth) where the
+loop logs them, and the staleness (mean of rollout/staleness_mean, max of rollout/staleness_max):
 
-    python tools/bench_async.py                                  # the embedded default, 60 rollout steps
-    python tools/bench_async.py train.num_rollout=10             # any main.py overrides, for both runs
-    python tools/bench_async.py --out /tmp/bench rollout.weight_sync.interval=2   # (async run only)
-    python tools/bench_async.py --repeats 3 train.num_rollout=20   # sync, async, sync, ...: medians per mode
+    python tools/bench_async.py                                      # off, one_step, full; 60 rollout steps each
+    python tools/bench_async.py --modes off,one_step --num-rollout 20
+    python tools/bench_async.py --extra rollout.weight_sync.interval=2    # (one_step only)
+    python tools/bench_async.py --extra rollout.generate_function=null --extra rollout.deterministic=true
+                                                                     # the plain embedded task, as README measured
+    python tools/bench_async.py --repeats 3 --num-rollout 20         # off, one_step, full, off, ...: medians
 
-On a busy machine the repeats alternate the modes, so load drifting during the benchmark hits both; each
-mode's row is then the per-run median of every column.
+A mode the config refuses (exit 2 with a configuration error: full before its loop exists) is reported "not
+available" and the others still run; any other failure is reported "failed" and makes the exit status 1. A full run
+that logs no rollout/buffer_depth is flagged: it ran, but not the fully asynchronous loop.
 
-Overrides starting with rollout.weight_sync.interval go to the async run only (the synchronous loop
-refuses an interval > 1). Run directories land under --out (default: a temporary directory).
+Each mode adds its keys: one_step and full need engines of their own (cluster.colocate=false), full bounds the
+staleness (train.max_staleness=1). --extra overrides (and bare ones after the options) go to every run, after the
+mode's; rollout.weight_sync.interval only to one_step (the others refuse an interval > 1). On a busy machine
+--repeats alternates the modes, so load drifting during the benchmark hits all of them; each row is then the
+per-run median of every column.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -32,72 +40,189 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ASYNC_ONLY = ("rollout.weight_sync.interval=",)
+BASE = ["recipe=embedded_long_tail", "rollout.deterministic=false", "logger.progress=false"]
+MODE_OVERRIDES = {
+    "off": ["train.async=off"],
+    "one_step": ["train.async=one_step", "cluster.colocate=false"],
+    "full": ["train.async=full", "train.max_staleness=1", "cluster.colocate=false"],
+}
+ONE_STEP_ONLY = ("rollout.weight_sync.interval=",)
+CONFIG_EXIT = 2  # main.py's exit status for a configuration error
+FULL_ONLY_METRIC = "rollout/buffer_depth"
+OK, NOT_AVAILABLE, FAILED = "ok", "not available", "failed"
+# column -> (header, format); a missing value prints "-"
+COLUMNS = {
+    "s_per_step": ("s/step", "{:.3f}"),
+    "ratio": ("vs off", "{:.3f}"),
+    "step_time": ("step_time", "{:.3f}"),
+    "rollout_time": ("rollout", "{:.3f}"),
+    "last3_reward": ("reward", "{:.3f}"),
+    "trainer_idle": ("trainer idle", "{:.3f}"),
+    "engine_idle": ("engine idle", "{:.3f}"),
+    "buffer_depth": ("buffer", "{:.1f}"),
+    "staleness_mean": ("stale mean", "{:.2f}"),
+    "staleness_max": ("stale max", "{:.0f}"),
+    "steps": ("steps", "{:.0f}"),
+}
 
 
-def run_mode(run_dir: Path, overrides: list[str], *, is_async: bool) -> tuple[list[dict], float]:
-    """main.py in `run_dir`; returns (its per-rollout metric records, its wall time in s)."""
-    extra = [o for o in overrides if is_async or not o.startswith(ASYNC_ONLY)]
-    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", "logger.progress=false"]
-    cmd += [f"train.async={str(is_async).lower()}", *extra]
+def run_overrides(mode: str, extra: list[str], num_rollout: int | None) -> list[str]:
+    """main.py's overrides for `mode`: the bench's, the mode's, then the user's (the last of a key wins)."""
+    length = [f"train.num_rollout={num_rollout}"] if num_rollout is not None else []
+    extra = [o for o in extra if mode == "one_step" or not o.startswith(ONE_STEP_ONLY)]
+    return [*BASE, *length, *MODE_OVERRIDES[mode], *extra]
+
+
+def run_main(run_dir: Path, overrides: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """main.py with `overrides` in `run_dir`; (the finished process, its wall time in s)."""
+    cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", *overrides]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if "perf/step_time" in r], wall
+    return proc, time.monotonic() - started
 
 
-def summarise(rows: list[dict], wall: float) -> dict[str, float]:
-    """Seconds per rollout step and the run's outcome, from its per-rollout records."""
-    mean = lambda key, rs=rows: statistics.fmean(r.get(key, 0.0) for r in rs)  # noqa: E731
-    rewards = [r["rollout/raw_reward"] for r in rows]
+def step_records(run_dir: Path) -> list[dict]:
+    """One record per rollout step (those with perf/step_time; trainer records hold the optimizer steps)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "perf/step_time" in r]
+
+
+def mean_of(rows: list[dict], key: str) -> float | None:
+    """Mean of `key` over the rows that log it; None where none does."""
+    values = [r[key] for r in rows if key in r]
+    return statistics.fmean(values) if values else None
+
+
+def loop_wall(rows: list[dict]) -> float:
+    """The training loop's wall time (s): its last step's train end, else the steps' times added up."""
+    ends = [r["perf/train_ended_at"] for r in rows if "perf/train_ended_at" in r]
+    return max(ends) if ends else sum(r["perf/step_time"] for r in rows)
+
+
+def summarise(rows: list[dict]) -> dict[str, float | None]:
+    """One run's columns (seconds per rollout step, rewards, idle times, staleness in weight versions)."""
+    stale_max = [r["rollout/staleness_max"] for r in rows if "rollout/staleness_max" in r]
     return {
         "steps": float(len(rows)),
-        "step_s": mean("perf/step_time"),
-        "step_s_after_first": mean("perf/step_time", rows[1:]) if len(rows) > 1 else float("nan"),
-        "loop_s": sum(r["perf/step_time"] for r in rows),
-        "rollout_s": mean("perf/rollout_time"),
-        "beyond_rollout_s": mean("perf/step_time") - mean("perf/rollout_time"),
-        "train_s": mean("perf/train_time"),
-        "overlap_s": mean("perf/rollout_overlap_time"),
-        "staleness": mean("rollout/staleness_mean"),
-        "last3_reward": statistics.fmean(rewards[-3:]),
-        "wall_s": wall,
+        "s_per_step": loop_wall(rows) / len(rows),
+        "step_time": mean_of(rows, "perf/step_time"),
+        "rollout_time": mean_of(rows, "perf/rollout_time"),
+        "last3_reward": statistics.fmean(r["rollout/raw_reward"] for r in rows[-3:]),
+        "trainer_idle": mean_of(rows, "perf/trainer_idle_time"),
+        "engine_idle": mean_of(rows, "perf/engine_idle_time"),
+        "buffer_depth": mean_of(rows, FULL_ONLY_METRIC),
+        "staleness_mean": mean_of(rows, "rollout/staleness_mean"),
+        "staleness_max": max(stale_max) if stale_max else None,
     }
 
 
-def table(results: dict[str, dict[str, float]]) -> str:
-    base = results["sync"]
-    cols = ["steps", "step_s", "step_s_after_first", "loop_s", "rollout_s", "beyond_rollout_s", "train_s", "overlap_s"]
-    cols += ["staleness"]
-    cols += ["last3_reward", "wall_s"]
-    lines = [f"{'mode':<6} " + " ".join(f"{c:>18}" for c in cols) + f" {'step_s vs sync':>15}"]
-    for mode, r in results.items():
-        cells = " ".join(f"{r[c]:>18.3f}" for c in cols)
-        lines.append(f"{mode:<6} {cells} {r['step_s'] / base['step_s']:>15.3f}")
+def is_config_error(proc: subprocess.CompletedProcess) -> bool:
+    return proc.returncode == CONFIG_EXIT and "Configuration error" in proc.stderr + proc.stdout
+
+
+def bench_mode(mode: str, run_dir: Path, overrides: list[str]) -> dict:
+    """Run one mode: {status, columns (when ok), note, wall_s}."""
+    proc, wall = run_main(run_dir, overrides)
+    result = {"mode": mode, "status": OK, "note": "", "wall_s": wall, "run_dir": str(run_dir)}
+    if proc.returncode != 0:
+        refused = mode == "full" and is_config_error(proc)
+        result["status"] = NOT_AVAILABLE if refused else FAILED
+        result["note"] = last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
+        if not refused:
+            print(f"{mode}: main.py {' '.join(overrides)} exited {proc.returncode}:\n{proc.stderr[-3000:]}", flush=True)
+        return result
+    rows = step_records(run_dir)
+    if not rows:
+        return {**result, "status": FAILED, "note": "no rollout step in metrics.jsonl"}
+    result["columns"] = summarise(rows)
+    if mode == "full" and result["columns"]["buffer_depth"] is None:
+        result["note"] = f"no {FULL_ONLY_METRIC}: not the fully async loop?"
+    return result
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:120] if lines else ""
+
+
+def median_columns(runs: list[dict]) -> dict[str, float | None]:
+    """Per column, the median over the runs that have it."""
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def combine(mode: str, results: list[dict]) -> dict:
+    """A mode's row from its repeats: ok only if every repeat was; the columns' medians."""
+    bad = [r for r in results if r["status"] != OK]
+    if bad:
+        return {"mode": mode, "status": bad[0]["status"], "note": bad[0]["note"]}
+    note = next((r["note"] for r in results if r["note"]), "")
+    return {"mode": mode, "status": OK, "note": note, "columns": median_columns([r["columns"] for r in results])}
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Each ok row's s/step over off's (None without an ok off row)."""
+    base = next((r for r in rows if r["mode"] == "off" and r["status"] == OK), None)
+    for row in rows:
+        if row["status"] == OK:
+            row["columns"]["ratio"] = row["columns"]["s_per_step"] / base["columns"]["s_per_step"] if base else None
+
+
+def cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a fixed-width table; a row that did not run says why in place of its columns."""
+    widths = {key: max(len(header), 7) for key, (header, _) in COLUMNS.items()}
+    lines = [f"{'mode':<9}" + "".join(f" {COLUMNS[k][0]:>{w}}" for k, w in widths.items()) + "  note"]
+    for row in rows:
+        if row["status"] != OK:
+            lines.append(f"{row['mode']:<9} {row['status']}: {row['note']}")
+            continue
+        cols = row["columns"]
+        cells = "".join(f" {cell(cols.get(k), COLUMNS[k][1]):>{w}}" for k, w in widths.items())
+        lines.append(f"{row['mode']:<9}{cells}  {row['note']}")
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=None, help="directory for the two run directories")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating sync and async")
-    parser.add_argument("overrides", nargs="*", help="main.py overrides for both runs")
-    args = parser.parse_args()
+    parser.add_argument("--modes", default="off,one_step,full", help="comma-separated train.async modes, in order")
+    parser.add_argument("--num-rollout", type=int, default=None, help="rollout steps per run (default: 60)")
+    parser.add_argument("--extra", action="append", default=[], help="a main.py override for every run (repeatable)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per mode, the modes alternating")
+    parser.add_argument("--out", type=Path, default=None, help="directory for the run directories (default: temp)")
+    parser.add_argument("overrides", nargs="*", help="more main.py overrides for every run")
+    args = parser.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in MODE_OVERRIDES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; choose from {sorted(MODE_OVERRIDES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_async_"))
-    runs: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
+    extra = [*args.extra, *args.overrides]
+    results: dict[str, list[dict]] = {mode: [] for mode in args.modes}
     for repeat in range(args.repeats):
-        for mode in runs:
-            rows, wall = run_mode(out / f"{mode}_{repeat}", args.overrides, is_async=mode == "async")
-            runs[mode].append(summarise(rows, wall))
-            print(f"{mode} #{repeat}: {len(rows)} steps, {runs[mode][-1]['step_s']:.3f} s/step", flush=True)
-    results = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
-    print(f"overrides: {' '.join(args.overrides) or '(embedded default)'}; {args.repeats} run(s) per mode in {out}")
-    print(table(results))
-    (out / "bench_async.json").write_text(json.dumps({"median": results, "runs": runs}, indent=2))
+        for mode in args.modes:
+            overrides = run_overrides(mode, extra, args.num_rollout)
+            result = bench_mode(mode, out / f"{mode}_{repeat}", overrides)
+            results[mode].append(result)
+            print(f"{mode} #{repeat}: {result['status']}, {result['wall_s']:.0f} s {result['note']}", flush=True)
+    rows = [combine(mode, rs) for mode, rs in results.items()]
+    add_ratios(rows)
+    print(f"overrides: {' '.join(BASE + extra)}; {args.repeats} run(s) per mode in {out}")
+    print(table(rows))
+    (out / "bench_async.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
+    return 1 if any(r["status"] == FAILED for r in rows) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
