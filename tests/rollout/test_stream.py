@@ -1,0 +1,158 @@
+"""train.async=full's GroupStream against a real hf engine behind the real sglang-router: groups stream while a
+"push" (pause, new weight version, continue) interrupts them; stale groups are dropped or regenerated; a snapshot
+taken mid-stream loses and repeats no prompt."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from slime.config.schema import RouterConfig
+from slime.engine.client import EngineClient
+from slime.engine.router import Router
+from slime.registry import REWARD_TYPES
+from slime.rollout.base import StreamLimits
+from slime.rollout.data_source import DataSource, PromptDataset
+from slime.rollout.stream import GroupStream
+from tests.helpers.engines import start_engine
+from tests.helpers.rollout_context import context
+
+MAX_NEW = 48  # tokens (ignore_eos): long enough for a pause to catch requests mid-decode
+
+
+def any_reward(response: str, label: str, metadata=None) -> float:
+    return float(len(response) % 2)
+
+
+@pytest.fixture(autouse=True)
+def any_reward_type(monkeypatch):
+    monkeypatch.setitem(REWARD_TYPES._entries, "any", f"{__name__}.any_reward")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir, tmp_path_factory):
+    """One hf engine (4 sequences per batch) behind the router."""
+    from transformers import AutoTokenizer
+
+    log_dir = tmp_path_factory.mktemp("stream_logs")
+    router = Router.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=log_dir / "router.log")
+    engine = start_engine(tiny_model_dir, log_dir, batch_wait_ms=1.0)
+    try:
+        router.add_worker(engine.url)
+        client = EngineClient(engine.url)
+        yield SimpleNamespace(url=router.url, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), client=client)
+    finally:
+        engine.shutdown()
+        router.shutdown()
+
+
+def source(tmp_path, tokenizer, num_prompts: int, *, max_groups: int | None = None) -> DataSource:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(num_prompts))
+    )
+    dataset = PromptDataset(
+        str(path),
+        tokenizer=tokenizer,
+        input_key="prompt",
+        label_key="label",
+        metadata_key=None,
+        apply_chat_template=True,
+    )
+    data = DataSource(dataset, n_samples_per_prompt=2, shuffle=False, seed=0)
+    data.max_groups = max_groups
+    return data
+
+
+def stream(served, data, *, regenerate: bool = False) -> GroupStream:
+    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=MAX_NEW, rm_type="any")
+    return GroupStream(ctx, data, StreamLimits(batch_size=2, max_staleness=1, regenerate_stale=regenerate))
+
+
+def push(client: EngineClient, version: int) -> None:
+    """A weight push as the engines see it (slime.sync.base): pause (aborting what runs), new version, continue."""
+    client.pause_generation()
+    client.update_weight_version(str(version))
+    client.continue_generation()
+
+
+def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, tmp_path):
+    """Samples cut by a push's pause continue under the new version (two versions in one response, aligned); the
+    stream keeps batch_size groups in flight and never more than capacity in flight and waiting."""
+    push(served.client, 0)
+    s = stream(served, source(tmp_path, served.tokenizer, num_prompts=64))
+    s.start(trainer_version=0)
+    try:
+        spanning, trained = [], []
+        for version in range(1, 8):
+            groups, metrics = s.take(version - 1)
+            assert len(groups) == 2 and metrics["rollout/groups_in_flight"] <= 2
+            assert metrics["rollout/buffer_depth"] + metrics["rollout/groups_in_flight"] <= 4
+            trained += groups
+            time.sleep(0.05)  # let the engine decode into the next groups
+            push(served.client, version)
+            spanning = [x for g in trained for x in g if len(set(x.token_versions)) > 1]
+            if spanning:
+                break
+        assert spanning, "no push caught a request mid-decode"
+        for x in spanning:
+            x.check_alignment()
+            assert x.response_length == MAX_NEW and x.token_versions == sorted(x.token_versions)
+            assert len(x.weight_versions) >= 2  # the aborted call and its continuation
+        indices = [g[0].group_index for g in trained]
+        assert len(indices) == len(set(indices))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("regenerate", [False, True])
+def test_stale_groups_are_dropped_or_regenerated(served, tmp_path, regenerate):
+    """Groups finished under version 0 are 2 versions behind a trainer at 2: dropped (counted) or handed back to
+    the data source as fresh prompts; what is taken is never over max_staleness."""
+    push(served.client, 0)
+    data = source(tmp_path, served.tokenizer, num_prompts=64)
+    s = stream(served, data, regenerate=regenerate)
+    s.start(trainer_version=0)
+    try:
+        deadline = time.monotonic() + 60
+        while s.state_dict()["finished"] == [] and time.monotonic() < deadline:
+            time.sleep(0.05)  # a group finished under version 0 waits in the buffer
+        push(served.client, 2)
+        groups, metrics = s.take(2)
+        assert all(max(x.token_versions) == 2 and min(x.token_versions) >= 1 for g in groups for x in g)
+        stale = metrics["rollout/stale_regenerated_groups" if regenerate else "rollout/stale_dropped_groups"]
+        assert stale >= 1
+        other = metrics["rollout/stale_dropped_groups" if regenerate else "rollout/stale_regenerated_groups"]
+        assert other == 0
+    finally:
+        s.close()
+
+
+def test_a_snapshot_mid_stream_loses_and_repeats_no_prompt(served, tmp_path):
+    """A bounded source of 10 groups: 2 steps taken, a snapshot (finished groups kept, those in flight as fresh
+    prompts), a new stream from it takes the rest; every group is trained exactly once over both."""
+    push(served.client, 0)
+    first = stream(served, source(tmp_path, served.tokenizer, num_prompts=10, max_groups=10))
+    first.start(trainer_version=0)
+    try:
+        trained = [g for _ in range(2) for g in first.take(0)[0]]  # no push: the engine stays at version 0
+        state = first.state_dict()
+        while not state["in_flight"]:  # the stream draws its next groups once woken by the take
+            time.sleep(0.01)
+            state = first.state_dict()
+    finally:
+        first.close()
+    assert all(x["status"] == "pending" and x["tokens"] == [] for g in state["in_flight"] for x in g)
+    second = stream(served, source(tmp_path, served.tokenizer, num_prompts=10, max_groups=10))
+    second.load_state_dict(state)
+    second.start(trainer_version=0)
+    try:
+        trained += [g for _ in range(3) for g in second.take(0)[0]]
+        with pytest.raises(RuntimeError, match="the data source ran out"):
+            second.take(0)
+    finally:
+        second.close()
+    assert sorted(g[0].group_index for g in trained) == list(range(10))
