@@ -17,7 +17,8 @@ loop logs them, and the staleness (mean of rollout/staleness_mean, max of rollou
     python tools/bench_async.py --repeats 3 --num-rollout 20         # off, one_step, full, off, ...: medians
 
 A mode the config refuses (exit 2 with a configuration error: full before its loop exists) is reported "not
-available" and the others still run; any other failure is reported "failed" and makes the exit status 1. A full run
+available" and the others still run; any other failure, or a run past --timeout s (default 1800; then SIGTERM,
+main.py's graceful teardown), is reported "failed" and makes the exit status 1. A full run
 that logs no rollout/buffer_depth is flagged: it ran, but not the fully asynchronous loop.
 
 Each mode adds its keys: one_step and full need engines of their own (cluster.colocate=false), full bounds the
@@ -47,6 +48,7 @@ MODE_OVERRIDES = {
     "full": ["train.async=full", "train.max_staleness=1", "cluster.colocate=false"],
 }
 ONE_STEP_ONLY = ("rollout.weight_sync.interval=",)
+TEARDOWN_S = 60  # s a timed-out run gets to tear down after SIGTERM
 CONFIG_EXIT = 2  # main.py's exit status for a configuration error
 FULL_ONLY_METRIC = "rollout/buffer_depth"
 OK, NOT_AVAILABLE, FAILED = "ok", "not available", "failed"
@@ -73,12 +75,25 @@ def run_overrides(mode: str, extra: list[str], num_rollout: int | None) -> list[
     return [*BASE, *length, *MODE_OVERRIDES[mode], *extra]
 
 
-def run_main(run_dir: Path, overrides: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-    """main.py with `overrides` in `run_dir`; (the finished process, its wall time in s)."""
+def run_main(
+    run_dir: Path, overrides: list[str], timeout_s: float | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """main.py with `overrides` in `run_dir`; (the finished process, its wall time in s). Past `timeout_s` it gets
+    SIGTERM, main.py's graceful teardown (its Ray daemons and engines with it), and SIGKILL 60 s later."""
     cmd = [sys.executable, "main.py", f"hydra.run.dir={run_dir}", *overrides]
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    return proc, time.monotonic() - started
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=TEARDOWN_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            err += f"\ntimed out after {timeout_s:.0f} s"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - started
 
 
 def step_records(run_dir: Path) -> list[dict]:
@@ -120,9 +135,9 @@ def is_config_error(proc: subprocess.CompletedProcess) -> bool:
     return proc.returncode == CONFIG_EXIT and "Configuration error" in proc.stderr + proc.stdout
 
 
-def bench_mode(mode: str, run_dir: Path, overrides: list[str]) -> dict:
+def bench_mode(mode: str, run_dir: Path, overrides: list[str], timeout_s: float | None = None) -> dict:
     """Run one mode: {status, columns (when ok), note, wall_s}."""
-    proc, wall = run_main(run_dir, overrides)
+    proc, wall = run_main(run_dir, overrides, timeout_s)
     result = {"mode": mode, "status": OK, "note": "", "wall_s": wall, "run_dir": str(run_dir)}
     if proc.returncode != 0:
         refused = mode == "full" and is_config_error(proc)
@@ -195,6 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-rollout", type=int, default=None, help="rollout steps per run (default: 60)")
     parser.add_argument("--extra", action="append", default=[], help="a main.py override for every run (repeatable)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode, the modes alternating")
+    parser.add_argument("--timeout", type=float, default=1800, help="s a run may take (then SIGTERM: failed)")
     parser.add_argument("--out", type=Path, default=None, help="directory for the run directories (default: temp)")
     parser.add_argument("overrides", nargs="*", help="more main.py overrides for every run")
     args = parser.parse_args(argv)
@@ -213,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for mode in args.modes:
             overrides = run_overrides(mode, extra, args.num_rollout)
-            result = bench_mode(mode, out / f"{mode}_{repeat}", overrides)
+            result = bench_mode(mode, out / f"{mode}_{repeat}", overrides, args.timeout)
             results[mode].append(result)
             print(f"{mode} #{repeat}: {result['status']}, {result['wall_s']:.0f} s {result['note']}", flush=True)
     rows = [combine(mode, rs) for mode, rs in results.items()]

@@ -54,7 +54,7 @@ def test_a_runs_columns_come_from_its_step_records(tmp_path):
 def fake_main(outcomes: dict[str, tuple[int, str]]):
     """run_main for the bench: per mode (read from the overrides) an exit status and stderr; a 0 writes 4 steps."""
 
-    def run_main(run_dir, overrides):
+    def run_main(run_dir, overrides, timeout_s):
         mode = next(o.split("=")[1] for o in overrides if o.startswith("train.async="))
         code, stderr = outcomes.get(mode, (0, ""))
         if code == 0:
