@@ -1,16 +1,20 @@
-"""The HF engine's dynamic batcher: an asyncio request queue feeding `Generator.generate` batches.
+"""The HF engine's batcher: an asyncio request queue feeding the generator's batches.
 
 - `submit()` validates and enqueues requests and awaits their results; it never blocks on pause
   (paused requests simply stay queued until `resume()`).
 - One worker task takes up to `max_batch_size` queued requests, waiting at most `batch_wait_s`
-  after the first, and runs the batch in a single-thread executor under `lock`.
-- Every other operation that touches the model (weight loads, memory release/resume, the health
-  generation) goes through `run_exclusive()`: same executor, same lock, so none of them ever lands
-  in the middle of a batch.
+  after the first, and decodes them in a single-thread executor under `lock`.
+- Continuous batching (`max_batch_size` > 1 and a `Generator.joinable` model): the batch runs one decode
+  step per executor call; between steps, requests queued meanwhile join it (up to `max_batch_size` live
+  rows) and every row that finished resolves at once. Otherwise (`max_batch_size` 1, the deterministic
+  mode; MoE route capture) a batch is one `Generator.generate` call and resolves when its last row ends.
+- Every other operation that touches the model (weight loads, memory release/resume, adapter loads)
+  goes through `run_exclusive()`: it waits until no batch runs (none lands mid-batch, so a running row
+  keeps its weights), and while it waits no request joins or starts a batch, so it never starves.
 - With a LoRA slot (`lora_slot.py`), a batch holds requests of one adapter only (or none), and runs with the slot
   switched accordingly.
 - Abort marks requests; queued ones resolve at once with finish_reason type "abort", running ones
-  stop at the next decode step and return their partial output.
+  stop at the next decode step and return their partial output. While paused nothing joins.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from slime.engine.hf.batch import RunningBatch
 from slime.engine.hf.generator import GenerationError, GenerationRequest, GenerationResult, Generator
 from slime.engine.hf.lora_slot import NOT_ENABLED, LoRASlot
 
@@ -45,6 +50,8 @@ class _Pending:
     req: GenerationRequest
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.perf_counter)
+    started_at: float = 0.0  # when its prefill began (perf_counter)
+    version: str = ""  # the weight version it runs on
 
 
 class Scheduler:
@@ -56,6 +63,8 @@ class Scheduler:
         batch_wait_s: how long (seconds) to wait for more requests after the first of a batch.
         weight_version: initial version string stamped on responses.
         lora: the engine's LoRA slot (None: started without --enable-lora).
+        continuous: let queued requests join a running batch where that is safe (False: every batch runs
+            until its last row ends, for comparisons).
     """
 
     def __init__(
@@ -66,12 +75,14 @@ class Scheduler:
         batch_wait_s: float,
         weight_version: str,
         lora: LoRASlot | None = None,
+        continuous: bool = True,
     ):
         self.generator = generator
         self.max_batch_size = max(1, int(max_batch_size))
         self.batch_wait_s = max(0.0, float(batch_wait_s))
         self.weight_version = str(weight_version)
         self.lora = lora
+        self.continuous = continuous and self.max_batch_size > 1 and generator.joinable
         self.lock = threading.Lock()
         self.paused = False
         self.released_tags: set[str] = set()
@@ -79,13 +90,17 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._queue: deque[_Pending] = deque()
         self._running: list[_Pending] = []
+        self._exclusive_waiting = 0  # run_exclusive calls waiting for the running batch to end
         self._wakeup: Optional[asyncio.Event] = None
+        self._idle: Optional[asyncio.Event] = None  # set while no batch runs
         self._task: Optional[asyncio.Task] = None
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Start the worker task (call from the running event loop)."""
         self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._task = asyncio.get_running_loop().create_task(self._worker())
 
     async def stop(self) -> None:
@@ -130,9 +145,9 @@ class Scheduler:
         return count
 
     async def pause(self, mode: str = "abort", drain_timeout_s: float = 60.0) -> None:
-        """Stop starting batches. Mode "abort" (SGLang's default) also aborts everything queued or
-        running and waits (at most `drain_timeout_s` seconds) until the running batch has returned;
-        other modes ("retract", "in_place") keep queued requests and let the running batch finish."""
+        """Stop starting batches and admitting rows. Mode "abort" (SGLang's default) also aborts everything
+        queued or running and waits (at most `drain_timeout_s` seconds) until the running batch has returned;
+        other modes ("retract", "in_place") keep queued requests and let the running rows finish."""
         self.paused = True
         if mode == "abort":
             self.abort(abort_all=True)
@@ -150,6 +165,12 @@ class Scheduler:
         """True while a batch is running (the state in which SGLang refuses to flush its cache)."""
         return bool(self._running)
 
+    @property
+    def _admitting(self) -> bool:
+        """Whether queued requests may start a batch or join one: not while paused or while an exclusive
+        operation waits for the model (it would wait for as long as new rows keep joining)."""
+        return not self.paused and not self._exclusive_waiting
+
     def is_fully_idle(self, *, ignore_waiting: bool = False) -> bool:
         """No batch running and (unless `ignore_waiting`) nothing queued: SGLang's condition for releasing
         memory (`ignore_waiting` while paused, when queued requests cannot start)."""
@@ -162,8 +183,17 @@ class Scheduler:
 
     # ---------------------------------------------------------------- exclusive model access
     async def run_exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the model thread under the generation lock (never mid-batch)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._locked, fn, *args)
+        """Run `fn(*args)` on the model thread under the generation lock, once the running batch (which takes no
+        new rows meanwhile) has ended: never mid-batch."""
+        self._exclusive_waiting += 1
+        try:
+            if self._idle is not None:
+                await self._idle.wait()
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._locked, fn, *args)
+        finally:
+            self._exclusive_waiting -= 1
+            if self._wakeup is not None:
+                self._wakeup.set()
 
     def _locked(self, fn, *args):
         with self.lock:
@@ -197,7 +227,7 @@ class Scheduler:
             self.num_finished += 1
 
     async def _next_batch(self) -> list[_Pending]:
-        while self.paused or not self._queue:
+        while not self._admitting or not self._queue:
             self._wakeup.clear()
             await self._wakeup.wait()
         batch = [self._queue.popleft()]
@@ -208,7 +238,7 @@ class Scheduler:
                 batch.append(more)
                 continue
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.paused:
+            if remaining <= 0 or not self._admitting:
                 break
             self._wakeup.clear()
             try:
@@ -217,47 +247,103 @@ class Scheduler:
                 break
         return batch
 
+    def _joiners(self, lora: str | None, room: int) -> list[_Pending]:
+        """Queued requests that join the running batch of adapter `lora` now: at most `room`, taken from the head
+        of the queue while it holds that adapter's (one of another adapter there stops joining: the batch then
+        drains and that request's batch comes next)."""
+        joining: list[_Pending] = []
+        while self._admitting and len(joining) < room and self._queue and self._queue[0].req.lora == lora:
+            p = self._queue.popleft()
+            if not p.future.done():
+                joining.append(p)
+        return joining
+
+    def _prepare(self, lora: str | None) -> None:
+        """On the model thread, under `lock`, before a batch's first forward: the memory is there and the LoRA slot
+        runs `lora`."""
+        self._check_not_released()
+        if self.lora is not None:
+            self.lora.check_request(lora)  # unloaded while queued
+            if self.lora.use(lora):
+                self.generator.flush_cache()  # cached prefixes were computed with the adapter switched the other way
+
     def _generate_batch(self, reqs: list[GenerationRequest]) -> tuple[str, list[GenerationResult]]:
         with self.lock:
-            self._check_not_released()
-            if self.lora is not None:
-                self.lora.check_request(reqs[0].lora)  # unloaded while queued
-                if self.lora.use(reqs[0].lora):
-                    self.generator.flush_cache()  # cached prefixes were computed with the adapter switched the other way
+            self._prepare(reqs[0].lora)
             return self.weight_version, self.generator.generate(reqs)
 
-    async def _worker(self) -> None:
+    def _advance(self, batch: RunningBatch, joining: list[_Pending]) -> list[tuple[_Pending, GenerationResult]]:
+        """On the model thread: prefill `joining` into `batch` (its first rows prepare the model), then one decode
+        step. Returns the rows that finished, with their results."""
+        with self.lock:
+            finished = []
+            if joining:
+                if not batch:
+                    self._prepare(joining[0].req.lora)
+                finished = batch.add([p.req for p in joining], joining)
+            if batch:
+                finished += batch.step()
+            return finished
+
+    def _finish(self, p: _Pending, result: GenerationResult) -> None:
+        if not p.future.done():
+            p.future.set_result(Completion(result, p.version, p.started_at - p.enqueued_at))
+            self.num_finished += 1
+
+    async def _run_static(self, live: list[_Pending]) -> None:
+        """One `Generator.generate` call: every row resolves when the last one ends."""
+        started = time.perf_counter()
+        for p in live:
+            p.started_at = started
         loop = asyncio.get_running_loop()
+        version, results = await loop.run_in_executor(self._executor, self._generate_batch, [p.req for p in live])
+        for p, result in zip(live, results):
+            p.version = version
+            self._finish(p, result)
+        logger.debug("batch of %d done in %.3f s", len(live), time.perf_counter() - started)
+
+    async def _run_joining(self, first: list[_Pending]) -> None:
+        """Decode `first` one step per executor call; queued requests of its adapter join between steps, and each
+        row resolves as soon as it finishes. Returns once no row is left."""
+        loop = asyncio.get_running_loop()
+        batch, lora, joining = self.generator.new_batch(), first[0].req.lora, first
         while True:
-            batch = await self._next_batch()
+            started = time.perf_counter()
+            for p in joining:
+                p.started_at, p.version = started, self.weight_version
+            finished = await loop.run_in_executor(self._executor, self._advance, batch, joining)
+            for p, result in finished:
+                self._finish(p, result)
+            done = {p for p, _ in finished}
+            self._running = [p for p in self._running if p not in done]
+            if not batch:
+                return
+            joining = self._joiners(lora, self.max_batch_size - len(batch))
+            self._running += joining
+
+    async def _worker(self) -> None:
+        while True:
             live = []
-            for p in batch:
+            for p in await self._next_batch():
                 if p.req.aborted:
                     self._resolve_aborted(p)
                 elif not p.future.done():
                     live.append(p)
-            if self.paused:  # paused while the batch was being collected: put it back
+            if not self._admitting:  # paused, or an exclusive operation came, while the batch was collected
                 self._queue.extendleft(reversed(live))
                 continue
             if not live:
                 continue
-            self._running = live
-            started = time.perf_counter()
+            self._running = list(live)
+            self._idle.clear()
             try:
-                version, results = await loop.run_in_executor(
-                    self._executor, self._generate_batch, [p.req for p in live]
-                )
+                await (self._run_joining(live) if self.continuous else self._run_static(live))
             except Exception as exc:  # noqa: BLE001 - every waiter must learn about the failure
                 if not isinstance(exc, GenerationError):
-                    logger.exception("batch of %d requests failed", len(live))
-                for p in live:
+                    logger.exception("batch of %d requests failed", len(self._running))
+                for p in self._running:
                     if not p.future.done():
                         p.future.set_exception(exc)
-            else:
-                for p, result in zip(live, results):
-                    if not p.future.done():
-                        p.future.set_result(Completion(result, version, started - p.enqueued_at))
-                        self.num_finished += 1
-                logger.debug("batch of %d done in %.3f s", len(live), time.perf_counter() - started)
             finally:
                 self._running = []
+                self._idle.set()
