@@ -1,6 +1,6 @@
 """The training loops (`train.async`: off, one_step, full) on the embedded default with a long tail of response
-lengths (recipe=embedded_long_tail: one sample in 16 decodes 20 tokens instead of 2), the engine batching requests
-(rollout.deterministic=false), so the tail holds each batch.
+lengths (recipe=embedded_long_tail: one sample in 16 decodes 20 tokens instead of 2) and the engine decoding requests
+together (rollout.deterministic=false), so a rollout step waits on its few long samples after the rest are done.
 
 Runs `python main.py` once per mode (one subprocess each, its own hydra.run.dir under --out), reads each run's
 metrics.jsonl and prints one table: s per trained step (the loop's wall time, i.e. the last step's
