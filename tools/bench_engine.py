@@ -4,6 +4,11 @@ once (as the rollout sends them), each with its own `sampling_seed`. Rows: the e
 sglang-router as a run reaches it. Columns: wall seconds per step, the engine process's CPU seconds per step, and
 the ratio of the wall time to the first row's, measured in the same invocation.
 
+A second table: a long-tail step (1 request in 32 with 10x the new tokens, every request ignore_eos) with at most
+64 requests in flight (a rollout that sends the next request as one returns, as a streaming rollout or a low
+`rollout.concurrency` does), on the engine's scheduler in this process, static batches (each runs until its last
+row ends) against continuous batching (requests join the running batch), their steps interleaved.
+
     python tools/bench_engine.py                                  # tiny_qwen3 (made under .cache if missing)
     python tools/bench_engine.py --rounds 20 --model-path /path/to/hf/model
 """
@@ -31,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
 PROMPTS, SAMPLES, NEW_TOKENS = 32, 8, 2
+LONG_EVERY, LONG_FACTOR, IN_FLIGHT = 32, 10, 64  # the long-tail step
 
 
 def step_payloads(seed: int) -> list[dict]:
@@ -86,6 +92,74 @@ def measure(model: Path, max_batch: int, via_router: bool, rounds: int, logs: Pa
         engine.shutdown()
 
 
+def long_tail_requests(seed: int) -> list:
+    """The long-tail step's requests: `step_payloads`' with every LONG_EVERY-th one LONG_FACTOR times as long."""
+    from slime.engine.hf.generator import GenerationRequest
+    from slime.engine.hf.sampling import SamplingParams
+
+    reqs = []
+    for i, payload in enumerate(step_payloads(seed)):
+        params = dict(payload["sampling_params"], ignore_eos=True)
+        params["max_new_tokens"] *= LONG_FACTOR if i % LONG_EVERY == 0 else 1
+        reqs.append(GenerationRequest(payload["input_ids"], SamplingParams.from_dict(params)))
+    return reqs
+
+
+async def long_tail_steps(schedulers: dict, rounds: int) -> dict[str, tuple[float, float]]:
+    """(wall s, this process's CPU s) per long-tail step for each scheduler, their steps interleaved (after one
+    warm-up step each)."""
+    process, sums = psutil.Process(), {name: [0.0, 0.0] for name in schedulers}
+
+    async def step(scheduler, seed: int) -> None:
+        in_flight = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(req) -> None:
+            async with in_flight:
+                await scheduler.submit([req])
+
+        await asyncio.gather(*(one(r) for r in long_tail_requests(seed)))
+
+    for scheduler in schedulers.values():
+        scheduler.start()
+        await step(scheduler, 0)
+    for i in range(rounds):
+        for name, scheduler in schedulers.items():
+            wall, cpu = time.perf_counter(), sum(process.cpu_times()[:2])
+            await step(scheduler, i + 1)
+            sums[name][0] += time.perf_counter() - wall
+            sums[name][1] += sum(process.cpu_times()[:2]) - cpu
+    for scheduler in schedulers.values():
+        await scheduler.stop()
+    return {name: (wall / rounds, cpu / rounds) for name, (wall, cpu) in sums.items()}
+
+
+def measure_long_tail(model: Path, rounds: int) -> dict[str, tuple[float, float]]:
+    """The long-tail step on the engine's scheduler in this process (the engine's model loading, its default batch
+    size, batch wait and torch threads), static against continuous batching."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from slime.engine.hf.generator import Generator
+    from slime.engine.hf.scheduler import Scheduler
+    from slime.engine.hf.server import load_model
+
+    cfg = HFEngineConfig()
+    torch.set_num_threads(cfg.num_threads)
+    hf_logging.disable_progress_bar()
+    weights, tokenizer = load_model(str(model), "cpu", cfg.dtype)
+    schedulers = {
+        name: Scheduler(
+            Generator(weights, tokenizer, seed=1, prefix_cache_tokens=cfg.prefix_cache_tokens),
+            max_batch_size=256,
+            batch_wait_s=cfg.batch_wait_ms / 1000,
+            weight_version="0",
+            continuous=continuous,
+        )
+        for name, continuous in (("static batches", False), ("continuous batching", True))
+    }
+    return asyncio.run(long_tail_steps(schedulers, rounds))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", type=Path, default=ROOT / ".cache" / "models" / "tiny_qwen3")
@@ -102,6 +176,15 @@ def main() -> None:
     print(f"{PROMPTS} prompts x {SAMPLES} samples, {NEW_TOKENS} new tokens, {args.rounds} steps per row")
     print(f"{'engine':<26} {'wall s/step':>12} {'engine CPU s/step':>18} {'wall ratio':>11}")
     for name, wall, cpu in results:
+        print(f"{name:<26} {wall:>12.3f} {cpu:>18.3f} {wall / base:>11.2f}")
+    long_tail = measure_long_tail(model, args.rounds)
+    print(
+        f"\nlong tail: 1 request in {LONG_EVERY} with {NEW_TOKENS * LONG_FACTOR} new tokens, {IN_FLIGHT} in flight, "
+        f"batch 256, in-process scheduler, {args.rounds} steps per row"
+    )
+    print(f"{'engine':<26} {'wall s/step':>12} {'process CPU s/step':>18} {'wall ratio':>11}")
+    base = long_tail["static batches"][0]
+    for name, (wall, cpu) in long_tail.items():
         print(f"{name:<26} {wall:>12.3f} {cpu:>18.3f} {wall / base:>11.2f}")
 
 
