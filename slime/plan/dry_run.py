@@ -140,7 +140,7 @@ def _loop_line(cfg: RunConfig) -> str:
         r = cfg.rollout
         return (
             f"fully async (engines generate continuously, {r.batch_size} groups in flight, at most "
-            f"{r.batch_size * (cfg.train.max_staleness + 1)} in flight or waiting; weight sync after every step, "
+            f"{r.batch_size * cfg.train.max_staleness} in flight or waiting; weight sync after every step, "
             f"interrupting generation); groups over {cfg.train.max_staleness} version(s) stale: {r.stale_policy}"
         )
     interval = cfg.rollout.weight_sync.interval

@@ -95,8 +95,9 @@ class StreamLimits:
 
     @property
     def capacity(self) -> int:
-        """Groups in flight plus waiting, at most."""
-        return self.batch_size * (self.max_staleness + 1)
+        """Groups in flight plus waiting, at most: taken oldest first, `batch_size` a step, a group started now is
+        taken within `max_staleness` steps (any more would wait until too stale, and be generated for nothing)."""
+        return self.batch_size * self.max_staleness
 
 
 @dataclasses.dataclass(kw_only=True)

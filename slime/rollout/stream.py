@@ -3,8 +3,9 @@
 A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps
 `rollout.batch_size` groups in flight (drawn from the data source: handed-back groups first, then fresh prompts),
 and puts each finished group into a FIFO buffer; it starts a group only while the groups in flight and waiting
-number fewer than `batch_size × (max_staleness + 1)` (more could only be trained too stale: AReaL's bound on how
-far generation may run ahead). It never waits for training otherwise.
+number fewer than `batch_size × max_staleness`: the trainer takes `batch_size` a step, oldest first, so a group
+started now is taken within `max_staleness` steps, while more would wait until too stale and be generated for
+nothing (AReaL bounds how far generation runs ahead the same way). It never waits for training otherwise.
 
 A weight push pauses the engines (their default pause aborts what runs, returning the partial output, and holds
 what arrives until they continue, slime.sync.base). A sample whose request came back aborted is sent again at
