@@ -64,7 +64,7 @@ def joinable(cache: DynamicCache) -> bool:
     return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def merge_caches(first: DynamicCache, second: DynamicCache, config) -> DynamicCache:
+def merge_caches(first: DynamicCache, second: DynamicCache) -> DynamicCache:
     """A new cache with `first`'s rows then `second`'s, [B1 + B2, heads, W, dim] per layer with W the longer of
     the two lengths, the shorter side's rows padded with zeros on the left (the caller masks them out). Neither
     input changes (either may be the prefix cache's)."""
@@ -76,7 +76,7 @@ def merge_caches(first: DynamicCache, second: DynamicCache, config) -> DynamicCa
         )
         for a, b in zip(first.layers, second.layers)
     ]
-    return DynamicCache(ddp_cache_data=pairs, config=config)
+    return DynamicCache(ddp_cache_data=pairs)  # one DynamicLayer per pair: the layout `joinable` admits
 
 
 class RunningBatch:
@@ -146,7 +146,7 @@ class RunningBatch:
             self.shared = self.solo and self.gen.prefix_cache.enabled  # a lone prefill is the prefix cache's
             return
         width = max(self.mask.shape[1], mask.shape[1])
-        self.cache = merge_caches(self.cache, cache, self.gen.model.config)
+        self.cache = merge_caches(self.cache, cache)
         self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(mask, width, 1)])
         self.next_pos = torch.cat([self.next_pos, next_pos])
         self.logits = torch.cat([self.logits, logits])
