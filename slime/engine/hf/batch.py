@@ -158,33 +158,41 @@ class RunningBatch:
     def step(self) -> list[tuple[Any, GenerationResult]]:
         """Sample every row's next token; rows that finish leave (returned as (key, result)); the others' tokens are
         fed to the model, whose logits the next step samples."""
-        gen = self.gen
         tokens, logprobs = self.sampler.step(self.logits)
         self.steps += 1
-        gen.num_generated_tokens += len(self.rows)
-        keep, done = [], []
-        for i, (row, token, logprob) in enumerate(zip(self.rows, tokens.tolist(), logprobs.tolist())):
-            row.out_ids.append(token)
-            row.out_lps.append(logprob)
-            row.reason = gen.finish_reason(row.req, row.out_ids, row.budget, row.stop_ids)
-            (keep if row.reason is None else done).append(i)
-        results = [(self.rows[i].key, self._result(self.rows[i])) for i in done]
+        self.gen.num_generated_tokens += len(self.rows)
+        keep = self._append(tokens.tolist(), logprobs.tolist())
+        results = [(row.key, self._result(row)) for row in self.rows if row.reason is not None]
         if not keep:
             self._clear()
-            return results
-        if done:
+        elif results:
             self._select(keep)
-            tokens = tokens[torch.tensor(keep, device=gen.device)]
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(keep), 1))], dim=1)
+            self._feed(tokens[torch.tensor(keep, device=self.gen.device)])
+        else:
+            self._feed(tokens)
+        return results
+
+    def _append(self, tokens: list[int], logprobs: list[float]) -> list[int]:
+        """Give each row its sampled token and finish reason; returns the positions of the rows that go on."""
+        keep = []
+        for i, (row, token, logprob) in enumerate(zip(self.rows, tokens, logprobs)):
+            row.out_ids.append(token)
+            row.out_lps.append(logprob)
+            row.reason = self.gen.finish_reason(row.req, row.out_ids, row.budget, row.stop_ids)
+            if row.reason is None:
+                keep.append(i)
+        return keep
+
+    def _feed(self, tokens: torch.Tensor) -> None:
+        """One forward of the rows' sampled `tokens` [B]: the cache, mask and positions grow by one."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=1)
         lone = self.rows[0]
         generated = lone.out_ids if self.solo and self.steps <= CACHED_DECODE_STEPS else None
-        state = (self.cache, self.shared)
-        self.cache, self.logits, self.shared = gen.decode_step(
-            lone.req.input_ids, generated, tokens, self.mask, self.next_pos, state
+        self.cache, self.logits, self.shared = self.gen.decode_step(
+            lone.req.input_ids, generated, tokens, self.mask, self.next_pos, (self.cache, self.shared)
         )
         self._take_routes(self.rows, 1)
         self.next_pos = self.next_pos + 1
-        return results
 
     def _select(self, keep: list[int]) -> None:
         """Keep only the rows at positions `keep` (a batch of several rows: its cache is never shared)."""
