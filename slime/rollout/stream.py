@@ -1,11 +1,15 @@
 """train.async=full: groups generated continuously, taken by the trainer as they finish (slime.config.async_mode).
 
-A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps
-`rollout.batch_size` groups in flight (drawn from the data source: handed-back groups first, then fresh prompts),
-and puts each finished group into a FIFO buffer; it starts a group only while the groups in flight and waiting
-number fewer than `batch_size × max_staleness`: the trainer takes `batch_size` a step, oldest first, so a group
-started now is taken within `max_staleness` steps, while more would wait until too stale and be generated for
-nothing (AReaL bounds how far generation runs ahead the same way). It never waits for training otherwise.
+A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps groups in
+flight (drawn from the data source: handed-back groups first, then fresh prompts), starting one as soon as there is
+room, and puts each finished group into a FIFO buffer. It starts a group only while
+- the groups waiting plus those started since the trainer's last take number fewer than `batch_size`: one step's
+  worth is generated ahead (when the trainer is the slower side, more would only age), while groups started before
+  the last take and still decoding (a long tail) do not hold new ones back;
+- and all groups in flight and waiting number fewer than `batch_size × max_staleness`: the trainer takes
+  `batch_size` a step, oldest first, so a group started now is taken within `max_staleness` steps; more would wait
+  until too stale and be generated for nothing (AReaL bounds how far generation runs ahead the same way).
+It never waits for training otherwise.
 
 A weight push pauses the engines (their default pause aborts what runs, returning the partial output, and holds
 what arrives until they continue, slime.sync.base). A sample whose request came back aborted is sent again at
@@ -54,6 +58,7 @@ class GroupStream:
         self._cond = threading.Condition()
         self._finished: collections.deque[list[Sample]] = collections.deque()
         self._in_flight: dict[int, list[Sample]] = {}  # group index -> its samples
+        self._started_at: dict[int, int] = {}  # group index -> the trainer's version when it started
         self._version = 0  # the trainer's weight version: hooks get it as rollout_id
         self._error: BaseException | None = None
         self._stopping = False
@@ -178,23 +183,26 @@ class GroupStream:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _draw(self) -> list[list[Sample]]:
-        """The groups to start now: while there is room in flight and in the buffer (see the module docstring)."""
+        """The groups to start now (the module docstring's bounds)."""
         drawn = []
         with self._cond:
-            limits = self.limits
-            while (
-                self._error is None
-                and len(self._in_flight) < limits.batch_size
-                and len(self._in_flight) + len(self._finished) < limits.capacity
-            ):
+            while self._error is None and self._has_room():
                 groups = self.data_source.get_groups(1)
                 if not groups:
                     break
                 if not self._in_flight:
                     self._idle_s += time.monotonic() - self._idle_since
-                self._in_flight[groups[0][0].group_index] = groups[0]
+                index = groups[0][0].group_index
+                self._in_flight[index], self._started_at[index] = groups[0], self._version
                 drawn.append(groups[0])
         return drawn
+
+    def _has_room(self) -> bool:
+        """Fewer than one step's groups started at the trainer's current version or waiting, and fewer than
+        `capacity` in flight and waiting (the lock held)."""
+        current = sum(self._started_at[i] >= self._version for i in self._in_flight)
+        waiting = len(self._finished)
+        return current + waiting < self.limits.batch_size and len(self._in_flight) + waiting < self.limits.capacity
 
     async def _run_group(self, group: list[Sample], semaphore: asyncio.Semaphore) -> None:
         try:
@@ -210,6 +218,7 @@ class GroupStream:
             return
         with self._cond:
             self._in_flight.pop(group[0].group_index, None)
+            self._started_at.pop(group[0].group_index, None)
             if not self._in_flight:
                 self._idle_since = time.monotonic()
             self._finished.append(done)
