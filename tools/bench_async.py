@@ -1,5 +1,5 @@
 """The training loops (`train.async`: off, one_step, full) on the embedded default with a long tail of response
-lengths (recipe=embedded_long_tail: one sample in 16 decodes 20 tokens instead of 2) and the engine decoding requests
+lengths (recipe=digit_long_tail: one sample in 16 decodes 20 tokens instead of 2) and the engine decoding requests
 together (rollout.deterministic=false), so a rollout step waits on its few long samples after the rest are done.
 
 Runs `python main.py` once per mode (one subprocess each, its own hydra.run.dir under --out), reads each run's
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = ["recipe=embedded_long_tail", "rollout.deterministic=false", "logger.progress=false"]
+BASE = ["recipe=digit_long_tail", "rollout.deterministic=false", "logger.progress=false"]
 MODE_OVERRIDES = {
     "off": ["train.async=off"],
     "one_step": ["train.async=one_step", "cluster.colocate=false"],

@@ -1,4 +1,4 @@
-"""A long tail of response lengths on any task, for benchmarking the training loops (recipe=embedded_long_tail).
+"""A long tail of response lengths on any task, for benchmarking the training loops (recipe=digit_long_tail).
 
 One sample in `every`, chosen by its global sample index (`index % every == 0`), asks the engine for `factor` times
 the response budget (`sampling_params["max_new_tokens"]`, i.e. rollout.max_response_len) and decodes all of it:

@@ -1,4 +1,4 @@
-"""The long-tail generate function (recipe=embedded_long_tail, slime.rollout.long_tail): which samples are long, and
+"""The long-tail generate function (recipe=digit_long_tail, slime.rollout.long_tail): which samples are long, and
 that a real hf engine gives them 10x the embedded default's 2 tokens while the others stay within 2."""
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def engine(tiny_model_dir, tmp_path_factory):
 
 
 def recipe_generate():
-    """The generate function recipe=embedded_long_tail configures, loaded as a run loads it."""
-    spec = typed_config(["recipe=embedded_long_tail"]).rollout.generate_function
+    """The generate function recipe=digit_long_tail configures, loaded as a run loads it."""
+    spec = typed_config(["recipe=digit_long_tail"]).rollout.generate_function
     return load_callable(spec, key="rollout.generate_function", **GENERATE_SHAPE)
 
 
