@@ -139,7 +139,7 @@ def _loop_line(cfg: RunConfig) -> str:
     if mode is AsyncMode.FULL:
         r = cfg.rollout
         return (
-            f"fully async (engines generate continuously, {r.batch_size} groups in flight, at most "
+            f"fully async (engines generate continuously, up to {r.batch_size} groups a step ahead, at most "
             f"{r.batch_size * cfg.train.max_staleness} in flight or waiting; weight sync after every step, "
             f"interrupting generation); groups over {cfg.train.max_staleness} version(s) stale: {r.stale_policy}"
         )

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from slime.rollout.base import RolloutContext, StreamLimits
+from slime.rollout.base import RolloutContext, RolloutProgress, StreamLimits
 from slime.rollout.default import reset_sample
 from slime.rollout.generate import generate_and_reward
 from slime.rollout.staleness import group_staleness
@@ -59,6 +59,7 @@ class GroupStream:
         self._finished: collections.deque[list[Sample]] = collections.deque()
         self._in_flight: dict[int, list[Sample]] = {}  # group index -> its samples
         self._started_at: dict[int, int] = {}  # group index -> the trainer's version when it started
+        self._drawn = 0  # groups started since the last take (the progress display's "drawn")
         self._version = 0  # the trainer's weight version: hooks get it as rollout_id
         self._error: BaseException | None = None
         self._stopping = False
@@ -82,14 +83,21 @@ class GroupStream:
         finally:
             self._loop.close()
 
-    def take(self, trainer_version: int) -> tuple[list[list[Sample]], dict[str, float]]:
+    def take(
+        self, trainer_version: int, progress: RolloutProgress | None = None
+    ) -> tuple[list[list[Sample]], dict[str, float]]:
         """`batch_size` finished groups no more than `max_staleness` versions behind `trainer_version`, oldest
-        first, and the step's metrics; blocks until there are that many. Raises what the stream raised."""
+        first, and the step's metrics; blocks until there are that many (counting them in `progress`, for the
+        progress display, as they come). Raises what the stream raised."""
         limits, taken = self.limits, []
         counts = {"dropped": 0, "regenerated": 0}
+        progress = progress if progress is not None else RolloutProgress()
+        progress.needed = limits.batch_size
         with self._cond:
             self._version = trainer_version
             while len(taken) < limits.batch_size:
+                progress.kept, progress.in_flight, progress.submitted = len(taken), len(self._in_flight), self._drawn
+                progress.dropped = counts["dropped"] + counts["regenerated"]
                 group = self._next_finished()
                 self._wake()  # room for another group (and a regenerated prompt to draw)
                 stale = group_staleness(group, trainer_version)
@@ -100,6 +108,9 @@ class GroupStream:
                     counts["regenerated"] += 1
                 else:
                     counts["dropped"] += 1
+            # the groups still in flight carry over to the next take (not cut, as a step's leftovers would be)
+            progress.kept, progress.in_flight, progress.submitted = len(taken), 0, self._drawn
+            self._drawn = 0
             metrics = {
                 "rollout/buffer_depth": float(len(self._finished)),
                 "rollout/groups_in_flight": float(len(self._in_flight)),
@@ -194,6 +205,7 @@ class GroupStream:
                     self._idle_s += time.monotonic() - self._idle_since
                 index = groups[0][0].group_index
                 self._in_flight[index], self._started_at[index] = groups[0], self._version
+                self._drawn += 1
                 drawn.append(groups[0])
         return drawn
 

@@ -264,7 +264,7 @@ class RolloutProducer:
         debug.load_rollout_data."""
         if self.stream is not None:
             start = time.perf_counter()
-            groups, metrics = self.stream.take(rollout_id)
+            groups, metrics = self.stream.take(rollout_id, ctx.progress)
             return RolloutOutput(groups=groups, metrics={**metrics, "perf/rollout_time": time.perf_counter() - start})
         if self.setup.load_rollout_data is None:
             if self.hooks.buffer_filter is not None:

@@ -14,7 +14,7 @@ from slime.config.schema import RouterConfig
 from slime.engine.client import EngineClient
 from slime.engine.router import Router
 from slime.registry import REWARD_TYPES
-from slime.rollout.base import StreamLimits
+from slime.rollout.base import RolloutProgress, StreamLimits
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.stream import GroupStream
 from tests.helpers.engines import start_engine
@@ -88,8 +88,10 @@ def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, t
     try:
         spanning, trained = [], []
         for version in range(1, 8):
-            groups, metrics = s.take(version - 1)
+            progress = RolloutProgress()
+            groups, metrics = s.take(version - 1, progress)
             assert len(groups) == 2 and metrics["rollout/groups_in_flight"] <= 2
+            assert (progress.kept, progress.needed, progress.in_flight) == (2, 2, 0)  # the display's counts
             assert metrics["rollout/buffer_depth"] + metrics["rollout/groups_in_flight"] <= 2  # capacity: 2 x 1
             trained += groups
             time.sleep(0.05)  # let the engine decode into the next groups
