@@ -14,7 +14,7 @@ from slime.config.resume import tracked_iteration
 from slime.rollout.dumps import epoch_coverage
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes
-from tests.helpers.runs import main_argv, main_py
+from tests.helpers.runs import main_argv, main_py, two_epochs
 
 
 @pytest.mark.slow
@@ -53,12 +53,7 @@ def test_full_async_run_killed_in_a_save_resumes_and_trains_each_prompt_once_per
         "train.max_staleness=1",
         "rollout.stale_policy=regenerate",
         "rollout.deterministic=false",
-        f"data.prompt_data='{data}@[0:16]'",
-        "data.generator=null",
-        "train.num_rollout=null",
-        "train.num_epoch=2",
-        "train.global_batch_size=null",
-        "rollout.batch_size=4",
+        *two_epochs(data),
         "checkpoint.save_interval=1",
         "debug.save_rollout_data=true",
     ]

@@ -15,7 +15,7 @@ import pytest
 from slime.assets.digit_task import write_dataset
 from slime.rollout.dumps import epoch_coverage, main
 from tests.helpers.compose import ROOT
-from tests.helpers.runs import main_argv
+from tests.helpers.runs import main_argv, two_epochs
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +27,7 @@ def test_two_epochs_with_over_sampling_train_each_prompt_once_per_epoch(tmp_path
         main_argv(
             run_dir,
             "logger.progress_every_s=0",  # off a terminal: every rollout's group counts as a line
-            f"data.prompt_data='{data}@[0:16]'",
-            "data.generator=null",
-            "train.num_rollout=null",
-            "train.num_epoch=2",
-            "train.global_batch_size=null",
-            "rollout.batch_size=4",
+            *two_epochs(data),
             "rollout.over_sampling_batch_size=6",
             "rollout.partial_rollout=true",
             "rollout.mask_offpolicy_in_partial_rollout=true",

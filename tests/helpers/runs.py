@@ -34,6 +34,19 @@ def main_argv(run_dir, *overrides: str, tracked: bool = False, progress: bool = 
     return [sys.executable, "main.py", f"hydra.run.dir={run_dir}", *quiet, *overrides]
 
 
+def two_epochs(data: Path, *, prompts: int = 16, batch_size: int = 4) -> list[str]:
+    """Overrides for a run of two epochs over the first `prompts` prompts of the prompt file `data`, `batch_size`
+    groups a step (the run's length follows: train.num_epoch sizes it)."""
+    return [
+        f"data.prompt_data='{data}@[0:{prompts}]'",
+        "data.generator=null",
+        "train.num_rollout=null",
+        "train.num_epoch=2",
+        "train.global_batch_size=null",
+        f"rollout.batch_size={batch_size}",
+    ]
+
+
 T = TypeVar("T")
 
 
