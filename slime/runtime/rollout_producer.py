@@ -149,6 +149,7 @@ class RolloutProducer:
         """Abort what the stream generates and stop it (the run's last step was taken)."""
         if self.stream is not None:
             self.stream.close()
+            self.stream = None
             self.fleet.abort_and_wait_idle()
 
     # ---- rollout -----------------------------------------------------------------------------
