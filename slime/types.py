@@ -66,7 +66,7 @@ class Sample:
     # per response token: the weight version that generated it (-1: not an engine's, or not an integer version);
     # None until an engine answered. A response spanning a weight push (train.async=full) holds two versions.
     token_versions: list[int] | None = None
-    staleness: int | None = None  # trainer weight version minus the oldest of weight_versions (rollout/staleness.py)
+    staleness: int | None = None  # trainer weight version minus its oldest token's (rollout/staleness.py)
     error: str | None = None  # why the sample FAILED (e.g. the reward function raised)
     # flags
     remove_sample: bool = False

@@ -115,14 +115,16 @@ def append_engine_output(sample: Sample, out: dict) -> None:
     ids, lps = [int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs]
     per_token = meta.get("output_token_versions")  # vLLM's spans: a request kept across a weight update
     if per_token is None or len(per_token) != len(ids):
-        sample.append_response(ids, lps, out["text"], weight_version=as_version(version))
-    else:  # one append per run of equal versions; the text goes with the last
-        start = 0
-        for token_version, run in itertools.groupby(per_token):
-            end = start + len(list(run))
-            text = out["text"] if end == len(ids) else ""
-            sample.append_response(ids[start:end], lps[start:end], text, weight_version=as_version(str(token_version)))
-            start = end
+        per_token = [version] * len(ids)
+    # one append per run of equal versions (at least one: an empty answer still records no token's version);
+    # the text goes with the last
+    runs = [(v, len(list(run))) for v, run in itertools.groupby(per_token)] or [(version, 0)]
+    start = 0
+    for i, (token_version, count) in enumerate(runs):
+        text = out["text"] if i == len(runs) - 1 else ""
+        end = start + count
+        sample.append_response(ids[start:end], lps[start:end], text, weight_version=as_version(str(token_version)))
+        start = end
     sample.weight_versions.append(version)
     sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])
     if meta.get("routed_experts") is not None:

@@ -226,8 +226,8 @@ class LogitsSampler:
             rep_applied = torch.where(logits > 0, logits / self.rep, logits * self.rep)
             logits = torch.where(self.seen, rep_applied, logits)
             logits = logits - self.freq * self.out_counts - self.pres * (self.out_counts > 0).float()
-        too_few = self.min_new > torch.tensor(self.generated, device=self.device)
-        if bool(too_few.any()):
+        if any(n < p.min_new_tokens for n, p in zip(self.generated, self.params)):  # no tensor work otherwise
+            too_few = self.min_new > torch.tensor(self.generated, device=self.device)
             logits = logits.masked_fill(self.stop_mask & too_few.unsqueeze(1), float("-inf"))
         logits = logits / self.temperature.unsqueeze(1)
         logprobs = torch.log_softmax(logits, dim=-1)
