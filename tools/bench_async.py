@@ -40,12 +40,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from slime.config.async_mode import AsyncMode
+from slime.tracking.jsonl import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["recipe=digit_long_tail", "rollout.deterministic=false", "logger.progress=false"]
+# train.async's modes (slime.config.async_mode), in their order, with what each needs besides
 MODE_OVERRIDES = {
-    "off": ["train.async=off"],
-    "one_step": ["train.async=one_step", "cluster.colocate=false"],
-    "full": ["train.async=full", "train.max_staleness=1", "cluster.colocate=false"],
+    mode.value: [f"train.async={mode.value}", *extra]
+    for mode, extra in (
+        (AsyncMode.OFF, []),
+        (AsyncMode.ONE_STEP, ["cluster.colocate=false"]),
+        (AsyncMode.FULL, ["train.max_staleness=1", "cluster.colocate=false"]),
+    )
 }
 ONE_STEP_ONLY = ("rollout.weight_sync.interval=",)
 TEARDOWN_S = 60  # s a timed-out run gets to tear down after SIGTERM
@@ -98,8 +105,7 @@ def run_main(
 
 def step_records(run_dir: Path) -> list[dict]:
     """One record per rollout step (those with perf/step_time; trainer records hold the optimizer steps)."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "perf/step_time" in r]
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "perf/step_time" in r]
 
 
 def mean_of(rows: list[dict], key: str) -> float | None:

@@ -57,8 +57,8 @@ class GroupStream:
         self.ctx, self.data_source, self.limits = context, data_source, limits
         self._cond = threading.Condition()
         self._finished: collections.deque[list[Sample]] = collections.deque()
-        self._in_flight: dict[int, list[Sample]] = {}  # group index -> its samples
-        self._started_at: dict[int, int] = {}  # group index -> the trainer's version when it started
+        # group index -> (the trainer's version when it started, its samples)
+        self._in_flight: dict[int, tuple[int, list[Sample]]] = {}
         self._drawn = 0  # groups started since the last take (the progress display's "drawn")
         self._version = 0  # the trainer's weight version: hooks get it as rollout_id
         self._error: BaseException | None = None
@@ -145,7 +145,7 @@ class GroupStream:
     def state_dict(self) -> dict[str, Any]:
         """A consistent snapshot: the data source's state, the finished groups, the groups in flight (reset)."""
         with self._cond:
-            in_flight = [self._in_flight[k] for k in sorted(self._in_flight)]
+            in_flight = [self._in_flight[k][1] for k in sorted(self._in_flight)]
             return {
                 "data_source": self.data_source.state_dict(),
                 "finished": [[s.to_dict() for s in g] for g in self._finished],
@@ -204,7 +204,7 @@ class GroupStream:
                 if not self._in_flight:
                     self._idle_s += time.monotonic() - self._idle_since
                 index = groups[0][0].group_index
-                self._in_flight[index], self._started_at[index] = groups[0], self._version
+                self._in_flight[index] = (self._version, groups[0])
                 self._drawn += 1
                 drawn.append(groups[0])
         return drawn
@@ -212,7 +212,7 @@ class GroupStream:
     def _has_room(self) -> bool:
         """Fewer than one step's groups started at the trainer's current version or waiting, and fewer than
         `capacity` in flight and waiting (the lock held)."""
-        current = sum(self._started_at[i] >= self._version for i in self._in_flight)
+        current = sum(started >= self._version for started, _ in self._in_flight.values())
         waiting = len(self._finished)
         return current + waiting < self.limits.batch_size and len(self._in_flight) + waiting < self.limits.capacity
 
@@ -230,7 +230,6 @@ class GroupStream:
             return
         with self._cond:
             self._in_flight.pop(group[0].group_index, None)
-            self._started_at.pop(group[0].group_index, None)
             if not self._in_flight:
                 self._idle_since = time.monotonic()
             self._finished.append(done)

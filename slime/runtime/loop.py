@@ -264,7 +264,7 @@ class RunLoop:
     def note_overlap(self, step: Step) -> None:
         """Async: how long the step waited for its rollout, and how much of the generation overlapped training."""
         metrics = step.metrics
-        metrics["perf/rollout_wait_time"] = time.perf_counter() - step.started
+        metrics["perf/rollout_wait_time"] = metrics["perf/trainer_idle_time"]  # the one-step loop's name for it
         if self.train_window is not None:
             overlap = min(self.train_window[1], metrics["perf/rollout_ended_at"])
             overlap -= max(self.train_window[0], metrics["perf/rollout_started_at"])

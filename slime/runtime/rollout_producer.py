@@ -341,11 +341,12 @@ class RolloutProducer:
         if not path.exists():
             raise FileNotFoundError(f"checkpoint.load={root}: no data-source state {path}")
         # weights_only: tensors and plain containers only, nothing a checkpoint file could execute
-        self.data_source.load_state_dict(torch.load(path, weights_only=True))
+        state = torch.load(path, weights_only=True)
+        stream = path.with_name(f"stream_{rollout_id}.pt")
+        if self.setup.stream is not None and stream.exists():  # full: the stream restores both once it starts
+            self._stream_state = {"data_source": state, **torch.load(stream, weights_only=True)}
+        else:
+            self.data_source.load_state_dict(state)
         rng = path.with_name(f"rng_{rollout_id}.pt")
         if rng.exists():  # absent from checkpoints of earlier versions
             set_rng_state(torch.load(rng, weights_only=True))
-        stream = path.with_name(f"stream_{rollout_id}.pt")
-        if self.setup.stream is not None and stream.exists():  # full: the stream continues from it once started
-            state = torch.load(stream, weights_only=True)
-            self._stream_state = {"data_source": self.data_source.state_dict(), **state}
