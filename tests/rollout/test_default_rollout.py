@@ -7,32 +7,22 @@ Over-sampling + abort + partial rollout lose and duplicate no prompt; user hooks
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from slime.config.hooks import load_callable
-from slime.config.schema import HFEngineConfig, RouterConfig
-from slime.engine.base import EngineLaunch, get_engine_class
-from slime.engine.router import Router
 from slime.registry import REWARD_TYPES
 from slime.rollout.base import EvalDataset, RolloutHooks
-from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.entry_points import ROLLOUT_FN_SHAPE
 from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate import generate
 from slime.types import SampleStatus
-from tests.helpers.rollout_context import context
+from tests.helpers.rollout_context import context, count_prompts, parity_reward, register_parity, served_engine
 
 HERE = "tests.rollout.test_default_rollout"
-
-
-def parity_reward(response: str, label: str, metadata=None) -> float:
-    """1.0 for an even number of characters: about half the samples of a random policy."""
-    return float(len(response) % 2 == 0)
 
 
 def slow_parity_reward(response: str, label: str, metadata=None) -> float:
@@ -62,38 +52,13 @@ def count_hook(args, sample, *, rollout_id, evaluation):
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
     """One hf engine (2 sequences per batch: requests run in waves, so an abort catches a wave mid-decode)."""
-    from transformers import AutoTokenizer
-
-    log_dir = tmp_path_factory.mktemp("rollout_logs")
-    router = Router.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=log_dir / "router.log")
-    launch = EngineLaunch(
-        rank=0, model_path=tiny_model_dir, host="127.0.0.1", seed=0, device="cpu", log_dir=str(log_dir)
-    )
-    engine = get_engine_class("hf")(launch, HFEngineConfig(max_batch_size=2, batch_wait_ms=1.0, num_threads=1))
-    try:
-        router.add_worker(engine.start())
-        yield SimpleNamespace(url=router.url, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
-    finally:
-        engine.shutdown()
-        router.shutdown()
-
-
-def source(tmp_path, tokenizer, name: str, num_prompts: int, n: int) -> DataSource:
-    path = tmp_path / f"{name}.jsonl"
-    rows = [{"prompt": f"Count to {i}.", "label": str(i)} for i in range(num_prompts)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dataset = PromptDataset(
-        str(path), tokenizer=tokenizer, input_key="prompt", label_key="label", metadata_key=None, **TEMPLATE
-    )
-    return DataSource(dataset, n_samples_per_prompt=n, shuffle=False, seed=0)
-
-
-TEMPLATE = {"apply_chat_template": True}
+    with served_engine(tiny_model_dir, tmp_path_factory.mktemp("rollout_logs"), max_batch_size=2) as served:
+        yield served
 
 
 @pytest.fixture(autouse=True)
 def parity_reward_type(monkeypatch):
-    monkeypatch.setitem(REWARD_TYPES._entries, "parity", f"{HERE}.parity_reward")
+    register_parity(monkeypatch)
     monkeypatch.setitem(REWARD_TYPES._entries, "slow_parity", f"{HERE}.slow_parity_reward")
 
 
@@ -109,7 +74,7 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
     which return to the buffer with their partial responses (off-policy tokens masked) and finish in later steps.
     Which step first cuts a response depends on the machine's timing, so the run goes on (up to 10 steps) until a
     cut response has been resumed and trained."""
-    data = source(tmp_path, served.tokenizer, "train", num_prompts=5, n=2)
+    data = count_prompts(tmp_path, served.tokenizer, "train", num_prompts=5, n=2)
     fn = rollout_fn()
     kept, partial = [], {}  # partial: sample index -> its tokens when it went back to the buffer
     aborted = 0.0
@@ -154,7 +119,7 @@ def test_over_sampling_abort_and_partial_rollout_train_each_prompt_once(served, 
 
 
 def test_without_partial_rollout_leftovers_return_fresh(served, tmp_path):
-    data = source(tmp_path, served.tokenizer, "fresh", num_prompts=4, n=2)
+    data = count_prompts(tmp_path, served.tokenizer, "fresh", num_prompts=4, n=2)
     out = rollout_fn()(context(served, batch_size=1, over_sampling=3, max_new_tokens=8), 0, data)
     assert len(out.groups) == 1 and len(data.buffer) == 2
     assert {g[0].group_index for g in out.groups + data.buffer} == {0, 1, 2}
@@ -165,7 +130,7 @@ def test_without_partial_rollout_leftovers_return_fresh(served, tmp_path):
 def test_bounded_source_last_steps_take_what_is_left_then_run_out(served, tmp_path):
     """train.num_epoch bounds the source at 3 groups: the later steps draw fewer than over-sampled, the last
     keeps the last group, and a step past the bound is an error naming the cause (never a silent short batch)."""
-    data = source(tmp_path, served.tokenizer, "bounded", num_prompts=5, n=2)
+    data = count_prompts(tmp_path, served.tokenizer, "bounded", num_prompts=5, n=2)
     data.max_groups = 3
     fn = rollout_fn()
     ctx = lambda: context(served, batch_size=1, over_sampling=3, max_new_tokens=4, partial_rollout=True)  # noqa: E731
@@ -178,7 +143,7 @@ def test_bounded_source_last_steps_take_what_is_left_then_run_out(served, tmp_pa
 def test_deterministic_partial_rollout_finishes_leftovers_and_returns_them_whole(served, tmp_path):
     """Where an abort cuts a response depends on timing: a deterministic run lets the leftovers finish, and the
     next step keeps them as they are (rewarded, not generated again)."""
-    data = source(tmp_path, served.tokenizer, "det", num_prompts=4, n=2)
+    data = count_prompts(tmp_path, served.tokenizer, "det", num_prompts=4, n=2)
     ctx = context(served, batch_size=1, over_sampling=3, max_new_tokens=6, partial_rollout=True)
     ctx.sampling_seed = 1234
     first = rollout_fn()(ctx, 0, data)
@@ -198,7 +163,7 @@ def test_user_generate_function_filter_and_sample_hook(served, tmp_path):
         dynamic_filter=load_callable(f"{HERE}.drop_even_groups", key="algo.dynamic_filter"),
         sample_hooks=[load_callable(f"{HERE}.count_hook", key="rollout.sample_hooks[0]")],
     )
-    data = source(tmp_path, served.tokenizer, "hooks", num_prompts=6, n=2)
+    data = count_prompts(tmp_path, served.tokenizer, "hooks", num_prompts=6, n=2)
     ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=4, hooks=hooks)
     ctx.sampling_seed = 1234  # deterministic: groups are judged in submission order, so groups 0 and 2 are dropped
     out = rollout_fn()(ctx, 7, data)
@@ -211,7 +176,7 @@ def test_user_generate_function_filter_and_sample_hook(served, tmp_path):
 def test_eval_runs_two_named_datasets_with_their_own_settings(served, tmp_path):
     datasets = []
     for name, n, max_new in (("short", 4, 3), ("long", 4, 6)):
-        data = source(tmp_path, served.tokenizer, name, num_prompts=3, n=n)
+        data = count_prompts(tmp_path, served.tokenizer, name, num_prompts=3, n=n)
         params = {"temperature": 1.0, "max_new_tokens": max_new, "ignore_eos": True}
         datasets.append(
             EvalDataset(

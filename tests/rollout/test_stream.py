@@ -4,71 +4,39 @@ taken mid-stream loses and repeats no prompt."""
 
 from __future__ import annotations
 
-import json
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from slime.config.schema import RouterConfig
 from slime.engine.client import EngineClient
-from slime.engine.router import Router
-from slime.registry import REWARD_TYPES
 from slime.rollout.base import RolloutProgress, StreamLimits
-from slime.rollout.data_source import DataSource, PromptDataset
+from slime.rollout.data_source import DataSource
 from slime.rollout.stream import GroupStream
-from tests.helpers.engines import start_engine
-from tests.helpers.rollout_context import context
+from tests.helpers.rollout_context import context, count_prompts, register_parity, served_engine
 
 MAX_NEW = 48  # tokens (ignore_eos): long enough for a pause to catch requests mid-decode
 
 
-def any_reward(response: str, label: str, metadata=None) -> float:
-    return float(len(response) % 2)
-
-
 @pytest.fixture(autouse=True)
-def any_reward_type(monkeypatch):
-    monkeypatch.setitem(REWARD_TYPES._entries, "any", f"{__name__}.any_reward")
+def parity_reward_type(monkeypatch):
+    register_parity(monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
     """One hf engine (4 sequences per batch) behind the router."""
-    from transformers import AutoTokenizer
-
-    log_dir = tmp_path_factory.mktemp("stream_logs")
-    router = Router.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=log_dir / "router.log")
-    engine = start_engine(tiny_model_dir, log_dir, batch_wait_ms=1.0)
-    try:
-        router.add_worker(engine.url)
-        client = EngineClient(engine.url)
-        yield SimpleNamespace(url=router.url, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), client=client)
-    finally:
-        engine.shutdown()
-        router.shutdown()
+    with served_engine(tiny_model_dir, tmp_path_factory.mktemp("stream_logs")) as served:
+        yield served
 
 
 def source(tmp_path, tokenizer, num_prompts: int, *, max_groups: int | None = None) -> DataSource:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text(
-        "".join(json.dumps({"prompt": f"Count to {i}.", "label": str(i)}) + "\n" for i in range(num_prompts))
-    )
-    dataset = PromptDataset(
-        str(path),
-        tokenizer=tokenizer,
-        input_key="prompt",
-        label_key="label",
-        metadata_key=None,
-        apply_chat_template=True,
-    )
-    data = DataSource(dataset, n_samples_per_prompt=2, shuffle=False, seed=0)
+    data = count_prompts(tmp_path, tokenizer, "prompts", num_prompts, n=2)
     data.max_groups = max_groups
     return data
 
 
 def stream(served, data, *, regenerate: bool = False) -> GroupStream:
-    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=MAX_NEW, rm_type="any")
+    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=MAX_NEW)
     return GroupStream(ctx, data, StreamLimits(batch_size=2, max_staleness=1, regenerate_stale=regenerate))
 
 
