@@ -1,8 +1,10 @@
 """sglang-router: launch one (or join a user-given one), register and remove workers.
 
 The router is the stock Rust `sglang_router` (0.3.2 API: `POST /workers`, `GET /workers`,
-`DELETE /workers/{id}`; the legacy `/add_worker` is gone). `Router.launch` picks its HTTP and
-Prometheus ports by bind-probing (the router cannot report a port it bound itself). vLLM servers register
+`DELETE /workers/{id}`; the legacy `/add_worker` is gone). `Router.launch` reserves its HTTP and
+Prometheus ports as engines do (`slime.engine.ports.reserve_ports`, a lock per port held while the router lives):
+the router cannot report a port it bound itself, and a port merely probed free could be another run's router,
+whose /health would then answer for ours. vLLM servers register
 with vllm-router instead (`slime.engine.vllm.router.VLLMRouter`, the same interface); an engine kind names
 its router class (`EngineServer.router_class`).
 
@@ -24,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
+from slime.engine.ports import PortLease, reserve_ports
 from slime.engine.process import cli_flags, http_url, launch_process, log_tail, terminate_process
-from slime.net import free_port, reached_at
+from slime.net import reached_at
 
 if TYPE_CHECKING:  # only attributes are read: importable without omegaconf
     from slime.config.schema import RouterConfig
@@ -136,6 +139,7 @@ class Router:
         self.process = process
         self.log_path = log_path
         self._launch: Optional[tuple[str, int, int, Any, bool]] = None  # (host, port, prometheus port, cfg, pd)
+        self._lease: Optional[PortLease] = None
 
     @classmethod
     def launch(
@@ -150,10 +154,15 @@ class Router:
         """Start `python -m <launch_module>` bound to `host` (PD mode when `pd`), wait for GET /health = 200 (at
         most `cfg.startup_timeout_s` seconds); raise RouterError with the log tail. `node_ip`: this node's IP, where
         a router bound to a wildcard `host` is reached."""
-        port, prom_port = free_port(host), free_port(host)  # racy by nature; see free_port
+        lease = reserve_ports(host, 2)
+        port, prom_port = lease.ports
         router = cls(http_url(reached_at(host, node_ip), port), None, Path(log_path))
-        router._launch = (host, port, prom_port, cfg, pd)
-        router.start_process()
+        router._launch, router._lease = (host, port, prom_port, cfg, pd), lease
+        try:
+            router.start_process()
+        except BaseException:
+            lease.release()
+            raise
         return router
 
     def flags(self, host: str, port: int, prom_port: int, cfg: RouterConfig, pd: bool) -> list[str]:
@@ -254,10 +263,13 @@ class Router:
         return True
 
     def shutdown(self) -> None:
-        """Stop a launched router (idempotent); a connected router is left alone."""
+        """Stop a launched router and free its ports (idempotent); a connected router is left alone."""
         proc, self.process = self.process, None
         if proc is not None:
             terminate_process(proc, grace_s=5.0)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     def __repr__(self) -> str:
         return f"Router({self.url}, {'launched' if self.process else 'external'})"

@@ -21,6 +21,7 @@ import pytest
 
 from slime.config import ConfigError
 from slime.config.schema import RolloutConfig, RouterConfig
+from slime.engine.ports import reserve_ports
 from slime.engine.router import DROPPED_REQUEST_FIELDS, DROPPED_SAMPLING_PARAMS, Router
 from slime.engine.vllm.router import VLLMRouter
 from slime.plan.validate import validate
@@ -253,3 +254,17 @@ def test_redundant_switches_are_accepted_and_the_cli_stops_a_bad_one(tmp_path):
     proc, imported = run_main("+rollout.router.extra_args.disable_health_check=false", f"hydra.run.dir={tmp_path}")
     assert_stopped_in_validation(proc, imported)
     assert "rollout.router.extra_args.disable_health_check" in proc.stderr
+
+
+def test_a_launched_router_holds_its_ports_until_shutdown(router, tmp_path):
+    """Its HTTP and Prometheus ports are reserved under the engines' per-port locks: no engine or other router on the
+    node is given them while it lives (a port only probed free once let another run's router answer for ours)."""
+    host, port, prom_port, _, _ = router._launch
+    assert router.url.endswith(f":{port}") and port != prom_port
+    for held in (port, prom_port):
+        with pytest.raises(RuntimeError, match="only 0 of 1 ports free"):
+            reserve_ports(host, 1, first=held, last=held)
+    spare = Router.launch(cfg=RouterConfig(), log_path=tmp_path / "spare.log")
+    spare_ports = spare._launch[1:3]
+    assert not {port, prom_port} & set(spare_ports)
+    spare.shutdown()
