@@ -36,3 +36,23 @@ class StalePolicy(str, enum.Enum):
 
     DROP = "drop"  # not trained, counted (rollout/stale_dropped_groups)
     REGENERATE = "regenerate"  # its prompt goes back to the data source, generated again with newer weights
+
+
+class PauseMode(str, enum.Enum):
+    """rollout.weight_sync.pause_mode: what a weight push does to the requests the engines are running."""
+
+    ABORT = "abort"  # they end, returning their partial output; the rollout sends each again on the new weights
+    # they stay where they are and decode on after the push, on the new weights with the KV cache the old ones
+    # built (SGLang's "in_place", vLLM's "keep", the built-in engine's); each token reports its version
+    IN_PLACE = "in_place"
+
+    @classmethod
+    def resolve(cls, value: Any, mode: AsyncMode) -> PauseMode:
+        """The mode a `pause_mode` value names; null: in_place under train.async=full (requests keep running across
+        every push), abort otherwise (a push finds the engines idle). ValueError for anything else."""
+        if value is None:
+            return cls.IN_PLACE if mode is AsyncMode.FULL else cls.ABORT
+        for pause in cls:
+            if value == pause.value:
+                return pause
+        raise ValueError(f"must be one of {[p.value for p in cls]} or null, got {value!r}")

@@ -50,6 +50,9 @@ class WeightSyncConfig:
     keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
     # rollout steps between syncs (the seeds' --update-weights-interval); > 1 needs train.async=true
     interval: int = 1
+    # what a push does to running requests (slime.config.async_mode.PauseMode): abort | in_place; null: in_place
+    # under train.async=full, abort otherwise
+    pause_mode: Optional[str] = None
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.config.async_mode import AsyncMode, StalePolicy
+from slime.config.async_mode import AsyncMode, PauseMode, StalePolicy
 from slime.config.problems import Problem, one_of
 from slime.config.schema import RunConfig
 
@@ -17,6 +17,7 @@ def check_async(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem("train.async", getattr(cfg.train, "async"), str(exc), "set train.async=off, one_step or full")
         return
     yield from _check_interval(cfg, mode)
+    yield from _check_pause(cfg, mode)
     if mode is AsyncMode.OFF:
         return
     if cfg.cluster.colocate:
@@ -42,6 +43,29 @@ def check_async(cfg: RunConfig) -> Iterator[Problem]:
         )
     if mode is AsyncMode.FULL:
         yield from _check_full(cfg)
+
+
+def _check_pause(cfg: RunConfig, mode: AsyncMode) -> Iterator[Problem]:
+    value = cfg.rollout.weight_sync.pause_mode
+    try:
+        pause = PauseMode.resolve(value, mode)
+    except ValueError as exc:
+        yield Problem("rollout.weight_sync.pause_mode", value, str(exc), "set it to abort or in_place, or drop it")
+        return
+    if pause is not PauseMode.IN_PLACE:
+        return
+    conflicts = (
+        (cfg.cluster.colocate, "cluster.colocate=true", "a colocated engine releases its memory for training"),
+        (cfg.model.lora.synced_alone, "model.lora synced alone", "an adapter push unloads the held requests' adapter"),
+    )
+    for on, setting, why in conflicts:
+        if on:
+            yield Problem(
+                "rollout.weight_sync.pause_mode",
+                value,
+                f"in_place holds running requests across a push, but with {setting} {why}",
+                "set rollout.weight_sync.pause_mode=abort",
+            )
 
 
 def _check_interval(cfg: RunConfig, mode: AsyncMode) -> Iterator[Problem]:

@@ -82,10 +82,19 @@ class EngineClient:
         nothing to do)."""
 
     def update_weights_from_disk(
-        self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
+        self,
+        path: str,
+        weight_version: Optional[str] = None,
+        load_format: Optional[str] = None,
+        timeout: float = 600.0,
+        *,
+        flush_cache: bool = True,
     ) -> dict:
-        """POST /update_weights_from_disk; raises EngineHTTPError unless it reports success."""
-        payload: dict[str, Any] = {"model_path": str(path)}
+        """POST /update_weights_from_disk; raises EngineHTTPError unless it reports success. `flush_cache=False` while
+        an in-place pause holds requests (SGLang 0.5.23 `UpdateWeightsFromDiskReqInput.flush_cache`, default true:
+        its flush is refused while requests run, `weight_updater.py: flush_cache_after_weight_update`, and the
+        update then reports failure)."""
+        payload: dict[str, Any] = {"model_path": str(path), "flush_cache": flush_cache}
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         if load_format is not None:
@@ -218,10 +227,12 @@ class EngineClient:
     def unload_lora_adapter(self, name: str, *, timeout: float = 60.0) -> dict:
         return self._weights_call("/unload_lora_adapter", {"lora_name": name}, timeout, LORA_REASON)
 
-    def update_weight_version(self, version: str) -> None:
-        """POST /update_weight_version {new_version} (`io_struct.UpdateWeightVersionReqInput`; it aborts what
-        runs, harmless while paused): the version later responses carry, after a push that carries none itself."""
-        self._weights_call("/update_weight_version", {"new_version": str(version)}, self.timeout_s)
+    def update_weight_version(self, version: str, *, abort_all_requests: bool = True) -> None:
+        """POST /update_weight_version {new_version, abort_all_requests} (`io_struct.UpdateWeightVersionReqInput`;
+        by default it aborts what runs, harmless under an aborting pause): the version later responses carry, after
+        a push that carries none itself."""
+        body = {"new_version": str(version), "abort_all_requests": abort_all_requests}
+        self._weights_call("/update_weight_version", body, self.timeout_s)
 
     def check_weights(self, action: str, timeout: float = 600.0) -> dict:
         """POST /weights_checker {action}: snapshot | reset_tensors | compare | checksum (checksum: `ranks`, one

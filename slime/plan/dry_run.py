@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slime.config.async_mode import AsyncMode
+from slime.config.async_mode import AsyncMode, PauseMode
 from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
@@ -137,11 +137,13 @@ def _loop_line(cfg: RunConfig) -> str:
     if mode is AsyncMode.OFF:
         return "synchronous (rollout, then train, then weight sync; samples 0 versions stale)"
     if mode is AsyncMode.FULL:
-        r = cfg.rollout
+        r, bound = cfg.rollout, cfg.train.max_staleness
+        pause = PauseMode.resolve(r.weight_sync.pause_mode, mode)
+        held = "held in place" if pause is PauseMode.IN_PLACE else "aborted and sent again"
         return (
-            f"fully async (engines generate continuously, up to {r.batch_size} groups a step ahead, at most "
-            f"{r.batch_size * cfg.train.max_staleness} in flight or waiting; weight sync after every step, "
-            f"interrupting generation); groups over {cfg.train.max_staleness} version(s) stale: {r.stale_policy}"
+            f"fully async (engines keep up to {r.batch_size} groups in flight, at most {bound + 1} step(s) of groups "
+            f"started ahead of the trainer, which takes them in start order; weight sync after every step, running "
+            f"requests {held}); groups over {bound} version(s) stale: {r.stale_policy}"
         )
     interval = cfg.rollout.weight_sync.interval
     return (

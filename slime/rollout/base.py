@@ -93,11 +93,11 @@ class StreamLimits:
     max_staleness: int
     regenerate_stale: bool
 
-    @property
-    def capacity(self) -> int:
-        """Groups in flight plus waiting, at most: taken oldest first, `batch_size` a step, a group started now is
-        taken within `max_staleness` steps (any more would wait until too stale, and be generated for nothing)."""
-        return self.batch_size * self.max_staleness
+    def max_started(self, trainer_version: int) -> int:
+        """Groups that may have been started by now, counted from the run's first (AReaL's staleness bound,
+        areal/infra/staleness_manager.py: get_capacity): the trainer takes `batch_size` a step in the order they
+        started, so the group started now is taken within `max_staleness` versions of `trainer_version`."""
+        return (self.max_staleness + trainer_version + 1) * self.batch_size
 
 
 @dataclasses.dataclass(kw_only=True)

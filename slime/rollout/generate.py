@@ -19,7 +19,7 @@ import aiohttp
 from slime.engine.router import DROPPED_REQUEST_FIELDS, DROPPED_SAMPLING_PARAMS, Router
 from slime.registry import generate_protocol
 from slime.rollout.base import RolloutContext, accepts_keyword, call_maybe_async
-from slime.rollout.staleness import as_version
+from slime.rollout.staleness import as_version, token_versions
 from slime.types import Sample, SampleStatus
 
 RETRIES = 5  # connection errors and 5xx only; 4xx are bugs and surface at once
@@ -113,9 +113,7 @@ def append_engine_output(sample: Sample, out: dict) -> None:
     logprobs = meta["output_token_logprobs"]
     version = str(meta.get("weight_version"))
     ids, lps = [int(t[1]) for t in logprobs], [float(t[0]) for t in logprobs]
-    per_token = meta.get("output_token_versions")  # vLLM's spans: a request kept across a weight update
-    if per_token is None or len(per_token) != len(ids):
-        per_token = [version] * len(ids)
+    per_token = token_versions(meta.get("weight_versions") or [], len(ids), version)
     # one append per run of equal versions (at least one: an empty answer still records no token's version);
     # the text goes with the last
     runs = [(v, len(list(run))) for v, run in itertools.groupby(per_token)] or [(version, 0)]

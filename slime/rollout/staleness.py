@@ -14,6 +14,7 @@ A sample that spans several engine calls (multi-turn, partial rollouts) counts i
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 from slime.types import Sample
 
@@ -21,6 +22,19 @@ from slime.types import Sample
 def as_version(text: str) -> int:
     """An engine's weight-version string as an integer version; -1 for one that is not (vLLM's "default", None)."""
     return int(text) if text.lstrip("-").isdigit() else -1
+
+
+def token_versions(spans: list[dict[str, Any]], num_tokens: int, fallback: str) -> list[str]:
+    """Each output token's weight version from an engine's spans: SGLang 0.5.23's `meta_info.weight_versions`
+    (`sglang/srt/utils/weight_versions.py: compute_weight_version_spans`; vLLM's per-choice `weight_versions`,
+    `vllm/outputs.py: WeightVersionSpan`, have the same shape): output tokens [start, end) were sampled by `version`,
+    a request kept across a weight update has several. A token no span covers gets `fallback` (the call's
+    `meta_info.weight_version`)."""
+    versions = [fallback] * num_tokens
+    for span in spans:
+        for i in range(max(int(span["start"]), 0), min(int(span["end"]), num_tokens)):
+            versions[i] = str(span["version"])
+    return versions
 
 
 def sample_staleness(sample: Sample, trainer_version: int) -> int | None:

@@ -1,28 +1,27 @@
 """train.async=full: groups generated continuously, taken by the trainer as they finish (slime.config.async_mode).
 
-A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps groups in
-flight (drawn from the data source: handed-back groups first, then fresh prompts), starting one as soon as there is
-room, and puts each finished group into a FIFO buffer. It starts a group only while
-- the groups waiting plus those started since the trainer's last take number fewer than `batch_size`: one step's
-  worth is generated ahead (when the trainer is the slower side, more would only age), while groups started before
-  the last take and still decoding (a long tail) do not hold new ones back;
-- and all groups in flight and waiting number fewer than `batch_size × max_staleness`: the trainer takes
-  `batch_size` a step, oldest first, so a group started now is taken within `max_staleness` steps; more would wait
-  until too stale and be generated for nothing (AReaL bounds how far generation runs ahead the same way).
-It never waits for training otherwise.
+A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps up to
+`batch_size` groups in flight (drawn from the data source: handed-back groups first, then fresh prompts), starting
+one as soon as one finishes, and the trainer takes `batch_size` finished groups a step in the order they started.
+It starts a group only while fewer than `StreamLimits.max_started(trainer_version)` have been started (AReaL's
+bound): the group started now is then taken within `max_staleness` versions, so none is generated only to be
+dropped. The engines never idle on a long tail: while one step's last groups decode, the next step's run beside
+them. It never waits for training otherwise.
 
-A weight push pauses the engines (their default pause aborts what runs, returning the partial output, and holds
-what arrives until they continue, slime.sync.base). A sample whose request came back aborted is sent again at
-once, continuing from its tokens with the rest of its budget: the engine holds it until the push ends, and the
-continuation runs on the new weights. Each token keeps the version that generated it (`Sample.token_versions`);
-with `rollout.mask_offpolicy_in_partial_rollout` the earlier tokens of a continued sample carry no loss
+A weight push pauses the engines (slime.sync.base). With an in-place pause (`rollout.pause_mode`) the running
+requests keep their place and continue on the new weights, and the engine reports each output token's version
+(SGLang's `meta_info.weight_versions` spans); with the abort pause a request comes back with its partial output
+and is sent again at once, continuing from its tokens with the rest of its budget (the engine holds it until the
+push ends). Either way each token keeps the version that generated it (`Sample.token_versions`); with
+`rollout.mask_offpolicy_in_partial_rollout` the earlier tokens of a continued sample carry no loss
 (slime.rollout.generate.generate_and_reward), and TIS weighs every token by its own rollout log-prob either way.
 
-`take(trainer_version)` (the manager's thread) hands the trainer `batch_size` finished groups, oldest first, and
-judges each by its oldest token: a group more than `max_staleness` versions behind the trainer is dropped (counted)
-or, with `rollout.stale_policy=regenerate`, handed back to the data source as a fresh prompt. Every prompt drawn is
-thus trained once, or counted dropped. `state_dict()` is what a checkpoint keeps: the data source's cursor, the
-finished groups as they are, the groups in flight as fresh prompts (a resume generates them again).
+`take(trainer_version)` (the manager's thread) hands the trainer the next `batch_size` groups in start order, once
+each has finished, and judges each by its oldest token: a group more than `max_staleness` versions behind the
+trainer (only after a resume or a version jump) is dropped (counted) or, with `rollout.stale_policy=regenerate`,
+handed back to the data source as a fresh prompt. Every prompt drawn is thus trained once, or counted dropped.
+`state_dict()` is what a checkpoint keeps: the data source's cursor, the finished groups as they are, the groups in
+flight as fresh prompts (a resume generates them again).
 """
 
 from __future__ import annotations
@@ -56,9 +55,11 @@ class GroupStream:
     def __init__(self, context: RolloutContext, data_source, limits: StreamLimits):
         self.ctx, self.data_source, self.limits = context, data_source, limits
         self._cond = threading.Condition()
-        self._finished: collections.deque[list[Sample]] = collections.deque()
-        # group index -> (the trainer's version when it started, its samples)
-        self._in_flight: dict[int, tuple[int, list[Sample]]] = {}
+        self._order: collections.deque[int] = collections.deque()  # started, not yet taken: start order
+        self._in_flight: dict[int, list[Sample]] = {}  # start number -> the group being generated
+        self._done: dict[int, list[Sample]] = {}  # start number -> the finished group
+        self._next_key = 0  # the next group's start number (its key in the maps)
+        self._started = 0  # groups started, counted against limits.max_started (a dropped one gives its slot back)
         self._drawn = 0  # groups started since the last take (the progress display's "drawn")
         self._version = 0  # the trainer's weight version: hooks get it as rollout_id
         self._error: BaseException | None = None
@@ -70,8 +71,10 @@ class GroupStream:
 
     # ---- the manager's side --------------------------------------------------------------------------------
     def start(self, trainer_version: int) -> None:
-        """Begin generating (after `load_state_dict` on a resume)."""
+        """Begin generating (after `load_state_dict` on a resume): the steps before `trainer_version` took their
+        groups, the restored finished ones come next."""
         self._version = trainer_version
+        self._started = trainer_version * self.limits.batch_size + len(self._order)
         self._idle_since = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="rollout-stream", daemon=True)
@@ -86,54 +89,55 @@ class GroupStream:
     def take(
         self, trainer_version: int, progress: RolloutProgress | None = None
     ) -> tuple[list[list[Sample]], dict[str, float]]:
-        """`batch_size` finished groups no more than `max_staleness` versions behind `trainer_version`, oldest
-        first, and the step's metrics; blocks until there are that many (counting them in `progress`, for the
-        progress display, as they come). Raises what the stream raised."""
+        """The next `batch_size` groups in start order no more than `max_staleness` versions behind
+        `trainer_version`, and the step's metrics; blocks until each has finished (counting them in `progress`, for
+        the progress display, as they come). Raises what the stream raised."""
         limits, taken = self.limits, []
         counts = {"dropped": 0, "regenerated": 0}
         progress = progress if progress is not None else RolloutProgress()
         progress.needed = limits.batch_size
         with self._cond:
             self._version = trainer_version
+            self._wake()  # a newer version: room for more groups
             while len(taken) < limits.batch_size:
                 progress.kept, progress.in_flight, progress.submitted = len(taken), len(self._in_flight), self._drawn
                 progress.dropped = counts["dropped"] + counts["regenerated"]
-                group = self._next_finished()
-                self._wake()  # room for another group (and a regenerated prompt to draw)
+                group = self._next_group()
                 stale = group_staleness(group, trainer_version)
                 if stale is None or stale <= limits.max_staleness:
                     taken.append(group)
-                elif limits.regenerate_stale:
+                    continue
+                self._started -= 1  # its slot goes to the next group, taken in its place
+                if limits.regenerate_stale:
                     self.data_source.add_groups([[reset_sample(s) for s in group]])
                     counts["regenerated"] += 1
                 else:
                     counts["dropped"] += 1
-            # the groups still in flight carry over to the next take (not cut, as a step's leftovers would be)
+                self._wake()
             progress.kept, progress.in_flight, progress.submitted = len(taken), 0, self._drawn
             self._drawn = 0
             metrics = {
-                "rollout/buffer_depth": float(len(self._finished)),
+                "rollout/buffer_depth": float(len(self._done)),
                 "rollout/groups_in_flight": float(len(self._in_flight)),
                 "rollout/stale_dropped_groups": float(counts["dropped"]),
                 "rollout/stale_regenerated_groups": float(counts["regenerated"]),
                 "perf/engine_idle_time": self._take_idle(),
             }
-        self._wake()
         return taken, metrics
 
-    def _next_finished(self) -> list[Sample]:
-        """The oldest finished group (the lock held); waits for one."""
-        while not self._finished:
+    def _next_group(self) -> list[Sample]:
+        """The earliest-started group not yet taken, once it has finished (the lock held)."""
+        while not self._order or self._order[0] not in self._done:
             if self._error is not None:
                 raise RuntimeError("train.async=full: the rollout stream failed") from self._error
             drawable = getattr(self.data_source, "buffer", None) or not getattr(self.data_source, "exhausted", False)
-            if not self._in_flight and not drawable:
+            if not self._order and not drawable:
                 raise RuntimeError(
                     "train.async=full: the data source ran out (train.num_epoch) with fewer finished groups than "
                     f"rollout.batch_size={self.limits.batch_size}: stale groups were dropped that the run needed"
                 )
             self._cond.wait(WAIT_POLL_S)
-        return self._finished.popleft()
+        return self._done.pop(self._order.popleft())
 
     def _take_idle(self) -> float:
         """Seconds with no group in flight since the last call (the lock held)."""
@@ -143,20 +147,25 @@ class GroupStream:
         return idle
 
     def state_dict(self) -> dict[str, Any]:
-        """A consistent snapshot: the data source's state, the finished groups, the groups in flight (reset)."""
+        """A consistent snapshot: the data source's state, the finished groups (start order), the groups in flight
+        (reset)."""
         with self._cond:
-            in_flight = [self._in_flight[k][1] for k in sorted(self._in_flight)]
             return {
                 "data_source": self.data_source.state_dict(),
-                "finished": [[s.to_dict() for s in g] for g in self._finished],
-                "in_flight": [[reset_sample(s).to_dict() for s in g] for g in in_flight],
+                "finished": [[s.to_dict() for s in self._done[k]] for k in self._order if k in self._done],
+                "in_flight": [
+                    [reset_sample(s).to_dict() for s in self._in_flight[k]] for k in self._order if k in self._in_flight
+                ],
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict()` (before `start`): the groups that were in flight are generated again."""
         self.data_source.load_state_dict(state["data_source"])
         self.data_source.add_groups([[Sample.from_dict(s) for s in g] for g in state["in_flight"]])
-        self._finished = collections.deque([Sample.from_dict(s) for s in g] for g in state["finished"])
+        finished = [[Sample.from_dict(s) for s in g] for g in state["finished"]]
+        self._done = dict(enumerate(finished))
+        self._order = collections.deque(range(len(finished)))
+        self._next_key = len(finished)
 
     def close(self) -> None:
         """Stop starting groups, abort the rest (the stream's loop cancels its tasks), join the thread."""
@@ -183,8 +192,8 @@ class GroupStream:
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
             self.ctx.session = session
             while not self._stopping:
-                for group in self._draw():
-                    task = asyncio.create_task(self._run_group(group, semaphore))
+                for key, group in self._draw():
+                    task = asyncio.create_task(self._run_group(key, group, semaphore))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 self._wakeup.clear()
@@ -193,8 +202,8 @@ class GroupStream:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _draw(self) -> list[list[Sample]]:
-        """The groups to start now (the module docstring's bounds)."""
+    def _draw(self) -> list[tuple[int, list[Sample]]]:
+        """The groups to start now, with their start numbers (the module docstring's bounds)."""
         drawn = []
         with self._cond:
             while self._error is None and self._has_room():
@@ -203,20 +212,20 @@ class GroupStream:
                     break
                 if not self._in_flight:
                     self._idle_s += time.monotonic() - self._idle_since
-                index = groups[0][0].group_index
-                self._in_flight[index] = (self._version, groups[0])
+                key, self._next_key = self._next_key, self._next_key + 1
+                self._order.append(key)
+                self._in_flight[key] = groups[0]
+                self._started += 1
                 self._drawn += 1
-                drawn.append(groups[0])
+                drawn.append((key, groups[0]))
         return drawn
 
     def _has_room(self) -> bool:
-        """Fewer than one step's groups started at the trainer's current version or waiting, and fewer than
-        `capacity` in flight and waiting (the lock held)."""
-        current = sum(started >= self._version for started, _ in self._in_flight.values())
-        waiting = len(self._finished)
-        return current + waiting < self.limits.batch_size and len(self._in_flight) + waiting < self.limits.capacity
+        """Fewer than `batch_size` groups in flight, and fewer started than the staleness bound allows (the lock
+        held)."""
+        return len(self._in_flight) < self.limits.batch_size and self._started < self.limits.max_started(self._version)
 
-    async def _run_group(self, group: list[Sample], semaphore: asyncio.Semaphore) -> None:
+    async def _run_group(self, key: int, group: list[Sample], semaphore: asyncio.Semaphore) -> None:
         try:
             done = list(await asyncio.gather(*(self._run_sample(s, semaphore) for s in group)))
             if self.ctx.rewards.group_rm:
@@ -229,10 +238,10 @@ class GroupStream:
                 self._cond.notify_all()
             return
         with self._cond:
-            self._in_flight.pop(group[0].group_index, None)
+            self._in_flight.pop(key, None)
             if not self._in_flight:
                 self._idle_since = time.monotonic()
-            self._finished.append(done)
+            self._done[key] = done
             self._cond.notify_all()
         self._wakeup.set()
 

@@ -12,6 +12,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from slime.assets.prepare import prepare_assets
+from slime.config.async_mode import PauseMode
 from slime.config.schema import RunConfig
 from slime.plan.run_plan import RunPlan
 from slime.runtime.interrupts import Interrupts
@@ -183,5 +184,6 @@ def _sync_context(cfg: RunConfig) -> SyncContext:
         bucket_bytes=w.bucket_mb << 20,
         keep=w.keep,
         check_weight_update_equal=cfg.debug.check_weight_update_equal,
+        pause_mode=PauseMode.resolve(w.pause_mode, cfg.train.async_mode).value,
         adapter=SyncedAdapter(name=serving.adapter_name, config=cfg.model.lora.adapter_config()) if serving else None,
     )

@@ -7,8 +7,8 @@ it exports (`TrainBackend.export_weights`), and it talks to the engines through 
 trainers import no engine). No Ray inside: the runtime hands the trainer engine URLs and the config.
 The tensors' formats on the wire are `slime.wire`'s, which the engines import too.
 
-The protocol every mode follows (`push`): pause generation and flush the cache on every updatable
-engine, open each engine's update session (tensor and distributed modes: SGLang's
+The protocol every mode follows (`push`): pause generation (`SyncContext.pause_mode`) and, unless the pause holds
+the running requests in place, flush the cache on every updatable engine, open each engine's update session (tensor and distributed modes: SGLang's
 `/begin_weight_update`), transfer the buckets (the mode's own `_transfer`), close the sessions, then
 continue generation, so that no request ever runs on half-updated weights; engines stamp the new
 `weight_version` on every later response, and the rollout records it on each Sample. A failed push
@@ -63,6 +63,9 @@ class SyncContext:
     bucket_bytes: int  # bucket size the exporter fills, in bytes
     keep: bool = False  # disk: keep each pushed directory
     check_weight_update_equal: bool = False  # debug: engines' /weights_checker around the pushes (module docstring)
+    # rollout.weight_sync.pause_mode (slime.config.async_mode.PauseMode): "abort" ends running requests;
+    # "in_place" holds them across the push, so no cache is flushed (SGLang refuses while requests run)
+    pause_mode: str = "abort"
     # tensor mode: per engine (in push order), the training rank colocated with each engine TP rank (-1: none)
     tp_trainer_ranks: tuple[tuple[int, ...], ...] = ()
     adapter: SyncedAdapter | None = None  # the policy's LoRA adapter moves alone (None: full weights)
@@ -98,9 +101,9 @@ class WeightSync(abc.ABC):
         check_first = self.context.check_weight_update_equal and weight_version == 0 and self.pushes_base
         try:
             for engine in self.engines:
-                engine.pause_generation()
+                engine.pause_generation(self.context.pause_mode)
                 paused.append(engine)
-            for engine in self.engines:
+            for engine in () if self.keeps_requests else self.engines:
                 engine.flush_cache()
             if self.bracketed:
                 for engine in self.engines:
@@ -124,6 +127,11 @@ class WeightSync(abc.ABC):
             "perf/update_weights_bytes": float(transferred),
             **self.phases,
         }
+
+    @property
+    def keeps_requests(self) -> bool:
+        """Whether the push holds the running requests in place (no cache may be flushed under them)."""
+        return self.context.pause_mode == "in_place"
 
     def _end_sessions(self, engines: Sequence[EngineClient]) -> None:
         """Close the update sessions a failed push left open (the next push could not open one)."""

@@ -34,7 +34,9 @@ class DiskWeightSync(WeightSync):
             for client_class in dict.fromkeys(type(engine) for engine in self.engines):
                 client_class.prepare_disk_checkpoint(str(path))
             for engine in self.engines:
-                engine.update_weights_from_disk(str(path), weight_version=weight_version)
+                engine.update_weights_from_disk(
+                    str(path), weight_version=weight_version, flush_cache=not self.keeps_requests
+                )
         finally:
             if not self.context.keep:
                 shutil.rmtree(path, ignore_errors=True)

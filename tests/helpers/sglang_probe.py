@@ -116,6 +116,9 @@ class SGLangProbe:
     def loads_entry(self, memory: list, include: str) -> dict:
         return self.call("loads_entry", memory=memory, include=include)
 
+    def version_meta(self, changes: list, current: str, num_tokens: int) -> dict:
+        return self.call("version_meta", changes=changes, current=current, num_tokens=num_tokens)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -295,6 +298,22 @@ def loads_entry(*, memory: list, include: str) -> dict:
     return snapshot.to_dict(set(include.split(",")))
 
 
+def version_meta(*, changes: list, current: str, num_tokens: int) -> dict:
+    """The `meta_info` weight-version fields SGLang gives a request that ends with `num_tokens` output tokens under
+    `current`, the version having changed at each of `changes` ([old version, output tokens then]):
+    `compute_weight_version_spans`, then the tokenizer manager's `add_weight_versions_to_meta_info`."""
+    from sglang.srt.utils.weight_versions import (
+        WeightVersionEvent,
+        add_weight_versions_to_meta_info,
+        compute_weight_version_spans,
+    )
+
+    events = [WeightVersionEvent(old_version=old, num_output_tokens=n) for old, n in changes]
+    meta: dict = {}
+    add_weight_versions_to_meta_info(meta, compute_weight_version_spans(events, current, num_tokens), num_tokens)
+    return meta
+
+
 _COMMANDS = {
     "ping": lambda: "pong",
     "loads_entry": loads_entry,
@@ -306,6 +325,7 @@ _COMMANDS = {
     "receive": receive,
     "destroy": destroy,
     "checksums": checksums,
+    "version_meta": version_meta,
 }
 
 

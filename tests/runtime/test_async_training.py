@@ -23,7 +23,7 @@ from slime.runtime.rollout_producer import RolloutProducer
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.run_state import RunState
 from slime.types import Sample, SampleStatus
-from tests.helpers.compose import ROOT, typed_config
+from tests.helpers.compose import LORA_ALONE, ROOT, typed_config
 from tests.helpers.fake_run_world import FakeWorld, eager_ray
 
 
@@ -56,7 +56,8 @@ def test_staleness_counts_tokens_so_an_empty_aborted_call_adds_no_version():
     assert sample_staleness(sample, trainer_version=6) == 3
     assert group_staleness([sample, Sample(token_versions=[], response_length=0)], trainer_version=6) == 3
     spanning = {**_engine_out([1, 2, 3], "6", "stop")}
-    spanning["meta_info"]["output_token_versions"] = ["5", "5", "6"]  # vLLM kept it across an update
+    spans = [{"version": "5", "start": 0, "end": 2}, {"version": "6", "start": 2, "end": 3}]
+    spanning["meta_info"]["weight_versions"] = spans  # SGLang's (and vLLM's) spans: kept across an update
     other = Sample(tokens=[1])
     append_engine_output(other, spanning)
     assert other.token_versions == [5, 5, 6] and other.response_length == 3 and other.response == "text"
@@ -187,6 +188,36 @@ def test_train_async_is_a_mode_and_full_brings_its_staleness_keys():
     keys = sorted(p.key for p in collect_problems(typed_config(bad)))
     assert keys == ["algo.dynamic_filter", "rollout.function", "rollout.stale_policy", "train.max_staleness"]
     assert collect_problems(typed_config(["train.async=full", "rollout.stale_policy=regenerate"])) == []
+
+
+def test_the_push_pause_mode_defaults_by_loop_and_in_place_is_refused_where_it_cannot_hold():
+    """rollout.weight_sync.pause_mode null: in_place under full (requests run across every push), abort otherwise;
+    a bad name, and in_place with colocated engines or an adapter synced alone, are refused naming the key."""
+    from slime.config.async_mode import PauseMode
+
+    def resolved(overrides):
+        cfg = typed_config(overrides)
+        return PauseMode.resolve(cfg.rollout.weight_sync.pause_mode, cfg.train.async_mode).value
+
+    assert resolved(["train.async=full"]) == "in_place" and resolved(["train.async=one_step"]) == "abort"
+    assert resolved(["train.async=full", "rollout.weight_sync.pause_mode=abort"]) == "abort"
+    for bad, text in [
+        (["rollout.weight_sync.pause_mode=retract"], "must be one of ['abort', 'in_place'] or null"),
+        (["rollout.weight_sync.pause_mode=in_place", "cluster.colocate=true"], "with cluster.colocate=true"),
+        (["train.async=full", *LORA_ALONE], "with model.lora synced alone"),
+    ]:
+        problems = [p for p in collect_problems(typed_config(bad)) if p.key == "rollout.weight_sync.pause_mode"]
+        assert len(problems) == 1 and text in problems[0].message, bad
+    assert collect_problems(typed_config(["train.async=full", "rollout.weight_sync.pause_mode=in_place"])) == []
+    from slime.plan.dry_run import dry_run
+
+    lines: list[str] = []
+    assert dry_run(typed_config(["train.async=full", "train.max_staleness=2"]), out=lines.append) == 0
+    assert (
+        "fully async (engines keep up to 32 groups in flight, at most 3 step(s) of groups started ahead of the "
+        "trainer, which takes them in start order; weight sync after every step, running requests held in place); "
+        "groups over 2 version(s) stale: drop"
+    ) in "\n".join(lines)
 
 
 def test_cli_async_colocated_exits_2_before_starting_anything(tmp_path):

@@ -6,6 +6,8 @@ rule SGLang's scheduler enforces."""
 from __future__ import annotations
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -69,6 +71,42 @@ def test_each_mode_makes_the_fake_sglang_bit_exact(trained, fakes, tiny_model_di
         # one item per TP rank, both this trainer's bucket (the fake logs the shared segment each names)
         assert items and all(len(pair) == 2 and pair[0] == pair[1] for pair in items)
         assert all(pair[0].startswith(f"/torch_{os.getpid()}_") for pair in items)
+
+
+@pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
+def test_an_in_place_push_holds_a_running_request_which_reports_both_versions(
+    trained, fakes, tiny_model_dir, tmp_path, mode
+):  # noqa: F811
+    """rollout.weight_sync.pause_mode=in_place: the push pauses in place, flushes no cache (SGLang refuses under
+    held requests) and loads the weights while a long request is held; the request decodes on and its spans say
+    which version sampled which tokens."""
+    engine = fakes[1]
+    engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")
+    context = SyncContext(
+        source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, pause_mode="in_place"
+    )
+    trained.connect_weight_sync(mode, [engine.url], context)
+    before = len(requests_logged(engine))
+    body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(http_client.post, engine.url + "/generate", body, timeout=120)
+            while engine.client.num_requests() == 0:
+                time.sleep(0.005)
+            trained.update_weights(weight_version=4)
+            meta = answer.result()["meta_info"]
+    finally:
+        trained.close_weight_sync()
+    assert engine_checksums(engine.url) == trainer_checksums(trained.model)
+    spans = meta["weight_versions"]
+    assert [s["version"] for s in spans] == ["0", "4"] and meta["weight_version"] == "4"
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 480
+    logged = requests_logged(engine)[before:]
+    assert {"method": "POST", "path": "/pause_generation", "body": {"mode": "in_place"}} in logged
+    assert "/flush_cache" not in [r["path"] for r in logged]
+    if mode == "disk":
+        (update,) = [r["body"] for r in logged if r["path"] == "/update_weights_from_disk"]
+        assert update["flush_cache"] is False
 
 
 def test_an_update_outside_a_session_is_refused_as_sglang_refuses_it(fakes):

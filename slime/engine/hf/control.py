@@ -7,7 +7,9 @@
                                        `/health` answers 200 at once when SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
                                        is false. Released memory: 503 (SGLang would generate on it).
   GET|POST /flush_cache                200 when no batch is running, else 400 (callers retry)
-  POST /pause_generation {mode?}       "abort" (default, as SGLang): abort in-flight, hold new ones
+  POST /pause_generation {mode?}       "abort" (default, as SGLang): abort in-flight, hold new ones;
+                                       "in_place": hold the running batch between two decode steps too
+                                       (`Scheduler.pause`)
   POST /continue_generation
   POST /abort_request {rid | abort_all}
   POST /release_memory_occupation {tags?}, /resume_memory_occupation {tags?}

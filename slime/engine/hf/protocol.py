@@ -10,7 +10,8 @@ A list input is a batch and is answered with a list, in order.
 
 Response per item: `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 "completion_tokens", "cached_tokens" (prefix-cache hits, `Generator.generate`), "weight_version",
-"queue_time" (s), "e2e_latency" (s),
+"weight_versions": [{version, start, end}] (which version sampled which output tokens; several for a request an
+in-place pause held across a weight update, `request.version_spans`), "queue_time" (s), "e2e_latency" (s),
 "output_token_logprobs": [[logprob, token_id, token_text | None], ...] (only with return_logprob),
 "routed_experts": base64 of int32 [prompt + output - 1 - routed_experts_start_len, MoE layers, top-k] (only with
 return_routed_experts on a server started with --enable-return-routed-experts, as SGLang)}}`.
@@ -103,6 +104,7 @@ def generate_response(call: GenerateCall, completions: list, decode_token: Calla
             "completion_tokens": len(res.output_ids),
             "cached_tokens": res.cached_tokens,
             "weight_version": done.weight_version,
+            "weight_versions": done.weight_versions,
             "queue_time": done.queue_time_s,
             "e2e_latency": time.perf_counter() - arrived,
         }

@@ -10,7 +10,10 @@
   mode; MoE route capture) a batch is one `Generator.generate` call and resolves when its last row ends.
 - Every other operation that touches the model (weight loads, memory release/resume, adapter loads)
   goes through `run_exclusive()`: it waits until no batch runs (none lands mid-batch, so a running row
-  keeps its weights), and while it waits no request joins or starts a batch, so it never starves.
+  keeps its weights), and while it waits no request joins or starts a batch, so it never starves. An
+  in-place pause (`pause("in_place")`, SGLang's mode) instead holds a continuous batch between two decode steps:
+  the operation runs then, and the held rows decode on after `resume()`, on the new weights with their old KV
+  cache; each response says which version sampled which of its tokens (`meta_info.weight_versions`).
 - With a LoRA slot (`lora_slot.py`), a batch holds requests of one adapter only (or none), and runs with the slot
   switched accordingly.
 - Abort marks requests; queued ones resolve at once with finish_reason type "abort", running ones
@@ -32,17 +35,20 @@ from typing import Any, Optional
 from slime.engine.hf.batch import RunningBatch
 from slime.engine.hf.generator import GenerationError, GenerationRequest, GenerationResult, Generator
 from slime.engine.hf.lora_slot import NOT_ENABLED, LoRASlot
+from slime.engine.hf.request import VersionChange, version_spans
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Completion:
-    """One finished request: the result, the weight version it ran on, its queueing delay (s)."""
+    """One finished request: the result, the weight version it ended under, its queueing delay (s), and which
+    version sampled which output tokens (`request.version_spans`)."""
 
     result: GenerationResult
     weight_version: str
     queue_time_s: float = 0.0
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -51,7 +57,7 @@ class _Pending:
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float = 0.0  # when its prefill began (perf_counter)
-    version: str = ""  # the weight version it runs on
+    version_changes: list[VersionChange] = field(default_factory=list)  # weight updates it was held across
 
 
 class Scheduler:
@@ -80,11 +86,13 @@ class Scheduler:
         self.generator = generator
         self.max_batch_size = max(1, int(max_batch_size))
         self.batch_wait_s = max(0.0, float(batch_wait_s))
-        self.weight_version = str(weight_version)
         self.lora = lora
         self.continuous = continuous and self.max_batch_size > 1 and generator.joinable
         self.lock = threading.Lock()
+        self._batch: Optional[RunningBatch] = None  # the rows being decoded (continuous batching)
+        self._weight_version = str(weight_version)
         self.paused = False
+        self._holding = False  # an in-place pause: the running batch waits between two decode steps
         self.released_tags: set[str] = set()
         self.num_finished = 0  # requests resolved with a result since start (any finish reason)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
@@ -93,6 +101,8 @@ class Scheduler:
         self._exclusive_waiting = 0  # run_exclusive calls waiting for the running batch to end
         self._wakeup: Optional[asyncio.Event] = None
         self._idle: Optional[asyncio.Event] = None  # set while no batch runs
+        self._model_free: Optional[asyncio.Event] = None  # set while no batch runs or the running one is held
+        self._released: Optional[asyncio.Event] = None  # set while no in-place pause holds the running batch
         self._task: Optional[asyncio.Task] = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -101,6 +111,10 @@ class Scheduler:
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._model_free = asyncio.Event()
+        self._model_free.set()
+        self._released = asyncio.Event()
+        self._released.set()
         self._task = asyncio.get_running_loop().create_task(self._worker())
 
     async def stop(self) -> None:
@@ -146,19 +160,43 @@ class Scheduler:
 
     async def pause(self, mode: str = "abort", drain_timeout_s: float = 60.0) -> None:
         """Stop starting batches and admitting rows. Mode "abort" (SGLang's default) also aborts everything
-        queued or running and waits (at most `drain_timeout_s` seconds) until the running batch has returned;
-        other modes ("retract", "in_place") keep queued requests and let the running rows finish."""
+        queued or running and waits (at most `drain_timeout_s` seconds) until the running batch has returned.
+        Mode "in_place" (SGLang's `PauseGenerationReqInput`: requests stay, and continue after
+        continue_generation with their old KV cache) holds a continuously batched running batch between two
+        decode steps, where weight loads and other exclusive operations may run; a one-call batch (batch size 1,
+        route capture) runs to its end first, as "retract" lets every running row finish here."""
         self.paused = True
         if mode == "abort":
             self.abort(abort_all=True)
             deadline = time.monotonic() + drain_timeout_s
             while self._running and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
+        elif mode == "in_place" and self.continuous:
+            self._holding = True
+            self._released.clear()
 
     def resume(self) -> None:
-        """Undo `pause()`: queued requests (including those sent while paused) are served."""
+        """Undo `pause()`: a held batch decodes on, queued requests (including those sent while paused) are
+        served."""
         self.paused = False
+        self._holding = False
+        self._released.set()
         self._wakeup.set()
+
+    @property
+    def weight_version(self) -> str:
+        """The version stamped on responses; setting a new one records, for each running row that has output
+        tokens, that they came from the old one (SGLang's `Scheduler.record_weight_version_change`)."""
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: str) -> None:
+        old, self._weight_version = self._weight_version, str(version)
+        if old == self._weight_version or self._batch is None:
+            return
+        for row in self._batch.rows:
+            if row.out_ids:
+                row.key.version_changes.append(VersionChange(old, len(row.out_ids)))
 
     @property
     def is_busy(self) -> bool:
@@ -184,11 +222,11 @@ class Scheduler:
     # ---------------------------------------------------------------- exclusive model access
     async def run_exclusive(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` on the model thread under the generation lock, once the running batch (which takes no
-        new rows meanwhile) has ended: never mid-batch."""
+        new rows meanwhile) has ended or an in-place pause holds it between two steps."""
         self._exclusive_waiting += 1
         try:
-            if self._idle is not None:
-                await self._idle.wait()
+            if self._model_free is not None:
+                await self._model_free.wait()
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._locked, fn, *args)
         finally:
             self._exclusive_waiting -= 1
@@ -223,7 +261,8 @@ class Scheduler:
     def _resolve_aborted(self, p: _Pending) -> None:
         if not p.future.done():
             result = GenerationResult([], [], "", {"type": "abort", "message": "Abort in waiting queue"})
-            p.future.set_result(Completion(result, self.weight_version, time.perf_counter() - p.enqueued_at))
+            spans = version_spans([], self.weight_version, 0)
+            p.future.set_result(Completion(result, self.weight_version, time.perf_counter() - p.enqueued_at, spans))
             self.num_finished += 1
 
     async def _next_batch(self) -> list[_Pending]:
@@ -267,10 +306,10 @@ class Scheduler:
             if self.lora.use(lora):
                 self.generator.flush_cache()  # cached prefixes were computed with the adapter switched the other way
 
-    def _generate_batch(self, reqs: list[GenerationRequest]) -> tuple[str, list[GenerationResult]]:
+    def _generate_batch(self, reqs: list[GenerationRequest]) -> list[GenerationResult]:
         with self.lock:
             self._prepare(reqs[0].lora)
-            return self.weight_version, self.generator.generate(reqs)
+            return self.generator.generate(reqs)
 
     def _advance(self, batch: RunningBatch, joining: list[_Pending]) -> list[tuple[_Pending, GenerationResult]]:
         """On the model thread: prefill `joining` into `batch` (its first rows prepare the model), then one decode
@@ -287,7 +326,8 @@ class Scheduler:
 
     def _finish(self, p: _Pending, result: GenerationResult) -> None:
         if not p.future.done():
-            p.future.set_result(Completion(result, p.version, p.started_at - p.enqueued_at))
+            spans = version_spans(p.version_changes, self.weight_version, len(result.output_ids))
+            p.future.set_result(Completion(result, self.weight_version, p.started_at - p.enqueued_at, spans))
             self.num_finished += 1
 
     async def _run_static(self, live: list[_Pending]) -> None:
@@ -296,9 +336,8 @@ class Scheduler:
         for p in live:
             p.started_at = started
         loop = asyncio.get_running_loop()
-        version, results = await loop.run_in_executor(self._executor, self._generate_batch, [p.req for p in live])
+        results = await loop.run_in_executor(self._executor, self._generate_batch, [p.req for p in live])
         for p, result in zip(live, results):
-            p.version = version
             self._finish(p, result)
         logger.debug("batch of %d done in %.3f s", len(live), time.perf_counter() - started)
 
@@ -307,10 +346,13 @@ class Scheduler:
         row resolves as soon as it finishes. Returns once no row is left."""
         loop = asyncio.get_running_loop()
         batch, lora, joining = self.generator.new_batch(), first[0].req.lora, first
+        self._batch = batch
         while True:
+            if self._holding:
+                await self._hold()
             started = time.perf_counter()
             for p in joining:
-                p.started_at, p.version = started, self.weight_version
+                p.started_at = started
             finished = await loop.run_in_executor(self._executor, self._advance, batch, joining)
             for p, result in finished:
                 self._finish(p, result)
@@ -320,6 +362,14 @@ class Scheduler:
                 return
             joining = self._joiners(lora, self.max_batch_size - len(batch))
             self._running += joining
+
+    async def _hold(self) -> None:
+        """Wait, between two decode steps, until an in-place pause ends; the model is free meanwhile."""
+        self._model_free.set()
+        try:
+            await self._released.wait()
+        finally:
+            self._model_free.clear()
 
     async def _worker(self) -> None:
         while True:
@@ -336,6 +386,7 @@ class Scheduler:
                 continue
             self._running = list(live)
             self._idle.clear()
+            self._model_free.clear()
             try:
                 await (self._run_joining(live) if self.continuous else self._run_static(live))
             except Exception as exc:  # noqa: BLE001 - every waiter must learn about the failure
@@ -345,5 +396,6 @@ class Scheduler:
                     if not p.future.done():
                         p.future.set_exception(exc)
             finally:
-                self._running = []
+                self._running, self._batch = [], None
                 self._idle.set()
+                self._model_free.set()

@@ -9,7 +9,9 @@ Endpoints (SGLang's names, payloads and rules; errors are `{"error": {"message":
   GET  /server_info, /get_server_info  launch arguments and state
   GET  /model_info, /get_model_info    model_path, architectures, weight_version, ...
   GET  /v1/loads                       request counts and memory; shape documented on `HFServer.v1_loads`
-  POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?}
+  POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?, flush_cache?}
+                                       flush_cache (default true) fails the call, weights loaded, while an
+                                       in-place pause holds requests, as SGLang's does
   health, flush, pause/continue, abort, memory release/resume: `control.py`
   weight-update sessions, tensor and distributed syncs, /weights_checker: `weight_receiver.py`
 """
@@ -192,6 +194,13 @@ class HFServer:
                 self.scheduler.abort(abort_all=True)
             version = body.get("weight_version")
             count = await self.scheduler.run_exclusive(self._load_from_disk, str(model_path), version)
+            if body.get("flush_cache", True) and self.scheduler.is_busy:
+                # SGLang 0.5.23 `weight_updater.py: flush_cache_after_weight_update`: loaded, but its cache cannot be
+                # flushed under held requests, and the call reports failure
+                raise WeightLoadError(
+                    "Weights were updated, but the cache was not flushed because requests are still running or "
+                    "queued. Retract or finish them, then call /flush_cache."
+                )
         except (WeightLoadError, GenerationError) as exc:
             logger.warning("update_weights_from_disk failed: %s", exc)
             return web.json_response({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)

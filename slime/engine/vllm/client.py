@@ -38,6 +38,11 @@ WAKE_TAGS = ("weights", "kv_cache")  # vLLM's CuMemAllocator tags
 SCHEDULER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")  # v1/metrics/loggers.py
 
 
+# SGLang's pause modes (what the sync asks for) -> vLLM 0.32.0's (`vllm/v1/engine/async_llm.py: pause_generation`):
+# "keep" freezes the running requests, which resume on /resume, as SGLang's "in_place" holds them.
+PAUSE_MODES = {"abort": "abort", "in_place": "keep"}
+
+
 class VLLMClient(EngineClient):
     """Control calls of one vLLM 0.32.0 server at `url`; see the module docstring."""
 
@@ -67,8 +72,8 @@ class VLLMClient(EngineClient):
     def pause_generation(self, mode: Optional[str] = None) -> None:
         """POST /pause?mode=abort: in-flight requests end as aborted; new ones wait in the scheduler until /resume
         (0.32.0: `AsyncLLM.pause_generation` pauses `EngineCore`'s scheduler, the API server still queues them;
-        tests/engine/vllm/test_vllm_server.py holds one across a pause)."""
-        self._call("POST", "/pause?mode=" + (mode or "abort"), {})
+        tests/engine/vllm/test_vllm_server.py holds one across a pause). `mode` is SGLang's name (`PAUSE_MODES`)."""
+        self._call("POST", "/pause?mode=" + PAUSE_MODES[mode or "abort"], {})
 
     def continue_generation(self) -> None:
         self._call("POST", "/resume", {})
@@ -143,9 +148,16 @@ class VLLMClient(EngineClient):
         cpu.untie(path)
 
     def update_weights_from_disk(
-        self, path: str, weight_version: Optional[str] = None, load_format: Optional[str] = None, timeout: float = 600.0
+        self,
+        path: str,
+        weight_version: Optional[str] = None,
+        load_format: Optional[str] = None,
+        timeout: float = 600.0,
+        *,
+        flush_cache: bool = True,
     ) -> dict:
-        """Every worker reloads the HF directory in place (`reload_weights` over /collective_rpc)."""
+        """Every worker reloads the HF directory in place (`reload_weights` over /collective_rpc); it flushes no
+        cache either way (`flush_cache` is SGLang's; the push's `flush_cache()` resets vLLM's prefix cache)."""
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}, "timeout": timeout}
         self._call("POST", "/collective_rpc", rpc, timeout=timeout)
         if weight_version is not None:

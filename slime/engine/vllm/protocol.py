@@ -10,7 +10,7 @@ Generation (what vime's rollout sends through vllm-router): POST `/inference/v1/
 `generate_payload` turns the rollout's SGLang sampling params into vLLM's `SamplingParams` fields (an
 SGLang-only key raises ValueError naming it); `as_sglang_output` turns the response into the SGLang shape
 (`text`, `meta_info.output_token_logprobs` = [[logprob, token id]], `finish_reason.type`, `weight_version`, and
-`output_token_versions`: each token's version, from vLLM's per-token spans)
+`weight_versions`: vLLM's per-token spans, which have SGLang's span shape)
 that `slime.rollout.generate.append_engine_output` records on a Sample, so log-probs, status and weight
 version are recorded exactly as with SGLang. `logprobs: 0` asks for the sampled token's log-prob only.
 A server started with `--enable-return-routed-experts` adds `choices[0].routed_experts`: base64 of a `.npy` file
@@ -83,16 +83,6 @@ def generate_payload(
     return payload
 
 
-def token_versions(spans: list[dict[str, Any]], num_tokens: int) -> list[str | None]:
-    """Each output token's weight version from vLLM's spans (`vllm/outputs.py:WeightVersionSpan`: output tokens
-    [start, end) were sampled by `version`; a request kept across a weight update has several); None: no span."""
-    versions: list[str | None] = [None] * num_tokens
-    for span in spans:
-        for i in range(max(int(span["start"]), 0), min(int(span["end"]), num_tokens)):
-            versions[i] = str(span["version"])
-    return versions
-
-
 def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str]) -> dict[str, Any]:
     """The response of /inference/v1/generate in the SGLang /generate shape (`decode` gives the text)."""
     choice = response["choices"][0]
@@ -113,7 +103,7 @@ def as_sglang_output(response: dict[str, Any], decode: Callable[[list[int]], str
             "finish_reason": {"type": choice.get("finish_reason") or "stop"},
             "output_token_logprobs": [[float(e["logprob"]), int(e["token_id"])] for e in content],
             "weight_version": spans[-1]["version"] if spans else None,
-            "output_token_versions": token_versions(spans, len(ids)),
+            "weight_versions": [{k: span[k] for k in ("version", "start", "end")} for span in spans],
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": len(ids),
             **extra,

@@ -190,6 +190,42 @@ def test_pause_retract_lets_running_rows_finish_and_nothing_join(tiny_model):
     assert finished.finish_reason == {"type": "length", "length": 40} and len(after.output_ids) == 3
 
 
+def test_pause_in_place_holds_running_rows_across_a_weight_update(tiny_model, gen):
+    """SGLang's in_place pause: the running rows stop between two decode steps, an exclusive operation (a new weight
+    version here) runs while they are held, and they decode on after resume with their cache: the same tokens as
+    alone, the versions that sampled them in SGLang's spans; a request sent meanwhile waits, nothing joins."""
+    alone = gen.generate([_long()])[0]
+
+    async def body(sched):
+        long_task = await _start_long(sched)
+        await sched.pause("in_place")
+        queued = asyncio.ensure_future(sched.submit([_req(JOINERS[0], max_new_tokens=3)]))
+        seen = {}
+
+        def update():
+            seen.update(busy=sched.is_busy, tokens=sched.generator.num_generated_tokens)
+            sched.weight_version = "1"
+
+        await asyncio.wait_for(sched.run_exclusive(update), 30)
+        await asyncio.sleep(0.05)
+        seen.update(held=sched.generator.num_generated_tokens == seen["tokens"], queued_done=queued.done())
+        sched.resume()
+        (done,) = await long_task
+        (after,) = await queued
+        return seen, done, after
+
+    seen, done, after = _serve(tiny_model, body)
+    assert seen["busy"] is True and seen["held"] is True and seen["queued_done"] is False
+    _assert_same(done.result, alone)
+    first = seen["tokens"]  # one row decoding: one token per step
+    assert 0 < first < 40 and done.weight_version == "1"
+    assert done.weight_versions == [
+        {"version": "0", "start": 0, "end": first},
+        {"version": "1", "start": first, "end": 40},
+    ]
+    assert after.weight_versions == [{"version": "1", "start": 0, "end": 3}]
+
+
 def test_exclusive_operation_gets_the_model_while_requests_keep_arriving(tiny_model):
     """New requests arrive every few ms (each would join and keep the batch alive); an exclusive operation asked
     for mid-batch stops the joining and runs once the running rows end, the requests that came meanwhile held."""

@@ -17,7 +17,8 @@ import torch
 
 from slime.config.schema_lora import LoRAConfig
 from slime.engine.client import EngineClient
-from slime.rollout.generate import call_engine
+from slime.engine.hf.request import VersionChange, version_spans
+from slime.rollout.generate import append_engine_output, call_engine
 from slime.runtime.rollout_producer import sampling_params
 from slime.sync.tensor import staged
 from slime.types import Sample
@@ -257,3 +258,30 @@ def test_the_built_in_engine_serves_what_the_client_calls_and_nothing_sglang_lac
             assert http_client.request("GET", engine.url + path, timeout=10)[0] == 404
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "changes, current, num_tokens",
+    [
+        ([], "3", 5),  # no update ran across it
+        ([["3", 2]], "4", 5),  # held across one update
+        ([["3", 2], ["4", 2], ["5", 4]], "6", 4),  # updates with no token between them, none after the last
+        ([["3", 0]], "4", 0),  # aborted before its first token
+        ([["3", 7]], "3", 4),  # the same version again, changes past the end
+    ],
+)
+def test_the_built_in_engines_token_versions_are_sglangs(probe, changes, current, num_tokens):
+    """`meta_info.weight_versions` and `weight_version` of a request held across updates: the hf engine's spans
+    equal what SGLang's scheduler and tokenizer manager build for the same changes, and the rollout reads each
+    token's version from them."""
+    meta = probe.version_meta(changes, current, num_tokens)
+    spans = version_spans([VersionChange(old, n) for old, n in changes], current, num_tokens)
+    assert spans == meta["weight_versions"] and spans[-1]["version"] == meta["weight_version"]
+    logprobs = [[-1.0, 7]] * num_tokens
+    sample = Sample(tokens=[1], response_length=0)
+    append_engine_output(
+        sample,
+        {"text": "", "meta_info": {**meta, "output_token_logprobs": logprobs, "finish_reason": {"type": "stop"}}},
+    )
+    expected = [int(v) for span in meta["weight_versions"] for v in [span["version"]] * (span["end"] - span["start"])]
+    assert sample.token_versions == expected and len(expected) == num_tokens

@@ -168,7 +168,7 @@ def test_sglang_sampling_params_and_responses_translate_to_and_from_vllms():
             "finish_reason": {"type": "abort"},
             "output_token_logprobs": [[-0.5, 3], [-1.5, 4]],
             "weight_version": "3",  # the last span's (a request kept across an update has several)
-            "output_token_versions": ["2", "3"],
+            "weight_versions": choice["weight_versions"],  # SGLang's meta_info spans have vLLM's shape
             "prompt_tokens": 7,
             "completion_tokens": 2,
         },

@@ -177,6 +177,39 @@ def test_a_pause_aborts_what_runs_and_holds_what_comes_until_resume(served):
     assert len(held_box["result"]["meta_info"]["output_token_logprobs"]) == 4
 
 
+def test_an_in_place_pause_holds_what_runs_across_a_version_update(served):
+    """pause_mode=in_place is vLLM's "keep": the running request is frozen, the version changes while it is held,
+    and after the resume it decodes to its end; vLLM's spans (in the SGLang shape) say which version sampled
+    which tokens, and the rollout reads them token by token."""
+    from slime.rollout.generate import append_engine_output
+
+    client = served.engine.client
+    start = client.get_weight_version()
+    before = sampled_tokens(served.engine.url)
+    running, box = in_thread(lambda: generate(served, max_new_tokens=MAX_NEW, ignore_eos=True))
+    deadline = time.monotonic() + 60
+    while sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of its end
+        assert time.monotonic() < deadline and running.is_alive(), "the long request never decoded 30 tokens"
+        time.sleep(0.01)
+    client.pause_generation("in_place")
+    try:
+        time.sleep(0.5)
+        assert running.is_alive(), "an in-place pause must hold the running request, not end it"
+        client.update_weight_version("77")
+    finally:
+        client.continue_generation()
+    running.join(120)
+    meta = box["result"]["meta_info"]
+    assert meta["finish_reason"]["type"] == "length" and len(meta["output_token_logprobs"]) == MAX_NEW
+    spans = meta["weight_versions"]
+    assert [span["version"] for span in spans] == [start, "77"] and meta["weight_version"] == "77"
+    assert spans[0]["end"] == spans[1]["start"] >= 30 and spans[1]["end"] == MAX_NEW
+    sample = Sample(tokens=list(PROMPT), response_length=0)
+    append_engine_output(sample, box["result"])
+    cut = spans[0]["end"]
+    assert sample.token_versions[cut - 1 : cut + 1] == [int(start) if start.isdigit() else -1, 77]
+
+
 def test_the_rollouts_abort_cuts_a_response_that_a_later_step_continues(served, tmp_path):
     """The default rollout's abort of leftovers (`_abort_engines`: vLLM's POST /abort_requests through the router's
     worker list) cuts a response mid-decode; the sample records it ABORTED with its partial tokens; a later step
