@@ -8,9 +8,9 @@ bound): the group started now is then taken within `max_staleness` versions, so 
 dropped. The engines never idle on a long tail: while one step's last groups decode, the next step's run beside
 them. It never waits for training otherwise.
 
-A weight push pauses the engines (slime.sync.base). With an in-place pause (`rollout.pause_mode`) the running
-requests keep their place and continue on the new weights, and the engine reports each output token's version
-(SGLang's `meta_info.weight_versions` spans); with the abort pause a request comes back with its partial output
+A weight push pauses the engines (slime.sync.base). With an in-place pause (`rollout.weight_sync.pause_mode`) the
+running requests keep their place and continue on the new weights, and the engine reports each output token's
+version (SGLang's `meta_info.weight_versions` spans); with the abort pause a request comes back with its partial output
 and is sent again at once, continuing from its tokens with the rest of its budget (the engine holds it until the
 push ends). Either way each token keeps the version that generated it (`Sample.token_versions`); with
 `rollout.mask_offpolicy_in_partial_rollout` the earlier tokens of a continued sample carry no loss
