@@ -54,8 +54,10 @@ def test_chunked_log_probs_and_entropy_equal_unchunked_with_gradients():
         ((lp * coef).sum() + (ent * coef.flip(0)).sum()).backward()
         return lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone(), bias.grad.clone()
 
+    # float32 sums in another order (five-row matmuls against one): the gradients' terms reach ~10, so a few ulps
+    # of them (1.9e-6 measured under load, when the CPU kernels block differently) is not a difference
     for a, b in zip(run(True), run(False)):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     lp, ent = chunked_log_probs_and_entropy(
         hidden, weight, None, targets, temperature=1.0, with_entropy=False, chunk_size=8
     )
