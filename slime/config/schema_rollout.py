@@ -162,7 +162,9 @@ class RolloutConfig:
     # The rollout loop and its extension points (REFERENCE.md §6.1, §6.4): hooks are import paths or `_target_`
     # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
     partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
-    mask_offpolicy_in_partial_rollout: bool = False  # a continued sample's earlier (older-policy) tokens: loss mask 0
+    # loss mask 0 for a continued sample's earlier tokens and, where an engine held a request across a push, for those
+    # an older weight version sampled (partial_rollout or train.async=full)
+    mask_offpolicy_in_partial_rollout: bool = False
     # train.async=full: a group older than train.max_staleness is dropped (counted) or regenerated (its prompt again)
     stale_policy: str = "drop"
     max_turns: int = 1  # generate calls a multi-turn generate function may make per sample

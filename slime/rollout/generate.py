@@ -143,6 +143,14 @@ async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[s
     return sample
 
 
+def mask_older_tokens(sample: Sample) -> None:
+    """Loss mask 0 for the response tokens an older weight version sampled than its newest tokens' (a request an
+    in-place pause held across a push: the engine's per-token versions say which)."""
+    if sample.token_versions:
+        newest = max(sample.token_versions)
+        sample.loss_mask = [0 if v < newest else m for v, m in zip(sample.token_versions, sample.loss_mask)]
+
+
 async def generate_and_reward(
     args: RolloutContext, sample: Sample, sampling_params: dict[str, Any], *, rollout_id: int, evaluation: bool
 ) -> Sample:
@@ -160,6 +168,8 @@ async def generate_and_reward(
         if not isinstance(result, Sample):
             raise TypeError(f"rollout.generate_function returned {type(result).__name__}; expected the Sample")
         sample = result
+        if args.config.mask_offpolicy_in_partial_rollout:
+            mask_older_tokens(sample)
     if sample.status == SampleStatus.ABORTED:
         return sample
     for hook in args.hooks.sample_hooks:

@@ -13,8 +13,8 @@ running requests keep their place and continue on the new weights, and the engin
 version (SGLang's `meta_info.weight_versions` spans); with the abort pause a request comes back with its partial output
 and is sent again at once, continuing from its tokens with the rest of its budget (the engine holds it until the
 push ends). Either way each token keeps the version that generated it (`Sample.token_versions`); with
-`rollout.mask_offpolicy_in_partial_rollout` the earlier tokens of a continued sample carry no loss
-(slime.rollout.generate.generate_and_reward), and TIS weighs every token by its own rollout log-prob either way.
+`rollout.mask_offpolicy_in_partial_rollout` the tokens an older version sampled carry no loss
+(slime.rollout.generate.mask_older_tokens), and TIS weighs every token by its own rollout log-prob either way.
 
 `take(trainer_version)` (the manager's thread) hands the trainer the next `batch_size` groups in start order, once
 each has finished, and judges each by its oldest token: a group more than `max_staleness` versions behind the

@@ -57,6 +57,7 @@ def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, t
     takes them in the order they started."""
     push(served.client, 0)
     s = stream(served, source(tmp_path, served.tokenizer, num_prompts=64))
+    s.ctx.config.mask_offpolicy_in_partial_rollout = True
     s.start(trainer_version=0)
     try:
         spanning, trained = [], []
@@ -79,6 +80,8 @@ def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, t
             assert x.response_length == MAX_NEW and x.token_versions == sorted(x.token_versions)
             # the aborted call(s) and the continuation, or the one call held across the push
             assert len(x.weight_versions) >= 2 if pause_mode == "abort" else len(x.weight_versions) == 1
+            newest = max(x.token_versions)  # mask_offpolicy_in_partial_rollout: the older tokens carry no loss
+            assert x.loss_mask == [int(v == newest) for v in x.token_versions] and 0 in x.loss_mask
         indices = [g[0].group_index for g in trained]
         assert indices == sorted(set(indices))  # start order: fresh prompts are drawn in index order
     finally:

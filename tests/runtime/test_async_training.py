@@ -63,6 +63,26 @@ def test_staleness_counts_tokens_so_an_empty_aborted_call_adds_no_version():
     assert other.token_versions == [5, 5, 6] and other.response_length == 3 and other.response == "text"
 
 
+def test_masking_off_policy_tokens_covers_a_response_held_across_a_push():
+    """mask_offpolicy_in_partial_rollout: the tokens an older version sampled in one held response get loss mask 0
+    (tool tokens stay 0); under train.async=full the key needs no partial_rollout (the stream continues samples)."""
+    from slime.rollout.generate import mask_older_tokens
+
+    sample = Sample(tokens=[1])
+    held = _engine_out([4, 5, 6, 7], "6", "stop")
+    held["meta_info"]["weight_versions"] = [
+        {"version": "5", "start": 0, "end": 3},
+        {"version": "6", "start": 3, "end": 4},
+    ]
+    append_engine_output(sample, held)
+    sample.loss_mask[1] = 0  # as a tool's token would be
+    mask_older_tokens(sample)
+    assert sample.token_versions == [5, 5, 5, 6] and sample.loss_mask == [0, 0, 0, 1]
+    key = "rollout.mask_offpolicy_in_partial_rollout"
+    assert [p.key for p in collect_problems(typed_config([f"{key}=true"]))] == [key]
+    assert collect_problems(typed_config([f"{key}=true", "train.async=full"])) == []
+
+
 def _engine_out(ids: list[int], version: str, finish: str) -> dict:
     logprobs = [[-0.5, t] for t in ids]
     meta = {"output_token_logprobs": logprobs, "weight_version": version, "finish_reason": {"type": finish}}
