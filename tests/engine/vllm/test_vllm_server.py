@@ -157,14 +157,20 @@ def test_disk_syncs_keep_a_tied_model_exactly_the_trainers(served, trainer, mode
         trainer.close_weight_sync()
 
 
-def test_a_pause_aborts_what_runs_and_holds_what_comes_until_resume(served):
-    client = served.engine.client
+def long_request_decoding(served):
+    """A MAX_NEW-token request in a thread, returned (thread, result box) once it has decoded 30 tokens."""
     before = sampled_tokens(served.engine.url)
     running, box = in_thread(lambda: generate(served, max_new_tokens=MAX_NEW, ignore_eos=True))
     deadline = time.monotonic() + 60
     while sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of its end
         assert time.monotonic() < deadline and running.is_alive(), "the long request never decoded 30 tokens"
         time.sleep(0.01)
+    return running, box
+
+
+def test_a_pause_aborts_what_runs_and_holds_what_comes_until_resume(served):
+    client = served.engine.client
+    running, box = long_request_decoding(served)
     client.pause_generation()
     running.join(60)
     cut = box["result"]["meta_info"]
@@ -185,12 +191,7 @@ def test_an_in_place_pause_holds_what_runs_across_a_version_update(served):
 
     client = served.engine.client
     start = client.get_weight_version()
-    before = sampled_tokens(served.engine.url)
-    running, box = in_thread(lambda: generate(served, max_new_tokens=MAX_NEW, ignore_eos=True))
-    deadline = time.monotonic() + 60
-    while sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of its end
-        assert time.monotonic() < deadline and running.is_alive(), "the long request never decoded 30 tokens"
-        time.sleep(0.01)
+    running, box = long_request_decoding(served)
     client.pause_generation("in_place")
     try:
         time.sleep(0.5)
