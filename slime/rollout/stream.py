@@ -1,4 +1,4 @@
-"""train.async=full: groups generated continuously, taken by the trainer as they finish (slime.config.async_mode).
+"""train.async=full: groups generated continuously, taken by the trainer in start order (slime.config.async_mode).
 
 A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps up to
 `batch_size` groups in flight (drawn from the data source: handed-back groups first, then fresh prompts), starting
@@ -10,9 +10,9 @@ them. It never waits for training otherwise.
 
 A weight push pauses the engines (slime.sync.base). With an in-place pause (`rollout.weight_sync.pause_mode`) the
 running requests keep their place and continue on the new weights, and the engine reports each output token's
-version (SGLang's `meta_info.weight_versions` spans); with the abort pause a request comes back with its partial output
-and is sent again at once, continuing from its tokens with the rest of its budget (the engine holds it until the
-push ends). Either way each token keeps the version that generated it (`Sample.token_versions`); with
+version (SGLang's `meta_info.weight_versions` spans); with the abort pause a request comes back with its partial
+output and is sent again at once, continuing from its tokens with the rest of its budget (the engine holds it until
+the push ends). Either way each token keeps the version that generated it (`Sample.token_versions`); with
 `rollout.mask_offpolicy_in_partial_rollout` the tokens an older version sampled carry no loss
 (slime.rollout.generate.mask_older_tokens), and TIS weighs every token by its own rollout log-prob either way.
 

@@ -92,7 +92,6 @@ class Scheduler:
         self._batch: Optional[RunningBatch] = None  # the rows being decoded (continuous batching)
         self._weight_version = str(weight_version)
         self.paused = False
-        self._holding = False  # an in-place pause: the running batch waits between two decode steps
         self.released_tags: set[str] = set()
         self.num_finished = 0  # requests resolved with a result since start (any finish reason)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
@@ -172,14 +171,12 @@ class Scheduler:
             while self._running and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
         elif mode == "in_place" and self.continuous:
-            self._holding = True
             self._released.clear()
 
     def resume(self) -> None:
         """Undo `pause()`: a held batch decodes on, queued requests (including those sent while paused) are
         served."""
         self.paused = False
-        self._holding = False
         self._released.set()
         self._wakeup.set()
 
@@ -348,7 +345,7 @@ class Scheduler:
         batch, lora, joining = self.generator.new_batch(), first[0].req.lora, first
         self._batch = batch
         while True:
-            if self._holding:
+            if not self._released.is_set():
                 await self._hold()
             started = time.perf_counter()
             for p in joining:
