@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import random
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from slime.engine.hf.generator import Generator
 from slime.engine.hf.protocol import generate_response, parse_generate
+from slime.engine.hf.request import version_spans
+from slime.engine.hf.scheduler import Completion
 from slime.moe.routes import decode_routes
 from slime.rollout.generate import append_engine_output
 from slime.types import Sample
@@ -32,7 +33,9 @@ def wire_generate(model_dir: str, body: dict, *, dtype: torch.dtype, capture_rou
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     generator = Generator(model, AutoTokenizer.from_pretrained(model_dir), seed=seed, capture_routes=capture_routes)
     call = parse_generate(body, encode=None)
-    done = [SimpleNamespace(result=r, weight_version="1", queue_time_s=0.0) for r in generator.generate(call.requests)]
+    done = [
+        Completion(r, "1", 0.0, version_spans([], "1", len(r.output_ids))) for r in generator.generate(call.requests)
+    ]
     return generate_response(call, done, lambda t: "", time.perf_counter())
 
 

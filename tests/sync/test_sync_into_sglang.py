@@ -90,23 +90,33 @@ def test_an_in_place_push_holds_a_running_request_which_reports_both_versions(
     body = {"input_ids": [1, 5, 11], "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
     try:
         with ThreadPoolExecutor(1) as pool:
-            answer = pool.submit(http_client.post, engine.url + "/generate", body, timeout=120)
-            while engine.client.num_requests() == 0:
-                time.sleep(0.005)
-            trained.update_weights(weight_version=4)
-            meta = answer.result()["meta_info"]
+            for version in (4, 5, 6):  # a push that came after the request's 480 tokens proves nothing: again
+                sampled = generated_tokens(engine.url)
+                answer = pool.submit(http_client.post, engine.url + "/generate", body, timeout=120)
+                while generated_tokens(engine.url) < sampled + 10:  # decoding, well short of its end
+                    time.sleep(0.005)
+                trained.update_weights(weight_version=version)
+                meta = answer.result()["meta_info"]
+                if len(meta["weight_versions"]) > 1:
+                    break
     finally:
         trained.close_weight_sync()
     assert engine_checksums(engine.url) == trainer_checksums(trained.model)
     spans = meta["weight_versions"]
-    assert [s["version"] for s in spans] == ["0", "4"] and meta["weight_version"] == "4"
+    assert [s["version"] for s in spans] == [str(version - 1 if version > 4 else 0), str(version)]
+    assert meta["weight_version"] == str(version)
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 480
     logged = requests_logged(engine)[before:]
     assert {"method": "POST", "path": "/pause_generation", "body": {"mode": "in_place"}} in logged
     assert "/flush_cache" not in [r["path"] for r in logged]
     if mode == "disk":
-        (update,) = [r["body"] for r in logged if r["path"] == "/update_weights_from_disk"]
-        assert update["flush_cache"] is False
+        updates = [r["body"] for r in logged if r["path"] == "/update_weights_from_disk"]
+        assert updates and all(update["flush_cache"] is False for update in updates)
+
+
+def generated_tokens(url: str) -> int:
+    """Tokens the engine has sampled since it started (its /server_info internal state)."""
+    return int(http_client.get(url + "/server_info")["internal_states"][0]["num_generated_tokens"])
 
 
 def test_an_update_outside_a_session_is_refused_as_sglang_refuses_it(fakes):

@@ -191,7 +191,7 @@ def test_every_control_call_reaches_the_server_in_order(started, tiny_model_dir)
         ("/abort_request", {"abort_all": True}),
         ("/release_memory_occupation", {}),
         ("/resume_memory_occupation", {"tags": ["weights"]}),
-        ("/update_weights_from_disk", {"model_path": tiny_model_dir, "weight_version": "7"}),
+        ("/update_weights_from_disk", {"model_path": tiny_model_dir, "flush_cache": True, "weight_version": "7"}),
         ("/resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}),
     ]
     assert client.get_weight_version() == "7"
