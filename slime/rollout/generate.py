@@ -121,7 +121,7 @@ def append_engine_output(sample: Sample, out: dict) -> None:
     for i, (token_version, count) in enumerate(runs):
         text = out["text"] if i == len(runs) - 1 else ""
         end = start + count
-        sample.append_response(ids[start:end], lps[start:end], text, weight_version=as_version(str(token_version)))
+        sample.append_response(ids[start:end], lps[start:end], text, weight_version=as_version(token_version))
         start = end
     sample.weight_versions.append(version)
     sample.status = SampleStatus.from_finish_reason(meta["finish_reason"]["type"])

@@ -184,6 +184,6 @@ def _sync_context(cfg: RunConfig) -> SyncContext:
         bucket_bytes=w.bucket_mb << 20,
         keep=w.keep,
         check_weight_update_equal=cfg.debug.check_weight_update_equal,
-        pause_mode=PauseMode.resolve(w.pause_mode, cfg.train.async_mode).value,
+        pause_mode=PauseMode.resolve(w.pause_mode, cfg.train.async_mode),
         adapter=SyncedAdapter(name=serving.adapter_name, config=cfg.model.lora.adapter_config()) if serving else None,
     )

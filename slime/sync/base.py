@@ -8,8 +8,8 @@ trainers import no engine). No Ray inside: the runtime hands the trainer engine 
 The tensors' formats on the wire are `slime.wire`'s, which the engines import too.
 
 The protocol every mode follows (`push`): pause generation (`SyncContext.pause_mode`) and, unless the pause holds
-the running requests in place, flush the cache on every updatable engine, open each engine's update session (tensor and distributed modes: SGLang's
-`/begin_weight_update`), transfer the buckets (the mode's own `_transfer`), close the sessions, then
+the running requests in place, flush the cache on every updatable engine, open each engine's update session
+(tensor and distributed modes: SGLang's `/begin_weight_update`), transfer the buckets (the mode's own `_transfer`), close the sessions, then
 continue generation, so that no request ever runs on half-updated weights; engines stamp the new
 `weight_version` on every later response, and the rollout records it on each Sample. A failed push
 still closes the sessions it opened and continues generation, then raises.
@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from slime.config.async_mode import PauseMode
 from slime.config.hooks import load_callable
 from slime.engine.base import engine_client
 from slime.engine.client import EngineClient
@@ -63,9 +64,9 @@ class SyncContext:
     bucket_bytes: int  # bucket size the exporter fills, in bytes
     keep: bool = False  # disk: keep each pushed directory
     check_weight_update_equal: bool = False  # debug: engines' /weights_checker around the pushes (module docstring)
-    # rollout.weight_sync.pause_mode (slime.config.async_mode.PauseMode): "abort" ends running requests;
-    # "in_place" holds them across the push, so no cache is flushed (SGLang refuses while requests run)
-    pause_mode: str = "abort"
+    # rollout.weight_sync.pause_mode, resolved: abort ends running requests; in_place holds them across the push, so
+    # no cache is flushed (SGLang refuses while requests run)
+    pause_mode: PauseMode = PauseMode.ABORT
     # tensor mode: per engine (in push order), the training rank colocated with each engine TP rank (-1: none)
     tp_trainer_ranks: tuple[tuple[int, ...], ...] = ()
     adapter: SyncedAdapter | None = None  # the policy's LoRA adapter moves alone (None: full weights)
@@ -101,7 +102,7 @@ class WeightSync(abc.ABC):
         check_first = self.context.check_weight_update_equal and weight_version == 0 and self.pushes_base
         try:
             for engine in self.engines:
-                engine.pause_generation(self.context.pause_mode)
+                engine.pause_generation(self.context.pause_mode.value)
                 paused.append(engine)
             for engine in () if self.keeps_requests else self.engines:
                 engine.flush_cache()
@@ -131,7 +132,7 @@ class WeightSync(abc.ABC):
     @property
     def keeps_requests(self) -> bool:
         """Whether the push holds the running requests in place (no cache may be flushed under them)."""
-        return self.context.pause_mode == "in_place"
+        return self.context.pause_mode is PauseMode.IN_PLACE
 
     def _end_sessions(self, engines: Sequence[EngineClient]) -> None:
         """Close the update sessions a failed push left open (the next push could not open one)."""

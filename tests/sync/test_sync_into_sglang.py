@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from slime.config.async_mode import PauseMode
 from slime.engine import http_client
 from slime.engine.base import LoRAServing
 from slime.engine.http_client import EngineHTTPError
@@ -83,7 +84,7 @@ def test_an_in_place_push_holds_a_running_request_which_reports_both_versions(
     engine = fakes[1]
     engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")
     context = SyncContext(
-        source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, pause_mode="in_place"
+        source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, pause_mode=PauseMode.IN_PLACE
     )
     trained.connect_weight_sync(mode, [engine.url], context)
     before = len(requests_logged(engine))

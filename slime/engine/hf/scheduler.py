@@ -99,7 +99,6 @@ class Scheduler:
         self._running: list[_Pending] = []
         self._exclusive_waiting = 0  # run_exclusive calls waiting for the running batch to end
         self._wakeup: Optional[asyncio.Event] = None
-        self._idle: Optional[asyncio.Event] = None  # set while no batch runs
         self._model_free: Optional[asyncio.Event] = None  # set while no batch runs or the running one is held
         self._released: Optional[asyncio.Event] = None  # set while no in-place pause holds the running batch
         self._task: Optional[asyncio.Task] = None
@@ -108,8 +107,6 @@ class Scheduler:
     def start(self) -> None:
         """Start the worker task (call from the running event loop)."""
         self._wakeup = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._model_free = asyncio.Event()
         self._model_free.set()
         self._released = asyncio.Event()
@@ -382,7 +379,6 @@ class Scheduler:
             if not live:
                 continue
             self._running = list(live)
-            self._idle.clear()
             self._model_free.clear()
             try:
                 await (self._run_joining(live) if self.continuous else self._run_static(live))
@@ -394,5 +390,4 @@ class Scheduler:
                         p.future.set_exception(exc)
             finally:
                 self._running, self._batch = [], None
-                self._idle.set()
                 self._model_free.set()
