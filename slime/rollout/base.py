@@ -93,11 +93,13 @@ class StreamLimits:
     max_staleness: int
     regenerate_stale: bool
 
-    def max_started(self, trainer_version: int) -> int:
-        """Groups that may have been started by now, counted from the run's first (AReaL's staleness bound,
-        areal/infra/staleness_manager.py: get_capacity): the trainer takes `batch_size` a step in the order they
-        started, so the group started now is taken within `max_staleness` versions of `trainer_version`."""
-        return (self.max_staleness + trainer_version + 1) * self.batch_size
+    @property
+    def max_ahead(self) -> int:
+        """Groups started and not yet taken, plus those the current step has taken, at most: AReaL's staleness
+        bound (areal/infra/staleness_manager.py: get_capacity, at most (max_staleness + version + 1) x batch_size
+        started since the run's first) once the steps before the current version took theirs. The trainer takes
+        `batch_size` a step in start order, so the group started now is taken within `max_staleness` versions."""
+        return (self.max_staleness + 1) * self.batch_size
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -3,8 +3,8 @@
 A `GroupStream` runs its own event loop on its own thread in the rollout manager's process. It keeps up to
 `batch_size` groups in flight (drawn from the data source: handed-back groups first, then fresh prompts), starting
 one as soon as one finishes, and the trainer takes `batch_size` finished groups a step in the order they started.
-It starts a group only while fewer than `StreamLimits.max_started(trainer_version)` have been started (AReaL's
-bound): the group started now is then taken within `max_staleness` versions, so none is generated only to be
+It starts a group only while the groups started and not yet taken, plus those the current step took, number fewer
+than `StreamLimits.max_ahead` (AReaL's bound): the group started now is then taken within `max_staleness` versions, so none is generated only to be
 dropped. The engines never idle on a long tail: while one step's last groups decode, the next step's run beside
 them. It never waits for training otherwise.
 
@@ -59,7 +59,7 @@ class GroupStream:
         self._in_flight: dict[int, list[Sample]] = {}  # start number -> the group being generated
         self._done: dict[int, list[Sample]] = {}  # start number -> the finished group
         self._next_key = 0  # the next group's start number (its key in the maps)
-        self._started = 0  # groups started, counted against limits.max_started (a dropped one gives its slot back)
+        self._taken = 0  # groups the take at the current version has kept
         self._drawn = 0  # groups started since the last take (the progress display's "drawn")
         self._version = 0  # the trainer's weight version: hooks get it as rollout_id
         self._error: BaseException | None = None
@@ -74,7 +74,6 @@ class GroupStream:
         """Begin generating (after `load_state_dict` on a resume): the steps before `trainer_version` took their
         groups, the restored finished ones come next."""
         self._version = trainer_version
-        self._started = trainer_version * self.limits.batch_size + len(self._order)
         self._idle_since = time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="rollout-stream", daemon=True)
@@ -97,7 +96,7 @@ class GroupStream:
         progress = progress if progress is not None else RolloutProgress()
         progress.needed = limits.batch_size
         with self._cond:
-            self._version = trainer_version
+            self._version, self._taken = trainer_version, 0
             self._wake()  # a newer version: room for more groups
             while len(taken) < limits.batch_size:
                 progress.kept, progress.in_flight, progress.submitted = len(taken), len(self._in_flight), self._drawn
@@ -106,14 +105,14 @@ class GroupStream:
                 stale = group_staleness(group, trainer_version)
                 if stale is None or stale <= limits.max_staleness:
                     taken.append(group)
+                    self._taken += 1
                     continue
-                self._started -= 1  # its slot goes to the next group, taken in its place
                 if limits.regenerate_stale:
                     self.data_source.add_groups([[reset_sample(s) for s in group]])
                     counts["regenerated"] += 1
                 else:
                     counts["dropped"] += 1
-                self._wake()
+                self._wake()  # its slot goes to the next group, taken in its place
             progress.kept, progress.in_flight, progress.submitted = len(taken), 0, self._drawn
             self._drawn = 0
             metrics = {
@@ -215,15 +214,15 @@ class GroupStream:
                 key, self._next_key = self._next_key, self._next_key + 1
                 self._order.append(key)
                 self._in_flight[key] = groups[0]
-                self._started += 1
                 self._drawn += 1
                 drawn.append((key, groups[0]))
         return drawn
 
     def _has_room(self) -> bool:
-        """Fewer than `batch_size` groups in flight, and fewer started than the staleness bound allows (the lock
-        held)."""
-        return len(self._in_flight) < self.limits.batch_size and self._started < self.limits.max_started(self._version)
+        """Fewer than `batch_size` groups in flight, and fewer started ahead than the staleness bound allows (the
+        lock held)."""
+        ahead = len(self._order) + self._taken
+        return len(self._in_flight) < self.limits.batch_size and ahead < self.limits.max_ahead
 
     async def _run_group(self, key: int, group: list[Sample], semaphore: asyncio.Semaphore) -> None:
         try:
