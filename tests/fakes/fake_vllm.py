@@ -197,9 +197,11 @@ def make_server(cli):
             wake = None if tags is None else [t for t in tags if t != "scheduling"]
             if self.sleeping_tags and (wake is None or (wake and set(wake) <= self.sleeping_tags)):
                 woken = set(self.sleeping_tags if wake is None else wake)
-                self.sleeping_tags -= woken
                 hf_tags = [*woken, "cuda_graph"] if "kv_cache" in woken else [*woken]
+                # the memory first, then the tags (vllm/v1/executor/abstract.py: Executor.wake_up): a queued request
+                # that sees every tag awake must find the engine's memory back, or the engine refuses it
                 await self.scheduler.run_exclusive(self.control.resume_tags, hf_tags)
+                self.sleeping_tags -= woken
             awake = not self.sleeping_tags
             if awake:
                 self._resume()

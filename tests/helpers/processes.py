@@ -44,11 +44,28 @@ def _carrying(var: str, value: str) -> Iterator[psutil.Process]:
 
 
 def in_thread(fn) -> tuple[threading.Thread, dict]:
-    """Run `fn()` in a daemon thread, started; its return value lands in the dict under "result"."""
+    """Run `fn()` in a daemon thread, started; its return value lands in the dict under "result", or the exception
+    it raised under "error" (so a test's assertion on the result can name it)."""
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("result", fn()), daemon=True)
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test, which asserts on it
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
     thread.start()
     return thread, box
+
+
+def joined(thread: threading.Thread, box: dict, timeout_s: float) -> object:
+    """The result of an `in_thread` call once it ends within `timeout_s`; its exception re-raised if it failed."""
+    thread.join(timeout=timeout_s)
+    assert not thread.is_alive(), f"the call did not end in {timeout_s:.0f} s"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def assert_no_run_processes(timeout_s: float = 20.0) -> None:

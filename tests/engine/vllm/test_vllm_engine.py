@@ -36,7 +36,7 @@ from slime.rollout.generate import generate
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
 from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK
-from tests.helpers.processes import in_thread
+from tests.helpers.processes import in_thread, joined
 from tests.helpers.vllm_real import parsed_by_vllm
 
 FAKE = "tests.fakes.fake_vllm"
@@ -214,9 +214,9 @@ def test_control_calls_and_the_colocated_sleep_wake_order(servers, router, tiny_
     client.update_weights_from_disk(tiny_model_dir, weight_version="5")
     assert client.is_sleeping() and waiting.is_alive()  # the KV cache still sleeps: nothing is scheduled
     client.resume_memory(["kv_cache", "cuda_graph"])
-    waiting.join(timeout=60)
+    sample = joined(waiting, box, timeout_s=60)
     assert not client.is_sleeping() and client.get_weight_version() == "5"
-    assert box["result"].weight_versions == ["5"] and box["result"].response_length == 6
+    assert sample.weight_versions == ["5"] and sample.response_length == 6
     calls = [(r["path"], r["query"]) for r in logged(regular)[before:]]
     assert calls == [
         ("/pause", "mode=abort"),
