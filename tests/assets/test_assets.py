@@ -11,7 +11,7 @@ from slime.assets.prepare import prepare_assets
 from slime.assets.tiny_model import create_tiny_model, ensure_tiny_model
 from slime.config.schema import ModelConfig
 from tests.helpers.compose import model_fields, typed_config
-from tests.helpers.processes import in_thread
+from tests.helpers.processes import in_thread, joined
 
 
 def test_a_creator_that_waited_keeps_the_model_made_meanwhile(tmp_path):
@@ -23,8 +23,7 @@ def test_a_creator_that_waited_keeps_the_model_made_meanwhile(tmp_path):
         assert waiter.is_alive() and not weights.exists()
         create_tiny_model(model)
         made = weights.stat()
-    waiter.join(60)
-    assert box["result"] is False  # found the model under the lock: not made twice
+    assert joined(waiter, box, 60) is False  # found the model under the lock: not made twice
     assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == (made.st_ino, made.st_mtime_ns)
     assert ensure_tiny_model(model) is False
 
@@ -32,9 +31,7 @@ def test_a_creator_that_waited_keeps_the_model_made_meanwhile(tmp_path):
 def test_runs_starting_together_create_each_asset_once(tmp_path):
     cfg = typed_config([f"paths.cache_dir={tmp_path / 'cache'}"])
     runs = [in_thread(lambda: prepare_assets(cfg)) for _ in range(3)]
-    for thread, _ in runs:
-        thread.join(120)
-    created = [box["result"] for _, box in runs]
+    created = [joined(thread, box, 120) for thread, box in runs]
     assert sorted(p for paths in created for p in paths) == sorted([cfg.model.hf_checkpoint, cfg.data.prompt_data])
     generator = cfg.data.generator
     expected = write_dataset(tmp_path / "expected.jsonl", num_prompts=generator["num_prompts"], seed=generator["seed"])

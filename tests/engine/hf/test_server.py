@@ -21,7 +21,7 @@ from slime.engine import http_client
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
-from tests.helpers.processes import in_thread
+from tests.helpers.processes import in_thread, joined
 
 PROMPT = [1, 5, 11, 16, 28]
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -222,8 +222,7 @@ def test_update_weights_from_disk(cluster, tmp_path):
     # An update never lands mid-batch: it waits for the running generation, which keeps version "0".
     running, box = _start_long_generation(engine)
     engine.client.update_weights_from_disk(_perturbed_copy(cluster.model_dir, tmp_path / "v1"), weight_version="1")
-    running.join(20)
-    meta = box["result"]["meta_info"]
+    meta = joined(running, box, 20)["meta_info"]
     assert meta["weight_version"] == "0" and meta["finish_reason"] == {"type": "length", "length": 480}
     after = _generate(engine.url)
     _check_response(after, weight_version="1")
@@ -250,8 +249,7 @@ def test_pause_aborts_running_and_holds_new_requests(cluster):
     running, running_box = _start_long_generation(engine, temperature=1.0)
     try:
         engine.client.pause_generation()  # SGLang's default mode: in-flight requests are aborted
-        running.join(20)
-        aborted = running_box["result"]["meta_info"]
+        aborted = joined(running, running_box, 20)["meta_info"]
         assert aborted["finish_reason"]["type"] == "abort"
         assert 0 < aborted["completion_tokens"] < 480
         assert len(aborted["output_token_logprobs"]) == aborted["completion_tokens"]
@@ -263,17 +261,15 @@ def test_pause_aborts_running_and_holds_new_requests(cluster):
         engine.client.flush_cache(max_attempts=1)  # a request held by the pause holds no cache
     finally:  # a failed check must not leave the shared engine paused for the tests after it
         engine.client.continue_generation()
-    held.join(20)
-    assert held_box["result"]["meta_info"]["finish_reason"]["type"] == "length"
+    assert joined(held, held_box, 20)["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_abort_request(cluster):
     engine = cluster.engines[0]
     thread, box = _start_long_generation(engine)
     engine.client.abort_all()
-    thread.join(20)
-    assert box["result"]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert 0 < box["result"]["meta_info"]["completion_tokens"] < 480
+    meta = joined(thread, box, 20)["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and 0 < meta["completion_tokens"] < 480
 
 
 def test_release_and_resume_memory(cluster):
@@ -303,8 +299,7 @@ def test_the_memory_calls_sglangs_scheduler_dies_on_are_refused(cluster):
     thread, box = _start_long_generation(engine)
     status, body = http_client.request("POST", engine.url + "/release_memory_occupation", {})
     assert status == 400 and "only when server is idle" in body["error"]["message"]
-    thread.join(30)
-    assert box["result"]["meta_info"]["completion_tokens"] == 480  # the request went on
+    assert joined(thread, box, 30)["meta_info"]["completion_tokens"] == 480  # the request went on
     assert http_client.get(engine.url + "/server_info")["internal_states"][0]["released_tags"] == []
 
 

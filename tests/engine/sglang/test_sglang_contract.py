@@ -26,7 +26,7 @@ from slime.wire import bucket_codec
 from slime.wire.weight_group import HostedWeightGroup
 from tests.helpers.compose import typed_config
 from tests.helpers.engines import start_engine
-from tests.helpers.processes import in_thread
+from tests.helpers.processes import in_thread, joined
 from tests.helpers.request_recorder import RequestRecorder
 from tests.helpers.sglang_probe import SGLangProbe
 
@@ -175,8 +175,7 @@ def test_a_process_that_joined_with_sglangs_own_group_receives_our_broadcasts_bi
     )
     for _, tensor in tensors:
         group.broadcast(tensor.clone())
-    thread.join(60)
-    assert box["result"] == {name: digest(tensor) for name, tensor in tensors}
+    assert joined(thread, box, 60) == {name: digest(tensor) for name, tensor in tensors}
     assert probe.destroy("contract-g").startswith("Succeeded")
     group.close()
 

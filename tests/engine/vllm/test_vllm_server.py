@@ -32,7 +32,7 @@ from tests.helpers.fsdp_rank import (
     response_log_probs,
     train_rollout,
 )
-from tests.helpers.processes import in_thread
+from tests.helpers.processes import in_thread, joined
 from tests.helpers.rollout_context import context
 
 PROMPT = [1, 5, 11, 7]
@@ -172,15 +172,13 @@ def test_a_pause_aborts_what_runs_and_holds_what_comes_until_resume(served):
     client = served.engine.client
     running, box = long_request_decoding(served)
     client.pause_generation()
-    running.join(60)
-    cut = box["result"]["meta_info"]
+    cut = joined(running, box, 60)["meta_info"]
     assert cut["finish_reason"]["type"] == "abort" and 0 < len(cut["output_token_logprobs"]) < MAX_NEW
     held, held_box = in_thread(lambda: generate(served, max_new_tokens=4))
     held.join(3)
     assert held.is_alive(), "a request sent while paused must wait for the resume"
     client.continue_generation()
-    held.join(60)
-    assert len(held_box["result"]["meta_info"]["output_token_logprobs"]) == 4
+    assert len(joined(held, held_box, 60)["meta_info"]["output_token_logprobs"]) == 4
 
 
 def test_an_in_place_pause_holds_what_runs_across_a_version_update(served):
@@ -199,14 +197,14 @@ def test_an_in_place_pause_holds_what_runs_across_a_version_update(served):
         client.update_weight_version("77")
     finally:
         client.continue_generation()
-    running.join(120)
-    meta = box["result"]["meta_info"]
+    out = joined(running, box, 120)
+    meta = out["meta_info"]
     assert meta["finish_reason"]["type"] == "length" and len(meta["output_token_logprobs"]) == MAX_NEW
     spans = meta["weight_versions"]
     assert [span["version"] for span in spans] == [start, "77"] and meta["weight_version"] == "77"
     assert spans[0]["end"] == spans[1]["start"] >= 30 and spans[1]["end"] == MAX_NEW
     sample = Sample(tokens=list(PROMPT), response_length=0)
-    append_engine_output(sample, box["result"])
+    append_engine_output(sample, out)
     cut = spans[0]["end"]
     assert sample.token_versions[cut - 1 : cut + 1] == [int(start) if start.isdigit() else -1, 77]
 
