@@ -112,8 +112,8 @@ class Interrupts:
             _say(f"\n{self.reason or name + ' received'}: stopping the run (again to force)")
             self._tearing_down = True  # a second signal, even before teardown proper, forces
             raise RunInterrupted(signum)
-        _say(f"\n{name} received during teardown: killing every process of the run")
         try:
+            _say(f"\n{name} received during teardown: killing every process of the run")
             kill_descendants()
             self.on_force(signum)
         finally:
@@ -124,15 +124,23 @@ def exit_now(code: int) -> None:
     """Flush and leave without interpreter finalisation. After a signal cut `ray.init` short, Ray's
     half-built core worker can crash the interpreter's exit (SIGSEGV instead of 130); for any run the
     finalisation (torch, Ray, wandb) costs ~1.5 s and adds nothing. A single (non-multirun) run that
-    has torn down and written its result ends here."""
+    has torn down and written its result ends here.
+
+    Called from a signal handler, the main thread may be inside a write to a log file or a standard stream: that
+    stream refuses a reentrant flush (`RuntimeError: reentrant call inside <_io.BufferedWriter ...>`), which
+    `logging.shutdown` would re-raise (and the interrupted logging call then swallow as a logging error) before
+    the exit; without `raiseExceptions` it flushes every other handler and goes on."""
+    logging.raiseExceptions = False
     logging.shutdown()
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
         sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
         sys.stderr.flush()
     os._exit(code)
 
 
 def _say(message: str) -> None:
-    """To stderr, unless it is gone (a closed terminal or pipe must not stop the teardown)."""
-    with contextlib.suppress(OSError, ValueError):
+    """To stderr, unless it is gone (a closed terminal or pipe must not stop the teardown) or busy (RuntimeError:
+    the signal landed inside a write to stderr)."""
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
         print(message, file=sys.stderr, flush=True)

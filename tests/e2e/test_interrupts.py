@@ -127,10 +127,12 @@ def test_second_ctrl_c_during_teardown_leaves_nothing(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines = []
     for line in proc.stderr:  # read to the end: a closed pipe would fail the run's own prints
+        lines.append(line)
         if "SIGINT received: stopping the run" in line:
             proc.send_signal(signal.SIGINT)  # while the engines, router and Ray are being shut down
-    assert proc.wait(timeout=120) == 130
+    assert proc.wait(timeout=120) == 130, "".join(lines)[-4000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted" and "forced" in result["error"]
     assert_no_run_processes(timeout_s=5)
