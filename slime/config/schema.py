@@ -294,6 +294,14 @@ class TrainConfig:
         """Generation overlaps training (one_step or full)."""
         return self.async_mode is not AsyncMode.OFF
 
+    @property
+    def is_fully_async(self) -> bool:
+        """train.async=full; False for a value slime.config.validate_async refuses (the checks beside it ask)."""
+        try:
+            return self.async_mode is AsyncMode.FULL
+        except ValueError:
+            return False
+
 
 @dataclass(kw_only=True)
 class AlgoConfig:

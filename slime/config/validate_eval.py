@@ -10,7 +10,6 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.config.async_mode import AsyncMode
 from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import EvalDatasetConfig, RunConfig
 
@@ -84,19 +83,11 @@ def _sampling(key: str, node) -> Iterator[Problem]:
         yield Problem(f"{key}.max_response_len", node.max_response_len, "must be > 0", f"set {key}.max_response_len")
 
 
-def _fully_async(cfg: RunConfig) -> bool:
-    """train.async=full (False for a value the async checks refuse)."""
-    try:
-        return cfg.train.async_mode is AsyncMode.FULL
-    except ValueError:
-        return False
-
-
 def check_rollout_loop(cfg: RunConfig) -> Iterator[Problem]:
     r = cfg.rollout
     if r.max_turns <= 0:
         yield Problem("rollout.max_turns", r.max_turns, "must be > 0", "set rollout.max_turns=1 or more")
-    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout and not _fully_async(cfg):
+    if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout and not cfg.train.is_fully_async:
         yield Problem(
             "rollout.mask_offpolicy_in_partial_rollout",
             True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from slime.config.async_mode import AsyncMode
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
@@ -49,11 +48,8 @@ _HOOK_FIELDS = (
 
 def check_full_async_hooks(cfg: RunConfig) -> Iterator[Problem]:
     """train.async=full generates group by group in its own stream (slime.rollout.stream), taking groups in
-    completion order: the default rollout function only, and no dynamic filter."""
-    try:
-        if cfg.train.async_mode is not AsyncMode.FULL:
-            return
-    except ValueError:  # reported by slime.config.validate_async
+    start order: the default rollout function only, and no dynamic filter."""
+    if not cfg.train.is_fully_async:
         return
     function = rollout_function_path(cfg)
     if function is not None and function != ROLLOUT_FUNCTIONS.target("default"):
