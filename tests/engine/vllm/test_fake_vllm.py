@@ -134,3 +134,18 @@ def test_weight_transfers_follow_vllms_workers_and_update_info_checks(dev_server
     assert status == 500 and "finish_weight_update called without a matching start_weight_update" in str(body)
     status, body = post(dev_server, "/update_weights", {})
     assert status == 400 and body["error"]["param"] == "body.update_info"
+
+
+def test_vllms_executor_marks_tags_awake_only_after_its_workers_woke():
+    """The fake's wake_up order: vLLM's `Executor.wake_up` (vllm/v1/executor/abstract.py) runs the workers' wake_up
+    while the tags still read asleep and removes them after, so a request that waits for every tag to be awake finds
+    the memory back (the fake queues such requests on `sleeping_tags`: tests/helpers/fake_vllm_generate.py)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.executor.abstract import Executor
+
+    seen: list[set[str]] = []
+    executor = SimpleNamespace(is_sleeping=True, sleeping_tags={"weights", "kv_cache"})
+    executor.collective_rpc = lambda method, kwargs: seen.append(set(executor.sleeping_tags))
+    Executor.wake_up(executor, ["kv_cache"])
+    assert seen == [{"weights", "kv_cache"}] and executor.sleeping_tags == {"weights"}
