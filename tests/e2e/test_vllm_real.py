@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from slime.engine import http_client
 from tests.helpers.compose import ROOT
+from tests.helpers.engines import vllm_generated_tokens
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import engine_of, main_argv, main_py, metrics, rewards
 
@@ -81,16 +81,6 @@ def test_the_embedded_task_is_learnt_through_a_real_vllm(vllm_runs):
     assert sum(reward[-3:]) / 3 >= 0.3 and sum(reward[:3]) / 3 < 0.1, reward  # measured 0.54 and 0.01
 
 
-def sampled_tokens(url: str) -> float:
-    """Tokens the server has sampled since it started (vLLM's `vllm:generation_tokens` counter); 0 while it
-    does not answer."""
-    try:
-        _, text = http_client.request("GET", url + "/metrics", timeout=5)
-    except http_client.EngineHTTPError:  # starting, or gone: nothing sampled that we can see
-        return 0.0
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))
-
-
 def kill_second_server_mid_rollout(run_dir: Path) -> KilledRun:
     """Two real vLLM servers of the untied model with fault tolerance; engine 1's server is killed (kill -9, PID from
     engines.json) while rollout 0 generates on it. Returns once the run ended (killed or not)."""
@@ -104,7 +94,7 @@ def kill_second_server_mid_rollout(run_dir: Path) -> KilledRun:
     try:
         victim = engine_of(run_dir, 1, timeout_s=600)
         deadline = time.monotonic() + 300
-        while sampled_tokens(victim["url"]) < 32:  # rollout 0 is under way on engine 1
+        while vllm_generated_tokens(victim["url"]) < 32:  # rollout 0 is under way on engine 1
             if proc.poll() is not None or time.monotonic() > deadline or 0 in metrics(run_dir):
                 killed.failure = "rollout 0 ended, or the run did, before engine 1 sampled 32 tokens"
                 break

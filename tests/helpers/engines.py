@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slime.config.schema import HFEngineConfig
+from slime.engine import http_client
 from slime.engine.base import EngineLaunch, EngineServer
 from slime.engine.hf.engine import HFEngine
 
@@ -48,3 +49,19 @@ class CommandEngine(EngineServer):
 
     def command(self, ports):
         return self.make_cmd(ports)
+
+
+def generated_tokens(url: str) -> int:
+    """Tokens an SGLang-API engine (the built-in one, the fake SGLang) has sampled since it started: its
+    /server_info `internal_states[0].num_generated_tokens`."""
+    return int(http_client.get(url + "/server_info")["internal_states"][0]["num_generated_tokens"])
+
+
+def vllm_generated_tokens(url: str) -> float:
+    """Tokens a vLLM server has sampled since it started (its `vllm:generation_tokens` counter, per decode step);
+    0 while it does not answer (starting, or gone)."""
+    try:
+        _, text = http_client.request("GET", url + "/metrics", timeout=5)
+    except http_client.EngineHTTPError:
+        return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))

@@ -19,6 +19,7 @@ from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, SyncedAdapter
 from slime.wire import bucket_codec
 from tests.helpers.compose import LORA_ALONE
+from tests.helpers.engines import generated_tokens
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged
 from tests.helpers.fsdp_rank import (
     batches_for,
@@ -113,11 +114,6 @@ def test_an_in_place_push_holds_a_running_request_which_reports_both_versions(
     if mode == "disk":
         updates = [r["body"] for r in logged if r["path"] == "/update_weights_from_disk"]
         assert updates and all(update["flush_cache"] is False for update in updates)
-
-
-def generated_tokens(url: str) -> int:
-    """Tokens the engine has sampled since it started (its /server_info internal state)."""
-    return int(http_client.get(url + "/server_info")["internal_states"][0]["num_generated_tokens"])
 
 
 def test_an_update_outside_a_session_is_refused_as_sglang_refuses_it(fakes):

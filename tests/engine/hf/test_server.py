@@ -21,6 +21,7 @@ from slime.engine import http_client
 from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
+from tests.helpers.engines import generated_tokens
 from tests.helpers.processes import in_thread, joined
 
 PROMPT = [1, 5, 11, 16, 28]
@@ -188,16 +189,12 @@ def _wait_for(predicate, timeout=20.0):
         time.sleep(0.01)
 
 
-def _generated_tokens(engine) -> int:
-    return http_client.get(engine.url + "/server_info")["internal_states"][0]["num_generated_tokens"]
-
-
 def _start_long_generation(engine, **params):
     """A 480-token request in a thread, returned once it runs and has sampled a token (a pause or an
     abort then cuts it mid-decode, however slow the machine: being in the batch is not enough)."""
-    before = _generated_tokens(engine)
+    before = generated_tokens(engine.url)
     running = in_thread(lambda: _generate(engine.url, max_new_tokens=480, ignore_eos=True, **params))
-    _wait_for(lambda: _generated_tokens(engine) > before)
+    _wait_for(lambda: generated_tokens(engine.url) > before)
     assert http_client.get(engine.url + "/v1/loads")["loads"][0]["num_running_reqs"] == 1
     return running
 

@@ -21,6 +21,7 @@ from slime.engine.http_client import EngineHTTPError
 from slime.sync.tensor import packed
 from slime.wire import bucket_codec
 from tests.fakes.fake_sglang import CRASH_MARK
+from tests.helpers.engines import generated_tokens
 from tests.helpers.fake_sglang_engine import make_engine
 from tests.helpers.processes import in_thread
 
@@ -75,7 +76,7 @@ def test_releasing_while_a_request_runs_kills_the_server(fake):
         except EngineHTTPError as exc:
             return exc
 
-    sampled = lambda: fake.client.server_info()["internal_states"][0]["num_generated_tokens"]  # noqa: E731
+    sampled = lambda: generated_tokens(fake.url)  # noqa: E731
     running = lambda: fake.client.loads()["loads"][0]["num_running_reqs"] > 0  # noqa: E731
     before = sampled()  # the start-up health probe's token may land after this: two more are the request's
     in_thread(generate)

@@ -24,6 +24,7 @@ from slime.rollout.rewards import RewardHub
 from slime.sync.base import SyncContext, SyncedAdapter
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import LORA_ALONE, model_fields
+from tests.helpers.engines import vllm_generated_tokens
 from tests.helpers.fsdp_rank import (
     batches_for,
     make_backend,
@@ -99,12 +100,6 @@ async def send_generate(served, url: str, prompt=PROMPT, lora: str | None = None
         return await call_engine(args, sample, sampling)
 
 
-def sampled_tokens(url: str) -> float:
-    """Tokens the server has sampled since it started (vLLM's `vllm:generation_tokens` counter, per decode step)."""
-    _, text = http_client.request("GET", url + "/metrics", timeout=10)
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))
-
-
 def assert_engine_runs_trainer_weights(served, trainer) -> None:
     out = generate(served)
     ids = [t for _, t in out["meta_info"]["output_token_logprobs"]]
@@ -159,10 +154,10 @@ def test_disk_syncs_keep_a_tied_model_exactly_the_trainers(served, trainer, mode
 
 def long_request_decoding(served):
     """A MAX_NEW-token request in a thread, returned (thread, result box) once it has decoded 30 tokens."""
-    before = sampled_tokens(served.engine.url)
+    before = vllm_generated_tokens(served.engine.url)
     running, box = in_thread(lambda: generate(served, max_new_tokens=MAX_NEW, ignore_eos=True))
     deadline = time.monotonic() + 60
-    while sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of its end
+    while vllm_generated_tokens(served.engine.url) < before + 30:  # decoding, well short of its end
         assert time.monotonic() < deadline and running.is_alive(), "the long request never decoded 30 tokens"
         time.sleep(0.01)
     return running, box
@@ -227,10 +222,10 @@ def test_the_rollouts_abort_cuts_a_response_that_a_later_step_continues(served, 
     async def step(abort: bool) -> Sample:
         async with aiohttp.ClientSession() as session:
             ctx.session, ctx.aborted = session, False
-            before = sampled_tokens(served.engine.url)
+            before = vllm_generated_tokens(served.engine.url)
             call = asyncio.ensure_future(generate_and_reward(ctx, sample, params, rollout_id=0, evaluation=False))
             deadline = time.monotonic() + 60
-            while abort and sampled_tokens(served.engine.url) < before + 30:  # decoding, well short of the end
+            while abort and vllm_generated_tokens(served.engine.url) < before + 30:  # decoding, well short of the end
                 assert time.monotonic() < deadline and not call.done(), "the request never decoded 30 tokens"
                 await asyncio.sleep(0.01)
             if abort:
@@ -257,10 +252,10 @@ def test_in_flight_requests_are_those_the_engine_core_schedules(served):
     client, url = served.engine.client, served.engine.url
 
     async def leave_mid_decode() -> tuple[int, int]:
-        before = sampled_tokens(url)
+        before = vllm_generated_tokens(url)
         request = asyncio.ensure_future(send_generate(served, url, max_new_tokens=MAX_NEW, ignore_eos=True))
         deadline = time.monotonic() + 60
-        while sampled_tokens(url) < before + 30:  # decoding, well short of its end
+        while vllm_generated_tokens(url) < before + 30:  # decoding, well short of its end
             assert time.monotonic() < deadline and not request.done(), "the long request never decoded 30 tokens"
             await asyncio.sleep(0.01)
         decoding = client.num_scheduled(), client.num_requests()
