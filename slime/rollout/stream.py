@@ -4,9 +4,9 @@ A `GroupStream` runs its own event loop on its own thread in the rollout manager
 `batch_size` groups in flight (drawn from the data source: handed-back groups first, then fresh prompts), starting
 one as soon as one finishes, and the trainer takes `batch_size` finished groups a step in the order they started.
 It starts a group only while the groups started and not yet taken, plus those the current step took, number fewer
-than `StreamLimits.max_ahead` (AReaL's bound): the group started now is then taken within `max_staleness` versions, so none is generated only to be
-dropped. The engines never idle on a long tail: while one step's last groups decode, the next step's run beside
-them. It never waits for training otherwise.
+than `StreamLimits.max_ahead` (AReaL's bound): the group started now is then taken within `max_staleness`
+versions, so none is generated only to be dropped. The engines never idle on a long tail: while one step's last
+groups decode, the next step's run beside them. It never waits for training otherwise.
 
 A weight push pauses the engines (slime.sync.base). With an in-place pause (`rollout.weight_sync.pause_mode`) the
 running requests keep their place and continue on the new weights, and the engine reports each output token's

@@ -9,10 +9,10 @@ The tensors' formats on the wire are `slime.wire`'s, which the engines import to
 
 The protocol every mode follows (`push`): pause generation (`SyncContext.pause_mode`) and, unless the pause holds
 the running requests in place, flush the cache on every updatable engine, open each engine's update session
-(tensor and distributed modes: SGLang's `/begin_weight_update`), transfer the buckets (the mode's own `_transfer`), close the sessions, then
-continue generation, so that no request ever runs on half-updated weights; engines stamp the new
-`weight_version` on every later response, and the rollout records it on each Sample. A failed push
-still closes the sessions it opened and continues generation, then raises.
+(tensor and distributed modes: SGLang's `/begin_weight_update`), transfer the buckets (the mode's own
+`_transfer`), close the sessions, then continue generation, so that no request ever runs on half-updated weights;
+engines stamp the new `weight_version` on every later response, and the rollout records it on each Sample. A failed
+push still closes the sessions it opened and continues generation, then raises.
 
 `check_weight_update_equal` (slime's `--check-weight-update-equal`) drives SGLang's `/weights_checker`: once
 the engines are up, each snapshots the weights it loaded from the checkpoint and overwrites them with random
