@@ -285,6 +285,12 @@ def test_multirun_sweeps_recipes_by_glob(runs):
         "eval/digit_task_sampled/pass@4",
     } <= set(eval_records[0])
     assert (sweep_dir / "sweep_rewards.png").stat().st_size > 10_000  # the sweep's comparison (hydra callback)
+    # the sweep's table: the override that differs (shared ones left out), the best run marked, also on stdout
+    table = [line for line in (sweep_dir / "sweep_summary.md").read_text().splitlines() if line.startswith("| ")]
+    assert "| recipe |" in table[0] and "num_rollout" not in table[0]
+    assert sorted(line.split("|")[3].strip() for line in table[2:]) == ["embedded_dp2", "embedded_eval", "embedded_tp2"]
+    assert sum(line.startswith("| best |") for line in table) == 1
+    assert "sweep_summary.md" in proc.stdout and "embedded_tp2" in proc.stdout
     groups = {run["group"] for d in results.values() for run in offline_runs(d)}
     assert groups == {f"{sweep_dir.parent.name}_{sweep_dir.name}"}  # one wandb group: the sweep
     assert_no_run_processes()

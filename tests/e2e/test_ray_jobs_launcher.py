@@ -78,6 +78,11 @@ def test_optuna_sweep_of_ray_jobs_optimises_the_objective_and_survives_a_failed_
     for record in (good, bad):  # each job's own log, kept in its run dir
         assert "Running entrypoint for job" in Path(record["log"]).read_text()
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    # the sweep's table: one row per job, the good one marked best, the failed one said so
+    table = [line for line in (sweep_dir / "sweep_summary.md").read_text().splitlines() if line.startswith("| ")]
+    rows = {line.split("|")[3].strip(): [c.strip() for c in line.strip("|").split("|")] for line in table[2:]}
+    assert set(rows) == {GOOD, BAD}
+    assert rows[GOOD][0] == "best" and rows[BAD][0] == "" and rows[BAD][5] == "failed"
     assert best["best_params"] == {"rollout.custom_rm_path": GOOD}
     assert best["best_value"] == pytest.approx(result["objective"]["value"])
     assert session_processes() == []

@@ -11,7 +11,7 @@ from rich.console import Console
 from slime.tracking.plot import write_run_plots
 from slime.tracking.progress import RunProgress
 from slime.tracking.summary import render_summary
-from slime.tracking.sweep import SweepPlot, sweep_runs
+from slime.tracking.sweep import SweepSummary, sweep_runs
 
 
 def write_metrics(run_dir, rewards, k=1):
@@ -92,7 +92,7 @@ def test_sweep_callback_writes_one_comparison_plot(tmp_path):
         (sweep / job / ".hydra").mkdir()
         (sweep / job / ".hydra" / "overrides.yaml").write_text(f"- algo.eps_clip=0.{job}\n- hydra.verbose=false\n")
     assert list(sweep_runs(sweep)) == ["0: algo.eps_clip=0.0", "1: algo.eps_clip=0.1", "10: algo.eps_clip=0.10"]
-    SweepPlot().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
     assert (sweep / "sweep_rewards.png").stat().st_size > 10_000
 
 
