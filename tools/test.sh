@@ -13,7 +13,8 @@
 # Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
 # main.py runs that keep both cores of a 2-core machine busy; the process collects only the files with a slow
 # test, tests/helpers/slow_files.py) and the unit tests (one core at a time); the unit tests' report is printed
-# after the runs', then both processes' summaries. With arguments, one pytest process gets exactly them (no
+# after the runs', then both processes' summaries, then the metric-history gate's table (the learning runs' figures
+# against tests/metric_baseline.json: a regression fails). With arguments, one pytest process gets exactly them (no
 # path: pytest's own default, the tests/ folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,9 @@ runs_log=$(mktemp)
 # One cache for both processes (tests/conftest.py): what one imports or generates first, the other finds.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
+# The learning runs' figures, for the metric-history gate at the end (tests/helpers/metric_history.py).
+SLIME_METRIC_REPORT="$SLIME_TEST_SHARED_CACHE/metric_report.jsonl"
+export SLIME_METRIC_REPORT
 mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_files) || exit 1
 [ "${#slow[@]}" -gt 0 ] || no_tests
 # the unit tests' session also checks that every slow test is in one of those files
@@ -68,6 +72,10 @@ for part in "end-to-end runs:$runs_log" "unit tests:$unit_log"; do
     tail -n 1 "${part#*:}"
   fi
 done
+echo "--- metric history"
+.venv/bin/python -m tests.helpers.metric_history check "$SLIME_METRIC_REPORT"
+gate=$?
 [ "$runs" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests  # each process has tests: one without is a broken selection
 [ "$runs" -ne 0 ] && exit "$runs"
-exit "$unit"
+[ "$unit" -ne 0 ] && exit "$unit"
+exit "$gate"

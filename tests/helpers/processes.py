@@ -86,3 +86,34 @@ def kill_run_processes(run_id: str) -> list[int]:
             proc.kill()
             killed.append(proc.info["pid"])
     return killed
+
+
+class TreeCpu:
+    """CPU seconds (user + system) of a process and every descendant it starts, sampled every `interval_s` in a
+    daemon thread while the process lives (each process counts with its last sample: a process living less than
+    `interval_s`, and a process's last `interval_s`, are not counted)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5):
+        self._root, self._interval_s = pid, interval_s
+        self._last: dict[tuple[int, float], float] = {}  # (pid, create time) -> its CPU seconds when last seen
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+        self._thread.start()
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                root = psutil.Process(self._root)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            for proc in tree:
+                with contextlib.suppress(psutil.Error):
+                    times = proc.cpu_times()
+                    self._last[(proc.pid, proc.create_time())] = times.user + times.system
+
+    def stop(self) -> float:
+        """Stops sampling; the CPU seconds counted."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return sum(self._last.values())

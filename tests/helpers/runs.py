@@ -13,13 +13,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import PIPE
 from typing import TypeVar
 
 import pytest
 import yaml
 
 from tests.helpers.compose import ROOT
-from tests.helpers.processes import TEST_RUN_VAR, kill_run_processes, session_processes
+from tests.helpers.processes import TEST_RUN_VAR, TreeCpu, kill_run_processes, session_processes
 
 
 def main_argv(run_dir, *overrides: str, tracked: bool = False, progress: bool = False) -> list[str]:
@@ -54,18 +55,20 @@ def main_py(run_dir: Path, *overrides: str, timeout: float = 600, tracked: bool 
     """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots). Past `timeout` the
     run and everything it started are killed (TimeoutExpired): nothing of it keeps a core busy for later tests."""
     run_id = str(run_dir)
-    try:
-        return subprocess.run(
-            main_argv(run_dir, *overrides, tracked=tracked),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, TEST_RUN_VAR: run_id},
-        )
-    except subprocess.TimeoutExpired:
-        kill_run_processes(run_id)
-        raise
+    argv = main_argv(run_dir, *overrides, tracked=tracked)
+    env = {**os.environ, TEST_RUN_VAR: run_id}
+    with subprocess.Popen(argv, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True, env=env) as proc:
+        meter = TreeCpu(proc.pid)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            meter.stop()
+            kill_run_processes(run_id)
+            proc.kill()
+            raise
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    done.cpu_s = meter.stop()  # CPU seconds of the run's processes (tests/helpers/metric_history.py records it)
+    return done
 
 
 def run_concurrently(jobs: dict[str, Callable[[], T]], *, max_workers: int = 3, stagger_s: float = 5.0) -> dict[str, T]:
