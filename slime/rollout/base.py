@@ -149,7 +149,7 @@ class EvalOutput:
 
 
 def as_rollout_output(result: Any, key: str) -> RolloutOutput:
-    """A rollout function's result as a RolloutOutput (a bare list of groups, the seeds' older form, too)."""
+    """A rollout function's result as a RolloutOutput (a bare list of groups, slime's older form, too)."""
     if isinstance(result, RolloutOutput):
         return result
     if isinstance(result, list) and all(isinstance(g, list) for g in result):
