@@ -27,7 +27,7 @@ from slime.types import Sample
 
 @dataclasses.dataclass(kw_only=True)
 class RolloutHooks:
-    """The loaded extension points of the rollout loop (README "Hooks" gives each call shape); None: built-in."""
+    """The loaded extension points of the rollout loop (docs/data-and-rewards.md#custom-code-hooks gives each call shape); None: built-in."""
 
     generate: Callable[..., Any] | None = None  # async (args, sample, sampling_params[, evaluation]) -> Sample
     dynamic_filter: Callable[..., Any] | None = None  # (args, group) -> bool | FilterResult

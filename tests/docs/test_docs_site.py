@@ -76,7 +76,9 @@ def anchors(path: Path) -> set[str]:
 def test_the_site_builds_strict(tmp_path):
     proc = build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "site" / "index.html").is_file() and (tmp_path / "site" / "architecture" / "index.html").is_file()
+    assert (tmp_path / "site" / "index.html").is_file() and (
+        tmp_path / "site" / "architecture" / "index.html"
+    ).is_file()
 
 
 def test_a_broken_link_fails_the_build(tmp_path):
