@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.helpers.compose import ROOT
 
-PATTERN_TEXT = r"REFERENCE(\.md| §)|DESIGN\.md|the seeds|seeds'|seed flags|\blent\b|issue [0-9]+|§"
+PATTERN_TEXT = r"REFERENCE(\.md| §)|DESIGN\.md|the[ ]seeds|seeds'|seed flags|\blent\b|issue [0-9]+|§"
 PATTERN = re.compile(PATTERN_TEXT, re.IGNORECASE)
 FILES = ("README.md", "mkdocs.yml", "pyproject.toml", "main.py")
 FOLDERS = ("docs", "slime", "tools", "tests", "conf", "recipes", "hydra_plugins")
