@@ -1,5 +1,5 @@
-"""Model FLOPs of a decoder-only transformer (REFERENCE.md §9.6): what MFU counts, for the run's `perf/*` metrics,
-the dry-run plan and tools/bench_train.py alike. Pure arithmetic on `ModelConfig`; no torch.
+"""Model FLOPs of a decoder-only transformer (docs/architecture.md#model-flops): what MFU counts, for the run's
+`perf/*` metrics, the dry-run plan and tools/bench_train.py alike. Pure arithmetic on `ModelConfig`; no torch.
 
 Forward FLOPs of one token of a sequence of S tokens, every matmul at 2 FLOPs per multiply-add:
     layers  L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F + 2·Q·S)   (q, k, v, o projections; SwiGLU's three matrices over the

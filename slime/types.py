@@ -1,6 +1,6 @@
 """Records that cross process boundaries: the rollout `Sample` and its status.
 
-A `Sample` is one response to one prompt (REFERENCE.md §4). Token-level fields are plain Python
+A `Sample` is one response to one prompt (docs/architecture.md#the-sample-record). Token-level fields are plain Python
 lists so that a sample pickles cheaply through Ray and serialises to JSON as a dict.
 """
 
@@ -114,7 +114,7 @@ class Sample:
         self.response += text
 
     def check_alignment(self) -> None:
-        """Raise ValueError if the token-level fields disagree (REFERENCE.md §4.3)."""
+        """Raise ValueError if the token-level fields disagree (docs/architecture.md#alignment-invariants)."""
         if self.response_length < 0 or self.response_length > len(self.tokens):
             raise ValueError(
                 f"sample {self.index}: response_length {self.response_length} vs {len(self.tokens)} tokens"
@@ -154,7 +154,7 @@ class TrainBatch:
 
     Samples are ordered by optimizer step: `step_ids[i]` is the step (0..K-1) sample i belongs to.
     The two normalisers are step-level totals over ALL ranks, fixed before micro-batching, so the
-    reduced loss does not depend on how samples are split (REFERENCE.md §3.11).
+    reduced loss does not depend on how samples are split (docs/algorithms.md#loss-reduction).
     """
 
     tokens: list[list[int]]  # prompt + response ids

@@ -89,7 +89,7 @@ def pytest_collection_modifyitems(config, items):
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="GPU tier: needs a CUDA device (run on the lent H200, see README)")
+    skip = pytest.mark.skip(reason="GPU tier: needs a CUDA device (docs/testing.md#the-gpu-tier)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

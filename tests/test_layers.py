@@ -1,4 +1,4 @@
-"""DESIGN.md §3's seam rules, checked on the source: who may import what.
+"""The seam rules (docs/architecture.md#import-rules), checked on the source: who may import what.
 
 - slime/algo: tensors in, tensors and metrics out: torch and the standard library only.
 - Ray only in slime/runtime: backends, engines and sync classes are plain classes that Ray wraps.
@@ -150,7 +150,7 @@ print(json.dumps({"imported": len(outside) - len(failed), "failed": failed}))
 
 
 def test_every_module_outside_the_optional_homes_imports_without_them():
-    """DESIGN.md §3: megatron, sglang and vllm are optional; the CPU install lacks some of them and must still
+    """megatron, sglang and vllm are optional; the CPU install lacks some of them and must still
     import every other module (megatron's home may import megatron-core at module level: the registry loads it
     only when `parallelism.backend=megatron`)."""
     proc = subprocess.run(

@@ -13,7 +13,7 @@ loop logs them, and the staleness (mean of rollout/staleness_mean, max of rollou
     python tools/bench_async.py --modes off,one_step --num-rollout 20
     python tools/bench_async.py --extra rollout.weight_sync.interval=2    # (one_step only)
     python tools/bench_async.py --extra rollout.generate_function=null --extra rollout.deterministic=true
-                                                                     # the plain embedded task, as README measured
+                                                                     # the plain embedded task, deterministic
     python tools/bench_async.py --repeats 3 --num-rollout 20         # off, one_step, full, off, ...: medians
 
 A mode the config refuses (exit 2 with a configuration error: full before its loop exists) is reported "not

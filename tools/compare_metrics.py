@@ -6,7 +6,8 @@ RUN_A and RUN_B are run directories (each holding metrics.jsonl) or the files th
 in order, key by key and exactly; keys that measure time or depend on scheduling are left out (TIMING_MARKERS:
 wall-clock times and rates, and the over-sampling counters of a dynamic filter, whose in-flight requests at the
 cut depend on timing). Prints one line per differing value and a summary; exit 0 identical, 1 different,
-2 bad arguments. Used to hold a refactor to "the same first N rollouts" (issue 24: each algorithm's embedded run).
+2 bad arguments. Holds a refactor to "the same first N rollouts" (e.g. each algorithm's embedded run before and
+after it).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What a main.py run needs on the lent GPU machine that its image lacks (Python 3.12, no network there), built here
-# into .gpu/ (git-ignored, ~54 MB: under the 64 MiB a device call carries): Ray without its jars and libraries we do
-# not use, and sglang-router, as xz tarballs; hydra, megatron-core, the router's and Ray's small dependencies as cp312
-# wheels; and .gpu/setup.sh, which the device command runs first:
-#     bash tools/gpu_carry.sh          # here, once
-#     run(command="bash .gpu/setup.sh && python3 -m pytest tests/gpu/... -s", carry=[".gpu"])
+# What a main.py run needs on a GPU machine without network access whose image lacks it (Python 3.12 with torch),
+# built here into .gpu/ (git-ignored, ~54 MB, small enough to copy with the checkout): Ray without its jars and
+# libraries we do not use, and sglang-router, as xz tarballs; hydra, megatron-core, the router's and Ray's small
+# dependencies as cp312 wheels; and .gpu/setup.sh, which runs first on the GPU machine:
+#     bash tools/gpu_carry.sh                                     # here, once
+#     bash .gpu/setup.sh && python3 -m pytest tests/gpu/... -s    # there, with .gpu/ copied beside the checkout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu
@@ -27,7 +27,7 @@ rm -rf "$out"/ray/ray/{jars,rllib,data,train,tune,serve,llm}  # Ray core, its da
 find "$out/dl" -name '*.whl' ! -name 'ray-*' ! -name 'sglang_router-*' -exec mv {} "$out/whl/" \;
 rm -rf "$out/dl" "$out/ray" "$out/sglang_router"
 cat > "$out/setup.sh" <<'SETUP'
-# On the device machine: the wheels into /tmp/site, Ray and sglang-router unpacked, all three behind the image's own
+# On the GPU machine: the wheels into /tmp/site, Ray and sglang-router unpacked, all three behind the image's own
 # site-packages (a .pth file), so the image's versions win.
 set -e
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl

@@ -4,7 +4,7 @@
     python tools/validate_multigpu.py --device cpu --out /tmp/validate.json                # gloo, fp32, tiny
     python tools/validate_multigpu.py --checks megatron_tp2,fsdp_dp2                       # a subset
 
-All five checks took 272 s on 2x H100 (README, performance section); with --compile they take several times
+All five checks took 272 s on 2x H100 (docs/performance.md#multi-gpu-validation); with --compile they take several times
 longer on a fresh machine, so split them where one command may run at most 10 minutes, e.g.
 `--checks megatron_tp2,megatron_pp2,fsdp_dp2` then `--checks sync_distributed,colocated` (the model under
 --work-dir is created once and reused). Positional arguments are extra Hydra overrides of the colocated
@@ -333,7 +333,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
-    os.environ.update(NO_MULTICAST)  # for every child process (device README)
+    os.environ.update(NO_MULTICAST)  # for every child process: NVLink multicast off
     if not opts.compile:
         os.environ["TORCHDYNAMO_DISABLE"] = "1"  # every child's torch.compile runs eagerly
     opts.work_dir = str(Path(opts.work_dir).resolve())

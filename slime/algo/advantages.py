@@ -1,7 +1,7 @@
-"""Per-token advantages and returns (REFERENCE §3.2, §3.3).
+"""Per-token advantages and returns (docs/algorithms.md#advantage-estimators, #advantage-whitening).
 
 Layout: per-token tensors are flat Tensor[T], T = sum(response_lengths); per-sample
-tensors are Tensor[B]. Rewards are unitless; kl is per-token KL in nats (§3.7).
+tensors are Tensor[B]. Rewards are unitless; kl is per-token KL in nats (docs/algorithms.md#kl-estimators).
 """
 
 from __future__ import annotations

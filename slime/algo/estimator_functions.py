@@ -69,7 +69,7 @@ class PolicyLossInputs:
     response_lengths: list[int]
 
 
-# --- reward transforms (rollout side; REFERENCE §3.1-3.2) ---
+# --- reward transforms (rollout side; docs/algorithms.md#reward-post-processing) ---
 
 
 def raw_rewards(raw: Tensor, n_samples_per_prompt: int, algo: AlgoKnobs) -> Tensor:
@@ -93,7 +93,7 @@ def leave_one_out_rewards(raw: Tensor, n_samples_per_prompt: int, algo: AlgoKnob
     return rloo_advantages(raw, n_samples_per_prompt)
 
 
-# --- token advantages (train side; REFERENCE §3.2-3.3) ---
+# --- token advantages (train side; docs/algorithms.md#advantage-estimators) ---
 
 
 def broadcast_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor | None]:
@@ -126,7 +126,7 @@ def no_advantages(x: AdvantageInputs, algo: AlgoKnobs) -> tuple[Tensor, Tensor |
     return torch.zeros_like(x.loss_mask), None
 
 
-# --- policy-gradient losses (REFERENCE §3.5-3.6) ---
+# --- policy-gradient losses (docs/algorithms.md#policy-loss) ---
 
 
 def clipped_surrogate_loss(x: PolicyLossInputs, algo: AlgoKnobs, log_ratio: Tensor | None = None) -> dict[str, Tensor]:

@@ -1,4 +1,4 @@
-"""Per-token KL estimators (REFERENCE §3.7).
+"""Per-token KL estimators (docs/algorithms.md#kl-estimators).
 
 All tensors are any matching shape (usually flat Tensor[T] of log-probs in nats).
 """

@@ -1,4 +1,4 @@
-"""Token log-probs and entropy from logits (REFERENCE §3.4).
+"""Token log-probs and entropy from logits (docs/algorithms.md#log-probs-and-the-reuse-rule).
 
 Alignment: the logits at sequence position i predict token i+1. For a sequence of
 P prompt tokens followed by R response tokens, response token j (0-based, absolute

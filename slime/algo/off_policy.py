@@ -1,4 +1,5 @@
-"""Corrections for tokens the trainer's policy did not sample itself (REFERENCE §3.9): importance weights between
+"""Corrections for tokens the trainer's policy did not sample itself (docs/algorithms.md#importance-weights-tis):
+importance weights between
 the trainer and the engine (TIS at token, sequence or geometric-mean level), off-policy sequence masking (OPSM),
 and the per-token terms of the trainer-vs-engine mismatch metrics.
 

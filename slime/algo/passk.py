@@ -1,4 +1,4 @@
-"""Unbiased pass@k estimator (REFERENCE §6.6)."""
+"""Unbiased pass@k estimator (docs/data-and-rewards.md#eval)."""
 
 from __future__ import annotations
 

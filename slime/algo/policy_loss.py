@@ -1,5 +1,5 @@
-"""Per-token policy-gradient losses (REFERENCE §3.2 CISPO, §3.5, §3.6, §3.12); the trainer-vs-engine corrections
-are in `slime.algo.off_policy`.
+"""Per-token policy-gradient losses: PPO clip, GSPO, CISPO, SFT (docs/algorithms.md#policy-loss, #sft-loss); the
+trainer-vs-engine corrections are in `slime.algo.off_policy`.
 
 All per-token tensors are flat Tensor[T] (see ``slime.algo``); log-probs are in nats.
 Every function returns un-reduced per-token values; masking and reduction belong to

@@ -1,4 +1,4 @@
-"""Step-level loss/metric reduction independent of micro-batching and DP (REFERENCE §3.11).
+"""Step-level loss/metric reduction independent of micro-batching and DP (docs/algorithms.md#loss-reduction).
 
 Every normaliser (per-sample masked counts D_i, the number of trajectories N_traj, the
 step's total masked tokens) is fixed at STEP level before splitting into micro-batches.

@@ -1,4 +1,4 @@
-"""Per-sample reward post-processing (REFERENCE §3.1, §3.2 rloo).
+"""Per-sample reward post-processing and RLOO (docs/algorithms.md#reward-post-processing).
 
 Inputs are 1-D tensors of N per-sample scalar rewards (unitless), ordered so that the
 n_samples_per_prompt samples of one prompt are contiguous: rows ``[g*n, (g+1)*n)``.

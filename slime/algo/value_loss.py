@@ -1,4 +1,4 @@
-"""Clipped critic loss (REFERENCE §3.10). Per-token tensors are flat Tensor[T]."""
+"""Clipped critic loss (docs/algorithms.md#value-loss). Per-token tensors are flat Tensor[T]."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A real task for a real model (recipe=smollm2_arithmetic): sums, differences and products of small integers as
 short word problems, the answer expected in `\\boxed{}` (graded by rm_type=math).
 
-Records are in the seeds' JSONL format (chat messages plus the label). The train and eval splits are disjoint by
+Records are in slime's JSONL format (chat messages plus the label). The train and eval splits are disjoint by
 construction: a problem (operation, a, b) belongs to `eval` when a hash of it falls in one tenth of the range,
 so a held-out question is never trained on, whatever the sizes and seeds.
 """

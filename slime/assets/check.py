@@ -125,7 +125,7 @@ def _first_export(template: str | None) -> str | None:
 
 
 def _strip_slice(path: str) -> str:
-    """`file.jsonl@[0:100]` names rows of file.jsonl (REFERENCE.md §5.1)."""
+    """`file.jsonl@[0:100]` names rows of file.jsonl (docs/data-and-rewards.md#prompt-files)."""
     return path.split("@[", 1)[0]
 
 

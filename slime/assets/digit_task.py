@@ -1,6 +1,6 @@
 """The embedded default's synthetic task: "What comes after 7?" -> "8" (digits wrap: 9 -> 0).
 
-Prompts are written in the seeds' JSONL format (a list of chat messages plus a label), so the same
+Prompts are written in slime's JSONL format (a list of chat messages plus a label), so the same
 data path, chat templating and reward plumbing serve real datasets. The answer depends on the prompt:
 a constant answer scores 0.1 at best.
 """

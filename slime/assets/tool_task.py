@@ -1,6 +1,6 @@
 """The tool-use example's prompts (`recipe=tiny_tool_use`): "what is 3 plus 4 ?" -> "7".
 
-Written in the seeds' JSONL format like the digit task. The policy may write the sum as an expression
+Written in slime's JSONL format like the digit task. The policy may write the sum as an expression
 followed by "=" and let the calculator of `slime.rollout.tool_use` answer.
 """
 

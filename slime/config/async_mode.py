@@ -1,7 +1,8 @@
-"""`train.async`: which training loop overlaps generation with training (README "Training loop").
+"""`train.async`: which training loop overlaps generation with training (docs/training-loops.md).
 
-- off: the synchronous loop (REFERENCE.md §2.2): rollout k, then train k, then push.
-- one_step: rollout k+1 is generated while step k trains (REFERENCE.md §2.4); a push waits for that rollout.
+- off: the synchronous loop (docs/architecture.md#synchronous-loop): rollout k, then train k, then push.
+- one_step: rollout k+1 is generated while step k trains (docs/architecture.md#one-step-asynchronous-loop); a
+  push waits for that rollout.
 - full: the engines generate continuously; the trainer takes each step's groups from a bounded buffer as they
   finish, and pushes interrupt generation (pause, push, continue); `train.max_staleness` bounds how many weight
   versions old a trained group's oldest token may be (AReaL's, miles' and verl's fully-async trainers).

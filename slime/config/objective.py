@@ -14,7 +14,7 @@ from typing import Optional
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 
-# Metric namespaces the run logs (REFERENCE.md §11); an objective outside them can never be found.
+# Metric namespaces the run logs (docs/tracking.md#metrics); an objective outside them can never be found.
 OBJECTIVE_NAMESPACES = ("rollout/", "eval/", "train/", "perf/")
 DEFAULT_EVAL, DEFAULT_ROLLOUT = "eval mean", "rollout/raw_reward"
 

@@ -157,7 +157,7 @@ def check_token_limits(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_batch_arithmetic(cfg: RunConfig) -> Iterator[Problem]:
-    """B_p·n = G·K (REFERENCE.md §1), and G splits evenly over data-parallel ranks."""
+    """B_p·n = G·K (docs/architecture.md#batch-vocabulary), and G splits evenly over data-parallel ranks."""
     r, t = cfg.rollout, cfg.train
     if min(r.batch_size, r.n_samples_per_prompt, t.num_steps_per_rollout) <= 0:
         return  # reported by check_ranges

@@ -1,4 +1,4 @@
-"""Typed schemas for every config group (DESIGN.md §4, key names of §9).
+"""Typed schemas for every config group (docs/configuration.md); key names mirror slime's flags.
 
 Each dataclass is registered in Hydra's ConfigStore (see `store.py`) and is the schema its YAML options
 extend, so a misspelled key or a wrongly typed value fails at compose time. `OmegaConf.to_object`
@@ -222,7 +222,7 @@ class ClusterConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """The training prompts: file, keys of its records, chat templating, shuffling (REFERENCE.md §5)."""
+    """The training prompts: file, keys of its records, chat templating, shuffling (docs/data-and-rewards.md)."""
 
     prompt_data: Optional[str] = field(default=None, metadata=PATH_READ)  # .jsonl or .parquet
     input_key: str = "prompt"
@@ -233,7 +233,7 @@ class DataConfig:
     # Loading (slime.rollout.prompt_file, slime.rollout.data_source)
     tool_key: Optional[str] = "tools"  # tool specs (list or JSON string): metadata["tools"] and the chat template
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template kwargs
-    seed: int = 42  # per-epoch shuffle permutation seed + epoch (the seeds' --rollout-seed)
+    seed: int = 42  # per-epoch shuffle permutation seed + epoch (slime's --rollout-seed)
     source_class: Optional[str] = None  # import path of a DataSourceBase subclass; None: the built-in DataSource
     # Synthetic tasks: a `_target_` node `{_target_: module.fn, path: <file>, ...}`; `fn(path=..., **rest)` writes
     # exactly `path`, and runs only when prompt_data is that path and the file is missing.
@@ -242,7 +242,7 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class CriticTrainConfig:
-    """Role overrides for PPO's critic (the seeds' --critic-lr/--critic-load/--critic-save)."""
+    """Role overrides for PPO's critic (slime's --critic-lr/--critic-load/--critic-save)."""
 
     lr: Optional[float] = None  # default: train.lr
     lr_warmup_steps: Optional[int] = None  # default: train.lr_warmup_steps
@@ -305,7 +305,7 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class AlgoConfig:
-    """Loss and advantage knobs; formulas in REFERENCE.md §3."""
+    """Loss and advantage knobs; formulas in docs/algorithms.md#formulas."""
 
     name: str = MISSING
     # a name registered in slime/algo/estimators.py (`python main.py --help` lists them)

@@ -41,14 +41,14 @@ class HFEngineConfig:
 
 @dataclass(kw_only=True)
 class WeightSyncConfig:
-    """How new weights reach the engines after each training step (REFERENCE.md §8)."""
+    """How new weights reach the engines after each training step (docs/engines.md#weight-sync)."""
 
     # a name of slime.registry.WEIGHT_SYNC: disk (HF files) | distributed (broadcast group) | tensor (shared
     # memory / CUDA IPC; colocated engines only)
     mode: str = "disk"
     bucket_mb: int = 1024  # MiB of HF-named tensors per bucket of the trainer's weight export (one transfer each)
     keep: bool = False  # disk mode: keep each weight_v<version>/ directory after the engines loaded it
-    # rollout steps between syncs (the seeds' --update-weights-interval); > 1 needs train.async=true
+    # rollout steps between syncs (slime's --update-weights-interval); > 1 needs train.async=true
     interval: int = 1
     # what a push does to running requests (slime.config.async_mode.PauseMode): abort | in_place; null: in_place
     # under train.async=full, abort otherwise
@@ -57,7 +57,7 @@ class WeightSyncConfig:
 
 @dataclass(kw_only=True)
 class RewardConfig:
-    """Reward failures and the remote reward model (`rollout.rm_type=remote_rm`, REFERENCE.md §6.5)."""
+    """Reward failures and the remote reward model (`rollout.rm_type=remote_rm`, docs/data-and-rewards.md#rewards)."""
 
     # A sample whose reward function raises or returns NaN is FAILED (its error recorded, zero reward); a rollout
     # step fails the run when more than this fraction of its samples failed.
@@ -104,7 +104,7 @@ class FaultToleranceConfig:
 
 @dataclass(kw_only=True)
 class ServerGroupConfig:
-    """Servers of one kind for one served model (the seeds' --sglang-config `server_groups`)."""
+    """Servers of one kind for one served model (slime's --sglang-config `server_groups`)."""
 
     worker_type: str = "regular"  # regular | prefill | decode (PD disaggregation)
     num_gpus: int = MISSING  # GPUs of the whole group
@@ -159,8 +159,8 @@ class RolloutConfig:
     # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
     # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
     deterministic: bool = False
-    # The rollout loop and its extension points (REFERENCE.md §6.1, §6.4): hooks are import paths or `_target_`
-    # nodes, called with the RolloutContext as `args` (README "Hooks" lists every call shape).
+    # The rollout loop and its extension points: hooks are import paths or `_target_` nodes, called with the
+    # RolloutContext as `args` (docs/data-and-rewards.md#custom-code-hooks lists every call shape).
     partial_rollout: bool = False  # over-sampled groups cut by the abort go back to the buffer and continue later
     # loss mask 0 for a continued sample's earlier tokens and, where an engine held a request across a push, for those
     # an older weight version sampled (partial_rollout or train.async=full)

@@ -52,7 +52,7 @@ class EvalConfig:
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
-    """Where checkpoints are loaded from and saved to, and how often (REFERENCE.md §9.3)."""
+    """Where checkpoints are loaded from and saved to, and how often (docs/checkpoints.md)."""
 
     load: Optional[str] = field(default=None, metadata=PATH_READ)  # resume from this checkpoint root
     ref_load: Optional[str] = field(default=None, metadata=MODEL_CHECKPOINT)  # reference model (HF dir)

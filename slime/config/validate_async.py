@@ -1,5 +1,5 @@
-"""The asynchronous loops (`train.async`: one_step, REFERENCE.md §2.4; full, slime.config.async_mode) and the keys
-they bring: the weight-sync interval, the staleness bound and what a stale group gets."""
+"""The asynchronous loops (`train.async`: one_step and full, docs/training-loops.md) and the keys they bring: the
+weight-sync interval, the staleness bound and what a stale group gets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`EngineClient`: the SGLang HTTP control calls on one engine URL (REFERENCE.md §7.2).
+"""`EngineClient`: the SGLang HTTP control calls on one engine URL (docs/architecture.md#engine-routes).
 
 Plain HTTP, no process and no Ray: the engine's launcher, the weight-sync classes, the rollout
 manager and the tests all talk to a server through this, whoever started it (an external engine

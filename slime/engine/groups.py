@@ -1,6 +1,6 @@
 """Served models and their server groups, flattened into one `EngineSpec` per engine.
 
-`rollout.models` (the seeds' `--sglang-config`) lists the served models; each has its own router and
+`rollout.models` (slime's `--sglang-config`) lists the served models; each has its own router and
 groups of `regular | prefill | decode` servers with GPU counts and per-group ServerArgs overrides. An
 empty list means one model, the policy ("default"), with one regular group on every rollout GPU. The
 rollout GPUs are handed out in list order: model by model, group by group, engine by engine.
@@ -100,7 +100,7 @@ def engine_specs(cfg: RunConfig, rollout_gpus: int) -> list[EngineSpec]:
 
 
 def _prefill_num_servers(cfg: RunConfig) -> int:
-    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers): PD without `rollout.models`
+    """`rollout.vllm.prefill_num_servers` (slime's --prefill-num-servers): PD without `rollout.models`
     (validation, slime.engine.vllm.check, checks it leaves a decode server)."""
     if not ENGINES.facts(cfg.rollout.engine).prefill_decode_groups:
         return 0

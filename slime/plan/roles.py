@@ -4,7 +4,7 @@
 GPU id); the dry run (slime.plan.dry_run) applies it to the bundles such a sort gives on empty identical
 nodes under the PACK strategy: bundle i on node i // num_gpus_per_node, GPU i % num_gpus_per_node.
 Disaggregated: actor (+ critic) bundles first, then rollout bundles; colocated: rollout engines share
-the actor's bundles (REFERENCE.md §2.1).
+the actor's bundles (docs/clusters.md#placement).
 """
 
 from __future__ import annotations

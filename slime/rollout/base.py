@@ -27,7 +27,7 @@ from slime.types import Sample
 
 @dataclasses.dataclass(kw_only=True)
 class RolloutHooks:
-    """The loaded extension points of the rollout loop (README "Hooks" gives each call shape); None: built-in."""
+    """The loaded extension points of the rollout loop (docs/data-and-rewards.md#custom-code-hooks gives each call shape); None: built-in."""
 
     generate: Callable[..., Any] | None = None  # async (args, sample, sampling_params[, evaluation]) -> Sample
     dynamic_filter: Callable[..., Any] | None = None  # (args, group) -> bool | FilterResult
@@ -149,7 +149,7 @@ class EvalOutput:
 
 
 def as_rollout_output(result: Any, key: str) -> RolloutOutput:
-    """A rollout function's result as a RolloutOutput (a bare list of groups, the seeds' older form, too)."""
+    """A rollout function's result as a RolloutOutput (a bare list of groups, slime's older form, too)."""
     if isinstance(result, RolloutOutput):
         return result
     if isinstance(result, list) and all(isinstance(g, list) for g in result):

@@ -2,8 +2,9 @@
 
 The source walks an offset through the (per-epoch shuffled) dataset; crossing the end starts a new
 epoch with the permutation seeded by `data.seed` + epoch, so the order can be rebuilt from state alone
-(REFERENCE.md §5.2). A FIFO buffer of groups handed back by the rollout (aborted or partial groups) is
-served before fresh prompts, and is part of the saved state, so a resumed run loses no prompt.
+(docs/data-and-rewards.md#epochs-and-the-data-source). A FIFO buffer of groups handed back by the rollout
+(aborted or partial groups) is served before fresh prompts, and is part of the saved state, so a resumed run loses
+no prompt.
 
 Every sample records `prompt_index` (its row in the dataset) and `epoch` (when it was drawn): the
 rollout dumps (`debug.save_rollout_data`) show which prompt was trained in which epoch.

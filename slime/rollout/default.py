@@ -1,4 +1,4 @@
-"""The default rollout function (`rollout.function=default`, REFERENCE.md §6.1).
+"""The default rollout function (`rollout.function=default`, docs/data-and-rewards.md#the-default-rollout-function).
 
 `generate_rollout(args, rollout_id, data_source, evaluation=False)`:
 

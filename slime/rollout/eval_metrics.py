@@ -1,4 +1,4 @@
-"""Eval metrics per named dataset (REFERENCE.md §6.6): mean reward, truncation, length and pass@k."""
+"""Eval metrics per named dataset (docs/data-and-rewards.md#eval): mean reward, truncation, length and pass@k."""
 
 from __future__ import annotations
 

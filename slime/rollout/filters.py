@@ -2,7 +2,7 @@
 
 A filter is `fn(args, group: list[Sample]) -> bool | FilterResult` (`args`: the RolloutContext); a
 dropped group is counted as `rollout/dynamic_filter/drop_<reason>` and replaced by over-sampling
-(REFERENCE.md §6.3).
+(docs/data-and-rewards.md#dynamic-filters).
 """
 
 from __future__ import annotations

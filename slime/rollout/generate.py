@@ -1,9 +1,10 @@
-"""One sample: the default generate function (REFERENCE.md §6.2) and generate -> hooks -> reward.
+"""One sample: the default generate function and generate -> hooks -> reward
+(docs/data-and-rewards.md#generating-one-sample).
 
 `generate(args, sample, sampling_params)` is the default of `rollout.generate_function`: one
 `/generate` call through the router that continues from the sample's tokens (a partial sample resumes
 where it stopped). Custom generate functions build on `call_engine` + `append_engine_output`, which
-keep the alignment invariants of REFERENCE.md §4.3.
+keep the alignment invariants (docs/architecture.md#alignment-invariants).
 """
 
 from __future__ import annotations

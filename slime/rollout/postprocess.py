@@ -12,8 +12,8 @@ from slime.types import Sample, SampleStatus, TrainBatch
 
 
 def post_process_rewards(raw: torch.Tensor, algo: AlgoConfig, n_samples_per_prompt: int) -> torch.Tensor:
-    """Per-sample rewards the trainer turns into advantages (REFERENCE.md §3.1-3.2): the estimator's reward
-    transform (`slime.algo.estimators`), or the raw rewards with algo.disable_rewards_normalization.
+    """Per-sample rewards the trainer turns into advantages (docs/algorithms.md#reward-post-processing): the
+    estimator's reward transform (`slime.algo.estimators`), or the raw rewards with algo.disable_rewards_normalization.
     Tensor[N] in, Tensor[N] out; groups are n consecutive samples."""
     if algo.disable_rewards_normalization:
         return raw
@@ -94,7 +94,7 @@ def _deal_by_tokens(chunk: list[int], samples: list[Sample], dp: int) -> list[in
 
 
 def rollout_metrics(groups: list[list[Sample]], raw: torch.Tensor, n: int) -> dict[str, float]:
-    """Rollout-side metrics of REFERENCE.md §3.13 over the kept samples."""
+    """Rollout-side metrics (docs/tracking.md#metrics) over the kept samples."""
     samples = [s for g in groups for s in g]
     lengths = [s.effective_response_length for s in samples]
     metrics = {

@@ -1,4 +1,4 @@
-"""Reading prompt files: `.jsonl` / `.parquet` records, checked row by row (REFERENCE.md §5.1).
+"""Reading prompt files: `.jsonl` / `.parquet` records, checked row by row (docs/data-and-rewards.md#prompt-files).
 
 Torch-free and cheap to import: config validation calls `read_records` before anything starts, so a
 malformed line, a missing key, a wrong type, non-UTF-8 bytes or an empty file stops the run with exit 2

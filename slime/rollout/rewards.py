@@ -1,8 +1,8 @@
 """The rewards hub: which reward function scores a sample, and what happens when it fails.
 
-Selection order (REFERENCE.md §6.5): per-sample `metadata.custom_rm_path` -> `rollout.custom_rm_path`
--> `metadata.rm_type` -> `rollout.rm_type` (eval datasets pass their own rm_type). Call shapes (the
-seeds'): a custom reward is `rm(args, sample) -> float | dict`, or with `rollout.group_rm` one call per
+Selection order (docs/data-and-rewards.md#rewards): per-sample `metadata.custom_rm_path` -> `rollout.custom_rm_path`
+-> `metadata.rm_type` -> `rollout.rm_type` (eval datasets pass their own rm_type). Call shapes (as
+slime's): a custom reward is `rm(args, sample) -> float | dict`, or with `rollout.group_rm` one call per
 group `rm(args, samples) -> list[float | dict]` (def or async def; `args` is what the rollout function
 passes, the RolloutContext). Built-in types are `fn(response, label, metadata) -> float | dict`,
 registered in `slime.registry.REWARD_TYPES`; `remote_rm` asks the HTTP reward model at `rollout.rm_url`.

@@ -2,7 +2,7 @@
 
 SFT reuses the RL pipeline: a rollout function turns prompt records into `Sample`s whose `tokens`,
 `response_length` and `loss_mask` describe the conversation, and the trainer applies the SFT loss
-(REFERENCE.md §3.12) over the masked response tokens. Nothing is generated and no engine is called.
+(docs/algorithms.md#sft-loss) over the masked response tokens. Nothing is generated and no engine is called.
 
 Mask rule (template-generic; slime has one mask generator per template family, this derives the
 same masks from the chat template itself by rendering prefixes of the conversation):
@@ -21,7 +21,7 @@ The prefix property (the ids of each rendered prefix are a prefix of the full co
 checked; templates that rewrite earlier turns when a message is appended (e.g. Qwen3 dropping the
 reasoning of earlier assistant turns) raise a ValueError naming the message index.
 
-`Sample` layout (REFERENCE.md §4.3 and §3.12): response_length runs from the FIRST mask-1 token to
+`Sample` layout (docs/data-and-rewards.md#sft-data): response_length runs from the FIRST mask-1 token to
 the end of the conversation, and `loss_mask` is the last response_length mask entries, so later
 user/tool turns inside the response carry mask 0.
 """

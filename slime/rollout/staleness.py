@@ -1,4 +1,5 @@
-"""Staleness: how many weight versions behind the trainer a sample's policy was (REFERENCE.md §2.4).
+"""Staleness: how many weight versions behind the trainer a sample's policy was
+(docs/training-loops.md).
 
 Each response token carries the version that generated it (`Sample.token_versions`: a response that spans a
 weight push under train.async=full holds two); a sample's staleness counts its oldest token, and a sample without

@@ -3,8 +3,8 @@
 Protocol: whenever the policy writes "=", its turn ends (a stop string); the calculator evaluates the
 arithmetic expression the policy wrote since the last tool output, in a separate Python process with
 a time limit, and its result is appended to the response as tool tokens: loss mask 0 and a placeholder
-log-prob of 0 (REFERENCE.md §4.3), so training never treats them as the policy's. Generation then
-continues in the same response. At most `rollout.max_turns` engine calls per sample; the response
+log-prob of 0 (docs/architecture.md#alignment-invariants), so training never treats them as the policy's.
+Generation then continues in the same response. At most `rollout.max_turns` engine calls per sample; the response
 budget (`max_new_tokens`) covers the policy's tokens and the tool's alike.
 
 `sample.metadata["tool_spans"]` lists each tool output as [start, end) offsets into the response

@@ -1,12 +1,12 @@
 """The training loop: one object holding the run's parts, its step methods, and the loops they make.
 
-The synchronous loop (REFERENCE.md §2.2), `run_sync`:
+The synchronous loop (docs/architecture.md#synchronous-loop), `run_sync`:
 
     initial weight push -> [eval at 0] -> for each rollout id:
         rollout + rewards -> train (log-probs, advantages, K optimizer steps) -> save if due
         -> weight sync -> log -> eval if due
 
-The one-step-async loop (`train.async=true`, REFERENCE.md §2.4), `run_async`:
+The one-step-async loop (`train.async=true`, docs/architecture.md#one-step-asynchronous-loop), `run_async`:
 
     generate(start) -> for each rollout id k:
         wait for rollout k -> launch generate(k+1) -> train k -> save if due
@@ -141,7 +141,7 @@ class RunLoop:
 
     # ---- the loops -------------------------------------------------------------------------------------------
     def run_sync(self) -> None:
-        """REFERENCE.md §2.2: initial push, eval at 0, then per rollout id: rollout, train, save, sync, log, eval."""
+        """The synchronous loop: initial push, eval at 0, then per rollout id: rollout, train, save, sync, log, eval."""
         self.begin()
         for rollout_id in range(self.start, self.last + 1):
             step = self.begin_step(rollout_id)
@@ -156,7 +156,7 @@ class RunLoop:
             self.finish(step)
 
     def run_async(self) -> None:
-        """REFERENCE.md §2.4 (the module docstring): rollout k+1 is generated while step k trains."""
+        """The one-step-async loop (the module docstring): rollout k+1 is generated while step k trains."""
         self.begin()
         in_flight = self.generate(self.start) if self.start <= self.last else None
         for rollout_id in range(self.start, self.last + 1):
@@ -204,7 +204,7 @@ class RunLoop:
 
     # ---- the steps -------------------------------------------------------------------------------------------
     def begin(self) -> None:
-        """REFERENCE.md §2.2 steps 0-1: the engines get the run's weights (version `start`), then eval at 0.
+        """Steps 0-1 of the loop: the engines get the run's weights (version `start`), then eval at 0.
 
         On a resume (`start` > 0), metrics.jsonl and samples.jsonl are cut back to the checkpoint, and its eval
         runs now when the crash came before it was logged."""
@@ -275,7 +275,7 @@ class RunLoop:
             self.parts.pusher.before_train(rollout_id)
 
     def train(self, step: Step) -> None:
-        """REFERENCE.md §2.2 step 5 on the training groups, timed: `perf/train_time` (s) and its window
+        """The loop's train step on the training groups, timed: `perf/train_time` (s) and its window
         `perf/train_started_at`/`_ended_at`. The phase moves from log_probs (batch, values, log-probs,
         advantages) to train; `step.train_steps` gets the merged actor (+ critic) `train/*` metrics of every
         optimizer step."""
@@ -307,7 +307,7 @@ class RunLoop:
         self.state.events.publish(RunEvent.TRAIN_DONE, rollout_id)
 
     def save_if_due(self, step: Step) -> None:
-        """REFERENCE.md §2.2 step 6: save every `checkpoint.save_interval` rollouts and at the last one.
+        """The loop's save step: save every `checkpoint.save_interval` rollouts and at the last one.
 
         The step's records so far are staged with the checkpoint: a resume logs them if the run dies between
         the save and their logging (slime.tracking.continuity). Every role and the data source are saved, plus
@@ -347,7 +347,7 @@ class RunLoop:
             step.metrics["perf/sync_wait_time"] = time.perf_counter() - wait_start
 
     def push_weights(self, step: Step) -> None:
-        """REFERENCE.md §2.2 step 7: push the weights step `rollout_id` trained (version rollout_id + 1)."""
+        """The loop's weight sync: push the weights step `rollout_id` trained (version rollout_id + 1)."""
         if self.parts.pusher is None:
             return
         step.metrics.update(self.parts.pusher.sync(weight_version=step.rollout_id + 1))
@@ -355,7 +355,7 @@ class RunLoop:
         self.state.events.publish(RunEvent.WEIGHTS_PUSHED, step.rollout_id)
 
     def finish(self, step: Step) -> None:
-        """Log the step (its optimizer steps, its metrics, sample previews), then eval when due (§2.2 step 8)."""
+        """Log the step (its optimizer steps, its metrics, sample previews), then eval when due."""
         rollout_id, metrics, tracker = step.rollout_id, step.metrics, self.parts.tracker
         metrics["perf/step_time"] = time.perf_counter() - step.started
         if "perf/engine_idle_time" not in metrics and "perf/rollout_time" in metrics:  # the stream measures its own

@@ -17,7 +17,7 @@ from slime.runtime.interrupts import kill_descendants
 logger = logging.getLogger(__name__)
 HEAD_CONNECT_TIMEOUT_S = 10.0  # a live head's GCS accepts at once; a firewall that drops packets takes this long
 
-# Workers read these at import time (REFERENCE.md §10.1). A local cluster's raylet and so every worker
+# Workers read these at import time, before any config reaches them. A local cluster's raylet and so every worker
 # inherit them from the driver's environment at `ray.init`; a joined cluster gets them as the job's
 # runtime env, which costs each worker a round trip to the runtime-env agent and keeps Ray's
 # pre-started workers unused (about 1 CPU-second per worker on a 2-core box).

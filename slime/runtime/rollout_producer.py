@@ -1,11 +1,12 @@
 """The rollout manager's torch side: prompts in, one `TrainBatch` per data-parallel rank out.
 
 It owns the tokenizer, the prompt data sources (train and eval), the rollout functions, hooks and rewards; it runs
-the configured rollout function, post-processes rewards (group normalisation, REFERENCE.md §3.1), splits the step's
-samples over the data-parallel ranks, evaluates, and saves or restores the data source's cursor and this process's
-generators with a checkpoint. Only the rollout manager's actor process imports it (torch and transformers, ~2
-CPU-seconds): the manager builds it from its import path once its engines were launched
-(slime.runtime.rollout_manager), so the driver, which imports the manager to define the actor, loads no torch.
+the configured rollout function, post-processes rewards (group normalisation,
+docs/algorithms.md#reward-post-processing), splits the step's samples over the data-parallel ranks, evaluates, and
+saves or restores the data source's cursor and this process's generators with a checkpoint. Only the rollout
+manager's actor process imports it (torch and transformers, ~2 CPU-seconds): the manager builds it from its import
+path once its engines were launched (slime.runtime.rollout_manager), so the driver, which imports the manager to
+define the actor, loads no torch.
 """
 
 from __future__ import annotations

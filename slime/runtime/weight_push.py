@@ -1,6 +1,6 @@
 """Getting new weights into the engines: the colocated memory hand-off and restarted engines.
 
-Colocated (`cluster.colocate=true`, REFERENCE.md §2.3), in this exact order:
+Colocated (`cluster.colocate=true`, docs/architecture.md#colocated-hand-off), in this exact order:
 
     push:         train offload -> engines resume "weights" -> weight sync -> engines resume "kv_cache", "cuda_graph"
     before train: engines flush + release every tag -> train onload

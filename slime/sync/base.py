@@ -1,4 +1,4 @@
-"""`WeightSync`: how a trainer's new weights reach the engines (REFERENCE.md §8).
+"""`WeightSync`: how a trainer's new weights reach the engines (docs/engines.md#weight-sync).
 
 One class per `rollout.weight_sync.mode`, registered in `slime.registry.WEIGHT_SYNC`. A sync object
 lives on the trainer's source rank; the train backend feeds it the iterator of HF-named tensor buckets

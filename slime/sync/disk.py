@@ -1,4 +1,4 @@
-"""Disk weight sync (REFERENCE.md §8.3): HF safetensors in a directory, every engine reloads from it.
+"""Disk weight sync (docs/engines.md#disk-mode): HF safetensors in a directory, every engine reloads from it.
 
     <work_dir>/weights/weight_v000003/   safetensors + index + config, deleted after the engines
                                          loaded it unless `rollout.weight_sync.keep`

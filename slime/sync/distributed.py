@@ -1,4 +1,4 @@
-"""Distributed weight sync (REFERENCE.md §8.2): the trainer's source rank broadcasts into every engine.
+"""Distributed weight sync (docs/engines.md#distributed-mode): the trainer's source rank broadcasts into every engine.
 
     group:      trainer = rank 0, engine e's TP ranks = rank_offset(e) .. + tp_size(e) - 1,
                 world size 1 + sum of engine TP sizes; gloo on CPU, NCCL on CUDA (`slime.wire.weight_group`)

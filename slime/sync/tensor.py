@@ -1,4 +1,4 @@
-"""Colocated "tensor" weight sync (REFERENCE.md §8.1): buckets handed over in memory, on the same node.
+"""Colocated "tensor" weight sync (docs/engines.md#tensor-mode): buckets handed over in memory, on the same node.
 
 Per bucket: flatten the bucket's tensors into one fresh byte buffer, shared memory on CPU or a CUDA buffer
 on GPU, serialised as SGLang reads it (`slime.wire.bucket_codec`), then POST /update_weights_from_tensor

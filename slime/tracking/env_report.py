@@ -1,4 +1,4 @@
-"""The environment report logged once per run (REFERENCE.md §11-12): versions, GPUs, git, seeds.
+"""The environment report logged once per run (docs/tracking.md#environment-report): versions, GPUs, git, seeds.
 
 Torch-free: package versions come from installed metadata (nothing is imported), the GPU model and
 driver from `nvidia-smi` when it exists, the commit from `git`. Written to `<run dir>/env.json` and

@@ -1,4 +1,4 @@
-"""How a run is named in the tracker (REFERENCE.md §11), and the run id kept with its checkpoints.
+"""How a run is named in the tracker (docs/tracking.md#wandb), and the run id kept with its checkpoints.
 
     project   logger.wandb.project
     group     logger.wandb.group, else the sweep (its directory, `<date>_<time>`), else the experiment

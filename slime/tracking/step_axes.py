@@ -1,4 +1,4 @@
-"""Step axes (REFERENCE.md §11): the counter each metric family is plotted against, and wandb's own step.
+"""Step axes (docs/tracking.md#step-axes): the counter each metric family is plotted against, and wandb's own step.
 
 Shared by the wandb run and the TensorBoard sink; pure Python.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# Step axes (REFERENCE.md §11): each metric family is plotted against its own counter.
+# Step axes: each metric family is plotted against its own counter.
 STEP_AXES = {
     "train/*": "train/step",
     "rollout/*": "rollout/step",

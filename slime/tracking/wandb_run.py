@@ -21,7 +21,7 @@ from slime.tracking.wandb_mode import resolve_mode
 
 def _wandb():
     """The wandb module, imported only for a run that logs to it."""
-    import wandb  # optional library: the lent GPU image has none, and logger.wandb.mode=disabled runs without it
+    import wandb  # optional library: a minimal GPU image may lack it, and logger.wandb.mode=disabled runs without it
 
     return wandb
 

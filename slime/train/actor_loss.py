@@ -1,6 +1,6 @@
 """The actor's loss for one micro-batch, assembled from `slime.algo` (shared by every backend).
 
-loss = pg_loss − entropy_coef·entropy_loss + kl_loss_coef·kl_loss (REFERENCE.md §3.8), each term
+loss = pg_loss − entropy_coef·entropy_loss + kl_loss_coef·kl_loss (docs/algorithms.md#total-actor-loss), each term
 reduced with step-level token weights, so summing micro-batch values over micro-batches and ranks
 gives the step value exactly. The estimator's record chooses pg_loss (SFT: the masked negative log-likelihood).
 """
@@ -17,12 +17,12 @@ from slime.algo.off_policy import mismatch_terms, opsm_mask, tis_weights
 from slime.algo.reduction import reduce
 from slime.config.schema import AlgoConfig
 
-# the per-token metrics a policy loss may return, and the names they are logged under (REFERENCE.md §3.13)
+# the per-token metrics a policy loss may return, and the names they are logged under (docs/tracking.md#metrics)
 POLICY_LOSS_METRICS = (("clipfrac", "pg_clipfrac"), ("ppo_kl", "ppo_kl"))
 
 
 def reduction_mode(algo: AlgoConfig) -> str:
-    """per_token with calculate_per_token_loss, else per_sample (REFERENCE.md §3.11)."""
+    """per_token with calculate_per_token_loss, else per_sample (docs/algorithms.md#loss-reduction)."""
     return "per_token" if algo.calculate_per_token_loss else "per_sample"
 
 
@@ -44,7 +44,7 @@ def actor_loss(
 
     `weights` reduce every term; `pg_weights` reduce the policy-gradient term only (they differ for
     Dr.GRPO's constant-length reducer). Returns the scalar loss (with gradient) and detached scalar
-    metrics named as in REFERENCE.md §3.13 without the `train/` prefix, each a partial sum of the
+    metrics named as in docs/tracking.md#metrics without the `train/` prefix, each a partial sum of the
     step value.
     """
     pg_loss, metrics = _policy_gradient_loss(

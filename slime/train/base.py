@@ -1,10 +1,10 @@
-"""`TrainBackend`: the interface every training backend implements (fsdp today, megatron next), actor
+"""`TrainBackend`: the interface every training backend implements (fsdp and megatron), actor
 and critic alike; each rank receives a `TrainSetup` (`slime.train.train_setup`).
 
 Backends are plain Python classes: the runtime wraps one per training rank in a Ray actor and sends
 every rank of a group the same calls in the same order; GPU tests drive them directly.
 
-One rollout step, as the driver calls it (REFERENCE.md §2.2 step 5):
+One rollout step, as the driver calls it (docs/architecture.md#synchronous-loop):
 
     load_batch(rollout_id, shard)       every rank of data-parallel shard d receives shard d
     compute_values()                    critic: per-sample values            -> actor.set_column("values")

@@ -1,6 +1,6 @@
 """Micro-batching of a `TrainBatch`: which samples of an optimizer step share a forward/backward.
 
-Two modes (REFERENCE.md §1): fixed `micro_batch_size` samples, or dynamic bins of at most
+Two modes (docs/architecture.md#batch-vocabulary): fixed `micro_batch_size` samples, or dynamic bins of at most
 `max_tokens_per_gpu` tokens (prompt + response), which wins when set. Step-level loss weights make the
 step's losses and gradients independent of the split either way.
 """

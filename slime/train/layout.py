@@ -1,4 +1,4 @@
-"""Training ranks as data: parallel sizes and each rank's coordinates (DESIGN.md §5).
+"""Training ranks as data: parallel sizes and each rank's coordinates (docs/architecture.md#ranklayout).
 
 Rank order, fastest-varying first: tp, cp, dp, pp (Megatron's default order with ep folded into
 the data-parallel ranks, as slime runs it). So ranks 0..tp-1 are one tensor-parallel group, and the

@@ -1,4 +1,5 @@
-"""Packed micro-batches: the samples of one micro-batch as a single [1, T] stream (REFERENCE.md §9.4).
+"""Packed micro-batches: the samples of one micro-batch as a single [1, T] stream
+(docs/architecture.md#packed-micro-batches).
 
 Samples are concatenated without padding, positions restart at 0 for each sample, and attention runs
 per sample over `cu_seqlens`, so no token ever attends to another sample's tokens and the results equal
@@ -41,7 +42,8 @@ class Packed:
     input_ids / position_ids: Tensor[1, T] int64, T = the samples' total token count (prompt + response).
     cu_seqlens: Tensor[n+1] int32, [0, L1, L1+L2, ...]; max_length: the longest sample in tokens.
     rows: Tensor[N] int64, stream positions whose outputs score the N response tokens (sample order);
-    targets: Tensor[N] int64, the response token ids they score (REFERENCE.md §3.4's alignment).
+    targets: Tensor[N] int64, the response token ids they score (the alignment:
+    docs/algorithms.md#log-probs-and-the-reuse-rule).
     """
 
     input_ids: Tensor

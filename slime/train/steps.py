@@ -177,7 +177,7 @@ class ActorSteps(BatchColumns):
 
 
 class CriticSteps(BatchColumns):
-    """The critic's micro-batch loss (REFERENCE.md §3.10)."""
+    """The critic's micro-batch loss (docs/algorithms.md#value-loss)."""
 
     def _check_critic_columns(self) -> None:
         if "values" not in self.columns or "returns" not in self.columns:

@@ -1,4 +1,5 @@
-"""Advantages and returns for every estimator, on one rank's flat response tokens (REFERENCE.md §3.2-3.3).
+"""Advantages and returns for every estimator, on one rank's flat response tokens
+(docs/algorithms.md#advantage-estimators).
 
 Rewards arrive post-processed by the rollout manager (the estimator's `reward_transform`); the estimator's
 record (`slime.algo.estimators`) turns them into per-token advantages.

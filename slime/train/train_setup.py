@@ -89,8 +89,9 @@ def frozen_checkpoints(cfg: RunConfig) -> dict[str, str]:
 
 
 def needs_old_log_probs(algo: AlgoConfig, num_steps_per_rollout: int) -> bool:
-    """REFERENCE.md §3.4's reuse rule, negated: with one optimizer step per rollout and nothing but the
-    loss reading ℓ_old, ℓ_old := stopgrad(ℓ) of the training pass itself and no forward-only pass runs.
+    """The reuse rule (docs/algorithms.md#log-probs-and-the-reuse-rule), negated: with one optimizer step per
+    rollout and nothing but the loss reading ℓ_old, ℓ_old := stopgrad(ℓ) of the training pass itself and no
+    forward-only pass runs.
 
     Engine log-probs as ℓ_old (`use_rollout_logprobs`) need none either. On-policy distillation reads the
     student's ℓ_old before the training pass, in its advantages. Routing replay `train` records the routes

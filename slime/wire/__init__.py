@@ -6,5 +6,6 @@
     bare_group.py     the bare gloo/NCCL group vLLM's weight transfer uses (the CPU fake's and the trainer's end)
     hf_dir.py         an HF checkpoint directory written from buckets (the disk sync, `checkpoint.save_hf`)
 
-A leaf (DESIGN.md §3): `slime.train`, `slime.sync` and `slime.engine` import it; it imports no slime package.
+A leaf (docs/architecture.md#import-rules): `slime.train`, `slime.sync` and `slime.engine` import it; it imports no
+slime package.
 """

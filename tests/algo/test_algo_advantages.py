@@ -1,4 +1,4 @@
-"""Tests for slime.algo.advantages (REFERENCE §3.2, §3.3)."""
+"""Tests for slime.algo.advantages (docs/algorithms.md#advantage-estimators, #advantage-whitening)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Tests for slime.algo.kl (REFERENCE §3.7 table)."""
+"""Tests for slime.algo.kl (docs/algorithms.md#kl-estimators: its examples)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Tests for slime.algo.logprobs (REFERENCE §3.4)."""
+"""Tests for slime.algo.logprobs (docs/algorithms.md#log-probs-and-the-reuse-rule)."""
 
 import math
 

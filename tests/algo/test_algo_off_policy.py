@@ -1,4 +1,5 @@
-"""Tests for slime.algo.off_policy (REFERENCE §3.9) and CISPO's loss against slime's own functions.
+"""Tests for slime.algo.off_policy (docs/algorithms.md#importance-weights-tis) and CISPO's loss against slime's own
+functions.
 
 The golden numbers marked "slime" are the outputs of slime's functions (github:THUDM/slime at 624b824:
 `slime/utils/ppo_utils.py` compute_cispo_loss and compute_opsm_mask, `examples/train_infer_mismatch_helper/mis.py`
@@ -196,7 +197,7 @@ def test_mismatch_terms_reduced_per_sample_equal_slime():
     assert got["train_rollout_logprob_abs_diff"] == pytest.approx(abs_diff, rel=1e-12)
 
 
-# ---------------------------------------------------------------- TIS (§3.9)
+# ---------------------------------------------------------------- TIS
 def test_tis_truncate_reference():
     # diffs [0.2, 1.0, -3.0, 0.0]; ratio = exp(diff); clamp to [0.1, 2.0]
     old = t([0.2, 1.0, -3.0, 0.0], requires_grad=True)

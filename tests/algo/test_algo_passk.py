@@ -1,4 +1,4 @@
-"""Tests for slime.algo.passk (REFERENCE §6.6)."""
+"""Tests for slime.algo.passk (docs/data-and-rewards.md#eval)."""
 
 import math
 

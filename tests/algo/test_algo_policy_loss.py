@@ -1,4 +1,4 @@
-"""Tests for slime.algo.policy_loss (REFERENCE §3.2 CISPO, §3.5, §3.6)."""
+"""Tests for slime.algo.policy_loss (PPO clip, GSPO, CISPO: docs/algorithms.md#policy-loss)."""
 
 import math
 
@@ -15,7 +15,7 @@ def t(xs, **kw):
     return torch.tensor(xs, dtype=D, **kw)
 
 
-# ---------------------------------------------------------------- PPO clip (§3.5 table)
+# ---------------------------------------------------------------- PPO clip (its examples)
 RATIOS = [1.5, 0.5, 0.5, 5.0]
 ADVS = [1.0, 1.0, -1.0, -1.0]
 
@@ -70,7 +70,7 @@ def test_ppo_identical_policies_ratio_one():
     assert_close(out["loss"], t([-0.5, 2.0]), rtol=0, atol=0)
 
 
-# ---------------------------------------------------------------- GSPO (§3.6)
+# ---------------------------------------------------------------- GSPO
 def test_gspo_reference_example():
     # diffs [0.1, -0.3] -> s = -0.2/2 = -0.1 -> rho = exp(-0.1) on both tokens
     s = gspo_log_ratio(t([0.1, -0.3]), t([0.0, 0.0]), t([1, 1]), [2])

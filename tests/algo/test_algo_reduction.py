@@ -1,4 +1,4 @@
-"""Tests for slime.algo.reduction (REFERENCE §3.11): values, edge cases, micro-batch invariance."""
+"""Tests for slime.algo.reduction (docs/algorithms.md#loss-reduction): values, edge cases, micro-batch invariance."""
 
 import pytest
 import torch
@@ -144,7 +144,7 @@ def _step(mode, splits):
 @pytest.mark.parametrize("mode", ["per_sample", "per_token"])
 def test_micro_batch_invariance(mode):
     one, g_one, (feats, old, ref, adv, mask, theta) = _step(mode, [])
-    # direct definition from §3.11
+    # direct definition (docs/algorithms.md#loss-reduction)
     x = _token_loss(theta.detach(), feats, old, ref, adv)
     if mode == "per_token":
         direct = (x * mask).sum() / mask.sum()

@@ -1,4 +1,4 @@
-"""Tests for slime.algo.rewards (REFERENCE §3.1 table, §3.2 rloo)."""
+"""Tests for slime.algo.rewards (docs/algorithms.md#reward-post-processing, rloo)."""
 
 import math
 

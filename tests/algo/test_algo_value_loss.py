@@ -1,4 +1,4 @@
-"""Tests for slime.algo.value_loss (REFERENCE §3.10)."""
+"""Tests for slime.algo.value_loss (docs/algorithms.md#value-loss)."""
 
 import pytest
 import torch

@@ -332,7 +332,7 @@ def test_removing_an_estimator_restores_the_listing():
 
 
 def test_no_site_compares_the_estimator_name_with_a_literal():
-    """The acceptance grep of issue 24: every choice goes through the record."""
+    """No code chooses by comparing the name: every choice goes through the record."""
     root = Path(__file__).resolve().parents[2] / "slime"
     pattern = re.compile(r"advantage_estimator\s*(==|!=|not in|in)\s*[\"'(\[]")
     hits = [

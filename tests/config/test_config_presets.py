@@ -67,7 +67,7 @@ PRODUCTION = {
     "parallelism.max_tokens_per_gpu": 16384,
     "parallelism.gradient_checkpointing": True,
 }
-# The seeds' run is the production stack: megatron training (every layer recomputed, as the seeds' flags), SGLang
+# slime's quick start is the production stack: megatron training (every layer recomputed, as slime's flags), SGLang
 # engines (weights broadcast: disaggregated).
 PRODUCTION_STACK = {
     "parallelism.backend": "megatron",
@@ -116,7 +116,7 @@ def test_embedded_config_is_the_golden_one():
 
 @pytest.mark.parametrize("model,name", [("qwen3_4b", "Qwen3-4B"), ("qwen3_1_7b", "Qwen3-1.7B")])
 def test_production_model_composes_the_seeds_run(model, name):
-    """model=qwen3_4b algo=grpo: the seeds' quick start on one 8-GPU node (4 train + 4 rollout), megatron + SGLang."""
+    """model=qwen3_4b algo=grpo: slime's quick start on one 8-GPU node (4 train + 4 rollout), megatron + SGLang."""
     printed = cfg_job(f"model={model}", "algo=grpo")
     assert {key: lookup(printed, key) for key in PRODUCTION} == PRODUCTION
     assert {key: lookup(printed, key) for key in PRODUCTION_STACK} == PRODUCTION_STACK

@@ -114,7 +114,7 @@ def test_wrong_types_are_refused_when_composing(override, key):
     ],
 )
 def test_a_logger_package_missing_is_found_before_the_run(overrides, key, fix, tmp_path, monkeypatch):
-    """A machine without wandb (the lent GPU image has none): an error at start-up, not an ImportError after the
+    """A machine without wandb (a minimal GPU image may lack it): an error at start-up, not an ImportError after the
     cluster and engines have started; with the sink disabled, the same machine runs."""
     find_spec = importlib.util.find_spec
     missing = {"wandb", "tensorboard"}

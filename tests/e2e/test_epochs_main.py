@@ -1,8 +1,8 @@
 """main.py over two epochs with over-sampling, aborts and partial rollout: each prompt trained once per epoch;
 the progress display shows each rollout's groups.
 
-Issue 10's acceptance at a CPU test's size (16 prompts, batch 4 of 6 over-sampled groups, 2 epochs -> 8
-rollout steps); the full-size command and its numbers are in the README ("Data").
+The epoch semantics of docs/data-and-rewards.md#epochs-and-the-data-source at a CPU test's size (16 prompts, batch
+4 of 6 over-sampled groups, 2 epochs -> 8 rollout steps).
 """
 
 from __future__ import annotations

@@ -105,8 +105,9 @@ def test_served_models_external_router_and_engine_and_kill_9_mid_rollout(tmp_pat
 
 def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
     """cluster.colocate=true, two training ranks and one engine of TP 2 on their two devices: the driver's
-    hand-off steps (logged in main.log) and the engine's own request log follow REFERENCE.md §2.3; each TP rank
-    gets the bucket staged by the training rank on its device; the engine runs the trainer's weights."""
+    hand-off steps (logged in main.log) and the engine's own request log follow
+    docs/architecture.md#colocated-hand-off; each TP rank gets the bucket staged by the training rank on its device;
+    the engine runs the trainer's weights."""
     run_dir = tmp_path / "run"
     cmd = main_argv(run_dir, *FAKE_SGLANG, *SMALL)
     cmd += ["train.num_rollout=2", "cluster.colocate=true", "rollout.weight_sync.mode=tensor"]

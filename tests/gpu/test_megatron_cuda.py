@@ -1,7 +1,7 @@
 """GPU tier: the megatron backend on CUDA in bf16 (varlen attention), against transformers on the same weights.
 
 A small Qwen3 shape (4 layers, hidden 512, 8 query / 4 KV heads of 64, vocab 4096), and the Qwen3-1.7B shape
-with random weights (issue 7's acceptance shape), both created locally. Prints the mean absolute log-prob
+with random weights (the benchmarks' shape), both created locally. Prints the mean absolute log-prob
 difference: bf16 rounding, not a different model (on the 1.7B shape, megatron in fp32 is checked against
 transformers in fp32 too). The small shape's bar is 0.02.
 """
@@ -76,14 +76,15 @@ def test_bf16_log_probs_match_transformers_and_a_step_trains(tmp_path):
 
 
 def test_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
-    """Qwen3-1.7B shape, random weights. In fp32 megatron is transformers' model (1e-4). In bf16 the mean
-    |log-prob diff| to transformers' bf16 run is printed (issue 7's figure); asserted is that megatron's bf16 error
-    against the exact fp32 values is no larger than transformers' own bf16 error, plain and with compiled layers
-    (inductor, forward and backward). Measured on an H200 (2026-11-27): megatron bf16 vs transformers bf16 0.0265;
-    against the fp32 values megatron bf16 0.0266, transformers bf16 0.0271, transformers under bf16 autocast 0.0219:
-    at this depth with random weights, bf16 rounding moves log-probs by about 0.027 in either implementation, and
-    moving one rounding point moves them as far: transformers with its SwiGLU rounded once instead of twice is 0.020
-    off its own bf16 run (CPU, 28 layers, 2026-11-27), so only a bit-identical implementation would be closer."""
+    """Qwen3-1.7B shape, random weights. In fp32 megatron is transformers' model (1e-4). In bf16 the mean |log-prob
+    diff| to transformers' bf16 run is printed (docs/performance.md#numerical-parity-of-the-backends); asserted is that
+    megatron's bf16 error against the exact fp32 values is no larger than transformers' own bf16 error, plain and with
+    compiled layers (inductor, forward and backward). Measured on an H200 (2026-11-27): megatron bf16 vs transformers
+    bf16 0.0265; against the fp32 values megatron bf16 0.0266, transformers bf16 0.0271, transformers under bf16
+    autocast 0.0219: at this depth with random weights, bf16 rounding moves log-probs by about 0.027 in either
+    implementation, and moving one rounding point moves them as far: transformers with its SwiGLU rounded once instead
+    of twice is 0.020 off its own bf16 run (CPU, 28 layers, 2026-11-27), so only a bit-identical implementation would be
+    closer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from slime.assets.tiny_model import hf_config_dict

@@ -1,6 +1,6 @@
 """GPU tier: `python main.py ... cluster=one_gpu` on the bench's Qwen3-1.7B shape logs `perf/mfu` every step, and the
 last step's agrees with `tools/bench_train.py`'s MFU for the same batch (the run's dump of that step), measured
-right after on the same GPU, within 5% (two H200s of the lent kind differed by 8% on one batch).
+right after on the same GPU, within 5% (two H200s of one kind differed by 8% on one batch).
 
 Each backend once, with the bench variant's settings (no recompute, no compiled layers, 16k tokens per micro-batch):
 7 digit-task prompts x 2 samples of 512 generated tokens from random weights (no end token comes), one optimizer step
@@ -20,7 +20,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
-    pytest.skip("GPU tier: a main.py run on a CUDA device (run on the lent GPU, see README)", allow_module_level=True)
+    pytest.skip("GPU tier: a main.py run on a CUDA device (docs/testing.md#the-gpu-tier)", allow_module_level=True)
 
 from tests.helpers.bench_shapes import write_bench_model  # noqa: E402
 from tests.helpers.compose import ROOT  # noqa: E402

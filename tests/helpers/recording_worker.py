@@ -1,7 +1,7 @@
 """A stand-in SGLang worker that records what reaches it: the thing behind a real router in router contract tests.
 
 `RecordingWorker(model_path).start()` serves, on a thread of its own, what sglang-router 0.3.2 asks of a
-worker when it registers one (REFERENCE.md §7.3: GET /health, /server_info, /model_info, then a tokenizer
+worker when it registers one (docs/architecture.md#router: GET /health, /server_info, /model_info, then a tokenizer
 load from the reported `model_path`, so give it a real model directory) and `POST /generate`, answered in
 SGLang's shape (one sampled token), or with 503 while `failing` is set. Every request is recorded as
 `(method, path, body)` in arrival order.

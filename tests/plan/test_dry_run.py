@@ -249,7 +249,7 @@ def test_cli_dry_run_exits_0_without_importing_ray():
     assert "RAY_IMPORTED False" in proc.stdout
 
 
-# ---- what this machine lacks is planned, not refused (issue 24, 6b) -------------------------------------------------
+# ---- what this machine lacks is planned, not refused -------------------------------------------------------------
 def run_main(*overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "main.py", *overrides], cwd=ROOT, capture_output=True, text=True, timeout=180

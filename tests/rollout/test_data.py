@@ -24,7 +24,7 @@ from slime.rollout.prompt_file import DataFileError, RecordKeys, read_records
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import ROOT, typed_config
 
-# The seeds' example record (Usage Guide, "Data Format"), as one JSONL line.
+# slime's example record (its usage guide, "Data Format"), as one JSONL line.
 SEED_RECORD = {
     "prompt": [
         {

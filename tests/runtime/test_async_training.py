@@ -1,5 +1,5 @@
-"""train.async=true, the one-step-async loop (REFERENCE.md §2.4): staleness bookkeeping, its schedule, the
-checkpointed cursor of the in-flight rollout, the colocated refusal (a real run that overlaps:
+"""train.async=true, the one-step-async loop (docs/architecture.md#one-step-asynchronous-loop): staleness bookkeeping,
+its schedule, the checkpointed cursor of the in-flight rollout, the colocated refusal (a real run that overlaps:
 tests/e2e/test_async_run.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Training data flows one way, by reference (issue 24): the rollout manager's shards reach every rank of their
-data-parallel shard, and the critic's values reach the actor (its returns the critic), without the driver
+"""Training data flows one way, by reference (docs/architecture.md#data-flow): the rollout manager's shards reach every
+rank of their data-parallel shard, and the critic's values reach the actor (its returns the critic), without the driver
 fetching them. A real Ray session: the rollout manager replays a dump (no engines), the ranks record what they get.
 """
 

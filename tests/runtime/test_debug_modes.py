@@ -1,7 +1,7 @@
 """debug=rollout_only (no trainer) and debug=train_only (no engines, trains from rollout dumps).
 
-Their validation here; the workflow the README gives (a rollout_only run dumps its samples, a train_only run
-trains from them) runs end to end in tests/e2e/test_debug_mode_runs.py."""
+Their validation here; the workflow docs/troubleshooting.md#debug-modes gives (a rollout_only run dumps its samples,
+a train_only run trains from them) runs end to end in tests/e2e/test_debug_mode_runs.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Fault tolerance against SGLang's rules (issue 22): the probe timeout outlasts SGLang's own /health timeout
-(validation); the fleet probes only while the engines serve, so a weight push longer than the probe timeout
-restarts no engine; a restarted engine is released before the push resumes its weights (colocation)."""
+"""Fault tolerance against SGLang's rules (docs/engines.md#fault-tolerance): the probe timeout outlasts SGLang's own
+/health timeout (validation); the fleet probes only while the engines serve, so a weight push longer than the probe
+timeout restarts no engine; a restarted engine is released before the push resumes its weights (colocation)."""
 
 from __future__ import annotations
 

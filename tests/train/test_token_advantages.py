@@ -97,7 +97,7 @@ def test_grpo_broadcasts_and_truncated_samples_are_not_special():
 
 
 def test_reinforce_plus_plus_reference_example():
-    # REFERENCE §3.2: kl = [0.1, 0, 0.2] (k1 = old − ref), kl_coef 0.5, r = 1, γ = 1
+    # docs/algorithms.md#advantage-estimators: kl = [0.1, 0, 0.2] (k1 = old − ref), kl_coef 0.5, r = 1, γ = 1
     # ρ = [−0.05, 0, −0.1 + 1] -> G = [0.85, 0.9, 0.9]; no whitening here to see the raw returns
     old = t(-1.0, -1.0, -1.0)
     ref = old - t(0.1, 0.0, 0.2)
@@ -120,7 +120,8 @@ def test_reinforce_plus_plus_baseline_and_whitening():
 
 
 def test_ppo_gae_reference_example():
-    # REFERENCE §3.2: V = [0.2, 0.4, 0.6], r = 1, γ = 1, λ = 0.9 -> A = [0.704, 0.56, 0.4], R = A + V
+    # docs/algorithms.md#advantage-estimators:
+    # V = [0.2, 0.4, 0.6], r = 1, γ = 1, λ = 0.9 -> A = [0.704, 0.56, 0.4], R = A + V
     adv, returns, _ = advantages(algo("ppo", lambd=0.9), t(1.0), [3], values=t(0.2, 0.4, 0.6))
     torch.testing.assert_close(adv, t(0.704, 0.56, 0.4))
     torch.testing.assert_close(returns, t(0.904, 0.96, 1.0))

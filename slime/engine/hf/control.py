@@ -1,4 +1,4 @@
-"""The hf engine's control routes, with SGLang 0.5.23's rules (REFERENCE.md §7.2).
+"""The hf engine's control routes, with SGLang 0.5.23's rules (docs/architecture.md#engine-routes).
 
   GET  /health, /health_generate       `sglang/srt/entrypoints/http_server.py:health_generate`: a one-token
                                        generation joins the queue; 200 as soon as any token is sampled after

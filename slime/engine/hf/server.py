@@ -1,4 +1,5 @@
-"""The built-in engine server: a transformers model behind SGLang 0.5.23's HTTP contract (REFERENCE §7.2).
+"""The built-in engine server: a transformers model behind SGLang 0.5.23's HTTP contract
+(docs/architecture.md#http-contracts).
 
 Run: `python -m slime.engine.hf.server --model-path P --host 127.0.0.1 --port PORT ...` (the engine
 launcher reserves PORT, as it does for SGLang). Logs go to stderr; SIGTERM/SIGINT exit cleanly (status 0).

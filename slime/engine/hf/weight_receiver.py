@@ -1,4 +1,5 @@
-"""The hf engine's side of the tensor and distributed weight syncs, in SGLang 0.5.23's dialect (REFERENCE.md §8).
+"""The hf engine's side of the tensor and distributed weight syncs, in SGLang 0.5.23's dialect
+(docs/engines.md#weight-sync).
 
     /begin_weight_update              open the update session (tensor and distributed updates need one)
     /end_weight_update                close it

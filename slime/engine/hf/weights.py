@@ -1,4 +1,4 @@
-"""Strict loading of HF-named safetensors into a live transformers model (disk weight sync, §8.3).
+"""Strict loading of HF-named safetensors into a live transformers model (docs/engines.md#disk-mode).
 
 Every `*.safetensors` file of the directory is read (an index json, if any, is not needed). The set
 of tensor names must equal the model's own checkpoint names (those `save_pretrained` writes, a MoE layer's

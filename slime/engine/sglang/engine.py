@@ -6,7 +6,7 @@ size, host and the reserved ports, seed, memory saver, ...) from the launch, the
 overridden by every `rollout.sglang` field and the server group's overrides. The server runs with the
 engine's GPUs as CUDA_VISIBLE_DEVICES (so base_gpu_id is 0), without PYTORCH_CUDA_ALLOC_CONF or its newer
 name PYTORCH_ALLOC_CONF (expandable segments break SGLang's memory saver) and with NCCL_CUMEM_ENABLE=0
-(REFERENCE.md §7.1).
+(docs/architecture.md#launching-an-sglang-server).
 
 Nothing here imports sglang: the server is a child process. `launch_module` swaps the entry point for a
 server that parses the same CLI (the CPU tests' fake, `tests/fakes/fake_sglang.py`).
@@ -65,7 +65,7 @@ class SGLangEngine(EngineServer):
         return max(len(self.launch_spec.gpu_ids), 1)
 
     def owned_args(self, ports: list[int]) -> dict[str, Any]:
-        """The ServerArgs the framework decides (REFERENCE.md §7.1), by field name."""
+        """The ServerArgs the framework decides (docs/architecture.md#launching-an-sglang-server), by field name."""
         launch, cfg = self.launch_spec, self.config
         pp = int(cfg.server_args.get("pp_size", 1) or 1)
         nodes = launch.node_slice.num_nodes if launch.node_slice is not None else 1  # tp spans every node's GPUs

@@ -7,7 +7,8 @@ SGLang's own parser registers for it (`ServerArgs.add_cli_args`; regenerate with
 name, `--x` / `--no-x` for BooleanOptionalAction, one JSON word for fields whose argparse type parses JSON.
 `check_server_args` refuses what that command line cannot carry: fields without a flag, values outside the
 recorded choices or of the wrong type, values a flag cannot express. Fields the framework sets itself
-(`OWNED_FIELDS`) are refused too: each is decided by another config key or by the runtime (REFERENCE.md §7.1).
+(`OWNED_FIELDS`) are refused too: each is decided by another config key or by the runtime
+(docs/architecture.md#launching-an-sglang-server).
 
 Importing this module never imports sglang.
 """

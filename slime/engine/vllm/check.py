@@ -3,7 +3,7 @@ slime/plan/validate.py before anything starts. vllm itself is never imported her
 pinned field list, or the installed wheel's parser).
 
     rollout.vllm   vLLM server arguments the framework does not own (slime.engine.vllm.engine_args); also every
-                   server group's `overrides`, and `prefill_num_servers` (the seeds' --prefill-num-servers)
+                   server group's `overrides`, and `prefill_num_servers` (slime's --prefill-num-servers)
     on CPU         what a vLLM server on CPU cannot do (slime.engine.vllm.cpu)
     the router     vllm-router's own parser
 """
@@ -88,7 +88,7 @@ def _engine_arg_problems(prefix: str, args: dict) -> list[Problem]:
 
 
 def _prefill_problems(cfg: RunConfig) -> Iterator[Problem]:
-    """`rollout.vllm.prefill_num_servers` (the seeds' --prefill-num-servers) leaves at least one decode server."""
+    """`rollout.vllm.prefill_num_servers` (slime's --prefill-num-servers) leaves at least one decode server."""
     n, key = cfg.rollout.vllm.get("prefill_num_servers"), "rollout.vllm.prefill_num_servers"
     if not n:
         return

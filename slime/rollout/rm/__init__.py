@@ -1,1 +1,2 @@
-"""Built-in reward types (`rollout.rm_type`, REFERENCE.md §6.5): `fn(response, label, metadata) -> float | dict`."""
+"""Built-in reward types (`rollout.rm_type`, docs/data-and-rewards.md#rewards):
+`fn(response, label, metadata) -> float | dict`."""

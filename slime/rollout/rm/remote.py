@@ -1,4 +1,4 @@
-"""`remote_rm`: a reward model behind HTTP (REFERENCE.md §6.5).
+"""`remote_rm`: a reward model behind HTTP (docs/data-and-rewards.md#rewards).
 
 POST `{prompt, response, label}` as JSON to `rollout.rm_url`; the JSON answer is the reward (a number, or a
 dict picked by `rollout.reward_key`). One pooled aiohttp session serves every request of the run: it

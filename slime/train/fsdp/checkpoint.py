@@ -1,4 +1,4 @@
-"""Checkpoints of the fsdp backend (REFERENCE.md §9.3 layout, HF weights inside).
+"""Checkpoints of the fsdp backend (docs/checkpoints.md#layout, HF weights inside).
 
     <root>/latest_checkpointed_iteration.txt      the last complete rollout id
     <root>/iter_0000007/model/                    HF safetensors + config + tokenizer; with model.lora the

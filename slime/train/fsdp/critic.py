@@ -65,7 +65,7 @@ class FSDPCritic(CriticSteps, FSDPRank):
         return out
 
     def train(self, *, update: bool = True) -> dict:
-        """K optimizer steps on the clipped value loss against the actor's returns (REFERENCE.md §3.10)."""
+        """K optimizer steps on the clipped value loss against the actor's returns (docs/algorithms.md#value-loss)."""
         batch = self.batch
         self._check_critic_columns()
         self.model.train()

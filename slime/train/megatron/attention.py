@@ -6,8 +6,8 @@ full (padded) sample boundaries, and its RoPE tables, built once per micro-batch
 and k (the GPTModel itself has no RoPE: `slime.train.megatron.rope`). Attention is causal within each
 sample only; the [t, t] score matrix of megatron's local spec never exists.
 
-Context parallel (zigzag, REFERENCE.md §9.4): each sample of padded length L is cut into 2·cp chunks of
-c = L/(2cp) tokens and CP rank r holds chunks r and 2cp−1−r. K and V are all-gathered over the CP
+Context parallel (zigzag, docs/architecture.md#packed-micro-batches): each sample of padded length L is cut into
+2·cp chunks of c = L/(2cp) tokens and CP rank r holds chunks r and 2cp−1−r. K and V are all-gathered over the CP
 group (backward: reduce-scatter), and query chunk j attends to the sample's first (j+1)·c keys: a
 causal block aligned to the bottom right.
 

@@ -1,4 +1,5 @@
-"""Packed THD micro-batches for the megatron backend (REFERENCE.md §9.4), context-parallel aware.
+"""Packed THD micro-batches for the megatron backend, context-parallel aware
+(docs/architecture.md#packed-micro-batches).
 
 The samples of a micro-batch are concatenated into one stream without per-sample padding, except
 that with context parallelism (cp > 1) each sample is right-padded to a multiple of 2·cp and split

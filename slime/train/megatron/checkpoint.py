@@ -1,4 +1,4 @@
-"""Megatron checkpoints in torch_dist, with the seeds' semantics (REFERENCE.md §9.3).
+"""Megatron checkpoints in torch_dist, laid out as slime's (docs/checkpoints.md#layout).
 
     <root>/latest_checkpointed_iteration.txt    the last complete rollout id, or "release"
     <root>/iter_0000007/                        megatron dist_checkpointing directory (*.distcp, common.pt)

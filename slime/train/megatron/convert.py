@@ -65,7 +65,7 @@ def single_process_model(model: ModelConfig, dtype: torch.dtype) -> Iterator[lis
 
 def checkpoint_root(input_dir: str | Path) -> tuple[Path, int | str | None]:
     """(root, iteration) for a torch_dist ROOT (iteration None: its tracker's) or one of its iter_/release
-    directories, which the seeds' conversion command passes."""
+    directories, which slime's conversion command passes."""
     path = Path(input_dir).resolve()
     if (path / TRACKER).exists():
         return path, None

@@ -1,4 +1,4 @@
-"""Everything megatron-core needs to run on CPU through gloo, in one place (REFERENCE.md §9.5).
+"""Everything megatron-core needs to run on CPU through gloo, in one place (docs/architecture.md#megatron-on-cpu).
 
 megatron-core assumes CUDA in a handful of sites (current device, synchronize, the CUDA RNG tracker,
 `device="cuda"` tensors in the schedules and the optimizer, `torch.cuda.*Tensor` type names in grad

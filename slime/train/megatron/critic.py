@@ -40,7 +40,7 @@ class MegatronCritic(CriticSteps, MegatronRank):
         return [part.tolist() for part in torch.split(values.cpu(), self.batch.response_lengths)]
 
     def train(self, *, update: bool = True) -> dict:
-        """K optimizer steps on the clipped value loss against the actor's returns (REFERENCE.md §3.10)."""
+        """K optimizer steps on the clipped value loss against the actor's returns (docs/algorithms.md#value-loss)."""
         batch = self.batch
         self._check_critic_columns()
         start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Log-probs and entropy of target tokens, vocab-parallel over the tensor-parallel ranks (REFERENCE.md §3.4).
+"""Log-probs and entropy of target tokens, vocab-parallel over the tensor-parallel ranks
+(docs/algorithms.md#log-probs-and-the-reuse-rule).
 
 Each TP rank holds rows [v0, v0 + V/tp) of the LM head, so its logits are a vocab shard; the full
 logits are never gathered. Per token, in fp32 at temperature T:

@@ -30,7 +30,7 @@ from tests.helpers.compose import ROOT, compose_config, typed_config
 from tests.helpers.runs import assert_stopped_in_validation, run_main
 from tests.helpers.vllm_real import CPU_VLLM
 
-SEED_FLAGS = {  # the seeds' vime flags -> rollout keys (README "Using vLLM instead of SGLang")
+SEED_FLAGS = {  # vime's flags -> rollout keys (docs/engines.md#vllm)
     "gpu_memory_utilization": 0.7,
     "max_model_len": 4096,
     "enable_expert_parallel": True,

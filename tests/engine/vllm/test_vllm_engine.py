@@ -194,10 +194,10 @@ def test_generation_through_the_router_is_recorded_on_the_sample_as_with_sglang(
 
 
 def test_control_calls_and_the_colocated_sleep_wake_order(servers, router, tiny_model_dir):
-    """REFERENCE.md §2.3 with vLLM's levels: sleep (all) -> wake weights -> write weights -> wake kv_cache. A
-    generation sent while asleep waits (vLLM's EngineCore queues it while its scheduler is paused) and runs
-    with the new weights once every tag is awake; a weight write into slept weights fails, as on a GPU. Fake
-    only: sleep level 2 needs --enable-sleep-mode, which a CPU vLLM refuses."""
+    """The colocated hand-off (docs/architecture.md#colocated-hand-off) with vLLM's levels: sleep (all) -> wake weights
+    -> write weights -> wake kv_cache. A generation sent while asleep waits (vLLM's EngineCore queues it while its
+    scheduler is paused) and runs with the new weights once every tag is awake; a weight write into slept weights fails,
+    as on a GPU. Fake only: sleep level 2 needs --enable-sleep-mode, which a CPU vLLM refuses."""
     regular = servers[0]
     client = regular.client
     before = len(logged(regular))

@@ -24,7 +24,7 @@ from tests.helpers.vllm_real import CPU_VLLM
 
 # ------------------------------------------------------------------------------------------ server groups
 def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
-    """The seeds' --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
+    """vime's --prefill-num-servers and --vllm-config on SGLang's structure: the first N servers prefill,
     the rest decode; served models with per-group overrides where only one is updated."""
     cfg = typed_config(
         [

@@ -1,5 +1,6 @@
 """torch_dist checkpoints of the megatron backend: save then load continues training identically; a load
-root without a tracker falls back to ref_load; the tracker and iteration directories follow the seeds."""
+root without a tracker falls back to ref_load; the tracker and iteration directories are laid out
+as slime's."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def test_tools_take_the_seeds_flags(tool):
 
 def test_hf_to_torch_dist_to_hf_is_bit_exact(tmp_path):
     """Every family in this process (world size 1 over gloo), as the tools run it; the torch_dist input as a
-    release directory (the seeds' command passes an iter_ directory) and as a root (its tracker)."""
+    release directory (slime's command passes an iter_ directory) and as a root (its tracker)."""
     to_dist, to_hf = load_tool("convert_hf_to_torch_dist"), load_tool("convert_torch_dist_to_hf")
     for family in FAMILIES:
         model = make_checkpoint(family, tmp_path / "hf")

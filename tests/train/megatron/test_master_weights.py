@@ -1,6 +1,6 @@
 """The megatron optimizer's fp32 master weights start from an fp32 checkpoint's own values, not from the bf16
-parameters made of them (issue 25: rounded masters kept SmolLM2's first ~10 updates at lr 5e-6 from moving any
-bf16 weight); one CPU rank in bf16."""
+parameters made of them (rounded masters would keep SmolLM2's first ~10 updates at lr 5e-6 from moving
+any bf16 weight); one CPU rank in bf16."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """HF <-> megatron-core tensor names and layouts for every family, on whole (unsharded) tensors.
 
 Megatron names are those of megatron-core's GPTModel with the local layer spec, with GLOBAL layer and
-expert indices (REFERENCE.md §8.4):
+expert indices (docs/models.md#checkpoint-tensor-names):
 
     embedding.word_embeddings.weight                       model.embed_tokens.weight (rows: HF vocab)
     decoder.layers.L.input_layernorm.weight                model.layers.L.input_layernorm.weight
