@@ -122,7 +122,9 @@ def test_the_train_backend_records_state_their_memory_model():
     )
     assert TRAIN_BACKENDS.facts("megatron") == TrainBackendFacts(
         kind="Megatron-core GPTModel",
-        fully_sharded_state=False, frozen_models_on_gpu=False, full_recompute=("recompute.granularity", "full")
+        fully_sharded_state=False,
+        frozen_models_on_gpu=False,
+        full_recompute=("recompute.granularity", "full"),
     )
 
 
