@@ -130,6 +130,8 @@ def test_redirected_stdout_is_the_report_and_one_line_per_rollout_step(runs):
     log = (run_dir / "main.log").read_text()
     assert "[slime.runtime.driver][INFO] - phase startup started" in log
     assert log.count("[INFO] - phase train (rollout ") == 2 * STEPS  # each phase's start and end
+    if "RAY_AUTH_MODE" not in os.environ:  # Ray's banner of a local cluster: in the log, not on the terminal
+        assert "[WARNING] - Token authentication is enabled for this Ray cluster" in log
     assert_no_run_processes()
 
 

@@ -17,6 +17,7 @@ import pytest
 from slime.config.schema import LoggerConfig
 from slime.runtime.console import RunConsole
 from slime.runtime.events import EventBus, RunEvent
+from slime.runtime.ray_session import _ray_records_to_root
 from tests.helpers.runs import assert_stopped_in_validation, run_main
 from tests.helpers.terminal import Screen
 
@@ -43,7 +44,7 @@ def test_plain_keeps_infos_and_library_warnings_in_main_log(tmp_path, streams, m
         assert os.environ[HF_BARS] == "1" and console.worker_env == {HF_BARS: "1"}
         logging.getLogger("slime.runtime.driver").info("phase rollout (rollout 0) started")
         logging.getLogger("slime.runtime.driver").warning("rollout manager shutdown failed: gone")
-        logging.getLogger("ray._private.authentication").warning("Token authentication is enabled")
+        logging.getLogger("a_library.loader").warning("Some weights were not initialized")
         logging.getLogger("urllib3").error("connection refused")
         warnings.warn("a library's deprecation", DeprecationWarning, stacklevel=1)
         console.report("rollout    0/3  reward 0.250")
@@ -55,7 +56,7 @@ def test_plain_keeps_infos_and_library_warnings_in_main_log(tmp_path, streams, m
         "ERROR urllib3: connection refused",
     ]
     log = (tmp_path / "main.log").read_text()
-    for text in ("[INFO] - phase rollout (rollout 0) started", "Token authentication", "a library's deprecation"):
+    for text in ("[INFO] - phase rollout (rollout 0) started", "Some weights were not", "a library's deprecation"):
         assert text in log
     assert HF_BARS not in os.environ  # put back as it was
 
@@ -67,15 +68,37 @@ def test_verbose_prints_every_record_on_stderr_and_keeps_the_hf_bars(tmp_path, s
     try:
         assert HF_BARS not in os.environ and console.worker_env == {}
         logging.getLogger("slime.runtime.driver").info("phase startup started")
-        logging.getLogger("ray").warning("Token authentication is enabled")
+        logging.getLogger("urllib3").warning("Retrying the connection")
     finally:
         console.close()
     assert stdout.getvalue() == ""
     lines = stderr.getvalue().splitlines()
     assert [line.split("]", 1)[1] for line in lines] == [
         "[slime.runtime.driver][INFO] - phase startup started",
-        "[ray][WARNING] - Token authentication is enabled",
+        "[urllib3][WARNING] - Retrying the connection",
     ]
+
+
+def test_rays_records_reach_the_root_handlers_only_while_a_console_runs_the_session():
+    """`import ray` gives Ray's logger its own stderr handler and stops its propagation; a session with a worker
+    output (the console's) hands Ray's records to the root (main.log and the terminal's rule), and gives them back."""
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger().addHandler(handler)
+    ray_logger = logging.getLogger("ray")
+    own = list(ray_logger.handlers)
+    try:
+        assert not ray_logger.propagate and own  # as `import ray` left it
+        with _ray_records_to_root(True):
+            assert ray_logger.handlers == [] and ray_logger.propagate
+            logging.getLogger("ray._private.authentication").warning("Token authentication is enabled")
+        with _ray_records_to_root(False):
+            assert ray_logger.handlers == own
+        assert ray_logger.handlers == own and not ray_logger.propagate
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert seen == ["Token authentication is enabled"]
 
 
 def test_the_console_takes_hydras_terminal_handler_off_for_the_run_and_puts_it_back(tmp_path, streams):
