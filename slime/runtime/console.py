@@ -99,7 +99,8 @@ class RunConsole:
         self.progress = RunProgress(
             total=total,
             console=self.terminal,
-            live=logger.progress and self.terminal.is_terminal,
+            # rich's reading of the terminal: a tty that is not TERM=dumb, or TTY_INTERACTIVE=1 / FORCE_COLOR
+            live=logger.progress and self.terminal.is_interactive,
             groups=logger.progress,
             steps_per_rollout=steps_per_rollout,
             slow_phase_s=logger.progress_every_s,

@@ -31,9 +31,15 @@ NOT_ON_A_PLAIN_TERMINAL = (
 )
 
 
+def _environment(run_dir: Path) -> dict[str, str]:
+    """The session's environment without what overrides rich's reading of the terminal."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    return {**env, TEST_RUN_VAR: str(run_dir)}
+
+
 def _in_terminal(run_dir: Path, *overrides: str) -> tuple[int, list[str]]:
     """main.py on a pseudo-terminal (a fresh asset cache: the driver writes the model, as on a first run)."""
-    env = {**os.environ, TEST_RUN_VAR: str(run_dir), "SLIME_CACHE_DIR": str(run_dir.parent / f"{run_dir.name}_cache")}
+    env = {**_environment(run_dir), "SLIME_CACHE_DIR": str(run_dir.parent / f"{run_dir.name}_cache")}
     argv = main_argv(run_dir, f"train.num_rollout={STEPS}", *overrides, progress=True)
     code, raw = run_in_terminal(argv, cwd=ROOT, env=env, columns=120, rows=40, timeout=900)
     return code, Screen(raw, columns=120).lines
@@ -41,8 +47,7 @@ def _in_terminal(run_dir: Path, *overrides: str) -> tuple[int, list[str]]:
 
 def _redirected(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     argv = main_argv(run_dir, *overrides, progress=True, tracked=True)
-    env = {**os.environ, TEST_RUN_VAR: str(run_dir)}
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(argv, cwd=ROOT, env=_environment(run_dir), capture_output=True, text=True, timeout=900)
 
 
 JOBS = {

@@ -24,6 +24,14 @@ from tests.helpers.terminal import Screen
 HF_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
 
 
+@pytest.fixture(autouse=True)
+def plain_terminal_environment(monkeypatch):
+    """rich reads the terminal from TERM and these overrides: a tty is a terminal here, and only a tty."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+
 @pytest.fixture
 def streams():
     return io.StringIO(), io.StringIO()
