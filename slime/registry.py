@@ -46,6 +46,7 @@ class Checks:
 class EngineFacts:
     """What code outside an engine's package needs to know of it, read without importing the engine."""
 
+    kind: str = ""  # what it is, in a few words (the dry run and the plan summary); empty: its import path
     router: str = "sglang-router"  # the router launched in front of its servers
     abort_path: str = "/abort_request"  # POSTed to every worker to abort all requests in flight
     abort_all_flag: bool = True  # the abort's JSON body is {"abort_all": true} (else {})
@@ -73,6 +74,7 @@ class EngineFacts:
 class TrainBackendFacts:
     """What code outside a backend's package needs to know of it, read without importing it."""
 
+    kind: str = ""  # what it is, in a few words (the dry run and the plan summary); empty: its import path
     # Weights, gradients and optimizer state sharded over every data-parallel x TP rank (FSDP's memory model);
     # False: megatron's (dense over TP x PP, experts over EP x ETP x PP, optimizer over the data-parallel ranks).
     fully_sharded_state: bool = False
@@ -194,9 +196,12 @@ TRAIN_BACKENDS = Registry(
     what="training backend",
     facts={
         "fsdp": TrainBackendFacts(
-            fully_sharded_state=True, frozen_models_on_gpu=True, bf16_lora_base=("fsdp.mixed_precision", "fsdp2")
+            kind="PyTorch FSDP2 over a transformers model",
+            fully_sharded_state=True,
+            frozen_models_on_gpu=True,
+            bf16_lora_base=("fsdp.mixed_precision", "fsdp2"),
         ),
-        "megatron": TrainBackendFacts(full_recompute=("recompute.granularity", "full")),
+        "megatron": TrainBackendFacts(kind="Megatron-core GPTModel", full_recompute=("recompute.granularity", "full")),
     },
     default_facts=TrainBackendFacts(),
     checks={
@@ -224,14 +229,16 @@ ENGINES = Registry(
         "vllm": Checks(check="slime.engine.vllm.check.check", check_unchosen="slime.engine.vllm.check.check_unchosen"),
     },
     facts={
-        "hf": EngineFacts(lora_adapter_modes=("tensor", "disk")),
+        "hf": EngineFacts(kind="built-in transformers server", lora_adapter_modes=("tensor", "disk")),
         "sglang": EngineFacts(
+            kind="SGLang servers",
             memory_fraction_key="sglang.mem_fraction_static",
             memory_fraction_default=0.8,
             lora_adapter_modes=("tensor", "disk"),
             node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
         ),
         "vllm": EngineFacts(
+            kind="vLLM servers",
             router="vllm-router",
             abort_path="/abort_requests",
             abort_all_flag=False,

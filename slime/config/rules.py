@@ -31,6 +31,7 @@ DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
+CONSOLE_MODES = ("plain", "verbose")  # logger.console: slime/runtime/console.py
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 
@@ -42,6 +43,7 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
     yield from one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
+    yield from one_of("logger.console", cfg.logger.console, CONSOLE_MODES)
 
 
 def check_debug(cfg: RunConfig) -> Iterator[Problem]:

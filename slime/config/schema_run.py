@@ -90,8 +90,13 @@ class LoggerConfig:
     """Metric sinks and what the console and run directory show."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    progress: bool = True  # live progress display on the console
-    progress_every_s: float = 10.0  # off a terminal: lines for phases slower than this, rollout group counts this often
+    # What the terminal shows (slime/runtime/console.py): plain (the plan summary, one line per rollout step, on a
+    # terminal a live display below them, warnings and errors, the end summary; everything else in <run dir>/main.log
+    # and logs/) or verbose (also the resolved config, every log record and the Ray workers' output)
+    console: str = "plain"
+    progress: bool = True  # the live display on a terminal, and the rollouts' group counts
+    # off a terminal: main.log records of the phases slower than this, and of the group counts this often
+    progress_every_s: float = 10.0
     plot: bool = True  # PNG plots in the run dir at each save and at the end of the run
     log_samples: int = 4  # samples per rollout written to samples.jsonl
     log_samples_every: Optional[int] = 10  # rollouts between wandb tables of sampled generations; None: never

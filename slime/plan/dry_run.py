@@ -1,6 +1,6 @@
-"""`debug=dry_run`: resolve the config, print its RunPlan (placement, batch arithmetic, per-GPU memory
-estimate) and what a real launch still needs, then exit 0 without starting anything (no Ray, no engine,
-no run directory).
+"""`debug=dry_run`: resolve the config, print its RunPlan (the training backend and rollout engine, placement,
+batch arithmetic, per-GPU memory estimate) and what a real launch still needs, then exit 0 without starting
+anything (no Ray, no engine, no run directory).
 
 What a dry run checks: everything validation checks about the config (exit 2 on any problem, as a
 real run would). What it does not require: what this machine lacks -- its GPUs, the paths a run reads
@@ -22,6 +22,7 @@ from slime.plan.memory import GIB, gpu_capacity_gib, parameter_count
 from slime.plan.resolve import resolve
 from slime.plan.roles import packed_device
 from slime.plan.run_plan import RunPlan
+from slime.plan.stack import stack_lines
 from slime.registry import ENGINES
 
 
@@ -87,8 +88,8 @@ def batch_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         f"  rollout step: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = {derived.samples_per_rollout} samples",
         f"  = {k} optimizer step(s) x global batch {derived.global_batch_size} samples"
         f" = {derived.dp_size} data-parallel rank(s) x {derived.samples_per_dp_rank} samples",
-        f"  run: {_run_length(cfg, plan)}; {_engines_phrase(cfg, plan)}",
-        f"  loop: {_loop_line(cfg)}",
+        f"  run: {run_length(cfg, plan)}; {_engines_phrase(cfg, plan)}",
+        f"  loop: {loop_line(cfg)}",
         *_lora_lines(cfg),
     ]
 
@@ -106,7 +107,7 @@ def _lora_lines(cfg: RunConfig) -> list[str]:
     ]
 
 
-def _run_length(cfg: RunConfig, plan: RunPlan) -> str:
+def run_length(cfg: RunConfig, plan: RunPlan) -> str:
     """The run's length in rollout steps, optimizer steps and samples (train.num_epoch: unknown until the
     prompt data is there)."""
     t, derived = cfg.train, plan.derived
@@ -132,7 +133,7 @@ def _engines_phrase(cfg: RunConfig, plan: RunPlan) -> str:
     )
 
 
-def _loop_line(cfg: RunConfig) -> str:
+def loop_line(cfg: RunConfig) -> str:
     mode = cfg.train.async_mode
     if mode is AsyncMode.OFF:
         return "synchronous (rollout, then train, then weight sync; samples 0 versions stale)"
@@ -180,9 +181,15 @@ def still_needed_lines(plan: RunPlan) -> list[str]:
 
 
 def plan_text(cfg: RunConfig, plan: RunPlan) -> str:
-    """The printed plan of a resolved config: placement, batch arithmetic, memory, what a launch still needs,
-    and the memory estimate's warnings."""
-    sections = [placement_lines(cfg, plan), batch_lines(cfg, plan), memory_lines(cfg, plan), still_needed_lines(plan)]
+    """The printed plan of a resolved config: backend and engine, placement, batch arithmetic, memory, what a
+    launch still needs, and the memory estimate's warnings."""
+    sections = [
+        stack_lines(cfg, plan),
+        placement_lines(cfg, plan),
+        batch_lines(cfg, plan),
+        memory_lines(cfg, plan),
+        still_needed_lines(plan),
+    ]
     warnings = [f"WARNING: {w}" for w in (plan.memory.warnings() if plan.memory is not None else [])]
     return "\n".join(line for section in [*sections, warnings] for line in section)
 

@@ -15,6 +15,7 @@ from slime.assets.prepare import prepare_assets
 from slime.config.async_mode import PauseMode
 from slime.config.schema import RunConfig
 from slime.plan.run_plan import RunPlan
+from slime.runtime.console import RunConsole
 from slime.runtime.interrupts import Interrupts
 from slime.runtime.loop import RunLoop, RunParts
 from slime.runtime.placement import RunPlacement, create_placement
@@ -36,13 +37,14 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunJob:
-    """What the driver runs: the resolved (read-only) config, its plan (slime.plan.resolve), and what the tracker
-    names the run by."""
+    """What the driver runs: the resolved (read-only) config, its plan (slime.plan.resolve), what the tracker
+    names the run by, and the console the workers' output goes to."""
 
     cfg: RunConfig
     plan: RunPlan
     config_dict: dict[str, Any]  # the redacted resolved config (plus the env report), for the tracker
     identity: RunIdentity
+    console: RunConsole
 
 
 def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
@@ -56,7 +58,11 @@ def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
     watched = PhaseLimits.of_config(cfg.runtime).armed
     env = {STACKS_ENV: str(Path(cfg.paths.output_dir) / "stacks")} if watched else {}
     with ray_session(
-        cfg.cluster, num_bundles=job.plan.roles.num_bundles, log_to_driver=cfg.debug.ray_log_to_driver, env=env
+        cfg.cluster,
+        num_bundles=job.plan.roles.num_bundles,
+        log_to_driver=cfg.debug.ray_log_to_driver,
+        env={**env, **job.console.worker_env},
+        worker_output=job.console.worker_output,
     ):
         interrupts.reinstall()  # ray.init replaced the SIGTERM handler
         started = StartedRun(job, state)
@@ -94,7 +100,14 @@ class StartedRun:
         if cfg.debug.rollout_only:  # no trainer: engines generate, rewards and metrics logged
             self.tracker = _tracker(self.job)
             ray.get(self.engines_ready)
-            self.loop = RunLoop(RunParts(cfg=cfg, state=self.state, manager=self.manager, tracker=self.tracker), 0)
+            parts = RunParts(
+                cfg=cfg,
+                state=self.state,
+                manager=self.manager,
+                tracker=self.tracker,
+                group_poll_s=self.job.console.group_poll_s,
+            )
+            self.loop = RunLoop(parts, 0)
             return self.loop
         actor = TrainGroup.launch(TrainSetup.from_run_config(cfg, derived), self.placement.actor, layout)
         self.groups.append(actor)
@@ -121,9 +134,16 @@ class StartedRun:
         if start > 0:
             ray.get(self.manager.load.remote(start - 1, cfg.checkpoint.load))
         parts = RunParts(
-            cfg=cfg, state=self.state, manager=self.manager, tracker=self.tracker, actor=actor, critic=critic
+            cfg=cfg,
+            state=self.state,
+            manager=self.manager,
+            tracker=self.tracker,
+            actor=actor,
+            critic=critic,
+            pusher=pusher,
+            group_poll_s=self.job.console.group_poll_s,
         )
-        self.loop = RunLoop(dataclasses.replace(parts, pusher=pusher), start)
+        self.loop = RunLoop(parts, start)
         return self.loop
 
     def teardown(self, *, exit_code: int) -> None:
@@ -170,7 +190,6 @@ def _tracker(job: RunJob) -> Tracker:
         run_dir=Path(cfg.paths.output_dir),
         config=job.config_dict,
         identity=job.identity,
-        total_rollouts=cfg.train.num_rollout,
         steps_per_rollout=cfg.train.num_steps_per_rollout,
     )
 

@@ -1,5 +1,7 @@
 """From Hydra's DictConfig to a finished run: typed config, validation, assets, run, result.json.
 
+What the terminal shows meanwhile, and the rule for stdout and stderr: slime/runtime/console.py.
+
 Exit status (run mode): 0 completed; 2 configuration error (raised before anything started);
 3 failure during the run; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. result.json is written
 at the end of every run that got past validation, failed or interrupted ones included, and names the
@@ -28,7 +30,10 @@ from slime.config import ConfigError, to_run_config
 from slime.config.objective import objective_name, objective_value
 from slime.plan.dry_run import dry_run
 from slime.plan.memory import GIB
+from slime.plan.plan_summary import plan_summary
 from slime.plan.resolve import resolve
+from slime.plan.stack import count
+from slime.runtime.console import RunConsole
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState
@@ -78,10 +83,16 @@ def execute(dcfg: DictConfig) -> float | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     text = redacted_yaml(cfg)
     (run_dir / "config.yaml").write_text(text)
-    print(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{text}")
-    print("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in plan.table()))
-
-    result, code, interrupted = _run_with_result(cfg, plan, run_dir)
+    console = RunConsole(cfg.logger, total=cfg.train.num_rollout, steps_per_rollout=cfg.train.num_steps_per_rollout)
+    try:
+        console.open(run_dir)
+        if console.verbose:
+            console.report(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n{text}")
+            console.report("Derived values:\n" + "\n".join(f"  {k:<26} {v}" for k, v in plan.table()))
+        console.report("\n".join(plan_summary(cfg, plan, run_dir)))
+        result, code, interrupted = _run_with_result(cfg, plan, run_dir, console)
+    finally:
+        console.close()
     if multirun:
         if interrupted is not None:  # Ctrl-C stops the whole sweep, not just this job
             raise interrupted
@@ -127,6 +138,7 @@ class _ResultFile:
     cfg: Any
     state: RunState
     run_dir: Path
+    console: RunConsole
     started: float  # time.time() at the run's start
     plan_memory: Any = None  # the plan's MemoryEstimate (CUDA runs), shown beside the measured peaks
 
@@ -146,17 +158,19 @@ class _ResultFile:
             "reward_curve": state.reward_curve,
             "outputs": state.outputs,
             "run_dir": str(self.run_dir),
+            "device": cfg.cluster.device,
         }
         if self.plan_memory is not None:  # bytes per GPU -> GiB
             est = self.plan_memory
             result["memory_plan_gib"] = {"trainer": est.train_peak / GIB, "engine": est.engine_total / GIB}
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
         try:
-            print(render_summary(result, checkpoint_dir=cfg.checkpoint.save), flush=True)
+            summary = render_summary(result, checkpoint_dir=cfg.checkpoint.save)
         except Exception as exc:  # the summary is a convenience; result.json is written
-            print(
-                f"Run {status} in {result['elapsed_s']:.1f}s; results in {self.run_dir} (no summary: {exc})", flush=True
-            )
+            summary = f"Run {status} in {result['elapsed_s']:.1f}s; results in {self.run_dir} (no summary: {exc})"
+        self.console.finish(
+            summary, outcome="done" if status == "completed" else f"{status} in phase {result['phase']}"
+        )
         return result
 
     def forced(self, signum: int) -> None:
@@ -167,7 +181,7 @@ class _ResultFile:
             self.write("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
 
 
-def _run_with_result(cfg, plan, run_dir: Path):
+def _run_with_result(cfg, plan, run_dir: Path, console: RunConsole):
     """Run under the signal policy and write result.json whatever happens (a forced exit included).
 
     Returns (the result.json dict, the exit code, the RunInterrupted if a signal stopped the run).
@@ -177,9 +191,12 @@ def _run_with_result(cfg, plan, run_dir: Path):
     from slime.runtime.driver import RunJob, run
 
     state = RunState()
+    console.follow(state.events)
     FaultInjector.attach(cfg.debug, state.events)  # only when a debug option asks for a fault
     hydra = _hydra_run()
-    result_file = _ResultFile(cfg=cfg, state=state, run_dir=run_dir, started=time.time(), plan_memory=plan.memory)
+    result_file = _ResultFile(
+        cfg=cfg, state=state, run_dir=run_dir, console=console, started=time.time(), plan_memory=plan.memory
+    )
     status, error, code, interrupted = "completed", None, EXIT_OK, None
     with Interrupts(on_force=result_file.forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:
@@ -188,11 +205,12 @@ def _run_with_result(cfg, plan, run_dir: Path):
                 plan=plan,
                 config_dict=tracker_config(cfg, hydra.choices, hydra.overrides),
                 identity=run_identity(cfg, hydra, summary=_one_line(cfg, plan.derived)),
+                console=console,
             )
             run(job, state, interrupts)
         except ConfigError as exc:  # found once the assets were made (slime.runtime.preflight): nothing started
             status, error, code = "invalid_config", str(exc), EXIT_CONFIG_ERROR
-            print(f"Configuration error: {exc}", file=sys.stderr)
+            console.problem(f"Configuration error: {exc}")
         except KeyboardInterrupt as exc:  # ours, or the plain one ray.get raises when a signal cuts its wait
             interrupted = interrupts.interrupted(exc)
             status, error, code = "interrupted", str(interrupted), interrupted.exit_code
@@ -200,17 +218,18 @@ def _run_with_result(cfg, plan, run_dir: Path):
                 status, error, code, interrupted = "hung", state.hung, EXIT_RUN_FAILED, None
         except Exception as exc:  # the run failed: record where, then exit non-zero
             status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
-            traceback.print_exc()
+            console.problem(traceback.format_exc().rstrip())
         interrupts.begin_teardown()  # a signal while the result is written forces, and still writes it
         result = result_file.write(status, error)
     return result, code, interrupted
 
 
 def _one_line(cfg, derived) -> str:
-    """The run in one line (the tracker's notes)."""
+    """The run in one line (the tracker's notes); on CPU in workers, not GPUs."""
+    where = cfg.cluster.device.upper() + (", colocated" if cfg.cluster.colocate else "")
     return (
-        f"{cfg.algo.name} on {cfg.model.name}: {derived.actor_gpus} trainer + {derived.rollout_gpus} rollout "
-        f"{cfg.cluster.device} device(s){' (colocated)' if cfg.cluster.colocate else ''}, "
+        f"{cfg.algo.name} on {cfg.model.name}: trainer {count(derived.actor_gpus, cfg)}, engines "
+        f"{count(derived.rollout_gpus, cfg)} ({where}), "
         f"{cfg.rollout.batch_size} prompts x {cfg.rollout.n_samples_per_prompt} samples per step, "
         f"{cfg.train.num_rollout} steps, seed {cfg.seed}"
     )

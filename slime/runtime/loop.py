@@ -32,8 +32,9 @@ The fully async loop (`train.async=full`, slime.config.async_mode), `run_full`:
 `debug.rollout_only` (`run_rollout_only`, conf/debug/rollout_only.yaml): no trainer; every rollout is generated
 with the engines' initial weights, rewarded, logged, and evaluated at its interval; nothing trained or saved.
 
-Both loops publish the same phase events (slime.runtime.events): the progress display, checkpoint bookkeeping
-and a fault injector (debug.signal_at/hang_at) follow the run through them.
+Both loops publish the same phase events (slime.runtime.events): the console's progress display
+(slime.runtime.console), checkpoint bookkeeping and a fault injector (debug.signal_at/hang_at) follow the run
+through them.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class RunParts:
     actor: TrainGroup | None = None  # None: debug.rollout_only
     critic: TrainGroup | None = None  # PPO's value model
     pusher: WeightPush | None = None  # None: no engines hold trained weights (rollout_only, load_rollout_data)
+    group_poll_s: float | None = None  # how often a rollout's group counts are fetched while it runs (None: never)
 
 
 @dataclasses.dataclass
@@ -101,32 +103,15 @@ class RunLoop:
         self.last = parts.cfg.train.num_rollout - 1
         self.t0 = time.time()
         self.train_window: tuple[float, float] | None = None  # the previous step's (start, end), loop seconds
-        self._subscribe_tracker()
-
-    def _subscribe_tracker(self) -> None:
-        """The progress display and the checkpoint's bookkeeping follow the loop's events."""
-        progress = self.parts.tracker.progress
-        self._handlers = {
-            RunEvent.PHASE_STARTED: lambda e: progress.on_phase(e.data["phase"], e.rollout_id),
-            RunEvent.ROLLOUT_PROGRESS: self._show_groups,
-            RunEvent.STEP_DONE: lambda e: progress.step_done(e.rollout_id, e.data["metrics"]),
-            RunEvent.CHECKPOINT_SAVED: self._checkpoint_saved,
-        }
-        for kind, handler in self._handlers.items():
-            self.state.events.subscribe(kind, handler)
-        progress.begin(self.start)
-
-    def _show_groups(self, event: Event) -> None:
-        self.parts.tracker.progress.rollout_groups(event.rollout_id, event.data["counts"], final=event.data["final"])
+        self.state.events.subscribe(RunEvent.CHECKPOINT_SAVED, self._checkpoint_saved)
 
     def _checkpoint_saved(self, event: Event) -> None:
         """The run id goes with the checkpoint; plots refreshed (the last save's come with the end of the run)."""
         self.parts.tracker.on_save(self.cfg.checkpoint.save, plot=event.rollout_id < self.last)
 
     def close(self) -> None:
-        """Before the tracker closes: the display stops following the phases."""
-        for handler in self._handlers.values():
-            self.state.events.unsubscribe(handler)
+        """Before the tracker closes: saves no longer go to it."""
+        self.state.events.unsubscribe(self._checkpoint_saved)
 
     def run(self) -> None:
         self.state.events.publish(RunEvent.LOOP_STARTED, start=self.start, trainer=self.parts.actor)
@@ -239,9 +224,9 @@ class RunLoop:
         return self.parts.pusher.recover(weight_version=rollout_id) if self.parts.pusher is not None else 0
 
     def receive(self, step: Step, pending: ray.ObjectRef) -> None:
-        """Wait for the step's rollout; meanwhile (every `poll_s` s of the progress display) and once at the end,
-        its group counts are published (RunEvent.ROLLOUT_PROGRESS)."""
-        poll_s = self.parts.tracker.progress.poll_s
+        """Wait for the step's rollout; meanwhile (every `group_poll_s` s) and once at the end, its group counts are
+        published (RunEvent.ROLLOUT_PROGRESS)."""
+        poll_s = self.parts.group_poll_s
         waited = time.perf_counter()
         while poll_s is not None and not ray.wait([pending], timeout=poll_s)[0]:
             self._publish_groups(step.rollout_id, final=False)

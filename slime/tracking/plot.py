@@ -1,14 +1,18 @@
 """PNG plots from metrics.jsonl: written at each save and at the end of a run, and once per sweep.
 
 reward_curve.png      rollout/raw_reward (and eval means) against rollout/step
-training_curves.png   six panels: reward, response length (mean, min-max band), KL (train/kl_loss,
-                      train/ppo_kl), entropy (train/entropy_loss), phase timings (perf/*_time per
-                      rollout step, stacked), policy loss and grad norm; panels without data say so
+training_curves.png   a panel per quantity the run logged (PANELS), four to a row: reward, response length (mean,
+                      min-max band), each loss on its own axis (policy, KL, entropy, value), grad norm, the policy's
+                      KL to the rollout (train/ppo_kl), phase timings (perf/*_time per rollout step, stacked), MFU, and
+                      GPU memory (the trainer's peaks per phase, beside the engines' reports); a quantity this run did
+                      not log (MFU and GPU memory on CPU, a critic's loss without PPO) gets no panel
 sweep_rewards.png     (sweep directory) every job's reward curve, labelled by its overrides
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +60,7 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path | 
     return Path(png_path)
 
 
-def _reward_panel(ax, records: list[dict[str, Any]]) -> None:
+def _reward_panel(ax, records: list[dict[str, Any]], title: str = "reward") -> None:
     steps, rewards = series(records, "rollout/raw_reward", "rollout/step")
     ax.plot(steps, rewards, marker="o", markersize=3, label="rollout/raw_reward")
     for key in eval_keys(records):
@@ -67,42 +71,34 @@ def _reward_panel(ax, records: list[dict[str, Any]]) -> None:
         ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=7)
-    ax.set_title("reward")
+    ax.set_title(title)
 
 
 def _lines(ax, records, keys: tuple[str, ...], axis: str, title: str) -> None:
-    drawn = False
     for key in keys:
         x, y = series(records, key, axis)
         if x:
             ax.plot(x, y, marker="o", markersize=2, label=key)
-            drawn = True
     ax.set_title(title)
     ax.set_xlabel(axis)
     ax.grid(alpha=0.3)
-    if drawn:
-        ax.legend(fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.legend(fontsize=7)
 
 
-def _length_panel(ax, records) -> None:
-    _lines(ax, records, ("rollout/response_len/mean",), "rollout/step", "response length (tokens)")
+def _length_panel(ax, records, title: str) -> None:
+    _lines(ax, records, ("rollout/response_len/mean",), "rollout/step", title)
     x, low = series(records, "rollout/response_len/min", "rollout/step")
     x2, high = series(records, "rollout/response_len/max", "rollout/step")
     if x and x == x2:
         ax.fill_between(x, low, high, alpha=0.2, label="min-max")
 
 
-def _timing_panel(ax, records) -> None:
+def _timing_panel(ax, records, title: str) -> None:
     rows = [r for r in records if "perf/step_time" in r and "rollout/step" in r]
     keys = [k for k in PHASE_TIMES if any(k in r for r in rows)]
-    ax.set_title("phase time per rollout step (s)")
+    ax.set_title(title)
     ax.set_xlabel("rollout/step")
     ax.grid(alpha=0.3)
-    if not keys:
-        ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
-        return
     x = [r["rollout/step"] for r in rows]
     bottom = [0.0] * len(rows)
     for key in keys:  # stacked bars: one per rollout step, one colour per phase
@@ -113,23 +109,77 @@ def _timing_panel(ax, records) -> None:
     ax.legend(fontsize=6, loc="upper left")
 
 
+MEMORY = ("perf/peak_gib/", "perf/engine_gib/")
+
+
+def _memory_panel(ax, records, title: str) -> None:
+    keys = tuple(sorted({k for r in records for k in r if k.startswith(MEMORY)}))
+    _lines(ax, records, keys, "rollout/step", title)
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One panel of training_curves.png: shown when any of `keys` (or a key starting with one ending in '/') is
+    logged against `axis`; `draw(ax, records, title)` draws it (None: a line per key)."""
+
+    title: str
+    keys: tuple[str, ...]
+    axis: str = "train/step"
+    draw: Callable[..., None] | None = None
+
+    def shown(self, records: list[dict[str, Any]]) -> bool:
+        return any(
+            self.axis in r and any(k.startswith(key) if key.endswith("/") else k == key for key in self.keys)
+            for r in records
+            for k in r
+        )
+
+    def render(self, ax, records: list[dict[str, Any]]) -> None:
+        if self.draw is not None:
+            self.draw(ax, records, self.title)
+        else:
+            _lines(ax, records, self.keys, self.axis, self.title)
+
+
+# In order. Each loss has its own axis: their scales differ by orders of magnitude (a policy loss near 0 beside a
+# grad norm near 1 reads as a flat line). GPU memory shows with the trainer's peaks, measured on CUDA only (a CPU
+# run's engines report their weights alone).
+PANELS = (
+    Panel("reward", ("rollout/raw_reward",), "rollout/step", _reward_panel),
+    Panel("response length (tokens)", ("rollout/response_len/mean",), "rollout/step", _length_panel),
+    Panel("policy loss", ("train/pg_loss",)),
+    Panel("KL loss", ("train/kl_loss",)),
+    Panel("entropy", ("train/entropy_loss",)),
+    Panel("value loss", ("train/value_loss",)),
+    Panel("grad norm", ("train/grad_norm", "train/critic-grad_norm")),
+    Panel("KL to the rollout policy", ("train/ppo_kl",)),
+    Panel("phase time per rollout step (s)", ("perf/step_time",), "rollout/step", _timing_panel),
+    Panel("MFU (training, per GPU)", ("perf/mfu",), "rollout/step"),
+    Panel("GPU memory: peak per phase, engines' reports (GiB)", ("perf/peak_gib/",), "rollout/step", _memory_panel),
+)
+COLUMNS = 4
+
+
+def training_figure(records: list[dict[str, Any]]):
+    """The matplotlib Figure of training_curves.png: one panel per quantity the records hold (PANELS), COLUMNS to
+    a row, the empty places of the last row hidden."""
+    panels = [panel for panel in PANELS if panel.shown(records)]
+    rows = -(-len(panels) // COLUMNS)
+    fig, axes = plt.subplots(rows, COLUMNS, figsize=(5 * COLUMNS, 4 * rows), dpi=90, squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        panel.render(ax, records)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 def plot_training_curves(metrics_path: str | Path, png_path: str | Path) -> Path | None:
-    """The eight-panel overview; None when the run logged no rollout yet."""
+    """training_figure of the run's metrics; None when no rollout was logged yet."""
     records = read_jsonl(metrics_path, tolerant=True)
     if not series(records, "rollout/raw_reward", "rollout/step")[0]:
         return None
-    fig, axes = plt.subplots(2, 4, figsize=(20, 8), dpi=90)
-    _reward_panel(axes[0][0], records)
-    _length_panel(axes[0][1], records)
-    _lines(axes[0][2], records, ("train/kl_loss", "train/ppo_kl"), "train/step", "KL")
-    _lines(axes[1][0], records, ("train/entropy_loss",), "train/step", "entropy")
-    _timing_panel(axes[1][1], records)
-    _lines(axes[1][2], records, ("train/pg_loss", "train/grad_norm"), "train/step", "policy loss, grad norm")
-    _lines(axes[0][3], records, ("perf/mfu",), "rollout/step", "MFU (training, per GPU)")
-    memory = ("perf/peak_gib/", "perf/engine_gib/")
-    peaks = tuple(sorted({k for r in records for k in r if k.startswith(memory)}))
-    _lines(axes[1][3], records, peaks, "rollout/step", "GPU memory: peak per phase, engines' reports (GiB)")
-    fig.tight_layout()
+    fig = training_figure(records)
     fig.savefig(png_path)
     plt.close(fig)
     return Path(png_path)

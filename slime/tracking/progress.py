@@ -1,65 +1,104 @@
-"""Live console progress: a rich progress bar over rollout steps with the current phase and the latest reward.
+"""The run's progress on the console: one line per finished rollout step, and on a terminal a live display.
 
-On a terminal the bar shows `rollout N · <phase>` while a phase runs (generation, training, save, weight
-sync, eval) and the last step's reward, loss and time after it; while a rollout generates, a second bar
-counts its groups (kept of `rollout.batch_size`, with the groups drawn by over-sampling, still in flight
-and dropped by the dynamic filter). Elsewhere (a log file, a Ray job, CI) it prints plain lines instead:
-one per finished rollout step, one for each phase that took `slow_phase_s` seconds or more, and the
-group counts every `slow_phase_s` seconds while generating (and once at its end when it was that slow),
-so a long phase is visible in the log.
+Every finished rollout step prints one line on the report console (stdout: slime/runtime/console.py):
+
+    rollout   12/60  reward 0.277  pg_loss -0.0104  1.26s/step
+
+On a terminal (and `logger.progress=true`) a rich live display sits below those lines from the start of the run to
+its end: a bar over the rollout steps with the phase under way (`rollout 12: training (2 optimizer steps)...`), while
+a rollout generates a second bar of its groups (kept of `rollout.batch_size`, with the groups drawn by over-sampling,
+still in flight and dropped by the dynamic filter), and the last step's figures. Anything else printed meanwhile goes
+above it (rich's Live). Off a terminal there is no display: the step lines alone; the phases that took
+`logger.progress_every_s` or more and the group counts of a long rollout go to the log (`<run dir>/main.log`) as
+records of the `slime.progress` logger.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
+from collections.abc import Iterable
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+logger = logging.getLogger("slime.progress")
 
 PHASE_TEXT = {
+    "prepare": "preparing the model and data",
+    "startup": "starting Ray, the engines and the trainers",
     "rollout": "generating",
+    "log_probs": "log-probs and advantages",
     "train": "training",
     "save": "saving checkpoint",
     "weight_sync": "syncing weights",
     "eval": "evaluating",
-    "startup": "starting",
     "teardown": "stopping",
 }
 
 
+def step_figures(metrics: dict[str, float]) -> str:
+    """'reward 0.277  pg_loss -0.0104  1.26s/step' (the figures the step has)."""
+    reward = metrics.get("rollout/raw_reward", math.nan)
+    figures = f"reward {reward:.3f}"
+    if "train/pg_loss" in metrics:
+        figures += f"  pg_loss {metrics['train/pg_loss']:+.4f}"
+    if "perf/step_time" in metrics:
+        figures += f"  {metrics['perf/step_time']:.2f}s/step"
+    return figures
+
+
+class _Display(Progress):
+    """rich's Progress with a line of the last step's figures under its bars."""
+
+    last_step = ""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.last_step:
+            yield Text(self.last_step, style="dim")
+
+
 class RunProgress:
-    """Shown from `begin(start)` on: the first rollout is known only once the trainers are up."""
+    """Step lines on `console`; with `live`, the display from `start()` until `close()`.
+
+    `total`: the run's last rollout step + 1; `slow_phase_s`: off a terminal, a phase at least this long gets a
+    log record; `groups`: fetch and show the rollout's group counts (`poll_s`)."""
 
     def __init__(
         self,
         *,
         total: int,
-        enabled: bool,
+        console: Console,
+        live: bool,
+        groups: bool = True,
         steps_per_rollout: int = 1,
-        console: Console | None = None,
         slow_phase_s: float = 10.0,
     ):
-        self.enabled = enabled
         self.total = total
+        self.console = console
+        self.live = live
+        self.groups = groups
         self.steps_per_rollout = steps_per_rollout
-        self.console = console or Console(stderr=True)
-        self.live = self.console.is_terminal
         self.slow_phase_s = slow_phase_s
-        self.progress = None
+        self.display: _Display | None = None
         self._phase: tuple[str, int | None, float] | None = None
-        self._groups_printed = float("-inf")  # when the last plain line of group counts was printed
+        self._groups_logged = float("-inf")  # when the last record of group counts was logged
 
     @property
     def poll_s(self) -> float | None:
-        """How often the driver should fetch the rollout's group counts (None: not shown)."""
-        if not self.enabled:
+        """How often the driver should fetch the rollout's group counts (None: never)."""
+        if not self.groups:
             return None
         return 0.5 if self.live else max(self.slow_phase_s, 0.1)
 
-    def begin(self, start: int) -> None:
-        if not self.enabled or not self.live:
+    def start(self, *, redirect_stderr: bool = True) -> None:
+        """Show the live display (on a terminal): from here on, what is printed goes above it."""
+        if not self.live or self.display is not None:
             return
-        self.progress = Progress(
+        self.display = _Display(
             TextColumn("[bold]{task.fields[label]}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -67,24 +106,34 @@ class RunProgress:
             TextColumn("{task.description}"),
             console=self.console,
             transient=False,
+            redirect_stderr=redirect_stderr,
         )
-        self.task = self.progress.add_task("starting...", total=self.total, completed=start, label="rollout")
-        self.groups_task = self.progress.add_task("", total=1, visible=False, label=" groups")
-        self.progress.start()
+        self.task = self.display.add_task("starting...", total=self.total, completed=0, label="rollout")
+        self.groups_task = self.display.add_task("", total=1, visible=False, label=" groups")
+        self.display.start()
+
+    @property
+    def showing(self) -> bool:
+        """The live display is drawn (print through `self.console` to go above it)."""
+        return self.display is not None
+
+    def begin(self, start: int) -> None:
+        """The loop starts at rollout step `start` (a resumed run's first step is past 0)."""
+        if self.display is not None:
+            self.display.update(self.task, completed=start)
 
     def on_phase(self, phase: str, rollout_id: int | None) -> None:
         """The driver entered `phase` (of rollout `rollout_id`; -1 or None before the first)."""
-        if not self.enabled:
-            return
         now = time.monotonic()
         if self._phase is not None and not self.live:
             name, rid, started = self._phase
             if now - started >= self.slow_phase_s:
                 where = f"rollout {rid} " if rid is not None and rid >= 0 else ""
-                self.console.print(f"{where}{PHASE_TEXT.get(name, name)}: {now - started:.1f}s", highlight=False)
+                logger.info("%s%s took %.1fs", where, PHASE_TEXT.get(name, name), now - started)
         self._phase = (phase, rollout_id, now)
-        if self.progress is not None:  # the group bar belongs to the generation phase
-            self.progress.update(self.groups_task, visible=False, completed=0)
+        if self.display is None:
+            return
+        self.display.update(self.groups_task, visible=False, completed=0)  # the group bar belongs to generation
         text = PHASE_TEXT.get(phase, phase)
         if phase == "train":
             k = self.steps_per_rollout
@@ -93,45 +142,49 @@ class RunProgress:
             text = f"rollout {rollout_id}: {text}"
         elif phase == "weight_sync":
             text = "initial weight push"
-        self.phase(text + "...")
-
-    def phase(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, description=text)
+        self.display.update(self.task, description=text + "...")
 
     def rollout_groups(self, rollout_id: int, counts: dict[str, int], *, final: bool = False) -> None:
         """Group counts of rollout `rollout_id` so far (`slime.rollout.base.RolloutProgress` fields); `final`:
         generation ended (the groups still in flight were cut and go back to the data source)."""
-        if not self.enabled or not counts["needed"]:  # a rollout function that reports no counts (e.g. sft)
+        if not counts["needed"]:  # a rollout function that reports no counts (e.g. sft)
             return
         detail = f"{counts['submitted']} drawn, {counts['in_flight']} {'cut' if final else 'in flight'}"
         detail += f", {counts['dropped']} filtered"
-        if self.progress is not None:
-            self.progress.update(
+        if self.display is not None:
+            self.display.update(
                 self.groups_task, total=counts["needed"], completed=counts["kept"], description=detail, visible=True
             )
             return
         now = time.monotonic()
         started = self._phase[2] if self._phase is not None else now
-        # while generating: a line every slow_phase_s; at the end: one if generation was slow
-        if now - (started if final else self._groups_printed) >= self.slow_phase_s:
-            self._groups_printed = now
-            line = f"rollout {rollout_id}: {counts['kept']}/{counts['needed']} groups kept, {detail}"
-            self.console.print(line, highlight=False)
+        # while generating: a record every slow_phase_s; at the end: one if generation was slow
+        if now - (started if final else self._groups_logged) >= self.slow_phase_s:
+            self._groups_logged = now
+            logger.info("rollout %d: %d/%d groups kept, %s", rollout_id, counts["kept"], counts["needed"], detail)
 
     def step_done(self, rollout_id: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        summary = f"reward {metrics.get('rollout/raw_reward', float('nan')):.3f}"
-        if "train/pg_loss" in metrics:
-            summary += f"  pg_loss {metrics['train/pg_loss']:+.4f}"
-        if "perf/step_time" in metrics:
-            summary += f"  {metrics['perf/step_time']:.2f}s/step"
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1, description=summary)
-        self.console.print(f"rollout {rollout_id:4d}/{self.total}  {summary}", highlight=False)
+        """The step's line (above the display on a terminal); the display counts it and shows its figures."""
+        figures = step_figures(metrics)
+        if self.display is not None:
+            self.display.update(self.task, advance=1)
+            self.display.last_step = f"last step: rollout {rollout_id}  {figures}"
+        self.console.print(f"rollout {rollout_id:4d}/{self.total}  {figures}", highlight=False, soft_wrap=True)
 
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+    def eval_done(self, eval_step: int, metrics: dict[str, float]) -> None:
+        """An eval's means (`eval/<name>`) go to the log, and on the display beside the last step."""
+        means = {k: v for k, v in metrics.items() if k.count("/") == 1 and "-" not in k and k != "eval/step"}
+        if not means:
+            return
+        text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(means.items())[:4])
+        logger.info("eval after %d rollout steps: %s", eval_step, text)
+        if self.display is not None:
+            self.display.last_step = f"{self.display.last_step.split('  |  ')[0]}  |  eval {text}"
+
+    def close(self, outcome: str | None = None) -> None:
+        """Stop the display (its last frame stays on the terminal, saying `outcome` when given)."""
+        if self.display is not None:
+            if outcome is not None:
+                self.display.update(self.task, description=outcome)
+            self.display.stop()
+            self.display = None

@@ -4,9 +4,10 @@ status, rollouts done, wall time
 reward: first -> last (best), and the last eval means
 time per phase: the sum over rollout steps of each perf/<phase>_time, with its share of the steps' time
 training throughput: tokens/s, TFLOP/s per GPU and MFU, and the peak GPU memory of each phase, beside the
-                     dry-run plan's estimate for a trainer GPU (result.json's `memory_plan_gib`)
-outputs: run dir, config, metrics, samples, plots, checkpoints, wandb (and the `wandb sync` command
-         for an offline run), TensorBoard
+                     dry-run plan's estimate for a trainer GPU (result.json's `memory_plan_gib`); a CPU run
+                     (result.json's `device`) says TFLOP/s per trainer worker
+outputs: every file of the run directory a user opens (RUN_FILES, logs/, plots), checkpoints, wandb (and the
+         `wandb sync` command for an offline run), TensorBoard
 """
 
 from __future__ import annotations
@@ -45,15 +46,19 @@ def _phase_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _throughput_lines(records: list[dict[str, Any]], plan: dict[str, float] | None = None) -> list[str]:
-    """Training's real tokens/s, TFLOP/s per GPU and MFU, means over the rollout steps after the first (whose time
-    holds compilation and warm-up), each phase's largest peak GPU memory, and the engines' largest reports."""
+def _throughput_lines(
+    records: list[dict[str, Any]], plan: dict[str, float] | None = None, *, device: str = "cuda"
+) -> list[str]:
+    """Training's real tokens/s, TFLOP/s per GPU (per trainer worker on CPU) and MFU, means over the rollout steps
+    after the first (whose time holds compilation and warm-up), each phase's largest peak GPU memory, and the
+    engines' largest reports."""
     lines = []
     rows = [r for r in records if "perf/train_tflops" in r][1:] or [r for r in records if "perf/train_tflops" in r]
     if rows:
         mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
         line = f"training    {mean('perf/train_tokens_per_s'):.0f} tokens/s, {mean('perf/train_tflops'):.2f} TFLOP/s"
-        line += " per GPU" + (f", MFU {100 * mean('perf/mfu'):.1f}%" if all("perf/mfu" in r for r in rows) else "")
+        line += " per GPU" if device == "cuda" else " per trainer worker"
+        line += f", MFU {100 * mean('perf/mfu'):.1f}%" if all("perf/mfu" in r for r in rows) else ""
         lines.append(line + f" (mean of {len(rows)} rollout steps)")
     peaks = _largest(records, "perf/peak_gib/")
     if peaks:
@@ -78,15 +83,29 @@ def _largest(records: list[dict[str, Any]], prefix: str) -> dict[str, float]:
     return {k[len(prefix) :]: max(r[k] for r in records if k in r) for k in keys}
 
 
+# The files of a run directory a user opens, with what each holds; listed when the run wrote them.
+RUN_FILES = (
+    ("main.log", "the log: each phase with its time, warnings"),
+    ("config.yaml", "the resolved config"),
+    ("metrics.jsonl", "every metric of every step"),
+    ("samples.jsonl", "sampled generations with their rewards"),
+    ("result.json", "status, final metrics, outputs"),
+    ("env.json", "versions, GPUs, git commit, seeds"),
+    ("placement.json", "where each trainer rank and engine runs"),
+    ("engines.json", "each engine's URL, process and log"),
+)
+
+
 def _output_lines(run_dir: Path, result: dict[str, Any], checkpoint_dir: str | None) -> list[str]:
     outputs = dict(result.get("outputs") or {})
     lines = [f"run dir     {run_dir}"]
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "result.json"):
-        if (run_dir / name).exists():
-            lines.append(f"  {name}")
+    lines += [f"  {name:<15} {what}" for name, what in RUN_FILES if (run_dir / name).exists()]
+    logs = sorted(p.name for p in (run_dir / "logs").glob("*.log")) if (run_dir / "logs").is_dir() else []
+    if logs:
+        lines.append(f"  {'logs/':<15} {', '.join(logs)}")
     plots = [Path(v).name for k, v in outputs.items() if k.startswith("plot:")]
     if plots:
-        lines.append(f"  plots: {', '.join(plots)}")
+        lines.append(f"  {'plots':<15} {', '.join(plots)}")
     if checkpoint_dir and Path(checkpoint_dir).exists():
         lines.append(f"checkpoints {checkpoint_dir}")
     if "wandb" in outputs:
@@ -109,7 +128,12 @@ def render_summary(result: dict[str, Any], *, checkpoint_dir: str | None = None)
         + f" ({result['start_rollout']} -> {result['start_rollout'] + result['rollouts_completed']} of {result['num_rollout']})"
         + f" in {result['elapsed_s']:.1f}s"
     )
-    body = _reward_lines(records) + _phase_lines(records) + _throughput_lines(records, result.get("memory_plan_gib"))
+    plan = result.get("memory_plan_gib")
+    body = (
+        _reward_lines(records)
+        + _phase_lines(records)
+        + _throughput_lines(records, plan, device=result.get("device", "cuda"))
+    )
     body += _output_lines(run_dir, result, checkpoint_dir)
     rule = "=" * 78
     return "\n".join([rule, head, *body, rule])

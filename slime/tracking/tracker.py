@@ -1,4 +1,5 @@
-"""One front for every sink: metrics.jsonl (ground truth), wandb, TensorBoard, samples.jsonl, progress, plots.
+"""One front for every sink: metrics.jsonl (ground truth), wandb, TensorBoard, samples.jsonl, plots (the console's
+progress display follows the run's events instead: slime/runtime/console.py).
 
 Every sink gets the same record under the same names; metrics.jsonl holds every number logged anywhere.
 """
@@ -15,7 +16,6 @@ from slime.tracking import continuity
 from slime.tracking.jsonl import JsonlWriter
 from slime.tracking.naming import RunIdentity, store_run_id
 from slime.tracking.plot import write_run_plots
-from slime.tracking.progress import RunProgress
 from slime.tracking.wandb_run import WandbRun
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,6 @@ class Tracker:
         run_dir: Path,
         config: dict[str, Any],
         identity: RunIdentity,
-        total_rollouts: int,
         steps_per_rollout: int,
     ):
         self.cfg = cfg
@@ -55,13 +54,6 @@ class Tracker:
             self.tensorboard = TensorBoardSink(run_dir)
         self.wandb = WandbRun(
             cfg.wandb, run_dir=run_dir, config=config, identity=identity, steps_per_rollout=steps_per_rollout
-        )
-        # shown from progress.begin(start): the first rollout is known once the trainers are up
-        self.progress = RunProgress(
-            total=total_rollouts,
-            enabled=cfg.progress,
-            steps_per_rollout=steps_per_rollout,
-            slow_phase_s=cfg.progress_every_s,
         )
 
     def log(self, metrics: dict[str, float], **steps: int) -> None:
@@ -135,7 +127,6 @@ class Tracker:
 
     def finish(self, exit_code: int) -> dict[str, str]:
         """Close every sink and write the plots. Returns where the outputs are (name -> path or command)."""
-        self.progress.close()
         self.metrics.close()
         self.samples.close()
         if self.tensorboard is not None:

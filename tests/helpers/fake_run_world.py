@@ -39,7 +39,6 @@ class FakeWorld:
         self.generate, self.save = Remote(self._generate), Remote(self._save)
         self.evaluate = Remote(lambda rollout_id: {})
         self.logged: list[dict] = []
-        self.progress = self
 
     def _generate(self, rollout_id):
         self.events.append(f"generate {rollout_id}")
@@ -83,7 +82,7 @@ class FakeWorld:
     def before_train(self, rollout_id):
         pass
 
-    # the tracker (Tracker, its progress display)
+    # the tracker (Tracker)
     def log(self, metrics, **steps):
         if "rollout" in steps and "train" not in steps:
             self.logged.append(metrics)
@@ -98,18 +97,4 @@ class FakeWorld:
         pass
 
     def on_save(self, root, plot=True):
-        pass
-
-    def step_done(self, rollout_id, metrics):
-        pass
-
-    poll_s = None  # the loops' rollout waits without polling the group counts
-
-    def begin(self, start):
-        pass
-
-    def on_phase(self, phase, rollout_id):
-        pass
-
-    def rollout_groups(self, rollout_id, counts, final=False):
         pass

@@ -41,7 +41,7 @@ def test_colocated_one_node_8gpu_plan():
     gpus = [line.strip() for line in lines if line.startswith("  node ")]
     assert gpus == [f"node 0 GPU {i}: actor rank {i} (dp {i}, tp 0, pp 0, cp 0) + engine {i}" for i in range(8)]
     assert any("router" in line and "driver's node" in line for line in lines)
-    assert "Placement plan (8 GPU(s) of 1 node(s) x 8; colocated;" in lines[0]
+    assert "Placement plan (8 GPU(s) of 1 node(s) x 8; colocated;" in lines[lines.index("Stack:") + 4]
 
 
 def test_disaggregated_two_node_plan_with_tensor_parallel():
@@ -261,7 +261,8 @@ def test_a_gpu_recipe_without_data_or_checkpoint_is_planned_with_what_it_still_n
     dry = run_main(f"recipe={recipe}", "debug=dry_run")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     lines = dry.stdout.splitlines()
-    assert lines[0].startswith("Placement plan (8 GPU(s) of 1 node(s) x 8;") and "Memory per GPU" in dry.stdout
+    assert lines[0] == "Stack:" and lines[4].startswith("Placement plan (8 GPU(s) of 1 node(s) x 8;")
+    assert "Memory per GPU" in dry.stdout
     needed = still_needed(lines)
     assert needed["data.prompt_data"] == (
         "data.prompt_data=None: no prompt data. Fix: set data.prompt_data=<file.jsonl> (your prompts) or pick "
@@ -314,3 +315,35 @@ def test_the_dry_run_prints_the_plan_the_driver_is_handed(tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout == handed + "\nDry run: configuration valid; nothing was started.\n"
     assert "  node 0 CPU slot 1: critic rank 0\n  node 0 CPU slot 2: engine 0\n  node 0 CPU slot 3: engine 1" in handed
+
+
+def stack_of(overrides: list[str]) -> list[str]:
+    """The dry run's lines naming the training backend, the engine and the resources (its first section)."""
+    lines: list[str] = []
+    assert dry_run(typed_config(["debug=dry_run", *overrides]), out=lines.append) == 0, "\n".join(lines)
+    lines = "\n".join(lines).splitlines()
+    return lines[: lines.index("Stack:") + 4]
+
+
+def test_the_dry_run_names_the_training_backend_and_the_engine_in_workers_on_cpu():
+    assert stack_of([]) == [
+        "Stack:",
+        "  trainer: fsdp (PyTorch FSDP2 over a transformers model): 1 worker, dp 1, fp32",
+        "  engine: hf (built-in transformers server): 1 engine x 1 worker, behind sglang-router (launched)",
+        "  resources: CPU, 1 node: trainer workers 1, engine workers 1 (disaggregated)",
+    ]
+    dp2 = stack_of(["recipe=embedded_dp2"])
+    assert dp2[1] == "  trainer: fsdp (PyTorch FSDP2 over a transformers model): 2 workers, dp 2, fp32"
+    assert not any("GPU" in line for line in dp2)
+
+
+def test_the_dry_run_names_megatron_sglang_and_vllm_with_their_gpus():
+    production = ["model=qwen3_4b", "data.prompt_data=/nonexistent/train.jsonl", "rollout.rm_type=exact_match"]
+    assert stack_of([*production, "parallelism.tp=2"])[1:] == [
+        "  trainer: megatron (Megatron-core GPTModel): 4 GPUs, dp 2 x tp 2, bf16",
+        "  engine: sglang (SGLang servers): 4 engines x 1 GPU, behind sglang-router (launched)",
+        "  resources: 8 GPUs of 1 node x 8: trainer GPUs 4, engine GPUs 4 (disaggregated)",
+    ]
+    ppo = stack_of([*production, "algo=ppo", "cluster.critic.colocate_with_actor=true", "rollout=vllm"])
+    assert ppo[1] == "  trainer: megatron (Megatron-core GPTModel): 4 GPUs, dp 4, bf16; critic on the same 4 GPUs"
+    assert ppo[2] == "  engine: vllm (vLLM servers): 4 engines x 1 GPU, behind vllm-router (launched)"

@@ -25,7 +25,7 @@ def test_the_16_gpu_recipe_plans_one_sglang_server_per_node_without_starting_ray
     proc, imported = run_main("recipe=gpu/qwen3_30b_a3b_grpo_2x8_tp16", "debug=dry_run")
     assert proc.returncode == 0 and "ray" not in imported, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("Placement plan (16 GPU(s) of 2 node(s) x 8; colocated;")
+    assert lines[4].startswith("Placement plan (16 GPU(s) of 2 node(s) x 8; colocated;")
     assert "  node 0 GPU 0: actor rank 0 (dp 0, tp 0, pp 0, cp 0) + engine 0 [GPU 1/16]" in lines
     assert "  node 1 GPU 7: actor rank 15 (dp 3, tp 3, pp 0, cp 0) + engine 0 [GPU 16/16]" in lines
     assert (

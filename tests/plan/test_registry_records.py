@@ -61,18 +61,24 @@ def third_sync():
 
 def test_the_engine_records_state_their_facts():
     hf = EngineFacts(
-        router="sglang-router", abort_path="/abort_request", abort_all_flag=True, lora_adapter_modes=("tensor", "disk")
+        kind="built-in transformers server",
+        router="sglang-router",
+        abort_path="/abort_request",
+        abort_all_flag=True,
+        lora_adapter_modes=("tensor", "disk"),
     )
     assert ENGINES.facts("hf") == hf
     assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
     sglang = dataclasses.replace(
         hf,
+        kind="SGLang servers",
         memory_fraction_key="sglang.mem_fraction_static",
         memory_fraction_default=0.8,
         node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
     )
     assert ENGINES.facts("sglang") == sglang
     assert ENGINES.facts("vllm") == EngineFacts(
+        kind="vLLM servers",
         router="vllm-router",
         abort_path="/abort_requests",
         abort_all_flag=False,
@@ -108,13 +114,17 @@ def test_the_weight_sync_records_state_their_facts():
 
 def test_the_train_backend_records_state_their_memory_model():
     assert TRAIN_BACKENDS.facts("fsdp") == TrainBackendFacts(
+        kind="PyTorch FSDP2 over a transformers model",
         fully_sharded_state=True,
         frozen_models_on_gpu=True,
         full_recompute=("gradient_checkpointing", True),
         bf16_lora_base=("fsdp.mixed_precision", "fsdp2"),
     )
     assert TRAIN_BACKENDS.facts("megatron") == TrainBackendFacts(
-        fully_sharded_state=False, frozen_models_on_gpu=False, full_recompute=("recompute.granularity", "full")
+        kind="Megatron-core GPTModel",
+        fully_sharded_state=False,
+        frozen_models_on_gpu=False,
+        full_recompute=("recompute.granularity", "full"),
     )
 
 

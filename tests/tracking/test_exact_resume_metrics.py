@@ -72,7 +72,7 @@ def test_another_runs_checkpoint_adds_nothing(tmp_path):
 def _tracker(run_dir: Path) -> Tracker:
     cfg = typed_config(["logger.wandb.mode=disabled", "logger.plot=false"])
     identity = RunIdentity(project="p", entity=None, group="g", name="n", tags=[], notes="", id="r")
-    return Tracker(cfg.logger, run_dir=run_dir, config={}, identity=identity, total_rollouts=3, steps_per_rollout=K)
+    return Tracker(cfg.logger, run_dir=run_dir, config={}, identity=identity, steps_per_rollout=K)
 
 
 def test_tracker_resume_logs_the_recovered_records_once(tmp_path):

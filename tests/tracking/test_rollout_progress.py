@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import logging
 import time
 
 import pytest
 from rich.console import Console
 
 from slime.rollout.base import RolloutProgress
+from slime.runtime.events import RunEvent
 from slime.runtime.loop import RunLoop, RunParts, Step
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
 from slime.runtime.run_state import RunState
@@ -19,12 +21,14 @@ COUNTS = {"needed": 4, "kept": 1, "submitted": 6, "in_flight": 5, "dropped": 0}
 
 
 def test_live_display_has_a_group_bar_while_generating():
-    progress = RunProgress(total=5, enabled=True, console=Console(file=io.StringIO(), force_terminal=True, width=120))
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    progress = RunProgress(total=5, live=True, console=console)
+    progress.start()
     progress.begin(0)
     assert progress.poll_s == 0.5
     progress.on_phase("rollout", 0)
     progress.rollout_groups(0, {**COUNTS, "dropped": 2})
-    bar = progress.progress.tasks[1]
+    bar = progress.display.tasks[1]
     assert (bar.visible, bar.completed, bar.total, bar.fields["label"]) == (True, 1, 4, " groups")
     assert bar.description == "6 drawn, 5 in flight, 2 filtered"
     progress.rollout_groups(0, {**COUNTS, "kept": 4, "in_flight": 2}, final=True)
@@ -34,11 +38,13 @@ def test_live_display_has_a_group_bar_while_generating():
     progress.close()
 
 
-def test_plain_group_lines_every_interval_and_at_the_end_of_a_slow_rollout(monkeypatch):
+def test_off_a_terminal_group_counts_are_logged_every_interval_and_at_the_end_of_a_slow_rollout(monkeypatch, caplog):
+    """Not on the console (one line per rollout step there): records of the slime.progress logger (main.log)."""
     out = io.StringIO()
     clock = iter([0.0, 10.0, 12.0, 20.5, 21.0, 30.0, 30.5, 31.0])
     monkeypatch.setattr("slime.tracking.progress.time.monotonic", lambda: next(clock))
-    progress = RunProgress(total=5, enabled=True, console=Console(file=out, width=120), slow_phase_s=10)
+    caplog.set_level(logging.INFO, logger="slime.progress")
+    progress = RunProgress(total=5, live=False, console=Console(file=out, width=120), slow_phase_s=10)
     assert progress.poll_s == 10
     progress.on_phase("rollout", 0)  # t=0
     progress.rollout_groups(0, COUNTS)  # t=10: printed
@@ -49,13 +55,14 @@ def test_plain_group_lines_every_interval_and_at_the_end_of_a_slow_rollout(monke
     progress.rollout_groups(1, {**COUNTS, "kept": 4}, final=True)  # t=30.5: a fast rollout, no line
     progress.rollout_groups(1, dict.fromkeys(COUNTS, 0), final=True)  # no counts reported (sft): nothing shown
     progress.close()
-    assert out.getvalue().splitlines() == [
+    assert [r.getMessage() for r in caplog.records if r.name == "slime.progress"] == [
         "rollout 0: 1/4 groups kept, 6 drawn, 5 in flight, 0 filtered",
         "rollout 0: 3/4 groups kept, 6 drawn, 5 in flight, 0 filtered",
         "rollout 0: 4/4 groups kept, 6 drawn, 2 cut, 0 filtered",
-        "rollout 0 generating: 30.0s",
+        "rollout 0 generating took 30.0s",
     ]
-    assert RunProgress(total=5, enabled=False).poll_s is None
+    assert out.getvalue() == ""
+    assert RunProgress(total=5, live=False, groups=False, console=Console(file=out)).poll_s is None
 
 
 @pytest.mark.slow
@@ -77,30 +84,18 @@ def test_the_manager_answers_progress_while_it_generates():
                 counts.kept, counts.in_flight = kept, 6 - kept
             return ["batches"], {}, []
 
-    class _Display:
-        """The progress display the loop publishes group counts to (RunEvent.ROLLOUT_PROGRESS)."""
-
-        poll_s = 0.05
-
-        def __init__(self):
-            self.seen = []
-
-        def begin(self, start):
-            pass
-
-        def rollout_groups(self, rollout_id, counts, *, final):
-            self.seen.append((rollout_id, counts, final))
-
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         manager = ray.remote(**ACTOR_OPTIONS)(_Generating).remote()
-        display = _Display()
-        tracker = type("Tracker", (), {"progress": display})()
-        run_loop = RunLoop(RunParts(cfg=typed_config([]), state=RunState(), manager=manager, tracker=tracker), 3)
+        state, seen = RunState(), []  # the group counts the loop published (RunEvent.ROLLOUT_PROGRESS)
+        state.events.subscribe(
+            RunEvent.ROLLOUT_PROGRESS, lambda e: seen.append((e.rollout_id, e.data["counts"], e.data["final"]))
+        )
+        parts = RunParts(cfg=typed_config([]), state=state, manager=manager, tracker=None, group_poll_s=0.05)
+        run_loop = RunLoop(parts, 3)
         step = Step(3)
         run_loop.receive(step, run_loop.generate(3))
         assert step.shards == ["batches"]  # the shard references, as the manager returned them
-        seen = display.seen
         assert {rollout_id for rollout_id, _, _ in seen} == {3}
         assert seen[-1] == (3, {**COUNTS, "kept": 4, "in_flight": 2}, True)
         during = sorted({counts["kept"] for _, counts, final in seen if not final})

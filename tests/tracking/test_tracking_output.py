@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -82,7 +83,40 @@ def test_run_plots_and_summary(tmp_path):
     assert "  upload:   wandb sync /w/offline-run-x" in lines and not any(
         line.startswith("checkpoints") for line in lines
     )
+    assert "  metrics.jsonl   every metric of every step" in lines and "  plots           reward_curve.png" in lines
     assert len(lines) <= 24  # one screen
+
+
+def test_summary_names_every_file_of_the_run_dir_and_speaks_of_workers_on_cpu(tmp_path):
+    run = tmp_path / "run"
+    write_metrics(run, [0.1, 0.4])
+    for name in ("main.log", "config.yaml", "samples.jsonl", "result.json", "env.json", "placement.json"):
+        (run / name).write_text("{}")
+    (run / "logs").mkdir()
+    for name in ("router.log", "engine_0.log", "workers.log"):
+        (run / "logs" / name).write_text("")
+    (run / "checkpoints").mkdir()
+    result = {"status": "completed", "phase": "done", "rollouts_completed": 2, "start_rollout": 0, "num_rollout": 2}
+    result |= {"elapsed_s": 9.0, "run_dir": str(run), "device": "cpu", "outputs": {"wandb": "/w/offline-run-x"}}
+    lines = render_summary(result, checkpoint_dir=str(run / "checkpoints")).splitlines()
+    files = [line.split()[0] for line in lines[lines.index(f"run dir     {run}") + 1 :] if line.startswith("  ")]
+    assert files == [
+        "main.log",
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "result.json",
+        "env.json",
+        "placement.json",
+        "logs/",
+    ]
+    assert "  logs/           engine_0.log, router.log, workers.log" in lines
+    assert f"checkpoints {run / 'checkpoints'}" in lines and "wandb       /w/offline-run-x" in lines
+    training = next(line for line in lines if line.startswith("training"))
+    assert (
+        training == "training    2000 tokens/s, 200.00 TFLOP/s per trainer worker, MFU 20.0% (mean of 1 rollout steps)"
+    )
+    assert "GPU" not in training
 
 
 def test_sweep_callback_writes_one_comparison_plot(tmp_path):
@@ -96,31 +130,43 @@ def test_sweep_callback_writes_one_comparison_plot(tmp_path):
     assert (sweep / "sweep_rewards.png").stat().st_size > 10_000
 
 
-def test_plain_progress_lines_when_not_a_terminal(monkeypatch):
+def test_off_a_terminal_one_line_per_rollout_step_and_slow_phases_in_the_log(monkeypatch, caplog):
     out = io.StringIO()
     clock = iter([0.0, 12.5, 13.0, 13.5])
     monkeypatch.setattr("slime.tracking.progress.time.monotonic", lambda: next(clock))
-    progress = RunProgress(total=5, enabled=True, console=Console(file=out, width=120), slow_phase_s=10)
+    caplog.set_level(logging.INFO, logger="slime.progress")
+    progress = RunProgress(total=5, live=False, console=Console(file=out, width=120), slow_phase_s=10)
+    progress.start()  # no display off a terminal
     progress.begin(0)
     progress.on_phase("rollout", 0)  # t=0
-    progress.on_phase("train", 0)  # t=12.5: the rollout phase was slow, so it gets a line
-    progress.on_phase("weight_sync", 0)  # t=13: training took 0.5 s, no line
-    progress.step_done(0, {"rollout/raw_reward": 0.25, "perf/step_time": 13.4})
-    progress.close()
-    assert out.getvalue().splitlines() == ["rollout 0 generating: 12.5s", "rollout    0/5  reward 0.250  13.40s/step"]
+    progress.on_phase("train", 0)  # t=12.5: the rollout phase was slow, so it gets a record
+    progress.on_phase("weight_sync", 0)  # t=13: training took 0.5 s, no record
+    progress.step_done(0, {"rollout/raw_reward": 0.25, "train/pg_loss": -0.01, "perf/step_time": 13.4})
+    progress.close("done")
+    assert out.getvalue().splitlines() == ["rollout    0/5  reward 0.250  pg_loss -0.0100  13.40s/step"]
+    assert [r.getMessage() for r in caplog.records] == ["rollout 0 generating took 12.5s"]
 
 
-def test_live_progress_shows_the_phase_under_way():
-    console = Console(file=io.StringIO(), force_terminal=True, width=120)
-    progress = RunProgress(total=5, enabled=True, steps_per_rollout=2, console=console)
+def test_live_progress_shows_the_phase_under_way_and_the_last_step():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    progress = RunProgress(total=5, live=True, steps_per_rollout=2, console=console)
+    progress.start()
+    progress.on_phase("startup", None)
+    assert progress.display.tasks[0].description == "starting Ray, the engines and the trainers..."
     progress.begin(2)
     progress.on_phase("weight_sync", -1)
-    assert progress.progress.tasks[0].description == "initial weight push..."
+    assert progress.display.tasks[0].description == "initial weight push..."
     progress.on_phase("train", 2)
-    assert progress.progress.tasks[0].description == "rollout 2: training (2 optimizer steps)..."
-    progress.step_done(2, {"rollout/raw_reward": 0.5})
-    assert progress.progress.tasks[0].completed == 3
-    progress.close()
+    assert progress.display.tasks[0].description == "rollout 2: training (2 optimizer steps)..."
+    progress.step_done(2, {"rollout/raw_reward": 0.5, "perf/step_time": 2.0})
+    assert progress.display.tasks[0].completed == 3
+    assert progress.display.last_step == "last step: rollout 2  reward 0.500  2.00s/step"
+    progress.eval_done(3, {"eval/digit": 0.75, "eval/digit-pass@1": 0.75, "eval/step": 3})
+    assert progress.display.last_step == "last step: rollout 2  reward 0.500  2.00s/step  |  eval eval/digit 0.7500"
+    progress.close("done")
+    assert progress.display is None and progress.showing is False
+    assert "rollout    2/5  reward 0.500  2.00s/step" in out.getvalue()  # the step's line, above the display
 
 
 def test_summary_of_a_run_killed_mid_line(tmp_path):

@@ -85,7 +85,6 @@ def _run(tmp_path: Path, run_dir: Path, rollouts: range, load: str | None, k: in
         run_dir=run_dir,
         config=tracker_config(cfg, CHOICES, overrides),
         identity=identity,
-        total_rollouts=rollouts.stop,
         steps_per_rollout=k,
     )
     for r in rollouts:
