@@ -308,7 +308,13 @@ def test_eval_prompt_data_typo_is_not_created(tmp_path):
 
 
 def test_data_options():
-    assert sorted(p.stem for p in (CONF / "data").glob("*.yaml")) == ["digit_task", "prompt_file"]
+    assert sorted(p.stem for p in (CONF / "data").glob("*.yaml")) == [
+        "arithmetic",
+        "digit_task",
+        "messages_file",
+        "prompt_file",
+        "tool_task",
+    ]
     embedded = compose_config([]).data  # the embedded preset's digit task
     assert embedded.prompt_data == embedded.generator.path and embedded.prompt_data.endswith("/digit_task_train.jsonl")
     assert compose_config(["data=prompt_file"]).data.prompt_data is None  # the command line beats the preset
