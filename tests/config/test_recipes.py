@@ -192,3 +192,10 @@ def test_eval_none_turns_off_the_arithmetic_recipes_eval():
         96,
         "slime.assets.arithmetic_task.write_dataset",
     )
+
+
+def test_the_sglang_math_recipe_with_vllm_chosen_is_the_vllm_math_recipe():
+    """The engine of recipes/gpu/qwen3_4b_grpo_math is one command-line choice away from its vLLM twin."""
+    chosen = composed(("recipe=gpu/qwen3_4b_grpo_math", "rollout=vllm_colocated"))
+    assert chosen == composed(("recipe=gpu/qwen3_4b_grpo_math_vllm",))
+    assert composed(("recipe=gpu/qwen3_4b_grpo_math",)) != chosen
