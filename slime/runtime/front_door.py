@@ -61,7 +61,8 @@ def check_command_line(argv: list[str], *, config_dir: Path, config_name: str, j
     register_configs()  # the run schema the defaults list names (idempotent)
     with initialize_config_dir(config_dir=str(config_dir), job_name=job_name, version_base="1.3"):
         tree, keys = _checked_overrides(overrides, config_name)
-        multirun = args.multirun or tree.hydra.mode == RunMode.MULTIRUN
+        mode = next((o.value() for o in overrides if o.key_or_group == "hydra.mode"), tree.hydra.mode)
+        multirun = args.multirun or mode in (RunMode.MULTIRUN, RunMode.MULTIRUN.name)  # flag, override or config
         if multirun or args.help or args.cfg or args.info:  # nothing to start: Hydra prints, or a sweep's
             if keys:  # jobs validate each
                 _refuse(keys)

@@ -155,6 +155,7 @@ def test_accepted_forms_pass(argv):
     [
         ["--multirun", "algo=grpo,dapo", "train.lr=1e-6,1e-5"],
         ["--multirun", "algo=glob(*)"],
+        ["hydra.mode=MULTIRUN", "algo=grpo,dapo"],  # a sweep without the flag
         ["--multirun", "recipe=tiny_optuna", "train.lr=tag(log,interval(1e-6,1e-4))"],
         ["--help"],
         ["--cfg", "hydra", "hydra.job.chdir=false"],
