@@ -63,13 +63,16 @@ def group_problems(groups: list[Override], keys: list[Override], loader) -> list
         options = group_options(loader, override.key_or_group)
         for choice in _choices(override):
             if choice is not None and choice not in options:
-                problems.append(_unknown_option(override, choice, options))
+                problems.append(
+                    dataclasses.replace(_unknown_option(override, choice, options), line=override.input_line)
+                )
     for override in keys:
         if override.package is not None:  # `group@package=option` of a group that does not exist
             names = sorted(_all_groups(loader))
             close = difflib.get_close_matches(override.key_or_group, names, n=3, cutoff=0.6)
             fix = f"{close[0]}@{override.package}={override.get_value_string()}" if close else f"one of {names}"
-            problems.append(OverrideProblem(_shown(override), f"no such group{_did_you_mean(close)}", fix))
+            message = f"no such group{_did_you_mean(close)}"
+            problems.append(OverrideProblem(_shown(override), message, fix, line=override.input_line))
     return problems
 
 

@@ -75,13 +75,16 @@ def _checked_overrides(overrides: list[Override], config_name: str) -> tuple[Dic
     loader = GlobalHydra.instance().config_loader()
     groups, keys = split_groups(overrides, loader)
     problems = group_problems(groups, keys, loader)
-    if problems:  # nothing composes with an unknown option
-        _refuse(problems)
+    bad = {p.line for p in problems}  # left out of the composition, which they would stop
+    groups, keys = [o for o in groups if o.input_line not in bad], [o for o in keys if o.input_line not in bad]
     try:
         tree = compose(config_name, overrides=analysis_overrides(groups), return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
-        _refuse([_hydra_message(exc)])
-    return tree, key_problems(keys, tree)
+        _refuse([*problems, _hydra_message(exc)])
+    problems += key_problems(keys, tree)
+    if bad:  # nothing composes with an unknown option or group: stop here, every override named
+        _refuse(problems)
+    return tree, problems
 
 
 def _validate_run(config_name: str, lines: list[str], *, problems: list[OverrideProblem]) -> None:

@@ -94,7 +94,7 @@ def test_a_mistyped_key_names_the_nearest_keys(capsys, argv, first_line):
         (
             ["algo=grpp"],
             "algo=grpp: no such option of group algo (did you mean grpo?). "
-            "Fix: algo=grpo (the options: cispo, dapo, dr_grpo, grpo, gspo, ppo,",
+            "Fix: algo=grpo (the options: cispo, dapo, dr_grpo, grpo, grpo_clip_higher, gspo,",
         ),
         (
             ["recipe=smollm2_arithmetc"],
@@ -229,3 +229,8 @@ def test_help_points_at_the_dry_run():
     assert proc.returncode == 0, proc.stderr
     assert "  python main.py model=qwen3_4b algo=grpo debug=dry_run   plan the run (placement, batch" in proc.stdout
     assert "starts nothing and writes nothing" in proc.stdout
+
+
+def test_an_unknown_option_and_a_mistyped_key_are_named_together(capsys):
+    lines = refused(capsys, "model=qwen3_5b", "algo.kl_coeff=1")
+    assert [line.split(":")[1] for line in lines] == [" model=qwen3_5b", " algo.kl_coeff=1"]
