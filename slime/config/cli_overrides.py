@@ -182,7 +182,9 @@ def _did_you_mean(close: list[str]) -> str:
 
 
 def _fix(override: Override, close: list[str]) -> str:
-    """The override retyped with the nearest key (a + dropped: that key exists)."""
+    """The override retyped with the nearest key (a + dropped: that key exists); none near: remove it."""
+    if not close:
+        return "remove it"
     if override.is_delete():
         return f"~{close[0]}"
     return _shown(override, line=f"{close[0]}={override.get_value_string()}")
