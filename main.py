@@ -9,12 +9,14 @@ Exit status: 0 completed, 2 configuration error (nothing was started), other non
 """
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from slime.config import register_configs
 from slime.registry import register_listing_resolver
+from slime.runtime.front_door import check_command_line
 from slime.runtime.launch import EXIT_CONFIG_ERROR, execute
 
 register_configs()
@@ -28,6 +30,10 @@ def main(dcfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     try:
+        # Configuration errors and a dry run end here, before Hydra's job makes a run directory.
+        check_command_line(
+            sys.argv[1:], config_dir=Path(__file__).resolve().parent / "conf", config_name="config", job_name="main"
+        )
         main()
     except KeyboardInterrupt as exc:  # a run's RunInterrupted carries 130 or 143; before the run: plain Ctrl-C
         sys.exit(getattr(exc, "exit_code", 130))

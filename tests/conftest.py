@@ -1,6 +1,6 @@
 """The test session: its environment (a session id that every started process inherits, a per-session cache), the
-tiny model on disk, the order of the end-to-end modules and the GPU tier's skip. Functions the tests share live
-in tests/helpers."""
+tiny model on disk, the order of the end-to-end modules, the GPU tier's skip and the guard that no test writes into
+the checkout. Functions the tests share live in tests/helpers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.checkout import new_files, run_outputs
 from tests.helpers.compose import ROOT, model_fields
 from tests.helpers.processes import TEST_SESSION_VAR
 from tests.helpers.slow_files import CHECK_VAR, unlisted
@@ -27,6 +28,27 @@ os.environ[TEST_SESSION_VAR] = str(os.getpid())
 SHARED_CACHE_VAR = "SLIME_TEST_SHARED_CACHE"
 SESSION_CACHE = Path(os.environ.get(SHARED_CACHE_VAR) or tempfile.mkdtemp(prefix="slime-test-cache-"))
 os.environ["SLIME_CACHE_DIR"] = str(SESSION_CACHE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_stays_clean():
+    """The session fails if anything new appeared in the checkout while it ran (the tools' caches aside)."""
+    before = new_files()
+    yield
+    written = sorted(new_files() - before)
+    if written:
+        pytest.fail(f"the test session wrote into the checkout: {written[:20]}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_run_outputs_in_checkout():
+    """A test that leaves a run's directory in the checkout (outputs/, multirun/, wandb/, .cache/) fails: it points
+    its runs under tmp_path (hydra.run.dir=..., paths.root_dir=...)."""
+    before = run_outputs()
+    yield
+    written = sorted(run_outputs() - before)
+    if written:
+        pytest.fail(f"the test wrote into the checkout: {written[:20]}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

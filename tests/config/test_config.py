@@ -11,6 +11,7 @@ import yaml
 from slime.plan.derive import derive
 from slime.plan.validate import validate
 from tests.helpers.compose import ROOT, fake_hf_dir, group_options, typed_config
+from tests.helpers.recipes import recipe_overrides, recipe_selecting
 from tests.helpers.validation import config_problems
 
 GPU_MODELS = (
@@ -35,6 +36,39 @@ NEEDS = {
     ("data", "prompt_file"): "prompt_file",
     ("debug", "train_only"): "rollout_dumps",
     ("rollout", "vllm"): "vllm_cpu_model",
+    # layouts of the recipes' models and clusters: composed and validated within the recipe that chooses them
+    **{
+        (group, option): "recipe"
+        for group, options in {
+            "cluster": (
+                "local_cpu_two_trainers",
+                "one_node_8gpu_colocated",
+                "one_node_8gpu_colocated_one_engine",
+                "one_node_8gpu_critic_colocated",
+                "two_nodes_16gpu_colocated",
+                "two_nodes_16gpu_colocated_one_engine",
+                "eight_nodes_64gpu_colocated",
+                "sixteen_nodes_128gpu_colocated",
+                "thirty_two_nodes_256gpu_colocated",
+            ),
+            "parallelism": (
+                "fsdp_tp2",
+                "megatron_tp2_sp",
+                "megatron_tp4_sp_ep8",
+                "megatron_tp2_sp_pp2_ep32",
+                "megatron_tp4_sp_pp4_ep32",
+                "megatron_tp8_sp_pp4_ep64",
+            ),
+            "rollout": (
+                "sglang_colocated",
+                "sglang_colocated_large",
+                "vllm_colocated",
+                "vllm_colocated_expert_parallel",
+            ),
+            "data": ("messages_file",),
+        }.items()
+        for option in options
+    },
 }
 
 
@@ -42,6 +76,8 @@ NEEDS = {
 def test_every_option_composes_and_validates(group, option, tmp_path):
     overrides = [f"{group}={option}"]
     needs = NEEDS.get((group, option), "")
+    if needs == "recipe":
+        overrides = [*recipe_overrides(recipe_selecting(group, option), tmp_path), *overrides]
     if "hf_model_dir" in needs:
         model = option if option in GPU_MODELS else "qwen3_4b"
         overrides += [f"model={model}", f"model.hf_checkpoint={fake_hf_dir(tmp_path, model)}"]

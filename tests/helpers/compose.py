@@ -26,6 +26,16 @@ def compose_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"
         return compose(config_name="config", overrides=[f"paths.output_dir={output_dir}", *overrides])
 
 
+def group_choices(overrides: list[str]) -> dict[str, str | None]:
+    """{group: option} of the config composed with `overrides` (Hydra's runtime choices: `model@teacher` keys
+    included, Hydra's own groups left out)."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    return {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra")}
+
+
 def typed_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):
     return to_run_config(compose_config(overrides, output_dir))
 

@@ -67,7 +67,7 @@ def test_cli_with_secrets_in_env_and_overrides_leaks_none(tmp_path):
         timeout=120,
         env={**os.environ, **ENV_SECRETS},
     )
-    assert proc.returncode == 2 and "logger.wandb.api_key=<redacted>: no such option" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "logger.wandb.api_key=<redacted>: no such key" in proc.stderr, proc.stderr
     leaked = [s for s in (CLI_SECRET, *ENV_SECRETS.values()) if s in proc.stdout + proc.stderr]
     assert leaked == []
     for record in run_dir.rglob("*"):
