@@ -1,6 +1,6 @@
 """`HFEngine`: the built-in transformers server (`slime.engine.hf.server`) as an `EngineServer`.
 
-Its command line comes from the launch (`EngineLaunch`) and `rollout.hf` (`HFEngineConfig`) only.
+Its command line comes from the launch (`EngineLaunch`), `rollout.hf` (`HFEngineConfig`) and rollout.deterministic only.
 """
 
 from __future__ import annotations
