@@ -270,13 +270,15 @@ async def run_app(server: HFServer, app: web.Application) -> None:
     server.port = int(runner.addresses[0][1])  # the real port when --port 0
     server.scheduler.start()
     logger.info(
-        "hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s)",
+        "hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s max_batch_size=%d%s)",
         args.model_path,
         args.host,
         server.port,
         args.device,
         server.dtype,
         args.weight_version,
+        server.max_batch_size,
+        ", batch-invariant" if server.batch_invariant else "",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
