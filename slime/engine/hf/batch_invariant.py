@@ -165,12 +165,16 @@ AttentionMaskInterface.register(ATTENTION, padding_mask)
 
 def unsupported(model) -> str | None:
     """Why `model` cannot decode batch-invariant here (None: it can): it must sit on the CPU, torch must run one
-    intra-op thread, and every layer must be plain causal full attention (no sliding window)."""
+    intra-op thread, its attention must go through transformers' attention functions (`attention` replaces
+    them) and every layer must be plain causal full attention (no sliding window; a mask of another kind raises
+    in `padding_mask`)."""
     device = next(model.parameters()).device
     if device.type != "cpu":
         return f"batch-invariant decoding is implemented for the CPU, not {device}"
     if torch.get_num_threads() != 1:
         return f"batch-invariant decoding runs on one torch thread, not {torch.get_num_threads()}"
+    if not getattr(model, "_supports_attention_backend", False):
+        return f"{type(model).__name__} does not take transformers' attention functions"
     config = model.config
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(config, "use_sliding_window", False):

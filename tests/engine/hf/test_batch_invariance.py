@@ -220,10 +220,13 @@ def test_the_trainer_scores_batched_tokens_as_the_engine_did(tiny_model_dir, inv
     assert max(diffs) < 1e-5, max(diffs)
 
 
-def test_a_deterministic_run_starts_its_engines_batch_invariant(tiny_model):
+def test_a_deterministic_run_starts_its_engines_batch_invariant(tiny_model, caplog):
     """rollout.deterministic reaches the server as SGLang's flag; a server that cannot run batch-invariant there
-    (here: two torch threads) decodes each request alone and says so."""
+    (two torch threads, a sliding-window layer) decodes each request alone and says so."""
     import argparse
+    import copy
+
+    from transformers import AutoModelForCausalLM
 
     from slime.engine.base import EngineLaunch
     from slime.engine.hf.engine import HFEngine
@@ -244,6 +247,16 @@ def test_a_deterministic_run_starts_its_engines_batch_invariant(tiny_model):
         assert decoding_mode(args, model) == (False, 1)
     finally:
         torch.set_num_threads(1)
+    sliding = copy.deepcopy(model.config)
+    sliding.layer_types, sliding.sliding_window, sliding.use_sliding_window = (
+        ["full_attention", "sliding_attention"],
+        4,
+        True,
+    )
+    windowed = AutoModelForCausalLM.from_config(sliding)
+    assert "full-attention layers only" in batch_invariant.unsupported(windowed)
+    assert decoding_mode(args, windowed) == (False, 1)
+    assert caplog.text.count("deterministic inference decodes each request alone") == 2
 
 
 def test_the_server_answers_concurrent_requests_as_it_answers_them_one_by_one(tiny_model_dir, tmp_path):
