@@ -11,20 +11,25 @@ replaced here; the rest is already per row:
 
 - Linear (`linear`): MKL picks its GEMM kernel by the row count (a GEMV for one row, other kernels for 2-3 rows), so
   `x[:1] @ W` and `(x @ W)[:1]` differ by ~1 ulp. Here every Linear runs as GEMMs of one fixed shape, `TILE_ROWS`
-  rows (the last tile padded with zero rows): the same kernel and blocking every call, whose reduction over K for a
-  row never mixes in another row. Measured against the alternatives: one `F.linear` per row costs 3-4x, fp64
-  accumulation is not exact (the fp32 rounding still depends on the order, just rarely), and a `bmm` over the
-  tiles (one call) is as fast but gives the same guarantee only as far as its batched kernel computes each tile
-  like a lone GEMM.
+  rows (the last tile padded with zero rows): the same kernel, blocking and K-reduction order every call, and on one
+  thread a row's output is the same at any position of the tile (tested; with threads MKL splits a tile's rows, and
+  a split into chunks of 1-3 rows changes the kernel again). Measured for tiny_qwen3's MLP (K=64, N=192) at 256 /
+  3072 rows: `F.linear` 66 / 773 us, not invariant, nor with `torch.use_deterministic_algorithms` or mkldnn off
+  (run-to-run determinism, not batch invariance); fixed tiles of 64 rows 120 / 1173 us (of 16: 136 / 1694);
+  one `F.linear` per row 1022 / 22258 us; mul + sum over K 623 / 117851 us; fp64 accumulation 145 / 1798 us and
+  invariant only as long as no fp32 rounding falls on a tie of its own order's error; a `bmm` over the tiles 75 /
+  859 us, invariant as far as its batched kernel computes each tile as a lone GEMM (a forward pass of the engine
+  costs the same either way: Python, not the GEMMs, dominates there).
 - Attention (`attention`, a transformers attention function): with left padding a row's keys sit at another offset
   of the padded cache, so SDPA's vectorised softmax sums and its P @ V reduction group them differently, and a
   padded batch takes the masked kernel where a lone row takes the unmasked one. Here the rows are grouped by their
   own length n and each group runs SDPA on exactly its last n keys (and queries), unmasked: the call a lone row
   makes, with only the batch dimension larger (SDPA computes each (row, head) on its own).
 - Transcendental elementwise functions (`ALIGNED_FUNCTIONS`: exp, cos, sin, silu, sigmoid, ...): aten evaluates the
-  vectorised (SLEEF) form on full vectors and the scalar libm form on the tail of the flattened tensor, which round
-  differently in the last ulp; whether an element falls in the tail depends on the batch size. Here they run on a
-  contiguous copy padded to a multiple of `VECTOR_ALIGN` elements, so every element takes the vectorised form.
+  vectorised form on full vectors and a scalar form on the tail of the flattened tensor; for silu and sigmoid these
+  differ in the last ulp (measured: 74 of 2000 elements), and whether an element falls in the tail depends on the
+  batch size. Here they run on a contiguous copy padded to a multiple of `VECTOR_ALIGN` elements, so every element
+  takes the vectorised form (a copy only where the size is not already such a multiple).
 
 Per row already: RMSNorm (a reduction over the last dimension), RoPE, embeddings, log_softmax and the sampler's
 per-row ops. All of this holds on one torch thread (with more, MKL and SDPA split a call across threads by its
@@ -33,7 +38,8 @@ size); the engine runs batch-invariant decoding on one (`slime/engine/hf/check.p
 `BatchInvariantOps(model)` is the context the generator runs forward passes in: a thread-local `TorchFunctionMode`
 for the functions above, and the model's attention (and MoE experts: the eager per-expert Linears) switched to
 these for its duration. `unsupported(model)` says why a model cannot run this way (not on the CPU, more than one
-thread, a sliding-window or linear-attention layer): the server then decodes each request alone.
+thread, attention outside transformers' attention functions, a sliding-window layer): the server then decodes each
+request alone.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, prepare_padding_mask
 
 ATTENTION = "slime_batch_invariant"  # the transformers attention (and mask) implementation registered here
-TILE_ROWS = 64  # rows per GEMM of a batch-invariant Linear (tools/bench_engine.py: T=16..64 cost the same here)
+TILE_ROWS = 64  # rows per GEMM of a batch-invariant Linear: fewer calls for a prefill's thousands of rows than 16
 VECTOR_ALIGN = 64  # elements: a multiple of aten's vectorised loop step (2 vectors of 16 floats with AVX-512)
 
 ALIGNED_FUNCTIONS = {
