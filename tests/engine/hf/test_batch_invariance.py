@@ -67,6 +67,17 @@ def test_linear_rows_are_the_rows_of_a_lone_call():
     torch.testing.assert_close(alone, F.linear(x, weight, bias))  # the same function, up to rounding
 
 
+def test_elementwise_functions_take_one_form_whatever_the_batch():
+    """silu of a 100-wide row alone (its last 4 elements in aten's scalar tail) and inside 1-40 rows: plain F.silu
+    gives some row other bits in a batch; `batch_invariant.aligned` gives every row its lone bits."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 100) * 4
+    alone = torch.cat([batch_invariant.aligned(F.silu, x[i : i + 1]) for i in range(40)])
+    plain = torch.cat([F.silu(x[i : i + 1]) for i in range(40)])
+    assert all(torch.equal(batch_invariant.aligned(F.silu, x[:rows]), alone[:rows]) for rows in range(1, 41))
+    assert not all(torch.equal(F.silu(x[:rows]), plain[:rows]) for rows in range(1, 41))
+
+
 def test_attention_of_a_padded_row_is_its_lone_attention():
     """A row's attention inside a left-padded batch, prefill and decode, is its attention computed alone."""
     torch.manual_seed(0)
