@@ -1,8 +1,11 @@
 """The hf engine on one embedded rollout step: 32 prompts x 8 samples of 2 new tokens, every request in flight at
 once (as the rollout sends them), each with its own `sampling_seed`. Rows: the engine decoding each request alone
-(max batch 1, what `rollout.deterministic=true` makes it) and batching (the default 256), each direct and through
-sglang-router as a run reaches it. Columns: wall seconds per step, the engine process's CPU seconds per step, and
-the ratio of the wall time to the first row's, measured in the same invocation.
+(max batch 1), batching with batch-invariant forward passes (`rollout.deterministic=true`: the same tokens whatever
+shares a batch, slime/engine/hf/batch_invariant.py) and batching without them (`rollout.deterministic=false`), each
+direct and through sglang-router as a run reaches it. The three engines of a route run at once and take their
+steps in turn, so that they share the machine's load. Columns: wall seconds per step, the engine process's CPU
+seconds per step, and the ratio of the wall time to the non-deterministic batching's on the same route, measured in
+the same invocation.
 
 A second table: a long-tail step (1 request in 32 with 10x the new tokens, every request ignore_eos) with at most
 64 requests in flight (a rollout that sends the next request as one returns, as a streaming rollout or a low
@@ -28,7 +31,7 @@ import psutil
 
 from slime.config.schema_rollout import HFEngineConfig, RouterConfig
 from slime.engine.base import EngineLaunch
-from slime.engine.hf.engine import HFEngine
+from slime.engine.hf.engine import HFEngine, HFServerConfig
 from slime.engine.router import Router
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,45 +54,62 @@ def step_payloads(seed: int) -> list[dict]:
     return out
 
 
-async def run_steps(url: str, rounds: int) -> float:
-    """Mean wall seconds per step over `rounds` steps (after one warm-up step)."""
+VARIANTS = [  # (row name, max batch size, rollout.deterministic)
+    ("one at a time (batch 1)", 1, True),
+    ("deterministic, batch 256", 256, True),
+    ("non-deterministic, 256", 256, False),
+]
+
+
+async def interleaved_steps(urls: dict[str, str], pids: dict[str, int], rounds: int) -> dict[str, tuple[float, float]]:
+    """(wall s, engine CPU s) per step for each engine at its URL, their steps taken in turn (after one warm-up step
+    each)."""
+    processes = {name: psutil.Process(pid) for name, pid in pids.items()}
+    sums = {name: [0.0, 0.0] for name in urls}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as session:
 
-        async def one(payload: dict) -> None:
+        async def one(url: str, payload: dict) -> None:
             async with session.post(url + "/generate", json=payload) as resp:
                 resp.raise_for_status()
                 await resp.read()
 
-        async def step(seed: int) -> None:
-            await asyncio.gather(*(one(p) for p in step_payloads(seed)))
+        async def step(url: str, seed: int) -> None:
+            await asyncio.gather(*(one(url, p) for p in step_payloads(seed)))
 
-        await step(0)
-        started = time.perf_counter()
+        for url in urls.values():
+            await step(url, 0)
         for i in range(rounds):
-            await step(i + 1)
-        return (time.perf_counter() - started) / rounds
+            for name, url in urls.items():
+                cpu, wall = sum(processes[name].cpu_times()[:2]), time.perf_counter()
+                await step(url, i + 1)
+                sums[name][0] += time.perf_counter() - wall
+                sums[name][1] += sum(processes[name].cpu_times()[:2]) - cpu
+    return {name: (wall / rounds, cpu / rounds) for name, (wall, cpu) in sums.items()}
 
 
-def measure(model: Path, max_batch: int, via_router: bool, rounds: int, logs: Path) -> tuple[float, float]:
-    """(wall s per step, engine CPU s per step): the engine as a run starts it (`HFEngine`), and sglang-router as
-    a run launches it (`Router.launch`) where `via_router`."""
-    launch = EngineLaunch(rank=0, model_path=str(model), host="127.0.0.1", seed=1, device="cpu", log_dir=str(logs))
-    engine = HFEngine(launch, HFEngineConfig(max_batch_size=max_batch))
-    router = None
+def measure(model: Path, via_router: bool, rounds: int, logs: Path) -> dict[str, tuple[float, float]]:
+    """(wall s per step, engine CPU s per step) of each of VARIANTS: the engines as a run starts them (`HFEngine`,
+    with rollout.deterministic as `HFEngine.config_from` passes it), and sglang-router as a run launches it
+    (`Router.launch`) where `via_router`."""
+    engines, routers, urls = {}, [], {}
     try:
-        url = engine.start()
-        if via_router:
-            router = Router.launch(cfg=RouterConfig(), log_path=logs / "router.log")
-            router.add_worker(url)
-            url = router.url
-        process = psutil.Process(engine.pid)
-        before = sum(process.cpu_times()[:2])
-        wall = asyncio.run(run_steps(url, rounds))
-        return wall, (sum(process.cpu_times()[:2]) - before) / (rounds + 1)
+        for rank, (name, max_batch, deterministic) in enumerate(VARIANTS):
+            launch = EngineLaunch(
+                rank=rank, model_path=str(model), host="127.0.0.1", seed=1, device="cpu", log_dir=str(logs)
+            )
+            config = HFServerConfig(HFEngineConfig(max_batch_size=max_batch), deterministic=deterministic)
+            engines[name] = HFEngine(launch, config)
+            urls[name] = engines[name].start()
+            if via_router:
+                routers.append(Router.launch(cfg=RouterConfig(), log_path=logs / f"router_{rank}.log"))
+                routers[-1].add_worker(urls[name])
+                urls[name] = routers[-1].url
+        return asyncio.run(interleaved_steps(urls, {n: e.pid for n, e in engines.items()}, rounds))
     finally:
-        if router is not None:
+        for router in routers:
             router.shutdown()
-        engine.shutdown()
+        for engine in engines.values():
+            engine.shutdown()
 
 
 def long_tail_requests(seed: int) -> list:
@@ -168,15 +188,16 @@ def main() -> None:
     model = args.model_path
     if not (model / "config.json").exists():
         model = make_tiny_model("tiny_qwen3", model)
-    rows = [("batch 1 (deterministic)", 1, False), ("batch 256", 256, False)]
-    rows += [("batch 1, via router", 1, True), ("batch 256, via router", 256, True)]
     with tempfile.TemporaryDirectory() as logs:
-        results = [(name, *measure(model, batch, router, args.rounds, Path(logs))) for name, batch, router in rows]
-    base = results[0][1]
+        routes = {
+            route: measure(model, route == "via router", args.rounds, Path(logs)) for route in ("direct", "via router")
+        }
     print(f"{PROMPTS} prompts x {SAMPLES} samples, {NEW_TOKENS} new tokens, {args.rounds} steps per row")
-    print(f"{'engine':<26} {'wall s/step':>12} {'engine CPU s/step':>18} {'wall ratio':>11}")
-    for name, wall, cpu in results:
-        print(f"{name:<26} {wall:>12.3f} {cpu:>18.3f} {wall / base:>11.2f}")
+    print(f"{'engine':<36} {'wall s/step':>12} {'engine CPU s/step':>18} {'wall ratio':>11}")
+    for route, results in routes.items():
+        base = results[VARIANTS[-1][0]][0]
+        for name, (wall, cpu) in results.items():
+            print(f"{name + ', ' + route:<36} {wall:>12.3f} {cpu:>18.3f} {wall / base:>11.2f}")
     long_tail = measure_long_tail(model, args.rounds)
     print(
         f"\nlong tail: 1 request in {LONG_EVERY} with {NEW_TOKENS * LONG_FACTOR} new tokens, {IN_FLIGHT} in flight, "

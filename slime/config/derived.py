@@ -26,7 +26,7 @@ class Derived:
     num_rollout: Optional[int]  # train.num_rollout, or derived from train.num_epoch (None: unknown, reported)
     num_optimizer_steps: int  # num_rollout · K
     over_sampling_batch_size: int  # groups per refill
-    hf_max_batch_size: int  # sequences the hf engine decodes together (1: batch-invariant, deterministic)
+    hf_max_batch_size: int  # sequences the hf engine decodes together (deterministic: batch-invariant, or 1)
     precision: str  # fp32 | bf16
     rollout_function: Optional[Any]  # import path (or node) rollout.function selects (None: an unknown name, reported)
 

@@ -31,7 +31,9 @@ class RouterConfig:
 class HFEngineConfig:
     """The built-in transformers server (`rollout.engine=hf`)."""
 
-    max_batch_size: Optional[int] = None  # sequences decoded together; None: 256, or 1 with rollout.deterministic
+    # sequences decoded together; None: 256, or 1 with rollout.deterministic on cuda or with num_threads > 1 (where
+    # its batch-invariant forward passes do not run)
+    max_batch_size: Optional[int] = None
     batch_wait_ms: float = 5.0  # how long the batcher waits for more requests
     dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
     num_threads: int = 1  # torch threads per CPU engine
@@ -157,7 +159,7 @@ class RolloutConfig:
     max_prompt_len: Optional[int] = None  # tokens of the templated prompt; longer prompts are dropped at load
     # Same config + seed => same rollouts, whatever the load or the completion order: per-request sampling
     # seeds derived from `seed` and the sample index, groups kept in submission order, and batch-invariant
-    # engines (SGLang's deterministic inference; the hf engine decodes each request on its own).
+    # engines (SGLang's deterministic inference; the hf engine's batch-invariant forward passes).
     deterministic: bool = False
     # The rollout loop and its extension points: hooks are import paths or `_target_` nodes, called with the
     # RolloutContext as `args` (docs/data-and-rewards.md#custom-code-hooks lists every call shape).

@@ -6,6 +6,7 @@ from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig
 from slime.engine.groups import rollout_gpu_count
+from slime.engine.hf.check import hf_batches
 from slime.rollout.check_data import rollouts_for_epochs
 from slime.rollout.entry_points import rollout_function_path
 
@@ -49,7 +50,7 @@ def derive(cfg: RunConfig) -> Derived:
         num_rollout=num_rollout,
         num_optimizer_steps=(num_rollout or 0) * k,
         over_sampling_batch_size=r.over_sampling_batch_size or r.batch_size,
-        hf_max_batch_size=r.hf.max_batch_size or (1 if r.deterministic else HF_DEFAULT_MAX_BATCH_SIZE),
+        hf_max_batch_size=r.hf.max_batch_size or (HF_DEFAULT_MAX_BATCH_SIZE if hf_batches(cfg) else 1),
         precision=precision,
         rollout_function=rollout_function_path(cfg),
     )

@@ -248,12 +248,15 @@ def test_fsdp_tensor_parallel_is_accepted():
 
 
 def test_deterministic_engine_batching():
-    """rollout.deterministic: the hf engine decodes requests one at a time (derived, saved in config.yaml)."""
-    assert derive(typed_config([])).hf_max_batch_size == 1  # the embedded default is deterministic
-    assert derive(typed_config(["rollout.deterministic=false"])).hf_max_batch_size == 256
+    """rollout.deterministic: the hf engine batches requests with batch-invariant forward passes on the CPU with one
+    torch thread, and decodes them one at a time elsewhere (derived, saved in config.yaml)."""
+    assert derive(typed_config([])).hf_max_batch_size == 256  # the embedded default is deterministic, on the CPU
+    assert derive(typed_config(["rollout.hf.num_threads=2"])).hf_max_batch_size == 1
+    assert derive(typed_config(["rollout.deterministic=false", "rollout.hf.num_threads=2"])).hf_max_batch_size == 256
     assert derive(typed_config(["rollout.deterministic=false", "rollout.hf.max_batch_size=8"])).hf_max_batch_size == 8
-    found = config_problems(["rollout.hf.max_batch_size=8"])
-    assert "rollout.deterministic=false" in found["rollout.hf.max_batch_size"]
+    assert validate(typed_config(["rollout.hf.max_batch_size=8"])).hf_max_batch_size == 8
+    found = config_problems(["rollout.hf.max_batch_size=8", "rollout.hf.num_threads=2"])
+    assert "rollout.hf.num_threads=1" in found["rollout.hf.max_batch_size"]
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,14 @@ from __future__ import annotations
 from slime.config.schema import HFEngineConfig
 from slime.engine import http_client
 from slime.engine.base import EngineLaunch, EngineServer
-from slime.engine.hf.engine import HFEngine
+from slime.engine.hf.engine import HFEngine, HFServerConfig
 
 
-def start_engine(model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str, ...] = (), **config) -> HFEngine:
-    """A started hf engine server (one process) on `model_dir`; `config` overrides HFEngineConfig fields."""
+def start_engine(
+    model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str, ...] = (), deterministic: bool = False, **config
+) -> HFEngine:
+    """A started hf engine server (one process) on `model_dir`; `config` overrides HFEngineConfig fields;
+    `deterministic`: rollout.deterministic (--enable-deterministic-inference)."""
     launch = EngineLaunch(
         rank=0,
         model_path=str(model_dir),
@@ -20,7 +23,8 @@ def start_engine(model_dir, log_dir, *, device: str = "cpu", gpu_ids: tuple[str,
         log_dir=str(log_dir),
         startup_timeout_s=180,
     )
-    engine = HFEngine(launch, HFEngineConfig(**{"max_batch_size": 4, "num_threads": 1, **config}))
+    hf = HFEngineConfig(**{"max_batch_size": 4, "num_threads": 1, **config})
+    engine = HFEngine(launch, HFServerConfig(hf, deterministic=deterministic))
     engine.start()
     return engine
 

@@ -49,8 +49,8 @@ def test_validating_the_default_run_imports_nothing_heavy():
 
 
 def test_the_chosen_record_runs_its_check_and_the_others_their_unchosen_check(monkeypatch):
-    hf_rule = ["rollout.deterministic=true", "rollout.hf.max_batch_size=4"]
-    assert "decodes each request on its own" in keys_of(hf_rule)["rollout.hf.max_batch_size"]
+    hf_rule = ["rollout.deterministic=true", "rollout.hf.max_batch_size=4", "rollout.hf.num_threads=2"]
+    assert "batches requests (batch-invariant)" in keys_of(hf_rule)["rollout.hf.max_batch_size"]
     # a part registered with one line, its check named by import path: chosen, it runs
     monkeypatch.setitem(ENGINES._entries, "hf2", ENGINES.target("hf"))
     monkeypatch.setitem(ENGINES._checks, "hf2", Checks(check="slime.engine.hf.check.check"))

@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS
 from slime.engine.hf.request import GenerationRequest, GenerationResult
-from slime.engine.hf.sampling import LogitsSampler
+from slime.engine.hf.sampling import DEFAULT_SAMPLING_SEED, LogitsSampler
 
 if TYPE_CHECKING:
     from slime.engine.hf.generator import Generator
@@ -131,6 +131,7 @@ class RunningBatch:
             device=gen.device,
             stop_ids_per_row=[sorted(row.stop_ids) for row in rows],
             generator=gen.generator,
+            default_seed=DEFAULT_SAMPLING_SEED if gen.batch_invariant else None,
         )
         cache, logits, hit = gen.prefill(prompts, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
         if hit:

@@ -12,17 +12,27 @@ from slime.engine.groups import WORKER_TYPES, group_overrides
 from slime.engine.sglang.check import unused_server_args
 
 
+def hf_batches(cfg: RunConfig) -> bool:
+    """Whether the hf engine may decode requests together (slime/plan/derive.py sizes its batches by it): always,
+    except under rollout.deterministic, whose batch-invariant forward passes (slime/engine/hf/batch_invariant.py)
+    run on the CPU with one torch thread only; elsewhere a deterministic run decodes each request alone."""
+    r = cfg.rollout
+    return not r.deterministic or (cfg.cluster.device == "cpu" and r.hf.num_threads == 1)
+
+
 def check(cfg: RunConfig) -> Iterator[Problem]:
-    """rollout.engine=hf: one device, one request at a time when deterministic; it speaks SGLang's protocol
-    behind sglang-router, so the router and health-probe rules are SGLang's, and server-group overrides
-    (SGLang server args) do nothing."""
+    """rollout.engine=hf: one device; under rollout.deterministic, batches only where its batch-invariant forward
+    passes run (`hf_batches`: the CPU, one torch thread); it speaks SGLang's protocol behind sglang-router, so the
+    router and health-probe rules are SGLang's, and server-group overrides (SGLang server args) do nothing."""
     c = cfg.cluster
-    if cfg.rollout.deterministic and (cfg.rollout.hf.max_batch_size or 1) > 1:
+    if (cfg.rollout.hf.max_batch_size or 1) > 1 and not hf_batches(cfg):
         yield Problem(
             "rollout.hf.max_batch_size",
             cfg.rollout.hf.max_batch_size,
-            "with rollout.deterministic=true the hf engine decodes each request on its own (batch-invariant)",
-            "set rollout.hf.max_batch_size=null, or rollout.deterministic=false to batch requests",
+            "with rollout.deterministic=true the hf engine batches requests (batch-invariant) on the CPU with "
+            f"rollout.hf.num_threads=1 only, not cluster.device={c.device} with {cfg.rollout.hf.num_threads} threads",
+            "set rollout.hf.max_batch_size=null (each request decoded on its own), rollout.hf.num_threads=1 on the "
+            "CPU, or rollout.deterministic=false",
         )
     if c.rollout.num_gpus_per_engine != 1:
         yield Problem(

@@ -1,6 +1,6 @@
 """`HFEngine`: the built-in transformers server (`slime.engine.hf.server`) as an `EngineServer`.
 
-Its command line comes from the launch (`EngineLaunch`) and `rollout.hf` (`HFEngineConfig`) only.
+Its command line comes from the launch (`EngineLaunch`), `rollout.hf` (`HFEngineConfig`) and rollout.deterministic only.
 """
 
 from __future__ import annotations
@@ -14,13 +14,33 @@ if TYPE_CHECKING:  # the GPU tier runs without omegaconf; any object with these 
     from slime.config.schema import HFEngineConfig
 
 
+class HFServerConfig:
+    """What one hf server starts with besides its `EngineLaunch`: `rollout.hf` (its fields read through) and
+    rollout.deterministic (`--enable-deterministic-inference`, SGLang's flag). An `HFEngineConfig` on its own
+    starts a server without it."""
+
+    def __init__(self, hf: HFEngineConfig, *, deterministic: bool):
+        self.hf = hf
+        self.deterministic = deterministic
+
+    def __getattr__(self, name: str):
+        if name == "hf":  # not set yet (unpickling): no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.hf, name)
+
+
 class HFEngine(EngineServer):
     """One `slime.engine.hf.server` process (one device; `rollout.hf` sizes its batches and threads)."""
 
     kind = "hf"
 
-    def __init__(self, launch: EngineLaunch, config: HFEngineConfig):
+    def __init__(self, launch: EngineLaunch, config: HFEngineConfig | HFServerConfig):
         super().__init__(launch, config)
+
+    @classmethod
+    def config_from(cls, rollout, *, worker_type: str = "regular", overrides: dict | None = None) -> HFServerConfig:
+        """`rollout.hf` and rollout.deterministic (the built-in engine has no server-group options)."""
+        return HFServerConfig(rollout.hf, deterministic=rollout.deterministic)
 
     def command(self, ports: list[int]) -> list[str]:
         launch, cfg = self.launch_spec, self.config
@@ -50,6 +70,7 @@ class HFEngine(EngineServer):
             launch.weight_version,
         ] + (
             (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
+            + (["--enable-deterministic-inference"] if getattr(cfg, "deterministic", False) else [])
             + (["--enable-return-routed-experts"] if launch.return_routed_experts else [])
             + (self._lora_flags() if launch.lora else [])
         )

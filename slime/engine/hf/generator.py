@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 from transformers import DynamicCache
 
+from slime.engine.hf import batch_invariant as batch_invariant_ops
 from slime.engine.hf.batch import RunningBatch, joinable
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.request import GenerationError, GenerationRequest, GenerationResult
@@ -61,6 +62,10 @@ class Generator:
         prefix_cache_tokens: tokens the prefix cache may hold (0: no cache).
         capture_routes: record every fed token's MoE experts (SGLang's `enable_return_routed_experts`); the
             prefix cache is then off (a cached prefill would skip the forward whose routes are returned).
+        batch_invariant: run every forward pass batch-invariant (`batch_invariant.py`) and seed every sampled row
+            on its own (SGLang's deterministic mode: a row without `sampling_seed` gets `DEFAULT_SAMPLING_SEED`):
+            a request's tokens and log-probs do not depend on the requests batched with it. Needs what
+            `batch_invariant.unsupported` checks (a CPU model, one torch thread, full-attention layers).
     """
 
     def __init__(
@@ -72,8 +77,13 @@ class Generator:
         context_length: Optional[int] = None,
         prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
         capture_routes: bool = False,
+        batch_invariant: bool = False,
     ):
+        reason = batch_invariant_ops.unsupported(model) if batch_invariant else None
+        if reason:
+            raise ValueError(reason)
         self.model = model
+        self.batch_invariant = batch_invariant
         self.router_tap = RouterTap(model) if capture_routes else None
         self.prefix_cache = PrefixCache(0 if capture_routes else prefix_cache_tokens)
         self.num_generated_tokens = 0  # tokens sampled since start, over all requests (progress, for /server_info)
@@ -151,6 +161,10 @@ class Generator:
         """An empty batch on this model: `add` requests, `step` until it is empty."""
         return RunningBatch(self)
 
+    def forward_mode(self):
+        """The context of every forward pass: batch-invariant ops when `batch_invariant`, else none."""
+        return batch_invariant_ops.BatchInvariantOps(self.model) if self.batch_invariant else contextlib.nullcontext()
+
     def capturing_routes(self):
         """The context in which forwards record MoE routes (a no-op without route capture)."""
         return self.router_tap.capture() if self.router_tap else contextlib.nullcontext()
@@ -169,14 +183,15 @@ class Generator:
             return hit.cache, hit.logits, True
 
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-        )
+        with self.forward_mode():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kwarg: cache},
+            )
         logits = out.logits[:, -1, :]
         if alone:
             self.prefix_cache.put(prompts[0], cache, logits)
@@ -194,13 +209,14 @@ class Generator:
             return hit.cache, hit.logits, True
         if shared:
             cache = copy.deepcopy(cache)
-        out = self.model(
-            input_ids=tokens.unsqueeze(1),
-            attention_mask=mask,
-            position_ids=positions.unsqueeze(1),
-            use_cache=True,
-            **{self._cache_kwarg: cache},
-        )
+        with self.forward_mode():
+            out = self.model(
+                input_ids=tokens.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=positions.unsqueeze(1),
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
         logits = out.logits[:, -1, :]
         if cacheable:
             self.prefix_cache.put(prompt, cache, logits, generated)

@@ -24,7 +24,11 @@ from typing import Any, Optional
 
 import torch
 
+from slime.engine.hf import batch_invariant
+
 GREEDY_EPS = 1e-6  # temperatures below this mean greedy, as in SGLang
+# the seed of a row without `sampling_seed` in deterministic mode, as SGLang's (sampling_batch_info.py)
+DEFAULT_SAMPLING_SEED = 42
 
 
 class SamplingParamsError(ValueError):
@@ -130,7 +134,12 @@ class LogitsSampler:
 
     Built from the rows' params; `select(keep)` drops finished rows, `extend(other)` appends another sampler's
     rows (requests joining a running batch). Each row counts its own generated tokens (for min_new_tokens). Token
-    counts for the penalties are tracked only when some row uses a penalty.
+    counts for the penalties are tracked only when some row uses a penalty (the others' neutral values leave their
+    logits unchanged, bit for bit).
+
+    A row with `sampling_seed` draws from its own generator seeded with it, so the requests batched with it never
+    shift its draws; with `default_seed` (the generator's batch-invariant mode) so does every other sampled row,
+    seeded with it; otherwise those draw from the shared `generator`.
     """
 
     def __init__(
@@ -142,11 +151,13 @@ class LogitsSampler:
         device: torch.device,
         stop_ids_per_row: Sequence[Sequence[int]],
         generator: torch.Generator,
+        default_seed: Optional[int] = None,
     ):
         self.params = list(params)
         self.vocab_size = vocab_size
         self.device = device
         self.generator = generator
+        self.batch_invariant = default_seed is not None
         self.greedy = torch.tensor([p.greedy for p in params], device=device)
         temps = [1.0 if p.greedy else float(p.temperature) for p in params]
         self.temperature = torch.tensor(temps, dtype=torch.float32, device=device)
@@ -155,10 +166,11 @@ class LogitsSampler:
         self.min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
         self.row_generators: list[Optional[torch.Generator]] = []
         for p in params:
+            seed = p.sampling_seed if p.sampling_seed is not None else default_seed
             gen = None
-            if p.sampling_seed is not None and not p.greedy:
+            if seed is not None and not p.greedy:
                 gen = torch.Generator(device=device)
-                gen.manual_seed(int(p.sampling_seed))
+                gen.manual_seed(int(seed))
             self.row_generators.append(gen)
         # Stop tokens masked while fewer than min_new_tokens were generated.
         self.min_new = torch.tensor([p.min_new_tokens for p in params], device=device)
@@ -244,17 +256,23 @@ class LogitsSampler:
         return tokens, token_logprobs
 
     def _sample(self, logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        probs = logprobs.exp()
+        """Token ids [len(rows)] drawn from the rows' `logprobs` [len(rows), V]. Rows that truncate (top-k, top-p,
+        min-p) draw from their sorted, truncated distribution and the others from the plain one, decided per row: a
+        row draws as it would alone."""
+        probs = batch_invariant.aligned(torch.exp, logprobs) if self.batch_invariant else logprobs.exp()
         idx = torch.tensor(rows, device=self.device)
         top_k, top_p, min_p = self.top_k[idx], self.top_p[idx], self.min_p[idx]
+        truncated = ((top_k < self.vocab_size) | (top_p < 1) | (min_p > 0)).nonzero().flatten()
         order = None
-        if bool((top_k < self.vocab_size).any() or (top_p < 1).any() or (min_p > 0).any()):
-            probs, order = probs.sort(dim=-1, descending=True)
+        if len(truncated):
+            order = torch.arange(probs.shape[1], device=self.device).expand_as(probs).clone()
+            sorted_probs, order[truncated] = probs[truncated].sort(dim=-1, descending=True)
             rank = torch.arange(probs.shape[1], device=self.device).unsqueeze(0)
-            drop = rank >= top_k.unsqueeze(1)
-            drop |= (probs.cumsum(dim=-1) - probs) > top_p.unsqueeze(1)  # always keeps the top token
-            drop |= probs < min_p.unsqueeze(1) * probs[:, :1]
-            probs = probs.masked_fill(drop, 0.0)
+            drop = rank >= top_k[truncated].unsqueeze(1)
+            drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_p[truncated].unsqueeze(1)  # keeps the top token
+            drop |= sorted_probs < min_p[truncated].unsqueeze(1) * sorted_probs[:, :1]
+            probs = probs.clone()
+            probs[truncated] = sorted_probs.masked_fill(drop, 0.0)
         choice = torch.empty(len(rows), dtype=torch.long, device=self.device)
         shared = [j for j, r in enumerate(rows) if self.row_generators[r] is None]
         if shared:

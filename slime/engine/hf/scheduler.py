@@ -6,8 +6,9 @@
   after the first, and decodes them in a single-thread executor under `lock`.
 - Continuous batching (`max_batch_size` > 1 and a `Generator.joinable` model): the batch runs one decode
   step per executor call; between steps, requests queued meanwhile join it (up to `max_batch_size` live
-  rows) and every row that finished resolves at once. Otherwise (`max_batch_size` 1, the deterministic
-  mode; MoE route capture) a batch is one `Generator.generate` call and resolves when its last row ends.
+  rows) and every row that finished resolves at once. Otherwise (`max_batch_size` 1; MoE route capture) a batch
+  is one `Generator.generate` call and resolves when its last row ends. With a batch-invariant generator
+  (`--enable-deterministic-inference`) either way gives each request the outputs it gets alone.
 - Every other operation that touches the model (weight loads, memory release/resume, adapter loads)
   goes through `run_exclusive()`: it waits until no batch runs (none lands mid-batch, so a running row
   keeps its weights), and while it waits no request joins or starts a batch, so it never starves. An

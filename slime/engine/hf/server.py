@@ -32,6 +32,7 @@ import torch
 from aiohttp import web
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from slime.engine.hf import batch_invariant
 from slime.engine.hf.control import EngineControl
 from slime.engine.hf.generator import GenerationError, Generator
 from slime.engine.hf.http_util import DropMalformedRequestErrors, errors_as_json, json_body
@@ -57,6 +58,19 @@ def load_model(model_path: str, device: str, dtype: str):
     return model, AutoTokenizer.from_pretrained(model_path)
 
 
+def decoding_mode(args: argparse.Namespace, model) -> tuple[bool, int]:
+    """(batch-invariant forward passes, max batch size) of a server: with --enable-deterministic-inference and
+    batches of more than one request, batch-invariant batching where `batch_invariant.unsupported` allows it, else
+    each request decoded alone (as deterministic as that, only slower: said in the log)."""
+    if not args.enable_deterministic_inference or args.max_batch_size <= 1:
+        return False, args.max_batch_size
+    reason = batch_invariant.unsupported(model)
+    if reason is None:
+        return True, args.max_batch_size
+    logger.warning("deterministic inference decodes each request alone: %s", reason)
+    return False, 1
+
+
 class HFServer:
     """Holds the model, generator and scheduler, and implements the HTTP handlers."""
 
@@ -71,6 +85,7 @@ class HFServer:
             else None
         )
         self.dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        self.batch_invariant, self.max_batch_size = decoding_mode(args, self.model)
         self.generator = Generator(
             self.model,
             self.tokenizer,
@@ -78,10 +93,11 @@ class HFServer:
             context_length=args.context_length,
             prefix_cache_tokens=args.prefix_cache_tokens,
             capture_routes=args.enable_return_routed_experts,
+            batch_invariant=self.batch_invariant,
         )
         self.scheduler = Scheduler(
             self.generator,
-            max_batch_size=args.max_batch_size,
+            max_batch_size=self.max_batch_size,
             batch_wait_s=args.batch_wait_ms / 1000.0,
             weight_version=args.weight_version,
             lora=self.lora,
@@ -132,7 +148,9 @@ class HFServer:
                 "random_seed": a.seed,
                 "device": a.device,
                 "dtype": self.dtype,
-                "max_batch_size": a.max_batch_size,
+                "max_batch_size": self.max_batch_size,
+                "enable_deterministic_inference": a.enable_deterministic_inference,
+                "batch_invariant": self.batch_invariant,
                 "batch_wait_ms": a.batch_wait_ms,
                 "num_threads": a.num_threads,
                 "prefix_cache_tokens": a.prefix_cache_tokens,
@@ -253,13 +271,15 @@ async def run_app(server: HFServer, app: web.Application) -> None:
     server.port = int(runner.addresses[0][1])  # the real port when --port 0
     server.scheduler.start()
     logger.info(
-        "hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s)",
+        "hf engine serving %s on http://%s:%d (device=%s dtype=%s weight_version=%s max_batch_size=%d%s)",
         args.model_path,
         args.host,
         server.port,
         args.device,
         server.dtype,
         args.weight_version,
+        server.max_batch_size,
+        ", batch-invariant" if server.batch_invariant else "",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -285,6 +305,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=256,
         help="sequences decoded together; 1: each output independent of concurrent requests",
+    )
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="batch-invariant forward passes and a seed per request: outputs independent of the batch (SGLang's flag)",
     )
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="ms to wait for more requests after the first")
     p.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads")

@@ -1,6 +1,6 @@
 """Continuous batching in the hf engine: requests join a running batch between decode steps (`batch.RunningBatch`,
 `scheduler.Scheduler`), with the tokens they get alone (greedy) and log-probs within LOGPROB_ATOL of them; aborts,
-pauses and exclusive operations keep their contracts; one-request batches (the deterministic mode) never join."""
+pauses and exclusive operations keep their contracts; one-request batches never join."""
 
 from __future__ import annotations
 
@@ -258,7 +258,7 @@ def test_exclusive_operation_gets_the_model_while_requests_keep_arriving(tiny_mo
 
 
 def test_static_batches_where_joining_is_unsafe(tiny_model, tmp_path):
-    """Batch size 1 (rollout.deterministic), MoE route capture and `continuous=False` keep one `generate` call per
+    """Batch size 1, MoE route capture and `continuous=False` keep one `generate` call per
     batch: a request submitted mid-batch waits for the whole batch."""
     from transformers import AutoModelForCausalLM
 
