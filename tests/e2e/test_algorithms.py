@@ -14,6 +14,7 @@ import pytest
 
 from slime.moe.routes import decode_routes
 from tests.helpers.algo_options import ALGO_OPTIONS, END_TO_END, IN_PROCESS
+from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py_concurrently, selected_runs
 from tests.helpers.validation import config_problems
@@ -231,6 +232,7 @@ def test_ppo_learns_and_its_value_loss_falls(runs):
     value loss first rises with the rewards, then falls as the critic catches up with the policy."""
     run_dir, proc = runs["ppo_learns"]
     assert proc.returncode == 0, proc.stderr[-3000:]
+    record("ppo", run_dir, proc)
     logged = records(run_dir)
     # Spread over seeds 1-5 and 1234 (deterministic runs): last-3 mean reward 0.882-0.975; the value loss
     # (windows of 5 rollouts) peaks in window 1-5 of 12 at 2.1-5.3x the first window, and ends at

@@ -18,6 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.helpers.compose import LORA_ALONE, ROOT, typed_config
+from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import checkpoint_gib, main_argv, main_py, rewards, run_concurrently, selected_runs
 from tests.helpers.wandb_files import offline_runs
@@ -141,6 +142,7 @@ def test_embedded_default_learns(runs):
     """`python main.py` as shipped: learns the digit task, leaves every artifact, no process behind."""
     run_dir, (proc, elapsed) = runs["embedded_default"]
     assert proc.returncode == 0, proc.stderr[-3000:]
+    record("embedded_default", run_dir, proc)
     curve = rewards(run_dir)
     assert len(curve) == 60
     last3, first = sum(curve[-3:]) / 3, curve[0]
@@ -306,6 +308,7 @@ def test_the_embedded_default_learns_through_rank_8_adapters(runs):
     the trainer's merged weights after every sync; the checkpoint holds what trains."""
     run_dir, proc = runs["lora"]
     assert proc.returncode == 0, proc.stderr[-3000:]
+    record("lora_merged", run_dir, proc)
     curve = rewards(run_dir)
     assert len(curve) == 60 and curve[0] <= 0.1 and sum(curve[-3:]) / 3 >= 0.8, curve
     model = typed_config(["model.lora.rank=8"]).model

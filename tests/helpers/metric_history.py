@@ -148,7 +148,11 @@ def render(rows: list[Row]) -> str:
 
 
 def check(report: Path, baseline_path: Path = BASELINE) -> int:
-    """Prints the table; 1 when a figure regressed or a baseline run is missing, else 0."""
+    """Prints the table; 1 when a figure regressed or a baseline run is missing (or no baseline exists), else 0."""
+    if not baseline_path.exists():
+        print(f"metric history: FAILED: no baseline at {baseline_path}; make it from this run's report:\n"
+              f"  python -m tests.helpers.metric_history refresh {report} --reason '...'")  # fmt: skip
+        return 1
     rows = compare(json.loads(baseline_path.read_text()), read_report(report))
     print(f"metric history: the learning runs' figures against {baseline_path}")
     print(render(rows))

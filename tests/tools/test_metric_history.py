@@ -78,3 +78,8 @@ def test_the_figures_of_a_run_directory(tmp_path, monkeypatch):
     metric_history.record("a", tmp_path)
     metric_history.record("a", tmp_path)  # recorded twice: the last counts
     assert read_report(report) == {"a": {**figures, "cpu_s": None}}
+
+
+def test_without_a_baseline_the_gate_fails_saying_how_to_make_one(tmp_path, capsys):
+    assert check(_report(tmp_path / "r.jsonl", embedded=GOOD), tmp_path / "none.json") == 1
+    assert "no baseline at" in capsys.readouterr().out
