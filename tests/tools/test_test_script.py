@@ -45,12 +45,12 @@ def test_a_selection_without_tests_fails():
 def test_the_optional_set_ups_follow_the_chosen_tests():
     assert needed_setups([]) == [SGLANG, VLLM, SMOLLM2]  # the whole suite
     assert needed_setups(["-m", "not slow"]) == [SGLANG, VLLM, SMOLLM2]  # options only: still the whole suite
-    assert needed_setups(["tests/config", "-m", "not slow"]) == []
-    assert needed_setups(["tests/algo", "tests/plan"]) == []
+    assert needed_setups(["tests/algo", "tests/plan", "-m", "not slow"]) == []
+    assert needed_setups(["tests/config"]) == [SMOLLM2]  # its recipe tests validate recipe=smollm2_arithmetic
     assert needed_setups(["tests/e2e/test_vllm_real.py::test_anything"]) == [VLLM]  # a node id counts as its file
     assert needed_setups(["tests/engine/sglang"]) == [SGLANG]
     assert needed_setups(["tests/e2e/test_smollm2_recipe.py"]) == [SMOLLM2]
     # through a helper the test imports: the fake vLLM server runs vLLM's own code
     assert VLLM in needed_setups(["tests/engine/vllm/test_fake_vllm.py"])
     # an option's value that is a path outside the checkout names no tests
-    assert needed_setups(["--basetemp", "/tmp", "tests/config"]) == []
+    assert needed_setups(["--basetemp", "/tmp", "tests/algo"]) == []
