@@ -18,8 +18,9 @@ Everything else goes to files of the run directory:
     main.log          every log record at debug.log_level: each phase's start and end with its time, the weight
                       hand-off steps, slow phases and rollout group counts (off a terminal), eval means, the
                       libraries' warnings (Ray's banners, Python warnings)
-    logs/workers.log  what the Ray workers (trainer ranks, the rollout manager) print, each line prefixed with its
-                      actor and pid: `(FSDPBackend(rank=0) pid=8043) ...`
+    logs/workers.log  what the Ray workers (trainer ranks, the rollout manager) print, their log records included
+                      (slime/runtime/worker_logging.py; their warnings and errors also reach stderr as the driver's
+                      do), each line prefixed with its actor and pid: `(FSDPBackend(rank=0) pid=8043) ...`
     logs/router.log, logs/engine_<i>.log   the router's and each engine server's own output
 
 `logger.console=plain` also turns the Hugging Face libraries' progress bars off (transformers' "Loading weights",
@@ -46,6 +47,7 @@ from rich.text import Text
 
 from slime.config.schema import LoggerConfig
 from slime.runtime.events import EventBus, RunEvent
+from slime.runtime.worker_logging import record_of
 from slime.tracking.progress import RunProgress
 
 RECORD_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # main.log's (Hydra's default format)
@@ -63,10 +65,7 @@ class _TerminalRecords(logging.Handler):
         self.setFormatter(logging.Formatter(RECORD_FORMAT if verbose else PLAIN_RECORD_FORMAT))
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.verbose or record.levelno >= logging.ERROR:
-            return True
-        ours = record.name.split(".", 1)[0] in SLIME_LOGGERS
-        return ours and record.levelno >= logging.WARNING
+        return self.verbose or _terminal_shows((record.levelno, record.name))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -208,8 +207,9 @@ class RunConsole:
         self.report(summary)
 
     def worker_output(self, batch: dict[str, Any]) -> None:
-        """Ray's forwarded lines of a worker (slime.runtime.ray_session.WorkerOutput): to logs/workers.log, and
-        (verbose) to the terminal as problems are."""
+        """Ray's forwarded lines of a worker (slime.runtime.ray_session.WorkerOutput): to logs/workers.log, and to the
+        terminal's stderr the records it would show of the driver's own (slime/runtime/worker_logging.py), or with
+        verbose every line."""
         pid = batch.get("pid")
         name = batch.get("actor_name") or batch.get("task_name")
         prefix = f"({name} pid={pid})" if name else f"({pid})" if pid in ("raylet", "autoscaler") else f"(pid={pid})"
@@ -220,9 +220,17 @@ class RunConsole:
                 self._workers_log = open(self.run_dir / "logs" / "workers.log", "a", buffering=1)  # noqa: SIM115
             if self._workers_log is not None:
                 self._workers_log.write("".join(line + "\n" for line in lines))
-        if self.verbose:
-            for line in lines:
+        for line, text in zip(lines, batch.get("lines", ())):
+            if self.verbose or (batch.get("is_err") and _terminal_shows(record_of(text))):
                 self.problem(line)
+
+
+def _terminal_shows(record: tuple[int, str] | None) -> bool:
+    """A record (level number, logger name) the plain terminal shows: anyone's errors, slime's warnings."""
+    if record is None:
+        return False
+    level, name = record
+    return level >= logging.ERROR or (level >= logging.WARNING and name.split(".", 1)[0] in SLIME_LOGGERS)
 
 
 def _prints_to_terminal(handler: logging.Handler) -> bool:

@@ -27,6 +27,7 @@ from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.watchdog import STACKS_ENV, PhaseLimits
 from slime.runtime.weight_push import WeightPush
+from slime.runtime.worker_logging import LEVEL_ENV
 from slime.sync.base import SyncContext, SyncedAdapter
 from slime.tracking.naming import RunIdentity
 from slime.tracking.tracker import Tracker
@@ -61,7 +62,7 @@ def run(job: RunJob, state: RunState, interrupts: Interrupts) -> None:
         cfg.cluster,
         num_bundles=job.plan.roles.num_bundles,
         log_to_driver=cfg.debug.ray_log_to_driver,
-        env={**env, **job.console.worker_env},
+        env={**env, **job.console.worker_env, LEVEL_ENV: cfg.debug.log_level},
         worker_output=job.console.worker_output,
     ):
         interrupts.reinstall()  # ray.init replaced the SIGTERM handler

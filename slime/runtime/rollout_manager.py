@@ -24,6 +24,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import EnginePlacement
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.watchdog import arm_stack_dump
+from slime.runtime.worker_logging import configure_worker_logging
 
 _CONTROL_CALLS = {
     "flush_cache",
@@ -62,6 +63,7 @@ class RolloutManager:
 
     def __init__(self, setup: RolloutSetup, engine_placements: list[EnginePlacement]):
         arm_stack_dump()  # the watchdog's stack dump (slime.runtime.watchdog)
+        configure_worker_logging()  # its records reach logs/workers.log and the terminal (slime.runtime.worker_logging)
         self.setup = setup
         self.fleet = EngineFleet(setup.fleet, engine_placements)
         self.producer = None  # the RolloutProducer, built by start()

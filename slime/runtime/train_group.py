@@ -24,6 +24,7 @@ import ray
 from slime.registry import TRAIN_BACKENDS
 from slime.runtime.placement import Placement, free_address_on
 from slime.runtime.watchdog import arm_stack_dump
+from slime.runtime.worker_logging import configure_worker_logging
 from slime.train.layout import RankLayout
 from slime.train.train_setup import TrainSetup
 
@@ -33,6 +34,7 @@ class TrainRank:
 
     def __init__(self, setup: TrainSetup, role: str, **rank_args: Any):
         arm_stack_dump()
+        configure_worker_logging()  # its records reach logs/workers.log and the terminal (slime.runtime.worker_logging)
         self.backend = TRAIN_BACKENDS.load(setup.parallelism.backend, role)(setup, **rank_args)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
