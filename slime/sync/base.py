@@ -19,7 +19,8 @@ the engines are up, each snapshots the weights it loaded from the checkpoint and
 values (the rollout manager, before a colocated engine first releases its memory); after the run's first push
 (weight version 0: a fresh run, whose trainer starts from the same checkpoint) every engine compares with its
 snapshot, so a tensor the push did not deliver, or delivered changed, fails the run naming it; after every
-push, engines of one parallel layout must report the same checksum.
+push, engines of one parallel layout must report the same checksum (`check_pushed`; an adapter sync also compares
+the trained base weights it moved: slime.sync.adapter).
 """
 
 from __future__ import annotations
