@@ -125,8 +125,8 @@ RUN_OF_TEST = {
     "test_data_parallel_run_and_resume": "data_parallel",
     "test_interrupt_stops_everything": "sigterm",
     "test_failure_during_startup_writes_result_and_cleans_up": "startup_failure",
-    "test_rank_8_adapters_synced_merged_learn_the_digit_task": "lora",
-    "test_rank_8_adapters_synced_alone_with_their_gain_learn_the_digit_task": "lora_adapter_sync",
+    "test_lora_synced_merged_learns_the_digit_task": "lora",
+    "test_lora_adapter_sync_with_the_trained_gain_learns_the_digit_task": "lora_adapter_sync",
 }
 
 
@@ -303,7 +303,7 @@ def test_multirun_sweeps_recipes_by_glob(runs):
     assert_no_run_processes()
 
 
-def test_rank_8_adapters_synced_merged_learn_the_digit_task(runs):
+def test_lora_synced_merged_learns_the_digit_task(runs):
     """`python main.py model.lora.rank=8 model.lora.sync_merged=true`: adapters on a frozen base learn the digit task;
     the engine generates with the trainer's merged weights after every sync; the checkpoint holds what trains."""
     run_dir, proc = runs["lora"]
@@ -322,7 +322,7 @@ def test_rank_8_adapters_synced_merged_learn_the_digit_task(runs):
     assert len(saved) == 2 * 7 * 2 + 1 and "model.norm.weight" in saved
 
 
-def test_rank_8_adapters_synced_alone_with_their_gain_learn_the_digit_task(runs):
+def test_lora_adapter_sync_with_the_trained_gain_learns_the_digit_task(runs):
     """`python main.py model.lora.rank=8` (the embedded preset: the final norm's gain trained beside the adapters,
     both synced alone): the adapters learn the digit task; each sync moves the adapter (fp32 A and B) and the gain,
     4 bytes per trainable parameter; the engine, serving the adapter over its base with the gain written into it,
