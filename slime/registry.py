@@ -64,6 +64,9 @@ class EngineFacts:
     # naming it (SGLang's --enable-lora: /load_lora_adapter_from_tensors in tensor mode, /load_lora_adapter in disk
     # mode, generate's lora_path); empty: it serves merged weights only (model.lora.sync_merged).
     lora_adapter_modes: tuple[str, ...] = ()
+    # Its /weights_checker hashes a tensor on a GPU with a hash of its own (SGLang's triton `gpu_tensor_hash`), which
+    # the trainer cannot reproduce: an adapter sync cannot check the trained base weights it moved on such a server.
+    gpu_weight_checksums: bool = False
     # Its servers' multi-node flags (node count, node rank, the first node's rendezvous address): an engine wider
     # than a node runs one server process per node slice (SGLang's --nnodes / --node-rank / --dist-init-addr);
     # None: each server stays inside one node.
@@ -235,6 +238,7 @@ ENGINES = Registry(
             memory_fraction_key="sglang.mem_fraction_static",
             memory_fraction_default=0.8,
             lora_adapter_modes=("tensor", "disk"),
+            gpu_weight_checksums=True,
             node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
         ),
         "vllm": EngineFacts(

@@ -26,8 +26,8 @@ class LoRAConfig:
     init: str = "default"  # default: A Kaiming-uniform, B zero (peft's) | gaussian: A normal(0, 1/rank), B zero
     lr: Optional[float] = None  # the optimizer's peak learning rate with adapters; None: train.lr
     # Weight sync: False moves the adapter alone (engines serve it as a LoRA adapter: SGLang's --enable-lora, vLLM's,
-    # the hf engine's; rollout.weight_sync.mode=tensor or disk); True merges it into the base and moves every weight
-    # (engines without LoRA serving, other modes, trained train_params)
+    # the hf engine's; rollout.weight_sync.mode=tensor or disk), the train_params beside it into the engines' base;
+    # True merges it into the base and moves every weight (engines without LoRA serving, other modes)
     sync_merged: bool = False
     export_merged: bool = False  # checkpoint.save_hf: also the merged HF model in <dir>/merged (always: the adapter)
     # RMSNorm gains trained whole beside the adapters, by HF name (`model.norm.weight`, a layer's

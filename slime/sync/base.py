@@ -19,7 +19,8 @@ the engines are up, each snapshots the weights it loaded from the checkpoint and
 values (the rollout manager, before a colocated engine first releases its memory); after the run's first push
 (weight version 0: a fresh run, whose trainer starts from the same checkpoint) every engine compares with its
 snapshot, so a tensor the push did not deliver, or delivered changed, fails the run naming it; after every
-push, engines of one parallel layout must report the same checksum.
+push, engines of one parallel layout must report the same checksum (`check_pushed`; an adapter sync also compares
+the trained base weights it moved: slime.sync.adapter).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class WeightSync(abc.ABC):
             if check_first:
                 self._each_check("compare")
             if self.context.check_weight_update_equal:
-                self.check_engines_agree()
+                self.check_pushed()
         except BaseException:
             self._end_sessions(opened)
             self._continue(paused, raise_errors=False)  # the sync's own error is the one to report
@@ -168,12 +169,17 @@ class WeightSync(abc.ABC):
                     f"{engine.url}: weights_checker {action} failed (debug.check_weight_update_equal): {exc.body}"
                 ) from None
 
-    def check_engines_agree(self) -> None:
+    def check_pushed(self) -> None:
+        """`check_weight_update_equal` after every push: the engines agree (`check_engines_agree`)."""
+        self.check_engines_agree()
+
+    def check_engines_agree(self) -> dict[str, dict]:
         """Every engine's checksum (`per_engine_checksum`) equals that of each other engine of its parallel
-        layout; WeightMismatchError naming the engines that differ."""
+        layout; WeightMismatchError naming the engines that differ. Returns {engine URL: its checksum reply}."""
         by_layout: dict[str, dict[str, list[str]]] = {}
+        replies = {}
         for engine in self.engines:
-            reply = engine.check_weights("checksum")
+            reply = replies[engine.url] = engine.check_weights("checksum")
             ranks = reply.get("ranks") or []
             layout = json.dumps([r.get("parallelism_info") for r in ranks], sort_keys=True)
             by_layout.setdefault(layout, {}).setdefault(str(reply.get("per_engine_checksum")), []).append(engine.url)
@@ -184,6 +190,7 @@ class WeightSync(abc.ABC):
                     + "; ".join(f"{urls} checksum {checksum[:16]}" for checksum, urls in groups.items())
                 )
         logger.info("weights of %d engines agree after the sync (weights_checker checksum)", len(self.engines))
+        return replies
 
     def close(self) -> None:
         """Release what the mode holds (directories, process groups)."""

@@ -60,8 +60,9 @@ MERGED = "set model.lora.sync_merged=true (the merged weights move instead)"
 
 
 def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
-    """model.lora synced alone (`sync_merged: false`): a mode with an adapter transfer that the engines take, nothing
-    trained outside the adapter (an engine's adapter holds lora_A/lora_B only), and no server LoRA flag of the user's."""
+    """model.lora synced alone (`sync_merged: false`): a mode with an adapter transfer that the engines take, a check
+    the engines can make, and no server LoRA flag of the user's. Trained base weights (`train_params`) ride along in
+    every such mode (slime.sync.adapter)."""
     lora, mode, engine = cfg.model.lora, cfg.rollout.weight_sync.mode, cfg.rollout.engine
     if not lora.synced_alone or mode not in WEIGHT_SYNC or engine not in ENGINES:
         return
@@ -74,15 +75,16 @@ def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
         )
     elif mode not in ENGINES.facts(engine).lora_adapter_modes:
         yield _engine_problem(engine, mode, ENGINES.facts(engine).lora_adapter_modes)
-    if lora.train_params:
-        yield Problem(
-            "model.lora.train_params",
-            list(lora.train_params),
-            "trains weights outside the adapter, which an adapter sync cannot carry (an engine's adapter holds "
-            "lora_A and lora_B only)",
-            f"set model.lora.train_params=[], or {MERGED}",
-        )
-    if cfg.debug.check_weight_update_equal and not WEIGHT_SYNC.facts(mode).checks_adapters:
+    if cfg.debug.check_weight_update_equal:
+        yield from _check_problems(cfg)
+    yield from _server_lora_fields(cfg)
+
+
+def _check_problems(cfg: RunConfig) -> Iterator[Problem]:
+    """debug.check_weight_update_equal on an adapter sync: each adapter tensor is checked as it loads (tensor mode's
+    expected_checksums), each trained base weight by the engines' checksum after the push, on the CPU."""
+    lora, mode, engine = cfg.model.lora, cfg.rollout.weight_sync.mode, cfg.rollout.engine
+    if not WEIGHT_SYNC.facts(mode).checks_adapters:
         yield Problem(
             "debug.check_weight_update_equal",
             True,
@@ -90,7 +92,14 @@ def check_adapter_sync(cfg: RunConfig) -> Iterator[Problem]:
             "expected_checksums)",
             f"set rollout.weight_sync.mode=tensor, debug.check_weight_update_equal=false, or {MERGED}",
         )
-    yield from _server_lora_fields(cfg)
+    elif lora.train_params and cfg.cluster.device == "cuda" and ENGINES.facts(engine).gpu_weight_checksums:
+        yield Problem(
+            "debug.check_weight_update_equal",
+            True,
+            f"the trained base weights (model.lora.train_params) cannot be checked on {engine} servers on GPUs: "
+            "their /weights_checker hashes a GPU tensor with a hash of its own, which the trainer cannot reproduce",
+            f"set debug.check_weight_update_equal=false, model.lora.train_params=[], or {MERGED}",
+        )
 
 
 def _engine_problem(engine: str, mode: str, modes: tuple[str, ...]) -> Problem:

@@ -130,8 +130,10 @@ class TrainBackend(abc.ABC):
         it (it may gather collectively); the source rank's buckets are the ones used."""
 
     def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """The policy's LoRA adapter alone, under peft's saved names (`base_model.model.<HF module>.lora_A.weight`,
-        `lora_B.weight`), in buckets of about `bucket_bytes`; collective like `export_weights`."""
+        """What an adapter-only sync moves: the policy's LoRA adapter under peft's saved names
+        (`base_model.model.<HF module>.lora_A.weight`, `lora_B.weight`) and the base weights trained beside it
+        (`model.lora.train_params`, RMSNorm gains) under their HF names, in buckets of about `bucket_bytes`;
+        collective like `export_weights`."""
         raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
 
     def connect_weight_sync(self, mode: str, engine_urls: Sequence[str], context: SyncContext) -> None:

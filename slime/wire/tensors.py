@@ -54,6 +54,15 @@ def sha256(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def weight_checksum(tensor: torch.Tensor) -> str:
+    """SGLang's `/weights_checker` checksum text of one tensor held on the CPU (`sglang/srt/utils/weight_checker.py:
+    _hash_tensor` over `managers/mm_utils.py:tensor_hash`'s CPU path): the first 8 bytes of the sha256 of its bytes,
+    big-endian, as 16 hex digits. SGLang hashes a GPU tensor with a hash of its own instead."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    digest = hashlib.sha256(memoryview(flat.numpy())).digest()
+    return f"{int.from_bytes(digest[:8], byteorder='big', signed=False):016x}"
+
+
 def bucket_nbytes(bucket: Sequence[tuple[str, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.helpers.compose import LORA_ALONE, ROOT, typed_config
+from tests.helpers.compose import LORA_ALONE, LORA_MERGED, ROOT, typed_config
 from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import checkpoint_gib, main_argv, main_py, rewards, run_concurrently, selected_runs
@@ -104,16 +104,17 @@ def _multirun(sweep_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-# The runs of this module's tests, the longest first: they run three at a time (run_concurrently); the two
-# 60-rollout runs start in the first wave, so that neither waits for a slot.
+# The runs of this module's tests, the longest first: they run three at a time (run_concurrently); the three
+# 60-rollout runs start in the first wave, so that none waits for a slot.
 JOBS: dict[str, Callable[[Path], Any]] = {
     "embedded_default": _embedded_default,
-    "lora": lambda run_dir: main_py(run_dir, "model.lora.rank=8", timeout=LONG_RUN_TIMEOUT_S),
+    # the adapter and the trained gain synced alone, in the embedded run's disk mode (tensor mode's:
+    # tests/engine/hf/test_lora_serving.py, tests/sync/test_sync_into_sglang.py)
+    "lora_adapter_sync": lambda run_dir: main_py(run_dir, *LORA_ALONE, timeout=LONG_RUN_TIMEOUT_S),
+    "lora": lambda run_dir: main_py(run_dir, *LORA_MERGED, timeout=LONG_RUN_TIMEOUT_S),
     "data_parallel": _data_parallel,
     "multirun": _multirun,
     "sigterm": _sigterm_after_two_rollouts,
-    # the adapter synced alone, in the embedded run's disk mode (tensor mode's: tests/engine/hf/test_lora_serving.py)
-    "lora_adapter_sync": lambda run_dir: main_py(run_dir, *LORA_ALONE, "train.num_rollout=3"),
     "startup_failure": lambda run_dir: main_py(
         run_dir, "data.source_class=tests.helpers.user_hooks.DataSourceFailingAtStartup", "train.num_rollout=2"
     ),
@@ -124,8 +125,8 @@ RUN_OF_TEST = {
     "test_data_parallel_run_and_resume": "data_parallel",
     "test_interrupt_stops_everything": "sigterm",
     "test_failure_during_startup_writes_result_and_cleans_up": "startup_failure",
-    "test_the_embedded_default_learns_through_rank_8_adapters": "lora",
-    "test_adapter_only_sync_moves_the_adapters_bytes_and_the_engine_scores_as_the_trainer": "lora_adapter_sync",
+    "test_lora_synced_merged_learns_the_digit_task": "lora",
+    "test_lora_adapter_sync_with_the_trained_gain_learns_the_digit_task": "lora_adapter_sync",
 }
 
 
@@ -303,15 +304,15 @@ def test_multirun_sweeps_recipes_by_glob(runs):
     assert_no_run_processes()
 
 
-def test_the_embedded_default_learns_through_rank_8_adapters(runs):
-    """`python main.py model.lora.rank=8`: adapters on a frozen base learn the digit task; the engine generates with
-    the trainer's merged weights after every sync; the checkpoint holds what trains."""
+def test_lora_synced_merged_learns_the_digit_task(runs):
+    """`python main.py model.lora.rank=8 model.lora.sync_merged=true`: adapters on a frozen base learn the digit task;
+    the engine generates with the trainer's merged weights after every sync; the checkpoint holds what trains."""
     run_dir, proc = runs["lora"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     record("lora_merged", run_dir, proc)
     curve = rewards(run_dir)
     assert len(curve) == 60 and curve[0] <= 0.1 and sum(curve[-3:]) / 3 >= 0.8, curve
-    model = typed_config(["model.lora.rank=8"]).model
+    model = typed_config(list(LORA_MERGED)).model
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/trainable_params" in r]
     # 2 layers x 8 x (128 + 96 + 96 + 128 + 256 + 256 + 256) adapters + the final norm's 64 gains
@@ -323,18 +324,24 @@ def test_the_embedded_default_learns_through_rank_8_adapters(runs):
     assert len(saved) == 2 * 7 * 2 + 1 and "model.norm.weight" in saved
 
 
-def test_adapter_only_sync_moves_the_adapters_bytes_and_the_engine_scores_as_the_trainer(runs):
-    """Each sync moves the adapter alone (fp32 A and B: 4 bytes per trainable parameter) and the engine, serving it
-    as a LoRA adapter over its frozen base, scores every sampled token as the trainer does."""
+def test_lora_adapter_sync_with_the_trained_gain_learns_the_digit_task(runs):
+    """`python main.py model.lora.rank=8` (the embedded preset: the final norm's gain trained beside the adapters,
+    both synced alone): the adapters learn the digit task; each sync moves the adapter (fp32 A and B) and the gain,
+    4 bytes per trainable parameter; the engine, serving the adapter over its base with the gain written into it,
+    scores every sampled token as the trainer does."""
     run_dir, proc = runs["lora_adapter_sync"]
+    record("lora_adapter_sync", run_dir, proc)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    curve = rewards(run_dir)
+    assert len(curve) == 60 and curve[0] <= 0.1 and sum(curve[-3:]) / 3 >= 0.8, curve
     model = typed_config(list(LORA_ALONE)).model
-    assert model.lora.parameter_count(model) == 19_456  # 2 layers x 8 x (128 + 96 + 96 + 128 + 256 + 256 + 256)
+    assert model.lora.parameter_count(model) == 19_456 + 64  # the adapters, and the final norm's gain
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     pushed = [r["perf/update_weights_bytes"] for r in records if "perf/update_weights_bytes" in r]
-    assert pushed == [19_456 * 4] * 3
+    assert pushed == [(19_456 + 64) * 4] * 60
     diffs = [r["train/train_rollout_logprob_abs_diff"] for r in records if "train/trainable_params" in r]
-    assert len(diffs) == 6 and max(diffs) < 1e-5
+    assert len(diffs) == 120 and max(diffs) < 1e-5
     engine_log = (run_dir / "logs" / "engine_0.log").read_text()
-    assert engine_log.count(": load_lora_adapter 'policy'") == 4  # before rollout 0, then after each step
-    assert engine_log.count(": unload_lora_adapter 'policy'") == 3
+    assert engine_log.count(": load_lora_adapter 'policy'") == 61  # before rollout 0, then after each step
+    assert engine_log.count(": unload_lora_adapter 'policy'") == 60
+    assert engine_log.count("Succeeded to update model weights (1 tensors from ") == 61  # the gain, each time

@@ -14,8 +14,10 @@ from slime.config import register_configs, to_run_config
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 CONF = ROOT / "conf"
-# Rank-8 adapters synced alone (the engines serve them as a LoRA adapter): no trained gain, which would not ride along
-LORA_ALONE = ("model.lora.rank=8", "model.lora.train_params=[]", "model.lora.sync_merged=false")
+# Rank-8 adapters synced alone (the engines serve them as a LoRA adapter), the final norm's trained gain riding along
+LORA_ALONE = ("model.lora.rank=8", "model.lora.train_params=[model.norm.weight]", "model.lora.sync_merged=false")
+# The same adapters and gain, the engines getting the merged weights
+LORA_MERGED = ("model.lora.rank=8", "model.lora.train_params=[model.norm.weight]", "model.lora.sync_merged=true")
 
 
 def compose_config(overrides: list[str], output_dir: str = "/tmp/slime-test-run"):

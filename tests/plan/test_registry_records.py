@@ -74,6 +74,7 @@ def test_the_engine_records_state_their_facts():
         kind="SGLang servers",
         memory_fraction_key="sglang.mem_fraction_static",
         memory_fraction_default=0.8,
+        gpu_weight_checksums=True,  # its /weights_checker hashes a GPU tensor with its triton hash
         node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
     )
     assert ENGINES.facts("sglang") == sglang

@@ -133,8 +133,10 @@ def test_an_update_outside_a_session_is_refused_as_sglang_refuses_it(fakes):
 
 def test_an_adapter_sync_serves_the_trainers_lora_adapter_in_sglang(tiny_model_dir, tmp_path):
     """model.lora synced alone into the fake SGLang at tp 2 (SGLang's LoRA request types and deserialiser, each rank
-    its item): after each train-then-sync round, generating with the adapter (`lora_path`) gives the LoRA trainer's
-    log-probs, and every rank checked the sha256 of what it loaded (debug.check_weight_update_equal)."""
+    its item), the final norm's trained gain beside it (SGLang's /update_weights_from_tensor with that tensor alone,
+    in a weight-update session, before the adapter loads): after each train-then-sync round, generating with the
+    adapter (`lora_path`) gives the LoRA trainer's log-probs, every rank checked the sha256 of the adapter it loaded
+    and the gain's checksum was compared after the push (debug.check_weight_update_equal)."""
     trainer = make_backend(make_setup(tiny_model_dir, [*LORA_ALONE, "train.lr=0.05"]))
     lora = trainer.setup.model.lora
     engine = make_engine(
@@ -154,7 +156,7 @@ def test_an_adapter_sync_serves_the_trainers_lora_adapter_in_sglang(tiny_model_d
     try:
         for version in (1, 2):
             train_rollout(trainer, batches_for(make_samples(8, seed=version), dp=1, k=2)[0], rollout_id=version)
-            assert trainer.update_weights(weight_version=version)["perf/update_weights_bytes"] == 4 * 19_456
+            assert trainer.update_weights(weight_version=version)["perf/update_weights_bytes"] == 4 * (19_456 + 64)
             out = http_client.post(engine.url + "/generate", {**body, "lora_path": "policy"}, timeout=60)
             assert out["meta_info"]["weight_version"] == str(version)
             engine_lp = torch.tensor([lp for lp, *_ in out["meta_info"]["output_token_logprobs"]])
@@ -163,7 +165,12 @@ def test_an_adapter_sync_serves_the_trainers_lora_adapter_in_sglang(tiny_model_d
         trainer.close_weight_sync()
         trainer.shutdown()
         engine.shutdown()
-    loads = [r for r in requests_logged(engine) if r["path"] == "/load_lora_adapter_from_tensors"]
+    logged = requests_logged(engine)
+    loads = [r for r in logged if r["path"] == "/load_lora_adapter_from_tensors"]
     assert len(loads) == 2 and all(len(r["body"]["serialized_named_tensors"]) == 2 for r in loads)
+    paths = [r["path"] for r in logged if r["path"] != "/weights_checker"]
+    push = ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update", "/unload_lora_adapter"]
+    push += ["/load_lora_adapter_from_tensors", "/update_weight_version", "/continue_generation"]
+    assert paths == 2 * ["/pause_generation", "/flush_cache", *push], paths
     assert all(r["body"]["load_format"] == "flattened_bucket" for r in loads)
     assert all("expected_checksums" in r["body"] for r in loads)  # each rank checked the sha256 of its 28 tensors

@@ -212,6 +212,7 @@ def test_a_lora_config_no_backend_can_train_is_refused(overrides, key, says):
 
 ALONE = list(LORA_ALONE)
 TENSOR = ["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]
+GAINS = ["model.lora.rank=8", "model.lora.train_params=[model.norm.weight]", "model.lora.sync_merged=false"]
 
 
 @pytest.mark.parametrize(
@@ -219,9 +220,9 @@ TENSOR = ["rollout.weight_sync.mode=tensor", "cluster.colocate=true"]
     [
         ([*ALONE, "rollout.weight_sync.mode=distributed"], "rollout.weight_sync.mode", "moves full weights only"),
         (
-            ["model.lora.rank=8", "model.lora.sync_merged=false", *TENSOR],
-            "model.lora.train_params",
-            "lora_A and lora_B",
+            [*GAINS, "cluster=one_gpu", "rollout=sglang_colocated", "debug.check_weight_update_equal=true"],
+            "debug.check_weight_update_equal",
+            "hashes a GPU tensor with a hash of its own",
         ),
         ([*ALONE, "debug.check_weight_update_equal=true"], "debug.check_weight_update_equal", "no checksums"),
         ([*ALONE, *TENSOR, "model=tiny_qwen3_vllm"], "rollout.engine", "in disk mode only, not tensor"),
@@ -247,4 +248,7 @@ def test_the_adapter_sync_config_is_what_peft_writes_and_the_runs_that_use_it_va
     validate(typed_config([*ALONE, *TENSOR, "debug.check_weight_update_equal=true"]))  # SGLang's expected_checksums
     validate(typed_config(ALONE))  # the embedded run's disk mode: a peft directory
     validate(typed_config([*ALONE, "model=tiny_qwen3_vllm"]))  # a real vLLM on CPU: disk mode
-    validate(typed_config(["model.lora.rank=8"]))  # the embedded preset trains the final gain: merged weights move
+    # the trained gain rides along with the adapter, checked after each push on engines that hash on the CPU
+    validate(typed_config([*GAINS, *TENSOR, "debug.check_weight_update_equal=true"]))
+    validate(typed_config([*GAINS, "model=tiny_qwen3_vllm"]))  # vLLM reloads the gain from disk
+    validate(typed_config(["model.lora.rank=8", "model.lora.sync_merged=true"]))  # or the merged weights move

@@ -12,7 +12,8 @@ Endpoints (SGLang's names, payloads and rules; errors are `{"error": {"message":
   GET  /v1/loads                       request counts and memory; shape documented on `HFServer.v1_loads`
   POST /update_weights_from_disk {model_path, weight_version?, load_format?, abort_all_requests?, flush_cache?}
                                        flush_cache (default true) fails the call, weights loaded, while an
-                                       in-place pause holds requests, as SGLang's does
+                                       in-place pause holds requests, as SGLang's does; a directory without
+                                       config.json may hold some of the weights (`_load_from_disk`)
   health, flush, pause/continue, abort, memory release/resume: `control.py`
   weight-update sessions, tensor and distributed syncs, /weights_checker: `weight_receiver.py`
 """
@@ -26,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -228,9 +230,14 @@ class HFServer:
         return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
     def _load_from_disk(self, model_path: str, version: Any) -> int:
+        """A checkpoint directory (config.json beside its safetensors) must hold every weight; a directory of named
+        tensors alone (no config.json: an adapter sync's trained base weights) updates those, as SGLang's loader
+        loads whatever names a directory holds (`model_loader/loader.py:DefaultModelLoader._prepare_weights`, then
+        the model's `load_weights`). Either way no name or shape may be foreign to the model."""
         tensors = read_safetensors_dir(model_path)
+        partial = not (Path(model_path) / "config.json").exists()
         self.generator.flush_cache()  # SGLang flushes its radix cache on every weight update
-        count = load_weights_strict(self.model, tensors, layout=self.receiver.layout)
+        count = load_weights_strict(self.model, tensors, partial=partial, layout=self.receiver.layout)
         if version is not None:
             self.scheduler.weight_version = str(version)
         return count

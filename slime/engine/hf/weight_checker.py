@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 import torch
 
+from slime.wire.tensors import weight_checksum
+
 _NON_PERSISTENT_PATTERNS = ("cos_sin_cache", "cos_cache", "sin_cache", "inv_freq", "freqs_cis", "expert_mask_gpu")
 
 
@@ -29,11 +31,7 @@ class WeightCheckError(ValueError):
     """A check action failed (unknown action, compare without snapshot, tensors differ)."""
 
 
-def tensor_checksum(tensor: torch.Tensor) -> str:
-    """SGLang's checksum text of one tensor (`sglang/srt/managers/mm_utils.py:tensor_hash`, CPU path)."""
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    digest = hashlib.sha256(memoryview(flat.numpy())).digest()
-    return f"{int.from_bytes(digest[:8], byteorder='big', signed=False):016x}"
+tensor_checksum = weight_checksum  # SGLang's checksum text of one tensor (its CPU hash: slime.wire.tensors)
 
 
 def overall_checksum(checksums: dict[str, str]) -> str:

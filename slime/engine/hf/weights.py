@@ -1,7 +1,8 @@
 """Strict loading of HF-named safetensors into a live transformers model (docs/engines.md#disk-mode).
 
 Every `*.safetensors` file of the directory is read (an index json, if any, is not needed). The set
-of tensor names must equal the model's own checkpoint names (those `save_pretrained` writes, a MoE layer's
+of tensor names must equal the model's own checkpoint names (a partial load, one bucket of a sync or a directory of
+some named tensors, may leave names out) (those `save_pretrained` writes, a MoE layer's
 experts one by one, where transformers holds them fused): missing names, unexpected names and
 shape mismatches are all reported together and nothing is copied, so a failed update leaves the old
 weights intact. Tied aliases (e.g. `lm_head.weight` when embeddings are tied) are optional; when

@@ -3,7 +3,8 @@ other weight stay), the base frozen, the adapters trained in fp32.
 
 Names: a target projection `...q_proj.weight` becomes `...q_proj.base_layer.weight` beside
 `...q_proj.lora_A.default.weight` (rank x in) and `...q_proj.lora_B.default.weight` (out x rank). Engines and HF
-exports get the merged weights under the base's names: W + B·A·alpha/rank (`merged_weights`). `model.lora.train_params`
+exports get the merged weights under the base's names: W + B·A·alpha/rank (`merged_weights`); an adapter-only sync
+moves the adapter under peft's names and the trained gains under their own (`synced_tensors`). `model.lora.train_params`
 (norm gains) train whole. A checkpoint holds what trains alone (`trained_state`): the rest never changes and is the
 run's `model.hf_checkpoint`. The reference model of a KL term is that base: the policy with its adapters off
 (`base_only`), no second copy.
@@ -126,6 +127,19 @@ def peft_adapter_tensors(
             key = "base_model.model." + name.replace(f".{ADAPTER}.", ".")
             tensors[key] = whole(param.detach()).to("cpu").contiguous()
     return tensors
+
+
+def synced_tensors(
+    model: nn.Module, lora: LoRAConfig, whole: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an adapter-only sync moves: each adapter tensor under peft's saved name (`base_model.model.<HF module>
+    .lora_A.weight`), each of `lora.train_params` under its HF name (a base weight the engines update in place);
+    `whole` gathers a sharded tensor (every rank must call it alike). CPU tensors: a few MB at most."""
+    for name, param in model.named_parameters():
+        if is_adapter(name):
+            yield "base_model.model." + name.replace(f".{ADAPTER}.", "."), whole(param.detach()).to("cpu").contiguous()
+        elif name in lora.train_params:
+            yield name, whole(param.detach()).to("cpu").contiguous()
 
 
 def write_peft_adapter(tensors: dict[str, torch.Tensor], lora: LoRAConfig, path: str | Path, base: str) -> None:

@@ -210,8 +210,7 @@ class FSDPRank(BatchColumns, TrainBackend):
         return in_buckets(held, bucket_bytes)
 
     def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
-        tensors = lora.peft_adapter_tensors(self.model, self.setup.model.lora, _whole)
-        return in_buckets(iter(tensors.items()), bucket_bytes)
+        return in_buckets(lora.synced_tensors(self.model, self.setup.model.lora, _whole), bucket_bytes)
 
     def save_hf(self, path: str) -> None:
         """With LoRA a peft adapter directory at `path` (and, with `model.lora.export_merged`, the merged HF

@@ -3,10 +3,12 @@ flattened bucket) or from a peft directory, and its log-probs against peft's own
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from slime.config.schema_lora import LoRAConfig
@@ -189,3 +191,67 @@ def test_an_adapter_tensor_that_arrives_changed_fails_its_load(engine, adapter):
         item = bucket_codec.encode(flat, metadata)
         client.load_lora_adapter_from_tensors("policy", adapter.config, [item], expected_checksums=sums)
     client.unload_lora_adapter("policy")
+
+
+@pytest.mark.parametrize("mode", ["tensor", "disk"])
+def test_the_adapter_sync_moves_a_trained_gain_into_the_engines_base_before_the_adapter(
+    engine, adapter, mode, tmp_path
+):
+    """model.lora.train_params synced beside the adapter (peft's modules_to_save): each push updates the engine's
+    base gain (tensor mode: in a weight-update session; disk mode: from a directory holding that tensor alone), then
+    loads the adapter; the engine scores as the trainer's model with both. In tensor mode the check after the push
+    compares the engine's gain with the trainer's and names one that differs."""
+    from slime.engine.client import EngineClient
+    from slime.sync.base import SyncContext, SyncedAdapter, WeightMismatchError, connect_weight_sync
+
+    context = SyncContext(
+        source_checkpoint="unused",
+        engine="hf",
+        work_dir=str(tmp_path),
+        bucket_bytes=1 << 20,
+        adapter=SyncedAdapter(name="policy", config=adapter.config),
+        check_weight_update_equal=mode == "tensor",
+    )
+    sync = connect_weight_sync(mode, [engine.url], context)
+    norm = adapter.model.model.norm.weight
+    original = norm.detach().clone()
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_logprob": True, "lora_path": "policy"}
+    marks = {"tensor": "update_weights_from_tensor: Succeeded", "disk": "Succeeded to update model weights (1 tensors"}
+    log = Path(engine.log_path)
+    try:
+        for version, scale in ((1, 1.7), (2, 0.6)):
+            with torch.no_grad():
+                norm.copy_(original * scale)
+            pushed = [*adapter.tensors.items(), ("model.norm.weight", norm.detach().clone())]
+            perf = sync.push(iter([pushed[:5], pushed[5:]]), weight_version=version)
+            assert perf["perf/update_weights_bytes"] == 4 * (sum(t.numel() for t in adapter.tensors.values()) + 64)
+            out = http_client.post(engine.url + "/generate", body, timeout=60)
+            assert out["meta_info"]["weight_version"] == str(version)
+            lps = [entry[0] for entry in out["meta_info"]["output_token_logprobs"]]
+            assert lps == pytest.approx(reference_log_probs(adapter.model, out["output_ids"]), abs=2e-5)
+            with torch.no_grad():  # with the checkpoint's gain the trainer's model would score otherwise
+                norm.copy_(original)
+                stale = reference_log_probs(adapter.model, out["output_ids"])
+                norm.copy_(original * scale)
+            assert lps != pytest.approx(stale, abs=1e-3)
+        text = log.read_text()
+        # each push: the gain first, then the adapter
+        assert text.count(marks[mode]) >= 2 and text.rindex(marks[mode]) < text.rindex("load_lora_adapter")
+        if mode == "disk":
+            served = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.safetensors"))
+            assert served == [
+                "weights/adapter_v000002/adapter_model.safetensors",
+                "weights/adapter_v000002/trained_params/model.safetensors",
+            ]
+        else:  # the engine's gain changed behind the sync's back: the check names it
+            (tmp_path / "other").mkdir()
+            save_file({"model.norm.weight": original * 5}, str(tmp_path / "other" / "model.safetensors"))
+            EngineClient(engine.url).update_weights_from_disk(str(tmp_path / "other"))
+            with pytest.raises(WeightMismatchError, match=r"trained base weights \['model.norm.weight'\] differ"):
+                sync.check_pushed()
+    finally:
+        with torch.no_grad():
+            norm.copy_(original)
+        sync.push(iter([[*adapter.tensors.items(), ("model.norm.weight", original)]]), weight_version=9)
+        http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
+        sync.close()

@@ -6,6 +6,7 @@ everything down and checks that no process survives).
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from slime.config.schema import HFEngineConfig, RouterConfig
 from slime.engine import http_client
 from slime.engine.base import EngineLaunch, get_engine_class
+from slime.engine.hf.weight_checker import tensor_checksum
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
 from tests.helpers.engines import generated_tokens
@@ -210,6 +212,7 @@ def _perturbed_copy(src: str, dst: Path, *, noise: float = 0.3, bad_shape: bool 
         del out[name]
     dst.mkdir(parents=True)
     save_file(out, str(dst / "model.safetensors"))
+    shutil.copy(Path(src) / "config.json", dst)  # a checkpoint: every weight must be there
     return str(dst)
 
 
@@ -238,6 +241,39 @@ def test_update_weights_from_disk(cluster, tmp_path):
             engine.client.update_weights_from_disk(path, weight_version="2")
     again = _generate(engine.url)  # the failed loads changed nothing
     assert again["output_ids"] == after["output_ids"] and engine.client.get_weight_version() == "1"
+
+
+def test_a_directory_of_some_named_tensors_updates_those_alone(cluster, tmp_path):
+    """No config.json: not a checkpoint but some named tensors (an adapter sync's trained gains), which update
+    those weights alone, as SGLang's loader loads the names a directory holds; a foreign name or shape is refused
+    before anything is copied."""
+    engine = cluster.engines[0]
+    start = _perturbed_copy(cluster.model_dir, tmp_path / "start")  # as test_update_weights_from_disk left it
+    engine.client.update_weights_from_disk(start, weight_version="1")
+    weights = load_file(str(Path(start) / "model.safetensors"))
+    norm = weights["model.norm.weight"]
+    before = _generate(engine.url)
+    for name, tensors in (
+        ("foreign", {"model.norm.weight": norm * 3, "model.nope.weight": norm}),
+        ("shape", {"model.norm.weight": torch.ones(norm.shape[0] + 1)}),
+    ):
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"))
+        with pytest.raises(
+            EngineHTTPError, match="unexpected tensors: model.nope.weight" if name == "foreign" else name
+        ):
+            engine.client.update_weights_from_disk(str(tmp_path / name), weight_version="2")
+    assert _generate(engine.url)["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
+    (tmp_path / "gain").mkdir()
+    save_file({"model.norm.weight": norm * 3}, str(tmp_path / "gain" / "model.safetensors"))
+    engine.client.update_weights_from_disk(str(tmp_path / "gain"), weight_version="2")
+    sharper = _generate(engine.url)
+    assert sharper["meta_info"]["weight_version"] == "2"
+    assert sharper["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
+    checksums = engine.client.check_weights("checksum")["ranks"][0]["checksums"]
+    assert checksums["model.norm.weight"] == tensor_checksum(norm * 3)
+    assert checksums["model.embed_tokens.weight"] == tensor_checksum(weights["model.embed_tokens.weight"])
+    engine.client.update_weights_from_disk(start, weight_version="1")  # as it was: later tests expect version 1
 
 
 def test_pause_aborts_running_and_holds_new_requests(cluster):

@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import aiohttp
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from slime.config.schema import RolloutConfig, RouterConfig
 from slime.engine import http_client
@@ -108,9 +110,11 @@ def assert_engine_runs_trainer_weights(served, trainer) -> None:
 
 
 def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir, tmp_path):
-    """model.lora synced alone into vLLM: each disk push is a peft directory vLLM loads in place under the name every
-    request gives (`model`); after each train-then-sync round vLLM's log-probs with it equal the LoRA trainer's, and
-    a request naming none is served by the frozen base. First in the module: the base is still the checkpoint."""
+    """model.lora synced alone into vLLM, the final norm's trained gain beside it: each disk push reloads the gain
+    in place from a directory holding it alone (vLLM's layerwise reload keeps every other weight), then loads the
+    peft directory under the name every request gives (`model`); after each train-then-sync round vLLM's log-probs
+    with it equal the LoRA trainer's. With the checkpoint's gain reloaded, a request naming no adapter is served by
+    the checkpoint's base. First in the module: the base is still the checkpoint."""
     lora_trainer = make_backend(make_setup(model_dir, ["model=tiny_qwen3_vllm", *LORA_ALONE, "train.lr=0.05"]))
     base_ids = [t for _, t in generate(served, temperature=0.0)["meta_info"]["output_token_logprobs"]]
     adapter = SyncedAdapter(name="policy", config=lora_trainer.setup.model.lora.adapter_config())
@@ -128,8 +132,13 @@ def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir
             ids = [t for _, t in out["meta_info"]["output_token_logprobs"]]
             engine_lp = torch.tensor([lp for lp, _ in out["meta_info"]["output_token_logprobs"]])
             assert (response_log_probs(lora_trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
+        gain = tmp_path / "checkpoint_gain"  # the checkpoint's gain back: the module's later tests start from it
+        gain.mkdir()
+        checkpoint = load_file(str(Path(model_dir) / "model.safetensors"))
+        save_file({"model.norm.weight": checkpoint["model.norm.weight"]}, str(gain / "model.safetensors"))
+        served.engine.client.update_weights_from_disk(str(gain))
         base = generate(served, temperature=0.0)["meta_info"]["output_token_logprobs"]
-        assert [t for _, t in base] == base_ids  # a request naming no adapter: the frozen base
+        assert [t for _, t in base] == base_ids  # a request naming no adapter: the checkpoint's base
     finally:
         lora_trainer.close_weight_sync()
         served.engine.client.unload_lora_adapter("policy")
