@@ -69,8 +69,8 @@ def hf_args(server_args):
     argv += ["--weight-version", server_args.weight_version or "default", "--batch-wait-ms", "2"]
     if server_args.context_length:
         argv += ["--context-length", str(server_args.context_length)]
-    if server_args.enable_deterministic_inference:  # SGLang's is batch-invariant: here, each request on its own
-        argv += ["--max-batch-size", "1"]
+    if server_args.enable_deterministic_inference:  # batch-invariant, as SGLang's is: the hf engine's same flag
+        argv += ["--enable-deterministic-inference"]
     # SGLang captures routes only with this flag (state_capturer/routed_experts.py:RoutedExpertsCapturer.create
     # returns None without it) and answers return_routed_experts with meta_info.routed_experts
     # (tokenizer_manager.py, state_capturer/base.py:get_topk); the hf engine follows both, pinned by
