@@ -18,6 +18,13 @@ TEST_SESSION_VAR = "SLIME_TEST_SESSION"
 TEST_RUN_VAR = "SLIME_TEST_RUN"
 
 
+def own_shm_segments() -> set[str]:
+    """The shared-memory files in /dev/shm that torch made for this process (`torch_<pid>_...`, the file-system
+    sharing the tensor sync's buckets use): other processes' segments, such as the runs beside the unit tests',
+    come and go on their own."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"torch_{os.getpid()}_")}
+
+
 def session_processes() -> list[str]:
     """Live processes (not zombies) started by this test session, as 'pid: command line'."""
     found = []

@@ -4,7 +4,6 @@ the distributed group rebuilt for a restarted engine; engine errors named and ge
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightMismatchError
 from tests.helpers.engines import start_engine
 from tests.helpers.fsdp_rank import response_log_probs
+from tests.helpers.processes import own_shm_segments
 from tests.helpers.weights import engine_checksums, trainer_checksums
 
 PROMPT = {
@@ -54,7 +54,7 @@ def assert_runs_trainer_weights(backend, url: str, version: str) -> None:
 def test_sync_makes_the_engine_bit_exact(trained, engine, tiny_model_dir, tmp_path, mode):  # noqa: F811
     engine.client.update_weights_from_disk(tiny_model_dir, weight_version="0")  # back to the checkpoint
     assert engine_checksums(engine.url) != trainer_checksums(trained.model)
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = own_shm_segments()
     trained.connect_weight_sync(mode, [engine.url], context(tiny_model_dir, tmp_path))
     try:
         perf = trained.update_weights(weight_version=3)
@@ -63,7 +63,7 @@ def test_sync_makes_the_engine_bit_exact(trained, engine, tiny_model_dir, tmp_pa
             phases = perf["perf/update_weights_pack_time"], perf["perf/update_weights_load_time"]
             assert all(0 < t < perf["perf/update_weights_time"] for t in phases)
         assert_runs_trainer_weights(trained, engine.url, "3")
-        assert set(os.listdir("/dev/shm")) <= shm_before  # every bucket's shared memory was freed
+        assert own_shm_segments() <= shm_before  # every bucket's shared memory was freed
     finally:
         trained.close_weight_sync()
 
@@ -105,10 +105,10 @@ def test_engine_error_names_the_engine_and_generation_continues(trained, engine,
         out = http_client.post(engine.url + "/generate", PROMPT, timeout=30)  # not left paused
         assert len(out["output_ids"]) == 6
         if mode == "tensor":  # a failure while the next bucket is packed: it is freed all the same
-            shm_before = set(os.listdir("/dev/shm"))
+            shm_before = own_shm_segments()
             with pytest.raises(EngineHTTPError, match=refused):
                 trained.weight_sync.push([good, bad, good], weight_version=98)
-            assert set(os.listdir("/dev/shm")) <= shm_before
+            assert own_shm_segments() <= shm_before
         if mode == "distributed":  # the group stayed in step: the next push works
             trained.update_weights(weight_version=5)
             assert_runs_trainer_weights(trained, engine.url, "5")

@@ -135,21 +135,29 @@ def test_adapter_that_does_not_fit_the_slot_is_refused(engine, adapter):
         load_by_tensors(engine.url, SimpleNamespace(config=elsewhere, tensors=adapter.tensors))
 
 
+def _adapter_context(adapter, mode: str, work_dir):
+    """The sync context of an adapter push into the hf engine; tensor mode checks each tensor (the trainer's sha256,
+    and the gains' checksums after the push)."""
+    from slime.sync.base import SyncContext, SyncedAdapter
+
+    return SyncContext(
+        source_checkpoint="unused",
+        engine="hf",
+        work_dir=str(work_dir),
+        bucket_bytes=1 << 20,
+        adapter=SyncedAdapter(name="policy", config=adapter.config),
+        check_weight_update_equal=mode == "tensor",
+    )
+
+
 @pytest.mark.parametrize("mode", ["tensor", "disk"])
 def test_the_adapter_sync_pushes_the_adapter_alone_and_survives_an_engine_that_lost_it(engine, adapter, mode, tmp_path):
     """The mode's adapter sync: per push unload, load, stamp the version; the bytes are the adapter's. An engine that
     lost the adapter (restarted) refuses the unload, and the push loads it anyway; so does one that holds it for a
     sync reconnected after a restart. Disk mode keeps the served adapter's directory only, until closed."""
-    from slime.sync.base import SyncContext, SyncedAdapter, connect_weight_sync
+    from slime.sync.base import connect_weight_sync
 
-    context = SyncContext(
-        source_checkpoint="unused",
-        engine="hf",
-        work_dir=str(tmp_path),
-        bucket_bytes=1 << 20,
-        adapter=SyncedAdapter(name="policy", config=adapter.config),
-        check_weight_update_equal=mode == "tensor",  # each tensor checked against the trainer's sha256
-    )
+    context = _adapter_context(adapter, mode, tmp_path)
     sync = connect_weight_sync(mode, [engine.url], context)
     assert type(sync).__name__ == f"{mode.capitalize()}AdapterSync"
     buckets = [list(adapter.tensors.items())[:3], list(adapter.tensors.items())[3:]]  # one load of both buckets
@@ -202,16 +210,9 @@ def test_the_adapter_sync_moves_a_trained_gain_into_the_engines_base_before_the_
     loads the adapter; the engine scores as the trainer's model with both. In tensor mode the check after the push
     compares the engine's gain with the trainer's and names one that differs."""
     from slime.engine.client import EngineClient
-    from slime.sync.base import SyncContext, SyncedAdapter, WeightMismatchError, connect_weight_sync
+    from slime.sync.base import WeightMismatchError, connect_weight_sync
 
-    context = SyncContext(
-        source_checkpoint="unused",
-        engine="hf",
-        work_dir=str(tmp_path),
-        bucket_bytes=1 << 20,
-        adapter=SyncedAdapter(name="policy", config=adapter.config),
-        check_weight_update_equal=mode == "tensor",
-    )
+    context = _adapter_context(adapter, mode, tmp_path)
     sync = connect_weight_sync(mode, [engine.url], context)
     norm = adapter.model.model.norm.weight
     original = norm.detach().clone()
