@@ -47,8 +47,10 @@ runs_log=$(mktemp)
 # One cache for both processes (tests/conftest.py): what one imports or generates first, the other finds.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
-# The learning runs' figures, for the metric-history gate at the end (tests/helpers/metric_history.py).
-SLIME_METRIC_REPORT="$SLIME_TEST_SHARED_CACHE/metric_report.jsonl"
+# The learning runs' figures, for the metric-history gate at the end (tests/helpers/metric_history.py): a small
+# file kept after the run, so that the baseline can be refreshed from it (SLIME_METRIC_REPORT chooses its path).
+SLIME_METRIC_REPORT=${SLIME_METRIC_REPORT:-$(mktemp -t slime-metric-report-XXXXXX.jsonl)}
+: >"$SLIME_METRIC_REPORT"
 export SLIME_METRIC_REPORT
 mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_files) || exit 1
 [ "${#slow[@]}" -gt 0 ] || no_tests
