@@ -231,7 +231,7 @@ def test_bad_vllm_and_router_keys_each_name_the_key_and_nearest_names():
         [
             "+rollout.vllm.gpu_memory_utilisation=0.7",
             "+rollout.vllm.tensor_parallel_size=2",
-            "+rollout.vllm.enforce_eager=maybe",
+            "rollout.vllm.enforce_eager=maybe",  # the embedded vLLM preset sets it
             "+rollout.router.extra_args.balance_abs_treshold=0",
             "+rollout.router.extra_args.worker_urls=[http://a:1]",
             "+rollout.router.extra_args.cache_threshold=abc",

@@ -66,7 +66,9 @@ def served(model_dir, tmp_path_factory):
         startup_timeout_s=600, lora=LoRAServing(max_rank=8, target_modules=("q_proj", "v_proj")),
     )  # fmt: skip
     config = VLLMEngineConfig(
-        args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP]}, weight_transfer_backend=None, startup_timeout_s=600
+        args={"max_num_seqs": 2, "logits_processors": [SLOW_STEP], "enforce_eager": True},
+        weight_transfer_backend=None,
+        startup_timeout_s=600,
     )
     engine = VLLMEngine(launch, config)
     router = VLLMRouter.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=logs / "router.log")
