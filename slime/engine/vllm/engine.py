@@ -124,6 +124,13 @@ class VLLMEngine(EngineServer):
         super().launch()
 
     @property
+    def one_cpu_worker(self) -> bool:
+        """A CPU server of one worker: one slot, no parallel size above 1, not a slice of an engine spanning nodes."""
+        launch, args = self.launch_spec, self.config.args
+        parallel = [int(args.get(name) or 1) for name in engine_args.PARALLEL_SIZES]
+        return launch.device == "cpu" and launch.node_slice is None and len(launch.gpu_ids) <= 1 and max(parallel) == 1
+
+    @property
     def headless(self) -> bool:
         """A node rank >= 1 of an engine spanning nodes: vLLM's workers there, no API server."""
         return self.launch_spec.node_slice is not None and self.launch_spec.node_slice.node_rank > 0
@@ -161,6 +168,11 @@ class VLLMEngine(EngineServer):
             env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         if self.launch_spec.lora is not None:  # envs.py: mounts /v1/load_lora_adapter and /v1/unload_lora_adapter
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.one_cpu_worker:
+            # vLLM's CPU platform runs the one worker inside the engine-core process only with this off
+            # (platforms/cpu.py: check_and_update_config); a worker process of its own spins on its shared-memory
+            # queue for 1 s after every message (shm_broadcast.py: SpinCondition.busy_loop_s), a core all rollout
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.config.worker_type != "regular" and self.lease is not None:
             # the address the decode side connects to (vLLM's nixl connector sends it): never a wildcard
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = reached_at(self.launch_spec.host, self.launch_spec.node_ip)

@@ -52,7 +52,7 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     ]
     assert policy_model(model_specs(cfg)).name == "actor"
     config = VLLMEngine.config_from(cfg.rollout, worker_type=specs[1].worker_type, overrides=specs[1].overrides)
-    assert config.args == {"max_num_seqs": 8} and config.worker_type == "decode"
+    assert config.args == {"enforce_eager": True, "max_num_seqs": 8} and config.worker_type == "decode"
     bad = typed_config([*CPU_VLLM, "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.prefill_num_servers"):
         validate(bad)
@@ -203,3 +203,22 @@ def test_a_request_vllms_count_keeps_is_in_flight_only_while_the_engine_core_sch
     client = VLLMClient("http://127.0.0.1:1")
     monkeypatch.setattr(client, "_call", lambda method, path, *args, **kwargs: replies[path])
     assert client.num_requests() == expected
+
+
+def test_only_a_one_worker_cpu_server_keeps_its_worker_in_the_engine_core(tmp_path):
+    from slime.engine.base import EngineLaunch, NodeSlice
+    from slime.engine.vllm.engine import VLLMEngineConfig
+
+    cpu = EngineLaunch(rank=0, model_path="/m", host="h", seed=0, device="cpu", log_dir=str(tmp_path))
+    span = NodeSlice(num_nodes=2, node_rank=0, dist_init_addr="h:1")
+    cases = {
+        "cpu": (cpu, {}),
+        "cuda": (dataclasses.replace(cpu, device="cuda", gpu_ids=("0",)), {}),
+        "span": (dataclasses.replace(cpu, node_slice=span), {}),
+        "pp2": (cpu, {"pipeline_parallel_size": 2}),
+    }
+    one_process = {
+        key: VLLMEngine(launch, VLLMEngineConfig(args=args)).env().get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        for key, (launch, args) in cases.items()
+    }
+    assert one_process == {"cpu": True, "cuda": False, "span": False, "pp2": False}

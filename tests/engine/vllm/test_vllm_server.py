@@ -281,3 +281,12 @@ def test_in_flight_requests_are_those_the_engine_core_schedules(served):
     assert client.num_requests() == 0 and int(http_client.get(url + "/load")["server_load"]) == 0
     out = generate(served, max_new_tokens=4)  # the server still serves
     assert len(out["meta_info"]["output_token_logprobs"]) == 4
+
+
+def test_a_one_worker_cpu_server_runs_its_worker_in_the_engine_core(served):
+    """No worker process of its own: vLLM's CPU platform keeps the uniprocess executor with
+    VLLM_ENABLE_V1_MULTIPROCESSING=0, and nothing spins on a shared-memory queue between the engine core and it."""
+    import psutil
+
+    names = [p.name() for p in psutil.Process(served.engine.process.pid).children(recursive=True)]
+    assert "VLLM::EngineCore" in names and not any("Worker" in name for name in names), names
