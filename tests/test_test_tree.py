@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.slow_files import slow_files, unlisted
+from tests.helpers.slow_files import AFTER_UNIT_FILES, lane_files, slow_files, unlisted
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -148,6 +148,19 @@ def test_the_slow_files_are_those_with_a_slow_mark():
     assert "tests/e2e/test_end_to_end.py" in found and "tests/runtime/test_fault_tolerance.py" in found
     assert all(name.startswith("tests/") and name.endswith(".py") for name in found)
     assert "tests/test_test_tree.py" not in found  # it writes the mark in strings, marks nothing
+
+
+def test_the_two_lanes_split_the_slow_files():
+    """tools/test.sh's runs process and the unit tests' lane together collect every slow file, each once."""
+    runs, after_unit = lane_files("runs"), lane_files("after-unit")
+    assert after_unit == sorted(AFTER_UNIT_FILES) and not set(runs) & set(after_unit)
+    assert sorted(runs + after_unit) == slow_files()
+
+
+def test_a_lane_file_without_a_slow_test_is_refused(tmp_path):
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    with pytest.raises(ValueError, match="AFTER_UNIT_FILES names files with no slow test"):
+        lane_files("runs", tmp_path)
 
 
 def test_a_slow_test_in_a_file_without_the_mark_is_reported(tmp_path):

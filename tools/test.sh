@@ -10,12 +10,13 @@
 # SmolLM2 (tools/setup_smollm2.sh): all three for the whole suite, for paths what tests/helpers/setup_needs.py
 # finds. Each set-up is skipped when already done. SLIME_TEST_SETUP=none skips them all (use .venv as it is).
 #
-# Without arguments (CI), two pytest processes run side by side: the end-to-end runs (marked `slow`: pools of
-# main.py runs that keep both cores of a 2-core machine busy; the process collects only the files with a slow
-# test, tests/helpers/slow_files.py) and the unit tests (one core at a time); the unit tests' report is printed
-# after the runs', then both processes' summaries, then the metric-history gate's table (the learning runs' figures
-# against tests/metric_baseline.json: a regression fails). With arguments, one pytest process gets exactly them (no
-# path: pytest's own default, the tests/ folder).
+# Without arguments (CI), two lanes run side by side: the end-to-end runs (marked `slow`: pools of main.py runs
+# that keep both cores of a 2-core machine busy; the process collects only the files with a slow test,
+# tests/helpers/slow_files.py), and the unit tests (one core at a time) followed by the few end-to-end files
+# slow_files.py gives that lane; the unit lane's reports are printed after the runs', then every process's summary,
+# then the metric-history gate's table (the learning runs' figures against tests/metric_baseline.json: a
+# regression fails). With arguments, one pytest process gets exactly them (no path: pytest's own default, the
+# tests/ folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,8 +44,10 @@ if [ $# -gt 0 ]; then
 fi
 
 unit_log=$(mktemp)
+late_log=$(mktemp)
 runs_log=$(mktemp)
-# One cache for both processes (tests/conftest.py): what one imports or generates first, the other finds.
+lane_status=$(mktemp)
+# One cache for every process (tests/conftest.py): what one imports or generates first, the others find.
 SLIME_TEST_SHARED_CACHE=$(mktemp -d -t slime-test-cache-XXXXXX)
 export SLIME_TEST_SHARED_CACHE
 # The learning runs' figures, for the metric-history gate at the end (tests/helpers/metric_history.py): a small
@@ -52,21 +55,32 @@ export SLIME_TEST_SHARED_CACHE
 SLIME_METRIC_REPORT=${SLIME_METRIC_REPORT:-$(mktemp -t slime-metric-report-XXXXXX.jsonl)}
 : >"$SLIME_METRIC_REPORT"
 export SLIME_METRIC_REPORT
-mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_files) || exit 1
-[ "${#slow[@]}" -gt 0 ] || no_tests
-# the unit tests' session also checks that every slow test is in one of those files
-SLIME_CHECK_SLOW_FILES=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1 &
+mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_files --lane runs) || exit 1
+mapfile -t late < <(.venv/bin/python -m tests.helpers.slow_files --lane after-unit) || exit 1
+[ "${#slow[@]}" -gt 0 ] && [ "${#late[@]}" -gt 0 ] || no_tests
+# The unit tests, then the end-to-end files that tests/helpers/slow_files.py hands that lane: when the unit tests
+# end, a core would otherwise idle under the runs' single-run modules. The unit tests' session also checks that every
+# slow test is in one of the listed files.
+unit_lane() {
+  SLIME_CHECK_SLOW_FILES=1 .venv/bin/python -m pytest tests -m "not slow" >"$unit_log" 2>&1
+  local unit=$?
+  .venv/bin/python -m pytest -m slow "${late[@]}" >"$late_log" 2>&1
+  echo "$unit $?" >"$lane_status"
+}
+unit_lane &
 unit_pid=$!
-trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log" "$runs_log"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
+trap 'kill "$unit_pid" 2>/dev/null; rm -f "$unit_log" "$late_log" "$runs_log" "$lane_status"; rm -rf "$SLIME_TEST_SHARED_CACHE"' EXIT
 .venv/bin/python -m pytest -m slow "${slow[@]}" 2>&1 | tee "$runs_log"
 runs=${PIPESTATUS[0]}
 wait "$unit_pid"
-unit=$?
+read -r unit late_runs <"$lane_status" || { unit=1; late_runs=1; }
 echo "========================== unit tests (they ran beside the end-to-end runs) =========================="
 cat "$unit_log"
-# Last, what each process ended with (its failures and its count): a reader of the output's tail sees both.
+echo "===================== end-to-end runs of the unit tests' lane (after the unit tests) ====================="
+cat "$late_log"
+# Last, what each process ended with (its failures and its count): a reader of the output's tail sees all three.
 echo "=============================================== summary ==============================================="
-for part in "end-to-end runs:$runs_log" "unit tests:$unit_log"; do
+for part in "end-to-end runs:$runs_log" "unit tests:$unit_log" "end-to-end runs after the unit tests:$late_log"; do
   echo "--- ${part%%:*}"
   if grep -q "short test summary info" "${part#*:}"; then
     sed -n '/short test summary info/,$p' "${part#*:}" | tail -n 40
@@ -77,7 +91,10 @@ done
 echo "--- metric history"
 .venv/bin/python -m tests.helpers.metric_history check "$SLIME_METRIC_REPORT"
 gate=$?
-[ "$runs" -eq 5 ] || [ "$unit" -eq 5 ] && no_tests  # each process has tests: one without is a broken selection
-[ "$runs" -ne 0 ] && exit "$runs"
-[ "$unit" -ne 0 ] && exit "$unit"
+for status in "$runs" "$unit" "$late_runs"; do
+  [ "$status" -eq 5 ] && no_tests  # each process has tests: one without is a broken selection
+done
+for status in "$runs" "$unit" "$late_runs"; do
+  [ "$status" -ne 0 ] && exit "$status"
+done
 exit "$gate"

@@ -1,15 +1,19 @@
-"""The end-to-end (`slow`) test files, which tools/test.sh runs as one pytest process beside the unit tests, naming
-the files so that the process collects only them (collecting the whole tree imports every test module: ~2 min).
+"""The end-to-end (`slow`) test files, which tools/test.sh runs beside the unit tests, naming the files so that
+a process collects only them (collecting the whole tree imports every test module: ~2 min).
 
-    python -m tests.helpers.slow_files    # the files, one a line
+    python -m tests.helpers.slow_files                    # the files, one a line
+    python -m tests.helpers.slow_files --lane runs        # those of the runs' process
+    python -m tests.helpers.slow_files --lane after-unit  # those the unit tests' lane runs once the unit tests end
 
 A file belongs here when it marks a test, or its whole module, `slow` (the text scan below). The unit tests'
 session checks that every collected slow test is in one of these files (tests/conftest.py, with CHECK_VAR set),
 so a slow mark the scan cannot read (a parametrized case's) fails CI instead of being skipped.
 
-Three processes (two of runs) were tried: on a 2-core machine the runs alive at once, each with its Ray daemons,
-engine and trainer polling, kept 35-44 threads runnable and a real vLLM server took 480 s to start (60-100 s with
-one process of runs), so the runs stay in one process."""
+Two processes of runs beside the unit tests starve a 2-core machine (35-44 threads runnable, a real vLLM server
+480 s to start), so at most one process of runs runs beside the unit tests: the unit tests' lane takes the
+AFTER_UNIT_FILES once they end, where a core would otherwise idle under the runs' single-run modules (measured:
+`PYTEST_ADDOPTS=--durations=50 bash tools/test.sh`, the unit tests end at ~24 of ~45 min and the load falls
+to ~1.5)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,13 @@ from pathlib import Path
 
 from tests.helpers.compose import ROOT
 
+# Single-run modules near the end of the runs' order (tests/conftest.py): ~4 min of runs on an idle machine.
+AFTER_UNIT_FILES = (
+    "tests/e2e/test_exact_resume.py",
+    "tests/e2e/test_tool_use_recipe.py",
+    "tests/e2e/test_vllm_engine_e2e.py",
+)
+LANES = ("runs", "after-unit")
 CHECK_VAR = "SLIME_CHECK_SLOW_FILES"  # set by tools/test.sh for the unit tests' session: check the files
 SLOW_MARK = re.compile(r"^\s*(@pytest\.mark\.slow\b|pytestmark\s*=.*\bpytest\.mark\.slow\b)", re.MULTILINE)
 
@@ -37,11 +48,22 @@ def unlisted(slow_test_files: set[str], root: Path = ROOT) -> list[str]:
     return sorted(slow_test_files - set(slow_files(root)))
 
 
+def lane_files(lane: str, root: Path = ROOT) -> list[str]:
+    """The slow files of one lane: "after-unit" the AFTER_UNIT_FILES (each must be a slow file), "runs" the rest."""
+    files = slow_files(root)
+    missing = sorted(set(AFTER_UNIT_FILES) - set(files))
+    if missing:
+        raise ValueError(f"AFTER_UNIT_FILES names files with no slow test: {missing}")
+    if lane == "after-unit":
+        return [f for f in files if f in AFTER_UNIT_FILES]
+    return [f for f in files if f not in AFTER_UNIT_FILES]
+
+
 def main(argv: list[str]) -> int:
-    if argv:
-        print("usage: python -m tests.helpers.slow_files", file=sys.stderr)
+    if argv and (len(argv) != 2 or argv[0] != "--lane" or argv[1] not in LANES):
+        print(f"usage: python -m tests.helpers.slow_files [--lane {{{','.join(LANES)}}}]", file=sys.stderr)
         return 2
-    print("\n".join(slow_files()))
+    print("\n".join(lane_files(argv[1]) if argv else slow_files()))
     return 0
 
 
