@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tests.helpers.compose import ROOT
 
-# Single-run modules near the end of the runs' order (tests/conftest.py): ~4 min of runs on an idle machine.
+# Single-run modules near the end of the runs' order (tests/conftest.py): ~5 min beside the runs' process.
 AFTER_UNIT_FILES = (
     "tests/e2e/test_exact_resume.py",
     "tests/e2e/test_tool_use_recipe.py",
