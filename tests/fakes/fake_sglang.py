@@ -69,7 +69,10 @@ def hf_args(server_args):
     argv += ["--weight-version", server_args.weight_version or "default", "--batch-wait-ms", "2"]
     if server_args.context_length:
         argv += ["--context-length", str(server_args.context_length)]
-    if server_args.enable_deterministic_inference:  # batch-invariant, as SGLang's is: the hf engine's same flag
+    if server_args.enable_deterministic_inference:
+        # SGLang turns batch-invariant kernels on for it (model_executor/model_runner.py:
+        # ModelRunner.maybe_enable_batch_invariant_mode -> batch_invariant_ops.enable_batch_invariant_mode): here the
+        # hf engine's same flag, its batch-invariant decoding (pinned by tests/engine/sglang/test_fake_sglang_rules.py)
         argv += ["--enable-deterministic-inference"]
     # SGLang captures routes only with this flag (state_capturer/routed_experts.py:RoutedExpertsCapturer.create
     # returns None without it) and answers return_routed_experts with meta_info.routed_experts

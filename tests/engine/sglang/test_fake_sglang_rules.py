@@ -11,6 +11,7 @@ comment of tests/fakes/fake_sglang.py or slime/engine/hf/control.py to SGLang's 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,3 +113,24 @@ def test_an_adapter_tensor_missing_its_checksum_kills_the_server(tiny_model_dir,
         assert_crashed(engine, "[LORA-CHECK] rank0 adapter sync MISMATCH of 1 expected: 1 value-diff")
     finally:
         engine.shutdown()
+
+
+def test_deterministic_inference_is_batch_invariant_decoding_as_in_sglang():
+    """SGLang's --enable-deterministic-inference switches its batch-invariant kernels on; the fake hands the hf
+    engine its same flag (batch-invariant decoding), and nothing else of the fake's arguments changes."""
+    from tests.fakes.fake_sglang import hf_args
+    from tests.helpers.sglang_real import require
+
+    runner = (require() / "sglang" / "srt" / "model_executor" / "model_runner.py").read_text()
+    body = runner.split("def maybe_enable_batch_invariant_mode", 1)[1].split("\n    def ", 1)[0]
+    assert "enable_deterministic_inference" in body and "enable_batch_invariant_mode()" in body
+    server_args = SimpleNamespace(
+        model_path="/m", host=None, port=1, random_seed=0, weight_version=None, context_length=None,
+        enable_deterministic_inference=False, enable_return_routed_experts=False, enable_lora=False,
+    )  # fmt: skip
+    plain = vars(hf_args(server_args))
+    deterministic = vars(hf_args(SimpleNamespace(**{**vars(server_args), "enable_deterministic_inference": True})))
+    assert plain["enable_deterministic_inference"] is False and deterministic["enable_deterministic_inference"] is True
+    assert {k: v for k, v in deterministic.items() if k != "enable_deterministic_inference"} == {
+        k: v for k, v in plain.items() if k != "enable_deterministic_inference"
+    }
