@@ -151,7 +151,7 @@ def check(report: Path, baseline_path: Path = BASELINE) -> int:
     """Prints the table; 1 when a figure regressed or a baseline run is missing (or no baseline exists), else 0."""
     if not baseline_path.exists():
         print(f"metric history: FAILED: no baseline at {baseline_path}; make it from this run's report:\n"
-              f"  python -m tests.helpers.metric_history refresh {report} --reason '...'")  # fmt: skip
+              f"{_refresh_command(report)}")  # fmt: skip
         return 1
     rows = compare(json.loads(baseline_path.read_text()), read_report(report))
     print(f"metric history: the learning runs' figures against {baseline_path}")
@@ -160,11 +160,15 @@ def check(report: Path, baseline_path: Path = BASELINE) -> int:
     if bad:
         names = ", ".join(f"{run}: {figure}" for run, figure in bad)
         print(f"metric history: FAILED ({names}); if the change is intended, refresh the baseline:\n"
-              f"  python -m tests.helpers.metric_history refresh {report} --reason '...'")  # fmt: skip
+              f"{_refresh_command(report)}")  # fmt: skip
         return 1
     if any(r.verdict == "new" for r in rows):
         print("metric history: runs not in the baseline yet (refresh to add them)")
     return 0
+
+
+def _refresh_command(report: Path) -> str:
+    return f"  python -m tests.helpers.metric_history refresh {report} --reason '...'"
 
 
 def _commit() -> str:
