@@ -292,9 +292,4 @@ def check_generator(key: str, generator: Any) -> Iterator[Problem]:
     try:
         load_callable(generator, key=key, **GENERATOR_SHAPE)
     except HookError as exc:
-        yield Problem(
-            exc.key,
-            exc.value,
-            exc.message,
-            "give a node whose _target_ is importable and whose keys are its parameters, or null",
-        )
+        yield exc.problem("give a node whose _target_ is importable and whose keys are its parameters, or null")

@@ -15,18 +15,27 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, Optional
 
-from slime.config.problems import did_you_mean
+from slime.config.install import install_fix
+from slime.config.problems import Problem, did_you_mean
 
 
 class HookError(ValueError):
     """A hook that cannot be loaded or cannot be called the way its extension point calls it.
 
-    `key` is the offending config key (a node's own key for a bad node entry), `value` its value.
+    `key` is the offending config key (a node's own key for a bad node entry), `value` its value; `missing` the
+    module a dependency of the hook's module imports and this machine lacks (None: the hook itself is wrong).
     """
 
-    def __init__(self, key: str, value: Any, message: str):
-        self.key, self.value, self.message = key, value, message
+    def __init__(self, key: str, value: Any, message: str, *, missing: Optional[str] = None):
+        self.key, self.value, self.message, self.missing = key, value, message, missing
         super().__init__(f"{key}={value!r}: {message}")
+
+    def problem(self, fix: str) -> Problem:
+        """Validation's Problem: `fix` for a wrong hook; for a missing dependency, its install command (a machine
+        problem: the dry run, which plans a launch elsewhere, lists it as still needed)."""
+        if self.missing is None:
+            return Problem(self.key, self.value, self.message, fix)
+        return Problem(self.key, self.value, self.message, install_fix(self.missing), machine=True)
 
 
 def load_callable(
@@ -116,7 +125,12 @@ def _import_module(module_name: str, path: str, key: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name != exc.name and not module_name.startswith(exc.name + "."):
-            raise HookError(key, path, f"importing {module_name!r} failed: {exc}") from None
+            raise HookError(
+                key,
+                path,
+                f"importing {module_name!r} failed: it imports {exc.name!r}, which is not installed",
+                missing=exc.name,
+            ) from None
         raise HookError(key, path, f"no module named {exc.name!r}{_nearest_module(exc.name or module_name)}") from None
     except Exception as exc:  # the user's module raised while importing: report it as the hook's problem
         raise HookError(key, path, f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None

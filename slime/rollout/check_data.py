@@ -146,7 +146,7 @@ def _check_source_class(spec: str) -> Iterator[Problem]:
     try:
         cls = load_callable(spec, key=key, signature=("dataset",), keywords=("n_samples_per_prompt", "shuffle", "seed"))
     except HookError as exc:
-        yield Problem(exc.key, exc.value, exc.message, fix)
+        yield exc.problem(fix)
         return
     missing = [m for m in DATA_SOURCE_METHODS if not callable(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:

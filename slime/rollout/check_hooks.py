@@ -109,4 +109,4 @@ def _check(key: str, spec: Any, shape: dict[str, Any], fix: str) -> Iterator[Pro
     try:
         load_callable(spec, key=key, **shape)
     except HookError as exc:
-        yield Problem(exc.key, exc.value, exc.message, fix)
+        yield exc.problem(fix)

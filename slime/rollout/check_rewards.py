@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from slime.algo.estimators import ESTIMATORS
 from slime.config.hooks import HookError, load_callable
+from slime.config.install import install_fix
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.config.validate_eval import valid_eval_datasets
@@ -18,6 +19,7 @@ def check_rewards(cfg: RunConfig) -> Iterator[Problem]:
     yield from _check_reward_choice(cfg)
     yield from _check_custom_reward(cfg)
     yield from _check_eval_rewards(cfg)
+    yield from _check_reward_imports(cfg)
 
 
 def _check_reward_choice(cfg: RunConfig) -> Iterator[Problem]:
@@ -49,6 +51,38 @@ def _check_reward_choice(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
+def _reward_types_used(cfg: RunConfig) -> dict[str, str]:
+    """{registered reward type: the key that first chooses it} over the training rollout and the eval datasets."""
+    r, estimator = cfg.rollout, ESTIMATORS.find(cfg.algo.advantage_estimator)
+    choices = []
+    if r.custom_rm_path is None and (estimator is None or estimator.generates):
+        choices.append(("rollout.rm_type", r.rm_type))
+    if cfg.eval.interval:
+        for name, dataset in valid_eval_datasets(cfg).items():
+            if dataset.rm_type is not None:
+                choices.append((f"eval.datasets.{name}.rm_type", dataset.rm_type))
+            elif r.custom_rm_path is None:
+                choices.append(("rollout.rm_type", r.rm_type))
+    used: dict[str, str] = {}
+    for key, rm_type in choices:
+        if rm_type is not None and rm_type in REWARD_TYPES:
+            used.setdefault(rm_type, key)
+    return used
+
+
+def _check_reward_imports(cfg: RunConfig) -> Iterator[Problem]:
+    """Each reward type the run uses imports on this machine: a missing dependency (math-verify for `math`) stops
+    the run here, not at the first reward of a rollout or, worse, as an eval's zeros."""
+    for rm_type, key in _reward_types_used(cfg).items():
+        path = REWARD_TYPES.target(rm_type)
+        try:
+            load_callable(path, key=key)
+        except HookError as exc:
+            message = f"reward type {rm_type!r} ({path}) cannot be loaded: {exc.message}"
+            fix = install_fix(exc.missing) if exc.missing else "reinstall the project (pip install -e .)"
+            yield Problem(key, rm_type, message, fix, machine=exc.missing is not None)
+
+
 def _check_custom_reward(cfg: RunConfig) -> Iterator[Problem]:
     r = cfg.rollout
     if r.custom_rm_path is not None:
@@ -57,7 +91,7 @@ def _check_custom_reward(cfg: RunConfig) -> Iterator[Problem]:
             load_callable(r.custom_rm_path, key="rollout.custom_rm_path", signature=shape)
         except HookError as exc:
             form = "rm(args, samples) -> list" if r.group_rm else "rm(args, sample) -> float | dict"
-            yield Problem(exc.key, exc.value, exc.message, f"give the import path of `{form}` (def or async def)")
+            yield exc.problem(f"give the import path of `{form}` (def or async def)")
     elif r.group_rm:
         yield Problem(
             "rollout.group_rm", True, "a group reward needs rollout.custom_rm_path", "set rollout.custom_rm_path"

@@ -183,14 +183,17 @@ def mark_failed(sample: Sample, exc: BaseException) -> None:
     sample.remove_sample = True
 
 
-def check_failures(samples: list[Sample], max_failure_ratio: float) -> dict[str, float]:
-    """`rollout/reward_failed*` metrics; RewardFailureError when more than `max_failure_ratio` failed."""
+def check_failures(samples: list[Sample], max_failure_ratio: float, *, scope: str = "rollout") -> dict[str, float]:
+    """`<scope>/reward_failed` and `<scope>/reward_failed_ratio` (scope: `rollout`, or `eval/<dataset>`, which the
+    same rule holds: a broken reward is never read as a score); RewardFailureError when more than
+    `max_failure_ratio` of `samples` failed their reward."""
     failed = [s for s in samples if s.status == SampleStatus.FAILED and (s.error or "").startswith("reward:")]
     ratio = len(failed) / len(samples) if samples else 0.0
     if ratio > max_failure_ratio:
         examples = "; ".join(f"sample {s.index}: {s.error}" for s in failed[:3])
+        where = f"eval dataset {scope.removeprefix('eval/')!r}: " if scope.startswith("eval/") else ""
         raise RewardFailureError(
-            f"{len(failed)} of {len(samples)} samples ({ratio:.1%}) failed their reward, more than "
+            f"{where}{len(failed)} of {len(samples)} samples ({ratio:.1%}) failed their reward, more than "
             f"rollout.reward.max_failure_ratio={max_failure_ratio}. First errors: {examples}"
         )
-    return {"rollout/reward_failed": float(len(failed)), "rollout/reward_failed_ratio": ratio}
+    return {f"{scope}/reward_failed": float(len(failed)), f"{scope}/reward_failed_ratio": ratio}

@@ -299,7 +299,9 @@ class RolloutProducer:
         return raw, post_process_rewards(shaped, a, r.n_samples_per_prompt), metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Per eval dataset: mean reward, truncation ratio, response length and pass@k (`eval/<name>...`)."""
+        """Per eval dataset: mean reward, truncation ratio, response length, pass@k and failed rewards
+        (`eval/<name>...`); RewardFailureError when more of a dataset's samples failed their reward than
+        rollout.reward.max_failure_ratio allows, as for a training rollout."""
         if not self.eval_sources:
             return {}
         ctx = self._context(RolloutProgress(), evaluation=True)  # eval's counts are not reported
@@ -308,7 +310,11 @@ class RolloutProducer:
         for dataset in ctx.eval_datasets:
             if dataset.name not in out.datasets:
                 raise RuntimeError(f"the eval function returned no groups for eval dataset {dataset.name!r}")
-            metrics.update(eval_metrics(dataset.name, out.datasets[dataset.name], dataset.reward_key))
+            groups = out.datasets[dataset.name]
+            samples = [sample for group in groups for sample in group]
+            ratio = self.setup.rollout.reward.max_failure_ratio  # the training rollouts' rule
+            metrics.update(check_failures(samples, ratio, scope=f"eval/{dataset.name}"))
+            metrics.update(eval_metrics(dataset.name, groups, dataset.reward_key))
         return metrics
 
     # ---- checkpoint --------------------------------------------------------------------------

@@ -118,6 +118,13 @@ JOBS: dict[str, Callable[[Path], Any]] = {
     "startup_failure": lambda run_dir: main_py(
         run_dir, "data.source_class=tests.helpers.user_hooks.DataSourceFailingAtStartup", "train.num_rollout=2"
     ),
+    "eval_reward_failure": lambda run_dir: main_py(
+        run_dir,
+        "recipe=embedded_eval",
+        "rollout.rm_type=null",
+        "rollout.custom_rm_path=tests.helpers.user_hooks.reward_whose_judge_is_missing",
+        "train.num_rollout=1",
+    ),
 }
 RUN_OF_TEST = {
     "test_embedded_default_learns": "embedded_default",
@@ -125,6 +132,7 @@ RUN_OF_TEST = {
     "test_data_parallel_run_and_resume": "data_parallel",
     "test_interrupt_stops_everything": "sigterm",
     "test_failure_during_startup_writes_result_and_cleans_up": "startup_failure",
+    "test_an_eval_whose_rewards_fail_stops_and_reports_no_score": "eval_reward_failure",
     "test_lora_synced_merged_learns_the_digit_task": "lora",
     "test_lora_adapter_sync_with_the_trained_gain_learns_the_digit_task": "lora_adapter_sync",
 }
@@ -235,6 +243,20 @@ def test_failure_during_startup_writes_result_and_cleans_up(runs):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "failed" and result["phase"] == "startup"
     assert "this data source fails at startup on purpose" in result["error"]
+    assert_no_run_processes()
+
+
+def test_an_eval_whose_rewards_fail_stops_and_reports_no_score(runs):
+    """The eval before training, whose every reward fails (a judge missing at call time): the run stops under the
+    training rollouts' rule (rollout.reward.max_failure_ratio), naming the dataset; no eval score is logged."""
+    run_dir, proc = runs["eval_reward_failure"]
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["phase"] == "eval"
+    assert "eval dataset 'digit_task': 64 of 64 samples (100.0%) failed their reward" in result["error"]
+    assert "judge_of_this_test" in result["error"]
+    logged = (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""
+    assert "eval/digit_task" not in logged
     assert_no_run_processes()
 
 

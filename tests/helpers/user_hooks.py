@@ -1,5 +1,5 @@
 """User code that end-to-end runs name by import path in the config (as a user would): tests/e2e/test_tool_use_recipe.py's
-rollout and filter, tests/e2e/test_end_to_end.py's data source that fails at startup."""
+rollout and filter, tests/e2e/test_end_to_end.py's data source that fails at startup and reward whose judge is missing."""
 
 from __future__ import annotations
 
@@ -33,3 +33,9 @@ class DataSourceFailingAtStartup(DataSource):
 
     def __init__(self, dataset, **kwargs):
         raise RuntimeError("this data source fails at startup on purpose")
+
+
+def reward_whose_judge_is_missing(args, sample):
+    """A custom reward that imports its judge when called (so validation cannot see it is missing): every call
+    fails, as a reward's does on a machine without its dependency."""
+    raise ModuleNotFoundError("No module named 'judge_of_this_test'", name="judge_of_this_test")

@@ -98,6 +98,13 @@ def test_selection_order_dicts_and_failures(hooks):
         match=r"2 of 6 samples \(33.3%\) failed their reward, more than rollout.reward.max_failure_ratio=0.2",
     ):
         check_failures(samples, 0.2)
+    # an eval dataset's samples are held to the same rule, under its own metric names
+    assert check_failures(samples, 0.5, scope="eval/arithmetic") == {
+        "eval/arithmetic/reward_failed": 2.0,
+        "eval/arithmetic/reward_failed_ratio": 2 / 6,
+    }
+    with pytest.raises(RewardFailureError, match=r"^eval dataset 'arithmetic': 2 of 6 samples \(33.3%\) failed"):
+        check_failures(samples, 0.2, scope="eval/arithmetic")
 
 
 def test_group_rm_calls_once_per_group(hooks):
