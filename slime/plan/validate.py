@@ -36,6 +36,7 @@ from slime.registry import ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
 from slime.rollout.check_data import check_data
 from slime.rollout.check_hooks import check_full_async_hooks, check_hooks
 from slime.rollout.check_rewards import check_rewards
+from slime.rollout.check_template import check_chat_template
 from slime.sync.check import check_adapter_sync
 from slime.tracking.check import check_sinks
 from slime.train.check_estimator import check_estimator
@@ -86,6 +87,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_addresses(cfg)
     yield from check_host_on_several_nodes(cfg)
     yield from check_data(cfg)
+    yield from check_chat_template(cfg)
 
 
 def problems_of(cfg: RunConfig, derived: Derived) -> list[Problem]:
