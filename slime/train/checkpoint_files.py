@@ -9,11 +9,22 @@ that very iteration; the debris is ignored and cleared by the next save of that 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from slime.config.manifest import write_manifest
+from slime.config.resume import iteration_dir, tracked_iteration
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_MIB = 1 << 20
+
+
+class CheckpointDiskFull(OSError):
+    """A save that ran out of disk: its staged files are removed and the previous checkpoint stays the tracked one."""
 
 
 def staging_dir(final: Path) -> Path:
@@ -44,3 +55,40 @@ def replace_text(path: Path, text: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     tmp.replace(path)
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _disk_full(exc: BaseException, root: Path, still_needed: int) -> bool:
+    """A write error with the disk's errno, or torch's writer failing (its RuntimeError names no errno) on a disk
+    with less free space than the save still needed."""
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        return True
+    return isinstance(exc, RuntimeError) and shutil.disk_usage(root).free < max(still_needed, _MIB)
+
+
+@contextlib.contextmanager
+def disk_checked(root: Path, final: Path) -> Iterator[None]:
+    """The writing of `final`'s staged files: a full disk removes them and raises CheckpointDiskFull naming the
+    path, the free space and what the checkpoint needs (the size of the previous iteration, or what was staged)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        previous = tracked_iteration(str(root))
+        previous_bytes = _bytes_under(iteration_dir(root, previous)) if previous is not None else 0
+        staged = staging_dir(final)
+        written = _bytes_under(staged)
+        if not _disk_full(exc, root, previous_bytes - written):
+            raise
+        shutil.rmtree(staged, ignore_errors=True)
+        free = shutil.disk_usage(root).free
+        need = max(previous_bytes, written)
+        kept = f"iteration {previous} stays the newest checkpoint" if previous is not None else "no checkpoint saved"
+        raise CheckpointDiskFull(
+            errno.ENOSPC,
+            f"checkpoint save to {final}: the disk is full ({free / _MIB:,.0f} MiB free at {root}); a checkpoint "
+            f"needs about {need / _MIB:,.0f} MiB{' or more' if need == written else ''} there. Free space or set "
+            f"checkpoint.save to a larger disk; {kept} ({exc})",
+        ) from exc

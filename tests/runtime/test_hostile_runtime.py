@@ -17,6 +17,7 @@ from slime.config.resume import tracked_iteration
 from slime.engine.base import EngineStartupError
 from slime.engine.router import Router, RouterError
 from slime.runtime.interrupts import Interrupts, RunInterrupted
+from slime.train.checkpoint_files import CheckpointDiskFull
 from slime.train.fsdp.checkpoint import TRACKER, iter_dir
 from tests.helpers.engines import CommandEngine
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
@@ -94,9 +95,15 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(saved_once, monkeyp
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError) as info:
+    with pytest.raises(CheckpointDiskFull) as info:
         backend.save_checkpoint(1, str(root))
-    assert info.value.errno == errno.ENOSPC and ".iter_0000001.partial/optimizer.pt" in str(info.value)
+    message = str(info.value)
+    assert info.value.errno == errno.ENOSPC and ".iter_0000001.partial/optimizer.pt" in message
+    previous_mib = sum(p.stat().st_size for p in iter_dir(root, 0).rglob("*") if p.is_file()) / 2**20
+    assert f"checkpoint save to {iter_dir(root, 1)}: the disk is full" in message
+    assert f"a checkpoint needs about {previous_mib:,.0f} MiB there" in message
+    assert "iteration 0 stays the newest checkpoint" in message
+    assert not (root / ".iter_0000001.partial").exists()  # the staged files are removed: the space is given back
     assert_previous_checkpoint_intact(root, before)
 
 

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from slime.train.checkpoint_files import disk_checked, replace_text, staging_dir
 from slime.train.checkpoint_files import publish as _publish
-from slime.train.checkpoint_files import replace_text, staging_dir
 from slime.train.fsdp import lora, parallel
 from slime.train.rng import rng_state, set_rng_state
 from slime.wire.hf_dir import copy_side_files
@@ -64,22 +64,24 @@ def save(backend, root: Path, rollout_id: int) -> None:
     target = staging_dir(final)
     if backend.rank == 0 and target.exists():  # a save of this id that was killed
         shutil.rmtree(target)
-    save_model_dir(backend, target / "model")
-    if not backend.setup.checkpoint.no_save_optim:
-        optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=_FULL)
+    with disk_checked(root, final):
+        save_model_dir(backend, target / "model")
+        if not backend.setup.checkpoint.no_save_optim:
+            optim_state = get_optimizer_state_dict(backend.model, backend.optimizer, options=_FULL)
+            if backend.rank == 0:
+                torch.save(
+                    {
+                        "optimizer": optim_state,
+                        "scheduler": backend.scheduler.state_dict(),
+                        "global_step": backend.global_step,
+                    },
+                    target / "optimizer.pt",
+                )
+        torch.save(rng_state(), target / f"rng_rank{backend.rank}.pt")
+        parallel.barrier()
         if backend.rank == 0:
-            torch.save(
-                {
-                    "optimizer": optim_state,
-                    "scheduler": backend.scheduler.state_dict(),
-                    "global_step": backend.global_step,
-                },
-                target / "optimizer.pt",
-            )
-    torch.save(rng_state(), target / f"rng_rank{backend.rank}.pt")
-    parallel.barrier()
+            _publish(target, final)
     if backend.rank == 0:
-        _publish(target, final)
         replace_text(root / TRACKER, str(rollout_id))
     parallel.barrier()
 

@@ -31,7 +31,7 @@ from megatron.core import dist_checkpointing, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from slime.config.schema import ModelConfig
-from slime.train.checkpoint_files import publish, replace_text, staging_dir
+from slime.train.checkpoint_files import disk_checked, publish, replace_text, staging_dir
 from slime.train.megatron.hf_weights import load_hf, load_hf_main_params, unwrap
 
 logger = logging.getLogger(__name__)
@@ -188,7 +188,8 @@ def save(backend, root: Path, rollout_id: int) -> None:
     )
     final = iter_dir(root, rollout_id)
     _fresh_dir(staging_dir(final))
-    dist_checkpointing.save(state, str(staging_dir(final)))
+    with disk_checked(Path(root), final):
+        dist_checkpointing.save(state, str(staging_dir(final)))
     _commit(staging_dir(final), final, Path(root), rollout_id)
 
 
