@@ -67,6 +67,9 @@ class CheckpointConfig:
     # auto: continue from the latest complete checkpoint under checkpoint.save (its tracker file), if there is one;
     # else start afresh. null: only checkpoint.load resumes.
     resume: Optional[str] = None
+    # a resume whose data.prompt_data differs from the one the checkpoint was saved with (its sha256 is saved with
+    # the data source's state) is refused unless true: the saved cursor would draw other prompts
+    allow_data_change: bool = False
 
 
 @dataclass(kw_only=True)

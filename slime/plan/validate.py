@@ -37,6 +37,7 @@ from slime.rollout.check_data import check_data
 from slime.rollout.check_hooks import check_full_async_hooks, check_hooks
 from slime.rollout.check_rewards import check_rewards
 from slime.rollout.check_template import check_chat_template
+from slime.rollout.data_identity import check_data_unchanged
 from slime.sync.check import check_adapter_sync
 from slime.tracking.check import check_sinks
 from slime.train.check_estimator import check_estimator
@@ -88,6 +89,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_host_on_several_nodes(cfg)
     yield from check_data(cfg)
     yield from check_chat_template(cfg)
+    yield from check_data_unchanged(cfg)
 
 
 def problems_of(cfg: RunConfig, derived: Derived) -> list[Problem]:

@@ -33,6 +33,7 @@ from slime.rollout.base import (
     as_eval_output,
     as_rollout_output,
 )
+from slime.rollout.data_identity import prompt_identity, write_identity
 from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.entry_points import ROLLOUT_FN_SHAPE, function_path
@@ -82,6 +83,7 @@ class RolloutProducer:
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
         self.hooks = RolloutHooks()
         self.rollout_fn = self.eval_fn = None  # set by load_data (none when replaying dumps)
+        self.prompt_identity: dict[str, Any] | None = None  # data.prompt_data's file and sha256 (data_identity.py)
         # (rollout id, the data source's state before that rollout drew): a save of the rollout before it writes
         # this state, so the one-step-async loop's in-flight rollout is drawn again on resume (never skipped)
         self._cursor_before: tuple[int, dict[str, Any]] | None = None
@@ -95,6 +97,7 @@ class RolloutProducer:
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         if s.load_rollout_data is None:
             self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
+            self.prompt_identity = prompt_identity(d.prompt_data)  # saved with the cursor, checked on resume
             self.data_source = self._prompt_source(
                 d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle, max_groups=s.max_train_groups
             )
@@ -340,6 +343,8 @@ class RolloutProducer:
             partial = directory / f"{name}.partial"  # renamed once complete: a killed save leaves no .pt
             torch.save(state, partial)
             partial.replace(directory / name)
+        if self.prompt_identity is not None:
+            write_identity(directory, self.prompt_identity)
 
     def load_checkpoint(self, rollout_id: int, root: str) -> None:
         if self.data_source is None:

@@ -4,9 +4,12 @@ checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_che
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
+from slime.config.manifest import MANIFEST, sha256_of, torn_file
 from slime.config.resume import tracked_iteration
 from slime.train.fsdp.checkpoint import iter_dir
 from tests.helpers.processes import assert_no_run_processes
@@ -27,6 +30,10 @@ def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     complete = iter_dir(root, last)
     assert (complete / "model" / "config.json").exists() and (complete / "optimizer.pt").exists()
     assert (root / "rollout" / f"global_dataset_state_dict_{last}.pt").exists()
+    assert torn_file(complete) is None and (complete / MANIFEST).exists()
+    prompt_data = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["prompt_data"]
+    saved_with = json.loads((root / "rollout" / "prompt_data.json").read_text())
+    assert saved_with == {"prompt_data": prompt_data, "sha256": sha256_of(Path(prompt_data))}
 
     proc = main_py(run_dir, *common, "checkpoint.resume=auto")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,3 +43,10 @@ def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     assert tracked_iteration(str(root)) == 2
     assert not list(root.glob(".iter_*"))
     assert_no_run_processes()
+
+    # the cursor was saved over that file: resuming over another one stops before anything starts
+    other = tmp_path / "other_prompts.jsonl"
+    other.write_text("".join(Path(prompt_data).read_text().splitlines(keepends=True)[:16]))
+    proc = main_py(run_dir, *common, "train.num_rollout=4", "checkpoint.resume=auto", f"data.prompt_data={other}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"resuming from {root}: the checkpoint's data source read {prompt_data!r}" in proc.stderr
