@@ -29,6 +29,7 @@ from slime.config.validate_model_shape import check_model_shape
 
 DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
+ON_NONFINITE = ("stop", "skip")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
 CONSOLE_MODES = ("plain", "verbose")  # logger.console: slime/runtime/console.py
@@ -41,6 +42,7 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
     yield from one_of("model.architecture", cfg.model.architecture, FAMILIES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
+    yield from one_of("train.on_nonfinite", cfg.train.on_nonfinite, ON_NONFINITE)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
     yield from one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
     yield from one_of("logger.console", cfg.logger.console, CONSOLE_MODES)

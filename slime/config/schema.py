@@ -274,6 +274,9 @@ class TrainConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
     clip_grad: float = 1.0  # max global grad norm; 0 disables clipping
+    # a NaN or inf in a step's loss or gradients: stop (exit 3 naming the step and the first non-finite tensor) |
+    # skip (no update for that step; train/nonfinite_skipped counts it; the fsdp backend only)
+    on_nonfinite: str = "stop"
     precision: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16
     num_threads: int = 1  # torch threads per CPU train actor
     # Keep the frozen models (reference, distillation teacher) on CPU between their forward passes (on the GPU only for them); a no-op

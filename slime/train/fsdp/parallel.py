@@ -140,16 +140,21 @@ def sum_gradients(model: nn.Module, *, device: str, groups: Groups) -> None:
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float, groups: Groups) -> float:
-    """Clip all gradients to a global L2 norm of `max_norm` (inf: no clipping); returns the norm before.
+    """Clip all gradients to a global L2 norm of `max_norm` (inf: no clipping); returns the norm before. A
+    non-finite norm leaves the gradients as they are (clipping would spread the NaN to every one, hiding which
+    tensor held it: slime.train.finite names it).
 
-    Without tensor parallelism, torch's own clipping. With it, parameters are a mix of DTensors (split
-    over tp, and over dp under FSDP2) and plain tensors (replicated, identical on every rank after the
-    gradient sums): a DTensor's norm is reduced over its own mesh, a plain one counted once.
+    Without tensor parallelism, torch's own clipping (clip_grad_norm_ is these two calls). With it, parameters are a
+    mix of DTensors (split over tp, and over dp under FSDP2) and plain tensors (replicated, identical on every rank
+    after the gradient sums): a DTensor's norm is reduced over its own mesh, a plain one counted once.
     """
     params = [p for p in model.parameters() if p.grad is not None]
     if groups.tp is None:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        total = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(total):
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return total
     square = torch.zeros((), dtype=torch.float64)
     for p in params:
         if hasattr(p.grad, "full_tensor"):
@@ -158,7 +163,7 @@ def clip_grad_norm(model: nn.Module, max_norm: float, groups: Groups) -> float:
             square += p.grad.double().pow(2).sum().cpu()
     total = math.sqrt(float(square))
     coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
+    if math.isfinite(total) and coef < 1.0:
         for p in params:
             _local(p.grad).mul_(coef)
     return total

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,11 +21,14 @@ from slime.assets.checkpoint_names import to_checkpoint
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
+from slime.train.finite import NonFiniteError, check_finite_parameters, nonfinite_gradient
 from slime.train.fsdp import checkpoint, lora, parallel
 from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 from slime.wire.tensors import Bucket, in_buckets
+
+logger = logging.getLogger(__name__)
 
 # (micro-batch sample indices, token weights Tensor[T], loss mask Tensor[T]) -> (loss, weighted metrics)
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -174,33 +179,53 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.optimizer.zero_grad(set_to_none=True)
         scale = parallel.loss_scale(s.device, self.layout)
         totals: dict[str, torch.Tensor] = {}
+        nonfinite_loss = False
         for mb in self._micro_batches(indices):
             if not mb:
                 (self._dummy_loss(self.model) * scale).backward()
                 continue
             mask = self._flat(batch.loss_masks, mb)
             loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
+            nonfinite_loss |= not bool(torch.isfinite(loss.detach()))
             (loss * scale).backward()
             sum_metrics(totals, mb_metrics)
         parallel.sum_gradients(self.model, device=s.device, groups=self.groups)
         max_norm = s.train.clip_grad if s.train.clip_grad > 0 else float("inf")
         grad_norm = parallel.clip_grad_norm(self.model, max_norm, self.groups)
-        self.optimizer.step()
-        self.scheduler.step()
+        skipped = not math.isfinite(float(grad_norm))  # the same on every rank: the norm is all-reduced
+        if skipped:
+            self._nonfinite_step(prefix, "the loss" if nonfinite_loss else nonfinite_gradient(self.model), grad_norm)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
         self.global_step += 1
         names = sorted(totals)
         reduced = self._all_reduce(torch.stack([totals[k].float() for k in names]))
         metrics = {f"{prefix}{k}": float(v) for k, v in zip(names, reduced)}
         metrics[f"{prefix}grad_norm"] = float(grad_norm)
+        metrics[f"{prefix}nonfinite_skipped"] = float(skipped)
         metrics[f"{prefix}trainable_params"] = float(self.trainable_params)
         metrics[f"{prefix}lr-pg_0"] = self.optimizer.param_groups[0]["lr"]
         return metrics
+
+    def _nonfinite_step(self, prefix: str, first: str | None, grad_norm) -> None:
+        """A step whose loss or gradients hold a NaN or inf: its update is dropped (train.on_nonfinite=skip), or
+        NonFiniteError names the step and the first non-finite tensor (stop)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        where = f"{prefix.rstrip('/')} step {self.global_step}: the gradient norm is {float(grad_norm)}"
+        if self.setup.train.on_nonfinite != "skip":
+            raise NonFiniteError(
+                f"{where}; the first non-finite tensor on rank {self.rank} is {first or 'on another rank'}. "
+                "Nothing was updated; set train.on_nonfinite=skip to drop such steps, or lower train.lr"
+            )
+        logger.warning("%s (%s): the step is skipped, nothing updated", where, first or "another rank's tensor")
 
     # ---- weights and checkpoints -------------------------------------------------------------
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """Parameters (tied duplicates once; adapters merged into their bases) and persistent buffers under their
         checkpoint names (a MoE layer's experts one by one), in buckets of about `bucket_bytes`; sharded
-        parameters are gathered on every rank, one at a time."""
+        parameters are gathered on every rank, one at a time. A non-finite parameter refuses the push."""
+        check_finite_parameters(self.model, "a weight push")
         if self.trains_adapters:
             weights = lora.merged_weights(self.model, _whole)
         else:
@@ -210,6 +235,7 @@ class FSDPRank(BatchColumns, TrainBackend):
         return in_buckets(held, bucket_bytes)
 
     def export_adapter(self, bucket_bytes: int) -> Iterator[Bucket]:
+        check_finite_parameters(self.model, "an adapter push")
         return in_buckets(lora.synced_tensors(self.model, self.setup.model.lora, _whole), bucket_bytes)
 
     def save_hf(self, path: str) -> None:
@@ -225,6 +251,7 @@ class FSDPRank(BatchColumns, TrainBackend):
             super().save_hf(str(Path(path) / "merged"))
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
+        check_finite_parameters(self.model, f"the checkpoint save of rollout {rollout_id}")
         checkpoint.save(self, Path(root), rollout_id)
 
     def load_checkpoint(self, root: str, ckpt_step: int | None) -> int:

@@ -130,6 +130,14 @@ def check(cfg: RunConfig) -> Iterator[Problem]:
             "the megatron backend trains no LoRA adapters yet (the fsdp backend does)",
             "set parallelism=fsdp, or model.lora.rank=0",
         )
+    if cfg.train.on_nonfinite == "skip":
+        yield Problem(
+            "train.on_nonfinite",
+            "skip",
+            "megatron-core's optimizer applies a step before its gradient norm is known here, so a non-finite step "
+            "cannot be skipped (the run stops on it)",
+            "set train.on_nonfinite=stop, or parallelism=fsdp",
+        )
     yield from check_backend_options(cfg)
 
 

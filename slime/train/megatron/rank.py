@@ -11,6 +11,7 @@ Gradients are summed over data-parallel ranks (losses carry step-level weights).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from slime.train import batching
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
+from slime.train.finite import NonFiniteError, check_finite_parameters
 from slime.train.megatron import batch as mbatch
 from slime.train.megatron import checkpoint, hf_weights, optimizer, parallel, rope
 from slime.train.megatron.model_config import build_model_chunks, compile_layers, transformer_config
@@ -245,6 +247,11 @@ class MegatronRank(BatchColumns, TrainBackend):
 
         outs = self._run(self._micro_batches(indices), on_scores, forward_only=False, with_entropy=self.with_entropy)
         _, grad_norm, _ = self.optimizer.step()
+        if grad_norm is not None and not math.isfinite(float(grad_norm)):
+            raise NonFiniteError(
+                f"{prefix.rstrip('/')} step {self.global_step}: the gradient norm is {float(grad_norm)}; a checkpoint save or a "
+                "weight push of the model it leaves is refused. Lower train.lr (the megatron backend cannot skip it)"
+            )
         self.scheduler.step(increment=1)
         self.global_step += 1
         totals: dict[str, torch.Tensor] = {}
@@ -261,9 +268,13 @@ class MegatronRank(BatchColumns, TrainBackend):
 
     # ---- weights and checkpoints -------------------------------------------------------------
     def export_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        for chunk in self.model:
+            check_finite_parameters(chunk, "a weight push")
         return hf_weights.export_hf(self.model, self.setup.model, bucket_bytes)
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
+        for chunk in self.model:
+            check_finite_parameters(chunk, f"the checkpoint save of rollout {rollout_id}")
         checkpoint.save(self, Path(root), rollout_id)
 
     def load_checkpoint(self, root: str, ckpt_step: int | None) -> int:
