@@ -169,6 +169,18 @@ class RewardHub:
             self._remote = RemoteRewardModel(self.rm_url, **self.remote_options)
         return self._remote
 
+    def remote_metrics(self, scope: str) -> dict[str, float]:
+        """`<scope>/reward_retries` and `<scope>/reward_gave_up` of the remote reward model since the last call
+        (retried attempts; requests failed after every retry, which the failure ratio then judges); {} without
+        one."""
+        if self._remote is None:
+            return {}
+        counts = self._remote.take_counts()
+        return {
+            f"{scope}/reward_retries": float(counts["retries"]),
+            f"{scope}/reward_gave_up": float(counts["gave_up"]),
+        }
+
     def close(self) -> None:
         if self._remote is not None:
             self._remote.close()

@@ -238,6 +238,7 @@ class RolloutProducer:
         metrics = {
             **out.metrics,
             **failures,
+            **(self.rewards.remote_metrics("rollout") if self.rewards is not None else {}),
             **rollout_metrics(groups, raw, self.setup.rollout.n_samples_per_prompt),
             **shaping,
             **staleness,
@@ -309,7 +310,7 @@ class RolloutProducer:
             return {}
         ctx = self._context(RolloutProgress(), evaluation=True)  # eval's counts are not reported
         out = as_eval_output(self.eval_fn(ctx, rollout_id, self.data_source, evaluation=True), "eval.function")
-        metrics = dict(out.metrics)
+        metrics = {**out.metrics, **(self.rewards.remote_metrics("eval") if self.rewards is not None else {})}
         for dataset in ctx.eval_datasets:
             if dataset.name not in out.datasets:
                 raise RuntimeError(f"the eval function returned no groups for eval dataset {dataset.name!r}")

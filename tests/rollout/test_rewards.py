@@ -181,8 +181,11 @@ def test_remote_rm_retries_5xx_not_4xx(reward_server):
         s.prompt = "p"
     try:
         asyncio.run(hub.reward_group(None, samples))  # one event loop per rollout step...
+        # each 503 retried once and counted; the 400 failed at once (the failure ratio judges it)
+        assert hub.remote_metrics("rollout") == {"rollout/reward_retries": 2.0, "rollout/reward_gave_up": 0.0}
         again = group("xy")
         asyncio.run(hub.reward_group(None, again))  # ...and the next step's loop shares the pooled session
+        assert hub.remote_metrics("eval") == {"eval/reward_retries": 1.0, "eval/reward_gave_up": 0.0}
     finally:
         hub.close()
     assert samples[0].reward == {"score": 3, "label": "5", "prompt": "p"} and samples[1].reward["score"] == 5
@@ -196,5 +199,7 @@ def test_remote_rm_gives_up_after_its_retries():
     try:
         with pytest.raises(RuntimeError, match="failed 3 times; last error"):
             asyncio.run(model.score(Sample(response="x")))
+        assert model.take_counts() == {"retries": 2, "gave_up": 1}
+        assert model.take_counts() == {"retries": 0, "gave_up": 0}
     finally:
         model.close()

@@ -33,6 +33,9 @@ class RemoteRewardModel:
         self._thread = threading.Thread(target=self._loop.run_forever, name="remote-rm", daemon=True)
         self._thread.start()
         self._session: aiohttp.ClientSession | None = None
+        # counted on the client's loop thread, read by take_counts: retried attempts (a 5xx, a timeout, a refused
+        # connection), and requests that failed after every retry
+        self._counts = {"retries": 0, "gave_up": 0}
 
     async def score(self, sample: Sample) -> Any:
         """The reward model's JSON answer for `sample`."""
@@ -62,8 +65,19 @@ class RemoteRewardModel:
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 error = repr(exc)
             if attempt < self.max_retries:
+                self._counts["retries"] += 1
                 await asyncio.sleep(min(self.backoff_s * 2**attempt, 30.0) + random.uniform(0, self.backoff_s))
+        self._counts["gave_up"] += 1
         raise RuntimeError(f"POST {self.url} failed {self.max_retries + 1} times; last error {error}")
+
+    def take_counts(self) -> dict[str, int]:
+        """{"retries": n, "gave_up": m} since the last call (zeroed on the client's loop thread)."""
+
+        async def take() -> dict[str, int]:
+            counts, self._counts = self._counts, {"retries": 0, "gave_up": 0}
+            return counts
+
+        return asyncio.run_coroutine_threadsafe(take(), self._loop).result(timeout=10)
 
     def close(self) -> None:
         """Close the session and stop the loop thread."""
