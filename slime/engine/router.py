@@ -262,6 +262,16 @@ class Router:
             time.sleep(0.02)
         return True
 
+    def death(self) -> Optional[str]:
+        """None while the router process this run launched lives (a joined router: always None); else what ended
+        it: its exit status and its log's tail."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return (
+            f"the router at {self.url} (pid {self.process.pid}) died with exit status {self.process.returncode}; "
+            f"log tail of {self.log_path}:\n{log_tail(self.log_path, max_bytes=1500)}"
+        )
+
     def shutdown(self) -> None:
         """Stop a launched router and free its ports (idempotent); a connected router is left alone."""
         proc, self.process = self.process, None

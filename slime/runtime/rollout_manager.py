@@ -13,7 +13,9 @@ from its import path in the actor's own process, once the engines were launched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import ray
@@ -44,6 +46,11 @@ ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
 ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
 # The producer (torch and transformers, ~2 CPU-seconds), loaded by path in the actor's process only
 PRODUCER = "slime.runtime.rollout_producer.RolloutProducer"
+
+
+class RouterDied(RuntimeError):
+    """A router this run launched is gone: the step it served fails naming it (exit 3; resume with
+    checkpoint.resume=auto)."""
 
 
 class RolloutResult(NamedTuple):
@@ -132,8 +139,24 @@ class RolloutManager:
         this actor owns them, each shard's ranks read them there."""
         counts = RolloutProgress()
         self.rollout_progress = (rollout_id, counts)
-        batches, metrics, preview = self.producer.rollout_step(rollout_id, counts)
+        with self._routers_named(f"rollout {rollout_id}"):
+            batches, metrics, preview = self.producer.rollout_step(rollout_id, counts)
         return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
+
+    @contextlib.contextmanager
+    def _routers_named(self, during: str) -> Iterator[None]:
+        """A router this run launched that died before or during `during` fails it with RouterDied naming the
+        router, its exit status and log (not only the requests' connection errors)."""
+        dead = self.fleet.dead_routers()
+        if dead:
+            raise RouterDied(f"{during} cannot start: {'; '.join(dead)}")
+        try:
+            yield
+        except Exception as exc:
+            dead = self.fleet.dead_routers()
+            if dead:
+                raise RouterDied(f"{during} failed: {'; '.join(dead)}") from exc
+            raise
 
     def start_stream(self, trainer_version: int) -> None:
         """train.async=full: generate continuously from now on; `generate` then takes each step's groups."""
@@ -151,7 +174,8 @@ class RolloutManager:
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Per eval dataset: mean reward, truncation ratio, response length and pass@k (`eval/<name>...`)."""
-        return self.producer.evaluate(rollout_id)
+        with self._routers_named(f"the eval of rollout {rollout_id}"):
+            return self.producer.evaluate(rollout_id)
 
     # ---- state -------------------------------------------------------------------------------
     def save(self, rollout_id: int, root: str) -> None:

@@ -1,19 +1,26 @@
 """A whole run SIGKILLed (every process) in its save phase resumes with checkpoint.resume=auto from the last complete
-checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_checkpoint.py)."""
+checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_checkpoint.py); a run whose router is
+killed stops naming it, and resumes the same way."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
 from slime.config.manifest import MANIFEST, sha256_of, torn_file
 from slime.config.resume import tracked_iteration
 from slime.train.fsdp.checkpoint import iter_dir
-from tests.helpers.processes import assert_no_run_processes
-from tests.helpers.runs import main_py
+from tests.helpers.compose import ROOT
+from tests.helpers.processes import TEST_RUN_VAR, assert_no_run_processes
+from tests.helpers.runs import main_argv, main_py, rewards
 
 
 @pytest.mark.slow
@@ -50,3 +57,45 @@ def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     proc = main_py(run_dir, *common, "train.num_rollout=4", "checkpoint.resume=auto", f"data.prompt_data={other}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"resuming from {root}: the checkpoint's data source read {prompt_data!r}" in proc.stderr
+
+
+def is_router(process: psutil.Process) -> bool:
+    """sglang-router's process (its title is `sglang::router` once it runs)."""
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return "launch_router" in command or command.startswith("sglang::router")
+
+
+@pytest.mark.slow
+def test_a_router_killed_mid_run_stops_it_naming_the_router_and_resume_continues(tmp_path):
+    """SIGKILL to the router process once rollout 0 is logged: the run stops (exit 3) saying the router died, not
+    only that requests failed; nothing is left running; resume=auto continues after the last checkpoint."""
+    run_dir = tmp_path / "run"
+    common = ["train.num_rollout=4", "checkpoint.save_interval=1"]
+    env = {**os.environ, TEST_RUN_VAR: str(run_dir)}
+    proc = subprocess.Popen(
+        main_argv(run_dir, *common), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    deadline = time.monotonic() + 300
+    while not ((run_dir / "metrics.jsonl").exists() and rewards(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    routers = [p for p in psutil.Process(proc.pid).children(recursive=True) if is_router(p)]
+    assert len(routers) == 1, "the run's router process was not found"
+    routers[0].send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 3, stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and f"(pid {routers[0].pid}) died with exit status -9" in result["error"]
+    assert "the router at http://" in result["error"]
+    assert_no_run_processes()
+
+    root = run_dir / "checkpoints"
+    last = tracked_iteration(str(root))
+    resumed = main_py(run_dir, *common, "checkpoint.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["start_rollout"] == last + 1
+    assert len(rewards(run_dir)) == 4  # each rollout step logged once across the two runs
+    assert_no_run_processes()
