@@ -53,6 +53,11 @@ class RouterDied(RuntimeError):
     checkpoint.resume=auto)."""
 
 
+class EngineDied(RuntimeError):
+    """An engine's server died during a step and no recovery restarted it (rollout.fault_tolerance off, or its
+    restarts spent): the step fails naming the engine (exit 3)."""
+
+
 class RolloutResult(NamedTuple):
     """One train rollout as the driver receives it: small, the training data stays in Ray's object store."""
 
@@ -139,14 +144,15 @@ class RolloutManager:
         this actor owns them, each shard's ranks read them there."""
         counts = RolloutProgress()
         self.rollout_progress = (rollout_id, counts)
-        with self._routers_named(f"rollout {rollout_id}"):
+        with self._faults_named(f"rollout {rollout_id}"):
             batches, metrics, preview = self.producer.rollout_step(rollout_id, counts)
         return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
 
     @contextlib.contextmanager
-    def _routers_named(self, during: str) -> Iterator[None]:
-        """A router this run launched that died before or during `during` fails it with RouterDied naming the
-        router, its exit status and log (not only the requests' connection errors)."""
+    def _faults_named(self, during: str) -> Iterator[None]:
+        """A router this run launched that died before or during `during`, or an engine whose server died during
+        it (and that no recovery restarted), fails it naming them: RouterDied with the router's exit status and
+        log, EngineDied with the engine's rank, URL and log; never only the requests' errors (a router's 503)."""
         dead = self.fleet.dead_routers()
         if dead:
             raise RouterDied(f"{during} cannot start: {'; '.join(dead)}")
@@ -156,6 +162,9 @@ class RolloutManager:
             dead = self.fleet.dead_routers()
             if dead:
                 raise RouterDied(f"{during} failed: {'; '.join(dead)}") from exc
+            dead = self.fleet.dead_engines()
+            if dead:
+                raise EngineDied(f"{during} failed: {'; '.join(dead)} ({type(exc).__name__}: {exc})") from exc
             raise
 
     def start_stream(self, trainer_version: int) -> None:
@@ -174,7 +183,7 @@ class RolloutManager:
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Per eval dataset: mean reward, truncation ratio, response length and pass@k (`eval/<name>...`)."""
-        with self._routers_named(f"the eval of rollout {rollout_id}"):
+        with self._faults_named(f"the eval of rollout {rollout_id}"):
             return self.producer.evaluate(rollout_id)
 
     # ---- state -------------------------------------------------------------------------------

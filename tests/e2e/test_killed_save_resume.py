@@ -59,19 +59,27 @@ def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(tmp_pa
     assert f"resuming from {root}: the checkpoint's data source read {prompt_data!r}" in proc.stderr
 
 
-def is_router(process: psutil.Process) -> bool:
-    """sglang-router's process (its title is `sglang::router` once it runs)."""
+KILLED = {  # what the test kills: how its process shows, and what the failed run's error must say of it
+    "router": (("launch_router", "sglang::router"), "the router at http://"),
+    "engine": (("slime.engine.hf.server",), "engine 0 at http://"),
+}
+
+
+def is_(target: str, process: psutil.Process) -> bool:
+    """`process` is the run's router (its title is `sglang::router` once it runs) or its engine's server."""
     try:
         command = " ".join(process.cmdline())
     except psutil.Error:
         return False
-    return "launch_router" in command or command.startswith("sglang::router")
+    return any(mark in command for mark in KILLED[target][0])
 
 
 @pytest.mark.slow
-def test_a_router_killed_mid_run_stops_it_naming_the_router_and_resume_continues(tmp_path):
-    """SIGKILL to the router process once rollout 0 is logged: the run stops (exit 3) saying the router died, not
-    only that requests failed; nothing is left running; resume=auto continues after the last checkpoint."""
+@pytest.mark.parametrize("target", list(KILLED))
+def test_a_router_or_engine_killed_mid_run_stops_it_naming_what_died_and_resume_continues(target, tmp_path):
+    """SIGKILL to the router process, or to the only engine's server (no fault tolerance), once rollout 0 is
+    logged: the run stops (exit 3) naming what died, not only that requests failed (a router's 503); nothing is
+    left running; resume=auto continues after the last checkpoint."""
     run_dir = tmp_path / "run"
     common = ["train.num_rollout=4", "checkpoint.save_interval=1"]
     env = {**os.environ, TEST_RUN_VAR: str(run_dir)}
@@ -81,14 +89,17 @@ def test_a_router_killed_mid_run_stops_it_naming_the_router_and_resume_continues
     deadline = time.monotonic() + 300
     while not ((run_dir / "metrics.jsonl").exists() and rewards(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    routers = [p for p in psutil.Process(proc.pid).children(recursive=True) if is_router(p)]
-    assert len(routers) == 1, "the run's router process was not found"
-    routers[0].send_signal(signal.SIGKILL)
+    victims = [p for p in psutil.Process(proc.pid).children(recursive=True) if is_(target, p)]
+    assert len(victims) == 1, f"the run's {target} process was not found"
+    victims[0].send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 3, stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["status"] == "failed" and f"(pid {routers[0].pid}) died with exit status -9" in result["error"]
-    assert "the router at http://" in result["error"]
+    assert result["status"] == "failed" and KILLED[target][1] in result["error"]
+    if target == "router":
+        assert f"(pid {victims[0].pid}) died with exit status -9" in result["error"]
+    else:
+        assert f"(pid {victims[0].pid}) has no server process" in result["error"]
     assert_no_run_processes()
 
     root = run_dir / "checkpoints"
