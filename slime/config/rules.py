@@ -54,7 +54,11 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
     if d.signal_delay_s < 0:
         yield Problem("debug.signal_delay_s", d.signal_delay_s, "must be >= 0", "set debug.signal_delay_s=0")
     points = {}
-    for key, value in (("debug.signal_at", d.signal_at), ("debug.hang_at", d.hang_at)):
+    for key, value in (
+        ("debug.signal_at", d.signal_at),
+        ("debug.hang_at", d.hang_at),
+        ("debug.nonfinite_at", d.nonfinite_at),
+    ):
         try:
             points[key] = PhasePoint.parse(value) if value is not None else None
         except ValueError as exc:
@@ -66,6 +70,11 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
             d.hang_at,
             "hangs the trainer, which exists from weight_sync to save",
             "set debug.hang_at=train",
+        )
+    nonfinite_at = points.get("debug.nonfinite_at")
+    if nonfinite_at is not None and nonfinite_at.phase != "train":
+        yield Problem(
+            "debug.nonfinite_at", d.nonfinite_at, "poisons a training step's gradient", "set debug.nonfinite_at=train:1"
         )
     if cfg.checkpoint.resume is not None:
         yield from one_of("checkpoint.resume", cfg.checkpoint.resume, ("auto",))

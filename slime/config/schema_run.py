@@ -134,6 +134,9 @@ class DebugConfig:
     # Fault injection for the watchdog: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID"; a save: once its
     # data-source state is written) the driver makes training rank 0 sleep forever and waits for it
     hang_at: Optional[str] = None
+    # Fault injection for train.on_nonfinite: on entering this train phase ("train" or "train:ROLLOUT_ID") every
+    # training rank gives its first trainable parameter a NaN gradient in that step's first backward
+    nonfinite_at: Optional[str] = None
     # slime's --check-weight-update-equal, through SGLang's /weights_checker (SGLang or the hf engine): the engines
     # snapshot the checkpoint's weights and randomise them once up; the first push of a fresh run must restore
     # every tensor bit-exact, and after every push engines of one layout must agree (fails the run otherwise)

@@ -7,7 +7,9 @@ The injector follows the run through its phase events (slime.runtime.events):
   that phase a timer thread sends the signal to this process, so it arrives while the phase is under way, as a
   user's Ctrl-C would (SIGKILL: every process of the run dies at once, as in a crash);
 - `debug.hang_at`: on entering that phase (a save: mid-way, once its data-source state is written and the
-  trainer's not) training rank 0 sleeps forever and the driver waits on it (the watchdog's test).
+  trainer's not) training rank 0 sleeps forever and the driver waits on it (the watchdog's test);
+- `debug.nonfinite_at` ("train" or "train:ROLLOUT_ID"): on entering that train phase every training rank's first
+  trainable parameter gets a NaN gradient in the step's first backward (`train.on_nonfinite`'s test).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ class FaultInjector:
         self.signum = int(getattr(signal, debug.signal))
         self.delay_s = debug.signal_delay_s
         self.hang_at = PhasePoint.parse(debug.hang_at) if debug.hang_at else None
+        self.nonfinite_at = PhasePoint.parse(debug.nonfinite_at) if debug.nonfinite_at else None
         self.trainer = None  # the actor's TrainGroup, once the loop starts (a hang needs a rank)
 
     @classmethod
     def attach(cls, debug: DebugConfig, events: EventBus) -> FaultInjector | None:
         """The injector `debug` asks for, subscribed to `events`; None when it asks for none."""
-        if debug.signal_at is None and debug.hang_at is None:
+        if debug.signal_at is None and debug.hang_at is None and debug.nonfinite_at is None:
             return None
         injector = cls(debug)
         # last: a hang blocks the publisher, and the watchdog and the display must have heard of the phase first
@@ -57,6 +60,9 @@ class FaultInjector:
             timer.start()
         if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way
             self._hang_if_due(phase, event.rollout_id)
+        if self.nonfinite_at is not None and self.nonfinite_at.matches(phase, event.rollout_id) and self.trainer:
+            self.nonfinite_at = None
+            self.trainer.run_on_backends(_poison_next_gradient)
 
     def _on_data_saved(self, event: Event) -> None:
         self._hang_if_due("save", event.rollout_id)
@@ -71,6 +77,19 @@ def _injected_hang() -> None:
     """On a training rank: never returns (the watchdog names the phase and dumps this stack)."""
     while True:
         time.sleep(3600)
+
+
+def _poison_next_gradient(backend) -> None:
+    """On a training rank: the next backward gives the first trainable parameter a NaN gradient, once."""
+    chunks = backend.model if isinstance(backend.model, list) else [backend.model]  # megatron: its model chunks
+    param = next(p for chunk in chunks for p in chunk.parameters() if p.requires_grad)
+    handle = None
+
+    def to_nan(grad):
+        handle.remove()
+        return grad * float("nan")
+
+    handle = param.register_hook(to_nan)
 
 
 def _send_signal(signum: int) -> None:

@@ -181,6 +181,15 @@ class _ResultFile:
             self.write("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
 
 
+def failure_text(exc: BaseException) -> str:
+    """`Type: message` of a run's failure for result.json: a worker's exception as itself, without the wrapper
+    Ray adds around it (its remote traceback, with terminal colours, is on the console and in the worker's log)."""
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError's original exception
+    if isinstance(cause, Exception):
+        exc = cause
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _run_with_result(cfg, plan, run_dir: Path, console: RunConsole):
     """Run under the signal policy and write result.json whatever happens (a forced exit included).
 
@@ -217,7 +226,7 @@ def _run_with_result(cfg, plan, run_dir: Path, console: RunConsole):
             if state.hung is not None:  # the watchdog stopped the run: a failure, not the user's interrupt
                 status, error, code, interrupted = "hung", state.hung, EXIT_RUN_FAILED, None
         except Exception as exc:  # the run failed: record where, then exit non-zero
-            status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
+            status, error, code = "failed", failure_text(exc), EXIT_RUN_FAILED
             console.problem(traceback.format_exc().rstrip())
         interrupts.begin_teardown()  # a signal while the result is written forces, and still writes it
         result = result_file.write(status, error)

@@ -48,6 +48,10 @@ class TrainRank:
         """Run a driver-given function in this rank's process (slime.runtime.fault_injection's hang)."""
         return fn()
 
+    def execute_on_backend(self, fn: Callable[[Any], Any]) -> Any:
+        """`fn(backend)` in this rank's process (slime.runtime.fault_injection's gradient poison)."""
+        return fn(self.backend)
+
     def put_owned(self, method: str, *args: Any) -> ray.ObjectRef | None:
         """`method(*args)`; on the rank that owns the shard's results (`RankLayout.owner_of`), the result put
         into the object store, its reference returned; None from the others (their copies stay here)."""
@@ -180,6 +184,10 @@ class TrainGroup:
     def run_on_rank(self, rank: int, fn: Callable[[], Any]) -> Any:
         """`fn()` in rank `rank`'s process; waits for its result."""
         return ray.get(self.actors[rank].execute.remote(fn))
+
+    def run_on_backends(self, fn: Callable[[Any], Any]) -> list[Any]:
+        """`fn(backend)` on every rank, in its process; waits for the results."""
+        return ray.get([actor.execute_on_backend.remote(fn) for actor in self.actors])
 
     def shutdown(self, *, graceful: bool = True) -> None:
         """Each rank's backend shuts down (unless not `graceful`: a hung rank never answers), then is killed."""

@@ -17,6 +17,7 @@ import yaml
 
 from slime.config.manifest import MANIFEST, sha256_of, torn_file
 from slime.config.resume import tracked_iteration
+from slime.tracking.jsonl import read_jsonl
 from slime.train.fsdp.checkpoint import iter_dir
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import TEST_RUN_VAR, assert_no_run_processes
@@ -109,4 +110,33 @@ def test_a_router_or_engine_killed_mid_run_stops_it_naming_what_died_and_resume_
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "completed" and result["start_rollout"] == last + 1
     assert len(rewards(run_dir)) == 4  # each rollout step logged once across the two runs
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+def test_a_nonfinite_gradient_stops_the_run_naming_it_or_is_skipped(tmp_path):
+    """debug.nonfinite_at gives rollout 1's step a NaN gradient on the real trainer: by default the run stops (exit 3)
+    naming the step and the tensor with checkpoint 0 the newest, and resume=auto finishes it; with
+    train.on_nonfinite=skip the run completes with that one step dropped and counted."""
+    common = ["train.num_rollout=3", "checkpoint.save_interval=1"]
+    stop_dir, skip_dir = tmp_path / "stop", tmp_path / "skip"
+    stopped = main_py(stop_dir, *common, "debug.nonfinite_at=train:1")
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    result = json.loads((stop_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["phase"] == "train"
+    k = yaml.safe_load((stop_dir / "config.yaml").read_text())["train"]["num_steps_per_rollout"]
+    assert result["error"].startswith(  # rollout 1's first optimizer step
+        f"NonFiniteError: train step {k}: the gradient norm is nan; the first non-finite tensor on rank 0 is the "
+        "gradient of model."
+    ), result["error"]
+    assert tracked_iteration(str(stop_dir / "checkpoints")) == 0
+    assert_no_run_processes()
+    resumed = main_py(stop_dir, *common, "checkpoint.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((stop_dir / "result.json").read_text())["start_rollout"] == 1
+
+    skipped = main_py(skip_dir, *common, "debug.nonfinite_at=train:1", "train.on_nonfinite=skip")
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    steps = [r for r in read_jsonl(skip_dir / "metrics.jsonl") if "train/step" in r]
+    assert [r["train/nonfinite_skipped"] for r in steps] == [float(step == k) for step in range(3 * k)]
     assert_no_run_processes()

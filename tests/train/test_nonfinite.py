@@ -8,7 +8,9 @@ import math
 
 import pytest
 import torch
+from ray.exceptions import RayTaskError
 
+from slime.runtime.launch import failure_text
 from slime.train.finite import NonFiniteError
 from slime.train.fsdp.checkpoint import iter_dir
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
@@ -95,3 +97,15 @@ def test_the_key_takes_stop_or_skip_and_megatron_only_stops():
     assert "train.on_nonfinite" in config_problems(["train.on_nonfinite=ignore"])
     found = config_problems(["parallelism=megatron", "train.on_nonfinite=skip"])
     assert "megatron-core's optimizer applies a step" in found["train.on_nonfinite"]
+
+
+def test_the_fault_hook_poisons_a_train_phase_only():
+    found = config_problems(["debug.nonfinite_at=save:1"])
+    assert "poisons a training step's gradient" in found["debug.nonfinite_at"]
+    assert "debug.nonfinite_at" not in config_problems(["debug.nonfinite_at=train:1", "train.on_nonfinite=ignore"])
+
+
+def test_result_json_names_a_workers_exception_as_itself():
+    wrapped = RayTaskError("call", "remote traceback", NonFiniteError("train step 2: nan")).as_instanceof_cause()
+    assert failure_text(wrapped) == "NonFiniteError: train step 2: nan"
+    assert failure_text(ValueError("local")) == "ValueError: local"
