@@ -179,14 +179,14 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.optimizer.zero_grad(set_to_none=True)
         scale = parallel.loss_scale(s.device, self.layout)
         totals: dict[str, torch.Tensor] = {}
-        nonfinite_loss = False
+        nonfinite_loss = torch.zeros((), dtype=torch.bool, device=self.device)  # read only if the norm is not finite
         for mb in self._micro_batches(indices):
             if not mb:
                 (self._dummy_loss(self.model) * scale).backward()
                 continue
             mask = self._flat(batch.loss_masks, mb)
             loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
-            nonfinite_loss |= not bool(torch.isfinite(loss.detach()))
+            nonfinite_loss |= ~torch.isfinite(loss.detach())
             (loss * scale).backward()
             sum_metrics(totals, mb_metrics)
         parallel.sum_gradients(self.model, device=s.device, groups=self.groups)
@@ -194,7 +194,8 @@ class FSDPRank(BatchColumns, TrainBackend):
         grad_norm = parallel.clip_grad_norm(self.model, max_norm, self.groups)
         skipped = not math.isfinite(float(grad_norm))  # the same on every rank: the norm is all-reduced
         if skipped:
-            self._nonfinite_step(prefix, "the loss" if nonfinite_loss else nonfinite_gradient(self.model), grad_norm)
+            first = "the loss" if bool(nonfinite_loss) else nonfinite_gradient(self.model)
+            self._nonfinite_step(prefix, first, grad_norm)
         else:
             self.optimizer.step()
             self.scheduler.step()
