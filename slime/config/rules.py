@@ -58,6 +58,7 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
         ("debug.signal_at", d.signal_at),
         ("debug.hang_at", d.hang_at),
         ("debug.nonfinite_at", d.nonfinite_at),
+        ("debug.kill_engine_at", d.kill_engine_at),
     ):
         try:
             points[key] = PhasePoint.parse(value) if value is not None else None
@@ -75,6 +76,14 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
     if nonfinite_at is not None and nonfinite_at.phase != "train":
         yield Problem(
             "debug.nonfinite_at", d.nonfinite_at, "poisons a training step's gradient", "set debug.nonfinite_at=train:1"
+        )
+    kill_engine_at = points.get("debug.kill_engine_at")
+    if kill_engine_at is not None and kill_engine_at.phase in ("prepare", "startup", "teardown"):
+        yield Problem(
+            "debug.kill_engine_at",
+            d.kill_engine_at,
+            "kills a serving engine, which exists from weight_sync to save",
+            "set debug.kill_engine_at=rollout:1",
         )
     if cfg.checkpoint.resume is not None:
         yield from one_of("checkpoint.resume", cfg.checkpoint.resume, ("auto",))

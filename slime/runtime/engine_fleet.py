@@ -214,7 +214,7 @@ class EngineFleet(FleetRecovery):
         except Exception as exc:  # noqa: BLE001 - teardown and recovery go on past one failure
             logger.warning("%s failed: %s", what, exc)
 
-    def dead_routers(self) -> list[str]:
+    def router_deaths(self) -> list[str]:
         """What ended each router this run launched that is no longer running (Router.death); [] when all live."""
         return [death for router in self.routers.values() if (death := router.death()) is not None]
 

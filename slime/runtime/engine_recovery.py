@@ -46,15 +46,20 @@ class FleetRecovery:
                 self.mark_dead(slot.rank, "has no server process")
         return self.dead_ranks()
 
-    def dead_engines(self) -> list[str]:
-        """A line for each of our engines whose server process is gone (nothing marked: what a failed rollout
-        names when no recovery restarted it), or for engine actors that did not answer."""
+    def engine_deaths(self) -> list[str]:
+        """A line for each of our engines that is dead: found so by the health checks, or whose server process is
+        gone (nothing marked here: what a failed rollout names), or for engine actors that did not answer."""
+        lines = [
+            f"engine {slot.rank} at {slot.url} was found dead (removed from its router)"
+            for slot in self.slots
+            if slot.dead
+        ]
         live = [slot for slot in self.slots if not slot.dead]
         try:
             answers = ask_each([slot.actors for slot in live], "is_running")
         except Exception as exc:  # noqa: BLE001 - an engine actor that died with its server is the finding
-            return [f"the engine actors did not answer ({type(exc).__name__}: {exc})"]
-        return [
+            return [*lines, f"the engine actors did not answer ({type(exc).__name__}: {exc})"]
+        return lines + [
             f"engine {slot.rank} at {slot.url} (pid {slot.info.get('pid')}) has no server process; its log: "
             f"{slot.info.get('log')}"
             for slot, running in zip(live, answers)

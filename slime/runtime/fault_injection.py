@@ -9,15 +9,19 @@ The injector follows the run through its phase events (slime.runtime.events):
 - `debug.hang_at`: on entering that phase (a save: mid-way, once its data-source state is written and the
   trainer's not) training rank 0 sleeps forever and the driver waits on it (the watchdog's test);
 - `debug.nonfinite_at` ("train" or "train:ROLLOUT_ID"): on entering that train phase every training rank's first
-  trainable parameter gets a NaN gradient in the step's first backward (`train.on_nonfinite`'s test).
+  trainable parameter gets a NaN gradient in the step's first backward (`train.on_nonfinite`'s test);
+- `debug.kill_engine_at`: on entering that phase engine 0's server process is SIGKILLed (its pid from the run's
+  engines.json), as an out-of-memory kill would (fault tolerance's test).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from slime.config.schema import DebugConfig, PhasePoint
 from slime.runtime.events import Event, EventBus, RunEvent
@@ -27,21 +31,25 @@ from slime.runtime.interrupts import kill_descendants
 class FaultInjector:
     """One run's injected faults; each fires once."""
 
-    def __init__(self, debug: DebugConfig):
+    def __init__(self, debug: DebugConfig, run_dir: Path):
         # validated (slime.config.rules.check_debug) with the same parser
         self.signal_at = PhasePoint.parse(debug.signal_at) if debug.signal_at else None
         self.signum = int(getattr(signal, debug.signal))
         self.delay_s = debug.signal_delay_s
         self.hang_at = PhasePoint.parse(debug.hang_at) if debug.hang_at else None
         self.nonfinite_at = PhasePoint.parse(debug.nonfinite_at) if debug.nonfinite_at else None
+        self.kill_engine_at = PhasePoint.parse(debug.kill_engine_at) if debug.kill_engine_at else None
+        self.run_dir = run_dir
         self.trainer = None  # the actor's TrainGroup, once the loop starts (a hang needs a rank)
 
     @classmethod
-    def attach(cls, debug: DebugConfig, events: EventBus) -> FaultInjector | None:
-        """The injector `debug` asks for, subscribed to `events`; None when it asks for none."""
-        if debug.signal_at is None and debug.hang_at is None and debug.nonfinite_at is None:
+    def attach(cls, debug: DebugConfig, events: EventBus, run_dir: Path) -> FaultInjector | None:
+        """The injector `debug` asks for, subscribed to `events` of the run writing to `run_dir`; None when it asks
+        for none."""
+        points = (debug.signal_at, debug.hang_at, debug.nonfinite_at, debug.kill_engine_at)
+        if all(point is None for point in points):
             return None
-        injector = cls(debug)
+        injector = cls(debug, run_dir)
         # last: a hang blocks the publisher, and the watchdog and the display must have heard of the phase first
         events.subscribe(RunEvent.PHASE_STARTED, injector._on_phase, last=True)
         events.subscribe(RunEvent.CHECKPOINT_DATA_SAVED, injector._on_data_saved, last=True)
@@ -60,6 +68,9 @@ class FaultInjector:
             timer.start()
         if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way
             self._hang_if_due(phase, event.rollout_id)
+        if self.kill_engine_at is not None and self.kill_engine_at.matches(phase, event.rollout_id):
+            self.kill_engine_at = None
+            _kill_engine_server(self.run_dir)
         if self.nonfinite_at is not None and self.nonfinite_at.matches(phase, event.rollout_id) and self.trainer:
             self.nonfinite_at = None
             self.trainer.run_on_backends(_poison_next_gradient)
@@ -90,6 +101,12 @@ def _poison_next_gradient(backend) -> None:
         return grad * float("nan")
 
     handle = param.register_hook(to_nan)
+
+
+def _kill_engine_server(run_dir: Path) -> None:
+    """SIGKILL to engine 0's server process, its pid as the run's engines.json records it."""
+    engine = json.loads((run_dir / "engines.json").read_text())["engines"][0]
+    os.kill(engine["pid"], signal.SIGKILL)
 
 
 def _send_signal(signum: int) -> None:

@@ -201,7 +201,7 @@ def _run_with_result(cfg, plan, run_dir: Path, console: RunConsole):
 
     state = RunState()
     console.follow(state.events)
-    FaultInjector.attach(cfg.debug, state.events)  # only when a debug option asks for a fault
+    FaultInjector.attach(cfg.debug, state.events, run_dir)  # only when a debug option asks for a fault
     hydra = _hydra_run()
     result_file = _ResultFile(
         cfg=cfg, state=state, run_dir=run_dir, console=console, started=time.time(), plan_memory=plan.memory

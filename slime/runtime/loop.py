@@ -40,6 +40,7 @@ through them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -48,12 +49,14 @@ import ray
 from slime.config.async_mode import AsyncMode
 from slime.config.schema import RunConfig
 from slime.runtime.events import Event, RunEvent
-from slime.runtime.rollout_manager import ROLLOUT_CLOCK
+from slime.runtime.rollout_manager import ROLLOUT_CLOCK, EngineDied
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import WeightPush
 from slime.tracking.tracker import Tracker
 from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -131,7 +134,7 @@ class RunLoop:
         for rollout_id in range(self.start, self.last + 1):
             step = self.begin_step(rollout_id)
             step.restarted = self.recover_engines(rollout_id)
-            self.receive(step, self.generate(rollout_id))
+            self.rollout_recovering(step)
             self.state.enter("log_probs", rollout_id)
             self.before_train(rollout_id)
             self.train(step)
@@ -222,6 +225,21 @@ class RunLoop:
     def recover_engines(self, rollout_id: int) -> int:
         """Fault tolerance: engines that died since the last push restart with the current weights; how many."""
         return self.parts.pusher.recover(weight_version=rollout_id) if self.parts.pusher is not None else 0
+
+    def rollout_recovering(self, step: Step) -> None:
+        """The step's rollout, generated and received. With fault tolerance, a rollout an engine's death cut short
+        (the manager put its data source back where the step began) is generated again once the dead engines
+        restarted with the current weights, at most rollout.fault_tolerance.max_restarts times."""
+        ft = self.cfg.rollout.fault_tolerance
+        for attempt in range(ft.max_restarts + 1):
+            try:
+                return self.receive(step, self.generate(step.rollout_id))
+            except ray.exceptions.RayTaskError as exc:
+                died = exc.cause if isinstance(exc.cause, EngineDied) else None
+                if not (ft.enabled and died is not None and died.retryable and attempt < ft.max_restarts):
+                    raise
+                logger.warning("%s; generating rollout %d again once the engine restarted", died, step.rollout_id)
+                step.restarted += self.recover_engines(step.rollout_id)
 
     def receive(self, step: Step, pending: ray.ObjectRef) -> None:
         """Wait for the step's rollout; meanwhile (every `group_poll_s` s) and once at the end, its group counts are

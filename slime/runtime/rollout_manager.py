@@ -54,8 +54,16 @@ class RouterDied(RuntimeError):
 
 
 class EngineDied(RuntimeError):
-    """An engine's server died during a step and no recovery restarted it (rollout.fault_tolerance off, or its
-    restarts spent): the step fails naming the engine (exit 3)."""
+    """An engine died during a step: it fails naming the engine. `retryable`: the data source was put back where
+    the step began, so the loop may generate the step again once fault tolerance restarted the engine (without
+    fault tolerance the run stops, exit 3)."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+    def __reduce__(self):  # crosses Ray's process boundary with both fields
+        return (EngineDied, (str(self), self.retryable))
 
 
 class RolloutResult(NamedTuple):
@@ -144,28 +152,31 @@ class RolloutManager:
         this actor owns them, each shard's ranks read them there."""
         counts = RolloutProgress()
         self.rollout_progress = (rollout_id, counts)
-        with self._faults_named(f"rollout {rollout_id}"):
+        with self._faults_named(f"rollout {rollout_id}", rollout_id):
             batches, metrics, preview = self.producer.rollout_step(rollout_id, counts)
         return RolloutResult([ray.put(batch) for batch in batches], metrics, preview)
 
     @contextlib.contextmanager
-    def _faults_named(self, during: str) -> Iterator[None]:
-        """A router this run launched that died before or during `during`, or an engine whose server died during
-        it (and that no recovery restarted), fails it naming them: RouterDied with the router's exit status and
-        log, EngineDied with the engine's rank, URL and log; never only the requests' errors (a router's 503)."""
-        dead = self.fleet.dead_routers()
+    def _faults_named(self, during: str, rollout_id: int | None = None) -> Iterator[None]:
+        """A router this run launched that died before or during `during`, or an engine that died during it,
+        fails it naming them: RouterDied with the router's exit status and log, EngineDied with the engine's
+        rank, URL and log; never only the requests' errors (a router's 503). For a training rollout
+        (`rollout_id`) the data source is first put back where the step began, so that the loop may generate
+        it again once fault tolerance restarted the engine."""
+        dead = self.fleet.router_deaths()
         if dead:
             raise RouterDied(f"{during} cannot start: {'; '.join(dead)}")
         try:
             yield
         except Exception as exc:
-            dead = self.fleet.dead_routers()
+            dead = self.fleet.router_deaths()
             if dead:
                 raise RouterDied(f"{during} failed: {'; '.join(dead)}") from exc
-            dead = self.fleet.dead_engines()
-            if dead:
-                raise EngineDied(f"{during} failed: {'; '.join(dead)} ({type(exc).__name__}: {exc})") from exc
-            raise
+            dead = self.fleet.engine_deaths()
+            if not dead:
+                raise
+            rewound = rollout_id is not None and self.producer.rewind(rollout_id)
+            raise EngineDied(f"{during} failed: {'; '.join(dead)} ({type(exc).__name__}: {exc})", rewound) from exc
 
     def start_stream(self, trainer_version: int) -> None:
         """train.async=full: generate continuously from now on; `generate` then takes each step's groups."""

@@ -265,6 +265,16 @@ class RolloutProducer:
         metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
         return batches, metrics, preview
 
+    def rewind(self, rollout_id: int) -> bool:
+        """Put the data source back where training rollout `rollout_id` began (its cursor and buffer), so that the
+        step can be generated again; False where it cannot be (train.async=full's stream, a replay of dumps, or a
+        cursor of another step)."""
+        before = self._cursor_before
+        if self.stream is not None or self.data_source is None or before is None or before[0] != rollout_id:
+            return False
+        self.data_source.load_state_dict(copy.deepcopy(before[1]))
+        return True
+
     def _rollout(self, ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
         """The rollout function's step, the stream's (train.async=full), or the step's dump under
         debug.load_rollout_data."""
