@@ -5,7 +5,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -158,17 +161,20 @@ class _Trainer:
     def run_on_rank(self, rank, fn):
         self.ran.append((rank, fn.__name__))
 
+    def run_on_backends(self, fn):
+        self.ran.append(("every rank", fn.__name__))
 
-def _injector(*overrides: str) -> tuple[RunState, _Trainer]:
+
+def _injector(*overrides: str, run_dir: Path = Path("/nonexistent")) -> tuple[RunState, _Trainer]:
     state, trainer = RunState(), _Trainer()
-    assert FaultInjector.attach(typed_config(list(overrides)).debug, state.events) is not None
+    assert FaultInjector.attach(typed_config(list(overrides)).debug, state.events, run_dir) is not None
     state.events.publish(RunEvent.LOOP_STARTED, start=0, trainer=trainer)
     return state, trainer
 
 
 def test_no_injector_without_a_debug_option():
     state = RunState()
-    assert FaultInjector.attach(typed_config([]).debug, state.events) is None
+    assert FaultInjector.attach(typed_config([]).debug, state.events, Path("/nonexistent")) is None
 
 
 def test_hang_at_a_save_hangs_once_its_data_source_state_is_written():
@@ -212,3 +218,29 @@ def test_a_hang_comes_after_every_other_subscriber_heard_of_the_phase():
     state.events.subscribe(RunEvent.PHASE_STARTED, lambda e: heard.append((e.data["phase"], len(trainer.ran))))
     state.enter("train", 0)
     assert heard == [("train", 0)] and trainer.ran == [(0, "_injected_hang")]
+
+
+def test_nonfinite_at_poisons_every_rank_once_in_its_train_phase():
+    state, trainer = _injector("debug.nonfinite_at=train:1")
+    state.enter("train", 0)
+    state.enter("rollout", 1)
+    assert trainer.ran == []
+    state.enter("train", 1)
+    state.enter("train", 1)
+    assert trainer.ran == [("every rank", "_poison_next_gradient")]
+
+
+def test_kill_engine_at_kills_engine_0s_server_from_engines_json_once(tmp_path):
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        engines = {"engines": [{"pid": server.pid}, {"pid": other.pid}]}
+        (tmp_path / "engines.json").write_text(json.dumps(engines))
+        state, _ = _injector("debug.kill_engine_at=rollout:1", run_dir=tmp_path)
+        state.enter("rollout", 0)
+        assert server.poll() is None
+        state.enter("rollout", 1)
+        assert server.wait(timeout=10) == -signal.SIGKILL and other.poll() is None
+    finally:
+        server.kill()
+        other.kill()
