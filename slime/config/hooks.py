@@ -17,9 +17,10 @@ from typing import Any, Optional
 
 from slime.config.install import install_fix
 from slime.config.problems import Problem, did_you_mean
+from slime.errors import PicklableFields
 
 
-class HookError(ValueError):
+class HookError(PicklableFields, ValueError):
     """A hook that cannot be loaded or cannot be called the way its extension point calls it.
 
     `key` is the offending config key (a node's own key for a bad node entry), `value` its value; `missing` the

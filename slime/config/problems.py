@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from slime.config.secret_keys import REDACTED, is_secret_key
+from slime.errors import PicklableFields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Problem:
         return f"{self.key}={value}: {self.message}. Fix: {self.fix}"
 
 
-class ConfigError(ValueError):
+class ConfigError(PicklableFields, ValueError):
     """One or more configuration problems, found before any resource was allocated."""
 
     def __init__(self, problems: list[Problem]):

@@ -138,7 +138,8 @@ class DebugConfig:
     # training rank gives its first trainable parameter a NaN gradient in that step's first backward
     nonfinite_at: Optional[str] = None
     # Fault injection for fault tolerance: on entering this phase ("PHASE" or "PHASE:ROLLOUT_ID") the driver
-    # SIGKILLs engine 0's server process (its pid from engines.json), as an out-of-memory kill would
+    # SIGKILLs engine 0's server process (its pid from engines.json), as an out-of-memory kill would; weight_sync:
+    # as the push begins moving weights
     kill_engine_at: Optional[str] = None
     # slime's --check-weight-update-equal, through SGLang's /weights_checker (SGLang or the hf engine): the engines
     # snapshot the checkpoint's weights and randomise them once up; the first push of a fresh run must restore

@@ -12,11 +12,13 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional
 
+from slime.errors import PicklableFields
+
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _MAX_BODY_CHARS = 2000
 
 
-class EngineHTTPError(RuntimeError):
+class EngineHTTPError(PicklableFields, RuntimeError):
     """An HTTP call that failed: no response (status None) or a status the caller cannot accept."""
 
     def __init__(self, method: str, url: str, status: Optional[int], body: str):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from slime.config.hooks import load_callable
+from slime.errors import PicklableFields
 from slime.rollout.prompt_file import RecordKeys, read_records
 from slime.types import Sample
 
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 BufferFilter = Callable[[list[list[Sample]], int], list[list[Sample]]]  # (buffer, num) -> groups taken
 
 
-class PromptsTooLong(ValueError):
+class PromptsTooLong(PicklableFields, ValueError):
     """Every prompt of a file is longer than `rollout.max_prompt_len`: nothing is left to train on."""
 
     def __init__(self, path: str, limit: int, lengths: list[int]):

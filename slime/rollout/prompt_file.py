@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from slime.errors import PicklableFields
+
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
@@ -24,7 +26,7 @@ MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-class DataFileError(ValueError):
+class DataFileError(PicklableFields, ValueError):
     """A prompt file that cannot be used; `where` is `file:line` (or just the file), `key` the config field."""
 
     def __init__(self, where: str, message: str, *, key: str = "data.prompt_data", fix: Optional[str] = None):

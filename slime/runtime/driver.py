@@ -130,7 +130,7 @@ class StartedRun:
         ray.get(self.engines_ready)
         pusher = None  # replaying dumps (debug.load_rollout_data) starts no engine to push weights to
         if cfg.debug.load_rollout_data is None:
-            pusher = WeightPush(cfg, self.manager, actor, _sync_context(cfg))
+            pusher = WeightPush(cfg, self.manager, actor, _sync_context(cfg), self.state.events)
             pusher.connect()
         if start > 0:
             ray.get(self.manager.load.remote(start - 1, cfg.checkpoint.load))

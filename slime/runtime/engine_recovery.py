@@ -9,12 +9,15 @@ deregister, describe and release steps.
 from __future__ import annotations
 
 import logging
+import time
 
 import ray
 
 from slime.runtime.engine_nodes import EngineActors, ask_each, get_failing_fast
 
 logger = logging.getLogger(__name__)
+
+DEATH_SETTLE_S = 3.0  # how long a failed call's engines may take to show a SIGKILLed server as exited
 
 
 class FleetRecovery:
@@ -46,9 +49,18 @@ class FleetRecovery:
                 self.mark_dead(slot.rank, "has no server process")
         return self.dead_ranks()
 
-    def engine_deaths(self) -> list[str]:
+    def engine_deaths(self, settle_s: float = DEATH_SETTLE_S) -> list[str]:
         """A line for each of our engines that is dead: found so by the health checks, or whose server process is
-        gone (nothing marked here: what a failed rollout names), or for engine actors that did not answer."""
+        gone (nothing marked here: what a failed rollout or push names), or for engine actors that did not answer.
+
+        A call that failed on a server killed a moment ago (its connection reset) can get here while the process is
+        still exiting: with none found dead, the servers are asked again for up to `settle_s` seconds."""
+        deadline = time.monotonic() + settle_s
+        while not (deaths := self._engine_deaths()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return deaths
+
+    def _engine_deaths(self) -> list[str]:
         lines = [
             f"engine {slot.rank} at {slot.url} was found dead (removed from its router)"
             for slot in self.slots

@@ -25,6 +25,7 @@ class RunEvent(enum.Enum):
     TRAIN_DONE = "train_done"  # every optimizer step of the step ran
     CHECKPOINT_DATA_SAVED = "checkpoint_data_saved"  # mid-save: the data source's state is written, no trainer's
     CHECKPOINT_SAVED = "checkpoint_saved"  # every role's checkpoint of this step is written
+    PUSH_TRANSFER_STARTED = "push_transfer_started"  # a push found its engines alive and begins moving weights
     WEIGHTS_PUSHED = "weights_pushed"  # the engines hold the weights this step trained
     STEP_DONE = "step_done"  # the step's records are logged; `data["metrics"]`
     EVAL_DONE = "eval_done"  # `data["metrics"]`: the eval's metrics

@@ -11,7 +11,9 @@ The injector follows the run through its phase events (slime.runtime.events):
 - `debug.nonfinite_at` ("train" or "train:ROLLOUT_ID"): on entering that train phase every training rank's first
   trainable parameter gets a NaN gradient in the step's first backward (`train.on_nonfinite`'s test);
 - `debug.kill_engine_at`: on entering that phase engine 0's server process is SIGKILLed (its pid from the run's
-  engines.json), as an out-of-memory kill would (fault tolerance's test).
+  engines.json), as an out-of-memory kill would (fault tolerance's test); in a weight_sync phase, once the push
+  found its engines alive and begins moving weights (RunEvent.PUSH_TRANSFER_STARTED), so that the push meets the
+  death rather than the restart check before it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class FaultInjector:
         events.subscribe(RunEvent.PHASE_STARTED, injector._on_phase, last=True)
         events.subscribe(RunEvent.CHECKPOINT_DATA_SAVED, injector._on_data_saved, last=True)
         events.subscribe(RunEvent.LOOP_STARTED, injector._on_loop_started)
+        events.subscribe(RunEvent.PUSH_TRANSFER_STARTED, injector._on_push_transfer)
         return injector
 
     def _on_loop_started(self, event: Event) -> None:
@@ -68,12 +71,19 @@ class FaultInjector:
             timer.start()
         if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way
             self._hang_if_due(phase, event.rollout_id)
-        if self.kill_engine_at is not None and self.kill_engine_at.matches(phase, event.rollout_id):
-            self.kill_engine_at = None
-            _kill_engine_server(self.run_dir)
+        if phase != "weight_sync":
+            self._kill_engine_if_due(phase, event.rollout_id)
         if self.nonfinite_at is not None and self.nonfinite_at.matches(phase, event.rollout_id) and self.trainer:
             self.nonfinite_at = None
             self.trainer.run_on_backends(_poison_next_gradient)
+
+    def _on_push_transfer(self, event: Event) -> None:
+        self._kill_engine_if_due("weight_sync", event.rollout_id)
+
+    def _kill_engine_if_due(self, phase: str, rollout_id: int | None) -> None:
+        if self.kill_engine_at is not None and self.kill_engine_at.matches(phase, rollout_id):
+            self.kill_engine_at = None
+            _kill_engine_server(self.run_dir)
 
     def _on_data_saved(self, event: Event) -> None:
         self._hang_if_due("save", event.rollout_id)

@@ -149,12 +149,12 @@ class RunLoop:
         in_flight = self.generate(self.start) if self.start <= self.last else None
         for rollout_id in range(self.start, self.last + 1):
             step = self.begin_step(rollout_id)
-            self.receive(step, in_flight)
+            self.rollout_recovering(step, in_flight)
             self.note_overlap(step)
             in_flight = None
             if rollout_id < self.last:
                 # engines that died are restarted and get the current weights before the next rollout starts
-                step.restarted = self.recover_engines(rollout_id)
+                step.restarted += self.recover_engines(rollout_id)
                 in_flight = self.generate(rollout_id + 1)
             self.state.enter("log_probs", rollout_id)
             self.train(step)
@@ -226,19 +226,21 @@ class RunLoop:
         """Fault tolerance: engines that died since the last push restart with the current weights; how many."""
         return self.parts.pusher.recover(weight_version=rollout_id) if self.parts.pusher is not None else 0
 
-    def rollout_recovering(self, step: Step) -> None:
-        """The step's rollout, generated and received. With fault tolerance, a rollout an engine's death cut short
-        (the manager put its data source back where the step began) is generated again once the dead engines
-        restarted with the current weights, at most rollout.fault_tolerance.max_restarts times."""
+    def rollout_recovering(self, step: Step, pending: ray.ObjectRef | None = None) -> None:
+        """The step's rollout (`pending`: already asked for, the one-step-async loop's), received. With fault
+        tolerance, a rollout an engine's death cut short (the manager put its data source back where the step
+        began) is generated again once the dead engines restarted with the trainer's current weights, at most
+        rollout.fault_tolerance.max_restarts times."""
         ft = self.cfg.rollout.fault_tolerance
         for attempt in range(ft.max_restarts + 1):
             try:
-                return self.receive(step, self.generate(step.rollout_id))
+                return self.receive(step, pending if pending is not None else self.generate(step.rollout_id))
             except ray.exceptions.RayTaskError as exc:
                 died = exc.cause if isinstance(exc.cause, EngineDied) else None
                 if not (ft.enabled and died is not None and died.retryable and attempt < ft.max_restarts):
                     raise
                 logger.warning("%s; generating rollout %d again once the engine restarted", died, step.rollout_id)
+                pending = None
                 step.restarted += self.recover_engines(step.rollout_id)
 
     def receive(self, step: Step, pending: ray.ObjectRef) -> None:

@@ -133,6 +133,10 @@ class RolloutManager:
         """Ranks of the engines the health checks found dead or whose server process has exited."""
         return self.fleet.find_dead()
 
+    def engine_deaths(self) -> list[str]:
+        """A line naming each engine that is dead (rank, URL, pid, log); nothing is marked (a failed push asks)."""
+        return self.fleet.engine_deaths()
+
     def recover_engines(self) -> list[int]:
         """Restart dead engines (they get weights next; colocated, they release their memory first); returns
         their ranks."""

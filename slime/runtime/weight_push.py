@@ -18,6 +18,12 @@ weights with everyone's (hand-off step `engine_restart`). The weight sync is rec
 group is rebuilt for the new URLs), the weights are pushed, and only then do the restarted engines rejoin
 their router. `sync()` is the loop's push; `recover()` runs before each rollout and pushes only when an
 engine died since.
+
+An engine that dies during a push (its server gone when the push reaches it, or in the middle of a transfer) fails
+the push naming it (`EngineDied`: rank, URL, pid, log), never only with the connection error. With fault tolerance
+the dead engine is restarted and the whole push made again to every engine, as often as `max_restarts` allows: the
+others may hold half of the new weights, and every mode's push is whole or repeated (a distributed sync rebuilds its
+group for the new URL).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import ray
 
 from slime.config.schema import RunConfig
 from slime.registry import WEIGHT_SYNC
+from slime.runtime.events import EventBus, RunEvent
+from slime.runtime.rollout_manager import EngineDied
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
 
@@ -42,8 +50,9 @@ RESUME_REST = ["kv_cache", "cuda_graph"]
 class WeightPush:
     """The driver's side of weight pushes; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig, manager, actor: TrainGroup, context: SyncContext):
+    def __init__(self, cfg: RunConfig, manager, actor: TrainGroup, context: SyncContext, events: EventBus):
         self.cfg = cfg
+        self.events = events
         self.manager = manager
         self.actor = actor
         self.context = context
@@ -84,6 +93,26 @@ class WeightPush:
         return len(self._push(weight_version, restart=True)[1])
 
     def _push(self, weight_version: int, *, restart: bool) -> tuple[dict[str, float], list[int]]:
+        """One push, made again once dead engines restarted where an engine's death failed it (the module
+        docstring): (the sync's metrics, restarted ranks)."""
+        ft = self.cfg.rollout.fault_tolerance
+        attempts = ft.max_restarts + 1 if self.fault_tolerance else 1
+        for attempt in range(attempts):
+            try:
+                return self._push_once(weight_version, restart=restart or attempt > 0)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death explains it
+                deaths = ray.get(self.manager.engine_deaths.remote())
+                if not deaths:
+                    raise
+                cause = getattr(exc, "cause", None) or exc  # a trainer's exception without Ray's wrapper
+                failed = f"the weight push of version {weight_version} failed: {'; '.join(deaths)}"
+                failed += f" ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})"
+                if attempt + 1 == attempts:
+                    raise EngineDied(failed) from exc
+                logger.warning("%s; pushing again to every engine once the engine restarted", failed)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _push_once(self, weight_version: int, *, restart: bool) -> tuple[dict[str, float], list[int]]:
         """One push, the engines' health checks resting throughout: (the sync's metrics, restarted ranks)."""
         rollout_id = weight_version - 1
         self._control("begin_push")
@@ -93,6 +122,7 @@ class WeightPush:
                 self.actor.offload()
                 self.trainer_on_device = False
             ranks = self._restart_dead(rollout_id) if restart else []
+            self.events.publish(RunEvent.PUSH_TRANSFER_STARTED, rollout_id)
             if self.colocate:
                 self._step(rollout_id, "engine_resume_weights")
                 self._control("resume_memory", RESUME_WEIGHTS)

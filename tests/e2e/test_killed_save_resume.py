@@ -1,10 +1,10 @@
 """A whole run SIGKILLed (every process) in its save phase resumes with checkpoint.resume=auto from the last complete
-checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_checkpoint.py); a run whose router is
-killed stops naming it, and resumes the same way."""
+checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_checkpoint.py); a run whose router or
+only engine is killed between steps stops naming it, and resumes the same way; a NaN step stops or is skipped. Engines
+killed in a rollout or a push with fault tolerance: tests/e2e/test_engine_faults.py."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -22,7 +22,7 @@ from slime.tracking.jsonl import read_jsonl
 from slime.train.fsdp.checkpoint import iter_dir
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import TEST_RUN_VAR, assert_no_run_processes
-from tests.helpers.runs import main_argv, main_py, rewards, run_concurrently
+from tests.helpers.runs import main_argv, main_py, rewards
 
 
 @pytest.mark.slow
@@ -140,31 +140,4 @@ def test_a_nonfinite_gradient_stops_the_run_naming_it_or_is_skipped(tmp_path):
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     steps = [r for r in read_jsonl(skip_dir / "metrics.jsonl") if "train/step" in r]
     assert [r["train/nonfinite_skipped"] for r in steps] == [float(step == k) for step in range(3 * k)]
-    assert_no_run_processes()
-
-
-@pytest.mark.slow
-def test_the_only_engine_killed_in_a_rollout_is_restarted_synced_and_the_rollout_generated_again(tmp_path):
-    """With fault tolerance, debug.kill_engine_at SIGKILLs the run's only engine server as rollout 1 begins: the
-    rollout fails naming it, the engine restarts with the current weights, and rollout 1 is generated again from the
-    same place in the data: the run completes drawing the same prompts, in the same order, as one never
-    interrupted (the rollout dumps of both)."""
-    common = ["train.num_rollout=3", "debug.save_rollout_data=true", "rollout.fault_tolerance.enabled=true"]
-    runs = run_concurrently(
-        {
-            "killed": functools.partial(main_py, tmp_path / "killed", *common, "debug.kill_engine_at=rollout:1"),
-            "reference": functools.partial(main_py, tmp_path / "reference", *common),
-        }
-    )
-    for name, proc in runs.items():
-        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-    assert "engine 0 at http://" in runs["killed"].stderr and "generating rollout 1 again" in runs["killed"].stderr
-    restarts = [r.get("rollout/engine_restarts") for r in read_jsonl(tmp_path / "killed" / "metrics.jsonl")]
-    assert [r for r in restarts if r is not None] == [0.0, 1.0, 0.0]
-
-    def drawn(run: str) -> list[list[str]]:
-        dumps = tmp_path / run / "rollout_data"
-        return [[s["prompt"] for s in read_jsonl(dumps / f"{i}.jsonl")] for i in range(3)]
-
-    assert drawn("killed") == drawn("reference")  # nothing skipped, nothing drawn twice
     assert_no_run_processes()

@@ -28,6 +28,7 @@ from slime.registry import (
 from slime.rollout import default, generate
 from slime.rollout.base import RolloutContext
 from slime.runtime import weight_push
+from slime.runtime.events import EventBus
 from slime.sync.base import SyncContext
 from slime.types import Sample
 from tests.helpers.compose import typed_config
@@ -230,7 +231,7 @@ def test_the_push_asks_for_tensor_handle_ranks_when_the_sync_record_needs_them(m
         rollout=SimpleNamespace(weight_sync=SimpleNamespace(mode=mode), fault_tolerance=SimpleNamespace(enabled=False)),
     )
     context = SyncContext(source_checkpoint="/m", work_dir="/w", bucket_bytes=1)
-    weight_push.WeightPush(cfg, manager, actor, context).connect()
+    weight_push.WeightPush(cfg, manager, actor, context, EventBus()).connect()
     ((got_mode, urls, got_context),) = connected
     assert (got_mode, urls, got_context.tp_trainer_ranks) == (mode, ["http://e1"], ranks)
 

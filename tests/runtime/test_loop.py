@@ -244,3 +244,19 @@ def test_kill_engine_at_kills_engine_0s_server_from_engines_json_once(tmp_path):
     finally:
         server.kill()
         other.kill()
+
+
+def test_kill_engine_at_a_weight_sync_waits_for_the_push_to_begin_moving_weights(tmp_path):
+    """In a weight_sync phase the kill lands once the push found its engines alive (after its restart check), so
+    the push itself meets the dead engine."""
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "engines.json").write_text(json.dumps({"engines": [{"pid": server.pid}]}))
+        state, _ = _injector("debug.kill_engine_at=weight_sync:0", run_dir=tmp_path)
+        state.enter("weight_sync", 0)
+        state.events.publish(RunEvent.PUSH_TRANSFER_STARTED, -1)  # the initial push: rollout -1
+        assert server.poll() is None
+        state.events.publish(RunEvent.PUSH_TRANSFER_STARTED, 0)
+        assert server.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        server.kill()

@@ -1,0 +1,117 @@
+"""An engine's server killed (SIGKILL, `debug.kill_engine_at`) during a rollout or a weight push, on the real
+trainer and the built-in engine behind the real router: with fault tolerance the engine restarts, gets the trainer's
+weights and the step goes on (a rollout generated again from where its data began, a push made again to every
+engine), in every sync mode and both loops; without it the run stops (exit 3) naming the engine, and resume=auto
+finishes it. The router's and the engine's death found between steps: tests/e2e/test_killed_save_resume.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from slime.tracking.jsonl import read_jsonl
+from tests.helpers.processes import assert_no_run_processes
+from tests.helpers.runs import main_py, rewards, run_concurrently
+
+FT = ["rollout.fault_tolerance.enabled=true"]
+PUSH_MODES = {  # the modes the built-in engine takes on CPU
+    "disk": ["rollout.weight_sync.mode=disk"],
+    "distributed": ["rollout.weight_sync.mode=distributed"],
+    "tensor": ["rollout.weight_sync.mode=tensor", "cluster.colocate=true"],
+}
+PUSH_FAILED = "the weight push of version 1 failed: engine 0 at http://"
+
+
+def drawn(run_dir, num_rollout: int) -> list[list[str]]:
+    """Each rollout's prompts in the order its dump holds them (debug.save_rollout_data)."""
+    return [[s["prompt"] for s in read_jsonl(run_dir / "rollout_data" / f"{i}.jsonl")] for i in range(num_rollout)]
+
+
+def step_records(run_dir) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "rollout/engine_restarts" in r]
+
+
+def engine_0(run_dir) -> dict:
+    return json.loads((run_dir / "engines.json").read_text())["engines"][0]
+
+
+@pytest.mark.slow
+def test_the_only_engine_killed_in_a_weight_push_is_restarted_and_the_push_made_again_in_every_sync_mode(tmp_path):
+    """debug.kill_engine_at=weight_sync:0 kills the only engine's server once the push after step 0 began moving
+    weights: the push fails naming the engine, the engine restarts and the push is made again. Rollout 1 then runs
+    on the restarted server with the trainer's weights: its samples carry version 1 and the trainer's log-probs
+    match the engine's (fp32: < 1e-5; the checkpoint's weights would give the step-0 model's)."""
+    common = ["train.num_rollout=2", "debug.save_rollout_data=true", *FT, "debug.kill_engine_at=weight_sync:0"]
+    runs = run_concurrently(
+        {mode: functools.partial(main_py, tmp_path / mode, *common, *extra) for mode, extra in PUSH_MODES.items()}
+    )
+    for mode, proc in runs.items():
+        run_dir = tmp_path / mode
+        assert proc.returncode == 0, f"{mode}: {proc.stderr[-3000:]}"
+        assert PUSH_FAILED in proc.stderr and "has no server process" in proc.stderr, f"{mode}: {proc.stderr[-3000:]}"
+        assert "pushing again to every engine once the engine restarted" in proc.stderr
+        assert [r["rollout/engine_restarts"] for r in step_records(run_dir)] == [1.0, 0.0], mode
+        assert engine_0(run_dir)["restarts"] == 1
+        rollout_1 = read_jsonl(run_dir / "rollout_data" / "1.jsonl")
+        assert {v for s in rollout_1 for v in s["token_versions"]} == {1}, mode
+        diffs = [
+            r["train/train_rollout_logprob_abs_diff"]
+            for r in read_jsonl(run_dir / "metrics.jsonl")
+            if r.get("rollout/step") == 1 and "train/train_rollout_logprob_abs_diff" in r
+        ]
+        assert diffs and max(diffs) < 1e-5, (mode, diffs)
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+def test_without_fault_tolerance_an_engine_killed_in_a_push_stops_the_run_naming_it_and_resume_finishes(tmp_path):
+    """No fault tolerance: the push's failure is exit 3 whose error names the engine, its pid and log (not the
+    connection error alone); the step's checkpoint was saved before the push, and resume=auto finishes the run with
+    each rollout logged once."""
+    run_dir = tmp_path / "run"
+    common = ["train.num_rollout=3", "checkpoint.save_interval=1"]
+    stopped = main_py(run_dir, *common, "debug.kill_engine_at=weight_sync:0")
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["phase"] == "weight_sync"
+    assert result["error"].startswith(f"EngineDied: {PUSH_FAILED}"), result["error"]
+    assert "has no server process; its log: " in result["error"] and "engine_0.log" in result["error"]
+    assert_no_run_processes()
+    resumed = main_py(run_dir, *common, "checkpoint.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "result.json").read_text())["start_rollout"] == 1
+    assert len(rewards(run_dir)) == 3
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("loop", "kill_at"),
+    [("sync", "rollout:1"), ("one_step_async", "log_probs:0")],
+)
+def test_the_only_engine_killed_in_a_rollout_is_restarted_synced_and_the_rollout_generated_again(
+    loop, kill_at, tmp_path
+):
+    """With fault tolerance, the run's only engine server is killed while rollout 1 generates (synchronous: as it
+    begins; one-step async: as step 0 trains beside it): the rollout fails naming the engine, the engine restarts
+    with the trainer's weights, and rollout 1 is generated again from the same place in the data: the run completes
+    drawing the same prompts, in the same order, as one never interrupted (the rollout dumps of both)."""
+    common = ["train.num_rollout=3", "debug.save_rollout_data=true", *FT]
+    if loop == "one_step_async":
+        common.append("train.async=true")
+    runs = run_concurrently(
+        {
+            "killed": functools.partial(main_py, tmp_path / "killed", *common, f"debug.kill_engine_at={kill_at}"),
+            "reference": functools.partial(main_py, tmp_path / "reference", *common),
+        }
+    )
+    for name, proc in runs.items():
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+    stderr = runs["killed"].stderr
+    assert "rollout 1 failed: engine 0 at http://" in stderr and "generating rollout 1 again" in stderr, stderr[-3000:]
+    restarts = [r["rollout/engine_restarts"] for r in step_records(tmp_path / "killed")]
+    assert sum(restarts) == 1.0 and engine_0(tmp_path / "killed")["restarts"] == 1
+    assert drawn(tmp_path / "killed", 3) == drawn(tmp_path / "reference", 3)  # nothing skipped, nothing drawn twice
+    assert_no_run_processes()
