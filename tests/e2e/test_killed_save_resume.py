@@ -1,6 +1,7 @@
 """A whole run SIGKILLed (every process) in its save phase resumes with checkpoint.resume=auto from the last complete
 checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_checkpoint.py); a run whose router or
-only engine is killed between steps stops naming it, and resumes the same way; a NaN step stops or is skipped. Engines
+only engine is killed between steps stops naming it, and resumes the same way; a NaN step stops or is skipped; a save
+that fills the disk stops naming it. Engines
 killed in a rollout or a push with fault tolerance: tests/e2e/test_engine_faults.py."""
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from slime.tracking.jsonl import read_jsonl
 from slime.train.fsdp.checkpoint import iter_dir
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import TEST_RUN_VAR, assert_no_run_processes
-from tests.helpers.runs import main_argv, main_py, rewards
+from tests.helpers.runs import main_argv, main_py, rewards, run_argv
+from tests.helpers.small_disk import on_small_disk
 
 
 @pytest.mark.slow
@@ -140,4 +142,33 @@ def test_a_nonfinite_gradient_stops_the_run_naming_it_or_is_skipped(tmp_path):
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     steps = [r for r in read_jsonl(skip_dir / "metrics.jsonl") if "train/step" in r]
     assert [r["train/nonfinite_skipped"] for r in steps] == [float(step == k) for step in range(3 * k)]
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+def test_a_save_that_fills_the_disk_stops_the_run_naming_the_path_and_resume_continues(tmp_path):
+    """checkpoint.save on a 2 MiB disk of its own (a tmpfs: tests/helpers/small_disk.py) that holds one checkpoint of
+    the embedded model (~1.3 MB) and not two: the save of rollout 1 runs out of space, removes its staged files and
+    stops the run (exit 3) naming the path, the free space and what a checkpoint needs; iteration 0 stays the newest
+    and whole. Resumed from a copy of that disk on a larger one, resume=auto finishes the run, each rollout logged
+    once."""
+    run_dir, disk, kept = tmp_path / "run", tmp_path / "small_disk", tmp_path / "checkpoints"
+    common = ["train.num_rollout=3", "checkpoint.save_interval=1"]
+    argv = main_argv(run_dir, *common, f"checkpoint.save={disk}")
+    full = run_argv(on_small_disk(argv, disk, 2 * 1024 * 1024, kept), str(run_dir))
+    assert full.returncode == 3, full.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "failed" and result["phase"] == "save"
+    assert f"checkpoint save to {iter_dir(disk, 1)}: the disk is full (" in result["error"], result["error"]
+    assert f"MiB free at {disk}); a checkpoint needs about 1 MiB there" in result["error"]
+    assert "iteration 0 stays the newest checkpoint" in result["error"]
+    assert tracked_iteration(str(kept)) == 0 and torn_file(iter_dir(kept, 0)) is None
+    assert not list(kept.glob(".iter_*")) and not iter_dir(kept, 1).exists()  # the staged files were removed
+    assert_no_run_processes()
+
+    resumed = main_py(run_dir, *common, f"checkpoint.save={kept}", "checkpoint.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "completed" and result["start_rollout"] == 1
+    assert len(rewards(run_dir)) == 3 and tracked_iteration(str(kept)) == 2
     assert_no_run_processes()

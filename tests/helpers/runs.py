@@ -54,8 +54,12 @@ T = TypeVar("T")
 def main_py(run_dir: Path, *overrides: str, timeout: float = 600, tracked: bool = False) -> subprocess.CompletedProcess:
     """`main.py` to its end (see `main_argv`: `tracked` keeps the wandb run and the plots). Past `timeout` the
     run and everything it started are killed (TimeoutExpired): nothing of it keeps a core busy for later tests."""
-    run_id = str(run_dir)
-    argv = main_argv(run_dir, *overrides, tracked=tracked)
+    return run_argv(main_argv(run_dir, *overrides, tracked=tracked), str(run_dir), timeout=timeout)
+
+
+def run_argv(argv: list[str], run_id: str, *, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`argv` (a main.py command, or one wrapping it) to its end, as `main_py` runs it: its processes marked with
+    `run_id`, killed past `timeout`; `cpu_s` on the result."""
     env = {**os.environ, TEST_RUN_VAR: run_id}
     with subprocess.Popen(argv, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True, env=env) as proc:
         meter = TreeCpu(proc.pid)
