@@ -1,8 +1,8 @@
 """A whole run SIGKILLed (every process) in its save phase resumes with checkpoint.resume=auto from the last complete
 checkpoint (a save killed at each file, without Ray: tests/train/test_atomic_checkpoint.py); a run whose router or
 only engine is killed between steps stops naming it, and resumes the same way; a NaN step stops or is skipped; a save
-that fills the disk stops naming it. Engines
-killed in a rollout or a push with fault tolerance: tests/e2e/test_engine_faults.py."""
+that fills the disk stops naming it. Engines killed in a rollout or a push with fault tolerance:
+tests/e2e/test_engine_faults.py."""
 
 from __future__ import annotations
 
