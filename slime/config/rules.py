@@ -59,6 +59,7 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
         ("debug.hang_at", d.hang_at),
         ("debug.nonfinite_at", d.nonfinite_at),
         ("debug.kill_engine_at", d.kill_engine_at),
+        ("debug.kill_router_at", d.kill_router_at),
     ):
         try:
             points[key] = PhasePoint.parse(value) if value is not None else None
@@ -77,14 +78,15 @@ def check_debug(cfg: RunConfig) -> Iterator[Problem]:
         yield Problem(
             "debug.nonfinite_at", d.nonfinite_at, "poisons a training step's gradient", "set debug.nonfinite_at=train:1"
         )
-    kill_engine_at = points.get("debug.kill_engine_at")
-    if kill_engine_at is not None and kill_engine_at.phase in ("prepare", "startup", "teardown"):
-        yield Problem(
-            "debug.kill_engine_at",
-            d.kill_engine_at,
-            "kills a serving engine, which exists from weight_sync to save",
-            "set debug.kill_engine_at=rollout:1",
-        )
+    for key, what in (("debug.kill_engine_at", "a serving engine"), ("debug.kill_router_at", "the run's router")):
+        point = points.get(key)
+        if point is not None and point.phase in ("prepare", "startup", "teardown"):
+            yield Problem(
+                key,
+                getattr(d, key.removeprefix("debug.")),
+                f"kills {what}, which exists from weight_sync to save",
+                f"set {key}=rollout:1",
+            )
     if cfg.checkpoint.resume is not None:
         yield from one_of("checkpoint.resume", cfg.checkpoint.resume, ("auto",))
     if cfg.checkpoint.resume == "auto" and cfg.checkpoint.load is not None:

@@ -141,6 +141,8 @@ class DebugConfig:
     # SIGKILLs engine 0's server process (its pid from engines.json), as an out-of-memory kill would; weight_sync:
     # as the push begins moving weights
     kill_engine_at: Optional[str] = None
+    # Likewise for the router the run launched (its pid from engines.json)
+    kill_router_at: Optional[str] = None
     # slime's --check-weight-update-equal, through SGLang's /weights_checker (SGLang or the hf engine): the engines
     # snapshot the checkpoint's weights and randomise them once up; the first push of a fresh run must restore
     # every tensor bit-exact, and after every push engines of one layout must agree (fails the run otherwise)

@@ -97,6 +97,7 @@ class EngineFleet(FleetRecovery):
         self.log_dir = Path(setup.run_dir) / "logs"
         self.slots: list[EngineSlot] = []
         self.routers: dict[str, Router] = {}
+        self._router_restarts: dict[str, int] = {}  # model name -> times its router was restarted
         self.external = list(setup.rollout.external_engines)
         self.policy = policy_model(setup.models)
         self._lock = threading.Lock()
@@ -259,15 +260,28 @@ class EngineFleet(FleetRecovery):
         return get_engine_class(self.setup.rollout.engine).client_class(url)
 
     def write_engines_json(self) -> Path:
-        """`<run dir>/engines.json`: one entry per engine (rank, model, worker type, url, pid, log, restarts)."""
+        """`<run dir>/engines.json`: one entry per engine (rank, model, worker type, url, pid, log, restarts) and per
+        router (model, url, and for one the run launched its pid, log and restarts; a joined one is `external`)."""
         entries = [
             {**slot.info, "model": slot.spec.model, "worker_type": slot.spec.worker_type, "restarts": slot.restarts}
             for slot in self.slots
         ]
         entries += [{"url": url, "external": True, "model": self.policy.name} for url in self.external]
+        routers = [
+            {"model": model, "url": router.url, "external": True}
+            if router.log_path is None
+            else {
+                "model": model,
+                "url": router.url,
+                "pid": router.process.pid if router.process is not None else None,
+                "log": str(router.log_path),
+                "restarts": self._router_restarts.get(model, 0),
+            }
+            for model, router in self.routers.items()
+        ]
         path = Path(self.setup.run_dir) / "engines.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"engines": entries}, indent=2) + "\n")
+        tmp.write_text(json.dumps({"engines": entries, "routers": routers}, indent=2) + "\n")
         tmp.replace(path)  # readers never see half a file
         return path
 

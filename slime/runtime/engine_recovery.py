@@ -1,9 +1,10 @@
 """The fleet's fault tolerance (`rollout.fault_tolerance`, slime.runtime.engine_fleet's docstring): which engines the
 health monitor probes, marking one dead (out of its router), finding engines whose server process is gone, and
-restarting them (an engine spanning nodes whole: every node's server).
+restarting them (an engine spanning nodes whole: every node's server); restarting a router this run launched that
+died, on its own port, with its engines registered again.
 
-A mixin of `EngineFleet`: it reads the fleet's slots, setup, lock and released-memory record, and uses its register,
-deregister, describe and release steps.
+A mixin of `EngineFleet`: it reads the fleet's slots, routers, setup, lock and released-memory record, and uses its
+register, deregister, describe and release steps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 
 import ray
 
+from slime.runtime.deaths import RouterDied
 from slime.runtime.engine_nodes import EngineActors, ask_each, get_failing_fast
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,35 @@ class FleetRecovery:
         if dead and self.setup.colocate:  # as slime's recovery: released first, then resumed with the others
             self._release([url for url in self.sync_urls() if url in urls])
         return [slot.rank for slot in dead]
+
+    def restart_routers(self) -> list[str]:
+        """Restart each router this run launched whose process died, on its own port (the rollout's URL stays), and
+        register its model's live engines with it again (the policy's: the external engines too); returns the
+        models whose router restarted. RouterDied past `max_restarts` restarts of one router."""
+        ft = self.setup.rollout.fault_tolerance
+        restarted = []
+        for model, router in self.routers.items():
+            death = router.death()
+            if death is None:
+                continue
+            count = self._router_restarts.get(model, 0)
+            if count >= ft.max_restarts:
+                raise RouterDied(f"{death}\n(restarted {count} times: rollout.fault_tolerance.max_restarts={count})")
+            self._router_restarts[model] = count + 1
+            logger.warning("%s; restarting it (restart %d)", death.split("; log tail")[0], count + 1)
+            router.start_process()
+            listed = {worker.get("url") for worker in router.list_workers()}  # a PD vllm-router starts with them
+            for slot in self.slots:
+                if slot.spec.model == model and slot.registered and not slot.dead and slot.url not in listed:
+                    self._register(slot)
+            if self.policy is not None and model == self.policy.name:
+                for url in self.external:
+                    if url not in listed:
+                        router.add_worker(url)
+            restarted.append(model)
+        if restarted:
+            self.write_engines_json()
+        return restarted
 
     def register_restarted(self, ranks: list[int]) -> None:
         """Put restarted (and re-synced) engines back behind their routers."""

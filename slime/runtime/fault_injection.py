@@ -13,7 +13,8 @@ The injector follows the run through its phase events (slime.runtime.events):
 - `debug.kill_engine_at`: on entering that phase engine 0's server process is SIGKILLed (its pid from the run's
   engines.json), as an out-of-memory kill would (fault tolerance's test); in a weight_sync phase, once the push
   found its engines alive and begins moving weights (RunEvent.PUSH_TRANSFER_STARTED), so that the push meets the
-  death rather than the restart check before it.
+  death rather than the restart check before it;
+- `debug.kill_router_at`: on entering that phase the router the run launched is SIGKILLed (its pid from engines.json).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class FaultInjector:
         self.hang_at = PhasePoint.parse(debug.hang_at) if debug.hang_at else None
         self.nonfinite_at = PhasePoint.parse(debug.nonfinite_at) if debug.nonfinite_at else None
         self.kill_engine_at = PhasePoint.parse(debug.kill_engine_at) if debug.kill_engine_at else None
+        self.kill_router_at = PhasePoint.parse(debug.kill_router_at) if debug.kill_router_at else None
         self.run_dir = run_dir
         self.trainer = None  # the actor's TrainGroup, once the loop starts (a hang needs a rank)
 
@@ -48,7 +50,7 @@ class FaultInjector:
     def attach(cls, debug: DebugConfig, events: EventBus, run_dir: Path) -> FaultInjector | None:
         """The injector `debug` asks for, subscribed to `events` of the run writing to `run_dir`; None when it asks
         for none."""
-        points = (debug.signal_at, debug.hang_at, debug.nonfinite_at, debug.kill_engine_at)
+        points = (debug.signal_at, debug.hang_at, debug.nonfinite_at, debug.kill_engine_at, debug.kill_router_at)
         if all(point is None for point in points):
             return None
         injector = cls(debug, run_dir)
@@ -73,6 +75,9 @@ class FaultInjector:
             self._hang_if_due(phase, event.rollout_id)
         if phase != "weight_sync":
             self._kill_engine_if_due(phase, event.rollout_id)
+        if self.kill_router_at is not None and self.kill_router_at.matches(phase, event.rollout_id):
+            self.kill_router_at = None
+            _kill_router(self.run_dir)
         if self.nonfinite_at is not None and self.nonfinite_at.matches(phase, event.rollout_id) and self.trainer:
             self.nonfinite_at = None
             self.trainer.run_on_backends(_poison_next_gradient)
@@ -117,6 +122,13 @@ def _kill_engine_server(run_dir: Path) -> None:
     """SIGKILL to engine 0's server process, its pid as the run's engines.json records it."""
     engine = json.loads((run_dir / "engines.json").read_text())["engines"][0]
     os.kill(engine["pid"], signal.SIGKILL)
+
+
+def _kill_router(run_dir: Path) -> None:
+    """SIGKILL to the router process(es) the run launched, their pids as the run's engines.json records them."""
+    for router in json.loads((run_dir / "engines.json").read_text()).get("routers", []):
+        if router.get("pid"):
+            os.kill(router["pid"], signal.SIGKILL)
 
 
 def _send_signal(signum: int) -> None:

@@ -48,8 +48,9 @@ import ray
 
 from slime.config.async_mode import AsyncMode
 from slime.config.schema import RunConfig
+from slime.runtime.deaths import ComponentDied
 from slime.runtime.events import Event, RunEvent
-from slime.runtime.rollout_manager import ROLLOUT_CLOCK, EngineDied
+from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import WeightPush
@@ -228,20 +229,28 @@ class RunLoop:
 
     def rollout_recovering(self, step: Step, pending: ray.ObjectRef | None = None) -> None:
         """The step's rollout (`pending`: already asked for, the one-step-async loop's), received. With fault
-        tolerance, a rollout an engine's death cut short (the manager put its data source back where the step
-        began) is generated again once the dead engines restarted with the trainer's current weights, at most
-        rollout.fault_tolerance.max_restarts times."""
-        ft = self.cfg.rollout.fault_tolerance
-        for attempt in range(ft.max_restarts + 1):
+        tolerance, a rollout the death of an engine or a router cut short (the manager put its data source back
+        where the step began) is generated again once what died restarted (`after_death`)."""
+        for attempt in range(self.cfg.rollout.fault_tolerance.max_restarts + 1):
             try:
                 return self.receive(step, pending if pending is not None else self.generate(step.rollout_id))
             except ray.exceptions.RayTaskError as exc:
-                died = exc.cause if isinstance(exc.cause, EngineDied) else None
-                if not (ft.enabled and died is not None and died.retryable and attempt < ft.max_restarts):
-                    raise
-                logger.warning("%s; generating rollout %d again once the engine restarted", died, step.rollout_id)
                 pending = None
-                step.restarted += self.recover_engines(step.rollout_id)
+                step.restarted += self.after_death(
+                    exc, attempt, f"generating rollout {step.rollout_id}", step.rollout_id
+                )
+
+    def after_death(self, exc: ray.exceptions.RayTaskError, attempt: int, redo: str, weight_version: int) -> int:
+        """A rollout manager call failed with `exc`: re-raised unless fault tolerance is on, the call may run again
+        (ComponentDied.retryable) and `attempt` < rollout.fault_tolerance.max_restarts; else dead engines restart
+        with the trainer's weights (`weight_version`; a dead router restarts as the call runs again), and how many
+        engines restarted is returned."""
+        ft = self.cfg.rollout.fault_tolerance
+        died = exc.cause if isinstance(exc.cause, ComponentDied) else None
+        if not (ft.enabled and died is not None and died.retryable and attempt < ft.max_restarts):
+            raise exc
+        logger.warning("%s; %s again once it restarted", died, redo)
+        return self.recover_engines(weight_version)
 
     def receive(self, step: Step, pending: ray.ObjectRef) -> None:
         """Wait for the step's rollout; meanwhile (every `group_poll_s` s) and once at the end, its group counts are
@@ -378,6 +387,11 @@ class RunLoop:
     def evaluate(self, eval_step: int) -> None:
         """Eval with the weights of `eval_step` rollouts trained (phase eval of rollout eval_step - 1)."""
         self.state.enter("eval", eval_step - 1)
-        self.state.last_eval = ray.get(self.parts.manager.evaluate.remote(eval_step))
+        for attempt in range(self.cfg.rollout.fault_tolerance.max_restarts + 1):
+            try:
+                self.state.last_eval = ray.get(self.parts.manager.evaluate.remote(eval_step))
+                break
+            except ray.exceptions.RayTaskError as exc:  # the engines hold the weights of eval_step trained steps
+                self.after_death(exc, attempt, f"evaluating rollout {eval_step}", eval_step)
         self.parts.tracker.log(self.state.last_eval, eval=eval_step)
         self.state.events.publish(RunEvent.EVAL_DONE, eval_step - 1, metrics=self.state.last_eval)

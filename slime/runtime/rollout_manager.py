@@ -22,6 +22,7 @@ import ray
 
 from slime.config.hooks import load_callable
 from slime.rollout.base import RolloutProgress
+from slime.runtime.deaths import EngineDied, RouterDied
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import EnginePlacement
 from slime.runtime.rollout_setup import RolloutSetup
@@ -46,24 +47,6 @@ ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
 ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
 # The producer (torch and transformers, ~2 CPU-seconds), loaded by path in the actor's process only
 PRODUCER = "slime.runtime.rollout_producer.RolloutProducer"
-
-
-class RouterDied(RuntimeError):
-    """A router this run launched is gone: the step it served fails naming it (exit 3; resume with
-    checkpoint.resume=auto)."""
-
-
-class EngineDied(RuntimeError):
-    """An engine died during a step: it fails naming the engine. `retryable`: the data source was put back where
-    the step began, so the loop may generate the step again once fault tolerance restarted the engine (without
-    fault tolerance the run stops, exit 3)."""
-
-    def __init__(self, message: str, retryable: bool = False):
-        super().__init__(message)
-        self.retryable = retryable
-
-    def __reduce__(self):  # crosses Ray's process boundary with both fields
-        return (EngineDied, (str(self), self.retryable))
 
 
 class RolloutResult(NamedTuple):
@@ -166,21 +149,26 @@ class RolloutManager:
         fails it naming them: RouterDied with the router's exit status and log, EngineDied with the engine's
         rank, URL and log; never only the requests' errors (a router's 503). For a training rollout
         (`rollout_id`) the data source is first put back where the step began, so that the loop may generate
-        it again once fault tolerance restarted the engine."""
+        it again once fault tolerance restarted what died (an eval draws nothing: it may always run again). With
+        fault tolerance, a router found dead before the call is restarted first (FleetRecovery.restart_routers)."""
         dead = self.fleet.router_deaths()
-        if dead:
+        if dead and self.setup.rollout.fault_tolerance.enabled:
+            self.fleet.restart_routers()
+        elif dead:
             raise RouterDied(f"{during} cannot start: {'; '.join(dead)}")
         try:
             yield
         except Exception as exc:
-            dead = self.fleet.router_deaths()
-            if dead:
-                raise RouterDied(f"{during} failed: {'; '.join(dead)}") from exc
-            dead = self.fleet.engine_deaths()
-            if not dead:
-                raise
-            rewound = rollout_id is not None and self.producer.rewind(rollout_id)
-            raise EngineDied(f"{during} failed: {'; '.join(dead)} ({type(exc).__name__}: {exc})", rewound) from exc
+            routers, engines = self.fleet.router_deaths(), None
+            if not routers:
+                engines = self.fleet.engine_deaths()
+                if not engines:
+                    raise
+            retryable = rollout_id is None or self.producer.rewind(rollout_id)
+            if routers:
+                raise RouterDied(f"{during} failed: {'; '.join(routers)}", retryable) from exc
+            died = f"{during} failed: {'; '.join(engines)} ({type(exc).__name__}: {exc})"
+            raise EngineDied(died, retryable) from exc
 
     def start_stream(self, trainer_version: int) -> None:
         """train.async=full: generate continuously from now on; `generate` then takes each step's groups."""

@@ -35,8 +35,8 @@ import ray
 
 from slime.config.schema import RunConfig
 from slime.registry import WEIGHT_SYNC
+from slime.runtime.deaths import EngineDied
 from slime.runtime.events import EventBus, RunEvent
-from slime.runtime.rollout_manager import EngineDied
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
 

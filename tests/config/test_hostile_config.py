@@ -73,6 +73,16 @@ CASES = {
     "conflict: remote_rm without a URL": (["rollout.rm_type=remote_rm"], "rollout.rm_url", "needs the reward model"),
     "choice: resume=always": (["checkpoint.resume=always"], "checkpoint.resume", "must be one of ['auto']"),
     "choice: hang the trainer before it exists": (["debug.hang_at=startup"], "debug.hang_at", "weight_sync to save"),
+    "choice: kill the router before it exists": (
+        ["debug.kill_router_at=prepare"],
+        "debug.kill_router_at",
+        "kills the run's router, which exists from weight_sync to save",
+    ),
+    "choice: kill an engine at no phase": (
+        ["debug.kill_engine_at=never:1"],
+        "debug.kill_engine_at",
+        "PHASE:ROLLOUT_ID",
+    ),
     "unknown key: +train.lr_scheduler": (["+train.lr_scheduler=cosine"], "train.lr_scheduler", "no such option"),
     "unknown key: +rollout.temperture (typo)": (
         ["+rollout.temperture=0.5"],

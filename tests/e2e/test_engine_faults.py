@@ -2,7 +2,8 @@
 trainer and the built-in engine behind the real router: with fault tolerance the engine restarts, gets the trainer's
 weights and the step goes on (a rollout generated again from where its data began, a push made again to every
 engine), in every sync mode and both loops; without it the run stops (exit 3) naming the engine, and resume=auto
-finishes it. The router's and the engine's death found between steps: tests/e2e/test_killed_save_resume.py."""
+finishes it. The router killed (`debug.kill_router_at`) with fault tolerance: restarted, the rollout generated again.
+Without fault tolerance, the router's and the engine's death found between steps: tests/e2e/test_killed_save_resume.py."""
 
 from __future__ import annotations
 
@@ -91,27 +92,36 @@ def test_without_fault_tolerance_an_engine_killed_in_a_push_stops_the_run_naming
     ("loop", "kill_at"),
     [("sync", "rollout:1"), ("one_step_async", "log_probs:0")],
 )
-def test_the_only_engine_killed_in_a_rollout_is_restarted_synced_and_the_rollout_generated_again(
+def test_the_only_engine_or_the_router_killed_in_a_rollout_is_restarted_and_the_rollout_generated_again(
     loop, kill_at, tmp_path
 ):
     """With fault tolerance, the run's only engine server is killed while rollout 1 generates (synchronous: as it
     begins; one-step async: as step 0 trains beside it): the rollout fails naming the engine, the engine restarts
     with the trainer's weights, and rollout 1 is generated again from the same place in the data: the run completes
-    drawing the same prompts, in the same order, as one never interrupted (the rollout dumps of both)."""
+    drawing the same prompts, in the same order, as one never interrupted (the rollout dumps of both). The
+    synchronous loop's router killed as rollout 1 begins: restarted on its port with the engine registered again,
+    and the same prompts drawn."""
     common = ["train.num_rollout=3", "debug.save_rollout_data=true", *FT]
     if loop == "one_step_async":
         common.append("train.async=true")
-    runs = run_concurrently(
-        {
-            "killed": functools.partial(main_py, tmp_path / "killed", *common, f"debug.kill_engine_at={kill_at}"),
-            "reference": functools.partial(main_py, tmp_path / "reference", *common),
-        }
-    )
+    jobs = {
+        "engine": functools.partial(main_py, tmp_path / "engine", *common, f"debug.kill_engine_at={kill_at}"),
+        "reference": functools.partial(main_py, tmp_path / "reference", *common),
+    }
+    if loop == "sync":
+        jobs["router"] = functools.partial(main_py, tmp_path / "router", *common, f"debug.kill_router_at={kill_at}")
+    runs = run_concurrently(jobs)
     for name, proc in runs.items():
         assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
-    stderr = runs["killed"].stderr
-    assert "rollout 1 failed: engine 0 at http://" in stderr and "generating rollout 1 again" in stderr, stderr[-3000:]
-    restarts = [r["rollout/engine_restarts"] for r in step_records(tmp_path / "killed")]
-    assert sum(restarts) == 1.0 and engine_0(tmp_path / "killed")["restarts"] == 1
-    assert drawn(tmp_path / "killed", 3) == drawn(tmp_path / "reference", 3)  # nothing skipped, nothing drawn twice
+    stderr = runs["engine"].stderr
+    assert "engine 0 at http://" in stderr and "generating rollout 1 again" in stderr, stderr[-3000:]
+    restarts = [r["rollout/engine_restarts"] for r in step_records(tmp_path / "engine")]
+    assert sum(restarts) == 1.0 and engine_0(tmp_path / "engine")["restarts"] == 1
+    assert drawn(tmp_path / "engine", 3) == drawn(tmp_path / "reference", 3)  # nothing skipped, nothing drawn twice
+    if loop == "sync":
+        stderr = runs["router"].stderr
+        assert "the router at http://" in stderr and "restarting it (restart 1)" in stderr, stderr[-3000:]
+        (router,) = json.loads((tmp_path / "router" / "engines.json").read_text())["routers"]
+        assert router["restarts"] == 1 and engine_0(tmp_path / "router")["restarts"] == 0
+        assert drawn(tmp_path / "router", 3) == drawn(tmp_path / "reference", 3)
     assert_no_run_processes()

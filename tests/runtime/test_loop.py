@@ -260,3 +260,19 @@ def test_kill_engine_at_a_weight_sync_waits_for_the_push_to_begin_moving_weights
         assert server.wait(timeout=10) == -signal.SIGKILL
     finally:
         server.kill()
+
+
+def test_kill_router_at_kills_the_launched_router_from_engines_json_once(tmp_path):
+    router = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        routers = [{"model": "default", "url": "http://127.0.0.1:1", "pid": router.pid}, {"url": "x", "external": True}]
+        (tmp_path / "engines.json").write_text(json.dumps({"engines": [{"pid": engine.pid}], "routers": routers}))
+        state, _ = _injector("debug.kill_router_at=rollout:1", run_dir=tmp_path)
+        state.enter("rollout", 0)
+        assert router.poll() is None
+        state.enter("rollout", 1)
+        assert router.wait(timeout=10) == -signal.SIGKILL and engine.poll() is None
+    finally:
+        router.kill()
+        engine.kill()
