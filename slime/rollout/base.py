@@ -92,6 +92,9 @@ class StreamLimits:
     batch_size: int
     max_staleness: int
     regenerate_stale: bool
+    # fault tolerance: a group whose generation failed (a dead engine or router) is kept and runs again at the next
+    # take, which raises GroupsFailed meanwhile; without it the first failure ends the stream
+    keep_failed: bool = False
 
     @property
     def max_ahead(self) -> int:

@@ -22,12 +22,18 @@ trainer (only after a resume or a version jump) is dropped (counted) or, with `r
 handed back to the data source as a fresh prompt. Every prompt drawn is thus trained once, or counted dropped.
 `state_dict()` is what a checkpoint keeps: the data source's cursor, the finished groups as they are, the groups in
 flight as fresh prompts (a resume generates them again).
+
+With fault tolerance (`StreamLimits.keep_failed`) a group whose generation fails (its engine or router died) is kept
+in its place, reset: `take()` raises GroupsFailed once it reaches such a group, with the groups it had taken put
+back, and the next `take()` (after the loop restarted what died) runs the failed groups again. Without it the
+first failure ends the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from typing import Any
@@ -40,7 +46,14 @@ from slime.rollout.generate import generate_and_reward
 from slime.rollout.staleness import group_staleness
 from slime.types import Sample, SampleStatus
 
+logger = logging.getLogger(__name__)
+
 WAIT_POLL_S = 1.0  # take() re-checks the stream's health this often while it waits
+
+
+class GroupsFailed(RuntimeError):
+    """Groups of the step failed their generation and are kept (StreamLimits.keep_failed): the next take runs them
+    again."""
 
 
 class GroupStream:
@@ -58,6 +71,9 @@ class GroupStream:
         self._order: collections.deque[int] = collections.deque()  # started, not yet taken: start order
         self._in_flight: dict[int, list[Sample]] = {}  # start number -> the group being generated
         self._done: dict[int, list[Sample]] = {}  # start number -> the finished group
+        self._failed: dict[int, list[Sample]] = {}  # start number -> a group that failed, reset (keep_failed)
+        self._failure: BaseException | None = None  # the first error of the groups in _failed
+        self._relaunch: list[tuple[int, list[Sample]]] = []  # failed groups back in flight, for _draw to start
         self._next_key = 0  # the next group's start number (its key in the maps)
         self._taken = 0  # groups the take at the current version has kept
         self._drawn = 0  # groups started since the last take (the progress display's "drawn")
@@ -91,20 +107,26 @@ class GroupStream:
         """The next `batch_size` groups in start order no more than `max_staleness` versions behind
         `trainer_version`, and the step's metrics; blocks until each has finished (counting them in `progress`, for
         the progress display, as they come). Raises what the stream raised."""
-        limits, taken = self.limits, []
+        limits, taken, keys = self.limits, [], []
         counts = {"dropped": 0, "regenerated": 0}
         progress = progress if progress is not None else RolloutProgress()
         progress.needed = limits.batch_size
         with self._cond:
             self._version, self._taken = trainer_version, 0
+            self._relaunch_failed()  # what made them fail was restarted before this take
             self._wake()  # a newer version: room for more groups
             while len(taken) < limits.batch_size:
                 progress.kept, progress.in_flight, progress.submitted = len(taken), len(self._in_flight), self._drawn
                 progress.dropped = counts["dropped"] + counts["regenerated"]
-                group = self._next_group()
+                try:
+                    key, group = self._next_group()
+                except GroupsFailed:
+                    self._put_back(keys, taken)
+                    raise
                 stale = group_staleness(group, trainer_version)
                 if stale is None or stale <= limits.max_staleness:
                     taken.append(group)
+                    keys.append(key)
                     self._taken += 1
                     continue
                 if limits.regenerate_stale:
@@ -124,11 +146,29 @@ class GroupStream:
             }
         return taken, metrics
 
-    def _next_group(self) -> list[Sample]:
-        """The earliest-started group not yet taken, once it has finished (the lock held)."""
+    def _relaunch_failed(self) -> None:
+        """The failed groups go back in flight, in their places; the stream's loop starts them (the lock held)."""
+        self._relaunch += list(self._failed.items())
+        self._in_flight.update(self._failed)
+        self._failed, self._failure = {}, None
+
+    def _put_back(self, keys: list[int], groups: list[list[Sample]]) -> None:
+        """A take that failed gives back the groups it had taken, in their places (the lock held)."""
+        self._order.extendleft(reversed(keys))
+        self._done.update(zip(keys, groups))
+        self._taken -= len(keys)
+
+    def _next_group(self) -> tuple[int, list[Sample]]:
+        """(start number, group) of the earliest-started group not yet taken, once it has finished (the lock held);
+        GroupsFailed when that group failed and is kept."""
         while not self._order or self._order[0] not in self._done:
             if self._error is not None:
                 raise RuntimeError("train.async=full: the rollout stream failed") from self._error
+            if self._order and self._order[0] in self._failed:
+                raise GroupsFailed(
+                    f"train.async=full: {len(self._failed)} group(s) failed their generation and run again at the "
+                    f"next take (first error: {type(self._failure).__name__}: {self._failure})"
+                ) from self._failure
             drawable = getattr(self.data_source, "buffer", None) or not getattr(self.data_source, "exhausted", False)
             if not self._order and not drawable:
                 raise RuntimeError(
@@ -136,7 +176,8 @@ class GroupStream:
                     f"rollout.batch_size={self.limits.batch_size}: stale groups were dropped that the run needed"
                 )
             self._cond.wait(WAIT_POLL_S)
-        return self._done.pop(self._order.popleft())
+        key = self._order.popleft()
+        return key, self._done.pop(key)
 
     def _take_idle(self) -> float:
         """Seconds with no group in flight since the last call (the lock held)."""
@@ -153,7 +194,9 @@ class GroupStream:
                 "data_source": self.data_source.state_dict(),
                 "finished": [[s.to_dict() for s in self._done[k]] for k in self._order if k in self._done],
                 "in_flight": [
-                    [reset_sample(s).to_dict() for s in self._in_flight[k]] for k in self._order if k in self._in_flight
+                    [reset_sample(s).to_dict() for s in self._in_flight.get(k) or self._failed[k]]
+                    for k in self._order
+                    if k in self._in_flight or k in self._failed
                 ],
             }
 
@@ -202,9 +245,10 @@ class GroupStream:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _draw(self) -> list[tuple[int, list[Sample]]]:
-        """The groups to start now, with their start numbers (the module docstring's bounds)."""
-        drawn = []
+        """The groups to start now, with their start numbers (the module docstring's bounds): failed groups put back
+        in flight first."""
         with self._cond:
+            drawn, self._relaunch = self._relaunch, []
             while self._error is None and self._has_room():
                 groups = self.data_source.get_groups(1)
                 if not groups:
@@ -233,7 +277,15 @@ class GroupStream:
             raise
         except Exception as exc:  # noqa: BLE001 - take() re-raises it in the manager's thread
             with self._cond:
-                self._error = exc
+                if self.limits.keep_failed:
+                    self._in_flight.pop(key, None)
+                    self._failed[key] = [reset_sample(s) for s in group]
+                    self._failure = self._failure or exc
+                    logger.warning(
+                        "group %d failed its generation (%s: %s); kept to run again", key, type(exc).__name__, exc
+                    )
+                else:
+                    self._error = exc
                 self._cond.notify_all()
             return
         with self._cond:

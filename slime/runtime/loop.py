@@ -174,7 +174,7 @@ class RunLoop:
         ray.get(self.parts.manager.start_stream.remote(self.start))
         for rollout_id in range(self.start, self.last + 1):
             step = self.begin_step(rollout_id)
-            self.receive(step, self.generate(rollout_id))
+            self.rollout_recovering(step)
             self.state.enter("log_probs", rollout_id)
             self.train(step)
             self.save_if_due(step)

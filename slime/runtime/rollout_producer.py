@@ -267,10 +267,13 @@ class RolloutProducer:
 
     def rewind(self, rollout_id: int) -> bool:
         """Put the data source back where training rollout `rollout_id` began (its cursor and buffer), so that the
-        step can be generated again; False where it cannot be (train.async=full's stream, a replay of dumps, or a
-        cursor of another step)."""
+        step can be generated again; False where it cannot be (a replay of dumps, or a cursor of another step).
+        train.async=full's stream: a failed take gave its groups back and keeps the failed ones
+        (StreamLimits.keep_failed, with fault tolerance), so the step can be taken again."""
+        if self.stream is not None:
+            return self.stream.limits.keep_failed
         before = self._cursor_before
-        if self.stream is not None or self.data_source is None or before is None or before[0] != rollout_id:
+        if self.data_source is None or before is None or before[0] != rollout_id:
             return False
         self.data_source.load_state_dict(copy.deepcopy(before[1]))
         return True

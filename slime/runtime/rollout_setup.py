@@ -93,6 +93,7 @@ def stream_limits(cfg: RunConfig) -> StreamLimits | None:
         batch_size=cfg.rollout.batch_size,
         max_staleness=cfg.train.max_staleness,
         regenerate_stale=StalePolicy(cfg.rollout.stale_policy) is StalePolicy.REGENERATE,
+        keep_failed=cfg.rollout.fault_tolerance.enabled,
     )
 
 

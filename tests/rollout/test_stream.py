@@ -4,6 +4,7 @@ taken mid-stream loses and repeats no prompt."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from slime.engine.client import EngineClient
 from slime.rollout.base import RolloutProgress, StreamLimits
 from slime.rollout.data_source import DataSource
-from slime.rollout.stream import GroupStream
+from slime.rollout.stream import GroupsFailed, GroupStream
 from tests.helpers.rollout_context import context, count_prompts, register_parity, served_engine
 
 MAX_NEW = 48  # tokens (ignore_eos): long enough for a pause to catch requests mid-decode
@@ -137,3 +138,30 @@ def test_a_snapshot_mid_stream_loses_and_repeats_no_prompt(served, tmp_path):
     finally:
         second.close()
     assert sorted(g[0].group_index for g in trained) == list(range(10))
+
+
+def test_with_keep_failed_groups_whose_router_died_run_again_in_their_places(served, tmp_path):
+    """keep_failed (fault tolerance): the stream's requests go to a router that is gone (a closed port), so every
+    group fails; take raises GroupsFailed and keeps them, reset, in their places (a snapshot holds them as fresh
+    prompts). Once the router answers again (the loop restarted it), the next take runs them again: the steps take
+    groups 0-1, 2-3, 4-5 of a bounded source of 6, each once."""
+    push(served.client, 0)
+    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=4)
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        ctx.router_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        limits = StreamLimits(batch_size=2, max_staleness=8, regenerate_stale=False, keep_failed=True)
+        data = source(tmp_path, served.tokenizer, num_prompts=6, max_groups=6)
+        s = GroupStream(ctx, data, limits)
+        s.start(trainer_version=0)
+        try:
+            with pytest.raises(GroupsFailed, match=r"failed their generation .*first error: RuntimeError: POST http"):
+                s.take(0)
+            state = s.state_dict()
+            assert [g[0]["group_index"] for g in state["in_flight"]][:2] == [0, 1]
+            assert all(x["status"] == "pending" and x["tokens"] == [] for g in state["in_flight"] for x in g)
+            ctx.router_url = served.url
+            taken = [[g[0].group_index for g in s.take(version)[0]] for version in range(3)]
+        finally:
+            s.close()
+    assert taken == [[0, 1], [2, 3], [4, 5]]
