@@ -13,14 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 
 from slime.runtime import fault_injection
+from slime.runtime.deaths import EngineDied, RouterDied
 from slime.runtime.events import RunEvent
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.loop import RunLoop, RunParts
 from slime.runtime.run_state import RunState
 from tests.helpers.compose import ROOT, typed_config
-from tests.helpers.fake_run_world import FakeWorld, eager_ray
+from tests.helpers.fake_run_world import FakeWorld, Remote, eager_ray
 
 RUNTIME = ROOT / "slime" / "runtime"
 MAX_PARAMETERS = 5
@@ -276,3 +278,73 @@ def test_kill_router_at_kills_the_launched_router_from_engines_json_once(tmp_pat
     finally:
         router.kill()
         engine.kill()
+
+
+# ---- fault tolerance: a call a death cut short runs again ----------------------------------------------------
+
+
+class _DyingWorld(FakeWorld):
+    """The fake world whose rollout `die_at` (or eval, "eval") fails once, as the manager fails a call that a router's
+    or an engine's death cut short; the restarts the loop asks for are recorded."""
+
+    def __init__(self, die_at, died):
+        super().__init__()
+        self.die_at, self.died, self.recovered = die_at, died, []
+        self.generate = Remote(self._generate_or_die)
+        self.evaluate = Remote(self._evaluate_or_die)
+
+    def _fail_once(self, what):
+        if self.die_at == what:
+            self.die_at = None
+            self.events.append(f"died in {what}")
+            raise ray.exceptions.RayTaskError("generate", "Traceback: ...", self.died)
+
+    def _generate_or_die(self, rollout_id):
+        self._fail_once(rollout_id)
+        return self._generate(rollout_id)
+
+    def _evaluate_or_die(self, eval_step):
+        self.events.append(f"evaluate {eval_step}")
+        self._fail_once("eval")
+        return {"eval/score": 1.0}
+
+    def recover(self, weight_version):
+        self.recovered.append(weight_version)
+        return 1
+
+
+def _dying_run(monkeypatch, die_at, died, *overrides) -> _DyingWorld:
+    eager_ray(monkeypatch)
+    world = _DyingWorld(die_at, died)
+    cfg = typed_config(["train.num_rollout=2", "eval.interval=1", *overrides])
+    parts = RunParts(cfg=cfg, state=RunState(), manager=world, tracker=world, actor=world, pusher=world)
+    RunLoop(parts, 0).run()
+    return world
+
+
+FT_ON = "rollout.fault_tolerance.enabled=true"
+
+
+@pytest.mark.parametrize("died", [EngineDied("engine 0 died", True), RouterDied("the router died", True)])
+def test_a_rollout_or_eval_cut_short_by_a_death_runs_again_after_the_restart(monkeypatch, died):
+    world = _dying_run(monkeypatch, 1, died, FT_ON)
+    at = world.events.index("died in 1")
+    assert world.events[at - 1 : at + 3] == ["evaluate 1", "died in 1", "generate 1", "train 1"]
+    assert world.recovered == [0, 1, 1]  # before each rollout, and after the death with the weights of 1 step
+    world = _dying_run(monkeypatch, "eval", died, FT_ON)
+    assert world.events[:4] == ["push 0", "evaluate 0", "died in eval", "evaluate 0"]
+    assert world.recovered == [0, 0, 1]  # after the death (the initial weights), then before each rollout
+
+
+@pytest.mark.parametrize(
+    ("died", "overrides"),
+    [
+        (EngineDied("engine 0 died", True), []),  # fault tolerance off
+        (EngineDied("engine 0 died", False), [FT_ON]),  # the data source could not be put back
+        (RuntimeError("a reward bug"), [FT_ON]),  # not a death
+    ],
+)
+def test_a_call_that_cannot_run_again_fails_the_run(monkeypatch, died, overrides):
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        _dying_run(monkeypatch, 1, died, *overrides)
+    assert info.value.cause is died
