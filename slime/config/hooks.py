@@ -16,8 +16,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from slime.config.install import install_fix
-from slime.config.problems import Problem, did_you_mean
-from slime.errors import PicklableFields
+from slime.config.problems import PicklableFields, Problem, did_you_mean
 
 
 class HookError(PicklableFields, ValueError):

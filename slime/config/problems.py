@@ -8,7 +8,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from slime.config.secret_keys import REDACTED, is_secret_key
-from slime.errors import PicklableFields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +28,22 @@ class Problem:
         """`key=value: message. Fix: fix`; a credential's value is never echoed."""
         value = REDACTED if is_secret_key(self.key) and isinstance(self.value, str) else repr(self.value)
         return f"{self.key}={value}: {self.message}. Fix: {self.fix}"
+
+
+def _rebuilt(cls: type[BaseException], args: tuple, state: dict[str, Any]) -> BaseException:
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class PicklableFields:
+    """Mixin for an exception with its own `__init__`: pickled as its class, message and fields, never re-run. A Ray
+    actor's exception reaches the driver pickled, and one whose `__init__` takes other arguments than its message
+    cannot be rebuilt the default way (Ray then reports `UnserializableException` instead of it)."""
+
+    def __reduce__(self):
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
 
 
 class ConfigError(PicklableFields, ValueError):

@@ -12,19 +12,20 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional
 
-from slime.errors import PicklableFields
-
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _MAX_BODY_CHARS = 2000
 
 
-class EngineHTTPError(PicklableFields, RuntimeError):
+class EngineHTTPError(RuntimeError):
     """An HTTP call that failed: no response (status None) or a status the caller cannot accept."""
 
     def __init__(self, method: str, url: str, status: Optional[int], body: str):
         self.method, self.url, self.status, self.body = method, url, status, body
         what = f"HTTP {status}" if status is not None else "connection failed"
         super().__init__(f"{method} {url}: {what}: {body[:_MAX_BODY_CHARS]}")
+
+    def __reduce__(self):  # crosses Ray's process boundary whole (the default would call __init__(message))
+        return (EngineHTTPError, (self.method, self.url, self.status, self.body))
 
 
 def request(method: str, url: str, payload: Any = None, *, timeout: float = 30.0) -> tuple[int, Any]:

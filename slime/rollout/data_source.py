@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from slime.config.hooks import load_callable
-from slime.errors import PicklableFields
+from slime.config.problems import PicklableFields
 from slime.rollout.prompt_file import RecordKeys, read_records
 from slime.types import Sample
 

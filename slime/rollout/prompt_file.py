@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from slime.errors import PicklableFields
+from slime.config.problems import PicklableFields
 
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")

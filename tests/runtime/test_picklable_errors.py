@@ -1,5 +1,5 @@
 """Exceptions with their own fields reach the driver whole: Ray pickles an actor's exception, and one whose
-`__init__` takes more than its message came back as Ray's UnserializableException (slime.errors)."""
+`__init__` takes more than its message came back as Ray's UnserializableException (slime.config.problems.PicklableFields)."""
 
 from __future__ import annotations
 
