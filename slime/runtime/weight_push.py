@@ -94,14 +94,15 @@ class WeightPush:
 
     def _push(self, weight_version: int, *, restart: bool) -> tuple[dict[str, float], list[int]]:
         """One push, made again once dead engines restarted where an engine's death failed it (the module
-        docstring): (the sync's metrics, restarted ranks)."""
+        docstring): (the sync's metrics, the ranks restarted by every attempt)."""
         ft = self.cfg.rollout.fault_tolerance
         attempts = ft.max_restarts + 1 if self.fault_tolerance else 1
+        restarted: list[int] = []  # kept across attempts: each rejoins its router once a push succeeded
         for attempt in range(attempts):
             try:
-                return self._push_once(weight_version, restart=restart or attempt > 0)
+                return self._push_once(weight_version, restart=restart or attempt > 0, restarted=restarted), restarted
             except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death explains it
-                deaths = ray.get(self.manager.engine_deaths.remote())
+                deaths = self._engine_deaths()
                 if not deaths:
                     raise
                 cause = getattr(exc, "cause", None) or exc  # a trainer's exception without Ray's wrapper
@@ -112,8 +113,17 @@ class WeightPush:
                 logger.warning("%s; pushing again to every engine once the engine restarted", failed)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _push_once(self, weight_version: int, *, restart: bool) -> tuple[dict[str, float], list[int]]:
-        """One push, the engines' health checks resting throughout: (the sync's metrics, restarted ranks)."""
+    def _engine_deaths(self) -> list[str]:
+        """What the rollout manager says of dead engines after a failed push ([] when it cannot say)."""
+        try:
+            return ray.get(self.manager.engine_deaths.remote())
+        except Exception as exc:  # noqa: BLE001 - the push's own error is the one to report
+            logger.warning("asking the rollout manager for dead engines after a failed push failed: %s", exc)
+            return []
+
+    def _push_once(self, weight_version: int, *, restart: bool, restarted: list[int]) -> dict[str, float]:
+        """One push, the engines' health checks resting throughout; dead engines it restarts are added to
+        `restarted`, and all of those rejoin their routers once the weights are in. Returns the sync's metrics."""
         rollout_id = weight_version - 1
         self._control("begin_push")
         try:
@@ -121,7 +131,8 @@ class WeightPush:
                 self._step(rollout_id, "train_offload")
                 self.actor.offload()
                 self.trainer_on_device = False
-            ranks = self._restart_dead(rollout_id) if restart else []
+            if restart:
+                restarted += self._restart_dead(rollout_id)
             self.events.publish(RunEvent.PUSH_TRANSFER_STARTED, rollout_id)
             if self.colocate:
                 self._step(rollout_id, "engine_resume_weights")
@@ -131,11 +142,11 @@ class WeightPush:
             if self.colocate:
                 self._step(rollout_id, "engine_resume_kv_cache")
                 self._control("resume_memory", RESUME_REST)
-            if ranks:
-                ray.get(self.manager.register_engines.remote(ranks))
+            if restarted:
+                ray.get(self.manager.register_engines.remote(sorted(set(restarted))))  # one restarted twice: once
         finally:
             self._control("end_push")
-        return metrics, ranks
+        return metrics
 
     def before_train(self, rollout_id: int) -> None:
         """Colocated: the engines give their memory back, then the trainer takes its own back."""
