@@ -31,7 +31,8 @@ from tests.helpers.small_disk import on_small_disk
 @pytest.mark.parametrize(("sig", "code"), [("SIGKILL", -9), ("SIGTERM", 143)])
 def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(sig, code, tmp_path):
     """SIGKILL to every process of the run as it enters the save of rollout 1 (a crash), or SIGTERM to the driver (a
-    scheduler's stop: a graceful teardown); resume=auto then finishes it."""
+    scheduler's stop: a graceful teardown); resume=auto then finishes it. A longer run resumed over the SIGTERM run's
+    checkpoints after a file of the newest was truncated starts from the one before it."""
     run_dir = tmp_path / "run"
     common = ["train.num_rollout=3", "checkpoint.save_interval=1"]
     proc = main_py(run_dir, *common, "debug.signal_at=save:1", f"debug.signal={sig}", "debug.signal_delay_s=0.05")
@@ -57,8 +58,18 @@ def test_run_killed_in_its_save_resumes_from_the_last_complete_checkpoint(sig, c
     assert not list(root.glob(".iter_*"))
     assert_no_run_processes()
 
-    if sig == "SIGTERM":
-        return  # the check below needs one such run
+    if sig == "SIGTERM":  # then the newest checkpoint torn: resume=auto falls back to the one before and says so
+        torn = iter_dir(root, 2) / "optimizer.pt"
+        torn.write_bytes(torn.read_bytes()[:100])
+        proc = main_py(run_dir, *common, "train.num_rollout=4", "checkpoint.resume=auto")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"checkpoint under {root}: iteration 2 is torn: " in proc.stderr
+        assert "resuming from iteration 1, the newest whole one" in proc.stderr
+        result = json.loads((run_dir / "result.json").read_text())
+        assert result["start_rollout"] == 2 and result["rollouts_completed"] == 2
+        assert len(rewards(run_dir)) == 4  # each rollout step logged once: the records after 1 were cut back
+        assert_no_run_processes()
+        return
     # the cursor was saved over that file: resuming over another one stops before anything starts
     other = tmp_path / "other_prompts.jsonl"
     other.write_text("".join(Path(prompt_data).read_text().splitlines(keepends=True)[:16]))
