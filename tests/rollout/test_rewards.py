@@ -6,6 +6,7 @@ import asyncio
 import json
 import textwrap
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -131,7 +132,8 @@ def test_reward_hooks_are_validated_at_start_up(hooks):
 
 
 class _RewardModel(BaseHTTPRequestHandler):
-    """Scores len(response); the first request of each response fails with 503 (a restarting server)."""
+    """Scores len(response); the first request of each response fails with 503 (a restarting server), or for "slow"
+    answers after 2 s (an overloaded one), past the client's timeout."""
 
     seen: dict[str, int] = {}
 
@@ -140,6 +142,9 @@ class _RewardModel(BaseHTTPRequestHandler):
         attempts = self.seen[body["response"]] = self.seen.get(body["response"], 0) + 1
         if body["response"] == "bad request":
             self._reply(400, {"error": "no"})
+        elif body["response"] == "slow" and attempts == 1:
+            time.sleep(2.0)
+            self._reply(200, {"score": -1, "label": "late", "prompt": ""})
         elif attempts == 1:
             self._reply(503, {"error": "warming up"})
         else:
@@ -174,15 +179,15 @@ def test_remote_rm_retries_5xx_not_4xx(reward_server):
         custom_rm_path=None,
         reward_key="score",
         rm_url=reward_server,
-        remote_options=dict(timeout_s=5, max_retries=3, max_connections=4, backoff_s=0.01),
+        remote_options=dict(timeout_s=0.5, max_retries=3, max_connections=4, backoff_s=0.01),
     )
-    samples = group("abc", "hello", "bad request")
+    samples = group("abc", "hello", "bad request", "slow")
     for s in samples:
         s.prompt = "p"
     try:
         asyncio.run(hub.reward_group(None, samples))  # one event loop per rollout step...
-        # each 503 retried once and counted; the 400 failed at once (the failure ratio judges it)
-        assert hub.remote_metrics("rollout") == {"rollout/reward_retries": 2.0, "rollout/reward_gave_up": 0.0}
+        # each 503 and the timeout retried once and counted; the 400 failed at once (the failure ratio judges it)
+        assert hub.remote_metrics("rollout") == {"rollout/reward_retries": 3.0, "rollout/reward_gave_up": 0.0}
         again = group("xy")
         asyncio.run(hub.reward_group(None, again))  # ...and the next step's loop shares the pooled session
         assert hub.remote_metrics("eval") == {"eval/reward_retries": 1.0, "eval/reward_gave_up": 0.0}
@@ -190,7 +195,8 @@ def test_remote_rm_retries_5xx_not_4xx(reward_server):
         hub.close()
     assert samples[0].reward == {"score": 3, "label": "5", "prompt": "p"} and samples[1].reward["score"] == 5
     assert again[0].reward["score"] == 2
-    assert _RewardModel.seen == {"abc": 2, "hello": 2, "bad request": 1, "xy": 2}  # 503 retried once, 400 never
+    assert samples[3].reward["score"] == 4  # the second answer, not the late first one
+    assert _RewardModel.seen == {"abc": 2, "hello": 2, "bad request": 1, "slow": 2, "xy": 2}  # 400 never retried
     assert samples[2].status == SampleStatus.FAILED and "-> 400" in samples[2].error
 
 
