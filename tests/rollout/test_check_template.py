@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from slime.rollout.check_template import has_chat_template
-from tests.helpers.compose import ROOT
+from tests.helpers.runs import assert_stopped_in_validation, run_main
 from tests.helpers.validation import problems_for
 
 
@@ -58,14 +56,8 @@ def test_plain_text_prompts_need_no_template(untemplated, tmp_path):
 
 def test_the_cli_exits_2_before_anything_starts(untemplated, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "main.py", f"hydra.run.dir={run_dir}", f"model.hf_checkpoint={untemplated}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    proc, imported = run_main(f"hydra.run.dir={run_dir}", f"model.hf_checkpoint={untemplated}")
+    assert_stopped_in_validation(proc, imported)
     assert "data.apply_chat_template=True: the tokenizer at" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "logs").exists()  # no Ray, no rollout manager

@@ -232,26 +232,41 @@ def test_nonfinite_at_poisons_every_rank_once_in_its_train_phase():
     assert trainer.ran == [("every rank", "_poison_next_gradient")]
 
 
-def test_kill_engine_at_kills_engine_0s_server_from_engines_json_once(tmp_path):
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def _sleeper() -> subprocess.Popen:
+    """A process standing for an engine's server or a router: one a kill hook may kill."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+@pytest.mark.parametrize("hook", ["kill_engine_at", "kill_router_at"])
+def test_a_kill_hook_kills_its_process_from_engines_json_once(hook, tmp_path):
+    """kill_engine_at kills engine 0's server, kill_router_at the launched router (not an external one), each by
+    its pid in engines.json, once, as its phase begins; nothing else."""
+    victim, bystander = _sleeper(), _sleeper()
     try:
-        engines = {"engines": [{"pid": server.pid}, {"pid": other.pid}]}
-        (tmp_path / "engines.json").write_text(json.dumps(engines))
-        state, _ = _injector("debug.kill_engine_at=rollout:1", run_dir=tmp_path)
+        if hook == "kill_engine_at":
+            listed = {"engines": [{"pid": victim.pid}, {"pid": bystander.pid}], "routers": []}
+        else:
+            routers = [
+                {"url": "http://127.0.0.1:1", "pid": victim.pid},
+                {"url": "http://127.0.0.1:2", "external": True},
+            ]
+            listed = {"engines": [{"pid": bystander.pid}], "routers": routers}
+        (tmp_path / "engines.json").write_text(json.dumps(listed))
+        state, _ = _injector(f"debug.{hook}=rollout:1", run_dir=tmp_path)
         state.enter("rollout", 0)
-        assert server.poll() is None
+        assert victim.poll() is None
         state.enter("rollout", 1)
-        assert server.wait(timeout=10) == -signal.SIGKILL and other.poll() is None
+        assert victim.wait(timeout=10) == -signal.SIGKILL and bystander.poll() is None
+        state.enter("rollout", 1)  # once
     finally:
-        server.kill()
-        other.kill()
+        victim.kill()
+        bystander.kill()
 
 
 def test_kill_engine_at_a_weight_sync_waits_for_the_push_to_begin_moving_weights(tmp_path):
     """In a weight_sync phase the kill lands once the push found its engines alive (after its restart check), so
     the push itself meets the dead engine."""
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = _sleeper()
     try:
         (tmp_path / "engines.json").write_text(json.dumps({"engines": [{"pid": server.pid}]}))
         state, _ = _injector("debug.kill_engine_at=weight_sync:0", run_dir=tmp_path)
@@ -262,22 +277,6 @@ def test_kill_engine_at_a_weight_sync_waits_for_the_push_to_begin_moving_weights
         assert server.wait(timeout=10) == -signal.SIGKILL
     finally:
         server.kill()
-
-
-def test_kill_router_at_kills_the_launched_router_from_engines_json_once(tmp_path):
-    router = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        routers = [{"model": "default", "url": "http://127.0.0.1:1", "pid": router.pid}, {"url": "x", "external": True}]
-        (tmp_path / "engines.json").write_text(json.dumps({"engines": [{"pid": engine.pid}], "routers": routers}))
-        state, _ = _injector("debug.kill_router_at=rollout:1", run_dir=tmp_path)
-        state.enter("rollout", 0)
-        assert router.poll() is None
-        state.enter("rollout", 1)
-        assert router.wait(timeout=10) == -signal.SIGKILL and engine.poll() is None
-    finally:
-        router.kill()
-        engine.kill()
 
 
 # ---- fault tolerance: a call a death cut short runs again ----------------------------------------------------
