@@ -39,14 +39,17 @@ through them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from slime.config.async_mode import AsyncMode
+from slime.config.resume import iteration_dir
 from slime.config.schema import RunConfig
 from slime.runtime.deaths import ComponentDied
 from slime.runtime.events import Event, RunEvent
@@ -55,6 +58,7 @@ from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import WeightPush
 from slime.tracking.tracker import Tracker
+from slime.train.checkpoint_files import disk_checked
 from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
 
 logger = logging.getLogger(__name__)
@@ -331,7 +335,9 @@ class RunLoop:
         if not (due(rollout_id, ckpt.save_interval) or rollout_id == self.last):
             return
         self.state.enter("save", rollout_id)
-        self.parts.tracker.stage_step(ckpt.save, rollout_id, step.train_steps, step.metrics)
+        root = Path(ckpt.save) if ckpt.save else None
+        with disk_checked(root, iteration_dir(root, rollout_id)) if root else contextlib.nullcontext():
+            self.parts.tracker.stage_step(ckpt.save, rollout_id, step.train_steps, step.metrics)  # a full disk named
         save_start = time.perf_counter()
         ray.get(self.parts.manager.save.remote(rollout_id, ckpt.save))
         self.state.events.publish(RunEvent.CHECKPOINT_DATA_SAVED, rollout_id)

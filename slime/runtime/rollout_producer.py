@@ -23,6 +23,7 @@ import torch
 from transformers import AutoTokenizer
 
 from slime.config.hooks import load_callable
+from slime.config.resume import iteration_dir
 from slime.config.routing_replay import RoutingReplay
 from slime.rollout.base import (
     EvalDataset,
@@ -46,6 +47,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.engine_memory import engine_memory_metrics
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.rollout_setup import RolloutSetup
+from slime.train.checkpoint_files import disk_checked
 from slime.train.rng import rng_state, set_rng_state
 from slime.types import SampleStatus, TrainBatch
 
@@ -353,10 +355,7 @@ class RolloutProducer:
             states[f"global_dataset_state_dict_{rollout_id}.pt"] = (
                 self._cursor_before[1] if drawn_ahead else self.data_source.state_dict()
             )
-        for name, state in states.items():
-            partial = directory / f"{name}.partial"  # renamed once complete: a killed save leaves no .pt
-            torch.save(state, partial)
-            partial.replace(directory / name)
+        save_state_files(Path(root), rollout_id, states)
         if self.prompt_identity is not None:
             write_identity(directory, self.prompt_identity)
 
@@ -376,3 +375,19 @@ class RolloutProducer:
         rng = path.with_name(f"rng_{rollout_id}.pt")
         if rng.exists():  # absent from checkpoints of earlier versions
             set_rng_state(torch.load(rng, weights_only=True))
+
+
+def save_state_files(root: Path, rollout_id: int, states: dict[str, Any]) -> None:
+    """Each state as `<root>/rollout/<name>`, written to `<name>.partial` and renamed once complete (a killed save
+    leaves no such file); a full disk removes the partial file and raises CheckpointDiskFull naming the save, the
+    free space and what a checkpoint needs (slime.train.checkpoint_files.disk_checked)."""
+    directory = root / "rollout"
+    for name, state in states.items():
+        partial = directory / f"{name}.partial"
+        with disk_checked(root, iteration_dir(root, rollout_id)):
+            try:
+                torch.save(state, partial)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+        partial.replace(directory / name)

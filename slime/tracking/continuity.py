@@ -44,7 +44,11 @@ def stage(root: str | Path, rollout_id: int, records: list[dict[str, Any]], *, r
     path = staged_path(root, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"run_dir": str(run_dir), "records": records}, default=str))
+    try:
+        tmp.write_text(json.dumps({"run_dir": str(run_dir), "records": records}, default=str))
+    except BaseException:  # a full disk: nothing half-written is left beside the checkpoint
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
     last = tracked_iteration(str(root))
     for old in path.parent.glob("records_*.json"):

@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 
@@ -19,8 +20,10 @@ from slime.engine.router import Router, RouterError
 from slime.runtime.interrupts import Interrupts, RunInterrupted
 from slime.train.checkpoint_files import CheckpointDiskFull
 from slime.train.fsdp.checkpoint import TRACKER, iter_dir
+from tests.helpers.compose import ROOT
 from tests.helpers.engines import CommandEngine
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout
+from tests.helpers.small_disk import on_small_disk
 from tests.helpers.validation import snapshot
 
 
@@ -122,3 +125,41 @@ def test_sigterm_during_save_interrupts_it_and_keeps_the_previous_checkpoint(sav
         backend.save_checkpoint(1, str(root))
     assert info.value.exit_code == 143
     assert_previous_checkpoint_intact(root, before)
+
+
+FILL_SMALL_DISK = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    import torch
+    from slime.runtime.rollout_producer import save_state_files
+    from slime.tracking import continuity
+    root = Path(sys.argv[1])
+    (root / "rollout").mkdir()
+    save_state_files(root, 0, {"rng_0.pt": torch.zeros(16)})
+    try:
+        save_state_files(root, 1, {"global_dataset_state_dict_1.pt": torch.zeros(64 * 1024)})
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+    try:
+        continuity.stage(root, 1, [{"note": "x" * 256 * 1024}], run_dir=root)
+    except OSError as exc:
+        print("stage", exc.errno)
+    """
+)
+
+
+def test_the_data_sources_state_on_a_full_disk_names_the_save_and_leaves_no_partial_file(tmp_path):
+    """On a real 128 KiB disk (tests/helpers/small_disk.py): the rollout manager's state files of a save that does not
+    fit raise CheckpointDiskFull naming the save and the free space, with no partial file left; so do the staged
+    records, which leave no temporary file."""
+    disk, kept = tmp_path / "disk", tmp_path / "kept"
+    argv = [sys.executable, "-c", FILL_SMALL_DISK, str(disk)]
+    proc = subprocess.run(on_small_disk(argv, disk, 128 * 1024, kept), cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = proc.stdout.splitlines()
+    assert first.startswith(f"CheckpointDiskFull [Errno 28] checkpoint save to {disk}/iter_0000001: the disk is full")
+    assert "no checkpoint saved" in first
+    assert second == f"stage {errno.ENOSPC}"
+    assert sorted(p.name for p in (kept / "rollout").iterdir()) == ["rng_0.pt"]
+    assert not list((kept / "tracking").glob("*.tmp"))
