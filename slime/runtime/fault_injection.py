@@ -41,8 +41,10 @@ class FaultInjector:
         self.delay_s = debug.signal_delay_s
         self.hang_at = PhasePoint.parse(debug.hang_at) if debug.hang_at else None
         self.nonfinite_at = PhasePoint.parse(debug.nonfinite_at) if debug.nonfinite_at else None
-        self.kill_engine_at = PhasePoint.parse(debug.kill_engine_at) if debug.kill_engine_at else None
-        self.kill_router_at = PhasePoint.parse(debug.kill_router_at) if debug.kill_router_at else None
+        self.kill_at = {  # what a kill hook kills (as engines.json lists it) -> when
+            kind: PhasePoint.parse(value) if value else None
+            for kind, value in (("engine", debug.kill_engine_at), ("router", debug.kill_router_at))
+        }
         self.run_dir = run_dir
         self.trainer = None  # the actor's TrainGroup, once the loop starts (a hang needs a rank)
 
@@ -73,22 +75,21 @@ class FaultInjector:
             timer.start()
         if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way
             self._hang_if_due(phase, event.rollout_id)
-        if phase != "weight_sync":
-            self._kill_engine_if_due(phase, event.rollout_id)
-        if self.kill_router_at is not None and self.kill_router_at.matches(phase, event.rollout_id):
-            self.kill_router_at = None
-            _kill_router(self.run_dir)
+        for kind in self.kill_at:
+            if not (kind == "engine" and phase == "weight_sync"):  # that one waits for the push's transfer
+                self._kill_if_due(kind, phase, event.rollout_id)
         if self.nonfinite_at is not None and self.nonfinite_at.matches(phase, event.rollout_id) and self.trainer:
             self.nonfinite_at = None
             self.trainer.run_on_backends(_poison_next_gradient)
 
     def _on_push_transfer(self, event: Event) -> None:
-        self._kill_engine_if_due("weight_sync", event.rollout_id)
+        self._kill_if_due("engine", "weight_sync", event.rollout_id)
 
-    def _kill_engine_if_due(self, phase: str, rollout_id: int | None) -> None:
-        if self.kill_engine_at is not None and self.kill_engine_at.matches(phase, rollout_id):
-            self.kill_engine_at = None
-            _kill_engine_server(self.run_dir)
+    def _kill_if_due(self, kind: str, phase: str, rollout_id: int | None) -> None:
+        point = self.kill_at[kind]
+        if point is not None and point.matches(phase, rollout_id):
+            self.kill_at[kind] = None
+            _kill_listed(self.run_dir, kind)
 
     def _on_data_saved(self, event: Event) -> None:
         self._hang_if_due("save", event.rollout_id)
@@ -118,17 +119,13 @@ def _poison_next_gradient(backend) -> None:
     handle = param.register_hook(to_nan)
 
 
-def _kill_engine_server(run_dir: Path) -> None:
-    """SIGKILL to engine 0's server process, its pid as the run's engines.json records it."""
-    engine = json.loads((run_dir / "engines.json").read_text())["engines"][0]
-    os.kill(engine["pid"], signal.SIGKILL)
-
-
-def _kill_router(run_dir: Path) -> None:
-    """SIGKILL to the router process(es) the run launched, their pids as the run's engines.json records them."""
-    for router in json.loads((run_dir / "engines.json").read_text()).get("routers", []):
-        if router.get("pid"):
-            os.kill(router["pid"], signal.SIGKILL)
+def _kill_listed(run_dir: Path, kind: str) -> None:
+    """SIGKILL by the pids the run's engines.json records: "engine", engine 0's server; "router", each router the run
+    launched (a joined one lists no pid)."""
+    listed = json.loads((run_dir / "engines.json").read_text())
+    for entry in listed["engines"][:1] if kind == "engine" else listed.get("routers", []):
+        if entry.get("pid"):
+            os.kill(entry["pid"], signal.SIGKILL)
 
 
 def _send_signal(signum: int) -> None:
