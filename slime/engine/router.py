@@ -262,6 +262,13 @@ class Router:
             time.sleep(0.02)
         return True
 
+    def describe(self) -> dict[str, Any]:
+        """`{url, pid, log}` of a router this run launched (pid None before its process starts), `{url, external}` of a
+        joined one: what engines.json lists."""
+        if self.log_path is None:
+            return {"url": self.url, "external": True}
+        return {"url": self.url, "pid": self.process.pid if self.process else None, "log": str(self.log_path)}
+
     def death(self) -> Optional[str]:
         """None while the router process this run launched lives (a joined router: always None); else what ended
         it: its exit status and its log's tail."""

@@ -261,22 +261,14 @@ class EngineFleet(FleetRecovery):
 
     def write_engines_json(self) -> Path:
         """`<run dir>/engines.json`: one entry per engine (rank, model, worker type, url, pid, log, restarts) and per
-        router (model, url, and for one the run launched its pid, log and restarts; a joined one is `external`)."""
+        router (model, Router.describe(), restarts)."""
         entries = [
             {**slot.info, "model": slot.spec.model, "worker_type": slot.spec.worker_type, "restarts": slot.restarts}
             for slot in self.slots
         ]
         entries += [{"url": url, "external": True, "model": self.policy.name} for url in self.external]
         routers = [
-            {"model": model, "url": router.url, "external": True}
-            if router.log_path is None
-            else {
-                "model": model,
-                "url": router.url,
-                "pid": router.process.pid if router.process is not None else None,
-                "log": str(router.log_path),
-                "restarts": self._router_restarts.get(model, 0),
-            }
+            {"model": model, **router.describe(), "restarts": self._router_restarts.get(model, 0)}
             for model, router in self.routers.items()
         ]
         path = Path(self.setup.run_dir) / "engines.json"

@@ -159,11 +159,10 @@ class RolloutManager:
         try:
             yield
         except Exception as exc:
-            routers, engines = self.fleet.router_deaths(), None
-            if not routers:
-                engines = self.fleet.engine_deaths()
-                if not engines:
-                    raise
+            routers = self.fleet.router_deaths()
+            engines = [] if routers else self.fleet.engine_deaths()
+            if not (routers or engines):
+                raise
             retryable = rollout_id is None or self.producer.rewind(rollout_id)
             if routers:
                 raise RouterDied(f"{during} failed: {'; '.join(routers)}", retryable) from exc

@@ -18,7 +18,7 @@ from slime.engine.base import EngineStartupError, get_engine_class
 from slime.engine.hf.engine import HFEngine
 from slime.engine.ports import reserve_ports
 from slime.engine.process import child_env
-from slime.engine.router import router_flags
+from slime.engine.router import Router, router_flags
 from slime.net import reached_at
 from tests.helpers.engines import CommandEngine
 from tests.helpers.ports import hold_consecutive_ports
@@ -226,3 +226,14 @@ def test_free_ports_come_from_between_the_engines_range_and_the_kernels_picks(mo
     finally:
         for busy in held:
             busy.close()
+
+
+def test_a_router_describes_itself_as_engines_json_lists_it(tmp_path):
+    launched = Router("http://127.0.0.1:5", subprocess.Popen(["true"]), tmp_path / "router.log")
+    launched.process.wait()
+    assert launched.describe() == {
+        "url": "http://127.0.0.1:5",
+        "pid": launched.process.pid,
+        "log": str(tmp_path / "router.log"),
+    }
+    assert Router("http://127.0.0.1:6/").describe() == {"url": "http://127.0.0.1:6", "external": True}
