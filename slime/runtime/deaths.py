@@ -1,7 +1,20 @@
 """A run's parts that die under it: the errors naming them, raised by the rollout manager (a failed rollout or eval)
-and the driver's weight push, read by the loop to decide whether fault tolerance may run the call again."""
+and the driver's weight push, and `call_recovering`, with which the loop runs a call again once fault tolerance
+restarted what died."""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import ray
+
+if TYPE_CHECKING:
+    from slime.config.schema_rollout import FaultToleranceConfig
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ComponentDied(RuntimeError):
@@ -23,3 +36,25 @@ class RouterDied(ComponentDied):
 
 class EngineDied(ComponentDied):
     """An engine's server is gone: its rank, URL, pid and log."""
+
+
+def call_recovering(
+    call: Callable[[int], T], *, fault_tolerance: FaultToleranceConfig, recover: Callable[[], int], redo: str
+) -> tuple[T, int]:
+    """`call(attempt)` (a rollout manager call, waited for) until it returns: a call that a death cut short runs again
+    once `recover()` restarted what died (it returns how many engines it restarted), while fault tolerance is on, the
+    death retryable and the attempts within `max_restarts`; any other failure is raised. `redo` says what runs
+    again, for the log. Returns (the call's result, the engines restarted)."""
+    restarted = 0
+    for attempt in range(fault_tolerance.max_restarts + 1):
+        try:
+            return call(attempt), restarted
+        except ray.exceptions.RayTaskError as exc:
+            died = exc.cause if isinstance(exc.cause, ComponentDied) else None
+            if not (fault_tolerance.enabled and died is not None and died.retryable):
+                raise
+            if attempt == fault_tolerance.max_restarts:
+                raise
+            logger.warning("%s; %s again once it restarted", died, redo)
+            restarted += recover()
+    raise AssertionError("unreachable: the last attempt returns or raises")

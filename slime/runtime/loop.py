@@ -39,26 +39,22 @@ through them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
 
 from slime.config.async_mode import AsyncMode
-from slime.config.resume import iteration_dir
 from slime.config.schema import RunConfig
-from slime.runtime.deaths import ComponentDied
+from slime.runtime.deaths import call_recovering
 from slime.runtime.events import Event, RunEvent
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import WeightPush
 from slime.tracking.tracker import Tracker
-from slime.train.checkpoint_files import disk_checked
 from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
 
 logger = logging.getLogger(__name__)
@@ -234,27 +230,19 @@ class RunLoop:
     def rollout_recovering(self, step: Step, pending: ray.ObjectRef | None = None) -> None:
         """The step's rollout (`pending`: already asked for, the one-step-async loop's), received. With fault
         tolerance, a rollout the death of an engine or a router cut short (the manager put its data source back
-        where the step began) is generated again once what died restarted (`after_death`)."""
-        for attempt in range(self.cfg.rollout.fault_tolerance.max_restarts + 1):
-            try:
-                return self.receive(step, pending if pending is not None else self.generate(step.rollout_id))
-            except ray.exceptions.RayTaskError as exc:
-                pending = None
-                step.restarted += self.after_death(
-                    exc, attempt, f"generating rollout {step.rollout_id}", step.rollout_id
-                )
+        where the step began) is generated again once what died restarted with the trainer's weights."""
 
-    def after_death(self, exc: ray.exceptions.RayTaskError, attempt: int, redo: str, weight_version: int) -> int:
-        """A rollout manager call failed with `exc`: re-raised unless fault tolerance is on, the call may run again
-        (ComponentDied.retryable) and `attempt` < rollout.fault_tolerance.max_restarts; else dead engines restart
-        with the trainer's weights (`weight_version`; a dead router restarts as the call runs again), and how many
-        engines restarted is returned."""
-        ft = self.cfg.rollout.fault_tolerance
-        died = exc.cause if isinstance(exc.cause, ComponentDied) else None
-        if not (ft.enabled and died is not None and died.retryable and attempt < ft.max_restarts):
-            raise exc
-        logger.warning("%s; %s again once it restarted", died, redo)
-        return self.recover_engines(weight_version)
+        def attempt(number: int) -> None:
+            asked = pending if number == 0 and pending is not None else self.generate(step.rollout_id)
+            self.receive(step, asked)
+
+        _, restarted = call_recovering(
+            attempt,
+            fault_tolerance=self.cfg.rollout.fault_tolerance,
+            recover=lambda: self.recover_engines(step.rollout_id),
+            redo=f"generating rollout {step.rollout_id}",
+        )
+        step.restarted += restarted
 
     def receive(self, step: Step, pending: ray.ObjectRef) -> None:
         """Wait for the step's rollout; meanwhile (every `group_poll_s` s) and once at the end, its group counts are
@@ -335,9 +323,7 @@ class RunLoop:
         if not (due(rollout_id, ckpt.save_interval) or rollout_id == self.last):
             return
         self.state.enter("save", rollout_id)
-        root = Path(ckpt.save) if ckpt.save else None
-        with disk_checked(root, iteration_dir(root, rollout_id)) if root else contextlib.nullcontext():
-            self.parts.tracker.stage_step(ckpt.save, rollout_id, step.train_steps, step.metrics)  # a full disk named
+        self.parts.tracker.stage_step(ckpt.save, rollout_id, step.train_steps, step.metrics)
         save_start = time.perf_counter()
         ray.get(self.parts.manager.save.remote(rollout_id, ckpt.save))
         self.state.events.publish(RunEvent.CHECKPOINT_DATA_SAVED, rollout_id)
@@ -393,11 +379,11 @@ class RunLoop:
     def evaluate(self, eval_step: int) -> None:
         """Eval with the weights of `eval_step` rollouts trained (phase eval of rollout eval_step - 1)."""
         self.state.enter("eval", eval_step - 1)
-        for attempt in range(self.cfg.rollout.fault_tolerance.max_restarts + 1):
-            try:
-                self.state.last_eval = ray.get(self.parts.manager.evaluate.remote(eval_step))
-                break
-            except ray.exceptions.RayTaskError as exc:  # the engines hold the weights of eval_step trained steps
-                self.after_death(exc, attempt, f"evaluating rollout {eval_step}", eval_step)
+        self.state.last_eval, _ = call_recovering(  # a restarted engine gets the weights of eval_step trained steps
+            lambda _: ray.get(self.parts.manager.evaluate.remote(eval_step)),
+            fault_tolerance=self.cfg.rollout.fault_tolerance,
+            recover=lambda: self.recover_engines(eval_step),
+            redo=f"evaluating rollout {eval_step}",
+        )
         self.parts.tracker.log(self.state.last_eval, eval=eval_step)
         self.state.events.publish(RunEvent.EVAL_DONE, eval_step - 1, metrics=self.state.last_eval)

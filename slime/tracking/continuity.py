@@ -18,8 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slime.config.resume import tracked_iteration
+from slime.config.resume import iteration_dir, tracked_iteration
 from slime.tracking.jsonl import read_jsonl
+from slime.train.checkpoint_files import disk_checked
 
 STAGED_DIR = "tracking"  # under the checkpoint root
 
@@ -44,11 +45,12 @@ def stage(root: str | Path, rollout_id: int, records: list[dict[str, Any]], *, r
     path = staged_path(root, rollout_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps({"run_dir": str(run_dir), "records": records}, default=str))
-    except BaseException:  # a full disk: nothing half-written is left beside the checkpoint
-        tmp.unlink(missing_ok=True)
-        raise
+    with disk_checked(Path(root), iteration_dir(Path(root), rollout_id)):  # a full disk named as the save's
+        try:
+            tmp.write_text(json.dumps({"run_dir": str(run_dir), "records": records}, default=str))
+        except BaseException:  # nothing half-written is left beside the checkpoint
+            tmp.unlink(missing_ok=True)
+            raise
     tmp.replace(path)
     last = tracked_iteration(str(root))
     for old in path.parent.glob("records_*.json"):
