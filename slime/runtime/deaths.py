@@ -1,14 +1,13 @@
 """A run's parts that die under it: the errors naming them, raised by the rollout manager (a failed rollout or eval)
-and the driver's weight push, and `call_recovering`, with which the loop runs a call again once fault tolerance
-restarted what died."""
+and the driver's weight push; `call_recovering`, with which the loop runs a call again once fault tolerance
+restarted what died; `failure_text`, a failure as result.json and a failed push name it. No Ray at import: the
+launcher reads it before the config is known to be good."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
-
-import ray
 
 if TYPE_CHECKING:
     from slime.config.schema_rollout import FaultToleranceConfig
@@ -49,12 +48,21 @@ def call_recovering(
     for attempt in range(fault_tolerance.max_restarts + 1):
         try:
             return call(attempt), restarted
-        except ray.exceptions.RayTaskError as exc:
-            died = exc.cause if isinstance(exc.cause, ComponentDied) else None
-            if not (fault_tolerance.enabled and died is not None and died.retryable):
+        except Exception as exc:  # noqa: BLE001 - raised again unless a death explains it
+            died = getattr(exc, "cause", None)  # Ray's wrapper of the manager's own exception
+            if not (fault_tolerance.enabled and isinstance(died, ComponentDied) and died.retryable):
                 raise
             if attempt == fault_tolerance.max_restarts:
                 raise
             logger.warning("%s; %s again once it restarted", died, redo)
             restarted += recover()
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def failure_text(exc: BaseException) -> str:
+    """`Type: message` of a failure: a worker's exception as itself, without the wrapper Ray adds around it (its
+    remote traceback, with terminal colours, is on the console and in the worker's log)."""
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError's original exception
+    if isinstance(cause, Exception):
+        exc = cause
+    return f"{type(exc).__name__}: {exc}"

@@ -34,6 +34,7 @@ from slime.plan.plan_summary import plan_summary
 from slime.plan.resolve import resolve
 from slime.plan.stack import count
 from slime.runtime.console import RunConsole
+from slime.runtime.deaths import failure_text
 from slime.runtime.fault_injection import FaultInjector
 from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState
@@ -179,15 +180,6 @@ class _ResultFile:
             self.write("hung", f"{self.state.hung} (forced exit)")
         else:
             self.write("interrupted", f"{signal.Signals(signum).name} during teardown (forced exit)")
-
-
-def failure_text(exc: BaseException) -> str:
-    """`Type: message` of a run's failure for result.json: a worker's exception as itself, without the wrapper
-    Ray adds around it (its remote traceback, with terminal colours, is on the console and in the worker's log)."""
-    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError's original exception
-    if isinstance(cause, Exception):
-        exc = cause
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _run_with_result(cfg, plan, run_dir: Path, console: RunConsole):

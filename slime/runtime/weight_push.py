@@ -35,7 +35,7 @@ import ray
 
 from slime.config.schema import RunConfig
 from slime.registry import WEIGHT_SYNC
-from slime.runtime.deaths import EngineDied
+from slime.runtime.deaths import EngineDied, failure_text
 from slime.runtime.events import EventBus, RunEvent
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
@@ -105,9 +105,8 @@ class WeightPush:
                 deaths = self._engine_deaths()
                 if not deaths:
                     raise
-                cause = getattr(exc, "cause", None) or exc  # a trainer's exception without Ray's wrapper
                 failed = f"the weight push of version {weight_version} failed: {'; '.join(deaths)}"
-                failed += f" ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})"
+                failed += f" ({failure_text(exc).splitlines()[0]})"
                 if attempt + 1 == attempts:
                     raise EngineDied(failed) from exc
                 logger.warning("%s; pushing again to every engine once the engine restarted", failed)
