@@ -42,16 +42,29 @@ def stream(served, data, *, regenerate: bool = False, max_staleness: int = 1) ->
     return GroupStream(ctx, data, limits)
 
 
-def push(client: EngineClient, version: int, pause_mode: str = "abort") -> None:
+def push(client: EngineClient, version: int, pause_mode: str = "abort", model_dir=None) -> None:
     """A weight push as the engines see it (slime.sync.base): pause (aborting what runs, or holding it in place),
-    new version, continue."""
+    new version, continue. With `model_dir` the version comes with a reload of the same weights, which (as a real
+    push's load) waits for the running batch to stop between two decode steps, so a row that had started holds
+    tokens of the old version."""
     client.pause_generation(pause_mode)
-    client.update_weight_version(str(version), abort_all_requests=pause_mode == "abort")
+    if model_dir is None:
+        client.update_weight_version(str(version), abort_all_requests=pause_mode == "abort")
+    else:
+        client.update_weights_from_disk(str(model_dir), weight_version=str(version), flush_cache=False)
     client.continue_generation()
 
 
+def wait_decoding(client: EngineClient, timeout_s: float = 60.0) -> None:
+    """Until the engine decodes a request (queued ones, which a push can't split, don't count)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(e.get("num_running_reqs", 0) for e in client.loads()["loads"]):
+        assert time.monotonic() < deadline, "no request started decoding"
+        time.sleep(0.002)
+
+
 @pytest.mark.parametrize("pause_mode", ["abort", "in_place"])
-def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, tmp_path, pause_mode):
+def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, tiny_model_dir, tmp_path, pause_mode):
     """Samples cut by a push's abort continue under the new version in a second call; samples an in-place pause
     held decode on in the same call; either way a response spans two versions, aligned. The stream keeps at most
     batch_size groups in flight, at most one step's started ahead of the trainer (max_staleness 1), and the trainer
@@ -69,9 +82,8 @@ def test_a_push_interrupts_generation_and_each_token_keeps_its_version(served, t
             assert (progress.kept, progress.needed, progress.in_flight) == (2, 2, 0)  # the display's counts
             assert metrics["rollout/buffer_depth"] + metrics["rollout/groups_in_flight"] <= 2  # one step ahead
             trained += groups
-            while served.client.num_requests() == 0:  # the next step's groups are decoding
-                time.sleep(0.002)
-            push(served.client, version, pause_mode)
+            wait_decoding(served.client)  # the next step's groups
+            push(served.client, version, pause_mode, tiny_model_dir)
             spanning = [x for g in trained for x in g if len(set(x.token_versions)) > 1]
             if spanning:
                 break
