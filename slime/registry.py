@@ -5,6 +5,7 @@
     WEIGHT_SYNC      rollout.weight_sync.mode   "disk" -> weight-sync class path
     REWARD_TYPES     rollout.rm_type            "math" -> fn(response, label, metadata) path
     ROLLOUT_FUNCTIONS rollout.function          "default" -> rollout function path
+    TOOL_PARSERS     rollout.agent.tool_parser  "qwen25" -> tool-call parser class path
 
 The advantage estimators (algo.advantage_estimator) are records holding their functions, not import paths:
 their registry is slime.algo.estimators.ESTIMATORS, listed here beside the others.
@@ -312,13 +313,23 @@ ROLLOUT_FUNCTIONS = Registry(
 )
 
 
+TOOL_PARSERS = Registry(
+    "rollout.agent.tool_parser",
+    {
+        "qwen25": "slime.rollout.agent.tool_calls.Qwen25Calls",
+        "tiny": "slime.rollout.agent.tool_calls.TinyCalls",
+    },
+    what="tool-call parser",
+)
+
+
 def generate_protocol(engine: str) -> Optional[ModuleType]:
     """The module translating SGLang's /generate for `engine`'s servers (EngineFacts.generate_protocol), or None."""
     path = ENGINES.facts(engine).generate_protocol
     return importlib.import_module(path) if path else None
 
 
-ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS)
+ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS, TOOL_PARSERS)
 
 
 def listing() -> str:

@@ -20,6 +20,7 @@ from slime.config.async_mode import AsyncMode
 from slime.config.input_kinds import HOST, MODEL_CHECKPOINT, PATH_READ, PATH_WRITTEN, RAY_ADDRESS
 from slime.config.schema_lora import LoRAConfig
 from slime.config.schema_rollout import (  # noqa: F401  (re-exported: the run's schema in one place)
+    AgentConfig,
     FaultToleranceConfig,
     HFEngineConfig,
     RewardConfig,

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from slime.config.input_kinds import HOST_PORT, HTTP_URL, MODEL_CHECKPOINT
+from slime.config.input_kinds import HOST, HOST_PORT, HTTP_URL, MODEL_CHECKPOINT
 
 
 @dataclass(kw_only=True)
@@ -128,6 +128,21 @@ class ServedModelConfig:
 
 
 @dataclass(kw_only=True)
+class AgentConfig:
+    """Agentic rollouts (docs/agents.md): user agent code speaks OpenAI's API to the gateway, which samples every
+    turn on token ids and trains each episode as one sample."""
+
+    # import path (`package.module:function` or `package.module.function`) of fn(base_url, api_key, record) ->
+    # reward | None, def or async def; null: no agent (the rollout's generate function runs)
+    entrypoint: Optional[Any] = None
+    tool_parser: str = "qwen25"  # how sampled text becomes tool_calls: a name of slime.registry.TOOL_PARSERS
+    on_mismatch: str = "drop_turn"  # a turn the template re-renders otherwise: drop_turn (loss mask 0) | drop_episode
+    max_turns: int = 8  # engine turns per episode
+    timeout_s: float = 300.0  # per episode; past it the sample fails
+    host: str = field(default="127.0.0.1", metadata=HOST)  # where the gateway listens (a free port is chosen)
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     """Generation: the engine, sampling, batch sizes in prompts and samples, rewards, the router and weight sync."""
 
@@ -170,6 +185,7 @@ class RolloutConfig:
     # train.async=full: a group older than train.max_staleness is dropped (counted) or regenerated (its prompt again)
     stale_policy: str = "drop"
     max_turns: int = 1  # generate calls a multi-turn generate function may make per sample
+    agent: AgentConfig = field(default_factory=AgentConfig)
     generate_function: Optional[Any] = None  # async fn(args, sample, sampling_params) -> Sample; None: one /generate
     buffer_filter: Optional[Any] = None  # fn(args, rollout_id, buffer, num) -> the groups taken out of the buffer
     reward_post_process: Optional[Any] = None  # fn(args, samples) -> (raw_rewards, rewards); None: the algorithm's

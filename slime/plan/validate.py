@@ -34,7 +34,7 @@ from slime.plan.check_resources import check_cluster, check_host_on_several_node
 from slime.plan.derive import derive
 from slime.registry import ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
 from slime.rollout.check_data import check_data
-from slime.rollout.check_hooks import check_full_async_hooks, check_hooks
+from slime.rollout.check_hooks import check_agent, check_full_async_hooks, check_hooks
 from slime.rollout.check_rewards import check_rewards
 from slime.rollout.check_template import check_chat_template
 from slime.rollout.data_identity import check_data_unchanged
@@ -82,6 +82,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_sinks(cfg)
     yield from check_rewards(cfg)
     yield from check_hooks(cfg)
+    yield from check_agent(cfg)
     yield from check_full_async_hooks(cfg)
     yield from check_generators(cfg)
     yield from check_paths(cfg)

@@ -42,8 +42,11 @@ class RolloutHooks:
         def one(key: str, spec: Any, shape: dict) -> Callable[..., Any] | None:
             return None if spec is None else load_callable(spec, key=key, **shape)
 
+        generate = one("rollout.generate_function", rollout.generate_function, GENERATE_SHAPE)
+        if rollout.agent.entrypoint is not None:  # every sample is an agent episode
+            generate = load_callable("slime.rollout.agent.episode.generate", key="rollout.agent.entrypoint")
         return cls(
-            generate=one("rollout.generate_function", rollout.generate_function, GENERATE_SHAPE),
+            generate=generate,
             dynamic_filter=one("algo.dynamic_filter", algo.dynamic_filter, FILTER_SHAPE),
             buffer_filter=one("rollout.buffer_filter", rollout.buffer_filter, BUFFER_FILTER_SHAPE),
             reward_post_process=one(
@@ -127,6 +130,7 @@ class RolloutContext:
     request_timeout_s: float | None = None  # per /generate attempt (rollout.request_timeout_s)
     return_routed_experts: bool = False  # ask the engine for each token's MoE experts (algo.routing_replay=rollout)
     lora_adapter: str | None = None  # the policy's LoRA adapter every request names (SGLang's lora_path); None: none
+    agent: Any = None  # rollout.agent.entrypoint's AgentService (slime.rollout.agent.episode); None: no agent
     # State of the call in progress: set once the batch is full (samples not yet started are not generated, and
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False

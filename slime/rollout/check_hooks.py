@@ -9,14 +9,16 @@ from typing import Any
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
-from slime.registry import ROLLOUT_FUNCTIONS
+from slime.registry import ROLLOUT_FUNCTIONS, TOOL_PARSERS
 from slime.rollout.entry_points import (
+    AGENT_SHAPE,
     BUFFER_FILTER_SHAPE,
     FILTER_SHAPE,
     GENERATE_SHAPE,
     REWARD_POST_PROCESS_SHAPE,
     ROLLOUT_FN_SHAPE,
     SAMPLE_HOOK_SHAPE,
+    agent_entrypoint_path,
     function_path,
     rollout_function_path,
 )
@@ -110,3 +112,32 @@ def _check(key: str, spec: Any, shape: dict[str, Any], fix: str) -> Iterator[Pro
         load_callable(spec, key=key, **shape)
     except HookError as exc:
         yield exc.problem(fix)
+
+
+def check_agent(cfg: RunConfig) -> Iterator[Problem]:
+    """`rollout.agent.*` when an entrypoint is set: it imports with its call shape, its tool parser is registered,
+    and no generate function competes with it."""
+    agent = cfg.rollout.agent
+    if agent.entrypoint is None:
+        return
+    fix = "give the import path of `def run(base_url, api_key, record) -> float | None` (or async def), or null"
+    yield from _check("rollout.agent.entrypoint", agent_entrypoint_path(agent.entrypoint), AGENT_SHAPE, fix)
+    if agent.tool_parser not in TOOL_PARSERS:
+        yield Problem(
+            "rollout.agent.tool_parser",
+            agent.tool_parser,
+            TOOL_PARSERS.unknown_message(agent.tool_parser),
+            f"set rollout.agent.tool_parser=<one of {', '.join(TOOL_PARSERS.names())}> (the model's tool-call form)",
+        )
+    if agent.on_mismatch not in ("drop_turn", "drop_episode"):
+        yield Problem("rollout.agent.on_mismatch", agent.on_mismatch, "unknown rule", "set drop_turn or drop_episode")
+    if cfg.rollout.generate_function is not None:
+        yield Problem(
+            "rollout.generate_function",
+            cfg.rollout.generate_function,
+            "rollout.agent.entrypoint runs every sample as an agent episode; a generate function would never be called",
+            "set rollout.generate_function=null, or rollout.agent.entrypoint=null",
+        )
+    for key, value in (("max_turns", agent.max_turns), ("timeout_s", agent.timeout_s)):
+        if value <= 0:
+            yield Problem(f"rollout.agent.{key}", value, "must be positive", f"set rollout.agent.{key} above 0")

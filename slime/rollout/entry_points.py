@@ -11,6 +11,7 @@ Call shapes (`args` is the rollout's `RolloutContext`, slime's `args`):
     rollout.buffer_filter      fn(args, rollout_id, buffer, num)                   plain def
     rollout.reward_post_process fn(args, samples)                                  plain def
     rollout.sample_hooks[i]    fn(args, sample, rollout_id=..., evaluation=...)    def or async def
+    rollout.agent.entrypoint   fn(base_url, api_key, record)                       def or async def (docs/agents.md)
     data.generator             fn(path=..., **rest), a `_target_` node              slime/assets/generators.py
 """
 
@@ -27,6 +28,7 @@ GENERATE_SHAPE = dict(signature=("args", "sample", "sampling_params"), may_be_as
 FILTER_SHAPE = dict(signature=("args", "group"), may_be_async=False)
 BUFFER_FILTER_SHAPE = dict(signature=("args", "rollout_id", "buffer", "num"), may_be_async=False)
 REWARD_POST_PROCESS_SHAPE = dict(signature=("args", "samples"), may_be_async=False)
+AGENT_SHAPE = dict(signature=("base_url", "api_key", "record"), may_be_async=True)
 SAMPLE_HOOK_SHAPE = dict(signature=("args", "sample"), keywords=("rollout_id", "evaluation"), may_be_async=True)
 
 
@@ -50,3 +52,10 @@ def rollout_function_path(cfg: RunConfig) -> Optional[Any]:
     """What `rollout.function` selects: a registry name, an import path (or node), or null (the algorithm's
     default), as an import path. None for an unknown registry name (reported by slime/rollout/check_hooks.py)."""
     return function_path(cfg.rollout.function or default_rollout_function(cfg.algo))
+
+
+def agent_entrypoint_path(spec: Any) -> Any:
+    """`package.module:function` (the form agent frameworks print) as the import path `package.module.function`."""
+    if isinstance(spec, str) and spec.count(":") == 1:
+        return spec.replace(":", ".")
+    return spec

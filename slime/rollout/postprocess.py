@@ -8,6 +8,7 @@ import torch
 
 from slime.algo.estimators import ESTIMATORS
 from slime.config.schema import AlgoConfig
+from slime.rollout.agent.trajectory import agent_metrics
 from slime.types import Sample, SampleStatus, TrainBatch
 
 
@@ -104,6 +105,7 @@ def rollout_metrics(groups: list[list[Sample]], raw: torch.Tensor, n: int) -> di
         "rollout/response_len/max": float(max(lengths)),
         "rollout/response_len/min": float(min(lengths)),
         "rollout/truncated_ratio": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
+        **agent_metrics(samples),
     }
     if n > 1:
         grouped = raw.view(-1, n)

@@ -199,13 +199,16 @@ def check_failures(samples: list[Sample], max_failure_ratio: float, *, scope: st
     """`<scope>/reward_failed` and `<scope>/reward_failed_ratio` (scope: `rollout`, or `eval/<dataset>`, which the
     same rule holds: a broken reward is never read as a score); RewardFailureError when more than
     `max_failure_ratio` of `samples` failed their reward."""
-    failed = [s for s in samples if s.status == SampleStatus.FAILED and (s.error or "").startswith("reward:")]
+    # an agent episode that raised or timed out (slime.rollout.agent.episode) is judged as a failed reward
+    failed = [
+        s for s in samples if s.status == SampleStatus.FAILED and (s.error or "").startswith(("reward:", "agent:"))
+    ]
     ratio = len(failed) / len(samples) if samples else 0.0
     if ratio > max_failure_ratio:
         examples = "; ".join(f"sample {s.index}: {s.error}" for s in failed[:3])
         where = f"eval dataset {scope.removeprefix('eval/')!r}: " if scope.startswith("eval/") else ""
         raise RewardFailureError(
-            f"{where}{len(failed)} of {len(samples)} samples ({ratio:.1%}) failed their reward, more than "
+            f"{where}{len(failed)} of {len(samples)} samples ({ratio:.1%}) failed their reward or agent episode, more than "
             f"rollout.reward.max_failure_ratio={max_failure_ratio}. First errors: {examples}"
         )
     return {f"{scope}/reward_failed": float(len(failed)), f"{scope}/reward_failed_ratio": ratio}

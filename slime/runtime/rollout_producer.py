@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 from slime.config.hooks import load_callable
 from slime.config.resume import iteration_dir
 from slime.config.routing_replay import RoutingReplay
+from slime.rollout.agent.episode import start_agent
 from slime.rollout.base import (
     EvalDataset,
     RolloutContext,
@@ -90,6 +91,7 @@ class RolloutProducer:
         # this state, so the one-step-async loop's in-flight rollout is drawn again on resume (never skipped)
         self._cursor_before: tuple[int, dict[str, Any]] | None = None
         self.stream: GroupStream | None = None  # train.async=full, once started
+        self.agent = None  # rollout.agent.entrypoint's AgentService (its gateway serves), built by load_data
         self._stream_state: dict[str, Any] | None = None  # a checkpoint's stream, until the stream starts
 
     # ---- data --------------------------------------------------------------------------------
@@ -114,6 +116,8 @@ class RolloutProducer:
             if s.eval.function is not None:
                 self.eval_fn = load_callable(function_path(s.eval.function), key="eval.function", **ROLLOUT_FN_SHAPE)
         self.hooks = RolloutHooks.load(r, s.algo)
+        if r.agent.entrypoint is not None and s.load_rollout_data is None:
+            self.agent = start_agent(r.agent)
 
     def _prompt_source(
         self,
@@ -138,6 +142,9 @@ class RolloutProducer:
 
     def close(self) -> None:
         self.stop_stream()
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
         if self.rewards is not None:
             self.rewards.close()
 
@@ -169,6 +176,7 @@ class RolloutProducer:
             request_timeout_s=r.request_timeout_s,
             return_routed_experts=RoutingReplay(s.algo.routing_replay).engine_returns_routes and not evaluation,
             lora_adapter=s.fleet.lora.adapter_name if s.fleet.lora else None,
+            agent=self.agent,
             tokenizer=self.tokenizer,
             batch_size=batch,
             over_sampling_batch_size=r.over_sampling_batch_size,

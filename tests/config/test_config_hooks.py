@@ -316,3 +316,23 @@ def test_an_eval_set_may_read_the_file_another_generator_writes(tmp_path):
     assert "eval.datasets.digit_task_sampled.prompt_data" in str(info.value) and "path does not exist" in str(
         info.value
     )
+
+
+def test_agent_fields_are_checked_before_launch(hooks):
+    """rollout.agent.*: the entrypoint imports with its call shape (module:function too), the tool parser is
+    registered, no generate function competes; a good config validates."""
+    validate(typed_config(["rollout.agent.entrypoint=tests.helpers.agents:chat_three_turns"]))
+    problems = problems_for(
+        [
+            f"rollout.agent.entrypoint={hooks}:rm",
+            "rollout.agent.tool_parser=qwen2",
+            "rollout.agent.on_mismatch=split",
+            "rollout.generate_function=slime.rollout.tool_use.generate",
+        ]
+    )
+    assert "fn(base_url, api_key, record)" in problems["rollout.agent.entrypoint"]
+    assert "did you mean qwen25" in problems["rollout.agent.tool_parser"]
+    assert "drop_turn or drop_episode" in problems["rollout.agent.on_mismatch"]
+    assert "would never be called" in problems["rollout.generate_function"]
+    missing = problems_for(["rollout.agent.entrypoint=tests.helpers.no_such_agents.run"])
+    assert "no module named 'tests.helpers.no_such_agents'" in missing["rollout.agent.entrypoint"]

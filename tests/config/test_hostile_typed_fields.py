@@ -59,6 +59,7 @@ FIELD_CASES = {
     ),
     "cluster.ray_address": (["cluster.ray_address=head-node"], "cluster.ray_address", "expected host:port"),
     "cluster.host": (["cluster.host=http://10.0.0.2"], "cluster.host", "not a URL"),
+    "rollout.agent.host": (["rollout.agent.host=http://127.0.0.1"], "rollout.agent.host", "not a URL"),
     "rollout.rm_url": (
         ["rollout.rm_type=remote_rm", "rollout.rm_url=localhost:8000"],
         "rollout.rm_url",
