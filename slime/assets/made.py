@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from slime.assets.hf_config_file import read_hf_config
+from slime.assets.tokenizer_spec import CHAT_TEMPLATE, vocabulary
 from slime.config.hf_config import mismatches
 from slime.config.schema import ModelConfig
 
@@ -19,7 +20,9 @@ def is_made(model: ModelConfig) -> bool:
 
 
 def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
-    """True when `save_dir` holds a model generated from exactly this config (shape, init std and seed)."""
+    """True when `save_dir` holds a model generated from exactly this config (shape, init std and seed) with
+    today's tokenizer (its vocabulary and chat template: a model made by an older version is made again, with the
+    same weights)."""
     if not (Path(save_dir) / "config.json").exists() or not (Path(save_dir) / "model.safetensors").exists():
         return False
     actual = read_hf_config(save_dir)
@@ -27,7 +30,18 @@ def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
         not mismatches(model, actual)
         and actual.get("initializer_range") == model.init_std
         and actual.get("slime_init_seed") == model.init_seed
+        and has_current_tokenizer(Path(save_dir))
     )
+
+
+def has_current_tokenizer(save_dir: Path) -> bool:
+    """Whether the tokenizer saved in `save_dir` has slime.assets.tokenizer_spec's vocabulary and chat template."""
+    try:
+        vocab = json.loads((save_dir / "tokenizer.json").read_text())["model"]["vocab"]
+        template = (save_dir / "chat_template.jinja").read_text()
+    except (OSError, ValueError, KeyError):
+        return False
+    return vocab == {token: i for i, token in enumerate(vocabulary())} and template == CHAT_TEMPLATE
 
 
 def is_imported(model: ModelConfig) -> bool:

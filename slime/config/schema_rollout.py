@@ -136,6 +136,9 @@ class AgentConfig:
     # reward | None, def or async def; null: no agent (the rollout's generate function runs)
     entrypoint: Optional[Any] = None
     tool_parser: str = "qwen25"  # how sampled text becomes tool_calls: a name of slime.registry.TOOL_PARSERS
+    # what the gateway renders conversations with: a .jinja file, or the import path of a template string
+    # (slime.assets.chat_templates.CHATML_TOOLS, for a model whose own template knows no tools); null: the tokenizer's
+    chat_template: Optional[str] = None
     on_mismatch: str = "drop_turn"  # a turn the template re-renders otherwise: drop_turn (loss mask 0) | drop_episode
     max_turns: int = 8  # engine turns per episode
     timeout_s: float = 300.0  # per episode; past it the sample fails

@@ -19,6 +19,7 @@ from slime.rollout.entry_points import (
     ROLLOUT_FN_SHAPE,
     SAMPLE_HOOK_SHAPE,
     agent_entrypoint_path,
+    chat_template_text,
     function_path,
     rollout_function_path,
 )
@@ -129,6 +130,11 @@ def check_agent(cfg: RunConfig) -> Iterator[Problem]:
             TOOL_PARSERS.unknown_message(agent.tool_parser),
             f"set rollout.agent.tool_parser=<one of {', '.join(TOOL_PARSERS.names())}> (the model's tool-call form)",
         )
+    if agent.chat_template is not None:
+        try:
+            chat_template_text(agent.chat_template)
+        except ValueError as exc:
+            yield Problem("rollout.agent.chat_template", agent.chat_template, str(exc), "give a .jinja file or null")
     if agent.on_mismatch not in ("drop_turn", "drop_episode"):
         yield Problem("rollout.agent.on_mismatch", agent.on_mismatch, "unknown rule", "set drop_turn or drop_episode")
     if cfg.rollout.generate_function is not None:

@@ -27,7 +27,7 @@ def _check_reward_choice(cfg: RunConfig) -> Iterator[Problem]:
     r, estimator = cfg.rollout, ESTIMATORS.find(cfg.algo.advantage_estimator)
     if estimator is not None and not estimator.generates:
         return  # sft trains on the data's responses: no reward (a preset's rm_type stays unused)
-    if r.custom_rm_path is None and r.rm_type is None:
+    if r.custom_rm_path is None and r.rm_type is None and r.agent.entrypoint is None:  # an agent gives its rewards
         yield Problem(
             "rollout.rm_type",
             None,

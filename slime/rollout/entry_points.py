@@ -17,6 +17,8 @@ Call shapes (`args` is the rollout's `RolloutContext`, slime's `args`):
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
 from typing import Any, Optional
 
 from slime.algo.estimators import ESTIMATORS
@@ -59,3 +61,21 @@ def agent_entrypoint_path(spec: Any) -> Any:
     if isinstance(spec, str) and spec.count(":") == 1:
         return spec.replace(":", ".")
     return spec
+
+
+def chat_template_text(spec: str) -> str:
+    """`rollout.agent.chat_template`: a Jinja file's text, or the string an import path names
+    (`slime.assets.chat_templates.CHATML_TOOLS`). ValueError saying which it is not."""
+    path = Path(spec)
+    if path.suffix in (".jinja", ".j2", ".txt") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"no such chat template file: {spec}")
+        return path.read_text()
+    module_name, _, attr = spec.rpartition(".")
+    try:
+        value = getattr(importlib.import_module(module_name), attr) if module_name else None
+    except ImportError as exc:
+        raise ValueError(f"{spec!r} is neither a file nor an importable module.NAME ({exc})") from exc
+    if not isinstance(value, str):
+        raise ValueError(f"{spec!r} names no template string (a .jinja file, or an import path of a str)")
+    return value

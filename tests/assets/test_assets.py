@@ -37,3 +37,18 @@ def test_runs_starting_together_create_each_asset_once(tmp_path):
     expected = write_dataset(tmp_path / "expected.jsonl", num_prompts=generator["num_prompts"], seed=generator["seed"])
     assert Path(cfg.data.prompt_data).read_text() == expected.read_text()
     assert prepare_assets(cfg) == []
+
+
+def test_a_model_made_with_an_older_tokenizer_is_made_again_with_the_same_weights(tmp_path):
+    """A cached tiny model whose saved chat template (or vocabulary) is not today's is not current: it is made again,
+    and only its tokenizer changes (the weights are seeded by the model's config)."""
+    model = ModelConfig(**{**model_fields("tiny_qwen3"), "hf_checkpoint": str(tmp_path / "tiny_qwen3")})
+    assert ensure_tiny_model(model) is True
+    saved = Path(model.hf_checkpoint)
+    weights = (saved / "model.safetensors").read_bytes()
+    template = saved / "chat_template.jinja"
+    current = template.read_text()
+    template.write_text(current.replace("<tool_call>", "<call>"))  # as made before the tool-call tokens
+    assert ensure_tiny_model(model) is True
+    assert template.read_text() == current and (saved / "model.safetensors").read_bytes() == weights
+    assert ensure_tiny_model(model) is False

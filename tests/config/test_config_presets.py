@@ -315,6 +315,7 @@ def test_data_options():
     assert sorted(p.stem for p in (CONF / "data").glob("*.yaml")) == [
         "arithmetic",
         "digit_task",
+        "lookup_task",
         "messages_file",
         "prompt_file",
         "tool_task",

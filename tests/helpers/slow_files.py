@@ -25,8 +25,10 @@ from tests.helpers.compose import ROOT
 
 # Single-run modules near the end of the runs' order (tests/conftest.py): ~5 min beside the runs' process, and the
 # fault runs of test_killed_save_resume.py (~6 min: a save, a router and an engine killed, a NaN step, a full disk, each
-# resumed) and test_engine_faults.py (~5 min: engines killed in pushes and rollouts).
+# resumed), test_engine_faults.py (~5 min: engines killed in pushes and rollouts) and test_agent_recipe.py (~9 min:
+# 150 agent steps on the built-in engine).
 AFTER_UNIT_FILES = (
+    "tests/e2e/test_agent_recipe.py",
     "tests/e2e/test_engine_faults.py",
     "tests/e2e/test_exact_resume.py",
     "tests/e2e/test_killed_save_resume.py",

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
 import requests
 
-from slime.config.schema import AgentConfig
+from slime.config.schema import AgentConfig, RouterConfig
+from slime.engine.router import Router
 from slime.rollout.agent.episode import generate, start_agent
 from slime.rollout.agent.trajectory import agent_metrics
 from slime.rollout.rewards import RewardFailureError, check_failures
 from slime.types import SampleStatus
+from tests.helpers.fake_sglang_engine import make_engine
 from tests.helpers.rollout_context import context, count_prompts, served_engine
 
 MAX_NEW = 40  # tokens of an episode's response: sampled and added
@@ -55,10 +58,10 @@ def episodes(ctx, tmp_path, num: int):
 
 
 def round_trips(tokenizer, sampled: list[int]) -> bool:
-    """Whether the text an answer carries gives back its ids (a random model also samples special tokens, which
-    no message content can carry, so the template cannot render them back)."""
+    """Whether the text an answer carries gives back its ids (the tiny tokenizer spells every id back, special
+    tokens included, except that the decoded text of two ids may join: "<unk>" next to a word)."""
     ids = sampled[:-1] if sampled[-1] == tokenizer.eos_token_id else sampled
-    return tokenizer(tokenizer.decode(ids, skip_special_tokens=True), add_special_tokens=False)["input_ids"] == ids
+    return tokenizer(tokenizer.decode(ids, skip_special_tokens=False), add_special_tokens=False)["input_ids"] == ids
 
 
 def test_every_turn_trains_exactly_the_ids_it_sampled(served, tmp_path):
@@ -116,12 +119,12 @@ def drifting(tokenizer):
     """The tiny tokenizer with a template that renders an assistant's earlier turn with a ":" after its role, which
     its generation prompt does not have: no sampled answer is what the template renders back."""
     drifted = copy.deepcopy(tokenizer)
-    turn = "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    turn = "{{ '<|im_start|>' + message['role'] + '\n' + opening + (message['content'] or '') }}"
     assert tokenizer.chat_template.count(turn) == 1
     drifted.chat_template = tokenizer.chat_template.replace(
         turn,
         "{{ '<|im_start|>' + message['role'] + (' :' if message['role'] == 'assistant' else '') + '\n' "
-        "+ (message['content'] or '') }}",
+        "+ opening + (message['content'] or '') }}",
     )
     return drifted
 
@@ -182,3 +185,29 @@ def test_requests_outside_an_episode_are_refused_with_why(served, tmp_path):
         assert r.status_code == 401
     finally:
         gateway.shutdown()
+
+
+def test_episodes_through_sglangs_own_request_types(tiny_model_dir, tmp_path):
+    """The same episodes against the fake SGLang server behind the router: every turn's /generate body is built into
+    SGLang 0.5.23's GenerateReqInput and SamplingParams (tests/fakes/fake_sglang.py refuses what SGLang would), and
+    its answer (output_token_logprobs, weight_version, finish_reason) is read into the turns."""
+    from transformers import AutoTokenizer
+
+    router = Router.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=tmp_path / "router.log")
+    engine = make_engine(tiny_model_dir, tmp_path / "logs")
+    try:
+        engine.start()
+        router.add_worker(engine.url)
+        served = SimpleNamespace(url=router.url, tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+        samples = episodes(agent_context(served, "tests.helpers.agents.chat_three_turns"), tmp_path, 3)
+    finally:
+        engine.shutdown()
+        router.shutdown()
+    for sample in samples:
+        assert sample.status != SampleStatus.FAILED, sample.error
+        turns = sample.metadata["agent"]["turns"]
+        assert len(turns) == 3 and all(t["weight_version"] for t in turns)
+        for turn in turns:
+            start = turn["prompt_length"]
+            assert sample.tokens[start : start + len(turn["sampled"])] == turn["sampled"]
+            assert turn["mismatch"] is not round_trips(served.tokenizer, turn["sampled"])

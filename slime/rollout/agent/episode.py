@@ -22,10 +22,10 @@ from slime.registry import TOOL_PARSERS
 from slime.rollout.agent.gateway import AgentGateway, on_loop
 from slime.rollout.agent.openai_api import RequestError
 from slime.rollout.agent.session import EpisodeSession
-from slime.rollout.agent.trajectory import apply_turns
+from slime.rollout.agent.trajectory import Template, apply_turns
 from slime.rollout.base import RolloutContext
 from slime.rollout.default import reset_sample
-from slime.rollout.entry_points import AGENT_SHAPE, agent_entrypoint_path
+from slime.rollout.entry_points import AGENT_SHAPE, agent_entrypoint_path, chat_template_text
 from slime.rollout.generate import call_engine
 from slime.rollout.rewards import checked_reward
 from slime.types import Sample, SampleStatus
@@ -40,6 +40,7 @@ class AgentService:
     entrypoint: Any
     config: Any  # AgentConfig
     tool_parser: Any
+    chat_template: str | None = None  # what the gateway renders with; None: the tokenizer's own
     # plain-def entrypoints run here, not on the event loop's default executor, which asyncio.run would wait for
     # at the rollout's end: an episode past its timeout cannot hold the step
     threads: ThreadPoolExecutor = dataclasses.field(
@@ -56,8 +57,11 @@ def start_agent(config: Any) -> AgentService:
     entrypoint = load_callable(agent_entrypoint_path(config.entrypoint), key="rollout.agent.entrypoint", **AGENT_SHAPE)
     gateway = AgentGateway(host=config.host)
     gateway.start()
-    return AgentService(gateway=gateway, entrypoint=entrypoint, config=config,
-                        tool_parser=TOOL_PARSERS.load(config.tool_parser)())  # fmt: skip
+    parser = TOOL_PARSERS.load(config.tool_parser)()
+    template = chat_template_text(config.chat_template) if config.chat_template is not None else None
+    return AgentService(
+        gateway=gateway, entrypoint=entrypoint, config=config, tool_parser=parser, chat_template=template
+    )
 
 
 def record_of(sample: Sample) -> dict[str, Any]:
@@ -73,7 +77,7 @@ async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[s
     record = record_of(sample)
     episode = EpisodeSession(
         sample,
-        tokenizer=args.tokenizer,
+        template=Template(args.tokenizer, agent.chat_template),
         sampling_params=sampling_params,
         tool_parser=agent.tool_parser,
         max_turns=agent.config.max_turns,

@@ -15,13 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slime.rollout.agent.openai_api import RequestError, TurnRequest, TurnResult
-from slime.rollout.agent.trajectory import (
-    TurnRecord,
-    check_chat_turn,
-    check_completion_turn,
-    encode,
-    render,
-)
+from slime.rollout.agent.trajectory import Template, TurnRecord, check_chat_turn, check_completion_turn
 from slime.rollout.generate import append_engine_output
 from slime.types import Sample, SampleStatus
 
@@ -33,7 +27,7 @@ class EpisodeSession:
 
     Args:
         sample: the episode's sample.
-        tokenizer: the policy's tokenizer (its chat template renders the conversation).
+        template: the policy's tokenizer and the chat template that renders the conversation.
         sampling_params: the run's SGLang sampling params; `max_new_tokens` is the whole episode's budget (tokens
             after the first prompt: sampled ids and added ones).
         tool_parser: reads a turn's text into tool calls (slime.rollout.agent.tool_calls).
@@ -41,10 +35,11 @@ class EpisodeSession:
     """
 
     def __init__(
-        self, sample: Sample, *, tokenizer: Any, sampling_params: dict[str, Any], tool_parser: Any, max_turns: int
+        self, sample: Sample, *, template: Template, sampling_params: dict[str, Any], tool_parser: Any, max_turns: int
     ):
         self.sample = sample
-        self.tokenizer = tokenizer
+        self.template = template
+        self.tokenizer = tokenizer = template.tokenizer
         self.sampling_params = sampling_params
         self.tool_parser = tool_parser
         self.max_turns = max_turns
@@ -88,12 +83,11 @@ class EpisodeSession:
 
     def _result(self, request: TurnRequest, record: TurnRecord, log_probs: list[float]) -> TurnResult:
         ids = record.sampled[:-1] if record.sampled and record.sampled[-1] in self.stop_ids else record.sampled
+        # special tokens stay in the text (only the final stop token is left out): a reply sent back renders to the
+        # ids that were sampled, where dropping them would make the turn a mismatch the model never made
         content, calls = self.tokenizer.decode(ids, skip_special_tokens=False), []
         if request.kind == "chat" and request.tools:
             content, calls = self.tool_parser.parse(content, request.tools)
-        for special in self.tokenizer.all_special_tokens:  # what skip_special_tokens would have left out
-            content = content.replace(special, "")
-        content = content.strip()
         if request.kind == "chat":
             record.reply = {"role": "assistant", "content": content}
             if calls:
@@ -135,9 +129,9 @@ class EpisodeSession:
     def _first_prompt(self, request: TurnRequest) -> None:
         if request.kind == "chat":
             text = self._render(request.messages, request.tools, generation_prompt=True)
-            ids = encode(self.tokenizer, text)
+            ids = self.template.encode(text)
         elif isinstance(request.prompt, str):
-            text, ids = request.prompt, encode(self.tokenizer, request.prompt)
+            text, ids = request.prompt, self.template.encode(request.prompt)
         else:
             ids = list(request.prompt)
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -156,12 +150,12 @@ class EpisodeSession:
                 "another conversation)", status=409)  # fmt: skip
         if request.messages[n]["role"] != "assistant":
             raise RequestError(f"messages[{n}] must be the assistant's reply to the session's last request")
-        separator = check_chat_turn(self.tokenizer, last, request.messages[n])
+        separator = check_chat_turn(self.template, last, request.messages[n])
         history = self._render(request.messages[: n + 1], request.tools, generation_prompt=False)
         new = self._render(request.messages, request.tools, generation_prompt=True)
         if not new.startswith(history):  # a template that renders earlier turns otherwise once more follow
             last.mismatch = True
-        return separator + encode(self.tokenizer, new[_common_prefix(new, history) :])
+        return separator + self.template.encode(new[_common_prefix(new, history) :])
 
     def _completion_suffix(self, request: TurnRequest) -> list[int]:
         last = self.turns[-1]
@@ -171,19 +165,19 @@ class EpisodeSession:
         if isinstance(request.prompt, list):
             if request.prompt[: len(tokens)] != tokens:
                 raise RequestError("the prompt's token ids do not begin with this session's ids so far", status=409)
-            check_completion_turn(self.tokenizer, last, self.stop_ids) if last.prompt is not None else None
+            check_completion_turn(self.template, last, self.stop_ids) if last.prompt is not None else None
             return request.prompt[len(tokens) :]
         before = (last.prompt or "") + last.text
         if last.prompt is None or not request.prompt.startswith(before):
             raise RequestError(
                 "the prompt does not continue this session: it must begin with the last prompt and the text it "
                 "was answered", status=409)  # fmt: skip
-        check_completion_turn(self.tokenizer, last, self.stop_ids)
-        return encode(self.tokenizer, request.prompt[len(before) :])
+        check_completion_turn(self.template, last, self.stop_ids)
+        return self.template.encode(request.prompt[len(before) :])
 
     def _render(self, messages: list[dict[str, Any]], tools: Any, *, generation_prompt: bool) -> str:
         try:
-            return render(self.tokenizer, messages, tools, generation_prompt=generation_prompt)
+            return self.template.render(messages, tools, generation_prompt=generation_prompt)
         except Exception as exc:  # noqa: BLE001 - a template's error is the request's problem
             raise RequestError(f"the model's chat template cannot render these messages: {exc}") from exc
 
@@ -194,9 +188,9 @@ class EpisodeSession:
         if last is None or last.mismatch is not None:
             return
         if last.messages is not None:
-            check_chat_turn(self.tokenizer, last, last.reply)
+            check_chat_turn(self.template, last, last.reply)
         elif last.prompt is not None:
-            check_completion_turn(self.tokenizer, last, self.stop_ids)
+            check_completion_turn(self.template, last, self.stop_ids)
         else:
             last.mismatch = False  # token-id prompts: nothing is rendered
 

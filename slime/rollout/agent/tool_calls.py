@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # the last call may end with the turn
 
 
 def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -26,10 +27,10 @@ def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _split(text: str, parse_one) -> tuple[str, list[dict[str, Any]]]:
+def _split(text: str, parse_one, pattern: re.Pattern = _CALL) -> tuple[str, list[dict[str, Any]]]:
     """Content outside the `<tool_call>` blocks that parse, and their calls in order."""
     calls, content, last = [], [], 0
-    for match in _CALL.finditer(text):
+    for match in pattern.finditer(text):
         call = parse_one(match.group(1))
         if call is None:
             continue
@@ -37,7 +38,9 @@ def _split(text: str, parse_one) -> tuple[str, list[dict[str, Any]]]:
         calls.append(call)
         last = match.end()
     content.append(text[last:])
-    return "".join(content).strip(), calls
+    # the text around calls loses the whitespace the template puts there; a turn without a call keeps its text
+    # exactly, so that sent back it renders to the sampled ids
+    return ("".join(content).strip(), calls) if calls else (text, calls)
 
 
 def _tool_names(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
@@ -68,7 +71,9 @@ class Qwen25Calls:
 class TinyCalls:
     """The tiny models' form (slime.assets.tokenizer.CHAT_TEMPLATE, a word-level vocabulary that spells no JSON):
     `<tool_call> name value ... </tool_call>`, the values of the tool's parameters in the order its schema lists
-    them; "integer" and "number" parameters are read as numbers."""
+    them; "integer" and "number" parameters are read as numbers. A turn may end inside its last call (cut by
+    `max_tokens` or a stop right after the values): the turn's end closes it, as the template's rendering of the
+    call then continues the sampled ids."""
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]]]:
         known = _tool_names(tools)
@@ -88,7 +93,7 @@ class TinyCalls:
                 arguments[key] = value
             return tool_call(words[0], arguments)
 
-        return _split(text, one)
+        return _split(text, one, _OPEN_CALL)
 
 
 def _number(word: str, kind: str | None) -> Any:

@@ -42,31 +42,44 @@ class TurnRecord:
         return {k: getattr(self, k) for k in keys}
 
 
-def encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """The policy's tokenizer and the chat template the gateway renders with (None: the tokenizer's own;
+    `rollout.agent.chat_template`)."""
+
+    tokenizer: Any
+    chat_template: str | None = None
+
+    def render(self, messages: list[dict[str, Any]], tools: Any, *, generation_prompt: bool) -> str:
+        """The template's text of `messages` (and `tools`)."""
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+            chat_template=self.chat_template,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, *, generation_prompt: bool) -> str:
-    """The chat template's text of `messages` (and `tools`)."""
-    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False)
-
-
-def check_chat_turn(tokenizer: Any, turn: TurnRecord, assistant: dict[str, Any]) -> list[int]:
+def check_chat_turn(template: Template, turn: TurnRecord, assistant: dict[str, Any]) -> list[int]:
     """Check `turn` against the template with `assistant` (the reply as the agent sent it back, or as answered);
     sets `turn.mismatch`. Returns the ids the template puts after the sampled ones (its end-of-turn separator),
     which the next turn's prompt carries."""
-    a = encode(tokenizer, render(tokenizer, turn.messages, turn.tools, generation_prompt=True))
-    b = encode(tokenizer, render(tokenizer, [*turn.messages, assistant], turn.tools, generation_prompt=False))
+    a = template.encode(template.render(turn.messages, turn.tools, generation_prompt=True))
+    b = template.encode(template.render([*turn.messages, assistant], turn.tools, generation_prompt=False))
     end = len(a) + len(turn.sampled)
     turn.mismatch = b[: len(a)] != a or b[len(a) : end] != turn.sampled
     return b[end:]
 
 
-def check_completion_turn(tokenizer: Any, turn: TurnRecord, stop_ids: set[int]) -> None:
+def check_completion_turn(template: Template, turn: TurnRecord, stop_ids: set[int]) -> None:
     """Completions: the prompt and the answered text, tokenized together, give the prompt's ids and the sampled
     ones (a final stop token is not in the text)."""
-    a = encode(tokenizer, turn.prompt)
-    b = encode(tokenizer, turn.prompt + turn.text)
+    a = template.encode(turn.prompt)
+    b = template.encode(turn.prompt + turn.text)
     sampled = turn.sampled[:-1] if turn.sampled and turn.sampled[-1] in stop_ids else turn.sampled
     turn.mismatch = b[: len(a)] != a or b[len(a) :] != sampled
 
