@@ -4,12 +4,14 @@ trained episode is trained on exactly the ids the engine sampled (tests/helpers/
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers.agent_runs import check_agent_run
 from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
-from tests.helpers.runs import main_py
+from tests.helpers.runs import main_py, metrics
 
 pytestmark = pytest.mark.slow
 
@@ -21,4 +23,20 @@ def test_the_agent_learns_to_call_the_tool_and_trains_on_its_own_tokens(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     record("tiny_agent_hf", run_dir, proc)
     check_agent_run(run_dir)
+    assert_no_run_processes()
+
+
+def test_an_agent_that_raises_in_a_tenth_of_its_episodes_fails_those_samples_and_the_run_goes_on(tmp_path):
+    """tests.helpers.agents.raises_in_one_of_ten raises after its turn for the secret 0 (a tenth of the lookup
+    task's records): those samples fail (reward 0, no loss), the step reports them, and under
+    rollout.reward.max_failure_ratio=0.3 the run completes."""
+    run_dir = tmp_path / "raising"
+    overrides = ["rollout.agent.entrypoint=tests.helpers.agents:raises_in_one_of_ten", "train.num_rollout=2"]
+    proc = main_py(run_dir, "recipe=tiny_agent", *overrides, "rollout.reward.max_failure_ratio=0.3", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = metrics(run_dir)
+    assert len(steps) == 2
+    for step in steps.values():
+        assert 0 < step["agent/failed_episodes"] == step["rollout/reward_failed"] < 0.3 * 256
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
     assert_no_run_processes()
