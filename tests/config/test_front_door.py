@@ -96,11 +96,11 @@ def test_a_mistyped_key_names_the_nearest_keys(capsys, argv, first_line):
         (
             ["algo=grpp"],
             "algo=grpp: no such option of group algo (did you mean grpo?). "
-            "Fix: algo=grpo (the options: cispo, dapo, dr_grpo, grpo, grpo_clip_higher, gspo,",
+            "Fix: algo=grpo (the options: cispo, dapo, dr_grpo, grpo, grpo_clip_higher, grpo_entropy, gspo,",
         ),
         (
             ["recipe=smollm2_arithmetc"],
-            "recipe=smollm2_arithmetc: no such option of group recipe (did you mean smollm2_arithmetic?). "
+            "recipe=smollm2_arithmetc: no such option of group recipe (did you mean smollm2_arithmetic, smollm2_agent?). "
             "Fix: recipe=smollm2_arithmetic",
         ),
         (
@@ -126,7 +126,7 @@ def test_an_unknown_option_names_the_nearest_options(capsys, argv, line):
 
 def test_the_option_list_is_brief(capsys):
     (line,) = refused(capsys, "recipe=nothing_like_it")  # 35 recipes: the first LISTED_OPTIONS, then how many more
-    assert line.endswith(f", ... ({35 - LISTED_OPTIONS} more)>"), line
+    assert line.endswith(f", ... ({37 - LISTED_OPTIONS} more)>"), line
     assert "no such option of group recipe. Fix: recipe=<one of digit_long_tail, embedded_dp2, " in line
 
 
