@@ -52,7 +52,8 @@ def test_prefill_num_servers_and_server_groups_give_the_engine_specs():
     ]
     assert policy_model(model_specs(cfg)).name == "actor"
     config = VLLMEngine.config_from(cfg.rollout, worker_type=specs[1].worker_type, overrides=specs[1].overrides)
-    assert config.args == {"enforce_eager": True, "max_num_seqs": 8} and config.worker_type == "decode"
+    preset = {"enforce_eager": True, "max_num_batched_tokens": 65536}  # conf/preset/embedded_vllm.yaml
+    assert config.args == {**preset, "max_num_seqs": 8} and config.worker_type == "decode"
     bad = typed_config([*CPU_VLLM, "cluster.rollout.num_gpus=2", "+rollout.vllm.prefill_num_servers=2"])
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.prefill_num_servers"):
         validate(bad)
