@@ -96,7 +96,7 @@ def test_selection_order_dicts_and_failures(hooks):
     assert check_failures(samples, 0.5) == {"rollout/reward_failed": 2.0, "rollout/reward_failed_ratio": 2 / 6}
     with pytest.raises(
         RewardFailureError,
-        match=r"2 of 6 samples \(33.3%\) failed their reward, more than rollout.reward.max_failure_ratio=0.2",
+        match=r"2 of 6 samples \(33.3%\) failed their reward or agent episode, more than rollout.reward.max_failure_ratio=0.2",
     ):
         check_failures(samples, 0.2)
     # an eval dataset's samples are held to the same rule, under its own metric names
