@@ -7,4 +7,5 @@ the engines token ids, never re-tokenized history, and records each turn; an epi
     trajectory.py   the re-rendering check of every turn, the mismatch rule, the agent metrics
     gateway.py      the HTTP server (its own thread and event loop) and its sessions
     episode.py      the generate function: one episode of the user's entrypoint per sample
+    calculator_agent.py   recipe=smollm2_agent's agent (plain openai-client code with a calculator tool)
 """
