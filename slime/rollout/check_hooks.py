@@ -10,6 +10,7 @@ from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.registry import ROLLOUT_FUNCTIONS, TOOL_PARSERS
+from slime.rollout.agent.trajectory import ON_MISMATCH
 from slime.rollout.entry_points import (
     AGENT_SHAPE,
     BUFFER_FILTER_SHAPE,
@@ -135,8 +136,9 @@ def check_agent(cfg: RunConfig) -> Iterator[Problem]:
             chat_template_text(agent.chat_template)
         except ValueError as exc:
             yield Problem("rollout.agent.chat_template", agent.chat_template, str(exc), "give a .jinja file or null")
-    if agent.on_mismatch not in ("drop_turn", "drop_episode"):
-        yield Problem("rollout.agent.on_mismatch", agent.on_mismatch, "unknown rule", "set drop_turn or drop_episode")
+    if agent.on_mismatch not in ON_MISMATCH:
+        rules = " or ".join(ON_MISMATCH)
+        yield Problem("rollout.agent.on_mismatch", agent.on_mismatch, "unknown rule", f"set {rules}")
     if cfg.rollout.generate_function is not None:
         yield Problem(
             "rollout.generate_function",
