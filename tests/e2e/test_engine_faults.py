@@ -131,19 +131,19 @@ def test_the_only_engine_or_the_router_killed_in_a_rollout_is_restarted_and_the_
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_in_the_fully_async_loop_the_only_engine_killed_is_restarted_and_its_groups_run_again(tmp_path):
+def test_in_the_fully_async_loop_the_only_engine_killed_is_restarted_and_every_prompt_trains_once(tmp_path):
     """train.async=full with fault tolerance over 2 epochs of 8 prompts (4 steps of 4 groups): the only engine's
     server killed as step 1 begins, when the stream starts the groups it has room for (those of the next step) on
-    the dead engine. The groups that failed stay in their places, the engine restarts with the trainer's weights
-    (in the push after the step, or when a take meets the failed groups first: tests/rollout/test_stream.py), and
-    they run again: every prompt is trained exactly once per epoch."""
+    the dead engine. The engine restarts with the trainer's weights in the push after the step. A group whose
+    requests gave up before that stays in its place and runs again (that path on its own, every time:
+    tests/rollout/test_stream.py); on a machine where the restart comes within the requests' retries they finish
+    on the restarted engine. Either way every prompt is trained exactly once per epoch."""
     data = write_dataset(tmp_path / "digits.jsonl", num_prompts=8, seed=0)
     run_dir = tmp_path / "run"
     common = ["train.async=full", "rollout.stale_policy=regenerate", *two_epochs(data, prompts=8), *FT]
     proc = main_py(run_dir, *common, "debug.save_rollout_data=true", "debug.kill_engine_at=rollout:1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     workers = (run_dir / "logs" / "workers.log").read_text()  # the rollout manager's records, all of them
-    assert "failed its generation" in workers and "kept to run again" in workers, workers[-3000:]
-    assert engine_0(run_dir)["restarts"] == 1
+    assert "engine 0 restarted" in workers and engine_0(run_dir)["restarts"] == 1, workers[-3000:]
     assert epoch_coverage(run_dir / "rollout_data") == {0: dict.fromkeys(range(8), 1), 1: dict.fromkeys(range(8), 1)}
     assert_no_run_processes()
