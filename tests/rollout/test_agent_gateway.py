@@ -10,11 +10,13 @@ import copy
 from types import SimpleNamespace
 
 import aiohttp
+import openai
 import pytest
 import requests
 
 from slime.config.schema import AgentConfig, RouterConfig
 from slime.engine.router import Router
+from slime.net import free_port
 from slime.rollout.agent.episode import generate, start_agent
 from slime.rollout.agent.trajectory import agent_metrics
 from slime.rollout.rewards import RewardFailureError, check_failures
@@ -169,6 +171,19 @@ def test_failed_agents_fail_their_samples_and_the_ratio_judges_them(served, tmp_
     assert slow.status == SampleStatus.FAILED and slow.error == "agent: timed out after rollout.agent.timeout_s=0.5 s"
     (idle,) = episodes(agent_context(served, "tests.helpers.agents.no_request"), tmp_path, 1)
     assert idle.error == "agent: the episode sent no request to its base_url"
+
+
+def test_an_engine_that_fails_a_turn_fails_the_rollout_not_the_sample(served, tmp_path):
+    """The router gone (a closed port): the turn's request spends its retries, the agent is answered 502 naming the
+    engine's error, and the episode raises that error (the rollout manager then names a dead engine) instead of
+    returning a FAILED sample the failure ratio would count as the agent's."""
+    ctx = agent_context(served, "tests.helpers.agents.chat_three_turns")
+    ctx.router_url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RuntimeError, match=r"POST http://127\.0\.0\.1:\d+/generate failed 5 times") as failed:
+        episodes(ctx, tmp_path, 1)
+    answered = failed.value.__context__  # what the agent's client raised while the episode's error was raised
+    assert isinstance(answered, openai.InternalServerError) and answered.status_code == 502
+    assert "the engine failed this episode: POST" in answered.message
 
 
 def test_requests_outside_an_episode_are_refused_with_why(served, tmp_path):

@@ -6,7 +6,8 @@ record's messages or text, `label`, `metadata`, `index`). It returns the episode
 with `rollout.reward_key`), or None to leave it to the run's reward (`rollout.rm_type` / `custom_rm_path`, on the
 sample's whole response text). An entrypoint that raises, or runs past `rollout.agent.timeout_s`, fails its sample
 (reward 0, no loss of its own), which `rollout.reward.max_failure_ratio` judges as a failed reward; the run goes
-on.
+on. A turn the engine failed (its retries spent: a dead engine or router) is answered 502 and, once the entrypoint
+returns or raises, fails the rollout as any generate's engine error does.
 """
 
 from __future__ import annotations
@@ -83,24 +84,35 @@ async def generate(args: RolloutContext, sample: Sample, sampling_params: dict[s
         max_turns=agent.config.max_turns,
     )
 
+    engine_failures: list[Exception] = []
+
     async def engine(turn_sample: Sample, params: dict[str, Any]) -> dict | None:
         if args.aborted:
             raise RequestError("the rollout step has ended: this episode is not trained", status=503)
-        return await call_engine(args, turn_sample, params)
+        if engine_failures:
+            raise RequestError(f"the engine failed this episode: {engine_failures[0]}", status=502)
+        try:
+            return await call_engine(args, turn_sample, params)
+        except Exception as exc:
+            engine_failures.append(exc)
+            raise RequestError(f"the engine failed this episode: {exc}", status=502) from exc
 
     session_id, base_url = agent.gateway.open(episode, on_loop(asyncio.get_running_loop(), engine))
     try:
         reward = await asyncio.wait_for(_call(agent, base_url, agent.gateway.api_key, record),
                                         timeout=agent.config.timeout_s)  # fmt: skip
     except asyncio.TimeoutError:
+        _raise_engine_failure(engine_failures)
         return _failed(sample, f"timed out after rollout.agent.timeout_s={agent.config.timeout_s} s")
     except Exception as exc:  # noqa: BLE001 - user code may raise anything; the failure ratio decides
         if args.aborted:
             sample.status = SampleStatus.ABORTED
             return sample
+        _raise_engine_failure(engine_failures)
         return _failed(sample, f"{type(exc).__name__}: {exc}")
     finally:
         agent.gateway.close(session_id)
+    _raise_engine_failure(engine_failures)
     if args.aborted and sample.status == SampleStatus.ABORTED:
         return sample
     if not episode.turns:
@@ -121,6 +133,14 @@ async def _call(agent: AgentService, *args: Any) -> Any:
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "func", None)):
         return await fn(*args)
     return await asyncio.get_running_loop().run_in_executor(agent.threads, fn, *args)
+
+
+def _raise_engine_failure(failures: list[Exception]) -> None:
+    """An engine (or its router) that failed a turn fails the rollout as a plain generate's request would, whatever
+    the agent made of its 502: the rollout manager then names a dead engine (EngineDied, which fault tolerance
+    recovers from), and an engine error is never an agent's failed sample."""
+    if failures:
+        raise failures[0]
 
 
 def _failed(sample: Sample, why: str) -> Sample:
