@@ -166,7 +166,7 @@ class TrainBatch:
     truncated: list[bool]
     sample_indices: list[int]
     step_ids: list[int]
-    num_trajectories_per_step: int  # G: samples per optimizer step over all ranks
+    num_trajectories_per_step: list[int]  # per optimizer step: its samples over all ranks (G)
     masked_tokens_per_step: list[int]  # Σ loss_mask per optimizer step over all ranks
     routed_experts: list[str] | None = None  # per sample `Sample.routed_experts` (algo.routing_replay=rollout)
 

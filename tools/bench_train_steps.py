@@ -91,9 +91,7 @@ def make_batch(cfg, lengths: list[tuple[int, int]], seed: int):
     ]
     rewards = [s.reward - 0.5 for s in samples]
     n = len(samples)
-    return split_for_data_parallel(
-        samples, [s.reward for s in samples], rewards, global_batch_size=n, num_steps=1, dp_size=1
-    )[0]
+    return split_for_data_parallel(samples, [s.reward for s in samples], rewards, step_sizes=[n], dp_size=1)[0]
 
 
 def time_steps(step, steps: int, device: str) -> tuple[list[float], list]:

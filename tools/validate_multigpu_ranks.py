@@ -189,8 +189,7 @@ def batches(records: list[Sample], *, dp: int, num_steps: int) -> list[TrainBatc
         records,
         [s.reward for s in records],
         advantages,
-        global_batch_size=len(records) // num_steps,
-        num_steps=num_steps,
+        step_sizes=[len(records) // num_steps] * num_steps,
         dp_size=dp,
     )
 

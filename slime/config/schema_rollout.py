@@ -130,7 +130,7 @@ class ServedModelConfig:
 @dataclass(kw_only=True)
 class AgentConfig:
     """Agentic rollouts (docs/agents.md): user agent code speaks OpenAI's API to the gateway, which samples every
-    turn on token ids and trains each episode as one sample."""
+    turn on token ids and trains each episode as one sample (or each turn: `samples`)."""
 
     # import path (`package.module:function` or `package.module.function`) of fn(base_url, api_key, record) ->
     # reward | None, def or async def; null: no agent (the rollout's generate function runs)
@@ -140,6 +140,7 @@ class AgentConfig:
     # (slime.assets.chat_templates.CHATML_TOOLS, for a model whose own template knows no tools); null: the tokenizer's
     chat_template: Optional[str] = None
     on_mismatch: str = "drop_turn"  # a turn the template re-renders otherwise: drop_turn (loss mask 0) | drop_episode
+    samples: str = "episode"  # what trains as one sample: the episode | each of its turns (turns)
     max_turns: int = 8  # engine turns per episode
     timeout_s: float = 300.0  # per episode; past it the sample fails
     host: str = field(default="127.0.0.1", metadata=HOST)  # where the gateway listens (a free port is chosen)

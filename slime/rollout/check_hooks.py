@@ -11,6 +11,7 @@ from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.registry import ROLLOUT_FUNCTIONS, TOOL_PARSERS
 from slime.rollout.agent.trajectory import ON_MISMATCH
+from slime.rollout.agent.turn_samples import SAMPLES
 from slime.rollout.entry_points import (
     AGENT_SHAPE,
     BUFFER_FILTER_SHAPE,
@@ -139,6 +140,8 @@ def check_agent(cfg: RunConfig) -> Iterator[Problem]:
     if agent.on_mismatch not in ON_MISMATCH:
         rules = " or ".join(ON_MISMATCH)
         yield Problem("rollout.agent.on_mismatch", agent.on_mismatch, "unknown rule", f"set {rules}")
+    if agent.samples not in SAMPLES:
+        yield Problem("rollout.agent.samples", agent.samples, "unknown option", f"set {' or '.join(SAMPLES)}")
     if cfg.rollout.generate_function is not None:
         yield Problem(
             "rollout.generate_function",

@@ -34,25 +34,26 @@ def split_for_data_parallel(
     raw: list[float],
     rewards: list[float],
     *,
-    global_batch_size: int,
-    num_steps: int,
+    step_sizes: list[int],
     dp_size: int,
     balance_tokens: bool = False,
 ) -> list[TrainBatch]:
-    """K steps of G consecutive samples; each step's samples dealt to the DP ranks, G/dp each.
+    """Optimizer steps of consecutive samples, `step_sizes[k]` in step k (K steps of G: [G] * K; a step of agent
+    turns holds as many as its episodes had, slime.rollout.agent.turn_samples); each step's samples dealt to the DP
+    ranks, about G/dp each.
 
     Dealt round-robin, or with `balance_tokens` longest first to the rank with the fewest tokens so far
     (so ranks that micro-batch by tokens run about the same number of micro-batches). Either way the
     step-level normalisers make losses and gradients independent of the deal. Asserts that nothing is
     dropped (slime silently drops a trailing partial step).
     """
-    g, k, dp = global_batch_size, num_steps, dp_size
-    if len(samples) != g * k:
-        raise RuntimeError(f"{len(samples)} samples cannot fill {k} steps of {g}: nothing may be dropped")
+    dp = dp_size
+    if len(samples) != sum(step_sizes):
+        raise RuntimeError(f"{len(samples)} samples cannot fill steps of {step_sizes}: nothing may be dropped")
     per_rank: list[list[tuple[int, int]]] = [[] for _ in range(dp)]  # (sample position, step)
-    masked = []
-    for step in range(k):
-        chunk = list(range(step * g, (step + 1) * g))
+    masked, first = [], 0
+    for step, size in enumerate(step_sizes):
+        chunk, first = list(range(first, first + size)), first + size
         masked.append(sum(sum(samples[i].loss_mask) for i in chunk if not samples[i].remove_sample))
         deal = _deal_by_tokens(chunk, samples, dp) if balance_tokens else [j % dp for j in range(len(chunk))]
         for i, rank in zip(chunk, deal):
@@ -74,7 +75,7 @@ def split_for_data_parallel(
                 routed_experts=[s.routed_experts for s in pick] if has_routes else None,
                 sample_indices=[s.index for s in pick],
                 step_ids=[step for _, step in entries],
-                num_trajectories_per_step=g,
+                num_trajectories_per_step=list(step_sizes),
                 masked_tokens_per_step=masked,
             )
         )

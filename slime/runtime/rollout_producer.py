@@ -23,9 +23,9 @@ import torch
 from transformers import AutoTokenizer
 
 from slime.config.hooks import load_callable
-from slime.config.resume import iteration_dir
 from slime.config.routing_replay import RoutingReplay
 from slime.rollout.agent.episode import start_agent
+from slime.rollout.agent.turn_samples import expand_steps
 from slime.rollout.base import (
     EvalDataset,
     RolloutContext,
@@ -48,7 +48,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.engine_memory import engine_memory_metrics
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.rollout_setup import RolloutSetup
-from slime.train.checkpoint_files import disk_checked
+from slime.train.checkpoint_files import save_state_files
 from slime.train.rng import rng_state, set_rng_state
 from slime.types import SampleStatus, TrainBatch
 
@@ -263,14 +263,13 @@ class RolloutProducer:
             for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
         ]
         s = self.setup
+        raw_list, reward_list, steps = raw.tolist(), rewards.tolist(), [s.global_batch_size] * s.num_steps_per_rollout
+        if s.rollout.agent.samples == "turns":
+            samples, raw_list, reward_list, steps = expand_steps(
+                samples, raw_list, reward_list, global_batch_size=s.global_batch_size, num_steps=s.num_steps_per_rollout
+            )
         batches = split_for_data_parallel(
-            samples,
-            raw.tolist(),
-            rewards.tolist(),
-            global_batch_size=s.global_batch_size,
-            num_steps=s.num_steps_per_rollout,
-            dp_size=s.dp_size,
-            balance_tokens=s.balance_tokens,
+            samples, raw_list, reward_list, step_sizes=steps, dp_size=s.dp_size, balance_tokens=s.balance_tokens
         )
         metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
         return batches, metrics, preview
@@ -383,19 +382,3 @@ class RolloutProducer:
         rng = path.with_name(f"rng_{rollout_id}.pt")
         if rng.exists():  # absent from checkpoints of earlier versions
             set_rng_state(torch.load(rng, weights_only=True))
-
-
-def save_state_files(root: Path, rollout_id: int, states: dict[str, Any]) -> None:
-    """Each state as `<root>/rollout/<name>`, written to `<name>.partial` and renamed once complete (a killed save
-    leaves no such file); a full disk removes the partial file and raises CheckpointDiskFull naming the save, the
-    free space and what a checkpoint needs (slime.train.checkpoint_files.disk_checked)."""
-    directory = root / "rollout"
-    for name, state in states.items():
-        partial = directory / f"{name}.partial"
-        with disk_checked(root, iteration_dir(root, rollout_id)):
-            try:
-                torch.save(state, partial)
-            except BaseException:
-                partial.unlink(missing_ok=True)
-                raise
-        partial.replace(directory / name)

@@ -4,7 +4,8 @@ A save writes everything into `<root>/.iter_0000007.partial/`, writes its manife
 slime/config/manifest.py, verified before a resume) and renames it to `iter_0000007/` once complete (`publish`),
 then replaces the tracker file (`replace_text`). A save killed at any point leaves the
 previous checkpoint the one the tracker names, with its files intact, even when the save was a re-save of
-that very iteration; the debris is ignored and cleared by the next save of that id.
+that very iteration; the debris is ignored and cleared by the next save of that id. The rollout side's state files
+(`save_state_files`) are each written whole and renamed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from slime.config.manifest import write_manifest
 from slime.config.resume import iteration_dir, tracked_iteration
@@ -92,3 +96,19 @@ def disk_checked(root: Path, final: Path) -> Iterator[None]:
             f"needs about {need / _MIB:,.0f} MiB{' or more' if need == written else ''} there. Free space or set "
             f"checkpoint.save to a larger disk; {kept} ({exc})",
         ) from exc
+
+
+def save_state_files(root: Path, rollout_id: int, states: dict[str, Any]) -> None:
+    """Each state as `<root>/rollout/<name>`, written to `<name>.partial` and renamed once complete (a killed save
+    leaves no such file); a full disk removes the partial file and raises CheckpointDiskFull naming the save, the
+    free space and what a checkpoint needs (slime.train.checkpoint_files.disk_checked)."""
+    directory = root / "rollout"
+    for name, state in states.items():
+        partial = directory / f"{name}.partial"
+        with disk_checked(root, iteration_dir(root, rollout_id)):
+            try:
+                torch.save(state, partial)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+        partial.replace(directory / name)

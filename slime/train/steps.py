@@ -45,7 +45,7 @@ class BatchColumns:
             mask,
             [batch.response_lengths[i] for i in mb],
             mode=mode,
-            num_trajectories=batch.num_trajectories_per_step,
+            num_trajectories=batch.num_trajectories_per_step[step],
             total_masked_tokens=float(batch.masked_tokens_per_step[step]),
             constant_length=constant_length,
         )

@@ -34,9 +34,7 @@ def test_the_first_step_is_on_policy_and_the_second_is_not(algo, tiny_model_dir)
         sample.loss_mask[-1] = 1
     raw = torch.tensor([s.reward for s in samples])
     rewards = post_process_rewards(raw, setup.algo, GROUP)
-    (batch,) = split_for_data_parallel(
-        samples, raw.tolist(), rewards.tolist(), global_batch_size=8, num_steps=2, dp_size=1
-    )
+    (batch,) = split_for_data_parallel(samples, raw.tolist(), rewards.tolist(), step_sizes=[8] * 2, dp_size=1)
     steps = train_rollout(make_backend(setup), batch)["steps"]
     assert len(steps) == 2
     first, second = steps

@@ -327,12 +327,17 @@ def test_agent_fields_are_checked_before_launch(hooks):
             f"rollout.agent.entrypoint={hooks}:rm",
             "rollout.agent.tool_parser=qwen2",
             "rollout.agent.on_mismatch=split",
+            "rollout.agent.samples=turn",
             "rollout.generate_function=slime.rollout.tool_use.generate",
         ]
     )
     assert "fn(base_url, api_key, record)" in problems["rollout.agent.entrypoint"]
     assert "did you mean qwen25" in problems["rollout.agent.tool_parser"]
     assert "drop_turn or drop_episode" in problems["rollout.agent.on_mismatch"]
+    assert (
+        "unknown option" in problems["rollout.agent.samples"]
+        and "episode or turns" in problems["rollout.agent.samples"]
+    )
     assert "would never be called" in problems["rollout.generate_function"]
     missing = problems_for(["rollout.agent.entrypoint=tests.helpers.no_such_agents.run"])
     assert "no module named 'tests.helpers.no_such_agents'" in missing["rollout.agent.entrypoint"]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.helpers.agent_runs import check_agent_run
+from tests.helpers.agent_runs import EPISODES_PER_STEP, TRAIN_LOGPROB_DIFF, check_agent_run
 from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py, metrics
@@ -39,4 +39,17 @@ def test_an_agent_that_raises_in_a_tenth_of_its_episodes_fails_those_samples_and
     for step in steps.values():
         assert 0 < step["agent/failed_episodes"] == step["rollout/reward_failed"] < 0.3 * 256
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
+    assert_no_run_processes()
+
+
+def test_with_samples_turns_each_turn_trains_as_a_sample_of_its_own(tmp_path):
+    """rollout.agent.samples=turns: each optimizer step of 128 two-turn episodes trains 256 turn samples, and the
+    trainer's log-probs of each turn's sampled ids, in the context the turn's sample gives them, equal the engine's."""
+    run_dir = tmp_path / "turns"
+    proc = main_py(run_dir, "recipe=tiny_agent", "rollout.agent.samples=turns", "train.num_rollout=3", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/global_batch_size" in r]
+    assert [r["train/global_batch_size"] for r in steps] == [2.0 * EPISODES_PER_STEP / 2] * 6
+    assert max(r[TRAIN_LOGPROB_DIFF] for r in steps) < 1e-5
     assert_no_run_processes()

@@ -83,7 +83,7 @@ def response_log_probs(backend, prompt: list[int], response: list[int]) -> torch
         loss_mask=[1] * len(response),
         reward=0.0,
     )
-    batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
+    batch = split_for_data_parallel([sample], [0.0], [0.0], step_sizes=[1], dp_size=1)[0]
     return log_probs(backend, batch).cpu()
 
 
@@ -93,8 +93,7 @@ def batches_for(samples, *, dp: int, k: int, balance_tokens: bool = False):
         samples,
         [s.reward for s in samples],
         rewards,
-        global_batch_size=len(samples) // k,
-        num_steps=k,
+        step_sizes=[len(samples) // k] * k,
         dp_size=dp,
         balance_tokens=balance_tokens,
     )

@@ -67,7 +67,7 @@ def to_batch(samples: Samples) -> TrainBatch:
     ]
     advantages = [1.0 if i % 2 == 0 else -1.0 for i in range(len(records))]
     raw = [r.reward for r in records]
-    return split_for_data_parallel(records, raw, advantages, global_batch_size=len(records), num_steps=1, dp_size=1)[0]
+    return split_for_data_parallel(records, raw, advantages, step_sizes=[len(records)], dp_size=1)[0]
 
 
 def train_step(backend, samples: Samples) -> dict[str, float]:

@@ -19,6 +19,7 @@ from slime.engine.router import Router
 from slime.net import free_port
 from slime.rollout.agent.episode import generate, start_agent
 from slime.rollout.agent.trajectory import agent_metrics
+from slime.rollout.agent.turn_samples import expand_steps, split_turns
 from slime.rollout.rewards import RewardFailureError, check_failures
 from slime.types import SampleStatus
 from tests.helpers.fake_sglang_engine import make_engine
@@ -101,6 +102,33 @@ def test_every_turn_trains_exactly_the_ids_it_sampled(served, tmp_path):
         text = served.tokenizer.decode(sample.tokens, skip_special_tokens=False)
         assert text.count("what comes next ?") == 2
     assert faithful >= 3, "too few turns round-trip: the check of faithful turns was hardly exercised"
+
+
+def test_each_turn_as_a_sample_is_the_episode_cut_after_its_sampled_ids(served, tmp_path):
+    """rollout.agent.samples=turns: turn t's sample is the episode's ids up to the end of its sampled ids; its
+    response is exactly those ids with the log-probs the API answered; together the turns train exactly the ids the
+    episode trains; the optimizer steps keep their episodes, and each carries its episode's rewards."""
+    samples = episodes(agent_context(served, "tests.helpers.agents.chat_three_turns"), tmp_path, 4)
+    for sample in samples:
+        turns, first = sample.metadata["agent"]["turns"], sample.metadata["agent"]["first_prompt_length"]
+        pieces = split_turns(sample)
+        assert len(pieces) == 3 and [p.metadata["agent_turn"] for p in pieces] == [0, 1, 2]
+        trained = []
+        for piece, turn in zip(pieces, turns):
+            end = turn["prompt_length"] + len(turn["sampled"])
+            assert piece.tokens == sample.tokens[:end] and piece.tokens[piece.prompt_length :] == turn["sampled"]
+            assert piece.loss_mask == [int(not turn["mismatch"])] * len(turn["sampled"])
+            trained += [(piece.prompt_length + i, t) for i, t in enumerate(turn["sampled"]) if piece.loss_mask[i]]
+        assert trained == [(first + i, sample.tokens[first + i]) for i, m in enumerate(sample.loss_mask) if m]
+        seen = sample.reward["seen"]
+        assert pieces[0].rollout_log_probs == seen[0]["logprobs"] and pieces[2].rollout_log_probs == seen[2]["logprobs"]
+        assert pieces[2].status == sample.status and pieces[0].status == SampleStatus.COMPLETED
+    failed = copy.deepcopy(samples[0])
+    failed.remove_sample = True
+    out, raw, rewards, steps = expand_steps([*samples, failed, failed], [1.0] * 6, [0.5, -0.5] * 3,
+                                            global_batch_size=2, num_steps=3)  # fmt: skip
+    assert steps == [6, 6, 2] and len(out) == len(raw) == len(rewards) == 14
+    assert rewards[:6] == [0.5] * 3 + [-0.5] * 3 and out[-1] is failed
 
 
 def test_completions_continue_the_session_ids(served, tmp_path):

@@ -152,6 +152,15 @@ def test_a_snapshot_mid_stream_loses_and_repeats_no_prompt(served, tmp_path):
     assert sorted(g[0].group_index for g in trained) == list(range(10))
 
 
+def take_as_the_loop(stream: GroupStream, version: int) -> list[list]:
+    """A take, made again once after GroupsFailed as the loop does once it recovered: a group whose retries ran out
+    only after the take had put the failed ones back in flight fails that take."""
+    try:
+        return stream.take(version)[0]
+    except GroupsFailed:
+        return stream.take(version)[0]
+
+
 def test_with_keep_failed_groups_whose_router_died_run_again_in_their_places(served, tmp_path):
     """keep_failed (fault tolerance): the stream's requests go to a router that is gone (a closed port), so every
     group fails; take raises GroupsFailed and keeps them, reset, in their places (a snapshot holds them as fresh
@@ -173,7 +182,7 @@ def test_with_keep_failed_groups_whose_router_died_run_again_in_their_places(ser
             assert [g[0]["group_index"] for g in state["in_flight"]][:2] == [0, 1]
             assert all(x["status"] == "pending" and x["tokens"] == [] for g in state["in_flight"] for x in g)
             ctx.router_url = served.url
-            taken = [[g[0].group_index for g in s.take(version)[0]] for version in range(3)]
+            taken = [[g[0].group_index for g in take_as_the_loop(s, version)] for version in range(3)]
         finally:
             s.close()
     assert taken == [[0, 1], [2, 3], [4, 5]]

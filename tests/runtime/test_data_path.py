@@ -136,7 +136,7 @@ def test_each_shard_reaches_its_ranks_as_one_object_the_driver_never_fetches(man
     samples = [s for g in _samples() for s in g]
     rewards = [s.scalar_reward() for s in samples]
     expected = split_for_data_parallel(
-        samples, rewards, rewards, global_batch_size=GROUPS * PER_GROUP // STEPS, num_steps=STEPS, dp_size=LAYOUT.dp
+        samples, rewards, rewards, step_sizes=[GROUPS * PER_GROUP // STEPS] * STEPS, dp_size=LAYOUT.dp
     )
     received = _received(group)
     for rank, got in enumerate(received):

@@ -132,7 +132,7 @@ FILL_SMALL_DISK = textwrap.dedent(
     import sys
     from pathlib import Path
     import torch
-    from slime.runtime.rollout_producer import save_state_files
+    from slime.train.checkpoint_files import save_state_files
     from slime.tracking import continuity
     root = Path(sys.argv[1])
     (root / "rollout").mkdir()

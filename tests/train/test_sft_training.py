@@ -32,7 +32,7 @@ def first_step_loss(model_dir, sample: Sample) -> float:
             "train.num_steps_per_rollout=1",
         ],
     )
-    batch = split_for_data_parallel([sample], [0.0], [0.0], global_batch_size=1, num_steps=1, dp_size=1)[0]
+    batch = split_for_data_parallel([sample], [0.0], [0.0], step_sizes=[1], dp_size=1)[0]
     return train_rollout(make_backend(setup), batch)["steps"][0]["train/pg_loss"]
 
 

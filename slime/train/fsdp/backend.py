@@ -149,7 +149,7 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
                 return self._actor_micro_loss(mb, step, weights, mb_mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
-            metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
+            metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step[step])
             steps.append(metrics)
         if self.router_tap is not None:
             self.router_tap.replay(None)

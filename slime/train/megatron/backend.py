@@ -142,7 +142,7 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
                 return self._actor_micro_loss(mb, step, weights, mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/")
-            metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step)
+            metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step[step])
             steps.append(metrics)
         self._replaying = False
         return {"steps": steps, "perf": self._train_perf(seconds_since(start, self.device), trained=bool(steps))}

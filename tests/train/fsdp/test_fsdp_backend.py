@@ -108,9 +108,7 @@ def test_grpo_step_raises_probability_of_rewarded_response(tiny_model_dir):
         Sample(index=0, tokens=prompt + [30], response_length=1, loss_mask=[1], reward=1.0),
         Sample(index=1, tokens=prompt + [40], response_length=1, loss_mask=[1], reward=0.0),
     )
-    batch = split_for_data_parallel([good, bad], [1.0, 0.0], [1.0, -1.0], global_batch_size=2, num_steps=1, dp_size=1)[
-        0
-    ]
+    batch = split_for_data_parallel([good, bad], [1.0, 0.0], [1.0, -1.0], step_sizes=[2], dp_size=1)[0]
     backend = make_backend(setup)
     before = log_probs(backend, batch).tolist()
     train_rollout(backend, batch)
