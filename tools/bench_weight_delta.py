@@ -78,28 +78,19 @@ def timed(fn, repeats: int = 3) -> float:
 
 
 def measure(before: dict, after: dict, dtype: torch.dtype) -> dict[str, float]:
-    full = changed = sparse = varint = deflated = elements = 0
     old = {name: t.to(dtype) for name, t in before.items()}
     new = {name: t.to(dtype) for name, t in after.items()}
-    for name in old:
-        a, b = old[name], new[name]
-        delta = delta_of(a, b)
-        full += a.numel() * a.element_size()
-        elements += a.numel()
-        changed += delta.positions.numel()
-        sparse += delta.nbytes
-        varint += varint_nbytes(delta.positions) + delta.values.numel() * delta.values.element_size()
-        xor = (bits(a) ^ bits(b)).cpu().numpy().tobytes()
-        deflated += len(zlib.compress(xor, 1))
-    tensors = list(new.values())
     deltas = [delta_of(old[n], new[n]) for n in old]
+    value_bytes = sum(d.values.numel() * d.values.element_size() for d in deltas)
+    xors = ((bits(old[n]) ^ bits(new[n])).cpu().numpy().tobytes() for n in old)
+    tensors = list(new.values())
     targets = [t.clone() for t in old.values()]
     return {
-        "changed": changed / elements,
-        "full_bytes": float(full),
-        "sparse_bytes": float(sparse),
-        "varint_bytes": float(varint),
-        "xor_zlib_bytes": float(deflated),
+        "changed": sum(d.positions.numel() for d in deltas) / sum(t.numel() for t in tensors),
+        "full_bytes": float(sum(t.numel() * t.element_size() for t in tensors)),
+        "sparse_bytes": float(sum(d.nbytes for d in deltas)),
+        "varint_bytes": float(sum(varint_nbytes(d.positions) for d in deltas) + value_bytes),
+        "xor_zlib_bytes": float(sum(len(zlib.compress(xor, 1)) for xor in xors)),
         "copy_s": timed(lambda: [t.clone() for t in tensors]),
         "delta_of_s": timed(lambda: [delta_of(old[n], new[n]) for n in old]),
         "apply_delta_s": timed(lambda: [apply_delta(t, d) for t, d in zip(targets, deltas)]),
