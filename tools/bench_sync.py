@@ -4,6 +4,8 @@ code (`slime.sync.*` via `slime.registry.WEIGHT_SYNC`), for each mode, and print
     python tools/bench_sync.py                  # Qwen3-1.7B shape, bf16, random weights, default buckets, cuda:0
     python tools/bench_sync.py --tiny           # a small shape on CPU (seconds)
     python tools/bench_sync.py --modes tensor --bucket-mb 512,1024,2048 --repeats 5
+    python tools/bench_sync.py --tiny --verify  # each mode also verified (in the push; beside generation): the cost
+    python tools/bench_sync.py --modes tensor --delta  # verified delta pushes after one lr-1e-6 step, against full
 
 This process is the trainer: it holds HF-named random bf16 tensors on its device, cut into buckets of
 `--bucket-mb` MiB, and pushes them with `WeightSync.push` (pause, flush, transfer, continue), exactly as
@@ -17,6 +19,7 @@ one GPU it is skipped with a message. On CPU it runs over gloo.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -46,6 +49,7 @@ TINY = dict(
     num_layers=4, hidden_size=256, ffn_hidden_size=768, num_attention_heads=4, num_query_groups=2, kv_channels=64
 )
 MODES = ("tensor", "distributed", "disk")
+VERIFIED = {False: "verified in the push", True: "verified beside generation"}
 
 
 def model_config(tiny: bool, out_dir: Path) -> ModelConfig:
@@ -131,21 +135,32 @@ def start_engine(model_dir: Path, log_dir: Path, device: str, gpu: str | None) -
     return engine
 
 
-def bench_mode(
-    mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args, *, pipelined: bool = True
-) -> list[dict]:
-    """`perf/*` of each timed push (after one warm-up): the whole push, and the mode's own phases; `pipelined`
-    false runs tensor mode one bucket at a time (its baseline)."""
-    context = SyncContext(
+def sync_context(engine: HFEngine, buckets: list[Bucket], work_dir: Path, *, verify: bool) -> SyncContext:
+    """The bench's sync context: the engine's model, buckets of the sizes given, verified or not."""
+    return SyncContext(
         source_checkpoint=str(engine.launch_spec.model_path),
         work_dir=str(work_dir),
         bucket_bytes=max(bucket_nbytes(b) for b in buckets),
+        verify=verify,
     )
+
+
+def bench_mode(
+    mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args, variant: Variant
+) -> list[dict]:
+    """`perf/*` of each timed push (after one warm-up): the whole push, and the mode's own phases; `pipelined`
+    false runs tensor mode one bucket at a time (its baseline); `verified` checks every push
+    (rollout.weight_sync.verify); `delta` pushes deltas after one optimizer step each (`stepped`)."""
+    context = sync_context(engine, buckets, work_dir, verify=variant.verified)
+    context = dataclasses.replace(context, delta_full_every=1_000_000 if variant.delta else 0)
     sync = WEIGHT_SYNC.load(mode)([engine.client], context)
-    sync.pipelined = pipelined
+    sync.pipelined = variant.pipelined
+    masters = [(name, t.float()) for bucket in buckets for name, t in bucket] if variant.delta else None
     pushes = []
     try:
         for version in range(1, args.repeats + 2):  # the first push warms up (group join, allocator, page cache)
+            if masters is not None and version > 1:
+                buckets = stepped(masters, bucket_nbytes(buckets[0]), seed=version)
             start = time.perf_counter()
             perf = sync.push(iter(buckets), weight_version=version)
             pushes.append({**perf, "wall": time.perf_counter() - start})
@@ -156,12 +171,73 @@ def bench_mode(
     return pushes[1:]
 
 
-def variants(modes: list[str], bucket_mbs: list[int]) -> list[tuple[str, int, bool]]:
-    """(mode, bucket MiB, pipelined) to measure: tensor mode also one bucket at a time, its baseline."""
+def bench_verification(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args) -> list[list[dict]]:
+    """The timed pushes of one sync object taking turns (unverified, verified in the push, verified beside
+    generation; each first in turn), so that a drift of the machine reaches the three alike. A push verified beside generation is timed
+    until it returns; its check is then awaited (`verified`: its `check_wait` s, what a rollout shorter than it
+    would wait) before the next push, as the loop awaits it before the step trains."""
+    context = sync_context(engine, buckets, work_dir, verify=True)
+    sync = WEIGHT_SYNC.load(mode)([engine.client], context)
+    verifier, kinds = sync.verifier, [(False, False), (True, False), (True, True)]
+    pushes: list[list[dict]] = [[] for _ in kinds]
+    try:
+        for version in range(1, args.repeats + 2):  # the first push of each kind warms up
+            turn = [(kinds[(i + version) % 3], pushes[(i + version) % 3]) for i in range(3)]  # no kind always first
+            for (verified, deferred), timed in turn:
+                sync.verifier = verifier if verified else None
+                sync.context = dataclasses.replace(context, defer_verify=deferred)
+                start = time.perf_counter()
+                perf = sync.push(iter(buckets), weight_version=version)
+                wall = time.perf_counter() - start
+                waited = time.perf_counter()
+                perf.update(sync.verified())
+                timed.append({**perf, "wall": wall, "check_wait": time.perf_counter() - waited})
+    finally:
+        sync.close()
+    return [timed[1:] for timed in pushes]
+
+
+def stepped(masters: list[tuple[str, torch.Tensor]], bucket_bytes: int, *, seed: int, lr: float = 1e-6) -> list[Bucket]:
+    """One Adam step's change of the fp32 master weights (its first step moves every weight by lr against the sign of
+    its gradient: random signs here), exported as the bf16 buckets a push carries."""
+    gen = torch.Generator(device=masters[0][1].device).manual_seed(seed)
+    for _, master in masters:
+        signs = torch.randint(0, 2, master.shape, generator=gen, device=master.device, dtype=torch.int8)
+        master.add_(signs.to(master.dtype) * (2 * lr) - lr)
+    return into_buckets([(name, m.to(torch.bfloat16)) for name, m in masters], bucket_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One row: a mode at a bucket size, pipelined or not (tensor mode's baseline), verified or not."""
+
+    mode: str
+    mb: int
+    pipelined: bool = True
+    verified: bool = False
+    deferred: bool = False  # verified beside the generation after the push (on_mismatch=fail), not inside it
+    delta: bool = False
+
+    @property
+    def label(self) -> str:
+        extra = [] if self.pipelined else ["one bucket at a time"]
+        extra += [VERIFIED[self.deferred]] if self.verified else []
+        extra += ["delta after one lr-1e-6 step"] if self.delta else []
+        return f"{self.mode} ({', '.join(extra)})" if extra else self.mode
+
+
+def variants(modes: list[str], bucket_mbs: list[int], verify: bool, delta: bool) -> list[list[Variant]]:
+    """The rows to measure, in groups measured together: tensor mode also one bucket at a time (its baseline); with
+    `verify` each mode's unverified row with the same push verified in it and beside generation, their pushes taking
+    turns on one engine (`bench_verification`); with `delta` (tensor and distributed) also verified delta pushes."""
     out = []
     for mode in modes:
         for mb in bucket_mbs:
-            out += [(mode, mb, True), (mode, mb, False)] if mode == "tensor" else [(mode, mb, True)]
+            plain, verified = Variant(mode, mb), Variant(mode, mb, verified=True)
+            out.append([plain, verified, Variant(mode, mb, verified=True, deferred=True)] if verify else [plain])
+            out += [[verified]] if delta and not verify else []
+            out += [[Variant(mode, mb, verified=True, delta=True)]] if delta and mode != "disk" else []
+            out += [[Variant(mode, mb, pipelined=False)]] if mode == "tensor" else []
     return out
 
 
@@ -193,17 +269,29 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--check", action="store_true", help="compare every tensor's checksum with the engine's after each sync (slow)"
     )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also measure each mode with every push verified (rollout.weight_sync.verify)",
+    )
+    p.add_argument(
+        "--delta",
+        action="store_true",
+        help="also measure verified delta pushes, each after one simulated lr-1e-6 Adam step (rollout.weight_sync.delta)",
+    )
     p.add_argument("--work-dir", default=None, help="model dir, disk-sync dirs and logs (default: a temp dir)")
     return p.parse_args()
 
 
-def measure(named, device: torch.device, work: Path, args) -> list[tuple[str, int, int, list[dict]]]:
-    """(row label, bucket MiB, buckets, timed pushes) of every variant; one engine process per device it needs."""
+def measure(named, device: torch.device, work: Path, args) -> list[tuple[Variant, int, list[dict]]]:
+    """(variant, buckets, timed pushes) of every variant; one engine process per device it needs."""
     engine_device = "cuda" if device.type == "cuda" else "cpu"
     engines: dict[str, HFEngine] = {}
     rows = []
     try:
-        for mode, mb, pipelined in variants(args.modes.split(","), [int(x) for x in args.bucket_mb.split(",")]):
+        mbs = [int(x) for x in args.bucket_mb.split(",")]
+        for group in variants(args.modes.split(","), mbs, args.verify, args.delta):
+            mode = group[0].mode
             gpu = None if engine_device == "cpu" else "0"
             if mode == "distributed" and engine_device == "cuda":
                 if torch.cuda.device_count() < 2:
@@ -213,9 +301,12 @@ def measure(named, device: torch.device, work: Path, args) -> list[tuple[str, in
             key = gpu or "cpu"
             if key not in engines:
                 engines[key] = start_engine(work / "model", work / "logs", engine_device, gpu)
-            buckets = into_buckets(named, mb << 20)
-            pushes = bench_mode(mode, engines[key], buckets, work / "sync", args, pipelined=pipelined)
-            rows.append((mode if pipelined else f"{mode} (one bucket at a time)", mb, len(buckets), pushes))
+            buckets = into_buckets(named, group[0].mb << 20)
+            if len(group) > 1:  # unverified, verified in the push, beside generation: taking turns
+                timed = bench_verification(mode, engines[key], buckets, work / "sync", args)
+            else:
+                timed = [bench_mode(mode, engines[key], buckets, work / "sync", args, group[0])]
+            rows += [(variant, len(buckets), pushes) for variant, pushes in zip(group, timed)]
     finally:
         for engine in engines.values():
             engine.shutdown()
@@ -228,13 +319,57 @@ def print_table(rows, nbytes: int, floor: float) -> None:
         "| floor: device copy ms |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for mode, mb, count, pushes in rows:
+    for variant, count, pushes in rows:
         walls = [p["wall"] for p in pushes]
         med = statistics.median(walls)
         print(
-            f"| {mode} | {mb} | {count} | {med * 1e3:.1f} | {nbytes / med / 1e9:.2f} | "
+            f"| {variant.label} | {variant.mb} | {count} | {med * 1e3:.1f} | {nbytes / med / 1e9:.2f} | "
             f"{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f} | {median_ms(pushes, 'perf/update_weights_pack_time'):.1f} "
             f"| {median_ms(pushes, 'perf/update_weights_load_time'):.1f} | {floor * 1e3:.2f} |"
+        )
+
+
+def print_verification(rows) -> None:
+    """The verified rows against the unverified row whose pushes they took turns with: what verification adds to a
+    push (the median of each turn's difference), inside it (on_mismatch=resync) and beside generation
+    (on_mismatch=fail, the default)."""
+    plain = {(v.mode, v.mb): p for v, _, p in rows if v.pipelined and not v.verified}
+    verified = [(v, p) for v, _, p in rows if v.verified and not v.delta and (v.mode, v.mb) in plain]
+    if not verified:
+        return
+    print(
+        "\n| mode | bucket MiB | verified | unverified ms | verified ms | added to the push ms | share of the "
+        "unverified push | the check's own ms | awaited after the push ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for variant, pushes in verified:
+        unverified = plain[(variant.mode, variant.mb)]
+        base, wall = median_ms(unverified, "wall"), median_ms(pushes, "wall")
+        added = statistics.median(v["wall"] - u["wall"] for v, u in zip(pushes, unverified)) * 1e3  # same turn
+        print(
+            f"| {variant.mode} | {variant.mb} | {VERIFIED[variant.deferred]} | {base:.1f} | {wall:.1f} "
+            f"| {added:.1f} | {added / base:.1%} | {median_ms(pushes, 'perf/update_weights_verify_time'):.1f} "
+            f"| {median_ms(pushes, 'check_wait'):.1f} |"
+        )
+
+
+def print_deltas(rows) -> None:
+    """Each delta row against its mode's verified full row of the same call: bytes and time."""
+    full = {(v.mode, v.mb): p for v, _, p in rows if v.verified and not v.deferred and not v.delta}
+    deltas = [(v, p) for v, _, p in rows if v.delta and (v.mode, v.mb) in full]
+    if not deltas:
+        return
+    print(
+        "\n| mode | bucket MiB | full ms (verified) | delta ms (verified) | delta bytes / full bytes | changed elements |"
+    )
+    print("|---|---|---|---|---|---|")
+    for variant, pushes in deltas:
+        base = full[(variant.mode, variant.mb)]
+        share = statistics.median(p["perf/update_weights_bytes"] for p in pushes) / base[0]["perf/update_weights_bytes"]
+        changed = statistics.median(p["perf/update_weights_changed_fraction"] for p in pushes)
+        print(
+            f"| {variant.mode} | {variant.mb} | {median_ms(base, 'wall'):.1f} | {median_ms(pushes, 'wall'):.1f} "
+            f"| {share:.2%} | {changed:.2%} |"
         )
 
 
@@ -248,7 +383,10 @@ def main() -> None:
     print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
     write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
     floor = sync_floor(named, device, args.repeats)
-    print_table(measure(named, device, work, args), nbytes, floor)
+    rows = measure(named, device, work, args)
+    print_table(rows, nbytes, floor)
+    print_verification(rows)
+    print_deltas(rows)
     print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per row after one warm-up; work dir {work}")
     print("pack: flattening buckets into staging buffers; load: the engines' update calls (hand-over and copy);")
     print("the rest of a sync is pause, flush, the update session and continue. Pipelined tensor mode packs the")

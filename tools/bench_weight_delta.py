@@ -7,7 +7,7 @@ one AdamW step on a real loss, exported to bf16 before and after, compared bit f
 Per learning rate the table gives the share of exported elements whose bits changed, and the bytes of each way to
 carry them against a full sync's: `sparse` (int32 positions and the new values: what a GPU builds with one
 nonzero()), `varint` (the same values, the positions as LEB128 gaps), `xor+zlib` (the xor of old and new bits, deflated at level 1, on the host). The timing rows put the
-delta's and the checksum's costs (slime.wire.weight_delta: delta_of, apply_delta, bit_checksum; and a sha256 of the
+delta's and the digest's costs (slime.wire.weight_delta: delta_of, apply_delta; slime.wire.weight_digest; and a sha256 of the
 bytes, SGLang's CPU hash) beside the floor measured in the same run: one copy of the same bytes. Run it on the
 device that would do the work (`--device cuda`).
 """
@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slime.wire.weight_delta import apply_delta, bit_checksum, bits, delta_of  # noqa: E402
+from slime.wire.weight_delta import apply_delta, bits, delta_of  # noqa: E402
+from slime.wire.weight_digest import digests  # noqa: E402
 
 PROMPTS = [  # a loss over real text: the gradient a step of fine-tuning on arithmetic answers would take
     "Ben has 3 coins and gets 4 more. How many coins does Ben have now? Ben had 3 coins and got 4 more: 3 + 4 = 7.",
@@ -94,7 +95,7 @@ def measure(before: dict, after: dict, dtype: torch.dtype) -> dict[str, float]:
         "copy_s": timed(lambda: [t.clone() for t in tensors]),
         "delta_of_s": timed(lambda: [delta_of(old[n], new[n]) for n in old]),
         "apply_delta_s": timed(lambda: [apply_delta(t, d) for t, d in zip(targets, deltas)]),
-        "bit_checksum_s": timed(lambda: [bit_checksum(t) for t in tensors]),
+        "digest_s": timed(lambda: digests(tensors)),
         "sha256_s": timed(lambda: [hashlib.sha256(t.cpu().contiguous().view(torch.uint8).numpy()) for t in tensors]),
     }
 
@@ -114,12 +115,12 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, {args.dtype} export of fp32 masters after one AdamW step, on {args.device}")
     print(f"full sync: {full / 2**20:.1f} MiB")
     print(f"{'lr':>8} {'changed':>8} {'sparse':>8} {'varint':>8} {'xor+zlib':>9} {'copy s':>8} {'delta s':>8} {'apply s':>8} "
-          f"{'checksum s':>10} {'sha256 s':>9}")  # fmt: skip
+          f"{'digest s':>10} {'sha256 s':>9}")  # fmt: skip
     for lr, r in rows.items():
         print(
             f"{lr:>8.0e} {r['changed']:>8.2%} {r['sparse_bytes'] / full:>8.2%} {r['varint_bytes'] / full:>8.2%} "
             f"{r['xor_zlib_bytes'] / full:>9.2%} "
-            f"{r['copy_s']:>8.3f} {r['delta_of_s']:>8.3f} {r['apply_delta_s']:>8.3f} {r['bit_checksum_s']:>10.3f} "
+            f"{r['copy_s']:>8.3f} {r['delta_of_s']:>8.3f} {r['apply_delta_s']:>8.3f} {r['digest_s']:>10.3f} "
             f"{r['sha256_s']:>9.3f}"
         )
     print(

@@ -253,6 +253,15 @@ class CriticTrainConfig:
     save: Optional[str] = field(default=None, metadata=PATH_WRITTEN)  # default: <checkpoint.save>/critic
 
 
+def resolved_precision(precision: str, device: str) -> str:
+    """`train.precision` (or an engine's dtype, by either name: fp32/float32, bf16/bfloat16) as fp32 or bf16; auto
+    is bf16 on cuda, fp32 on cpu."""
+    named = {"float32": "fp32", "bfloat16": "bf16"}.get(precision, precision)
+    if named != "auto":
+        return named
+    return "bf16" if device == "cuda" else "fp32"
+
+
 @dataclass(kw_only=True)
 @_keyword_field("async", "Any", "off")
 class TrainConfig:

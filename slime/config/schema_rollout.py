@@ -55,6 +55,22 @@ class WeightSyncConfig:
     # what a push does to running requests (slime.config.async_mode.PauseMode): abort | in_place; null: in_place
     # under train.async=full, abort otherwise
     pause_mode: Optional[str] = None
+    # after every push, each engine's weights are compared with what the trainer pushed, tensor by tensor
+    # (docs/engines.md#verified-syncs); false: pushes are trusted
+    verify: bool = True
+    # what a push whose weights differ does: fail (its check runs beside the next rollout and stops the run, naming
+    # the engine, bucket and tensors, before the step trains) | resync (checked inside the push: restart that engine
+    # and push to every engine again, at most rollout.fault_tolerance.max_restarts times)
+    on_mismatch: str = "fail"
+    # verify: after the digests, each engine generates this many tokens of a fixed prompt and the trainer scores
+    # them on the weights it pushed (docs/engines.md#the-log-prob-probe); 0: no probe
+    probe_tokens: int = 16
+    # the probe's largest mean |log-prob difference| per engine; null: by precision (fp32 1e-3, bf16 0.1)
+    probe_tolerance: Optional[float] = None
+    # after a full push, later pushes carry only the bits that changed (docs/engines.md#delta-pushes); the built-in
+    # engine applies them, in tensor and distributed modes, with verify on
+    delta: bool = False
+    full_every: int = 10  # delta: every this many pushes one is full
 
 
 @dataclass(kw_only=True)

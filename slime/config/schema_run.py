@@ -143,6 +143,9 @@ class DebugConfig:
     kill_engine_at: Optional[str] = None
     # Likewise for the router the run launched (its pid from engines.json)
     kill_router_at: Optional[str] = None
+    # Fault injection for verified syncs: the push of this weight version flips one byte of its first tensor after
+    # the trainer digested it, once (rollout.weight_sync.verify must find it; on_mismatch=resync pushes again)
+    corrupt_push_version: Optional[int] = None
     # slime's --check-weight-update-equal, through SGLang's /weights_checker (SGLang or the hf engine): the engines
     # snapshot the checkpoint's weights and randomise them once up; the first push of a fresh run must restore
     # every tensor bit-exact, and after every push engines of one layout must agree (fails the run otherwise)

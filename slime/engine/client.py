@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
 
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
 
 LORA_REASON = "error_message"  # the LoRA routes' reply is SGLang's LoRAUpdateOutput (io_struct.py)
+# The hash of SGLang's /weights_checker checksums of tensors on the CPU (`slime.wire.tensors.weight_checksum`); a
+# server on a GPU hashes its tensors there with a kernel of its own, which the trainer does not reproduce
+SGLANG_CPU_HASH = "sha256_first8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineDigests:
+    """What an engine holds, as it reports it for a verified sync (slime.sync.verify).
+
+    tensors: {the engine's tensor name: its digest} of an unsharded engine, None when it cannot say (`why_not`);
+    adapters: {adapter name: {peft tensor name: digest}} of the LoRA adapters it holds, None when it cannot say;
+    hash: how the digests are made ("sha256": the hex sha256 of the tensor's bytes; SGLANG_CPU_HASH)."""
+
+    hash: str
+    tensors: Optional[dict[str, str]]
+    adapters: Optional[dict[str, dict[str, str]]] = None
+    why_not: str = ""
 
 
 def largest_parts(reports: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -29,6 +47,12 @@ def largest_parts(reports: Iterable[dict[str, float]]) -> dict[str, float]:
 
 class EngineClient:
     """Control calls of one SGLang-compatible server at `url` (`http://host:port`)."""
+
+    # {a fused module of the engine's: the HF modules whose weights it concatenates along dim 0, in order}; the
+    # names its weight digests use (`weight_digests`); SGLang-dialect engines here report HF names
+    packed_modules: ClassVar[dict[str, tuple[str, ...]]] = {}
+    digest_hash: ClassVar[str] = SGLANG_CPU_HASH  # how `weight_digests` are made (`EngineDigests.hash`)
+    vocab_padding: ClassVar[int] = 1  # the engine holds its embedding and LM head with rows padded to a multiple
 
     def __init__(self, url: str, *, timeout_s: float = 60.0):
         self.url = url.rstrip("/")
@@ -239,6 +263,21 @@ class EngineClient:
         `{checksums, per_gpu_checksum, parallelism_info}` per TP rank, and `per_engine_checksum`). Raises
         EngineHTTPError with the engine's message unless it reports success (compare: tensors differ)."""
         return self._weights_call("/weights_checker", {"action": action}, timeout)
+
+    def weight_digests(self, timeout: float = 600.0) -> EngineDigests:
+        """The engine's tensors by name from `/weights_checker` checksum, when its one rank holds them whole and
+        hashed on the CPU (the built-in engine says so per rank; SGLang does on a CPU device), with its LoRA
+        adapters' tensors where it reports them (the built-in engine)."""
+        ranks = self.check_weights("checksum", timeout=timeout).get("ranks") or []
+        if len(ranks) != 1:
+            return EngineDigests(hash=SGLANG_CPU_HASH, tensors=None, why_not=f"its weights are in {len(ranks)} shards")
+        rank = ranks[0]
+        hashed = rank.get("hash") or (SGLANG_CPU_HASH if self.server_info().get("device") == "cpu" else None)
+        if hashed != SGLANG_CPU_HASH:
+            return EngineDigests(
+                hash=SGLANG_CPU_HASH, tensors=None, why_not="it hashes tensors on its GPU with a kernel of its own"
+            )
+        return EngineDigests(hash=hashed, tensors=dict(rank.get("checksums") or {}), adapters=rank.get("lora_adapters"))
 
     def server_info(self) -> dict:
         return self._get("/server_info")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
-from slime.config.schema import RunConfig
+from slime.config.schema import RunConfig, resolved_precision
 from slime.engine.groups import rollout_gpu_count
 from slime.engine.hf.check import hf_batches
 from slime.rollout.check_data import rollouts_for_epochs
@@ -37,7 +37,7 @@ def derive(cfg: RunConfig) -> Derived:
     k = max(t.num_steps_per_rollout, 1)
     g = t.global_batch_size if t.global_batch_size is not None else samples // k
     num_rollout = rollouts_for_epochs(cfg)
-    precision = t.precision if t.precision != "auto" else ("bf16" if c.device == "cuda" else "fp32")
+    precision = resolved_precision(t.precision, c.device)
     return Derived(
         actor_gpus=actor,
         critic_gpus=critic,

@@ -38,7 +38,7 @@ from slime.rollout.check_hooks import check_agent, check_full_async_hooks, check
 from slime.rollout.check_rewards import check_rewards
 from slime.rollout.check_template import check_chat_template
 from slime.rollout.data_identity import check_data_unchanged
-from slime.sync.check import check_adapter_sync
+from slime.sync.check import check_adapter_sync, check_delta, check_verify
 from slime.tracking.check import check_sinks
 from slime.train.check_estimator import check_estimator
 
@@ -79,6 +79,8 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_model_parallel_split(cfg, derived)
     yield from check_fault_tolerance(cfg)
     yield from check_adapter_sync(cfg)
+    yield from check_verify(cfg)
+    yield from check_delta(cfg)
     yield from check_sinks(cfg)
     yield from check_rewards(cfg)
     yield from check_hooks(cfg)

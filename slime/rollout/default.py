@@ -114,6 +114,17 @@ def _report(args: RolloutContext, step: _Step) -> None:
 
 async def _train(args: RolloutContext, data_source, rollout_id: int, semaphore: asyncio.Semaphore) -> _Step:
     step = _Step()
+    try:
+        return await _fill(args, data_source, rollout_id, semaphore, step)
+    except BaseException:  # a group failed (a dead engine): the rest are cancelled, not left to fail unheard
+        for task in step.pending:
+            task.cancel()
+        await asyncio.gather(*step.pending, return_exceptions=True)
+        raise
+
+
+async def _fill(args: RolloutContext, data_source, rollout_id: int, semaphore: asyncio.Semaphore, step: _Step) -> _Step:
+    """Submit groups and judge them as they finish until `rollout.batch_size` are kept; the rest stay pending."""
     call = dict(rollout_id=rollout_id, evaluation=False)
     args.progress.needed = args.batch_size
     while len(step.kept) < args.batch_size:

@@ -48,7 +48,8 @@ async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, tim
                 error = f"{resp.status}: {(await resp.text())[:200]}"
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             error = repr(exc)
-        await asyncio.sleep(min(2**attempt * 0.2, 5))
+        if attempt + 1 < RETRIES:
+            await asyncio.sleep(min(2**attempt * 0.2, 5))
     raise RuntimeError(f"POST {url} failed {RETRIES} times, last error {error}")
 
 

@@ -25,8 +25,10 @@ flight as fresh prompts (a resume generates them again).
 
 With fault tolerance (`StreamLimits.keep_failed`) a group whose generation fails (its engine or router died) is kept
 in its place, reset: `take()` raises GroupsFailed once it reaches such a group, with the groups it had taken put
-back, and the next `take()` (after the loop restarted what died) runs the failed groups again. Without it the
-first failure ends the stream.
+back, and the next `take()` (after the loop restarted what died) runs the failed groups again. `restarted()` (the
+manager's, once restarted engines rejoined their routers or a router restarted) runs them again at once, and a
+group started before it that fails after it (its requests retried into the outage) runs again in its place rather
+than failing a take: what it failed on is back. Without keep_failed the first failure ends the stream.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class GroupStream:
         self._failed: dict[int, list[Sample]] = {}  # start number -> a group that failed, reset (keep_failed)
         self._failure: BaseException | None = None  # the first error of the groups in _failed
         self._relaunch: list[tuple[int, list[Sample]]] = []  # failed groups back in flight, for _draw to start
+        self._restarts = 0  # restarted() calls so far: what failed groups failed on came back this often
+        self._started_at: dict[int, int] = {}  # start number -> _restarts when the group (last) started
         self._next_key = 0  # the next group's start number (its key in the maps)
         self._taken = 0  # groups the take at the current version has kept
         self._drawn = 0  # groups started since the last take (the progress display's "drawn")
@@ -145,6 +149,14 @@ class GroupStream:
                 "perf/engine_idle_time": self._take_idle(),
             }
         return taken, metrics
+
+    def restarted(self) -> None:
+        """What the failed groups failed on (an engine, a router) restarted and serves: they run again now, and a
+        group started before now that fails later runs again too (the module docstring)."""
+        with self._cond:
+            self._restarts += 1
+            self._relaunch_failed()
+        self._wake()
 
     def _relaunch_failed(self) -> None:
         """The failed groups go back in flight, in their places; the stream's loop starts them (the lock held)."""
@@ -249,6 +261,8 @@ class GroupStream:
         in flight first."""
         with self._cond:
             drawn, self._relaunch = self._relaunch, []
+            for key, _ in drawn:
+                self._started_at[key] = self._restarts
             while self._error is None and self._has_room():
                 groups = self.data_source.get_groups(1)
                 if not groups:
@@ -258,6 +272,7 @@ class GroupStream:
                 key, self._next_key = self._next_key, self._next_key + 1
                 self._order.append(key)
                 self._in_flight[key] = groups[0]
+                self._started_at[key] = self._restarts
                 self._drawn += 1
                 drawn.append((key, groups[0]))
         return drawn
@@ -276,25 +291,39 @@ class GroupStream:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - take() re-raises it in the manager's thread
-            with self._cond:
-                if self.limits.keep_failed:
-                    self._in_flight.pop(key, None)
-                    self._failed[key] = [reset_sample(s) for s in group]
-                    self._failure = self._failure or exc
-                    logger.warning(
-                        "group %d failed its generation (%s: %s); kept to run again", key, type(exc).__name__, exc
-                    )
-                else:
-                    self._error = exc
-                self._cond.notify_all()
+            self._group_failed(key, group, exc)
             return
         with self._cond:
             self._in_flight.pop(key, None)
+            self._started_at.pop(key, None)
             if not self._in_flight:
                 self._idle_since = time.monotonic()
             self._done[key] = done
             self._cond.notify_all()
         self._wakeup.set()
+
+    def _group_failed(self, key: int, group: list[Sample], exc: Exception) -> None:
+        """Without keep_failed the stream's error; with it the group is kept, reset, in its place: run again at once
+        when what it failed on restarted since it started, else by the next take or `restarted()`."""
+        why, reset = f"{type(exc).__name__}: {exc}", [reset_sample(s) for s in group]
+        with self._cond:
+            again = self.limits.keep_failed and self._started_at.get(key, self._restarts) < self._restarts
+            if again:
+                self._in_flight[key] = reset
+                self._relaunch.append((key, reset))
+            elif self.limits.keep_failed:
+                self._in_flight.pop(key, None)
+                self._started_at.pop(key, None)
+                self._failed[key] = reset
+                self._failure = self._failure or exc
+            else:
+                self._error = exc
+            self._cond.notify_all()
+        if again:
+            logger.warning("group %d failed its generation on what restarted since (%s); running it again", key, why)
+            self._wake()
+        elif self.limits.keep_failed:
+            logger.warning("group %d failed its generation (%s); kept to run again", key, why)
 
     async def _run_sample(self, sample: Sample, semaphore: asyncio.Semaphore) -> Sample:
         """Generate and reward one sample; a request aborted by a push's pause continues (new weights)."""

@@ -204,6 +204,12 @@ def _sync_context(cfg: RunConfig) -> SyncContext:
         bucket_bytes=w.bucket_mb << 20,
         keep=w.keep,
         check_weight_update_equal=cfg.debug.check_weight_update_equal,
+        verify=w.verify,
+        # a push that must be made again on a mismatch (resync) is checked inside it; a failing one may stop the run
+        # later, before what the engines generate on it trains (slime.runtime.weight_push)
+        defer_verify=w.verify and w.on_mismatch != "resync",
+        delta_full_every=w.full_every if w.delta else 0,
+        corrupt_version=cfg.debug.corrupt_push_version,
         pause_mode=PauseMode.resolve(w.pause_mode, cfg.train.async_mode),
         adapter=SyncedAdapter(name=serving.adapter_name, config=cfg.model.lora.adapter_config()) if serving else None,
     )

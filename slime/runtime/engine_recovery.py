@@ -39,6 +39,13 @@ class FleetRecovery:
         logger.error("engine %d at %s (pid %s) %s: removed from its router", rank, slot.url, slot.info.get("pid"), why)
         self._deregister(slot)
 
+    def mark_dead_at(self, urls: list[str], why: str) -> list[int]:
+        """`mark_dead` each engine serving at one of `urls`; returns their ranks."""
+        ranks = [slot.rank for slot in self.slots if slot.url in urls]
+        for rank in ranks:
+            self.mark_dead(rank, why)
+        return ranks
+
     def dead_ranks(self) -> list[int]:
         return [slot.rank for slot in self.slots if slot.dead]
 

@@ -15,6 +15,10 @@ The injector follows the run through its phase events (slime.runtime.events):
   found its engines alive and begins moving weights (RunEvent.PUSH_TRANSFER_STARTED), so that the push meets the
   death rather than the restart check before it;
 - `debug.kill_router_at`: on entering that phase the router the run launched is SIGKILLed (its pid from engines.json).
+
+A kill at a rollout phase ("rollout:K") fires when the loop asks the rollout manager for rollout K
+(RunEvent.ROLLOUT_STARTED): after the loop's check for dead engines at the step's start, which would otherwise find
+the process gone (or not yet, by a few milliseconds) and make the fault the check's rather than the rollout's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from pathlib import Path
 from slime.config.schema import DebugConfig, PhasePoint
 from slime.runtime.events import Event, EventBus, RunEvent
 from slime.runtime.interrupts import kill_descendants
+
+# kills that wait for an event after their phase began: the push's transfer, the loop asking for the rollout
+DEFERRED_KILLS = {("engine", "weight_sync"), ("engine", "rollout"), ("router", "rollout")}
 
 
 class FaultInjector:
@@ -61,6 +68,7 @@ class FaultInjector:
         events.subscribe(RunEvent.CHECKPOINT_DATA_SAVED, injector._on_data_saved, last=True)
         events.subscribe(RunEvent.LOOP_STARTED, injector._on_loop_started)
         events.subscribe(RunEvent.PUSH_TRANSFER_STARTED, injector._on_push_transfer)
+        events.subscribe(RunEvent.ROLLOUT_STARTED, injector._on_rollout_asked)
         return injector
 
     def _on_loop_started(self, event: Event) -> None:
@@ -76,7 +84,7 @@ class FaultInjector:
         if phase != "save":  # after the signal's timer: a hang there meets the signal; a save hangs mid-way
             self._hang_if_due(phase, event.rollout_id)
         for kind in self.kill_at:
-            if not (kind == "engine" and phase == "weight_sync"):  # that one waits for the push's transfer
+            if (kind, phase) not in DEFERRED_KILLS:
                 self._kill_if_due(kind, phase, event.rollout_id)
         if self.nonfinite_at is not None and self.nonfinite_at.matches(phase, event.rollout_id) and self.trainer:
             self.nonfinite_at = None
@@ -84,6 +92,10 @@ class FaultInjector:
 
     def _on_push_transfer(self, event: Event) -> None:
         self._kill_if_due("engine", "weight_sync", event.rollout_id)
+
+    def _on_rollout_asked(self, event: Event) -> None:
+        for kind in self.kill_at:
+            self._kill_if_due(kind, "rollout", event.rollout_id)
 
     def _kill_if_due(self, kind: str, phase: str, rollout_id: int | None) -> None:
         point = self.kill_at[kind]

@@ -137,7 +137,7 @@ class RunLoop:
             step.restarted = self.recover_engines(rollout_id)
             self.rollout_recovering(step)
             self.state.enter("log_probs", rollout_id)
-            self.before_train(rollout_id)
+            step.metrics.update(self.before_train(rollout_id))
             self.train(step)
             self.save_if_due(step)
             self.state.enter("weight_sync", rollout_id)
@@ -276,9 +276,9 @@ class RunLoop:
             overlap -= max(self.train_window[0], metrics["perf/rollout_started_at"])
             metrics["perf/rollout_overlap_time"] = max(overlap, 0.0)
 
-    def before_train(self, rollout_id: int) -> None:
-        if self.parts.pusher is not None:  # colocated: the engines' memory goes back to the trainer
-            self.parts.pusher.before_train(rollout_id)
+    def before_train(self, rollout_id: int) -> dict[str, float]:
+        """Colocated: the engines' memory goes back to the trainer, which scores the last push's probe (its metrics)."""
+        return self.parts.pusher.before_train(rollout_id) if self.parts.pusher is not None else {}
 
     def train(self, step: Step) -> None:
         """The loop's train step on the training groups, timed: `perf/train_time` (s) and its window
@@ -286,6 +286,8 @@ class RunLoop:
         advantages) to train; `step.train_steps` gets the merged actor (+ critic) `train/*` metrics of every
         optimizer step."""
         metrics, rollout_id = step.metrics, step.rollout_id
+        if self.parts.pusher is not None:  # nothing the engines generated on unchecked weights trains
+            metrics.update(self.parts.pusher.await_verification())
         metrics["perf/train_started_at"] = time.time() - self.t0
         actor, critic = self.parts.actor, self.parts.critic
         actor.load_batch(rollout_id, step.shards)
@@ -356,7 +358,9 @@ class RunLoop:
         """The loop's weight sync: push the weights step `rollout_id` trained (version rollout_id + 1)."""
         if self.parts.pusher is None:
             return
-        step.metrics.update(self.parts.pusher.sync(weight_version=step.rollout_id + 1))
+        # the push's check runs beside the next rollout, unless an eval or the run's end comes first
+        defer = step.rollout_id < self.last and not due(step.rollout_id, self.cfg.eval.interval)
+        step.metrics.update(self.parts.pusher.sync(weight_version=step.rollout_id + 1, defer=defer))
         step.metrics["rollout/engine_restarts"] += step.restarted
         self.state.events.publish(RunEvent.WEIGHTS_PUSHED, step.rollout_id)
 

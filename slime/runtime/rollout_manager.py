@@ -120,13 +120,28 @@ class RolloutManager:
         """A line naming each engine that is dead (rank, URL, pid, log); nothing is marked (a failed push asks)."""
         return self.fleet.engine_deaths()
 
+    def mark_engines_dead(self, urls: list[str], why: str) -> list[int]:
+        """Take the engines at `urls` out of their routers as dead, for `recover_engines` to restart (a verified push
+        found their weights wrong); returns their ranks."""
+        return self.fleet.mark_dead_at(urls, why)
+
     def recover_engines(self) -> list[int]:
         """Restart dead engines (they get weights next; colocated, they release their memory first); returns
         their ranks."""
         return self.fleet.recover()
 
+    def probe_engines(self, max_new_tokens: int) -> tuple[list[Any], list[ray.ObjectRef]]:
+        """The log-prob probe after a push (slime.sync.probe): each synced engine's answer (EngineProbe) and, per
+        data-parallel rank, a reference to the batch of those answers for the trainer to score."""
+        answers, batches = self.producer.probe(self.fleet.sync_urls(), max_new_tokens)
+        return answers, [ray.put(batch) for batch in batches]
+
     def register_engines(self, ranks: list[int]) -> None:
+        """Put restarted engines, synced, back behind their routers; train.async=full's groups that failed on them
+        run again."""
         self.fleet.register_restarted(ranks)
+        if ranks:
+            self.producer.restarted()
 
     def shutdown(self) -> None:
         if self.producer is not None:
@@ -154,6 +169,7 @@ class RolloutManager:
         dead = self.fleet.router_deaths()
         if dead and self.setup.rollout.fault_tolerance.enabled:
             self.fleet.restart_routers()
+            self.producer.restarted()
         elif dead:
             raise RouterDied(f"{during} cannot start: {'; '.join(dead)}")
         try:

@@ -41,6 +41,7 @@ from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.entry_points import ROLLOUT_FN_SHAPE, function_path
 from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
+from slime.rollout.probe import probe_engines
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.rollout.staleness import record_staleness
 from slime.rollout.stream import GroupStream
@@ -48,6 +49,7 @@ from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.engine_memory import engine_memory_metrics
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.rollout_setup import RolloutSetup
+from slime.sync.probe import EngineProbe
 from slime.train.checkpoint_files import save_state_files
 from slime.train.rng import rng_state, set_rng_state
 from slime.types import SampleStatus, TrainBatch
@@ -165,6 +167,12 @@ class RolloutProducer:
             self.stream = None
             self.fleet.abort_and_wait_idle()
 
+    def restarted(self) -> None:
+        """Engines or a router that died serve again: the stream's groups that failed on them run again
+        (GroupStream.restarted); nothing without a stream."""
+        if self.stream is not None:
+            self.stream.restarted()
+
     # ---- rollout -----------------------------------------------------------------------------
     def _context(self, progress: RolloutProgress, *, evaluation: bool) -> RolloutContext:
         s, r = self.setup, self.setup.rollout
@@ -273,6 +281,14 @@ class RolloutProducer:
         )
         metrics.update(zip(ROLLOUT_CLOCK, (started, time.time())))
         return batches, metrics, preview
+
+    def probe(self, urls: list[str], max_new_tokens: int) -> tuple[list[EngineProbe], list[TrainBatch]]:
+        """The log-prob probe's engine side (slime.rollout.probe.probe_engines): each engine's answer, in the order of
+        `urls`, and the batches every data-parallel rank scores."""
+        ctx = self._context(RolloutProgress(), evaluation=False)
+        samples, batches = probe_engines(ctx, urls, max_new_tokens, self.setup.dp_size)
+        tokens = [(s.tokens[s.prompt_length :], list(s.rollout_log_probs or [])) for s in samples]
+        return [EngineProbe(url, *answer) for url, answer in zip(urls, tokens)], batches
 
     def rewind(self, rollout_id: int) -> bool:
         """Put the data source back where training rollout `rollout_id` began (its cursor and buffer), so that the

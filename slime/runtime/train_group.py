@@ -168,6 +168,10 @@ class TrainGroup:
     def update_weights(self, weight_version: int) -> dict[str, float]:
         return self._all("update_weights", weight_version)[0]
 
+    def weights_verified(self) -> dict[str, float]:
+        """The last push's check, awaited where it runs beside generation (TrainBackend.weights_verified)."""
+        return self._all("weights_verified")[0]
+
     def offload(self) -> None:
         """Free accelerator memory for colocated engines (every rank)."""
         self._all("offload")

@@ -23,13 +23,20 @@ An engine that dies during a push (its server gone when the push reaches it, or 
 the push naming it (`EngineDied`: rank, URL, pid, log), never only with the connection error. With fault tolerance
 the dead engine is restarted and the whole push made again to every engine, as often as `max_restarts` allows: the
 others may hold half of the new weights, and every mode's push is whole or repeated (a distributed sync rebuilds its
-group for the new URL).
+group for the new URL). With `rollout.weight_sync.on_mismatch=resync` an engine whose weights a verified push found
+wrong (slime.sync.verify) is handled as a dead one: restarted, and the push made again to every engine.
+
+A verified push ends with the log-prob probe (slime.sync.probe): each engine generates a fixed prompt, the trainer
+scores the tokens on the weights it pushed. Colocated, the trainer is off the GPUs by then: it scores them once it is
+back (`before_train`, before the step trains), and an engine found wrong there is restarted by the next push (resync)
+or stops the run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import ray
 
@@ -39,6 +46,8 @@ from slime.runtime.deaths import EngineDied, failure_text
 from slime.runtime.events import EventBus, RunEvent
 from slime.runtime.train_group import TrainGroup
 from slime.sync.base import SyncContext
+from slime.sync.probe import check_probe, probe_tolerance
+from slime.sync.verify import mismatched_engines
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +67,14 @@ class WeightPush:
         self.context = context
         self.colocate = cfg.cluster.colocate
         self.fault_tolerance = cfg.rollout.fault_tolerance.enabled
+        self.resync = cfg.rollout.weight_sync.on_mismatch == "resync"
         self.trainer_on_device = True  # colocated: the trainer builds on the GPUs; each push offloads it
+        ws = cfg.rollout.weight_sync
+        self.probe_tokens = ws.probe_tokens if ws.verify else 0
+        self.probe_tolerance = probe_tolerance(cfg) if self.probe_tokens else 0.0
+        self.pending_probe: tuple | None = None  # colocated: (version, answers, shards, seconds) to score at onload
+        self.restart_due = False  # colocated: a probe at onload marked engines dead; the next push restarts them
+        self.unverified = False  # a push's check runs on the trainer, not awaited yet
 
     def connect(self) -> None:
         """(Re)build the weight-sync object on the trainer for the engines' current URLs."""
@@ -79,11 +95,31 @@ class WeightPush:
         """Push the trainer's weights as `weight_version`; returns the sync's `perf/*` metrics."""
         return self._push(weight_version, restart=False)[0]
 
-    def sync(self, weight_version: int) -> dict[str, float]:
+    def sync(self, weight_version: int, *, defer: bool = True) -> dict[str, float]:
         """The loop's push: with fault tolerance, dead engines are restarted first and pushed to with the
-        others, then rejoin their routers; `rollout/engine_restarts` counts them."""
-        metrics, ranks = self._push(weight_version, restart=self.fault_tolerance)
+        others, then rejoin their routers; `rollout/engine_restarts` counts them. `defer`: the push's check may run
+        beside the generation that follows (`await_verification`)."""
+        metrics, ranks = self._push(weight_version, restart=self.fault_tolerance, defer=defer)
         return {**metrics, "rollout/engine_restarts": float(len(ranks))}
+
+    def await_verification(self) -> dict[str, float]:
+        """Await the check of the last push where it runs beside generation (`rollout.weight_sync.on_mismatch=fail`):
+        its `perf/update_weights_verify_time`; raises its WeightMismatchError (the run stops before anything the
+        engines generated on those weights trains). A check cut short by an engine's death is not one: with fault
+        tolerance the engine restarts, and is pushed to and checked again, before the next rollout."""
+        if not self.unverified:
+            return {}
+        self.unverified = False
+        try:
+            return self.actor.weights_verified()
+        except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death explains it
+            if mismatched_engines(exc) or not self.fault_tolerance:
+                raise
+            deaths = self._engine_deaths()
+            if not deaths:
+                raise
+            logger.warning("the check of the last push did not finish: %s (%s)", "; ".join(deaths), failure_text(exc))
+            return {}
 
     def recover(self, weight_version: int) -> int:
         """Before a rollout: restart engines that died since the last push, sync them with the current
@@ -92,17 +128,24 @@ class WeightPush:
             return 0
         return len(self._push(weight_version, restart=True)[1])
 
-    def _push(self, weight_version: int, *, restart: bool) -> tuple[dict[str, float], list[int]]:
+    def _push(self, weight_version: int, *, restart: bool, defer: bool = False) -> tuple[dict[str, float], list[int]]:
         """One push, made again once dead engines restarted where an engine's death failed it (the module
-        docstring): (the sync's metrics, the ranks restarted by every attempt)."""
+        docstring): (the sync's metrics, the ranks restarted by every attempt). `defer`: its check runs on (the
+        trainer's `weights_verified` awaits it), where checks do not run inside the push."""
+        verify_metrics = self.await_verification()  # the last push's, where nothing awaited it yet
         ft = self.cfg.rollout.fault_tolerance
-        attempts = ft.max_restarts + 1 if self.fault_tolerance else 1
+        attempts = ft.max_restarts + 1 if self.fault_tolerance or self.resync else 1
         restarted: list[int] = []  # kept across attempts: each rejoins its router once a push succeeded
+        restart, self.restart_due = restart or self.restart_due, False
         for attempt in range(attempts):
             try:
-                return self._push_once(weight_version, restart=restart or attempt > 0, restarted=restarted), restarted
-            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death explains it
-                deaths = self._engine_deaths()
+                metrics = self._push_once(weight_version, restart=restart or attempt > 0, restarted=restarted)
+                self.unverified = self.context.defer_verify  # its check runs on beside generation
+                if not defer:
+                    metrics.update(self.await_verification())
+                return {**verify_metrics, **metrics, **self._probe(weight_version)}, restarted
+            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death or a resync explains it
+                deaths = self._resync(exc, weight_version) or self._engine_deaths()
                 if not deaths:
                     raise
                 failed = f"the weight push of version {weight_version} failed: {'; '.join(deaths)}"
@@ -111,6 +154,18 @@ class WeightPush:
                     raise EngineDied(failed) from exc
                 logger.warning("%s; pushing again to every engine once the engine restarted", failed)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _resync(self, exc: BaseException, weight_version: int) -> list[str]:
+        """`rollout.weight_sync.on_mismatch=resync`: the engines a verification found holding other weights are taken
+        out of their routers as dead (the next attempt restarts them and pushes to every engine); a line naming each.
+        [] when the push failed otherwise."""
+        urls = mismatched_engines(exc)
+        if not (self.resync and urls):
+            return []
+        self.context = dataclasses.replace(self.context, corrupt_version=None)  # an injected fault fires once
+        why = f"holds other weights than the trainer pushed as version {weight_version}"
+        ranks = ray.get(self.manager.mark_engines_dead.remote(list(urls), why))
+        return [f"engine {rank} {why}: restarted to be synced again" for rank in ranks]
 
     def _engine_deaths(self) -> list[str]:
         """What the rollout manager says of dead engines after a failed push ([] when it cannot say)."""
@@ -147,15 +202,58 @@ class WeightPush:
             self._control("end_push")
         return metrics
 
-    def before_train(self, rollout_id: int) -> None:
-        """Colocated: the engines give their memory back, then the trainer takes its own back."""
+    def before_train(self, rollout_id: int) -> dict[str, float]:
+        """Colocated: the engines give their memory back, then the trainer takes its own back and scores the last
+        push's probe; returns the probe's metrics. The last push's check, where it runs on, ends first: released
+        weights are not what it checks."""
+        checked = self.await_verification()
         if not self.colocate:
-            return
+            return checked
         self._step(rollout_id, "engine_release")
         self._control("release_memory")
         self._step(rollout_id, "train_onload")
         self.actor.onload()
         self.trainer_on_device = True
+        if self.pending_probe is None:
+            return checked
+        version, answers, shards, seconds = self.pending_probe
+        self.pending_probe = None
+        try:
+            return {**checked, **self._score_probe(version, answers, shards, seconds)}
+        except Exception as exc:  # noqa: BLE001 - re-raised unless resync takes the engines out
+            lines = self._resync(exc, version)
+            if not lines:
+                raise
+            logger.warning("%s; %s", failure_text(exc), "; ".join(lines))
+            self.restart_due = True
+            return checked
+
+    def _probe(self, weight_version: int) -> dict[str, float]:
+        """The log-prob probe of the push just made (slime.sync.probe); colocated, the trainer's side waits for its
+        onload (`before_train`). Its metrics: the differences and `perf/update_weights_probe_time` (s)."""
+        if not self.probe_tokens:
+            return {}
+        started = time.perf_counter()
+        answers, shards = ray.get(self.manager.probe_engines.remote(self.probe_tokens))
+        seconds = time.perf_counter() - started
+        if not self.trainer_on_device:
+            self.pending_probe = (weight_version, answers, shards, seconds)
+            return {}
+        return self._score_probe(weight_version, answers, shards, seconds)
+
+    def _score_probe(self, version: int, answers: list, shards: list, seconds: float) -> dict[str, float]:
+        """The trainer's log-probs of the engines' probe tokens (every data-parallel rank holds every answer: the
+        first shard's owner's are read), compared with theirs; `seconds`: the engines' side of the probe."""
+        started = time.perf_counter()
+        scored = []
+        if shards:
+            self.actor.load_batch(version, shards)
+            self.actor.compute_log_probs("old")
+            scored = ray.get(self.actor.get_column("old_log_probs")[0])
+        per_answer = iter(scored)
+        trainer = [next(per_answer) if answer.tokens else [] for answer in answers]
+        metrics = check_probe(answers, trainer, tolerance=self.probe_tolerance, version=version)
+        return {**metrics, "perf/update_weights_probe_time": seconds + time.perf_counter() - started}
 
     def _restart_dead(self, rollout_id: int) -> list[int]:
         if not ray.get(self.manager.dead_engines.remote()):

@@ -32,14 +32,13 @@ from safetensors.torch import save_file
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightMismatchError, WeightSync
 from slime.sync.tensor import TPSizes, packed
+from slime.sync.verify import SERVING_DTYPES
 from slime.wire import bucket_codec
 from slime.wire.tensors import Bucket, bucket_nbytes, sha256, weight_checksum
 
 logger = logging.getLogger(__name__)
 
 PEFT_PREFIX = "base_model.model."  # peft's saved names: every adapter tensor's, never a base weight's
-# An engine holds a trained base weight in its serving dtype, which the trainer does not know (SGLang's --dtype auto)
-SERVING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def split_trained(tensors: Bucket) -> tuple[Bucket, Bucket]:
@@ -126,7 +125,7 @@ class TensorAdapterSync(AdapterSync):
 
     def _deliver(self, adapter: Bucket, base: Bucket, weight_version: str) -> None:
         synced = self.context.adapter
-        checksums = sha256_of(adapter) if self.context.check_weight_update_equal else None
+        checksums = sha256_of(adapter) if self.context.check_weight_update_equal or self.context.verify else None
         # the buffers live until every engine copied them
         with packed(adapter) as (flat, metadata), packed(base) as (base_flat, base_metadata):
             for engine in self.engines:

@@ -14,6 +14,13 @@ the running requests in place, flush the cache on every updatable engine, open e
 engines stamp the new `weight_version` on every later response, and the rollout records it on each Sample. A failed
 push still closes the sessions it opened and continues generation, then raises.
 
+With `verify` every push is checked once the sessions closed: the digests the trainer took of each bucket as it
+passed (beside the transfer) against what each engine then holds (slime.sync.verify, WeightMismatchError naming the
+engine, the buckets and the tensors). With `defer_verify` that check runs on a thread of its own once the push has
+ended, beside the generation that follows: `verified()` awaits it (raising its mismatch), as does the next push
+before it starts; the caller awaits it before it trains on what the engines generate. With `delta_full_every`
+pushes after a full one carry only the changed bits (slime.sync.delta).
+
 `check_weight_update_equal` (slime's `--check-weight-update-equal`) drives SGLang's `/weights_checker`: once
 the engines are up, each snapshots the weights it loaded from the checkpoint and overwrites them with random
 values (the rollout manager, before a colocated engine first releases its memory); after the run's first push
@@ -26,9 +33,11 @@ the trained base weights it moved: slime.sync.adapter).
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -39,11 +48,19 @@ from slime.engine.base import engine_client
 from slime.engine.client import EngineClient
 from slime.engine.http_client import EngineHTTPError
 from slime.registry import WEIGHT_SYNC
+from slime.sync.delta import DeltaPushes
+from slime.sync.verify import Verifier, WeightMismatchError, corrupted
 
-if TYPE_CHECKING:  # torch: the driver imports SyncContext from here and never torch
+__all__ = ["SyncContext", "SyncedAdapter", "WeightMismatchError", "WeightSync", "connect_weight_sync"]
+
+if TYPE_CHECKING:  # annotations only
     from slime.wire.tensors import Bucket
 
 logger = logging.getLogger(__name__)
+
+# a check beside generation first lets the push's caller go on: its own Python work would otherwise hold the GIL
+# the caller needs to return the push (about 0.8 ms of a 9 ms push on 2 vCPUs)
+CHECK_YIELD_S = 0.01
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,16 +82,16 @@ class SyncContext:
     bucket_bytes: int  # bucket size the exporter fills, in bytes
     keep: bool = False  # disk: keep each pushed directory
     check_weight_update_equal: bool = False  # debug: engines' /weights_checker around the pushes (module docstring)
+    verify: bool = False  # rollout.weight_sync.verify: every push compared with what each engine holds after it
+    defer_verify: bool = False  # that comparison runs after the push, beside generation, until `verified()`
+    delta_full_every: int = 0  # rollout.weight_sync.delta: a full push every this many (0: every push is full)
+    corrupt_version: int | None = None  # debug.corrupt_push_version: this version's push flips a byte once verified
     # rollout.weight_sync.pause_mode, resolved: abort ends running requests; in_place holds them across the push, so
     # no cache is flushed (SGLang refuses while requests run)
     pause_mode: PauseMode = PauseMode.ABORT
     # tensor mode: per engine (in push order), the training rank colocated with each engine TP rank (-1: none)
     tp_trainer_ranks: tuple[tuple[int, ...], ...] = ()
     adapter: SyncedAdapter | None = None  # the policy's LoRA adapter moves alone (None: full weights)
-
-
-class WeightMismatchError(RuntimeError):
-    """An engine's weights differ from the trainer's after a sync (`debug.check_weight_update_equal`)."""
 
 
 class WeightSync(abc.ABC):
@@ -88,6 +105,12 @@ class WeightSync(abc.ABC):
         self.engines = list(engines)
         self.context = context
         self.phases: dict[str, float] = {}  # the mode's own `perf/*` seconds of its last transfer (`_transfer`)
+        adapter = context.adapter.name if context.adapter is not None else None
+        self.verifier = (
+            Verifier(source_checkpoint=context.source_checkpoint, adapter=adapter) if context.verify else None
+        )
+        self.deltas = DeltaPushes(context.delta_full_every) if context.delta_full_every else None
+        self._check: concurrent.futures.Future | None = None  # defer_verify: the last push's check, running
 
     @classmethod
     def follower(cls, context: SyncContext, rank: int):
@@ -97,6 +120,7 @@ class WeightSync(abc.ABC):
 
     def push(self, buckets: Iterable[Bucket], *, weight_version: int) -> dict[str, float]:
         """pause -> flush -> begin -> transfer -> end -> continue on every engine; returns `perf/*` timings (s)."""
+        self.verified()  # the last push's check ends first: a mismatch there is this sync's to raise
         start = time.perf_counter()
         paused: list[EngineClient] = []
         opened: list[EngineClient] = []
@@ -111,23 +135,36 @@ class WeightSync(abc.ABC):
                 for engine in self.engines:
                     engine.begin_weight_update()
                     opened.append(engine)
-            transferred = self._transfer(buckets, weight_version=str(weight_version))
+            ledger = self.verifier.ledger(self.engines) if self.verifier is not None else None
+            stream = ledger.watch(buckets) if ledger else buckets
+            if self.context.corrupt_version == weight_version:
+                stream = corrupted(stream)
+            if self.deltas is not None:
+                stream = self.deltas.encode(stream, self.verifier.served_dtype() if self.verifier else None)
+            transferred = self._transfer(stream, weight_version=str(weight_version))
             for engine in list(opened):
                 engine.finish_weight_update(str(weight_version))
                 opened.remove(engine)
+            if ledger is not None and not self.context.defer_verify:
+                self.phases["perf/update_weights_verify_time"] = self._verify(ledger, str(weight_version))
             if check_first:
                 self._each_check("compare")
             if self.context.check_weight_update_equal:
                 self.check_pushed()
         except BaseException:
+            if self.deltas is not None:
+                self.deltas.failed()
             self._end_sessions(opened)
             self._continue(paused, raise_errors=False)  # the sync's own error is the one to report
             raise
         self._continue(paused, raise_errors=True)
+        if ledger is not None and self.context.defer_verify:
+            self._check = self._verify_beside(ledger, str(weight_version))
         return {
             "perf/update_weights_time": time.perf_counter() - start,
             "perf/update_weights_bytes": float(transferred),
             **self.phases,
+            **(self.deltas.metrics() if self.deltas is not None else {}),
         }
 
     @property
@@ -159,6 +196,46 @@ class WeightSync(abc.ABC):
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         """Move every bucket into every engine and have them load it; returns the bytes moved."""
 
+    def verified(self) -> dict[str, float]:
+        """`defer_verify`: await the last push's check (WeightMismatchError when an engine holds other weights);
+        its `perf/update_weights_verify_time` (s). {} when no check is running."""
+        check, self._check = self._check, None
+        if check is None:
+            return {}
+        try:
+            return {"perf/update_weights_verify_time": check.result()}
+        except BaseException:
+            if self.deltas is not None:  # the engines' base for the next delta is not known
+                self.deltas.failed()
+            raise
+
+    def _verify_beside(self, ledger, weight_version: str) -> concurrent.futures.Future:
+        """`_verify` on a thread of its own; the future holds its seconds or its error."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def check() -> None:
+            time.sleep(CHECK_YIELD_S)
+            try:
+                future.set_result(self._verify(ledger, weight_version))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits the check
+                future.set_exception(exc)
+
+        threading.Thread(target=check, name=f"verify-push-{weight_version}", daemon=True).start()
+        return future
+
+    def _verify(self, ledger, weight_version: str) -> float:
+        """`rollout.weight_sync.verify`: every engine holds what the push carried (slime.sync.verify); engines that
+        cannot report their tensors whole are compared with each other. Its seconds, the trainer's hashing
+        (beside the transfer) included, are `perf/update_weights_verify_time`; returns them."""
+        start = time.perf_counter()
+        unreported = self.verifier.check(self.engines, ledger, weight_version)
+        if len(unreported) > 1:
+            try:
+                self.check_engines_agree(unreported)
+            except NotImplementedError as exc:  # an engine kind without SGLang's checker
+                logger.info("the engines' weights are not compared with each other: %s", exc)
+        return ledger.seconds + time.perf_counter() - start
+
     def _each_check(self, action: str) -> None:
         """`/weights_checker {action}` on every engine; WeightMismatchError with the engine's message on failure."""
         for engine in self.engines:
@@ -173,12 +250,13 @@ class WeightSync(abc.ABC):
         """`check_weight_update_equal` after every push: the engines agree (`check_engines_agree`)."""
         self.check_engines_agree()
 
-    def check_engines_agree(self) -> dict[str, dict]:
+    def check_engines_agree(self, engines: Sequence[EngineClient] | None = None) -> dict[str, dict]:
         """Every engine's checksum (`per_engine_checksum`) equals that of each other engine of its parallel
-        layout; WeightMismatchError naming the engines that differ. Returns {engine URL: its checksum reply}."""
+        layout (of `engines`, default all); WeightMismatchError naming the engines that differ. Returns {engine URL:
+        its checksum reply}."""
         by_layout: dict[str, dict[str, list[str]]] = {}
         replies = {}
-        for engine in self.engines:
+        for engine in self.engines if engines is None else engines:
             reply = replies[engine.url] = engine.check_weights("checksum")
             ranks = reply.get("ranks") or []
             layout = json.dumps([r.get("parallelism_info") for r in ranks], sort_keys=True)
@@ -186,8 +264,9 @@ class WeightSync(abc.ABC):
         for groups in by_layout.values():
             if len(groups) > 1:
                 raise WeightMismatchError(
-                    "engines hold different weights after the sync (debug.check_weight_update_equal): "
-                    + "; ".join(f"{urls} checksum {checksum[:16]}" for checksum, urls in groups.items())
+                    "engines hold different weights after the sync: "
+                    + "; ".join(f"{urls} checksum {checksum[:16]}" for checksum, urls in groups.items()),
+                    [url for urls in groups.values() for url in urls],
                 )
         logger.info("weights of %d engines agree after the sync (weights_checker checksum)", len(self.engines))
         return replies

@@ -51,6 +51,72 @@ def check_distributed(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
+ON_MISMATCH = ("fail", "resync")  # rollout.weight_sync.on_mismatch (slime.sync.verify)
+
+
+def check_verify(cfg: RunConfig) -> Iterator[Problem]:
+    """`on_mismatch` names what a failed verification does; resync restarts engines, which fault tolerance allows."""
+    ws = cfg.rollout.weight_sync
+    if ws.on_mismatch not in ON_MISMATCH:
+        yield Problem(
+            "rollout.weight_sync.on_mismatch",
+            ws.on_mismatch,
+            f"unknown; one of {', '.join(ON_MISMATCH)}",
+            "set rollout.weight_sync.on_mismatch=fail (stop the run) or resync (restart the engine and push again)",
+        )
+    if cfg.debug.corrupt_push_version is not None and not ws.verify:
+        yield Problem(
+            "debug.corrupt_push_version",
+            cfg.debug.corrupt_push_version,
+            "it tests the verification of pushes, which rollout.weight_sync.verify=false turns off",
+            "set rollout.weight_sync.verify=true, or drop debug.corrupt_push_version",
+        )
+    if ws.on_mismatch == "resync" and not ws.verify:
+        yield Problem(
+            "rollout.weight_sync.on_mismatch",
+            ws.on_mismatch,
+            "resync acts on a failed verification, and rollout.weight_sync.verify=false turns verification off",
+            "set rollout.weight_sync.verify=true, or drop rollout.weight_sync.on_mismatch",
+        )
+    if ws.probe_tokens < 0:
+        yield Problem(
+            "rollout.weight_sync.probe_tokens", ws.probe_tokens, "must be >= 0", "set it to 0 (no probe) or more"
+        )
+    if ws.probe_tolerance is not None and not ws.probe_tolerance > 0:
+        yield Problem(
+            "rollout.weight_sync.probe_tolerance",
+            ws.probe_tolerance,
+            "must be > 0 (a mean |log-prob difference|)",
+            "set it above 0, or null for the precision's tolerance (fp32 1e-3, bf16 0.1)",
+        )
+
+
+DELTA_MODES = ("tensor", "distributed")  # a delta push's pairs stay in one bucket of these transports
+
+
+def check_delta(cfg: RunConfig) -> Iterator[Problem]:
+    """Delta pushes need an engine that writes changed bits into its weights (the built-in engine), a transport that
+    keeps a bucket's tensors together, the engines' dtype (learnt by verification) and whole weights to diff."""
+    ws = cfg.rollout.weight_sync
+    if ws.full_every < 1:
+        yield Problem("rollout.weight_sync.full_every", ws.full_every, "must be >= 1", "set it to 1 or more")
+    if not ws.delta:
+        return
+    needs = (
+        (cfg.rollout.engine == "hf", "rollout.engine", cfg.rollout.engine, "only the built-in engine applies deltas",
+         "set rollout.engine=hf, or rollout.weight_sync.delta=false"),
+        (ws.mode in DELTA_MODES, "rollout.weight_sync.mode", ws.mode, "a delta push is sent in tensor or distributed mode",
+         "set rollout.weight_sync.mode=tensor (colocated) or distributed"),
+        (ws.verify, "rollout.weight_sync.verify", False, "a delta is taken in the engines' dtype, which verification learns",
+         "set rollout.weight_sync.verify=true"),
+        (not cfg.model.lora.synced_alone, "rollout.weight_sync.delta", True, "an adapter-only sync moves the adapter alone",
+         "set rollout.weight_sync.delta=false, or model.lora.sync_merged=true"),
+    )  # fmt: skip
+    for ok, key, value, why, fix in needs:
+        if not ok:
+            yield Problem(key, value, f"with rollout.weight_sync.delta=true: {why}", fix)
+
+
 # Server fields the adapter sync sets (EngineLaunch.lora: slime.engine.sglang.engine, slime.engine.vllm.engine)
 SERVER_LORA_FIELDS = {
     "rollout.sglang": ("enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch", "lora_paths"),

@@ -161,6 +161,13 @@ class TrainBackend(abc.ABC):
             return {}
         return self.weight_sync.push(buckets, weight_version=weight_version)
 
+    def weights_verified(self) -> dict[str, float]:
+        """Await the check of the last push that runs beside generation (`SyncContext.defer_verify`): its
+        `perf/*` seconds from the source rank; WeightMismatchError when an engine holds other weights."""
+        if self.weight_sync is None or not self.layout.is_source(self.rank):
+            return {}
+        return self.weight_sync.verified()
+
     def save_hf(self, path: str) -> None:
         """HF directory (safetensors + index + config + tokenizer) at `path`; collective, the source rank writes."""
         buckets = self.export_weights(1 << 29)

@@ -1,22 +1,13 @@
-"""Bitwise weight deltas and checksums: what a delta sync moves and how each side checks what it holds.
+"""Bitwise weight deltas: what a delta sync would move.
 
 A trainer exports bf16 (or fp32) copies of fp32 master weights; after a small optimizer step most exported values
 round to the very bits they had, so a push need carry only the elements whose bits changed. Everything here compares
 and carries raw bits (each tensor viewed as the signed integer of its element width), so a delta is lossless by
 construction: NaN payloads, -0.0 and +0.0 all survive, and `apply_delta(old, delta_of(old, new))` is `new` bit for
-bit.
+bit. What each side holds is checked with `slime.wire.weight_digest`.
 
     SparseDelta   (positions of the changed elements, their new bits): what travels
     delta_of      old, new -> SparseDelta        apply_delta   old, SparseDelta -> new (in place)
-    bit_checksum  a tensor's bits folded into one integer, on its own device
-
-`bit_checksum` reads the bits as 16-bit halves and takes position-weighted sums of them, exact in int64 over blocks
-and then modulo two primes below 2**31 (nothing overflows): a change of any one half (so any bit flip anywhere)
-always changes the checksum, since neither the change, its weight nor its block's factor is a multiple of the first
-prime; the weights are spread over the residues, so other corruptions (values moved, several changed) pass with a
-chance near 2**-62. It runs where the tensor is, with a few integer operations an element (a GPU reads the bytes at
-memory speed), instead of copying the bytes to the host for a sha256; it guards against corruption, not against an
-adversary.
 """
 
 from __future__ import annotations
@@ -26,10 +17,6 @@ import dataclasses
 import torch
 
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-CHECKSUM_BLOCK = 1 << 16  # 16-bit halves per block sum: below 2**62 in int64
-CHECKSUM_ROWS = 256  # blocks converted to int64 at a time (128 MiB)
-CHECKSUM_PRIMES = (2**31 - 1, 2**31 - 19)
-CHECKSUM_SPREAD = (1_000_000_007, 998_244_353)  # primes below 2**31: their products with residues fit int64
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -79,37 +66,40 @@ def changed_fraction(old: torch.Tensor, new: torch.Tensor) -> float:
     return float((bits(old) != bits(new)).sum()) / max(old.numel(), 1)
 
 
-def _spread(count: int, modulus: int, device: torch.device) -> torch.Tensor:
-    """w(j) = ((j^2 * A + j * B) mod modulus) + 1 for j in [0, count): int64 in [1, modulus], no value a fixed
-    multiple of another's (a linear w(j) makes a flip of bit k at 2j and one of bit k+1 at j agree)."""
-    j = torch.remainder(torch.arange(count, dtype=torch.int64, device=device), modulus)
-    square = torch.remainder(j * j, modulus)
-    a, b = CHECKSUM_SPREAD
-    return torch.remainder(torch.remainder(square * a, modulus) + torch.remainder(j * b, modulus), modulus) + 1
+MAX_GAP = 65535  # the largest step between two carried positions: 16 bits
 
 
-def bit_checksum(tensor: torch.Tensor) -> int:
-    """The tensor's bits as 16-bit halves x_i, in blocks of CHECKSUM_BLOCK: S_c = sum of x_i * w(i mod BLOCK) over
-    block c (exact in int64), then h_p = sum of S_c * v_p(c) modulo p for both primes, as h1 * 2**32 + h2 (the module
-    docstring). w and v are `_spread` values, below both primes' doubles and never zero."""
-    flat = bits(tensor)
-    halves = flat.view(torch.int16) if flat.element_size() >= 2 else flat.to(torch.int16)
-    width = max(1, min(CHECKSUM_BLOCK, halves.numel()))  # a small tensor is one block of its own size
-    pad = -halves.numel() % width
-    if pad:
-        halves = torch.cat([halves, halves.new_zeros(pad)])  # zeros add nothing
-    blocks = halves.view(-1, width)
-    weights = _spread(width, CHECKSUM_PRIMES[0] - 1, halves.device)
-    block_sums = torch.cat(
-        [
-            (blocks[row : row + CHECKSUM_ROWS].to(torch.int64) * weights).sum(dim=1)  # |.| < 2**15 * 2**31 * 2**16
-            for row in range(0, blocks.shape[0], CHECKSUM_ROWS)
-        ]
-        or [torch.zeros(0, dtype=torch.int64, device=halves.device)]  # an empty tensor
-    )
-    out = []
-    for prime in CHECKSUM_PRIMES:
-        factors = _spread(block_sums.numel(), prime - 1, halves.device)
-        terms = torch.remainder(torch.remainder(block_sums, prime) * factors, prime)  # each < 2**31
-        out.append(int(torch.remainder(terms.sum(), prime).item()))
-    return (out[0] << 32) | out[1]
+def gap_delta(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What turns `old` into `new` bit for bit, as a delta sync carries it: (gaps, values). `gaps` (int16 holding
+    unsigned 16-bit steps) are the distances from one carried position to the next, the first from -1; where two
+    changed elements lie more than MAX_GAP apart, unchanged elements between them are carried too (their own bits), so
+    no step exceeds 16 bits. `values` are the new bits at those positions (`bits`). 2 + the element size bytes per
+    carried element, on the tensors' device."""
+    positions = delta_of(old, new).positions
+    steps = torch.diff(positions, prepend=positions.new_full((1,), -1))
+    fillers = torch.div(steps - 1, MAX_GAP, rounding_mode="floor")
+    if positions.numel() and int(fillers.max()) > 0:
+        counts = fillers + 1
+        owner = torch.repeat_interleave(torch.arange(positions.numel(), device=positions.device), counts)
+        rank = torch.arange(owner.numel(), device=positions.device) - (torch.cumsum(counts, 0) - counts)[owner]
+        before = (positions - steps)[owner]
+        positions = torch.where(rank < fillers[owner], before + MAX_GAP * (rank + 1), positions[owner])
+        steps = torch.diff(positions, prepend=positions.new_full((1,), -1))
+    return steps.to(torch.int32).to(torch.int16), bits(new)[positions]
+
+
+def apply_gap_delta(target: torch.Tensor, gaps: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Write a `gap_delta` into `target` (the old weights, any layout) in place; returns it."""
+    steps = gaps.to(target.device).to(torch.int64) & MAX_GAP
+    positions = torch.cumsum(steps, 0) - 1
+    if target.is_contiguous():
+        bits(target)[positions] = values.to(target.device)
+        return target
+    whole = target.contiguous()
+    bits(whole)[positions] = values.to(target.device)
+    target.copy_(whole)
+    return target
+
+
+# A delta push's tensor names: `<HF name>` + each suffix carries that tensor's `gap_delta` (slime.sync.delta)
+DELTA_GAPS, DELTA_VALUES = "@delta.gaps", "@delta.values"

@@ -83,6 +83,47 @@ CASES = {
         "debug.kill_engine_at",
         "PHASE:ROLLOUT_ID",
     ),
+    "choice: on_mismatch=ignore": (
+        ["rollout.weight_sync.on_mismatch=ignore"],
+        "rollout.weight_sync.on_mismatch",
+        "unknown; one of fail, resync",
+    ),
+    "conflict: resync without verification": (
+        ["rollout.weight_sync.on_mismatch=resync", "rollout.weight_sync.verify=false"],
+        "rollout.weight_sync.on_mismatch",
+        "resync acts on a failed verification",
+    ),
+    "conflict: a corrupted push nobody verifies": (
+        ["debug.corrupt_push_version=2", "rollout.weight_sync.verify=false"],
+        "debug.corrupt_push_version",
+        "it tests the verification of pushes",
+    ),
+    "conflict: delta into a disk sync": (
+        ["rollout.weight_sync.delta=true"],
+        "rollout.weight_sync.mode",
+        "a delta push is sent in tensor or distributed mode",
+    ),
+    "conflict: delta into vLLM": (
+        ["rollout=vllm", "rollout.weight_sync.mode=distributed", "rollout.weight_sync.delta=true"],
+        "rollout.engine",
+        "only the built-in engine applies deltas",
+    ),
+    "conflict: delta unverified": (
+        ["rollout.weight_sync.mode=distributed", "rollout.weight_sync.delta=true", "rollout.weight_sync.verify=false"],
+        "rollout.weight_sync.verify",
+        "which verification learns",
+    ),
+    "choice: full_every=0": (["rollout.weight_sync.full_every=0"], "rollout.weight_sync.full_every", "must be >= 1"),
+    "range: probe_tokens=-1": (
+        ["rollout.weight_sync.probe_tokens=-1"],
+        "rollout.weight_sync.probe_tokens",
+        "must be >= 0",
+    ),
+    "range: probe_tolerance=0": (
+        ["rollout.weight_sync.probe_tolerance=0"],
+        "rollout.weight_sync.probe_tolerance",
+        "must be > 0 (a mean |log-prob difference|)",
+    ),
     "unknown key: +train.lr_scheduler": (["+train.lr_scheduler=cosine"], "train.lr_scheduler", "no such option"),
     "unknown key: +rollout.temperture (typo)": (
         ["+rollout.temperture=0.5"],

@@ -3,7 +3,9 @@ trainer and the built-in engine behind the real router: with fault tolerance the
 weights and the step goes on (a rollout generated again from where its data began, a push made again to every
 engine), in every sync mode and both loops; without it the run stops (exit 3) naming the engine, and resume=auto
 finishes it. The router killed (`debug.kill_router_at`) with fault tolerance: restarted, the rollout generated again.
-Without fault tolerance, the router's and the engine's death found between steps: tests/e2e/test_killed_save_resume.py."""
+Without fault tolerance, the router's and the engine's death found between steps: tests/e2e/test_killed_save_resume.py.
+A push whose byte was flipped after the trainer's digests (`debug.corrupt_push_version`) stops the run naming it, or
+with `rollout.weight_sync.on_mismatch=resync` restarts the engine and pushes again."""
 
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def test_the_only_engine_killed_in_a_weight_push_is_restarted_and_the_push_made_
         assert PUSH_FAILED in proc.stderr and "has no server process" in proc.stderr, f"{mode}: {proc.stderr[-3000:]}"
         assert "pushing again to every engine once the engine restarted" in proc.stderr
         assert [r["rollout/engine_restarts"] for r in step_records(run_dir)] == [1.0, 0.0], mode
+        # every push's log-prob probe (colocated: scored at the trainer's onload), the restarted engine's included
+        assert all(r["rollout/weight_probe_logprob_diff"] < 1e-5 for r in step_records(run_dir)), mode
         assert engine_0(run_dir)["restarts"] == 1
         rollout_1 = read_jsonl(run_dir / "rollout_data" / "1.jsonl")
         assert {v for s in rollout_1 for v in s["token_versions"]} == {1}, mode
@@ -135,9 +139,9 @@ def test_in_the_fully_async_loop_the_only_engine_killed_is_restarted_and_every_p
     """train.async=full with fault tolerance over 2 epochs of 8 prompts (4 steps of 4 groups): the only engine's
     server killed as step 1 begins, when the stream starts the groups it has room for (those of the next step) on
     the dead engine. The engine restarts with the trainer's weights in the push after the step. A group whose
-    requests gave up before that stays in its place and runs again (that path on its own, every time:
-    tests/rollout/test_stream.py); on a machine where the restart comes within the requests' retries they finish
-    on the restarted engine. Either way every prompt is trained exactly once per epoch."""
+    requests gave up before that stays in its place and runs again, as does one whose requests give up after it
+    (those paths on their own, every time: tests/rollout/test_stream.py); on a machine where the restart comes
+    within the requests' retries they finish on the restarted engine. Either way every prompt is trained exactly once per epoch."""
     data = write_dataset(tmp_path / "digits.jsonl", num_prompts=8, seed=0)
     run_dir = tmp_path / "run"
     common = ["train.async=full", "rollout.stale_policy=regenerate", *two_epochs(data, prompts=8), *FT]
@@ -146,4 +150,35 @@ def test_in_the_fully_async_loop_the_only_engine_killed_is_restarted_and_every_p
     workers = (run_dir / "logs" / "workers.log").read_text()  # the rollout manager's records, all of them
     assert "engine 0 restarted" in workers and engine_0(run_dir)["restarts"] == 1, workers[-3000:]
     assert epoch_coverage(run_dir / "rollout_data") == {0: dict.fromkeys(range(8), 1), 1: dict.fromkeys(range(8), 1)}
+    assert_no_run_processes()
+
+
+@pytest.mark.slow
+def test_a_push_found_wrong_stops_the_run_naming_it_or_with_resync_is_made_again_on_a_restarted_engine(tmp_path):
+    """debug.corrupt_push_version=2 flips one byte of the push after step 1, after the trainer digested it (as a
+    transfer could): the verification (on by default) stops the run (exit 3) naming the engine, the tensor and its
+    bucket; with rollout.weight_sync.on_mismatch=resync the engine is restarted, the push made again, and the run
+    completes with the engine holding the trainer's weights (log-probs equal)."""
+    common = ["train.num_rollout=3", "debug.corrupt_push_version=2"]
+    runs = run_concurrently(
+        {
+            "fail": functools.partial(main_py, tmp_path / "fail", *common),
+            "resync": functools.partial(
+                main_py, tmp_path / "resync", *common, "rollout.weight_sync.on_mismatch=resync"
+            ),
+        }
+    )
+    fail, resync = runs["fail"], runs["resync"]
+    assert fail.returncode == 3, fail.stderr[-3000:]
+    named = "holds other weights than the trainer pushed as version 2: model.embed_tokens.weight (bucket 0 of 1"
+    assert named in fail.stderr, fail.stderr[-3000:]
+    assert resync.returncode == 0, resync.stderr[-3000:]
+    assert "engine 0 holds other weights than the trainer pushed as version 2: restarted to be synced again" in (
+        resync.stderr
+    )
+    run_dir = tmp_path / "resync"
+    assert [r["rollout/engine_restarts"] for r in step_records(run_dir)] == [0.0, 1.0, 0.0]
+    assert engine_0(run_dir)["restarts"] == 1
+    steps = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "train/train_rollout_logprob_abs_diff" in r]
+    assert steps and max(r["train/train_rollout_logprob_abs_diff"] for r in steps) < 1e-5
     assert_no_run_processes()

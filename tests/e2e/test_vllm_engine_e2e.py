@@ -77,11 +77,14 @@ def test_served_models_external_router_and_kill_9_mid_rollout(tmp_path):
                 steps[record["rollout/step"]] = record
         assert steps[0]["rollout/num_prompts"] == 16 and steps[0]["rollout/num_aborted"] == 0
         assert [steps[i]["rollout/engine_restarts"] for i in range(2)] == [1, 0]
+        # each push's log-prob probe: both actor engines' tokens, scored by the trainer (fp32: far below 1e-3)
+        assert all(steps[i]["rollout/weight_probe_logprob_diff"] < 1e-5 for i in range(2)), steps
         assert "removed from its router" in err
         engines = json.loads((run_dir / "engines.json").read_text())["engines"]
         assert [(e["model"], e["kind"]) for e in engines] == [("actor", "vllm"), ("actor", "vllm"), ("ref", "vllm")]
         assert engines[1]["restarts"] == 1 and engines[1]["pid"] != victim["pid"]
-        assert generate_versions(Path(engines[1]["log"]))[-1] == "1"  # the restarted server, with the new weights
+        versions = generate_versions(Path(engines[1]["log"]))  # the restarted server's: rollout 1 on the new weights,
+        assert versions.count("1") > 1 and versions[-1] == "2", versions  # then the probe of the last push
         logs = [Path(e["log"]) for e in engines]
         assert update_calls(logs[0]) and update_calls(logs[1]) and not update_calls(logs[2])  # only "actor"
         assert router.process.poll() is None and router.list_workers() == []  # left running, every worker gone

@@ -38,6 +38,7 @@ import logging
 import os
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("fake_vllm")
@@ -62,6 +63,16 @@ def hf_args(cli):
     return hf_server.parse_args(argv)
 
 
+def tied_behind_view(model_dir: str) -> bool:
+    """Whether `model_dir` is a CPU server's untied view (slime.engine.vllm.cpu.untied_view) of a tied checkpoint: its
+    files link into the checkpoint, whose config ties the head."""
+    links = [p for p in Path(model_dir).iterdir() if p.is_symlink()]
+    if not links:
+        return False
+    config = json.loads((links[0].resolve().parent / "config.json").read_text())
+    return bool(config.get("tie_word_embeddings", False))
+
+
 def make_server(cli):
     """The fake server over an hf engine (torch loads here, after vLLM accepted the command line)."""
     from aiohttp import web
@@ -76,6 +87,8 @@ def make_server(cli):
         def __init__(self):
             super().__init__(hf_args(cli))
             self._load_like_vllm(cli.model)
+            if cli.weight_transfer_config is not None and tied_behind_view(cli.model):
+                self._tie_head()
             self.cli = cli
             self.table = vllm_real.route_table(cli)
             self.parallel = ParallelConfig(
@@ -110,6 +123,14 @@ def make_server(cli):
                 _RL + "weight_info": self.weight_info,
                 **self.transfer_handlers(_RL),
             }
+
+        def _tie_head(self) -> None:
+            """Serve the head as the embedding itself, as vLLM on a GPU serves a tied checkpoint (`models/qwen3.py`:
+            `Qwen3ForCausalLM.__init__` makes `lm_head` the embedding when `tie_word_embeddings`). The adapter hands
+            a CPU server the untied view of a tied checkpoint (slime.engine.vllm.cpu); a fake with NCCL or IPC
+            transfers stands in for a GPU server, whose pushes carry no head of its own."""
+            head, embedding = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+            head.weight = embedding.weight  # the receiver's layout reads the attribute at each use: the embedding
 
         def _load_like_vllm(self, model_dir: str) -> None:
             """vLLM reads every *.safetensors file of the model directory (model_loader/default_loader.py:

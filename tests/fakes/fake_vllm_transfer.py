@@ -38,6 +38,37 @@ from slime.wire import bare_group
 GROUP = "vllm-weight-transfer"  # the store prefix of the trainer's group (slime.engine.vllm.weight_transfer)
 
 
+def vllm_layout(model: torch.nn.Module) -> SimpleNamespace:
+    """The hf model's parameters as vLLM's Qwen3 class holds them, behind the `named_parameters()` that vLLM's
+    digests read: each group of its `packed_modules_mapping` (`model_executor/models/qwen3.py:Qwen3ForCausalLM`)
+    concatenated along dim 0 in the mapping's order (`QKVParallelLinear`, `MergedColumnParallelLinear` at tp 1), the
+    embedding and LM head padded to vLLM's vocabulary size (`layers/vocab_parallel_embedding.py`: `pad_vocab_size`,
+    and `weight_loader` zeroes the padding), the rest as they are."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
+    from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
+    mapping = Qwen3ForCausalLM.packed_modules_mapping
+    part_of = {part: (fused, i) for fused, parts in mapping.items() for i, part in enumerate(parts)}
+    params: dict[str, torch.Tensor] = {}
+    fused: dict[str, dict[int, torch.Tensor]] = {}
+    for name, param in model.named_parameters():
+        module, _, leaf = name.rpartition(".")
+        owner, _, short = module.rpartition(".")
+        if short in part_of:
+            group, index = part_of[short]
+            fused.setdefault(f"{owner}.{group}.{leaf}", {})[index] = param.detach()
+        else:
+            params[name] = param.detach()
+    params.update({name: torch.cat([parts[i] for i in sorted(parts)]) for name, parts in fused.items()})
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):  # VocabParallelEmbedding's rows, padding zero
+        if name in params:
+            rows = params[name]
+            padded = rows.new_zeros(pad_vocab_size(rows.shape[0]), rows.shape[1])
+            padded[: rows.shape[0]] = rows
+            params[name] = padded
+    return SimpleNamespace(named_parameters=lambda: iter(params.items()))
+
+
 class WorkerError(RuntimeError):
     """An exception inside a worker's weight-transfer call (the API server answers 500)."""
 
@@ -65,6 +96,7 @@ class WeightTransferRoutes:
             rl + "update_weights": self.update_weights,
             rl + "finish_weight_update": self.finish_update,
             rl + "update_weight_version": self.update_weight_version,
+            rl + "weight_checker": self.weight_checker,
         }
 
     def _engine(self):
@@ -193,6 +225,29 @@ class WeightTransferRoutes:
         if weight_version is not None:  # AsyncLLM.finish_weight_update
             self.scheduler.weight_version = weight_version
         return 200, {"message": "Weight update finished"}
+
+    async def weight_checker(self, http, action: str, baseline=None):
+        """vLLM's `weight_checker` route (`entrypoints/rl/online/api_router.py`) over every worker's
+        `compute_weight_checksums` (`v1/worker/gpu_worker.py`): vLLM's own `compute_tensor_digests` of the model as
+        vLLM holds it (`vllm_layout`), keyed by each worker's `dp:pp:pcp:tp` prefix (every worker of the fake holds
+        the whole model); "reset" is every worker's `reset_weights`: vLLM's own `zero_weights` of the model."""
+        from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests, zero_weights
+
+        if action == "reset":
+            await self.scheduler.run_exclusive(zero_weights, self.model)
+            return 200, {"status": "reset"}
+        if action == "compare" and baseline is None:
+            return 400, {"detail": "action='compare' requires a 'baseline' object"}
+        digests = await self.scheduler.run_exclusive(lambda: compute_tensor_digests(vllm_layout(self.model)))
+        checksums = {
+            f"dp0:pp0:pcp0:tp{tp}:{name}": digest
+            for tp in range(self.parallel.world_size)
+            for name, digest in digests.items()
+        }
+        if action == "checksum":
+            return 200, {"checksums": checksums}
+        mismatches = sorted(k for k in checksums.keys() | baseline.keys() if checksums.get(k) != baseline.get(k))
+        return 200, {"match": not mismatches, "mismatches": mismatches}
 
     async def update_weight_version(self, http, new_version: str):
         self.scheduler.weight_version = new_version

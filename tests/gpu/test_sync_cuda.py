@@ -55,3 +55,53 @@ def test_cuda_sync_is_bit_exact(trained_cuda, tiny_model_dir, tmp_path, mode, gp
     finally:
         trained_cuda.close_weight_sync()
         engine.shutdown()
+
+
+def test_a_gpu_tensor_has_the_cpu_tensors_digest():
+    """slime.wire.weight_digest sums the bits where the tensor is: the same digest on the GPU as on the CPU."""
+    from slime.wire.weight_digest import digests
+
+    tensors = [torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16) for n in (5, 70_001)]
+    assert digests([t.cuda() for t in tensors]) == digests(tensors)
+
+
+def test_a_verified_cuda_sync_compares_the_engines_own_digests(trained_cuda, tiny_model_dir, tmp_path):
+    """A verified tensor-mode push into a bf16 engine on the GPU: the trainer's fp32 export is digested in every serving
+    dtype on the first push, matched in bf16, and later pushes digest bf16 only."""
+    from slime.sync.verify import SERVING_DTYPES
+
+    engine = start_engine(tiny_model_dir, tmp_path / "logs", device="cuda", gpu_ids=("0",), dtype="bfloat16")
+    context = SyncContext(
+        source_checkpoint=tiny_model_dir, engine="hf", work_dir=str(tmp_path), bucket_bytes=1 << 20, verify=True
+    )
+    try:
+        trained_cuda.connect_weight_sync("tensor", [engine.url], context)
+        assert trained_cuda.weight_sync.verifier.dtypes == SERVING_DTYPES
+        assert trained_cuda.update_weights(weight_version=1)["perf/update_weights_verify_time"] > 0
+        assert trained_cuda.weight_sync.verifier.dtypes == (torch.bfloat16,)
+        trained_cuda.update_weights(weight_version=2)
+    finally:
+        trained_cuda.close_weight_sync()
+        engine.shutdown()
+
+
+def test_a_delta_push_into_a_bf16_engine_on_the_gpu_is_bit_identical(trained_cuda, tiny_model_dir, tmp_path):
+    """Delta pushes from the fp32 CUDA trainer into a bf16 engine: the delta is taken in bf16 (the dtype the first
+    push's verification learnt), carries a small share of the bytes, and the verification finds every tensor equal."""
+    engine = start_engine(tiny_model_dir, tmp_path / "logs", device="cuda", gpu_ids=("0",), dtype="bfloat16")
+    context = SyncContext(
+        source_checkpoint=tiny_model_dir, engine="hf", work_dir=str(tmp_path), bucket_bytes=1 << 20, verify=True,
+        delta_full_every=10,
+    )  # fmt: skip
+    try:
+        trained_cuda.connect_weight_sync("tensor", [engine.url], context)
+        full = trained_cuda.update_weights(weight_version=1)["perf/update_weights_bytes"]
+        with torch.no_grad():
+            trained_cuda.model.model.layers[0].mlp.up_proj.weight.mul_(1.01)
+        delta = trained_cuda.update_weights(weight_version=2)
+        assert 0 < delta["perf/update_weights_bytes"] < 0.2 * full
+        exported = [pair for bucket in trained_cuda.export_weights(1 << 20) for pair in bucket]
+        assert engine_checksums(engine.url) == {name: tensor_checksum(t.to(torch.bfloat16)) for name, t in exported}
+    finally:
+        trained_cuda.close_weight_sync()
+        engine.shutdown()

@@ -72,15 +72,18 @@ class FakeWorld:
         self.engine_version = weight_version
         return {}
 
-    def sync(self, weight_version):
+    def sync(self, weight_version, defer=True):
         self.push(weight_version)
         return {"rollout/engine_restarts": 0.0}
+
+    def await_verification(self):
+        return {}
 
     def recover(self, weight_version):
         return 0
 
     def before_train(self, rollout_id):
-        pass
+        return {}  # no colocated probe to score
 
     # the tracker (Tracker)
     def log(self, metrics, **steps):

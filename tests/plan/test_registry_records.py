@@ -228,7 +228,10 @@ def test_the_push_asks_for_tensor_handle_ranks_when_the_sync_record_needs_them(m
     monkeypatch.setattr(weight_push.ray, "get", lambda value: value)
     cfg = SimpleNamespace(
         cluster=SimpleNamespace(colocate=True),
-        rollout=SimpleNamespace(weight_sync=SimpleNamespace(mode=mode), fault_tolerance=SimpleNamespace(enabled=False)),
+        rollout=SimpleNamespace(
+            weight_sync=SimpleNamespace(mode=mode, on_mismatch="fail", verify=False),
+            fault_tolerance=SimpleNamespace(enabled=False),
+        ),
     )
     context = SyncContext(source_checkpoint="/m", work_dir="/w", bucket_bytes=1)
     weight_push.WeightPush(cfg, manager, actor, context, EventBus()).connect()

@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from slime.config.schema import RouterConfig
 from slime.engine.client import EngineClient
-from slime.rollout.base import RolloutProgress, StreamLimits
+from slime.engine.router import Router
+from slime.rollout.base import RolloutContext, RolloutProgress, StreamLimits
 from slime.rollout.data_source import DataSource
 from slime.rollout.stream import GroupsFailed, GroupStream
 from tests.helpers.rollout_context import context, count_prompts, register_parity, served_engine
@@ -152,28 +154,31 @@ def test_a_snapshot_mid_stream_loses_and_repeats_no_prompt(served, tmp_path):
     assert sorted(g[0].group_index for g in trained) == list(range(10))
 
 
-def take_as_the_loop(stream: GroupStream, version: int) -> list[list]:
-    """A take, made again once after GroupsFailed as the loop does once it recovered: a group whose retries ran out
-    only after the take had put the failed ones back in flight fails that take."""
-    try:
-        return stream.take(version)[0]
-    except GroupsFailed:
-        return stream.take(version)[0]
+def closed_router(ctx) -> socket.socket:
+    """A bound socket that never listens: the context's requests to it are refused, as to a router that is gone."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    ctx.router_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    return closed
+
+
+def keeping_stream(served, tmp_path) -> tuple[GroupStream, RolloutContext]:
+    """A keep_failed stream of 2 groups a step over a bounded source of 6, not started, and its context (whose
+    `router_url` the test points at an outage first)."""
+    push(served.client, 0)
+    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=4)
+    limits = StreamLimits(batch_size=2, max_staleness=8, regenerate_stale=False, keep_failed=True)
+    data = source(tmp_path, served.tokenizer, num_prompts=6, max_groups=6)
+    return GroupStream(ctx, data, limits), ctx
 
 
 def test_with_keep_failed_groups_whose_router_died_run_again_in_their_places(served, tmp_path):
     """keep_failed (fault tolerance): the stream's requests go to a router that is gone (a closed port), so every
     group fails; take raises GroupsFailed and keeps them, reset, in their places (a snapshot holds them as fresh
-    prompts). Once the router answers again (the loop restarted it), the next take runs them again: the steps take
-    groups 0-1, 2-3, 4-5 of a bounded source of 6, each once."""
-    push(served.client, 0)
-    ctx = context(served, batch_size=2, over_sampling=2, max_new_tokens=4)
-    with socket.socket() as closed:  # bound, never listening: connections are refused
-        closed.bind(("127.0.0.1", 0))
-        ctx.router_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        limits = StreamLimits(batch_size=2, max_staleness=8, regenerate_stale=False, keep_failed=True)
-        data = source(tmp_path, served.tokenizer, num_prompts=6, max_groups=6)
-        s = GroupStream(ctx, data, limits)
+    prompts). Once the router answers again and the manager says so (`restarted()`), they run again, and so does a
+    group that was still retrying into the outage: the steps take groups 0-1, 2-3, 4-5, each once, no take failing."""
+    s, ctx = keeping_stream(served, tmp_path)
+    with closed_router(ctx):
         s.start(trainer_version=0)
         try:
             with pytest.raises(GroupsFailed, match=r"failed their generation .*first error: RuntimeError: POST http"):
@@ -182,7 +187,33 @@ def test_with_keep_failed_groups_whose_router_died_run_again_in_their_places(ser
             assert [g[0]["group_index"] for g in state["in_flight"]][:2] == [0, 1]
             assert all(x["status"] == "pending" and x["tokens"] == [] for g in state["in_flight"] for x in g)
             ctx.router_url = served.url
-            taken = [[g[0].group_index for g in take_as_the_loop(s, version)] for version in range(3)]
+            s.restarted()
+            taken = [[g[0].group_index for g in s.take(version)[0]] for version in range(3)]
         finally:
             s.close()
+    assert taken == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_a_group_whose_retries_run_out_after_the_restart_runs_again_instead_of_failing_the_take(served, tmp_path):
+    """Groups sent into an outage (a real router with no workers answers 503) whose requests are still retrying when
+    what died is back (`restarted()`) fail only after it: each runs again in its place at once, so no take fails
+    on them (the loop would find no dead part to restart then, and stop the run)."""
+    s, ctx = keeping_stream(served, tmp_path)
+    log = tmp_path / "empty_router.log"
+    empty = Router.launch(cfg=RouterConfig(startup_timeout_s=120), log_path=log)
+    try:
+        ctx.router_url = empty.url
+        s.start(trainer_version=0)
+        try:
+            deadline = time.monotonic() + 60
+            while log.read_text().count("server error") < 4:  # both groups' 2 requests each answered 503
+                assert time.monotonic() < deadline, "the stream sent no request"
+                time.sleep(0.01)
+            ctx.router_url = served.url  # their retries still go to the empty router: they were sent there
+            s.restarted()
+            taken = [[g[0].group_index for g in s.take(version)[0]] for version in range(3)]
+        finally:
+            s.close()
+    finally:
+        empty.shutdown()
     assert taken == [[0, 1], [2, 3], [4, 5]]

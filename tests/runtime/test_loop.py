@@ -240,7 +240,8 @@ def _sleeper() -> subprocess.Popen:
 @pytest.mark.parametrize("hook", ["kill_engine_at", "kill_router_at"])
 def test_a_kill_hook_kills_its_process_from_engines_json_once(hook, tmp_path):
     """kill_engine_at kills engine 0's server, kill_router_at the launched router (not an external one), each by
-    its pid in engines.json, once, as its phase begins; nothing else."""
+    its pid in engines.json, once, as its phase begins (a rollout phase: once the loop asks for that rollout, after
+    the step's check for dead engines); nothing else."""
     victim, bystander = _sleeper(), _sleeper()
     try:
         if hook == "kill_engine_at":
@@ -254,10 +255,12 @@ def test_a_kill_hook_kills_its_process_from_engines_json_once(hook, tmp_path):
         (tmp_path / "engines.json").write_text(json.dumps(listed))
         state, _ = _injector(f"debug.{hook}=rollout:1", run_dir=tmp_path)
         state.enter("rollout", 0)
-        assert victim.poll() is None
+        state.events.publish(RunEvent.ROLLOUT_STARTED, 0)
         state.enter("rollout", 1)
+        assert victim.poll() is None  # the step's restart check runs between
+        state.events.publish(RunEvent.ROLLOUT_STARTED, 1)
         assert victim.wait(timeout=10) == -signal.SIGKILL and bystander.poll() is None
-        state.enter("rollout", 1)  # once
+        state.events.publish(RunEvent.ROLLOUT_STARTED, 1)  # once
     finally:
         victim.kill()
         bystander.kill()

@@ -75,6 +75,32 @@ def test_each_mode_makes_the_fake_sglang_bit_exact(trained, fakes, tiny_model_di
         assert all(pair[0].startswith(f"/torch_{os.getpid()}_") for pair in items)
 
 
+@pytest.mark.parametrize("mode,tp", [("tensor", 2), ("distributed", 1)])
+def test_a_verified_push_into_the_fake_sglang_names_a_flipped_byte(
+    trained, fakes, tiny_model_dir, tmp_path, monkeypatch, mode, tp
+):  # noqa: F811
+    """`rollout.weight_sync.verify` through SGLang's /weights_checker (its CPU hash of each tensor): a clean push
+    passes; a byte flipped after the trainer hashed its bucket is named with that bucket."""
+    from slime.sync.base import WeightMismatchError
+    from tests.helpers.planted_faults import planted
+
+    engine = fakes[tp]
+    context = SyncContext(source_checkpoint=tiny_model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, verify=True)
+    trained.connect_weight_sync(mode, [engine.url], context)
+    flipped = "model.layers.0.mlp.down_proj.weight"
+    try:
+        assert trained.update_weights(weight_version=7)["perf/update_weights_verify_time"] > 0
+        with (
+            planted(monkeypatch, flip=flipped),
+            pytest.raises(WeightMismatchError, match=rf"version 8: {flipped} \(bucket"),
+        ):
+            trained.update_weights(weight_version=8)
+        trained.update_weights(weight_version=9)
+    finally:
+        trained.close_weight_sync()
+    assert engine_checksums(engine.url) == trainer_checksums(trained.model)
+
+
 @pytest.mark.parametrize("mode", ["disk", "tensor", "distributed"])
 def test_an_in_place_push_holds_a_running_request_which_reports_both_versions(
     trained, fakes, tiny_model_dir, tmp_path, mode

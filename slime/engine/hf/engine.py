@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from slime.engine.base import EngineLaunch, EngineServer
+from slime.engine.hf.client import BuiltinEngineClient
 
 if TYPE_CHECKING:  # the GPU tier runs without omegaconf; any object with these attributes works
     from slime.config.schema import HFEngineConfig
@@ -33,6 +34,7 @@ class HFEngine(EngineServer):
     """One `slime.engine.hf.server` process (one device; `rollout.hf` sizes its batches and threads)."""
 
     kind = "hf"
+    client_class = BuiltinEngineClient
 
     def __init__(self, launch: EngineLaunch, config: HFEngineConfig | HFServerConfig):
         super().__init__(launch, config)

@@ -46,6 +46,8 @@ class LoRASlot:
             name: module for name, module in model.named_modules() if hasattr(module, "lora_A") and module.lora_A
         }
         self.loaded: str | None = None
+        self.rank = 0  # the loaded adapter's
+        self.modules: list[str] = []  # the modules the loaded adapter adapts
         self.active = True
         self._zero()
         self.use(None)
@@ -83,7 +85,18 @@ class LoRASlot:
                 layer.lora_A[ADAPTER].weight[:rank].copy_(a)
                 layer.lora_B[ADAPTER].weight[:, :rank].copy_(b)
                 layer.scaling[ADAPTER] = scaling
-        self.loaded = name
+        self.loaded, self.rank, self.modules = name, rank, sorted(pairs)
+
+    def held_tensors(self) -> dict[str, torch.Tensor]:
+        """The loaded adapter's tensors as the slot holds them, by peft's saved names (empty when none is loaded)."""
+        if self.loaded is None:
+            return {}
+        held = {}
+        for module in self.modules:
+            layer = self.layers[module]
+            held[f"{PEFT_PREFIX}{module}.lora_A.weight"] = layer.lora_A[ADAPTER].weight[: self.rank]
+            held[f"{PEFT_PREFIX}{module}.lora_B.weight"] = layer.lora_B[ADAPTER].weight[:, : self.rank]
+        return held
 
     def load_dir(self, name: str, path: str) -> None:
         """Load the peft adapter directory at `path` (adapter_config.json, adapter_model.safetensors)."""
@@ -99,7 +112,7 @@ class LoRASlot:
         if name != self.loaded:
             raise GenerationError(f"LoRA adapter {name!r} is not loaded (loaded: {self.loaded!r})")
         self._zero()
-        self.loaded = None
+        self.loaded, self.rank, self.modules = None, 0, []
 
     def _zero(self) -> None:
         with torch.no_grad():

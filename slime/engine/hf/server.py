@@ -105,7 +105,7 @@ class HFServer:
             lora=self.lora,
         )
         self.port: int | None = None
-        self.receiver = WeightReceiver(self.model, self.scheduler, device=args.device)
+        self.receiver = WeightReceiver(self.model, self.scheduler, device=args.device, lora=self.lora)
         self.control = EngineControl(
             model=self.model, generator=self.generator, scheduler=self.scheduler, device=args.device
         )

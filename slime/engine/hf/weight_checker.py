@@ -12,19 +12,29 @@ SGLang (`sglang/srt/utils/weight_checker.py:WeightChecker.handle`, answered by
 and answers `{"success", "message"}` (HTTP 400 when not successful) plus, for checksum, `ranks` (one
 ChecksumInfo per TP rank) and `per_engine_checksum` (sha256 of the ranks' per_gpu_checksum). This engine
 is one rank of tp 1; it hashes on the CPU whatever the device (SGLang on a GPU uses its own GPU hash, so
-checksums compare between engines of one kind, never with another implementation).
+checksums compare between engines of one kind, never with another implementation), and says so in each rank's
+`hash`; a rank also reports the LoRA adapter its slot holds, `lora_adapters` {name: {peft tensor name: checksum}}
+(SGLang reports none).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import torch
 
+from slime.engine.client import SGLANG_CPU_HASH
+from slime.engine.hf.weights import StateLayout
 from slime.wire.tensors import weight_checksum
+from slime.wire.weight_digest import DIGEST, digests
 
 _NON_PERSISTENT_PATTERNS = ("cos_sin_cache", "cos_cache", "sin_cache", "inv_freq", "freqs_cis", "expert_mask_gpu")
+
+
+HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
 class WeightCheckError(ValueError):
@@ -56,10 +66,12 @@ def _skipped(name: str, skip: Optional[list[str]]) -> bool:
 
 
 class WeightChecker:
-    """The check actions over `model`'s parameters and buffers (tied tensors once)."""
+    """The check actions over `model`'s parameters and buffers (tied tensors once); checksum also reports the
+    adapter its LoRA slot holds (`lora`, None without one)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, lora=None):
         self.model = model
+        self.lora = lora
         self.snapshot: Optional[dict[str, torch.Tensor]] = None
 
     def _state(self) -> dict[str, torch.Tensor]:
@@ -107,13 +119,35 @@ class WeightChecker:
             )
 
     def _checksum(self, skip: Optional[list[str]]) -> dict[str, Any]:
-        checksums = {name: tensor_checksum(t) for name, t in self._state().items() if not _skipped(name, skip)}
+        state = {name: t for name, t in self._state().items() if not _skipped(name, skip)}
+        with ThreadPoolExecutor(
+            HASH_THREADS, thread_name_prefix="weights-checker"
+        ) as pool:  # hashlib lets go of the GIL
+            checksums = dict(zip(state, pool.map(tensor_checksum, state.values())))
         placement = dict(tp_rank=0, tp_size=1, dp_rank=0, dp_size=1, pp_rank=0, pp_size=1, rank=0, size=1)
-        return {
+        info = {
             "checksums": checksums,
             "per_gpu_checksum": overall_checksum(checksums),
             "parallelism_info": [{"role": "target", **placement}],
+            "hash": SGLANG_CPU_HASH,  # on the CPU whatever the device (the module docstring)
         }
+        if self.lora is not None:  # what a verified adapter sync compares (slime.sync.verify)
+            held = self.lora.held_tensors()
+            info["lora_adapters"] = {self.lora.loaded: {n: tensor_checksum(t) for n, t in held.items()}} if held else {}
+        return info
+
+
+def digests_reply(checker: WeightChecker, layout: StateLayout) -> dict[str, Any]:
+    """`/weight_digests` of this engine (not an SGLang route): each checkpoint tensor it holds, by checkpoint name
+    (`layout`: a MoE layer's experts one by one where transformers fuses them; a head held apart, not a tied one), and
+    the tensors of the adapter its LoRA slot holds, as `slime.wire.weight_digest` digests (computed where the weights
+    live)."""
+    names = sorted(set(layout.slots) - layout.aliases)  # a tied head is the embedding itself here
+    reply: dict[str, Any] = {"hash": DIGEST, "tensors": dict(zip(names, digests([layout.tensor(n) for n in names])))}
+    if checker.lora is not None:
+        held = checker.lora.held_tensors()
+        reply["lora_adapters"] = {checker.lora.loaded: dict(zip(held, digests(list(held.values()))))} if held else {}
+    return reply
 
 
 def checker_reply(checker: WeightChecker, body: dict[str, Any]) -> tuple[dict[str, Any], int]:

@@ -9,6 +9,7 @@
     /update_weights_from_tensor       open TP rank 0's serialised flattened bucket (`slime.wire.bucket_codec`)
                                       and copy it in
     /weights_checker                  snapshot | reset_tensors | compare | checksum (`weight_checker.py`)
+    /weight_digests                   every tensor's `slime.wire.weight_digest` digest (verified syncs; not SGLang's)
 
 The session rules are SGLang's scheduler's (`sglang/srt/managers/scheduler_components/weight_updater.py:
 SchedulerWeightUpdaterManager`): an update outside a session answers `success: false` with SGLang's message
@@ -32,10 +33,11 @@ from typing import Any, Optional
 import torch
 from aiohttp import web
 
-from slime.engine.hf.weight_checker import WeightChecker, checker_reply
+from slime.engine.hf.weight_checker import WeightChecker, checker_reply, digests_reply
 from slime.engine.hf.weights import StateLayout, WeightLoadError, load_weights_strict
 from slime.wire import bucket_codec
 from slime.wire.tensors import parse_dtype
+from slime.wire.weight_delta import DELTA_GAPS, DELTA_VALUES, apply_gap_delta, bits
 from slime.wire.weight_group import CustomWeightGroup
 
 logger = logging.getLogger("slime.engine.hf.weight_receiver")
@@ -67,19 +69,35 @@ def _outside_session(route: str) -> WeightLoadError:
     return WeightLoadError(f"{route} must run between begin_weight_update() and end_weight_update()")
 
 
+def apply_delta_to(layout: StateLayout, name: str, gaps: torch.Tensor, values: torch.Tensor) -> None:
+    """Write one tensor's delta (`gaps` and `values` as bytes) into the model; WeightLoadError for a name it lacks or
+    values that are not one element of its dtype per step."""
+    if name not in layout.slots or name in layout.aliases:
+        raise WeightLoadError(f"checkpoint does not match the model: a delta for unexpected tensor {name}")
+    target = layout.tensor(name)
+    gaps, values = gaps.clone(), values.clone()  # own storage: a view of a bucket's buffer may sit at any byte offset
+    steps = gaps.view(torch.int16)
+    if values.numel() != steps.numel() * target.element_size():
+        raise WeightLoadError(
+            f"a delta for {name} carries {values.numel()} bytes of values for {steps.numel()} positions; the engine "
+            f"holds {target.dtype} ({target.element_size()} bytes an element)"
+        )
+    apply_gap_delta(target, steps, values.view(bits(target).dtype))
+
+
 class WeightReceiver:
     """Weight-update state of one engine: its session, process groups and checker, and the model it loads into.
 
     `scheduler` is the engine's `Scheduler` (`run_exclusive`, `weight_version`).
     """
 
-    def __init__(self, model: torch.nn.Module, scheduler, *, device: str):
+    def __init__(self, model: torch.nn.Module, scheduler, *, device: str, lora=None):
         self.model = model
         self.scheduler = scheduler
         self.device = device
         self.groups: dict[str, Any] = {}
         self.session_open = False
-        self.checker = WeightChecker(model)
+        self.checker = WeightChecker(model, lora)
         self.layout = StateLayout(model)  # every bucket of every sync loads through it
         self._lock = threading.Lock()
 
@@ -93,6 +111,7 @@ class WeightReceiver:
             web.post("/update_weights_from_tensor", self.handle_update_from_tensor),
             web.get("/weights_checker", self.handle_check),
             web.post("/weights_checker", self.handle_check),
+            web.post("/weight_digests", self.handle_digests),
         ]
 
     # ---- HTTP handlers ----------------------------------------------------------------------
@@ -174,6 +193,9 @@ class WeightReceiver:
         reply, status = await self.scheduler.run_exclusive(checker_reply, self.checker, body)
         return web.json_response(reply, status=status)
 
+    async def handle_digests(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.scheduler.run_exclusive(digests_reply, self.checker, self.layout))
+
     # ---- the parts another implementation may replace ----------------------------------------
     def open_items(self, items: Sequence[str]) -> NamedTensors:
         """TP rank 0's bucket (a one-rank engine reads item 0, as SGLang's TP rank 0 does), as views."""
@@ -243,7 +265,20 @@ class WeightReceiver:
 
     # ---- loading (model thread) ---------------------------------------------------------------
     def load(self, tensors: NamedTensors, version: Optional[Any]) -> int:
-        count = load_weights_strict(self.model, dict(tensors), partial=True, layout=self.layout)
+        """Copy a bucket in; a delta push's pairs (`<name>@delta.gaps`, `@delta.values`: slime.sync.delta) write the
+        changed bits into the named weight in place, which must hold the values' dtype."""
+        tensors = dict(tensors)
+        deltas = {
+            name.removesuffix(DELTA_GAPS): (
+                tensors.pop(name),
+                tensors.pop(name.removesuffix(DELTA_GAPS) + DELTA_VALUES),
+            )
+            for name in [n for n in tensors if n.endswith(DELTA_GAPS)]
+        }
+        count = load_weights_strict(self.model, tensors, partial=True, layout=self.layout)
+        for name, (gaps, values) in deltas.items():
+            apply_delta_to(self.layout, name, gaps, values)
+        count += len(deltas)
         if version is not None:
             self.scheduler.weight_version = str(version)
         return count

@@ -15,6 +15,7 @@ the dev and RL routers):
     distributed (nccl) and    POST /init_weight_transfer_engine {"init_info"}, per push POST /start_weight_update,
     tensor (ipc) transfers    per bucket POST /update_weights {"update_info"}, POST /finish_weight_update
                               {"weight_version"}; POST /shutdown_weight_transfer_engine drops the group
+    verified syncs            POST /weight_checker {"action": "checksum"} -> {"checksums": {"dp0:pp0:pcp0:tp0:<name>": sha256}}
 
 Sleep level 2 drops the weights instead of keeping a host copy (level 1): every push rewrites all of
 them, so the copy would only cost host memory. vLLM has no "cuda_graph" tag (its graphs survive sleep),
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from slime.engine import http_client
-from slime.engine.client import EngineClient
+from slime.engine.client import EngineClient, EngineDigests
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.vllm import cpu
 
@@ -40,12 +41,20 @@ SCHEDULER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")  #
 
 # SGLang's pause modes (what the sync asks for) -> vLLM 0.32.0's (`vllm/v1/engine/async_llm.py: pause_generation`):
 # "keep" freezes the running requests, which resume on /resume, as SGLang's "in_place" holds them.
+# vLLM's fused modules of the dense families (`packed_modules_mapping` of its Llama, Qwen2 and Qwen3 classes): each
+# holds its HF modules' weights concatenated along dim 0, in this order
+PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 PAUSE_MODES = {"abort": "abort", "in_place": "keep"}
 
 
 class VLLMClient(EngineClient):
     """Control calls of one vLLM 0.32.0 server at `url`; see the module docstring."""
 
+    packed_modules = PACKED_MODULES
+    digest_hash = "sha256"
+    # `VocabParallelEmbedding` and `ParallelLMHead` hold pad_vocab_size(vocab) rows, the padding zero
+    # (`model_executor/layers/vocab_parallel_embedding.py`: DEFAULT_VOCAB_PADDING_SIZE, `weight_loader`)
+    vocab_padding = 64
     # the broadcast group's store prefix: vLLM's init_info carries no group name, so both sides use this one
 
     def __init__(self, url: str, *, timeout_s: float = 60.0):
@@ -133,6 +142,20 @@ class VLLMClient(EngineClient):
 
     def get_weight_version(self) -> str:
         return str(self._call("GET", "/weight_info")["weight_version"])
+
+    def weight_digests(self, timeout: float = 600.0) -> EngineDigests:
+        """POST /weight_checker {"action": "checksum"} (vLLM's RL route, `entrypoints/rl/online/api_router.py`): the
+        sha256 of every parameter's bytes by worker (`model_loader/weight_checksum.py:compute_tensor_digests`), keyed
+        `dp<i>:pp<j>:pcp<k>:tp<l>:<name>`; whole only on a server of one worker. Its LoRA adapters are not parameters
+        of the model, so they are not in it."""
+        reply = self._call("POST", "/weight_checker", {"action": "checksum"}, timeout=timeout)
+        by_worker: dict[str, dict[str, str]] = {}
+        for key, digest in (reply.get("checksums") or {}).items():
+            worker, _, name = key.rpartition(":")
+            by_worker.setdefault(worker, {})[name] = digest
+        if len(by_worker) != 1:
+            return EngineDigests(hash="sha256", tensors=None, why_not=f"its weights are in {len(by_worker)} shards")
+        return EngineDigests(hash="sha256", tensors=next(iter(by_worker.values())))
 
     def check_weights(self, action: str, timeout: float = 600.0) -> dict:
         raise NotImplementedError(

@@ -256,3 +256,48 @@ def test_the_adapter_sync_moves_a_trained_gain_into_the_engines_base_before_the_
         sync.push(iter([[*adapter.tensors.items(), ("model.norm.weight", original)]]), weight_version=9)
         http_client.post(engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)
         sync.close()
+
+
+@pytest.mark.parametrize("mode", ["tensor", "disk"])
+def test_a_verified_adapter_sync_finds_an_adapter_that_never_arrived_or_arrived_changed(
+    engine, adapter, mode, tmp_path, monkeypatch
+):
+    """`rollout.weight_sync.verify`: after each adapter push the engine's slot must hold the pushed tensors. A load
+    request lost on the way (the engine then holds none, or the previous adapter when the unload was lost too) and a
+    byte flipped after the trainer hashed the adapter both fail the push naming the adapter and its tensors."""
+    import dataclasses
+
+    from slime.engine.client import EngineClient
+    from slime.sync.base import WeightMismatchError, connect_weight_sync
+    from tests.helpers.planted_faults import planted
+
+    context = dataclasses.replace(
+        _adapter_context(adapter, mode, tmp_path), check_weight_update_equal=False, verify=True
+    )
+    sync = connect_weight_sync(mode, [engine.url], context)
+    pushed = list(adapter.tensors.items())
+    load = {"tensor": "load_lora_adapter_from_tensors", "disk": "load_lora_adapter"}[mode]
+    try:
+        assert sync.push(iter([pushed]), weight_version=1)["perf/update_weights_verify_time"] > 0
+        with monkeypatch.context() as patch:
+            patch.setattr(EngineClient, load, lambda *a, **k: {"success": True})
+            with pytest.raises(
+                WeightMismatchError, match=rf"{engine.url}.*adapter 'policy' is not loaded \(12 tensors pushed\)"
+            ):
+                sync.push(iter([pushed]), weight_version=2)
+            patch.setattr(EngineClient, "unload_lora_adapter", lambda *a, **k: {"success": True})
+        sync.push(iter([pushed]), weight_version=3)
+        changed = [(n, t * 2 if i == 0 else t) for i, (n, t) in enumerate(pushed)]
+        with monkeypatch.context() as patch:  # a new adapter's load and the old one's unload both lost
+            patch.setattr(EngineClient, load, lambda *a, **k: {"success": True})
+            patch.setattr(EngineClient, "unload_lora_adapter", lambda *a, **k: {"success": True})
+            with pytest.raises(
+                WeightMismatchError, match=rf"{pushed[0][0]} \(adapter 'policy': the engine holds another"
+            ):
+                sync.push(iter([changed]), weight_version=4)
+        flipped_name = pushed[1][0]
+        with planted(monkeypatch, flip=flipped_name), pytest.raises(WeightMismatchError, match=flipped_name):
+            sync.push(iter([pushed]), weight_version=5)
+    finally:
+        sync.close()
+        http_client.request("POST", engine.url + "/unload_lora_adapter", {"lora_name": "policy"}, timeout=30)

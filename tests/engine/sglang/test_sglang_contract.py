@@ -48,6 +48,7 @@ CLIENT_CALLS = {
     "destroy_weights_update_group": lambda c: c.destroy_weights_update_group("g"),
     "update_weights_from_tensor": lambda c: c.update_weights_from_tensor(["aGVsbG8="], weight_version="3"),
     "check_weights": lambda c: c.check_weights("checksum"),
+    "weight_digests": lambda c: c.weight_digests(),
     "server_info": lambda c: c.server_info(),
     "release_memory": lambda c: (c.release_memory(), c.release_memory(["kv_cache", "cuda_graph"])),
     "resume_memory": lambda c: c.resume_memory(["weights"]),

@@ -283,6 +283,49 @@ def test_weight_sync_modes_land_the_trainers_weights(servers, tiny_model_dir, tm
         assert set(update["body"]["update_info"]) == {"names", "dtype_names", "shapes", "tensor_sizes"}
 
 
+def test_verified_pushes_compare_vllms_digests_in_its_layout(servers, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """`rollout.weight_sync.verify` through vLLM's /weight_checker: on the one-worker server a clean tensor push
+    matches in vLLM's layout (fused q/k/v and gate/up, the embedding padded to 64 rows) and a flipped byte is named
+    with the fused parameter it belongs to; the two-worker server holds shards, which the trainer does not compare
+    (logged)."""
+    import logging
+
+    from slime.registry import WEIGHT_SYNC
+    from slime.sync.base import WeightMismatchError
+    from tests.helpers.planted_faults import planted
+
+    context = SyncContext(
+        source_checkpoint=tiny_model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20, verify=True
+    )
+    prefill = WEIGHT_SYNC.load("tensor")([VLLMClient(servers[1].url)], context)
+    main = WEIGHT_SYNC.load("distributed")([VLLMClient(servers[0].url)], context)
+    qkv = r"model\.layers\.1\.self_attn\.qkv_proj\.weight = \S+q_proj\.weight \+ \S+k_proj\.weight \+ \S+v_proj\.weight"
+    try:
+        assert prefill.push(_buckets(tiny_model_dir, 0.5), weight_version=7)["perf/update_weights_verify_time"] > 0
+        with planted(monkeypatch, flip="model.layers.1.self_attn.k_proj.weight"):
+            with pytest.raises(WeightMismatchError, match=rf"version 8: {qkv} \(bucket \d of 2"):
+                prefill.push(_buckets(tiny_model_dir, 1.0), weight_version=8)
+        prefill.push(_buckets(tiny_model_dir, 1.0), weight_version=9)
+        with caplog.at_level(logging.INFO, logger="slime.sync.verify"):
+            main.push(_buckets(tiny_model_dir, 1.0), weight_version=9)
+        assert "verified against the other engines only: its weights are in 2 shards" in caplog.text
+        # vLLM's own reset and compare (`zero_weights`; a baseline the caller keeps): every parameter differs, until
+        # the same weights are pushed again
+        checker = servers[1].url + "/weight_checker"
+        baseline = http_client.post(checker, {"action": "checksum"})["checksums"]
+        assert http_client.post(checker, {"action": "reset"}) == {"status": "reset"}
+        reset = http_client.post(checker, {"action": "compare", "baseline": baseline})
+        assert reset == {"match": False, "mismatches": sorted(baseline)}
+        prefill.push(_buckets(tiny_model_dir, 1.0), weight_version=10)
+        assert http_client.post(checker, {"action": "compare", "baseline": baseline}) == {
+            "match": True,
+            "mismatches": [],
+        }
+    finally:
+        prefill.close()
+        main.close()
+
+
 def test_pd_servers_register_with_a_pd_router_and_decode_receives_the_prefills_kv(servers, tiny_model_dir, tmp_path):
     """Fake only: PD disaggregation moves the KV cache over NIXL (`--kv-transfer-config` NixlConnector), which a
     CPU vLLM cannot (the fake passes the prefill's `kv_transfer_params` on and recomputes the prompt)."""

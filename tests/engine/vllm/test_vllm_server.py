@@ -19,11 +19,12 @@ from safetensors.torch import load_file, save_file
 from slime.config.schema import RolloutConfig, RouterConfig
 from slime.engine import http_client
 from slime.engine.base import EngineLaunch, LoRAServing
+from slime.engine.vllm.client import VLLMClient
 from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
 from slime.engine.vllm.router import VLLMRouter
 from slime.rollout.generate import call_engine
 from slime.rollout.rewards import RewardHub
-from slime.sync.base import SyncContext, SyncedAdapter
+from slime.sync.base import SyncContext, SyncedAdapter, WeightMismatchError
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import LORA_ALONE, model_fields
 from tests.helpers.engines import vllm_generated_tokens
@@ -111,18 +112,20 @@ def assert_engine_runs_trainer_weights(served, trainer) -> None:
     assert (response_log_probs(trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
 
 
-def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir, tmp_path):
+def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir, tmp_path, monkeypatch):
     """model.lora synced alone into vLLM, the final norm's trained gain beside it: each disk push reloads the gain
     in place from a directory holding it alone (vLLM's layerwise reload keeps every other weight), then loads the
     peft directory under the name every request gives (`model`); after each train-then-sync round vLLM's log-probs
     with it equal the LoRA trainer's. With the checkpoint's gain reloaded, a request naming no adapter is served by
-    the checkpoint's base. First in the module: the base is still the checkpoint."""
+    the checkpoint's base; the log-prob probe agrees after each round, and names the engine after a push whose
+    adapter never reached it. First in the module: the base is still the checkpoint."""
     lora_trainer = make_backend(make_setup(model_dir, ["model=tiny_qwen3_vllm", *LORA_ALONE, "train.lr=0.05"]))
     base_ids = [t for _, t in generate(served, temperature=0.0)["meta_info"]["output_token_logprobs"]]
     adapter = SyncedAdapter(name="policy", config=lora_trainer.setup.model.lora.adapter_config())
     context = SyncContext(
-        source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20, adapter=adapter
-    )
+        source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20, adapter=adapter,
+        keep=True,  # vLLM reads a loaded adapter's directory again when it needs it (the lost push below keeps v2)
+    )  # fmt: skip
     lora_trainer.connect_weight_sync("disk", [served.engine.url], context)
     try:
         for version in (1, 2):
@@ -134,6 +137,16 @@ def test_adapter_syncs_serve_the_trainers_lora_adapter_exactly(served, model_dir
             ids = [t for _, t in out["meta_info"]["output_token_logprobs"]]
             engine_lp = torch.tensor([lp for lp, _ in out["meta_info"]["output_token_logprobs"]])
             assert (response_log_probs(lora_trainer, PROMPT, ids) - engine_lp).abs().max() < 1e-5
+            assert probe(served, lora_trainer, version, lora="policy")["rollout/weight_probe_logprob_diff"] < 1e-5
+        # an adapter push that never reached the engine (its unload and load lost): the engine serves version 2's
+        # adapter, and the log-prob probe names it
+        train_rollout(lora_trainer, batches_for(make_samples(8, seed=3), dp=1, k=2)[0], rollout_id=3)
+        with monkeypatch.context() as lost:
+            for call in ("unload_lora_adapter", "load_lora_adapter"):
+                lost.setattr(VLLMClient, call, lambda *args, **kwargs: {"success": True})
+            lora_trainer.update_weights(weight_version=3)
+        with pytest.raises(WeightMismatchError, match=f"version 3: .*engine {served.engine.url}: mean "):
+            probe(served, lora_trainer, 3, lora="policy")
         gain = tmp_path / "checkpoint_gain"  # the checkpoint's gain back: the module's later tests start from it
         gain.mkdir()
         checkpoint = load_file(str(Path(model_dir) / "model.safetensors"))
@@ -161,6 +174,123 @@ def test_disk_syncs_keep_a_tied_model_exactly_the_trainers(served, trainer, mode
             assert_engine_runs_trainer_weights(served, trainer)
     finally:
         trainer.close_weight_sync()
+
+
+def test_a_verified_sync_checks_vllms_own_digests_in_its_layout(
+    served, trainer, model_dir, tmp_path, monkeypatch, caplog
+):
+    """`rollout.weight_sync.verify` against vLLM's /weight_checker (the sha256 of each of its parameters): a clean disk
+    push matches in vLLM's layout (modules wrapped for LoRA under `base_layer`, the embedding and the tied head the CPU
+    server holds apart both padded to 64-row multiples with zeros); a byte flipped in the pushed embedding (and so in
+    the head the CPU server copies from it) and a norm missing from the push are named. A CPU vLLM repacks its linear layers for its kernels and leaves their
+    parameters empty: those are logged as not compared."""
+    import logging
+
+    from tests.helpers.planted_faults import planted
+
+    context = SyncContext(
+        source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20, verify=True
+    )
+    trainer.connect_weight_sync("disk", [served.engine.url], context)
+    try:
+        train_rollout(trainer, batches_for(make_samples(8, seed=11), dp=1, k=2)[0], rollout_id=11)
+        with caplog.at_level(logging.INFO, logger="slime.sync.verify"):
+            perf = trainer.update_weights(weight_version=11)
+        assert perf["perf/update_weights_verify_time"] > 0
+        assert "8 pushed tensors are held in a form of the engine's own, not compared" in caplog.text
+        assert_engine_runs_trainer_weights(served, trainer)
+        with planted(monkeypatch, flip="model.embed_tokens.weight"):
+            embedding = r"version 12: lm_head.weight \(tied .*; model\.embed_tokens\.base_layer\.weight \(bucket 0 of 1"
+            with pytest.raises(WeightMismatchError, match=embedding):
+                trainer.update_weights(weight_version=12)
+        train_rollout(trainer, batches_for(make_samples(8, seed=13), dp=1, k=2)[0], rollout_id=13)
+        with planted(monkeypatch, drop="model.norm.weight"):
+            with pytest.raises(WeightMismatchError, match=r"version 13: model\.norm\.weight \(bucket 0 of 1"):
+                trainer.update_weights(weight_version=13)
+        trainer.update_weights(weight_version=14)
+        assert_engine_runs_trainer_weights(served, trainer)
+    finally:
+        trainer.close_weight_sync()
+
+
+def probe(served, trainer, version: int, *, lora: str | None = None) -> dict[str, float]:
+    """The log-prob probe after a push (slime.rollout.probe, slime.sync.probe) of the served engine, scored by
+    `trainer` (its adapter: requests name `lora`); raises WeightMismatchError beyond fp32's tolerance."""
+    from slime.rollout.probe import generate_probes, probe_batches
+    from slime.sync.probe import TOLERANCE, EngineProbe, check_probe
+    from tests.helpers.fsdp_rank import log_probs
+
+    url = served.engine.url
+    rollout = context(served, batch_size=1, over_sampling=1, max_new_tokens=64, engine="vllm")
+    (sample,) = generate_probes(dataclasses.replace(rollout, sampling_seed=1, lora_adapter=lora), [url], 16)
+    assert sample.response_length == 16  # the rollout's ignore_eos kept
+    scored = log_probs(trainer, probe_batches([sample], 1)[0]).tolist()
+    answer = EngineProbe(url, sample.tokens[-16:], sample.rollout_log_probs)
+    return check_probe([answer], [scored], tolerance=TOLERANCE["fp32"], version=version)
+
+
+def test_the_log_prob_probe_finds_a_layer_no_digest_reaches(served, trainer, model_dir, tmp_path, monkeypatch):
+    """A CPU vLLM repacks its linear layers, whose digests are then not compared: a push with one high byte of a
+    q_proj flipped passes the digests, and the log-prob probe (the engine's tokens of the fixed prompt, scored by the
+    trainer) names the engine; after a clean push the probe agrees far within fp32's tolerance."""
+    from tests.helpers.planted_faults import planted
+
+    url = served.engine.url
+    sync = SyncContext(
+        source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20, verify=True
+    )
+    trainer.connect_weight_sync("disk", [url], sync)
+    try:
+        train_rollout(trainer, batches_for(make_samples(8, seed=21), dp=1, k=2)[0], rollout_id=21)
+        with planted(monkeypatch, flip="model.layers.0.self_attn.q_proj.weight"):
+            trainer.update_weights(weight_version=21)  # the digests cannot see it
+        with pytest.raises(WeightMismatchError, match=f"version 21: .*engine {url}: mean .log-prob difference. "):
+            probe(served, trainer, 21)
+        trainer.update_weights(weight_version=22)
+        assert probe(served, trainer, 22)["rollout/weight_probe_logprob_diff"] < 1e-5
+    finally:
+        trainer.close_weight_sync()
+
+
+def test_the_fake_vllms_weight_checker_holds_the_real_servers_layout(served, trainer, model_dir, tmp_path):
+    """Pins tests/fakes/fake_vllm_transfer.py:vllm_layout against the real server: after the verified pushes above it
+    holds the trainer's weights, and its /weight_checker names every parameter the fake names (the real one wraps
+    modules for LoRA under `base_layer` and holds the CPU view's head apart), with equal digests wherever the real
+    server keeps the plain tensor (a CPU vLLM empties its repacked linear layers). The fake's reset and compare
+    replies are the real route's: reset zeroes what it holds, compare names what differs, a push restores it."""
+    import hashlib
+
+    from transformers import AutoModelForCausalLM
+    from vllm.model_executor.model_loader.weight_checksum import compute_tensor_digests
+
+    from slime.engine.vllm.client import VLLMClient
+    from tests.fakes.fake_vllm_transfer import vllm_layout
+
+    real = {
+        n.replace(".base_layer.", "."): d for n, d in VLLMClient(served.engine.url).weight_digests().tensors.items()
+    }
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.load_state_dict(dict(pair for bucket in trainer.export_weights(1 << 30) for pair in bucket), strict=False)
+    fake = compute_tensor_digests(vllm_layout(model))
+    assert set(real) == set(fake) | {"lm_head.weight"}
+    empty = hashlib.sha256(b"").hexdigest()
+    plain = [name for name in fake if real[name] != empty]
+    assert "model.embed_tokens.weight" in plain and "model.norm.weight" in plain
+    assert {name: real[name] for name in plain} == {name: fake[name] for name in plain}
+    assert real["lm_head.weight"] == fake["model.embed_tokens.weight"]
+    checker = served.engine.url + "/weight_checker"
+    baseline = http_client.post(checker, {"action": "checksum"})["checksums"]
+    assert http_client.post(checker, {"action": "reset"}) == {"status": "reset"}  # the fake's reply
+    reset = http_client.post(checker, {"action": "compare", "baseline": baseline})
+    zeroed = sorted(key for key, digest in baseline.items() if digest != empty)  # an empty parameter stays empty
+    assert reset == {"match": False, "mismatches": zeroed} and any("embed_tokens" in k for k in zeroed)
+    context = SyncContext(source_checkpoint=model_dir, engine="vllm", work_dir=str(tmp_path), bucket_bytes=1 << 20)
+    trainer.connect_weight_sync("disk", [served.engine.url], context)
+    try:
+        trainer.update_weights(weight_version=30)
+    finally:
+        trainer.close_weight_sync()
+    assert http_client.post(checker, {"action": "compare", "baseline": baseline}) == {"match": True, "mismatches": []}
 
 
 def long_request_decoding(served):

@@ -1,0 +1,56 @@
+"""slime.wire.weight_digest: every flipped bit and byte changes a tensor's digest, a block's sum moved changes it,
+and the digest is the same for the same bits whatever the device or the shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from slime.wire.weight_digest import DIGEST_BLOCK, block_sums, digests, fold
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return digests([tensor])[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int8, torch.bool])
+def test_every_single_bit_flip_changes_the_digest(dtype):
+    tensor = (torch.randn(3, 7, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
+    reference = digest(tensor)
+    raw = tensor.clone().reshape(-1).view(torch.uint8)
+    for byte in range(raw.numel()):
+        for bit in range(8):
+            flipped = raw.clone()
+            flipped[byte] ^= 1 << bit
+            assert digest(flipped.view(tensor.dtype).reshape(tensor.shape)) != reference, (byte, bit)
+        inverted = raw.clone()
+        inverted[byte] ^= 0xFF
+        assert digest(inverted.view(tensor.dtype).reshape(tensor.shape)) != reference, byte
+
+
+def test_the_digest_sees_blocks_moved_and_only_bits():
+    tensor = torch.randn(4 * DIGEST_BLOCK, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    moved = tensor.reshape(4, DIGEST_BLOCK).flip(0).reshape(-1)  # the same blocks in another order
+    assert digest(moved) != digest(tensor)
+    assert digest(tensor.reshape(64, -1)) == digest(tensor)  # the shape is not the digest's
+    assert digest(torch.tensor([0.0])) != digest(torch.tensor([-0.0]))
+    assert digest(torch.zeros(0)) == digest(torch.zeros(5)) == "0000000000000000"  # zeros add nothing
+    big = torch.randn(3 * DIGEST_BLOCK + 5, generator=torch.Generator().manual_seed(3))  # blocks and a partial one
+    for position in (0, DIGEST_BLOCK - 1, DIGEST_BLOCK, 3 * DIGEST_BLOCK + 4):
+        changed = big.clone()
+        changed[position] = changed[position].nextafter(torch.tensor(1e9))
+        assert digest(changed) != digest(big), position
+
+
+def test_the_block_sums_are_the_exact_sums_of_the_bits_as_16_bit_halves():
+    tensor = torch.randn(2 * DIGEST_BLOCK + 3, generator=torch.Generator().manual_seed(4))  # float32: 2 halves each
+    halves = tensor.view(torch.int16).numpy().astype(np.int64)
+    expected = [halves[i : i + DIGEST_BLOCK].sum() for i in range(0, halves.size, DIGEST_BLOCK)]
+    assert block_sums(tensor).tolist() == expected
+    h1 = sum(expected) % (2**31 - 1)
+    h2 = sum(s % (2**31 - 19) * ((c * 1_000_000_007) % (2**31 - 20) + 1) for c, s in enumerate(expected)) % (2**31 - 19)
+    short = fold([torch.from_numpy(block_sums(tensor[:7]))])[0]
+    assert digests([tensor, tensor[:7]]) == [f"{h1:08x}{h2:08x}", short]
+    extremes = torch.tensor([-(2**15), 2**15 - 1], dtype=torch.int16).repeat_interleave(DIGEST_BLOCK)
+    assert block_sums(extremes).tolist() == [-(2**27), (2**15 - 1) * DIGEST_BLOCK]  # a block's sum is never wrapped
