@@ -41,8 +41,9 @@ _CONTROL_CALLS = {
 }
 
 # The manager's `ray.remote` options (Ray takes concurrency groups there, not in .options()): `progress`
-# answers on its own thread while `generate` runs; every other method stays on the one default thread.
-ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1}}
+# answers on its own thread while `generate` runs, and `probe_engines` on another (a push's probe runs beside the
+# rollout that follows it); every other method stays on the one default thread.
+ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1, "probe": 1}}
 # generate()'s wall-clock window (time.time(), s); the driver rebases them to its loop's start
 ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
 # The producer (torch and transformers, ~2 CPU-seconds), loaded by path in the actor's process only
@@ -130,9 +131,11 @@ class RolloutManager:
         their ranks."""
         return self.fleet.recover()
 
+    @ray.method(concurrency_group="probe")
     def probe_engines(self, max_new_tokens: int) -> tuple[list[Any], list[ray.ObjectRef]]:
         """The log-prob probe after a push (slime.sync.probe): each synced engine's answer (EngineProbe) and, per
-        data-parallel rank, a reference to the batch of those answers for the trainer to score."""
+        data-parallel rank, a reference to the batch of those answers for the trainer to score. On its own thread:
+        it may run while `generate` does (its requests go to the engines beside the rollout's)."""
         answers, batches = self.producer.probe(self.fleet.sync_urls(), max_new_tokens)
         return answers, [ray.put(batch) for batch in batches]
 

@@ -83,6 +83,7 @@ class RolloutProducer:
         self.setup = setup
         self.fleet = fleet  # the router URLs, the engine count, the abort after each step
         self.tokenizer = None
+        self._probe_tokenizer = None  # the log-prob probe's copy (`probe`)
         self.data_source: DataSourceBase | None = None  # None when replaying dumps
         self.eval_sources: dict[str, DataSourceBase] = {}
         self.rewards: RewardHub | None = None  # built with the data (remote_rm's session lives in it)
@@ -285,7 +286,9 @@ class RolloutProducer:
     def probe(self, urls: list[str], max_new_tokens: int) -> tuple[list[EngineProbe], list[TrainBatch]]:
         """The log-prob probe's engine side (slime.rollout.probe.probe_engines): each engine's answer, in the order of
         `urls`, and the batches every data-parallel rank scores."""
-        ctx = self._context(RolloutProgress(), evaluation=False)
+        if self._probe_tokenizer is None:  # the probe runs on its own thread: a fast tokenizer is not shared
+            self._probe_tokenizer = copy.deepcopy(self.tokenizer)
+        ctx = dataclasses.replace(self._context(RolloutProgress(), evaluation=False), tokenizer=self._probe_tokenizer)
         samples, batches = probe_engines(ctx, urls, max_new_tokens, self.setup.dp_size)
         tokens = [(s.tokens[s.prompt_length :], list(s.rollout_log_probs or [])) for s in samples]
         return [EngineProbe(url, *answer) for url, answer in zip(urls, tokens)], batches

@@ -27,7 +27,8 @@ group for the new URL). With `rollout.weight_sync.on_mismatch=resync` an engine 
 wrong (slime.sync.verify) is handled as a dead one: restarted, and the push made again to every engine.
 
 A verified push ends with the log-prob probe (slime.sync.probe): each engine generates a fixed prompt, the trainer
-scores the tokens on the weights it pushed. Colocated, the trainer is off the GPUs by then: it scores them once it is
+scores the tokens on the weights it pushed. Where the push's check runs beside generation, so does the probe: the
+engines answer beside the rollout's requests, and the trainer scores them when the check is awaited. Colocated, the trainer is off the GPUs by then: it scores them once it is
 back (`before_train`, before the step trains), and an engine found wrong there is restarted by the next push (resync)
 or stops the run.
 """
@@ -75,6 +76,7 @@ class WeightPush:
         self.pending_probe: tuple | None = None  # colocated: (version, answers, shards, seconds) to score at onload
         self.restart_due = False  # colocated: a probe at onload marked engines dead; the next push restarts them
         self.unverified = False  # a push's check runs on the trainer, not awaited yet
+        self.probe_beside: tuple | None = None  # (version, the manager's answer) of a probe beside generation
 
     def connect(self) -> None:
         """(Re)build the weight-sync object on the trainer for the engines' current URLs."""
@@ -103,15 +105,22 @@ class WeightPush:
         return {**metrics, "rollout/engine_restarts": float(len(ranks))}
 
     def await_verification(self) -> dict[str, float]:
-        """Await the check of the last push where it runs beside generation (`rollout.weight_sync.on_mismatch=fail`):
-        its `perf/update_weights_verify_time`; raises its WeightMismatchError (the run stops before anything the
+        """Await the check of the last push where it runs beside generation (`rollout.weight_sync.on_mismatch=fail`),
+        then score its probe, whose engines answered beside the rollout: their metrics; raises a WeightMismatchError (the run stops before anything the
         engines generated on those weights trains). A check cut short by an engine's death is not one: with fault
         tolerance the engine restarts, and is pushed to and checked again, before the next rollout."""
         if not self.unverified:
             return {}
         self.unverified = False
+        probe, self.probe_beside = self.probe_beside, None
         try:
-            return self.actor.weights_verified()
+            metrics = self.actor.weights_verified()
+            if probe is not None:
+                version, asked = probe
+                waited = time.perf_counter()  # the engines answered beside the rollout: only a wait for them counts
+                answers, shards = ray.get(asked)
+                metrics.update(self._score_probe(version, answers, shards, time.perf_counter() - waited))
+            return metrics
         except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death explains it
             if mismatched_engines(exc) or not self.fault_tolerance:
                 raise
@@ -143,7 +152,7 @@ class WeightPush:
                 self.unverified = self.context.defer_verify  # its check runs on beside generation
                 if not defer:
                     metrics.update(self.await_verification())
-                return {**verify_metrics, **metrics, **self._probe(weight_version)}, restarted
+                return {**verify_metrics, **metrics, **self._probe(weight_version, beside=self.unverified)}, restarted
             except Exception as exc:  # noqa: BLE001 - re-raised unless an engine's death or a resync explains it
                 deaths = self._resync(exc, weight_version) or self._engine_deaths()
                 if not deaths:
@@ -228,13 +237,19 @@ class WeightPush:
             self.restart_due = True
             return checked
 
-    def _probe(self, weight_version: int) -> dict[str, float]:
+    def _probe(self, weight_version: int, *, beside: bool) -> dict[str, float]:
         """The log-prob probe of the push just made (slime.sync.probe); colocated, the trainer's side waits for its
-        onload (`before_train`). Its metrics: the differences and `perf/update_weights_probe_time` (s)."""
+        onload (`before_train`). `beside` (the push's check runs beside generation): the engines answer beside the
+        rollout that follows, and the trainer scores them when the check is awaited (`await_verification`). Its
+        metrics: the differences and `perf/update_weights_probe_time` (s: what the probe held the loop)."""
         if not self.probe_tokens:
             return {}
         started = time.perf_counter()
-        answers, shards = ray.get(self.manager.probe_engines.remote(self.probe_tokens))
+        asked = self.manager.probe_engines.remote(self.probe_tokens)
+        if beside and self.trainer_on_device:
+            self.probe_beside = (weight_version, asked)
+            return {}
+        answers, shards = ray.get(asked)
         seconds = time.perf_counter() - started
         if not self.trainer_on_device:
             self.pending_probe = (weight_version, answers, shards, seconds)
@@ -243,7 +258,7 @@ class WeightPush:
 
     def _score_probe(self, version: int, answers: list, shards: list, seconds: float) -> dict[str, float]:
         """The trainer's log-probs of the engines' probe tokens (every data-parallel rank holds every answer: the
-        first shard's owner's are read), compared with theirs; `seconds`: the engines' side of the probe."""
+        first shard's owner's are read), compared with theirs; `seconds`: the loop's wait for the engines' side."""
         started = time.perf_counter()
         scored = []
         if shards:

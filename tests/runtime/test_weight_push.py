@@ -278,6 +278,24 @@ def test_a_deferred_check_is_awaited_before_training_and_its_mismatch_stops_the_
     assert fleet.calls[-1] == "verified ok" and pusher.await_verification() == {}
 
 
+def test_a_deferred_push_asks_for_its_probe_and_scores_it_when_its_check_is_awaited(monkeypatch):
+    """Where the check runs beside generation, so does the probe: the push asks the engines for it once generation
+    continued (their answers come beside the next rollout's), and the trainer scores them when the check is awaited,
+    before the step trains; a probe that differs then stops the run."""
+    fleet = _Fleet(deaths=0, probe_gaps=[0.0, 0.5])
+    pusher = _pusher(monkeypatch, fleet, defer=True)
+    metrics = pusher.sync(weight_version=1)
+    assert "rollout/weight_probe_logprob_diff" not in metrics and fleet.calls[-2:] == ["end_push", "probe 16"]
+    assert not any(call.startswith("score") for call in fleet.calls)
+    awaited = pusher.await_verification()
+    assert awaited["rollout/weight_probe_logprob_diff"] == 0.0 and awaited["perf/update_weights_probe_time"] >= 0
+    assert fleet.calls[-2:] == ["verified ok", "score 1 ['shard 0']"]
+    pusher.sync(weight_version=2)
+    with pytest.raises(WeightMismatchError, match=f"{PROBED} 2"):
+        pusher.await_verification()
+    assert pusher.await_verification() == {}
+
+
 def test_a_deferred_check_an_engine_death_cut_short_is_left_to_the_restart(monkeypatch, caplog):
     """With fault tolerance, a check that failed because an engine died is no mismatch: the warning names the death,
     and the next push restarts the engine; without fault tolerance the error stops the run."""
