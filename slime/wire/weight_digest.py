@@ -16,6 +16,7 @@ transit and stale tensors, not against an adversary. The digest is the same on e
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,7 +38,8 @@ def halves(tensor: torch.Tensor) -> torch.Tensor:
 
 def block_sums(tensor: torch.Tensor) -> torch.Tensor | np.ndarray:
     """int64 sums of the tensor's halves, one per block of DIGEST_BLOCK (the last block may be shorter): a tensor on
-    its device, or on the CPU a numpy array (numpy's reduction reads several times faster than torch's there)."""
+    its device (on CUDA one Triton kernel, slime.wire.digest_kernel), or on the CPU a numpy array (numpy's reduction
+    reads several times faster than torch's there)."""
     x = halves(tensor)
     full = x.numel() // DIGEST_BLOCK * DIGEST_BLOCK
     if x.device.type == "cpu":
@@ -45,10 +47,22 @@ def block_sums(tensor: torch.Tensor) -> torch.Tensor | np.ndarray:
         sums = [host[:full].reshape(-1, DIGEST_BLOCK).sum(axis=1, dtype=np.int32).astype(np.int64)] if full else []
         sums += [host[full:].sum(dtype=np.int64).reshape(1)] if full < x.numel() else []
         return np.concatenate(sums) if sums else np.zeros(0, dtype=np.int64)
+    if x.device.type == "cuda" and _cuda_kernel() is not None:
+        return _cuda_kernel()(x, DIGEST_BLOCK)
     sums = [x[:full].view(-1, DIGEST_BLOCK).sum(dim=1, dtype=torch.int64)] if full else []
     if full < x.numel():
         sums.append(x[full:].sum(dtype=torch.int64).reshape(1))
     return torch.cat(sums) if len(sums) > 1 else (sums[0] if sums else x.new_zeros(0, dtype=torch.int64))
+
+
+@functools.cache
+def _cuda_kernel():
+    """slime.wire.digest_kernel.block_sums_cuda, or None without Triton (torch's reduction then)."""
+    try:
+        from slime.wire.digest_kernel import block_sums_cuda
+    except ImportError:
+        return None
+    return block_sums_cuda
 
 
 def fold(sums: Sequence[torch.Tensor]) -> list[str]:

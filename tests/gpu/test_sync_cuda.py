@@ -65,6 +65,27 @@ def test_a_gpu_tensor_has_the_cpu_tensors_digest():
     assert digests([t.cuda() for t in tensors]) == digests(tensors)
 
 
+def test_the_triton_block_sums_are_torchs_reduction_at_every_size_and_extreme():
+    """The Triton kernel (slime.wire.digest_kernel) against torch's int64 reduction of the same blocks: ragged last
+    blocks, one-byte dtypes widened, and blocks of the extreme halves (their sums reach -2**27 and 2**27 - 4096)."""
+    from slime.wire.digest_kernel import block_sums_cuda
+    from slime.wire.weight_digest import DIGEST_BLOCK, halves
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randn(n, generator=gen).to(dtype)
+        for n in (1, 4095, 4096, 4097, 3 * 4096 + 5)
+        for dtype in (torch.bfloat16, torch.float32)
+    ]
+    tensors += [torch.randint(0, 256, (9000,), generator=gen, dtype=torch.uint8)]
+    tensors += [torch.full((2 * DIGEST_BLOCK,), value, dtype=torch.int16) for value in (-32768, 32767)]
+    for tensor in tensors:
+        x = halves(tensor.cuda())
+        padded = torch.nn.functional.pad(x, (0, -x.numel() % DIGEST_BLOCK))
+        expected = padded.view(-1, DIGEST_BLOCK).sum(dim=1, dtype=torch.int64)
+        assert torch.equal(block_sums_cuda(x, DIGEST_BLOCK), expected), (tensor.dtype, tensor.numel())
+
+
 def test_a_verified_cuda_sync_compares_the_engines_own_digests(trained_cuda, tiny_model_dir, tmp_path):
     """A verified tensor-mode push into a bf16 engine on the GPU: the trainer's fp32 export is digested in every serving
     dtype on the first push, matched in bf16, and later pushes digest bf16 only."""
