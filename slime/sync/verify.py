@@ -140,12 +140,13 @@ class PushLedger:
         self._jobs: ThreadPoolExecutor | None = None  # digests one bucket at a time, in order
         self._hashing: ThreadPoolExecutor | None = None  # the host hashes' threads
         self._later: list[list] = []  # host buckets' engine tensors, digested by wait()
+        self._unfolded: list[tuple] = []  # (engine tensor's entry, dtype name, its block sums on its accelerator)
         self._kept_bytes = 0  # their bytes
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
         """The same buckets, each handed on at once. A bucket on an accelerator is digested meanwhile, on a thread of
-        the ledger's (its kernels beside the transfer's; the next bucket is drawn once they ran, so that no more
-        than one bucket waits); one on the host is kept for `wait()` to digest once the transfer is done, where its
+        the ledger's (its reductions are launched beside the transfer's kernels, the next bucket is drawn once they
+        were, and `wait()` folds them: the transfer never waits for them); one on the host is kept for `wait()` to digest once the transfer is done, where its
         reads would otherwise take the transfer's cores (up to HOST_KEPT_BYTES: then as an accelerator's). `wait()`
         ends the digesting."""
         self._hashing = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="push-ledger-hash")
@@ -183,6 +184,12 @@ class PushLedger:
         later, self._later = self._later, []
         for whole in later:
             self._digest(whole)
+        unfolded, self._unfolded = self._unfolded, []
+        if unfolded:
+            start = time.perf_counter()
+            for (entry, dtype, _), text in zip(unfolded, weight_digest.folded([sums for _, _, sums in unfolded])):
+                self._record(entry, dtype, text)
+            self.seconds += time.perf_counter() - start
         if self._hashing is not None:
             self._hashing.shutdown(wait=True)
 
@@ -190,11 +197,18 @@ class PushLedger:
         """Record the digests of one bucket's engine tensors, in every dtype the engines may serve in."""
         start = time.perf_counter()
         served = [(entry, dtype, t) for entry in whole for dtype, t in as_served(entry[1], self.dtypes).items()]
-        texts = digests_of([t for _, _, t in served], self.hashed, self._hashing)
-        for ((name, _, sources, buckets_of), dtype, _), text in zip(served, texts):
-            pushed = self.pushed.setdefault(name, Pushed({}, sources, buckets_of))
-            pushed.digests[dtype] = text
+        if self.hashed == weight_digest.DIGEST and all(t.device.type != "cpu" for _, _, t in served):
+            # the reductions are launched here and folded by wait(): no wait for the accelerator inside the transfer
+            self._unfolded += [(entry, dtype, weight_digest.block_sums(t)) for entry, dtype, t in served]
+        else:
+            texts = digests_of([t for _, _, t in served], self.hashed, self._hashing)
+            for (entry, dtype, _), text in zip(served, texts):
+                self._record(entry, dtype, text)
         self.seconds += time.perf_counter() - start
+
+    def _record(self, entry: tuple[str, torch.Tensor, tuple, tuple], dtype: str, text: str) -> None:
+        name, _, sources, buckets_of = entry
+        self.pushed.setdefault(name, Pushed({}, sources, buckets_of)).digests[dtype] = text
 
     def _engine_tensors(self, bucket: Bucket, index: int) -> Iterator[tuple[str, torch.Tensor, tuple, tuple]]:
         """(engine name, tensor as the engine holds it, HF sources, their buckets) of each engine tensor the bucket

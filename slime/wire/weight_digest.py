@@ -85,7 +85,12 @@ def fold(sums: Sequence[torch.Tensor]) -> list[str]:
 def digests(tensors: Sequence[torch.Tensor]) -> list[str]:
     """The digest of each tensor: one reduction each where it lives, folded per device, two integers each to the
     host."""
-    sums = [block_sums(t) for t in tensors]
+    return folded([block_sums(t) for t in tensors])
+
+
+def folded(sums: Sequence[torch.Tensor | np.ndarray]) -> list[str]:
+    """The digest text of each tensor from its `block_sums`, folded per device: the only point that waits for an
+    accelerator's reductions (a caller may launch them while other work runs and fold them later)."""
     sums = [torch.from_numpy(s) if isinstance(s, np.ndarray) else s for s in sums]
     by_device: dict[torch.device, list[int]] = {}
     for i, s in enumerate(sums):
