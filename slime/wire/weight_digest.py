@@ -17,10 +17,13 @@ transit and stale tensors, not against an adversary. The digest is the same on e
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 DIGEST_BLOCK = 4096  # halves per block sum: |sum| < 2**15 * 2**12
 P1, P2 = 2**31 - 1, 2**31 - 19
@@ -41,14 +44,19 @@ def block_sums(tensor: torch.Tensor) -> torch.Tensor | np.ndarray:
     its device (on CUDA one Triton kernel, slime.wire.digest_kernel), or on the CPU a numpy array (numpy's reduction
     reads several times faster than torch's there)."""
     x = halves(tensor)
-    full = x.numel() // DIGEST_BLOCK * DIGEST_BLOCK
     if x.device.type == "cpu":
+        full = x.numel() // DIGEST_BLOCK * DIGEST_BLOCK
         host = x.numpy()
         sums = [host[:full].reshape(-1, DIGEST_BLOCK).sum(axis=1, dtype=np.int32).astype(np.int64)] if full else []
         sums += [host[full:].sum(dtype=np.int64).reshape(1)] if full < x.numel() else []
         return np.concatenate(sums) if sums else np.zeros(0, dtype=np.int64)
-    if x.device.type == "cuda" and _cuda_kernel() is not None:
-        return _cuda_kernel()(x, DIGEST_BLOCK)
+    kernel = _cuda_kernel(x.device) if x.device.type == "cuda" else None
+    return kernel(x, DIGEST_BLOCK) if kernel is not None else _reduced(x)
+
+
+def _reduced(x: torch.Tensor) -> torch.Tensor:
+    """torch's block sums of flat int16 halves on their device."""
+    full = x.numel() // DIGEST_BLOCK * DIGEST_BLOCK
     sums = [x[:full].view(-1, DIGEST_BLOCK).sum(dim=1, dtype=torch.int64)] if full else []
     if full < x.numel():
         sums.append(x[full:].sum(dtype=torch.int64).reshape(1))
@@ -56,13 +64,21 @@ def block_sums(tensor: torch.Tensor) -> torch.Tensor | np.ndarray:
 
 
 @functools.cache
-def _cuda_kernel():
-    """slime.wire.digest_kernel.block_sums_cuda, or None without Triton (torch's reduction then)."""
+def _cuda_kernel(device: torch.device):
+    """slime.wire.digest_kernel.block_sums_cuda once it gave torch's block sums of a test tensor on `device` (every
+    extreme half, a ragged last block), else None with a warning (torch's reduction then): a digest never depends
+    on a kernel that did not build or disagrees."""
     try:
         from slime.wire.digest_kernel import block_sums_cuda
-    except ImportError:
-        return None
-    return block_sums_cuda
+
+        test = torch.arange(-32768, 32768, 7, dtype=torch.int16, device=device)
+        if torch.equal(block_sums_cuda(test, DIGEST_BLOCK), _reduced(test)):
+            return block_sums_cuda
+        problem = "its block sums differ from torch's on a test tensor"
+    except Exception as exc:  # noqa: BLE001 - no Triton, or a kernel that does not build here: torch's reduction
+        problem = f"{type(exc).__name__}: {exc}"
+    logger.warning("weight digests on %s use torch's reduction (slower): the Triton block sums %s", device, problem)
+    return None
 
 
 def fold(sums: Sequence[torch.Tensor]) -> list[str]:
