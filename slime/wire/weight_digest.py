@@ -69,6 +69,7 @@ def _cuda_kernel(device: torch.device):
     extreme half, a ragged last block), else None with a warning (torch's reduction then): a digest never depends
     on a kernel that did not build or disagrees."""
     try:
+        # Triton comes with torch's CUDA wheels only: imported where a CUDA tensor is digested
         from slime.wire.digest_kernel import block_sums_cuda
 
         test = torch.arange(-32768, 32768, 7, dtype=torch.int16, device=device)
