@@ -23,6 +23,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+try:  # Triton comes with torch's CUDA wheels only; a CPU machine digests with numpy
+    from slime.wire.digest_kernel import block_sums_cuda
+except ImportError:
+    block_sums_cuda = None
+
 logger = logging.getLogger(__name__)
 
 DIGEST_BLOCK = 4096  # halves per block sum: |sum| < 2**15 * 2**12
@@ -65,19 +70,18 @@ def _reduced(x: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _cuda_kernel(device: torch.device):
-    """slime.wire.digest_kernel.block_sums_cuda once it gave torch's block sums of a test tensor on `device` (every
+    """The Triton block sums (slime.wire.digest_kernel) once they gave torch's of a test tensor on `device` (every
     extreme half, a ragged last block), else None with a warning (torch's reduction then): a digest never depends
-    on a kernel that did not build or disagrees."""
-    try:
-        # Triton comes with torch's CUDA wheels only: imported where a CUDA tensor is digested
-        from slime.wire.digest_kernel import block_sums_cuda
-
-        test = torch.arange(-32768, 32768, 7, dtype=torch.int16, device=device)
-        if torch.equal(block_sums_cuda(test, DIGEST_BLOCK), _reduced(test)):
-            return block_sums_cuda
-        problem = "its block sums differ from torch's on a test tensor"
-    except Exception as exc:  # noqa: BLE001 - no Triton, or a kernel that does not build here: torch's reduction
-        problem = f"{type(exc).__name__}: {exc}"
+    on a kernel that is missing, did not build or disagrees."""
+    problem = "are not installed (no Triton)"
+    if block_sums_cuda is not None:
+        try:
+            test = torch.arange(-32768, 32768, 7, dtype=torch.int16, device=device)
+            if torch.equal(block_sums_cuda(test, DIGEST_BLOCK), _reduced(test)):
+                return block_sums_cuda
+            problem = "differ from torch's on a test tensor"
+        except Exception as exc:  # noqa: BLE001 - a kernel that does not build here: torch's reduction
+            problem = f"failed ({type(exc).__name__}: {exc})"
     logger.warning("weight digests on %s use torch's reduction (slower): the Triton block sums %s", device, problem)
     return None
 

@@ -56,14 +56,11 @@ def test_the_block_sums_are_the_exact_sums_of_the_bits_as_16_bit_halves():
     assert block_sums(extremes).tolist() == [-(2**27), (2**15 - 1) * DIGEST_BLOCK]  # a block's sum is never wrapped
 
 
-@pytest.mark.parametrize("kernel", ["agrees", "differs", "fails"])
+@pytest.mark.parametrize("kernel", ["agrees", "differs", "fails", "missing"])
 def test_the_triton_kernel_is_used_only_once_it_gave_torchs_block_sums(kernel, monkeypatch, caplog):
-    """The CUDA path's guard (`_cuda_kernel`), run on the CPU with stand-ins for slime.wire.digest_kernel: a kernel
-    whose sums of the test tensor are torch's is used; one that differs or raises is not (torch's reduction, and a
-    warning that says why)."""
-    import sys
-    import types
-
+    """The CUDA path's guard (`_cuda_kernel`), run on the CPU with stand-ins for slime.wire.digest_kernel's kernel: one
+    whose sums of the test tensor are torch's is used; one that differs, raises or is not installed is not (torch's
+    reduction, and a warning that says why)."""
     from slime.wire import weight_digest
 
     def block_sums_cuda(x, block):
@@ -72,8 +69,13 @@ def test_the_triton_kernel_is_used_only_once_it_gave_torchs_block_sums(kernel, m
         sums = weight_digest._reduced(x)
         return sums if kernel == "agrees" else sums + 1
 
-    monkeypatch.setitem(sys.modules, "slime.wire.digest_kernel", types.SimpleNamespace(block_sums_cuda=block_sums_cuda))
+    monkeypatch.setattr(weight_digest, "block_sums_cuda", None if kernel == "missing" else block_sums_cuda)
     chosen = weight_digest._cuda_kernel.__wrapped__(torch.device("cpu"))
     assert (chosen is block_sums_cuda) == (kernel == "agrees")
-    expected = {"agrees": "", "differs": "differ from torch's", "fails": "RuntimeError: no such kernel here"}[kernel]
+    expected = {
+        "agrees": "",
+        "differs": "differ from torch's on a test tensor",
+        "fails": "failed (RuntimeError: no such kernel here)",
+        "missing": "are not installed (no Triton)",
+    }[kernel]
     assert expected in caplog.text and (kernel == "agrees") == ("use torch's reduction" not in caplog.text)
