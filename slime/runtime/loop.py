@@ -53,7 +53,7 @@ from slime.runtime.events import Event, RunEvent
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
-from slime.runtime.weight_push import WeightPush
+from slime.runtime.weight_push import WeightPush, merge_checks
 from slime.tracking.tracker import Tracker
 from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
 
@@ -360,7 +360,7 @@ class RunLoop:
             return
         # the push's check runs beside the next rollout, unless an eval or the run's end comes first
         defer = step.rollout_id < self.last and not due(step.rollout_id, self.cfg.eval.interval)
-        step.metrics.update(self.parts.pusher.sync(weight_version=step.rollout_id + 1, defer=defer))
+        merge_checks(step.metrics, self.parts.pusher.sync(weight_version=step.rollout_id + 1, defer=defer))
         step.metrics["rollout/engine_restarts"] += step.restarted
         self.state.events.publish(RunEvent.WEIGHTS_PUSHED, step.rollout_id)
 

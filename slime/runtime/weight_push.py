@@ -57,6 +57,22 @@ RESUME_WEIGHTS = ["weights"]
 RESUME_REST = ["kv_cache", "cuda_graph"]
 
 
+CHECK_TIMES = ("perf/update_weights_verify_time", "perf/update_weights_probe_time")
+PROBE_DIFFS = ("rollout/weight_probe_logprob_diff", "rollout/weight_probe_logprob_diff_max")
+
+
+def merge_checks(into: dict[str, float], pushed: dict[str, float]) -> None:
+    """Add a push's metrics to a step's that may hold the check of the push before it (awaited before the step
+    trained): check times add up, probe differences keep the larger; every other figure is the push's."""
+    for key, value in pushed.items():
+        if key in into and key in CHECK_TIMES:
+            into[key] += value
+        elif key in into and key in PROBE_DIFFS:
+            into[key] = max(into[key], value)
+        else:
+            into[key] = value
+
+
 class WeightPush:
     """The driver's side of weight pushes; see the module docstring."""
 

@@ -321,3 +321,17 @@ def test_colocated_the_check_ends_before_the_engines_release_their_weights(monke
     pusher.sync(weight_version=1)
     assert pusher.before_train(1) == {"perf/update_weights_verify_time": 0.01}
     assert fleet.calls[-2:] == ["verified ok", "release_memory"]
+
+
+def test_a_steps_record_keeps_both_checks_when_the_last_push_is_checked_inside_it():
+    """The last step awaited the check of the push before it (its figures already in the record) and its own push is
+    checked at once: check times add up, the probe keeps the larger difference, the push's own figures are its."""
+    record = {"perf/update_weights_verify_time": 0.01, "rollout/weight_probe_logprob_diff": 2e-7, "perf/x": 1.0}
+    pushed = {"perf/update_weights_verify_time": 0.02, "rollout/weight_probe_logprob_diff": 1e-7, "perf/x": 3.0}
+    weight_push.merge_checks(record, {**pushed, "perf/update_weights_time": 0.5})
+    assert record == {
+        "perf/update_weights_verify_time": pytest.approx(0.03),
+        "rollout/weight_probe_logprob_diff": 2e-7,
+        "perf/x": 3.0,
+        "perf/update_weights_time": 0.5,
+    }
