@@ -53,7 +53,7 @@ from slime.runtime.events import Event, RunEvent
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
-from slime.runtime.weight_push import WeightPush, merge_checks
+from slime.runtime.weight_push import WeightPush, check_figures, merge_checks
 from slime.tracking.tracker import Tracker
 from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
 
@@ -107,6 +107,9 @@ class RunLoop:
         self.last = parts.cfg.train.num_rollout - 1
         self.t0 = time.time()
         self.train_window: tuple[float, float] | None = None  # the previous step's (start, end), loop seconds
+        # the last push's checks checked inside it, for the record of the next step that trains: wherever a push is
+        # checked (inside it, or beside the rollout after it), its figures are in that step's record, as on a resume
+        self.checks_due: dict[str, float] = {}
         self.state.events.subscribe(RunEvent.CHECKPOINT_SAVED, self._checkpoint_saved)
 
     def _checkpoint_saved(self, event: Event) -> None:
@@ -199,7 +202,7 @@ class RunLoop:
         runs now when the crash came before it was logged."""
         self.state.enter("weight_sync", self.start - 1)
         if self.parts.pusher is not None:
-            self.parts.pusher.push(weight_version=self.start)  # engines hold the run's weights before rollout 0
+            self.checks_due = check_figures(self.parts.pusher.push(weight_version=self.start))  # before rollout 0
             self.state.events.publish(RunEvent.WEIGHTS_PUSHED, self.start - 1)
         if self.start > 0:
             self.parts.tracker.resume(self.cfg.checkpoint.load, self.start)
@@ -287,7 +290,9 @@ class RunLoop:
         optimizer step."""
         metrics, rollout_id = step.metrics, step.rollout_id
         if self.parts.pusher is not None:  # nothing the engines generated on unchecked weights trains
-            metrics.update(self.parts.pusher.await_verification())
+            merge_checks(metrics, self.checks_due)
+            merge_checks(metrics, self.parts.pusher.await_verification())
+            self.checks_due = {}
         metrics["perf/train_started_at"] = time.time() - self.t0
         actor, critic = self.parts.actor, self.parts.critic
         actor.load_batch(rollout_id, step.shards)
@@ -360,7 +365,13 @@ class RunLoop:
             return
         # the push's check runs beside the next rollout, unless an eval or the run's end comes first
         defer = step.rollout_id < self.last and not due(step.rollout_id, self.cfg.eval.interval)
-        merge_checks(step.metrics, self.parts.pusher.sync(weight_version=step.rollout_id + 1, defer=defer))
+        pushed = self.parts.pusher.sync(weight_version=step.rollout_id + 1, defer=defer)
+        checks = check_figures(pushed)
+        step.metrics.update(pushed)
+        if step.rollout_id == self.last:  # no step follows: its record holds them
+            merge_checks(step.metrics, checks)
+        else:
+            self.checks_due = checks
         step.metrics["rollout/engine_restarts"] += step.restarted
         self.state.events.publish(RunEvent.WEIGHTS_PUSHED, step.rollout_id)
 

@@ -61,9 +61,15 @@ CHECK_TIMES = ("perf/update_weights_verify_time", "perf/update_weights_probe_tim
 PROBE_DIFFS = ("rollout/weight_probe_logprob_diff", "rollout/weight_probe_logprob_diff_max")
 
 
+def check_figures(pushed: dict[str, float]) -> dict[str, float]:
+    """Take the checks' figures (CHECK_TIMES, PROBE_DIFFS) out of a push's metrics; returns them."""
+    return {key: pushed.pop(key) for key in (*CHECK_TIMES, *PROBE_DIFFS) if key in pushed}
+
+
 def merge_checks(into: dict[str, float], pushed: dict[str, float]) -> None:
-    """Add a push's metrics to a step's that may hold the check of the push before it (awaited before the step
-    trained): check times add up, probe differences keep the larger; every other figure is the push's."""
+    """Add checks' figures to a step's metrics that may hold another's (a step's record holds the checks of the push
+    its rollout was generated after, and the last step's also its own push's): check times add up, probe differences
+    keep the larger; every other figure is the later one."""
     for key, value in pushed.items():
         if key in into and key in CHECK_TIMES:
             into[key] += value
