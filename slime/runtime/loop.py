@@ -107,8 +107,8 @@ class RunLoop:
         self.last = parts.cfg.train.num_rollout - 1
         self.t0 = time.time()
         self.train_window: tuple[float, float] | None = None  # the previous step's (start, end), loop seconds
-        # the last push's checks checked inside it, for the record of the next step that trains: wherever a push is
-        # checked (inside it, or beside the rollout after it), its figures are in that step's record, as on a resume
+        # the figures of the last push's checks that ran inside it, for the record of the step that trains next: a
+        # push's checks land there wherever they ran (inside it, or beside the rollout after it), as on a resume
         self.checks_due: dict[str, float] = {}
         self.state.events.subscribe(RunEvent.CHECKPOINT_SAVED, self._checkpoint_saved)
 
