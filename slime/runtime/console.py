@@ -11,7 +11,9 @@ The rule for stdout and stderr:
     stderr  what went wrong: slime's warnings and every library's errors (log records), a configuration error found
             once the run started, a failed run's traceback, the interrupt messages. `logger.console=verbose` adds
             every log record at `debug.log_level` and the output of the Ray workers. While the live display is drawn
-            and stderr is the same terminal, these lines are printed above the display (through it), never across it.
+            and stderr is the same terminal, these lines are printed above the display (through it), never across it,
+            as is what the process's C code and its children write to the terminal's descriptors
+            (slime/tracking/fd_capture.py).
 
 Everything else goes to files of the run directory:
 

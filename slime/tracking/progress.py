@@ -8,13 +8,15 @@ On a terminal (and `logger.progress=true`) a rich live display sits below those 
 its end: a bar over the rollout steps with the phase under way (`rollout 12: training (2 optimizer steps)...`), while
 a rollout generates a second bar of its groups (kept of `rollout.batch_size`, with the groups drawn by over-sampling,
 still in flight and dropped by the dynamic filter), and the last step's figures. Anything else printed meanwhile goes
-above it (rich's Live). Off a terminal there is no display: the step lines alone; the phases that took
-`logger.progress_every_s` or more and the group counts of a long rollout go to the log (`<run dir>/main.log`) as
-records of the `slime.progress` logger.
+above it (rich's Live), and so does what the process and its children write to file descriptors 1 and 2 behind
+Python's back (slime/tracking/fd_capture.py). Off a terminal there is no display: the step lines alone; the phases
+that took `logger.progress_every_s` or more and the group counts of a long rollout go to the log
+(`<run dir>/main.log`) as records of the `slime.progress` logger.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -23,6 +25,8 @@ from collections.abc import Iterable
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+from slime.tracking.fd_capture import FdCapture
 
 logger = logging.getLogger("slime.progress")
 
@@ -84,6 +88,7 @@ class RunProgress:
         self.steps_per_rollout = steps_per_rollout
         self.slow_phase_s = slow_phase_s
         self.display: _Display | None = None
+        self._fds: FdCapture | None = None
         self._phase: tuple[str, int | None, float] | None = None
         self._groups_logged = float("-inf")  # when the last record of group counts was logged
 
@@ -110,6 +115,8 @@ class RunProgress:
         )
         self.task = self.display.add_task("starting...", total=self.total, completed=0, label="rollout")
         self.groups_task = self.display.add_task("", total=1, visible=False, label=" groups")
+        self._fds = FdCapture(self.console, stderr=redirect_stderr)
+        self._fds.start()
         self.display.start()
 
     @property
@@ -183,8 +190,11 @@ class RunProgress:
 
     def close(self, outcome: str | None = None) -> None:
         """Stop the display (its last frame stays on the terminal, saying `outcome` when given)."""
-        if self.display is not None:
+        if self.display is not None and self._fds is not None:
             if outcome is not None:
                 self.display.update(self.task, description=outcome)
-            self.display.stop()
-            self.display = None
+            with contextlib.ExitStack() as then:  # even if one of them fails or is interrupted
+                then.callback(self._fds.close)
+                then.callback(self.display.stop)
+                self._fds.restore()  # what fds 1 and 2 got meanwhile goes above the last frame
+            self.display, self._fds = None, None

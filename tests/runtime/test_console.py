@@ -1,5 +1,6 @@
 """The run's console (slime/runtime/console.py): which log records reach the terminal and which stream, main.log,
-the workers' lines, and a warning printed above the live display instead of across it (on a real pseudo-terminal).
+the workers' lines, and a warning printed above the live display instead of across it (on a real pseudo-terminal),
+as is what the process and its children write to file descriptors 1 and 2 meanwhile.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import io
 import logging
 import os
 import pty
+import re
 import sys
 import threading
 import warnings
@@ -18,8 +20,9 @@ from slime.config.schema import LoggerConfig
 from slime.runtime.console import RunConsole
 from slime.runtime.events import EventBus, RunEvent
 from slime.runtime.ray_session import _ray_records_to_root
+from tests.helpers.compose import ROOT
 from tests.helpers.runs import assert_stopped_in_validation, run_main
-from tests.helpers.terminal import Screen
+from tests.helpers.terminal import Screen, run_in_terminal
 
 HF_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
 
@@ -203,6 +206,31 @@ def test_on_a_terminal_a_warning_goes_above_the_live_display(tmp_path):
     assert "rollout    0/3  reward 0.250  1.50s/step" in lines
     assert lines.index("=== summary ===") > lines.index(bars[-1])  # the summary under the display's last frame
     assert bars[-1].startswith("rollout ") and bars[-1].endswith(" done")
+
+
+def test_on_a_terminal_what_the_process_and_its_children_write_to_fds_1_and_2_goes_above_the_live_display():
+    """C-level writes of the driver (Ray's core worker logs to fd 2) and a child's output reach the terminal behind
+    rich's back: each would leave a stale frame of the display on it. tests/helpers/stray_output.py writes such lines
+    while the display is drawn: one bar stays (the last frame), each line is printed once above it, a partial line
+    too, and after close fd 2 is the terminal again, with no descriptor or thread left over."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    argv = [sys.executable, "-m", "tests.helpers.stray_output"]
+    code, raw = run_in_terminal(argv, cwd=ROOT, env=env, columns=120, rows=40, timeout=120)
+    lines = Screen(raw, columns=120).lines
+    assert code == 0, lines
+    bars = [line for line in lines if "━" in line]
+    assert len(bars) == 1 and re.fullmatch(r"rollout ━+ 3/3 \d+:\d\d:\d\d done", bars[0]), lines
+    stray = [f"{where} in rollout {step}" for step in range(3) for where in ("fd 2", "fd 1", "a child")]
+    above = lines[: lines.index(bars[0])]
+    assert [line for line in above if line in stray] == stray, lines  # each once, in the order written
+    assert "a partial line" in above
+    assert lines[lines.index(bars[0]) + 1 :][:3] == [
+        "last step: rollout 2  reward 0.500  1.00s/step",
+        "=== summary ===",
+        "fd 2 after close",
+    ]
+    counts = re.fullmatch(r"fds (\d+) -> (\d+), threads (\d+) -> (\d+)", lines[lines.index("fd 2 after close") + 1])
+    assert counts and counts[1] == counts[2] and counts[3] == counts[4], lines
 
 
 def test_a_console_mode_that_does_not_exist_stops_in_validation(tmp_path):
