@@ -15,8 +15,8 @@
 # tests/helpers/slow_files.py), and the unit tests (one core at a time) followed by the few end-to-end files
 # slow_files.py gives that lane; the unit lane's reports are printed after the runs', then every process's summary,
 # then the metric-history gate's table (the learning runs' figures against tests/metric_baseline.json: a
-# regression fails). With arguments, one pytest process gets exactly them (no path: pytest's own default, the
-# tests/ folder).
+# regression fails; the timings scaled by this machine's speed, timed first). With arguments, one pytest process
+# gets exactly them (no path: pytest's own default, the tests/ folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +55,8 @@ export SLIME_TEST_SHARED_CACHE
 SLIME_METRIC_REPORT=${SLIME_METRIC_REPORT:-$(mktemp -t slime-metric-report-XXXXXX.jsonl)}
 : >"$SLIME_METRIC_REPORT"
 export SLIME_METRIC_REPORT
+# The machine's speed first, on an idle machine: the gate compares timings scaled to the baseline's machine.
+.venv/bin/python -m tests.helpers.metric_history calibrate "$SLIME_METRIC_REPORT" || exit 1
 mapfile -t slow < <(.venv/bin/python -m tests.helpers.slow_files --lane runs) || exit 1
 mapfile -t late < <(.venv/bin/python -m tests.helpers.slow_files --lane after-unit) || exit 1
 [ "${#slow[@]}" -gt 0 ] && [ "${#late[@]}" -gt 0 ] || no_tests

@@ -13,6 +13,11 @@ rollout step whose raw reward reached 0.8; null when none did), `max_logprob_dif
 mean |log-prob difference| of any train step), `wall_s` (the run's own elapsed time, result.json) and `cpu_s` (CPU
 seconds of the run's whole process tree: tests/helpers/runs.py samples it). Each figure's tolerance is in the
 baseline file, so that loosening one is a reviewed change with its reason recorded.
+
+CI machines differ in speed (one has been 1.5x slower than another), so the two timings are compared after scaling
+by the machines' own speed: tools/test.sh first times a fixed single-core workload (`calibrate`, its seconds
+recorded in the report as `machine_s`), a refresh keeps that figure beside each run's, and the gate compares
+`now * baseline machine_s / this machine_s` with the baseline (a run without it: unscaled).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -33,6 +39,8 @@ from tests.helpers.compose import ROOT
 REPORT_VAR = "SLIME_METRIC_REPORT"
 BASELINE = ROOT / "tests" / "metric_baseline.json"
 FIGURES = ("last3_reward", "first_step_0_8", "max_logprob_diff", "wall_s", "cpu_s")
+TIMINGS = ("wall_s", "cpu_s")  # scaled by the machines' speed before they are judged
+MACHINE = "machine_s"  # the report's and each baseline run's calibration: seconds of `machine_seconds()`
 LOGPROB_DIFF = "train/train_rollout_logprob_abs_diff"
 DEFAULT_TOLERANCES = {
     "last3_reward": {"lower_by": 0.1},  # a learning bar: 0.1 of reward down is a regression
@@ -77,10 +85,41 @@ def record(name: str, run_dir: Path, proc: Any = None) -> dict[str, Any]:
     return figures
 
 
-def read_report(path: Path) -> dict[str, dict[str, Any]]:
-    """run -> figures (a run recorded twice: its last record)."""
+def machine_seconds(repeats: int = 5) -> float:
+    """Seconds this machine's core takes for a fixed workload of Python bytecode (the fastest of `repeats`, so that
+    a busy moment does not count): the machine's speed, to compare timings measured on different machines."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        table: dict[int, float] = {}
+        for i in range(1_500_000):
+            table[i & 4095] = table.get(i & 4095, 0.0) * 0.5 + i % 7
+        best = min(best, time.perf_counter() - start)
+    return round(best, 4)
+
+
+def calibrate(report: Path) -> float:
+    """Time `machine_seconds()` and append it to the report (before the runs: an idle machine)."""
+    seconds = machine_seconds()
+    report.parent.mkdir(parents=True, exist_ok=True)
+    with report.open("a") as out:
+        fcntl.flock(out, fcntl.LOCK_EX)
+        out.write(json.dumps({MACHINE: seconds}) + "\n")
+    return seconds
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
     lines = path.read_text().splitlines() if path.exists() else []
-    return {entry["run"]: {k: entry.get(k) for k in FIGURES} for entry in map(json.loads, filter(str.strip, lines))}
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def read_report(path: Path) -> dict[str, dict[str, Any]]:
+    """run -> figures (a run recorded twice: its last record); each with the session's `machine_s` when the
+    report holds one."""
+    entries = _entries(path)
+    machine = next((e[MACHINE] for e in reversed(entries) if MACHINE in e and "run" not in e), None)
+    runs = {e["run"]: {k: e.get(k) for k in FIGURES} for e in entries if "run" in e}
+    return {run: {**figures, MACHINE: machine} if machine else figures for run, figures in runs.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +129,7 @@ class Row:
     baseline: Any
     now: Any
     verdict: str  # "ok", "regression", "missing" (a baseline run the report lacks), "new" (not in the baseline)
+    scaled: Any = None  # a timing of `now` scaled to the baseline's machine (what was judged)
 
 
 def _judge(figure: str, base: Any, now: Any, tolerance: dict[str, Any]) -> str:
@@ -118,9 +158,18 @@ def compare(baseline: dict[str, Any], report: dict[str, dict[str, Any]]) -> list
             elif now is None:
                 rows.append(Row(run, figure, base.get(figure), None, "missing"))
             else:
-                verdict = _judge(figure, base.get(figure), now.get(figure), tolerances[figure])
-                rows.append(Row(run, figure, base.get(figure), now.get(figure), verdict))
+                scaled = _scaled(figure, base, now)
+                verdict = _judge(figure, base.get(figure), scaled, tolerances[figure])
+                rows.append(Row(run, figure, base.get(figure), now.get(figure), verdict, scaled))
     return rows
+
+
+def _scaled(figure: str, base: dict[str, Any], now: dict[str, Any]) -> Any:
+    """`now`'s figure as the baseline's machine would have measured it (timings, where both machines were timed)."""
+    value, theirs, ours = now.get(figure), base.get(MACHINE), now.get(MACHINE)
+    if figure not in TIMINGS or value is None or not theirs or not ours:
+        return value
+    return round(value * theirs / ours, 2)
 
 
 def _cell(value: Any) -> str:
@@ -135,8 +184,11 @@ def _delta(row: Row) -> str:
     if not all(isinstance(v, (int, float)) for v in (row.baseline, row.now)):
         return ""
     delta = row.now - row.baseline
-    ratio = f" (x{row.now / row.baseline:.2f})" if row.baseline and row.figure in ("wall_s", "cpu_s") else ""
-    return f"{delta:+.3g}{ratio}"
+    if not row.baseline or row.figure not in TIMINGS:
+        return f"{delta:+.3g}"
+    scaled = row.scaled if row.scaled is not None else row.now
+    on_theirs = f", x{scaled / row.baseline:.2f} on the baseline's machine" if scaled != row.now else ""
+    return f"{delta:+.3g} (x{row.now / row.baseline:.2f}{on_theirs})"
 
 
 def render(rows: list[Row]) -> str:
@@ -155,6 +207,9 @@ def check(report: Path, baseline_path: Path = BASELINE) -> int:
         return 1
     rows = compare(json.loads(baseline_path.read_text()), read_report(report))
     print(f"metric history: the learning runs' figures against {baseline_path}")
+    machine = next((figures.get(MACHINE) for figures in read_report(report).values()), None)
+    print(f"machine: {machine} s for the calibration (timings are judged scaled to the baseline's machine)"
+          if machine else "machine: not calibrated (timings are judged as measured)")  # fmt: skip
     print(render(rows))
     bad = sorted({(r.run, r.figure) for r in rows if r.verdict in ("regression", "missing")})
     if bad:
@@ -197,6 +252,8 @@ def refresh(report: Path, reason: str, baseline_path: Path = BASELINE) -> dict[s
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.helpers.metric_history")
     sub = parser.add_subparsers(dest="command", required=True)
+    calibrate_cmd = sub.add_parser("calibrate", help="time this machine's core, into the report")
+    calibrate_cmd.add_argument("report", type=Path)
     check_cmd = sub.add_parser("check", help="compare a report with the baseline (exit 1 on a regression)")
     check_cmd.add_argument("report", type=Path)
     refresh_cmd = sub.add_parser("refresh", help="take a report's figures into the baseline, with a reason")
@@ -205,6 +262,9 @@ def main(argv: list[str]) -> int:
     for cmd in (check_cmd, refresh_cmd):
         cmd.add_argument("--baseline", type=Path, default=BASELINE)
     args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        print(f"metric history: this machine's calibration took {calibrate(args.report)} s")
+        return 0
     if args.command == "check":
         return check(args.report, args.baseline)
     reason = args.reason if args.reason is not None else input("Why do these figures become the baseline? ")

@@ -80,6 +80,42 @@ def test_the_figures_of_a_run_directory(tmp_path, monkeypatch):
     assert read_report(report) == {"a": {**figures, "cpu_s": None}}
 
 
+def test_timings_are_judged_scaled_to_the_baselines_machine(tmp_path, capsys):
+    """A run 3.75x slower on a machine that took twice the baseline machine's calibration is 1.9x slower there
+    (within the 3x of wall_s); a faster machine does not hide a regression; without calibrations, as measured."""
+    baseline = _baseline(tmp_path / "baseline.json", run={**GOOD, "machine_s": 1.0})
+    slow_machine = {**GOOD, "wall_s": 300.0, "cpu_s": 200.0}
+    report = _report(tmp_path / "slow.jsonl", run=slow_machine)
+    assert check(report, baseline) == 1  # not calibrated: 3.75x
+    assert "FAILED (run: wall_s)" in capsys.readouterr().out
+    with report.open("a") as out:
+        out.write(json.dumps({"machine_s": 2.0}) + "\n")
+    assert read_report(report)["run"]["machine_s"] == 2.0
+    assert check(report, baseline) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "wall_s" in line)
+    assert "x3.75, x1.88 on the baseline's machine" in row
+    fast = _report(tmp_path / "fast.jsonl", run={**GOOD, "wall_s": 130.0})
+    with fast.open("a") as out:
+        out.write(json.dumps({"machine_s": 0.5}) + "\n")
+    assert check(fast, baseline) == 1  # 1.6x here is 3.25x on the baseline's machine
+    assert "FAILED (run: wall_s)" in capsys.readouterr().out
+
+
+def test_calibrating_appends_this_machines_seconds_and_a_refresh_keeps_them_beside_the_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(metric_history, "machine_seconds", lambda: 1.25)
+    report = _report(tmp_path / "r.jsonl", embedded=GOOD)
+    assert metric_history.main(["calibrate", str(report)]) == 0
+    baseline = _baseline(tmp_path / "baseline.json", embedded=GOOD)
+    refresh(report, "calibrated", baseline)
+    assert json.loads(baseline.read_text())["runs"]["embedded"] == {**GOOD, "machine_s": 1.25}
+
+
+def test_this_machines_calibration_is_a_positive_time_that_repeats():
+    first, second = metric_history.machine_seconds(repeats=2), metric_history.machine_seconds(repeats=2)
+    assert 0 < first < 30 and 0 < second < 30
+    assert 0.25 < first / second < 4  # the fastest of its repeats: a busy moment does not count
+
+
 def test_without_a_baseline_the_gate_fails_saying_how_to_make_one(tmp_path, capsys):
     assert check(_report(tmp_path / "r.jsonl", embedded=GOOD), tmp_path / "none.json") == 1
     assert "no baseline at" in capsys.readouterr().out
