@@ -55,7 +55,8 @@ def test_a_clean_push_is_verified_and_a_corrupted_one_names_its_bucket_and_tenso
     try:
         assert trained.weight_sync.verifier.dtypes == SERVING_DTYPES  # the engine's dtype is not known yet
         perf = trained.update_weights(weight_version=1)
-        assert 0 < perf["perf/update_weights_verify_time"] < perf["perf/update_weights_time"]
+        # the check's seconds count the trainer's hashing beside the transfer: no bound by the push's own wall time
+        assert perf["perf/update_weights_verify_time"] > 0 and perf["perf/update_weights_time"] > 0
         assert trained.weight_sync.verifier.dtypes == (torch.float32,)  # learnt: later pushes digest it alone
         assert engine_checksums(engine.url) == trainer_checksums(trained.model)
         with planted(monkeypatch, flip=FLIPPED):
