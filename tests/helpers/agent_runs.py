@@ -10,28 +10,30 @@ from pathlib import Path
 from slime.assets.tokenizer_spec import TOOL_CALL, vocabulary
 from tests.helpers.runs import metrics, rewards
 
-NUM_ROLLOUT = 150  # recipes/tiny_agent.yaml
-EPISODES_PER_STEP = 256  # its rollout.batch_size x n_samples_per_prompt
+NUM_ROLLOUT = 150  # conf/recipe/tiny_agent.yaml
+EPISODES_PER_STEP = 128  # its rollout.batch_size x n_samples_per_prompt
+# 32 prompts a step: the recipe's sizes for a real vLLM (256 episodes a step, 2 optimizer steps of 128)
+SIZES_OF_32_PROMPTS = ["rollout.batch_size=32", "train.global_batch_size=128"]
 TRAIN_LOGPROB_DIFF = "train/train_rollout_logprob_abs_diff"
 CALL = [vocabulary().index(TOOL_CALL), vocabulary().index("number")]  # `<tool_call> number`: the tool called
 
 
-def check_agent_run(run_dir: Path) -> None:
+def check_agent_run(run_dir: Path, *, episodes_per_step: int = EPISODES_PER_STEP) -> None:
     curve = rewards(run_dir)
     assert len(curve) == NUM_ROLLOUT and curve[0] <= 0.1 and sum(curve[-3:]) / 3 >= 0.8, curve
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     diffs = [r[TRAIN_LOGPROB_DIFF] for r in records if TRAIN_LOGPROB_DIFF in r]
     assert len(diffs) == 2 * NUM_ROLLOUT and max(diffs) < 1e-5, max(diffs)
-    calls = [assert_turns_trained_as_sampled(run_dir, step) for step in range(NUM_ROLLOUT)]
-    assert calls[0] < 0.05 * EPISODES_PER_STEP and calls[-1] > 0.8 * EPISODES_PER_STEP, calls  # it learnt to call
+    calls = [assert_turns_trained_as_sampled(run_dir, step, episodes_per_step) for step in range(NUM_ROLLOUT)]
+    assert calls[0] < 0.05 * episodes_per_step and calls[-1] > 0.8 * episodes_per_step, calls  # it learnt to call
 
 
-def assert_turns_trained_as_sampled(run_dir: Path, step: int) -> int:
+def assert_turns_trained_as_sampled(run_dir: Path, step: int, episodes_per_step: int) -> int:
     """For every sample dumped at `step`: each turn's prompt is the episode's ids before it, its sampled ids sit at
     that offset byte for byte with loss mask 1 (0 where the re-rendering check failed), nothing else is trained, and
     the step's `agent/retokenization_mismatch` counts the failed turns. Returns the episodes that called the tool."""
     samples = [json.loads(line) for line in (run_dir / "rollout_data" / f"{step}.jsonl").read_text().splitlines()]
-    assert len(samples) == EPISODES_PER_STEP
+    assert len(samples) == episodes_per_step
     mismatched = called = 0
     for s in samples:
         agent = s["metadata"]["agent"]
