@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from slime.config.resume import tracked_iteration
+from slime.runtime.weight_push import PROBE_DIFFS
 from slime.tracking.jsonl import read_jsonl
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes
@@ -98,9 +99,19 @@ def _flat(tree, prefix: str = "") -> dict[str, object]:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    """Every record of metrics.jsonl without its wall-clock timings."""
+    """Every record of metrics.jsonl without its wall-clock timings and the push checks' probe differences."""
     records = read_jsonl(run_dir / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "_timestamp"} for r in records]
+    dropped = ("perf/", "_timestamp", *PROBE_DIFFS)
+    return [{k: v for k, v in r.items() if not k.startswith(dropped)} for r in records]
+
+
+def _probes(run_dir: Path) -> list[tuple[int, list[float]]]:
+    """(record index, the probe's log-prob differences) of each record that holds a push check's probe. The
+    probe is answered beside generation, in whatever batch the engine forms then: with a LoRA adapter served, its
+    log-probs moved in the last bits with the machine's timing (4.5e-7 against 4.8e-7 on a loaded machine, equal
+    on an idle one), where the run's own samples and training stay bit-identical."""
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    return [(i, [r[k] for k in PROBE_DIFFS]) for i, r in enumerate(records) if PROBE_DIFFS[0] in r]
 
 
 @pytest.mark.parametrize(
@@ -141,4 +152,8 @@ def test_killed_mid_rollout_train_and_save_resume_bit_identical(tmp_path, kills,
         assert [r["train/step"] for r in metrics if "train/step" in r] == list(range(NUM_ROLLOUT * K)), name
         assert [r["rollout/step"] for r in metrics if "train/step" not in r] == list(range(NUM_ROLLOUT)), name
         assert metrics == ref_metrics, name
+        probes, ref_probes = _probes(tmp_path / name), _probes(tmp_path / "reference")
+        assert [i for i, _ in probes] == [i for i, _ in ref_probes] and probes, name  # checked in the same steps
+        pairs = [pair for (_, diffs), (_, refs) in zip(probes, ref_probes) for pair in zip(diffs, refs)]
+        assert all(abs(diff - ref) < 1e-6 for diff, ref in pairs), (probes, ref_probes)
     assert_no_run_processes()
