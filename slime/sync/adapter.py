@@ -31,8 +31,8 @@ from safetensors.torch import save_file
 
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightMismatchError, WeightSync
+from slime.sync.push_ledger import SERVING_DTYPES
 from slime.sync.tensor import TPSizes, packed
-from slime.sync.verify import SERVING_DTYPES
 from slime.wire import bucket_codec
 from slime.wire.tensors import Bucket, bucket_nbytes, sha256, weight_checksum
 

@@ -9,39 +9,27 @@ engine holds as a tensor of its own must equal the embedding the push carried. S
 an engine never loaded, a tied head it did not reload and an adapter that never reached it all fail the push, naming
 the engine, the buckets and the tensors (`WeightMismatchError`). An engine that cannot report its tensors whole (a
 sharded one; SGLang hashing on a GPU) is compared with the other engines of its layout instead, and the log says so.
-
-The trainer digests each tensor as the engine kind reports it (`EngineClient.digest_hash`): the built-in engine's
-block sums computed where the weights live (`slime.wire.weight_digest`), SGLang's CPU hash and vLLM's sha256 over
-the bytes on the host (on a bucket's tensors at once, on HASH_THREADS threads).
+What the push carried, and how the trainer digests it, is slime.sync.push_ledger's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
-import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from slime.engine.client import SGLANG_CPU_HASH, EngineClient, EngineDigests
-from slime.wire import weight_digest
+from slime.engine.client import EngineClient, EngineDigests
+from slime.sync.push_ledger import EMBEDDING, LM_HEAD, SERVING_DTYPES, PushLedger, digests_of
 from slime.wire.tensors import Bucket
 
 logger = logging.getLogger(__name__)
 
-EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 PEFT_PREFIX = "base_model.model."  # peft's saved names: every adapter tensor's, never a base weight's
-# An engine holds what it loads in its serving dtype, which the trainer does not know before the first push
-SERVING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SHOWN = 8  # tensors named per engine in a mismatch's message
-HASH_THREADS = min(8, os.cpu_count() or 1)
-HOST_KEPT_BYTES = 1 << 30  # host tensors a push holds for its check after the transfer; past it, digested beside it
 
 
 class WeightMismatchError(RuntimeError):
@@ -61,189 +49,6 @@ def mismatched_engines(exc: BaseException) -> tuple[str, ...]:
         if isinstance(candidate, WeightMismatchError) and candidate.urls:
             return candidate.urls
     return ()
-
-
-def host_bytes(tensor: torch.Tensor) -> memoryview:
-    """A tensor's bytes on the host, flat, as the engines' checkers read them."""
-    return memoryview(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
-
-
-def _sha256(tensor: torch.Tensor) -> bytes:
-    return hashlib.sha256(host_bytes(tensor)).digest()
-
-
-def sha256_digests(tensors: Sequence[torch.Tensor], pool: ThreadPoolExecutor | None, hashed: str) -> list[str]:
-    """The engines' host-side digests of `tensors` (hashlib lets go of the GIL: the pool's threads hash together)."""
-    raw = list((pool.map if pool is not None else map)(_sha256, tensors))
-    if hashed == SGLANG_CPU_HASH:  # the first 8 bytes, big-endian, as 16 hex digits
-        return [f"{int.from_bytes(d[:8], byteorder='big', signed=False):016x}" for d in raw]
-    return [d.hex() for d in raw]
-
-
-def digests_of(tensors: Sequence[torch.Tensor], hashed: str, pool: ThreadPoolExecutor | None = None) -> list[str]:
-    """`tensors`' digests as an engine that reports `hashed` digests makes them."""
-    if hashed == weight_digest.DIGEST:
-        return weight_digest.digests(tensors)
-    if hashed in ("sha256", SGLANG_CPU_HASH):
-        return sha256_digests(tensors, pool, hashed)
-    raise ValueError(f"no digest named {hashed!r}: the engine's weights cannot be verified")
-
-
-def as_served(tensor: torch.Tensor, dtypes: Sequence[torch.dtype]) -> dict[str, torch.Tensor]:
-    """{dtype name: the tensor as an engine serving in that dtype holds it}: a floating tensor in each of `dtypes`
-    (an engine casts what it loads to its own dtype, which the trainer learns from the first push), others as
-    they are."""
-    if not tensor.is_floating_point():
-        return {"": tensor}
-    return {str(d): tensor if tensor.dtype == d else tensor.to(d) for d in dtypes}
-
-
-@dataclasses.dataclass(frozen=True)
-class Pushed:
-    """What one engine tensor should hold: {dtype name: its digest in that dtype}, the HF tensors it is made of, and
-    their buckets."""
-
-    digests: dict[str, str]
-    sources: tuple[str, ...]
-    buckets: tuple[int, ...]
-
-
-@dataclasses.dataclass
-class _Fusing:
-    """The parts of one fused engine tensor seen so far: {part index: (HF name, tensor, bucket)}."""
-
-    count: int
-    parts: dict[int, tuple[str, torch.Tensor, int]] = dataclasses.field(default_factory=dict)
-
-
-class PushLedger:
-    """The digests of one push's tensors in an engine layout: `hashed` (the engines' digest,
-    `EngineClient.digest_hash`), `packed` (their fused modules, `EngineClient.packed_modules`), `vocab_padding`
-    (their embedding's row multiple), `tied` (the model ties its LM head to its embedding), `dtypes` (the floating
-    dtypes the engines may serve in)."""
-
-    def __init__(
-        self,
-        *,
-        hashed: str,
-        packed: dict[str, tuple[str, ...]],
-        tied: bool,
-        dtypes: Sequence[torch.dtype],
-        vocab_padding: int = 1,
-    ):
-        self.hashed, self.tied, self.dtypes, self.vocab_padding = hashed, tied, tuple(dtypes), vocab_padding
-        self.part_of = {hf: (fused, i, len(parts)) for fused, parts in packed.items() for i, hf in enumerate(parts)}
-        self.pushed: dict[str, Pushed] = {}
-        self.fusing: dict[str, _Fusing] = {}
-        self.buckets = 0
-        self.seconds = 0.0  # spent digesting (beside the transfer)
-        self._jobs: ThreadPoolExecutor | None = None  # digests one bucket at a time, in order
-        self._hashing: ThreadPoolExecutor | None = None  # the host hashes' threads
-        self._later: list[list] = []  # host buckets' engine tensors, digested by wait()
-        self._unfolded: list[tuple] = []  # (engine tensor's entry, dtype name, its block sums on its accelerator)
-        self._kept_bytes = 0  # their bytes
-
-    def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
-        """The same buckets, each handed on at once. A bucket on an accelerator is digested meanwhile, on a thread of
-        the ledger's (its reductions are launched beside the transfer's kernels, the next bucket is drawn once they
-        were, and `wait()` folds them: the transfer never waits for them); one on the host is kept for `wait()` to digest once the transfer is done, where its
-        reads would otherwise take the transfer's cores (up to HOST_KEPT_BYTES: then as an accelerator's). `wait()`
-        ends the digesting."""
-        self._hashing = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="push-ledger-hash")
-        self._jobs = ThreadPoolExecutor(1, thread_name_prefix="push-ledger")
-        try:
-            for index, bucket in enumerate(buckets):
-                whole = list(self._engine_tensors(bucket, index))
-                later = self._keep_for_later(whole)
-                pending = None if later else self._jobs.submit(self._digest, whole)
-                self._later += [whole] if later else []
-                self.buckets = index + 1
-                yield bucket
-                if pending is not None:
-                    pending.result()
-        finally:
-            self._jobs.shutdown(wait=True)
-
-    def _keep_for_later(self, whole: list[tuple[str, torch.Tensor, tuple, tuple]]) -> bool:
-        """Whether a bucket's engine tensors wait for `wait()`: on the host, while those kept stay within
-        HOST_KEPT_BYTES (an exporter's fresh copies are held until then; past it they are digested beside the
-        transfer)."""
-        if not all(tensor.device.type == "cpu" for _, tensor, _, _ in whole):
-            return False
-        nbytes = sum(tensor.numel() * tensor.element_size() for _, tensor, _, _ in whole)
-        if self._kept_bytes + nbytes > HOST_KEPT_BYTES:
-            return False
-        self._kept_bytes += nbytes
-        return True
-
-    def wait(self) -> None:
-        """Digest what waits and block until every bucket handed on is digested (a job's error was raised to the
-        transfer, as it drew its next bucket)."""
-        if self._jobs is not None:
-            self._jobs.shutdown(wait=True)
-        later, self._later = self._later, []
-        for whole in later:
-            self._digest(whole)
-        unfolded, self._unfolded = self._unfolded, []
-        if unfolded:
-            start = time.perf_counter()
-            for (entry, dtype, _), text in zip(unfolded, weight_digest.folded([sums for _, _, sums in unfolded])):
-                self._record(entry, dtype, text)
-            self.seconds += time.perf_counter() - start
-        if self._hashing is not None:
-            self._hashing.shutdown(wait=True)
-
-    def _digest(self, whole: list[tuple[str, torch.Tensor, tuple, tuple]]) -> None:
-        """Record the digests of one bucket's engine tensors, in every dtype the engines may serve in."""
-        start = time.perf_counter()
-        served = [(entry, dtype, t) for entry in whole for dtype, t in as_served(entry[1], self.dtypes).items()]
-        if self.hashed == weight_digest.DIGEST and all(t.device.type != "cpu" for _, _, t in served):
-            # the reductions are launched here and folded by wait(): no wait for the accelerator inside the transfer
-            self._unfolded += [(entry, dtype, weight_digest.block_sums(t)) for entry, dtype, t in served]
-        else:
-            texts = digests_of([t for _, _, t in served], self.hashed, self._hashing)
-            for (entry, dtype, _), text in zip(served, texts):
-                self._record(entry, dtype, text)
-        self.seconds += time.perf_counter() - start
-
-    def _record(self, entry: tuple[str, torch.Tensor, tuple, tuple], dtype: str, text: str) -> None:
-        name, _, sources, buckets_of = entry
-        self.pushed.setdefault(name, Pushed({}, sources, buckets_of)).digests[dtype] = text
-
-    def _engine_tensors(self, bucket: Bucket, index: int) -> Iterator[tuple[str, torch.Tensor, tuple, tuple]]:
-        """(engine name, tensor as the engine holds it, HF sources, their buckets) of each engine tensor the bucket
-        completes: a plain one at once, a fused one once all its parts arrived (concatenated along dim 0)."""
-        for name, tensor in bucket:
-            module, _, leaf = name.rpartition(".")
-            owner, _, short = module.rpartition(".")
-            if short not in self.part_of:
-                yield name, self._padded(name, tensor), (name,), (index,)
-                continue
-            fused, part, count = self.part_of[short]
-            engine_name = f"{owner}.{fused}.{leaf}" if owner else f"{fused}.{leaf}"
-            parts = self.fusing.setdefault(engine_name, _Fusing(count))
-            parts.parts[part] = (name, tensor, index)
-            if len(parts.parts) == count:
-                del self.fusing[engine_name]
-                ordered = [parts.parts[i] for i in range(count)]
-                whole = torch.cat(
-                    [t.detach().reshape(t.shape[0], -1) if t.dim() else t.reshape(1) for _, t, _ in ordered]
-                )
-                yield engine_name, whole, tuple(n for n, _, _ in ordered), tuple(b for _, _, b in ordered)
-
-    def _padded(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The embedding and LM head with zero rows up to the engine's row multiple."""
-        if name in (EMBEDDING, LM_HEAD) and tensor.dim() == 2 and tensor.shape[0] % self.vocab_padding:
-            return torch.cat([tensor, tensor.new_zeros(-tensor.shape[0] % self.vocab_padding, tensor.shape[1])])
-        return tensor
-
-    def expected(self, engine_name: str) -> Pushed | None:
-        """What `engine_name` should hold after this push (None: the push did not carry it). A module wrapped for LoRA
-        adapters holds its weight under `base_layer` (peft's and vLLM's LoRA layers)."""
-        engine_name = engine_name.replace(".base_layer.", ".")
-        if engine_name == LM_HEAD and LM_HEAD not in self.pushed and self.tied:
-            return self.pushed.get(EMBEDDING)
-        return self.pushed.get(engine_name)
 
 
 def is_tied(source_checkpoint: str) -> bool:

@@ -89,7 +89,7 @@ def test_the_triton_block_sums_are_torchs_reduction_at_every_size_and_extreme():
 def test_a_verified_cuda_sync_compares_the_engines_own_digests(trained_cuda, tiny_model_dir, tmp_path):
     """A verified tensor-mode push into a bf16 engine on the GPU: the trainer's fp32 export is digested in every serving
     dtype on the first push, matched in bf16, and later pushes digest bf16 only."""
-    from slime.sync.verify import SERVING_DTYPES
+    from slime.sync.push_ledger import SERVING_DTYPES
 
     engine = start_engine(tiny_model_dir, tmp_path / "logs", device="cuda", gpu_ids=("0",), dtype="bfloat16")
     context = SyncContext(

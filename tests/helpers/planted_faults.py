@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
-from slime.sync.verify import PushLedger, flipped
+from slime.sync.push_ledger import PushLedger
+from slime.sync.verify import flipped
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import torch
 from slime.engine import http_client
 from slime.engine.http_client import EngineHTTPError
 from slime.sync.base import SyncContext, WeightMismatchError
-from slime.sync.verify import SERVING_DTYPES
+from slime.sync.push_ledger import SERVING_DTYPES
 from tests.helpers.engines import start_engine
 from tests.helpers.planted_faults import planted
 from tests.helpers.weights import engine_checksums, trainer_checksums

@@ -1,4 +1,4 @@
-"""slime.sync.verify on its own: the trainer's ledger against engines that report what they hold (in-process stand-ins
+"""slime.sync.verify and slime.sync.push_ledger on their own: the trainer's ledger against engines that report what they hold (in-process stand-ins
 returning `EngineDigests` of the tensors they hold), for the layouts and dtypes real engines use; the real engines'
 reports are tested in tests/sync/test_verified_sync.py, tests/engine/vllm and tests/engine/hf."""
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from slime.engine.client import SGLANG_CPU_HASH, EngineClient, EngineDigests
-from slime.sync import verify
-from slime.sync.verify import SERVING_DTYPES, PushLedger, Verifier, WeightMismatchError, digests_of
+from slime.sync import push_ledger
+from slime.sync.push_ledger import SERVING_DTYPES, PushLedger, digests_of
+from slime.sync.verify import Verifier, WeightMismatchError
 from slime.wire import weight_digest
 
 
@@ -132,7 +133,7 @@ def test_host_buckets_past_the_kept_budget_are_digested_beside_the_transfer_alik
     buckets = [list(w.items())[:2], list(w.items())[2:]]
 
     def digested(budget: int) -> tuple[dict, list[int]]:
-        monkeypatch.setattr(verify, "HOST_KEPT_BYTES", budget)
+        monkeypatch.setattr(push_ledger, "HOST_KEPT_BYTES", budget)
         ledger = PushLedger(hashed=weight_digest.DIGEST, packed={}, tied=False, dtypes=SERVING_DTYPES[:1])
         seen = [len(ledger.pushed) for _ in ledger.watch(buckets)]  # digested when each bucket is handed on
         ledger.wait()
