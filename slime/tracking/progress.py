@@ -190,7 +190,7 @@ class RunProgress:
 
     def close(self, outcome: str | None = None) -> None:
         """Stop the display (its last frame stays on the terminal, saying `outcome` when given)."""
-        if self.display is not None and self._fds is not None:
+        if self.display is not None:
             if outcome is not None:
                 self.display.update(self.task, description=outcome)
             with contextlib.ExitStack() as then:  # even if one of them fails or is interrupted

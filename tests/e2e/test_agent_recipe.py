@@ -8,7 +8,13 @@ import json
 
 import pytest
 
-from tests.helpers.agent_runs import EPISODES_PER_STEP, SIZES_OF_32_PROMPTS, TRAIN_LOGPROB_DIFF, check_agent_run
+from tests.helpers.agent_runs import (
+    EPISODES_OF_32_PROMPTS,
+    EPISODES_PER_STEP,
+    SIZES_OF_32_PROMPTS,
+    TRAIN_LOGPROB_DIFF,
+    check_agent_run,
+)
 from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py, metrics
@@ -38,7 +44,7 @@ def test_an_agent_that_raises_in_a_tenth_of_its_episodes_fails_those_samples_and
     steps = metrics(run_dir)
     assert len(steps) == 2
     for step in steps.values():
-        assert 0 < step["agent/failed_episodes"] == step["rollout/reward_failed"] < 0.3 * 256
+        assert 0 < step["agent/failed_episodes"] == step["rollout/reward_failed"] < 0.3 * EPISODES_OF_32_PROMPTS
     assert json.loads((run_dir / "result.json").read_text())["status"] == "completed"
     assert_no_run_processes()
 

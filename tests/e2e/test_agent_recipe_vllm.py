@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.agent_runs import SIZES_OF_32_PROMPTS, check_agent_run
+from tests.helpers.agent_runs import EPISODES_OF_32_PROMPTS, SIZES_OF_32_PROMPTS, check_agent_run
 from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_py
@@ -23,5 +23,5 @@ def test_the_agent_learns_through_a_real_vllm(tmp_path):
     proc = main_py(run_dir, *overrides, timeout=1900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record("tiny_agent_vllm", run_dir, proc)
-    check_agent_run(run_dir, episodes_per_step=256)
+    check_agent_run(run_dir, episodes_per_step=EPISODES_OF_32_PROMPTS)
     assert_no_run_processes()

@@ -12,8 +12,9 @@ from tests.helpers.runs import metrics, rewards
 
 NUM_ROLLOUT = 150  # conf/recipe/tiny_agent.yaml
 EPISODES_PER_STEP = 128  # its rollout.batch_size x n_samples_per_prompt
-# 32 prompts a step: the recipe's sizes for a real vLLM (256 episodes a step, 2 optimizer steps of 128)
+# 32 prompts a step: the recipe's sizes for a real vLLM (2 optimizer steps of 128 episodes)
 SIZES_OF_32_PROMPTS = ["rollout.batch_size=32", "train.global_batch_size=128"]
+EPISODES_OF_32_PROMPTS = 256
 TRAIN_LOGPROB_DIFF = "train/train_rollout_logprob_abs_diff"
 CALL = [vocabulary().index(TOOL_CALL), vocabulary().index("number")]  # `<tool_call> number`: the tool called
 

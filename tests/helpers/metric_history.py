@@ -77,12 +77,16 @@ def record(name: str, run_dir: Path, proc: Any = None) -> dict[str, Any]:
     """Appends run `name`'s figures to the session's report (`proc`: the finished run, whose `cpu_s` the test
     helpers measured) and returns them. Call it before the test's own assertions, so a failing run is reported."""
     figures = figures_of(run_dir, cpu_s=getattr(proc, "cpu_s", None))
-    path = report_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:  # runs of a pool finish in threads of one process, and two processes may write
-        fcntl.flock(out, fcntl.LOCK_EX)
-        out.write(json.dumps({"run": name, **figures}) + "\n")
+    _append(report_path(), {"run": name, **figures})
     return figures
+
+
+def _append(report: Path, entry: dict[str, Any]) -> None:
+    """One line of the report; runs of a pool finish in threads of one process, and two processes may write."""
+    report.parent.mkdir(parents=True, exist_ok=True)
+    with report.open("a") as out:
+        fcntl.flock(out, fcntl.LOCK_EX)
+        out.write(json.dumps(entry) + "\n")
 
 
 def machine_seconds(repeats: int = 5) -> float:
@@ -101,10 +105,7 @@ def machine_seconds(repeats: int = 5) -> float:
 def calibrate(report: Path) -> float:
     """Time `machine_seconds()` and append it to the report (before the runs: an idle machine)."""
     seconds = machine_seconds()
-    report.parent.mkdir(parents=True, exist_ok=True)
-    with report.open("a") as out:
-        fcntl.flock(out, fcntl.LOCK_EX)
-        out.write(json.dumps({MACHINE: seconds}) + "\n")
+    _append(report, {MACHINE: seconds})
     return seconds
 
 
@@ -205,9 +206,10 @@ def check(report: Path, baseline_path: Path = BASELINE) -> int:
         print(f"metric history: FAILED: no baseline at {baseline_path}; make it from this run's report:\n"
               f"{_refresh_command(report)}")  # fmt: skip
         return 1
-    rows = compare(json.loads(baseline_path.read_text()), read_report(report))
+    now = read_report(report)
+    rows = compare(json.loads(baseline_path.read_text()), now)
     print(f"metric history: the learning runs' figures against {baseline_path}")
-    machine = next((figures.get(MACHINE) for figures in read_report(report).values()), None)
+    machine = next((figures.get(MACHINE) for figures in now.values()), None)
     print(f"machine: {machine} s for the calibration (timings are judged scaled to the baseline's machine)"
           if machine else "machine: not calibrated (timings are judged as measured)")  # fmt: skip
     print(render(rows))
