@@ -53,7 +53,7 @@ from slime.runtime.events import Event, RunEvent
 from slime.runtime.rollout_manager import ROLLOUT_CLOCK
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
-from slime.runtime.weight_push import WeightPush, check_figures, merge_checks
+from slime.runtime.weight_push import DueChecks, WeightPush
 from slime.tracking.tracker import Tracker
 from slime.train.train_setup import TrainSetup, frozen_checkpoints, needs_old_log_probs
 
@@ -107,9 +107,7 @@ class RunLoop:
         self.last = parts.cfg.train.num_rollout - 1
         self.t0 = time.time()
         self.train_window: tuple[float, float] | None = None  # the previous step's (start, end), loop seconds
-        # the figures of the last push's checks that ran inside it, for the record of the step that trains next: a
-        # push's checks land there wherever they ran (inside it, or beside the rollout after it), as on a resume
-        self.checks_due: dict[str, float] = {}
+        self.checks_due = DueChecks()  # the last push's check figures, for the record of the step that trains next
         self.state.events.subscribe(RunEvent.CHECKPOINT_SAVED, self._checkpoint_saved)
 
     def _checkpoint_saved(self, event: Event) -> None:
@@ -202,7 +200,7 @@ class RunLoop:
         runs now when the crash came before it was logged."""
         self.state.enter("weight_sync", self.start - 1)
         if self.parts.pusher is not None:
-            self.checks_due = check_figures(self.parts.pusher.push(weight_version=self.start))  # before rollout 0
+            self.checks_due.hold(self.parts.pusher.push(weight_version=self.start))  # before rollout 0
             self.state.events.publish(RunEvent.WEIGHTS_PUSHED, self.start - 1)
         if self.start > 0:
             self.parts.tracker.resume(self.cfg.checkpoint.load, self.start)
@@ -290,9 +288,7 @@ class RunLoop:
         optimizer step."""
         metrics, rollout_id = step.metrics, step.rollout_id
         if self.parts.pusher is not None:  # nothing the engines generated on unchecked weights trains
-            merge_checks(metrics, self.checks_due)
-            merge_checks(metrics, self.parts.pusher.await_verification())
-            self.checks_due = {}
+            self.checks_due.land(metrics, self.parts.pusher.await_verification())
         metrics["perf/train_started_at"] = time.time() - self.t0
         actor, critic = self.parts.actor, self.parts.critic
         actor.load_batch(rollout_id, step.shards)
@@ -366,12 +362,10 @@ class RunLoop:
         # the push's check runs beside the next rollout, unless an eval or the run's end comes first
         defer = step.rollout_id < self.last and not due(step.rollout_id, self.cfg.eval.interval)
         pushed = self.parts.pusher.sync(weight_version=step.rollout_id + 1, defer=defer)
-        checks = check_figures(pushed)
+        self.checks_due.hold(pushed)
         step.metrics.update(pushed)
         if step.rollout_id == self.last:  # no step follows: its record holds them
-            merge_checks(step.metrics, checks)
-        else:
-            self.checks_due = checks
+            self.checks_due.land(step.metrics, {})
         step.metrics["rollout/engine_restarts"] += step.restarted
         self.state.events.publish(RunEvent.WEIGHTS_PUSHED, step.rollout_id)
 

@@ -79,6 +79,24 @@ def merge_checks(into: dict[str, float], pushed: dict[str, float]) -> None:
             into[key] = value
 
 
+class DueChecks:
+    """The figures of a push's checks, held for the record of the step that trains next: a push's checks land there
+    wherever they ran (inside the push, or beside the rollout after it), as they do on a resume."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, float] = {}
+
+    def hold(self, pushed: dict[str, float]) -> None:
+        """Take the checks' figures out of a push's metrics (`check_figures`) until `land`."""
+        self.figures = check_figures(pushed)
+
+    def land(self, metrics: dict[str, float], awaited: dict[str, float]) -> None:
+        """Into a step's metrics: the figures held, and those of the check awaited now (`merge_checks`)."""
+        merge_checks(metrics, self.figures)
+        merge_checks(metrics, awaited)
+        self.figures = {}
+
+
 class WeightPush:
     """The driver's side of weight pushes; see the module docstring."""
 
