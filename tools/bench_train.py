@@ -21,7 +21,6 @@ weights count 2 passes instead of 3 (no weight gradient; `slime.model_flops.trai
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -157,7 +156,7 @@ def run_variant(args) -> dict:
     if kind != "hf_padded":  # what a run of this config logs and plans (`perf/*`, the dry run's estimate)
         row["run_tflops"] = statistics.median(perf["perf/train_tflops"] for perf in logged)
         row["run_mfu"] = statistics.median(perf.get("perf/mfu", float("nan")) for perf in logged)
-        row["plan_gib"] = estimate_memory(*planned_for(cfg, lengths)).train_peak / GIB
+        row["plan_gib"] = planned_for(cfg, lengths).train_peak / GIB
     return row
 
 
@@ -172,17 +171,15 @@ def batch_lengths(args) -> list[tuple[int, int]]:
 
 
 def planned_for(cfg, lengths: list[tuple[int, int]]):
-    """(config, derived) of the dry run's memory estimate for this batch: its activations sized by the batch's
-    largest micro-batch (the plan assumes full ones, `parallelism.max_tokens_per_gpu`, which this batch may not
-    fill)."""
+    """The dry run's memory estimate for this batch: its activations sized by the batch's largest micro-batch (the
+    dry run's are sized by full ones, slime.plan.memory.micro_batch_tokens, which this batch may not fill)."""
     p = cfg.parallelism
     sizes = [prompt + response for prompt, response in lengths]
     bins = batching.split(
         list(range(len(sizes))), sizes, micro_batch_size=p.micro_batch_size, max_tokens=p.max_tokens_per_gpu
     )
     largest = max(sum(sizes[i] for i in micro) for micro in bins)
-    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(p, max_tokens_per_gpu=largest))
-    return cfg, derive(cfg)
+    return estimate_memory(cfg, derive(cfg), micro_batch=largest)
 
 
 # ---- driver side ---------------------------------------------------------------------------------

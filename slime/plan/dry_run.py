@@ -18,7 +18,7 @@ from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
 from slime.plan.check_spans import spanning_engines
-from slime.plan.memory import GIB, gpu_capacity_gib, parameter_count
+from slime.plan.memory import GIB, gpu_capacity_gib, micro_batch_tokens, parameter_count
 from slime.plan.resolve import resolve
 from slime.plan.roles import packed_device
 from slime.plan.run_plan import RunPlan
@@ -163,6 +163,8 @@ def memory_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
     lines = [f"Memory per GPU (GiB; {n / 1e9:.2f}B parameters; GPU {gib:.0f} GiB, {source}):"]
     lines.append("  trainer: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in est.train.items()))
     lines.append(f"  trainer peak {est.train_peak / GIB:.2f}")
+    bound = micro_batch_tokens(cfg, plan.derived)
+    lines.append(f"  activations for full micro-batches of {bound.tokens} tokens: {bound.reason}")
     lines.append(
         f"  engine: weights {est.engine['weights'] / GIB:.2f}, KV cache {est.engine['kv_cache'] / GIB:.2f}"
         f" (~{est.kv_tokens} tokens) = {est.engine_total / GIB:.2f}"

@@ -19,14 +19,17 @@ router and shared experts), norms 2·H (+ q/k norms, biases)] + final norm H, wi
               up, activation and product; where the backend recomputes every layer (its record's
               full_recompute: fsdp gradient_checkpointing, megatron recompute.granularity=full) only the layer
               inputs T·L·H·2 B/(tp·cp) plus one layer's (selective recompute counts as none: an upper bound).
-              T = parallelism.max_tokens_per_gpu, else micro_batch_size · (1024 prompt tokens assumed +
-              rollout.max_response_len)
+              T = the most tokens a micro-batch can hold (micro_batch_tokens): parallelism.max_tokens_per_gpu,
+              else micro_batch_size samples, at most a rank's samples of one optimizer step
+              (train.global_batch_size / dp), each of rollout.max_prompt_len (1024 assumed where unset) +
+              rollout.max_response_len tokens. A bound: a run whose samples are shorter reports its largest
+              micro-batch (perf/micro_batch_tokens), and its end summary sizes the plan by that
     logits: 2 · 1024 · V · 4 B (the LM head's fp32 logits and their gradient, 1024 tokens at a time)
 Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
     weights N · 2 B / g (bf16); sglang reserves mem_fraction_static (rollout.sglang, default 0.8) of
     the GPU for weights + KV cache, so KV cache = fraction·GPU - weights (vllm: its gpu_memory_utilization,
     rollout.vllm, default 0.92 in vLLM 0.32.0, the same way); the hf engine holds weights +
-    the KV cache of rollout.hf.max_batch_size sequences of 1024 + max_response_len tokens
+    the KV cache of rollout.hf.max_batch_size sequences of max_prompt_len (1024 assumed) + max_response_len tokens
     (2·L·KV·2 B per token; MLA: L·(kv_lora_rank + rotary dims)·2 B).
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
@@ -173,8 +176,8 @@ def _base_bytes(cfg: RunConfig, derived: Derived) -> int:
     return 2 if bf16_base and config_value(cfg.parallelism, held[0]) == held[1] else 4
 
 
-def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict[str, float]:
-    p, m, r = cfg.parallelism, cfg.model, cfg.rollout
+def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int, tokens: int) -> dict[str, float]:
+    p, m = cfg.parallelism, cfg.model
     bf16 = derived.precision == "bf16"
     q, kv = m.num_attention_heads * qk_head_width(m), m.num_attention_heads * v_head_width(m)
     if not uses_mla(m):
@@ -202,7 +205,6 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     ref_is_base = m.lora.enabled and cfg.checkpoint.ref_load == m.hf_checkpoint
     state["reference"] = frozen if (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0) and not ref_is_base else 0.0
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
-    tokens = p.max_tokens_per_gpu or p.micro_batch_size * (ASSUMED_PROMPT_TOKENS + r.max_response_len)
     split = max(p.tp * p.cp, 1)
     per_token_layer = 2 * (3 * m.hidden_size + 3 * q + 3 * kv + 4 * active_ffn_width(cfg.model))
     if _recomputes_every_layer(cfg):
@@ -212,6 +214,35 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> dict
     state["activations"] = acts
     state["logits"] = 2 * LOGITS_CHUNK_TOKENS * m.vocab_size * 4
     return state
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchBound:
+    """The most tokens one micro-batch can hold (`tokens`), and how the plan arrived at it (`reason`, a phrase)."""
+
+    tokens: int
+    reason: str
+
+
+def micro_batch_tokens(cfg: RunConfig, derived: Derived) -> MicroBatchBound:
+    """The tokens of a full micro-batch, which the activations are sized by: parallelism.max_tokens_per_gpu (one
+    sample longer than it is a micro-batch of its own), else parallelism.micro_batch_size samples; never more than
+    a rank's samples of one optimizer step. A sample is rollout.max_prompt_len + rollout.max_response_len tokens
+    (the prompt ASSUMED_PROMPT_TOKENS where no limit is set)."""
+    p, r = cfg.parallelism, cfg.rollout
+    prompt = r.max_prompt_len or ASSUMED_PROMPT_TOKENS
+    sample = prompt + r.max_response_len
+    per_rank = max(cfg.train.global_batch_size // max(derived.dp_size, 1), 1)
+    prompt_why = "rollout.max_prompt_len" if r.max_prompt_len else "assumed: rollout.max_prompt_len unset"
+    sample_why = f"({prompt} prompt tokens, {prompt_why}, + {r.max_response_len} rollout.max_response_len)"
+    if p.max_tokens_per_gpu:
+        if per_rank * sample <= p.max_tokens_per_gpu:
+            return MicroBatchBound(per_rank * sample, f"a rank's {per_rank} samples a step x {sample_why}")
+        return MicroBatchBound(max(p.max_tokens_per_gpu, sample), "parallelism.max_tokens_per_gpu")
+    samples, why = p.micro_batch_size, "parallelism.micro_batch_size"
+    if per_rank < samples:
+        samples, why = per_rank, "a rank's samples of one optimizer step"
+    return MicroBatchBound(samples * sample, f"{samples} samples ({why}) x {sample_why}")
 
 
 def _fullest_stage_share(cfg: RunConfig) -> float:
@@ -224,7 +255,9 @@ def _fullest_stage_share(cfg: RunConfig) -> float:
     return max(stages) / layers
 
 
-def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:
+def estimate_memory(cfg: RunConfig, derived: Derived, *, micro_batch: int | None = None) -> MemoryEstimate:
+    """Bytes per GPU of the run: activations for full micro-batches (micro_batch_tokens), or for micro-batches of
+    `micro_batch` tokens (a run's largest, measured)."""
     capacity = gpu_capacity_gib(cfg)[0] * GIB
     n, n_layer = parameter_count(cfg)
     m, r = cfg.model, cfg.rollout
@@ -239,13 +272,29 @@ def estimate_memory(cfg: RunConfig, derived: Derived) -> MemoryEstimate:
         fix = f"lower rollout.{facts.memory_fraction_key}"
     else:
         sequences = derived.hf_max_batch_size
-        kv_cache = sequences * (ASSUMED_PROMPT_TOKENS + r.max_response_len) * kv_per_token
+        kv_cache = sequences * ((r.max_prompt_len or ASSUMED_PROMPT_TOKENS) + r.max_response_len) * kv_per_token
         fix = "lower rollout.hf.max_batch_size (sequences decoded together) or rollout.max_response_len"
     return MemoryEstimate(
         capacity=capacity,
-        train=_train_bytes(cfg, derived, n, n_layer),
+        train=_train_bytes(cfg, derived, n, n_layer, micro_batch or micro_batch_tokens(cfg, derived).tokens),
         engine={"weights": weights, "kv_cache": kv_cache},
         colocated=cfg.cluster.colocate,
         kv_tokens=int(max(kv_cache, 0) // kv_per_token),
         engine_fix=fix,
     )
+
+
+def memory_plan_gib(cfg: RunConfig, derived: Derived, largest_micro_batch: int | None) -> dict[str, float]:
+    """What result.json keeps of the plan, GiB per GPU: the trainer's peak for full micro-batches (`trainer`, the
+    dry run's figure, with their tokens), the engine's, and where the run reported its fullest micro-batch
+    (`perf/micro_batch_tokens`), the trainer's peak for micro-batches of that size (`trainer_sized`)."""
+    full = estimate_memory(cfg, derived)
+    out = {
+        "trainer": full.train_peak / GIB,
+        "engine": full.engine_total / GIB,
+        "micro_batch_tokens": micro_batch_tokens(cfg, derived).tokens,
+    }
+    if largest_micro_batch:
+        sized = estimate_memory(cfg, derived, micro_batch=largest_micro_batch)
+        out |= {"trainer_sized": sized.train_peak / GIB, "largest_micro_batch_tokens": largest_micro_batch}
+    return out

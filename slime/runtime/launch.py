@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from slime.config import ConfigError, to_run_config
 from slime.config.objective import objective_name, objective_value
 from slime.plan.dry_run import dry_run
-from slime.plan.memory import GIB
+from slime.plan.memory import memory_plan_gib
 from slime.plan.plan_summary import plan_summary
 from slime.plan.resolve import resolve
 from slime.plan.stack import count
@@ -40,6 +40,7 @@ from slime.runtime.interrupts import Interrupts, exit_now
 from slime.runtime.run_state import RunState
 from slime.runtime.watchdog import PhaseLimits, Watchdog, remove_armed
 from slime.tracking.env_report import tracker_config
+from slime.tracking.jsonl import read_jsonl
 from slime.tracking.naming import HydraRun, run_identity
 from slime.tracking.secrets import redact, redact_overrides, scrub, secret_env_values
 from slime.tracking.summary import render_summary
@@ -132,6 +133,13 @@ def _dry_run(cfg, *, multirun: bool) -> None:
     sys.exit(code)
 
 
+def _largest_micro_batch(metrics: Path) -> int | None:
+    """The most tokens a trainer's micro-batch held over the run (`perf/micro_batch_tokens`), None before any."""
+    records = read_jsonl(metrics, tolerant=True) if metrics.exists() else []
+    sizes = [r["perf/micro_batch_tokens"] for r in records if "perf/micro_batch_tokens" in r]
+    return int(max(sizes)) if sizes else None
+
+
 @dataclasses.dataclass(kw_only=True)
 class _ResultFile:
     """<run dir>/result.json and the closing summary, written once the run ends (or is forced to)."""
@@ -141,7 +149,7 @@ class _ResultFile:
     run_dir: Path
     console: RunConsole
     started: float  # time.time() at the run's start
-    plan_memory: Any = None  # the plan's MemoryEstimate (CUDA runs), shown beside the measured peaks
+    plan: Any = None  # the RunPlan: a CUDA run's memory estimate is shown beside the measured peaks
 
     def write(self, status: str, error: str | None) -> dict:
         cfg, state = self.cfg, self.state
@@ -161,9 +169,9 @@ class _ResultFile:
             "run_dir": str(self.run_dir),
             "device": cfg.cluster.device,
         }
-        if self.plan_memory is not None:  # bytes per GPU -> GiB
-            est = self.plan_memory
-            result["memory_plan_gib"] = {"trainer": est.train_peak / GIB, "engine": est.engine_total / GIB}
+        if self.plan is not None and self.plan.memory is not None:
+            largest = _largest_micro_batch(self.run_dir / "metrics.jsonl")
+            result["memory_plan_gib"] = memory_plan_gib(cfg, self.plan.derived, largest)
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
         try:
             summary = render_summary(result, checkpoint_dir=cfg.checkpoint.save)
@@ -195,9 +203,7 @@ def _run_with_result(cfg, plan, run_dir: Path, console: RunConsole):
     console.follow(state.events)
     FaultInjector.attach(cfg.debug, state.events, run_dir)  # only when a debug option asks for a fault
     hydra = _hydra_run()
-    result_file = _ResultFile(
-        cfg=cfg, state=state, run_dir=run_dir, console=console, started=time.time(), plan_memory=plan.memory
-    )
+    result_file = _ResultFile(cfg=cfg, state=state, run_dir=run_dir, console=console, started=time.time(), plan=plan)
     status, error, code, interrupted = "completed", None, EXIT_OK, None
     with Interrupts(on_force=result_file.forced) as interrupts, _watchdog(cfg, state, interrupts, run_dir):
         try:

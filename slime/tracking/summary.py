@@ -4,7 +4,8 @@ status, rollouts done, wall time
 reward: first -> last (best), and the last eval means
 time per phase: the sum over rollout steps of each perf/<phase>_time, with its share of the steps' time
 training throughput: tokens/s, TFLOP/s per GPU and MFU, and the peak GPU memory of each phase, beside the
-                     dry-run plan's estimate for a trainer GPU (result.json's `memory_plan_gib`); a CPU run
+                     plan's estimate for a trainer GPU (result.json's `memory_plan_gib`: the dry run's, for full
+                     micro-batches, and sized by the fullest micro-batch the run trained); a CPU run
                      (result.json's `device`) says TFLOP/s per trainer worker
 outputs: every file of the run directory a user opens (RUN_FILES, logs/, plots), checkpoints, wandb (and the
          `wandb sync` command for an offline run), TensorBoard
@@ -63,18 +64,25 @@ def _throughput_lines(
     peaks = _largest(records, "perf/peak_gib/")
     if peaks:
         lines.append("peak GPU    " + ", ".join(f"{k} {v:.1f} GiB" for k, v in sorted(peaks.items())))
-    planned = (plan or {}).get("trainer")
-    if peaks and planned:
-        measured = max(peaks.values())
-        lines.append(
-            f"  trainer GPU: {measured:.1f} GiB measured, {planned:.1f} GiB planned (dry run), "
-            f"measured/planned {measured / planned:.2f}"
-        )
+    if peaks and plan:
+        lines.append(_planned_line(max(peaks.values()), plan))
     engines = _largest(records, "perf/engine_gib/")
     if engines:
         sizes = (f"{k} {v:.2f} GiB" if v >= 0.1 else f"{k} {v * 1024:.1f} MiB" for k, v in sorted(engines.items()))
         lines.append("engines     " + ", ".join(sizes))
     return lines
+
+
+def _planned_line(measured: float, plan: dict[str, float]) -> str:
+    """The trainer GPU's measured peak against the plan: the dry run's figure for full micro-batches and, where the
+    run reported its fullest one, the plan for micro-batches of that size, which the ratio is taken against."""
+    line = f"  trainer GPU: {measured:.1f} GiB measured, {plan['trainer']:.1f} GiB planned (dry run"
+    line += f", micro-batches of {plan['micro_batch_tokens']} tokens)" if "micro_batch_tokens" in plan else ")"
+    against = plan["trainer"]
+    if "trainer_sized" in plan:
+        against = plan["trainer_sized"]
+        line += f", {against:.1f} GiB for the fullest trained ({plan['largest_micro_batch_tokens']} tokens)"
+    return line + f", measured/planned {measured / against:.2f}"
 
 
 def _largest(records: list[dict[str, Any]], prefix: str) -> dict[str, float]:

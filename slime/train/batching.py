@@ -57,6 +57,18 @@ def split(indices: list[int], lengths: list[int], *, micro_batch_size: int, max_
     return micro_batches(indices, micro_batch_size)
 
 
+def largest_micro_batch(batch: TrainBatch, *, micro_batch_size: int, max_tokens: int | None) -> int:
+    """The tokens (prompt + response) of the fullest micro-batch `split` makes of the batch's optimizer steps: what
+    a rank's activations were sized by, against the plan's full micro-batches (slime.plan.memory)."""
+    lengths = [len(t) for t in batch.tokens]
+    bins = [
+        micro
+        for step in step_indices(batch)
+        for micro in split(step, lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    ]
+    return max((sum(lengths[i] for i in micro) for micro in bins), default=0)
+
+
 def pad_to(micro: list[list[int]], count: int) -> list[list[int]]:
     """Append empty micro-batches up to `count`: every DP rank then runs the same number of forwards,
     which FSDP2's per-layer collectives need (an empty one runs a dummy forward with zero loss)."""

@@ -117,11 +117,16 @@ class ActorSteps(BatchColumns):
 
     def _train_perf(self, seconds: float, *, trained: bool) -> dict[str, float]:
         """`perf/actor_train_time` (s) and, when the step trained, its rates over every rank of the group (tokens/s,
-        TFLOP/s per GPU, MFU against `self.peak_tflops`) and this rank's peak GPU memory (slime.train.throughput)."""
+        TFLOP/s per GPU, MFU against `self.peak_tflops`), this rank's peak GPU memory (slime.train.throughput) and
+        the tokens of its fullest micro-batch (`perf/micro_batch_tokens`, what that peak's activations held)."""
         perf = {"perf/actor_train_time": seconds}
         if not trained:
             return perf
-        batch = self.batch
+        batch, p = self.batch, self.setup.parallelism
+        fullest = batching.largest_micro_batch(
+            batch, micro_batch_size=p.micro_batch_size, max_tokens=p.max_tokens_per_gpu
+        )
+        perf["perf/micro_batch_tokens"] = float(fullest)
         shard = [shard_train_flops(self.setup.model, batch), float(sum(len(t) for t in batch.tokens))]
         totals = self._all_reduce(torch.tensor(shard, dtype=torch.float64, device=self.device))
         perf |= train_rates(totals, seconds=seconds, num_gpus=self.world_size, peak_tflops=self.peak_tflops)

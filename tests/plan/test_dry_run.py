@@ -9,7 +9,7 @@ import pytest
 
 from slime.plan.derive import derive
 from slime.plan.dry_run import dry_run
-from slime.plan.memory import GIB, estimate_memory, parameter_count
+from slime.plan.memory import GIB, estimate_memory, memory_plan_gib, micro_batch_tokens, parameter_count
 from tests.helpers.compose import ROOT, typed_config
 
 GPU_RUN = [
@@ -196,6 +196,45 @@ def test_activations_count_what_a_layer_keeps_unless_the_backend_recomputes_ever
     layer = 2 * (3 * m.hidden_size + 3 * q + 3 * kv + 4 * m.ffn_hidden_size)
     expected = 16384 * (m.num_layers * m.hidden_size * 2 + layer) if every_layer else 16384 * m.num_layers * layer
     assert estimate_memory(cfg, derive(cfg)).train["activations"] == pytest.approx(expected)
+
+
+def test_activations_are_sized_by_the_fullest_micro_batch_the_config_allows():
+    """A full micro-batch: micro_batch_size samples (at most a rank's samples of one optimizer step), or
+    max_tokens_per_gpu (at most those samples' tokens), each sample rollout.max_prompt_len (1024 assumed where
+    unset) + max_response_len tokens; the plan prints the figure and why, and a run's measured fullest micro-batch
+    re-sizes it."""
+    base = [*GPU_RUN, "cluster=one_gpu", "rollout.max_response_len=96", "parallelism.micro_batch_size=64"]
+    base += ["parallelism.max_tokens_per_gpu=null"]
+    cfg = typed_config([*base, "train.global_batch_size=128"])
+    bound = micro_batch_tokens(cfg, derive(cfg))
+    assert bound.tokens == 64 * (1024 + 96) and "assumed: rollout.max_prompt_len unset" in bound.reason
+    cfg = typed_config([*base, "train.global_batch_size=128", "rollout.max_prompt_len=131"])
+    assert micro_batch_tokens(cfg, derive(cfg)).tokens == 64 * (131 + 96)
+    line = next(
+        line for line in plan_of([*base[len(GPU_RUN) :], "rollout.max_prompt_len=131"]) if "full micro-batches" in line
+    )
+    assert line.startswith(f"  activations for full micro-batches of {64 * 227} tokens: 64 samples")
+    few = typed_config([*base, "train.global_batch_size=16", "rollout.max_prompt_len=131"])
+    assert micro_batch_tokens(few, derive(few)).tokens == 16 * 227  # a rank never packs more than its step's samples
+    tokens = [*base, "train.global_batch_size=16", "rollout.max_prompt_len=131"]
+    for limit, expected in ((1000, 1000), (100_000, 16 * 227), (100, 227)):  # one sample over the limit is alone
+        cfg = typed_config([*tokens, f"parallelism.max_tokens_per_gpu={limit}"])
+        assert micro_batch_tokens(cfg, derive(cfg)).tokens == expected, limit
+    cfg = typed_config([*base, "train.global_batch_size=128", "rollout.max_prompt_len=131"])
+    full, measured = estimate_memory(cfg, derive(cfg)), estimate_memory(cfg, derive(cfg), micro_batch=5000)
+    assert measured.train["activations"] == pytest.approx(full.train["activations"] * 5000 / (64 * 227))
+    assert {k: v for k, v in measured.train.items() if k != "activations"} == {
+        k: v for k, v in full.train.items() if k != "activations"
+    }
+    kept = memory_plan_gib(cfg, derive(cfg), 5000)
+    assert kept == {
+        "trainer": pytest.approx(full.train_peak / GIB),
+        "engine": pytest.approx(full.engine_total / GIB),
+        "micro_batch_tokens": 64 * 227,
+        "trainer_sized": pytest.approx(measured.train_peak / GIB),
+        "largest_micro_batch_tokens": 5000,
+    }
+    assert "trainer_sized" not in memory_plan_gib(cfg, derive(cfg), None)
 
 
 def test_memory_estimate_numbers_and_colocation_warning():

@@ -61,7 +61,14 @@ def test_run_plots_and_summary(tmp_path):
         "num_rollout": 3,
         "elapsed_s": 20.0,
         "run_dir": str(run),
-        "memory_plan_gib": {"trainer": 15.0, "engine": 40.0},  # a CUDA run's dry-run estimate
+        # a CUDA run's plan: the dry run's for full micro-batches, and for the fullest one the run trained
+        "memory_plan_gib": {
+            "trainer": 15.0,
+            "engine": 40.0,
+            "micro_batch_tokens": 71680,
+            "trainer_sized": 12.5,
+            "largest_micro_batch_tokens": 11200,
+        },
         "outputs": {
             "plot:reward_curve": str(written[0]),
             "wandb": "/w/offline-run-x",
@@ -78,7 +85,10 @@ def test_run_plots_and_summary(tmp_path):
     # the first step (compilation, warm-up) left out of the means: steps 2 and 3
     assert "training    2500 tokens/s, 250.00 TFLOP/s per GPU, MFU 25.0% (mean of 2 rollout steps)" in lines
     assert "peak GPU    log_probs 5.0 GiB, train 12.0 GiB" in lines
-    assert "  trainer GPU: 12.0 GiB measured, 15.0 GiB planned (dry run), measured/planned 0.80" in lines
+    assert (
+        "  trainer GPU: 12.0 GiB measured, 15.0 GiB planned (dry run, micro-batches of 71680 tokens), 12.5 GiB for "
+        "the fullest trained (11200 tokens), measured/planned 0.96"
+    ) in lines
     assert "engines     graph 64.0 MiB, kv_cache 20.00 GiB, weight 3.25 GiB" in lines  # each part's largest report
     assert "  upload:   wandb sync /w/offline-run-x" in lines and not any(
         line.startswith("checkpoints") for line in lines

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -118,6 +120,17 @@ def test_token_bins_first_fit_decreasing_deterministic():
     assert batching.split([0, 1, 2], lengths, micro_batch_size=2, max_tokens=None) == [[0, 1], [2]]
     assert batching.split([0, 1, 2], lengths, micro_batch_size=2, max_tokens=100) == [[0, 1, 2]]
     assert batching.pad_to([[0], [1]], 4) == [[0], [1], [], []]
+
+
+def test_the_fullest_micro_batch_counts_each_optimizer_steps_split_alone():
+    """`perf/micro_batch_tokens`: samples of different optimizer steps never share a micro-batch; by samples the
+    fullest chunk, by tokens the fullest bin (a sample over the limit alone)."""
+    lengths = [5, 9, 3, 12, 4, 6, 2]
+    batch = types.SimpleNamespace(tokens=[[0] * n for n in lengths], step_ids=[0, 0, 0, 0, 1, 1, 1])
+    assert batching.largest_micro_batch(batch, micro_batch_size=2, max_tokens=None) == 15  # [3, 12] of step 0
+    assert batching.largest_micro_batch(batch, micro_batch_size=4, max_tokens=None) == 29  # step 0 whole
+    assert batching.largest_micro_batch(batch, micro_batch_size=8, max_tokens=10) == 12  # 12 alone; [6, 4] 10
+    assert batching.largest_micro_batch(batch, micro_batch_size=8, max_tokens=100) == 29
 
 
 @pytest.mark.parametrize("per_token", [False, True])
