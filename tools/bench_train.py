@@ -109,6 +109,20 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
             "parallelism.fsdp.compile=true",
         ],
     ),
+    # torchao's float8 training of the decoder layers' linears (parallelism.fp8), against the same variant in bf16
+    "fsdp_32k_ckpt_compile_fp8": (
+        "fsdp",
+        [
+            "parallelism.max_tokens_per_gpu=32768",
+            "parallelism.gradient_checkpointing=true",
+            "parallelism.fsdp.compile=true",
+            "parallelism.fp8=true",
+        ],
+    ),
+    "fsdp_32k_compile_fp8": (
+        "fsdp",
+        ["parallelism.max_tokens_per_gpu=32768", "parallelism.fsdp.compile=true", "parallelism.fp8=true"],
+    ),
     "megatron": ("megatron", MEGATRON_16K),
     "megatron_32k": ("megatron", MEGATRON_32K),
     "megatron_16k_recompute": ("megatron", [*MEGATRON_16K, FULL_RECOMPUTE]),

@@ -11,7 +11,7 @@ out=.gpu
 rm -rf "$out" && mkdir -p "$out/whl" "$out/dl"
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
-pins=(ray==2.60.0 sglang-router==0.3.2 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.16.1 jsonschema==4.26.0
+pins=(ray==2.60.0 torchao==0.18.0 sglang-router==0.3.2 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.16.1 jsonschema==4.26.0
   jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 setproctitle==1.3.8 orjson==3.13.0
   fastapi==0.136.3 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
   typing-inspection==0.4.5 uvicorn==0.54.0)

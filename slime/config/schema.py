@@ -162,6 +162,9 @@ class ParallelismConfig:
     # it wins over micro_batch_size.
     max_tokens_per_gpu: Optional[int] = None
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward pass
+    # FP8 matmuls in training (fsdp: torchao's float8 training of the decoder layers' linears, CUDA compute
+    # capability 8.9+; megatron: needs Transformer Engine); weights, gradients and optimizer keep their precision
+    fp8: bool = False
     fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
     vpp: Optional[int] = None

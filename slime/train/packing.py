@@ -66,9 +66,21 @@ class Packed:
         }
 
 
-def pack(token_lists: list[list[int]], response_lengths: list[int], device: torch.device) -> Packed:
+def pack(
+    token_lists: list[list[int]],
+    response_lengths: list[int],
+    device: torch.device,
+    *,
+    multiple_of: int = 1,
+    pad_id: int = 0,
+) -> Packed:
     """Concatenate samples (ragged token ids, each with `response_lengths[i]` ≥ 0 trailing response
-    tokens and a prompt of ≥ 1 token) into one packed stream on `device`."""
+    tokens and a prompt of ≥ 1 token) into one packed stream on `device`. With `multiple_of` > 1 a sequence of
+    `pad_id` tokens, scoring nothing, fills the stream up to a multiple of that many tokens (float8 matmuls need
+    every dimension a multiple of 16)."""
+    extra = -sum(len(t) for t in token_lists) % multiple_of
+    if extra:
+        token_lists, response_lengths = [*token_lists, [pad_id] * extra], [*response_lengths, 0]
     ids, positions, rows, targets, cu = [], [], [], [], [0]
     for tokens, response in zip(token_lists, response_lengths):
         start, length = cu[-1], len(tokens)

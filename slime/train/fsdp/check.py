@@ -3,6 +3,7 @@ run by slime/plan/validate.py before anything starts. No torch at import."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 from slime.config.problems import Problem
@@ -40,6 +41,8 @@ def check(cfg: RunConfig) -> Iterator[Problem]:
         )
     if m.lora.enabled:
         yield from _check_lora(cfg)
+    if p.fp8:
+        yield from _check_fp8(cfg)
     if p.fsdp.mixed_precision not in MIXED_PRECISION_MODES:
         yield Problem(
             "parallelism.fsdp.mixed_precision",
@@ -66,6 +69,26 @@ def _check_lora(cfg: RunConfig) -> Iterator[Problem]:
             "adapters on MoE experts are not supported (model.num_experts is set)",
             "set model.lora.rank=0, or train a dense model",
         )
+
+
+def _check_fp8(cfg: RunConfig) -> Iterator[Problem]:
+    """torchao's float8 training (slime.train.fsdp.float8) on what it converts: dense linears of one whole model."""
+    if importlib.util.find_spec("torchao") is None:
+        yield Problem(
+            "parallelism.fp8",
+            True,
+            "FP8 training on the fsdp backend uses torchao's float8 training, and torchao is not installed",
+            "pip install -e '.[fp8]' (torchao), or set parallelism.fp8=false",
+        )
+    m, p = cfg.model, cfg.parallelism
+    refused = [  # (refused, what, the key and its value)
+        (m.lora.enabled, "LoRA adapters over a float8 base are not supported", f"model.lora.rank={m.lora.rank}"),
+        (m.num_experts, "a MoE model's experts are not linears torchao converts", f"model.num_experts={m.num_experts}"),
+        (p.tp > 1, "float8 linears are not split over tensor-parallel ranks here", f"parallelism.tp={p.tp}"),
+    ]
+    for present, why, setting in refused:
+        if present:
+            yield Problem("parallelism.fp8", True, f"{why} ({setting})", "set parallelism.fp8=false")
 
 
 def check_unchosen(cfg: RunConfig) -> Iterator[Problem]:

@@ -22,7 +22,7 @@ from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
 from slime.train.finite import NonFiniteError, check_finite_parameters, nonfinite_gradient
-from slime.train.fsdp import checkpoint, lora, parallel
+from slime.train.fsdp import checkpoint, float8, lora, parallel
 from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
@@ -66,6 +66,9 @@ class FSDPRank(BatchColumns, TrainBackend):
             self.model.gradient_checkpointing_enable()
             if self.trains_adapters:  # the frozen embeddings' output must carry grad into the recomputed layers
                 self.model.enable_input_require_grads()
+        if s.parallelism.fp8:
+            converted = float8.apply_float8(self.model, device=self.device)
+            logger.info("parallelism.fp8: %d linears of the decoder layers train in float8", len(converted))
         parallel.apply_tensor_parallel(self.model, self.groups)
         if s.parallelism.fsdp.compile and s.device == "cuda":
             for layer in self.model.model.layers:
@@ -158,14 +161,17 @@ class FSDPRank(BatchColumns, TrainBackend):
 
     def _pack(self, indices: list[int]) -> packing.Packed:
         batch = self.batch
-        return packing.pack(
-            [batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices], self.device
-        )
+        return self._packed([batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices])
+
+    def _packed(self, token_lists: list[list[int]], response_lengths: list[int]) -> packing.Packed:
+        """The packed micro-batch on this rank's device; with float8 linears its tokens padded to their multiple."""
+        multiple = float8.FLOAT8_MULTIPLE if self.setup.parallelism.fp8 else 1
+        return packing.pack(token_lists, response_lengths, self.device, multiple_of=multiple, pad_id=self.pad_id)
 
     def _dummy_loss(self, model) -> torch.Tensor:
         """A zero loss from a one-token forward: an empty micro-batch still takes part in FSDP2's
         collectives (its backward adds zero gradients)."""
-        packed = packing.pack([[self.pad_id]], [0], self.device)
+        packed = self._packed([[self.pad_id]], [0])
         if self.router_tap is not None:  # its one token routes freely
             self.router_tap.replay(None)
         with self._autocast():

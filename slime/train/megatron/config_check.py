@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -187,11 +188,25 @@ def check_backend_options(cfg: RunConfig) -> Iterator[Problem]:
             f"the megatron backend splits model.vocab_size={m.vocab_size} evenly over the tp ranks",
             f"pick a parallelism.tp dividing {m.vocab_size}",
         )
+    if p.fp8:
+        yield _fp8_problem()
     yield from _check_tensor_parallel_splits(p, m, family)
     yield from _check_pipeline_stages(cfg)
     yield from _check_recompute(cfg)
     if family is not None and family.grouped_moe:
         yield from _check_grouped_router(m)
+
+
+def _fp8_problem() -> Problem:
+    """megatron-core trains in FP8 only through Transformer Engine's layers; this backend builds megatron-core's
+    local ones (`model_config.layer_spec`)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        why = "megatron-core trains in FP8 through Transformer Engine, which is not installed"
+    else:
+        why = "megatron-core trains in FP8 through Transformer Engine's layers; this backend builds its local ones"
+    return Problem(
+        "parallelism.fp8", True, why, "set parallelism.fp8=false, or use parallelism=fsdp (torchao's float8)"
+    )
 
 
 LATENT_ATTENTION = "latent attention (model.architecture=deepseek_v3)"
