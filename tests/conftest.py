@@ -74,6 +74,19 @@ def smollm2_dir() -> str:
     return model.hf_checkpoint
 
 
+@pytest.fixture
+def torchao_site(monkeypatch) -> None:
+    """torchao importable for this test (the path restored after it): tools/test.sh installs it into .venv/torchao
+    (tools/setup_torchao_cpu.sh), outside the environment's site-packages, where transformers would import it in
+    every process that loads a model. Fails naming the set-up when missing."""
+    from tests.helpers.compose import ROOT
+
+    site = ROOT / ".venv" / "torchao"
+    if not (site / "torchao").is_dir():
+        pytest.fail(f"torchao is not installed in {site}: run bash tools/setup_torchao_cpu.sh")
+    monkeypatch.syspath_prepend(str(site))
+
+
 # Order of the end-to-end (`slow`) modules. tools/test.sh runs them beside the unit tests, which keep one core busy
 # for most of the end-to-end half: modules whose runs leave a core idle go first (the
 # embedded default's 60-rollout run outlasts its module's other runs; the real vLLM's long run outlasts its

@@ -2,12 +2,13 @@
 
     python -m tests.helpers.setup_needs [PYTEST ARGS...]    # the set-up scripts, one a line
 
-The base set-up (`tools/setup.sh test`: the project, pytest, ruff, megatron-core, the sweeper) always runs. Three
+The base set-up (`tools/setup.sh test`: the project, pytest, ruff, megatron-core, the sweeper) always runs. Four
 more are needed by some tests only: SGLang's CPU wheel (the contract tests and the fake SGLang server), vLLM on CPU
-(the real-vLLM tests and the fake vLLM server, which runs vLLM's own code) and SmolLM2 (the real pretrained model).
+(the real-vLLM tests and the fake vLLM server, which runs vLLM's own code), SmolLM2 (the real pretrained model) and
+torchao (the FP8 tests, outside the environment's site-packages).
 A test file needs one when its text, or the text of a test helper it imports (transitively), names the part (the
 patterns below). Arguments that are not existing paths inside the checkout (options and their values) are ignored; no path means the
-whole suite, which needs all three. A pattern that matches too much installs more than needed; one that matches
+whole suite, which needs all four. A pattern that matches too much installs more than needed; one that matches
 too little makes a test fail naming the script to run, never skip.
 """
 
@@ -26,6 +27,7 @@ NEEDS = {
         r"\b(vllm_real|fake_vllm\w*|vllm_slow_step)\b|^\s*(import vllm|from vllm\b)", re.MULTILINE
     ),
     "tools/setup_smollm2.sh": re.compile(r"\bsmollm2_dir\b|\bmodel=smollm2_135m\b|\brecipe=smollm2_arithmetic\b"),
+    "tools/setup_torchao_cpu.sh": re.compile(r"\btorchao_site\b"),
 }
 _LOCAL_IMPORT = re.compile(r"^\s*(?:from|import)\s+(tests\.(?:helpers|fakes)\.\w+)", re.MULTILINE)
 

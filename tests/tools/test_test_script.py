@@ -9,7 +9,7 @@ import sys
 from tests.helpers.compose import ROOT
 from tests.helpers.setup_needs import NEEDS, needed_setups
 
-SGLANG, VLLM, SMOLLM2 = NEEDS
+SGLANG, VLLM, SMOLLM2, TORCHAO = NEEDS
 
 
 def _collected(command: list[str]) -> list[str]:
@@ -43,8 +43,9 @@ def test_a_selection_without_tests_fails():
 
 
 def test_the_optional_set_ups_follow_the_chosen_tests():
-    assert needed_setups([]) == [SGLANG, VLLM, SMOLLM2]  # the whole suite
-    assert needed_setups(["-m", "not slow"]) == [SGLANG, VLLM, SMOLLM2]  # options only: still the whole suite
+    assert needed_setups([]) == [SGLANG, VLLM, SMOLLM2, TORCHAO]  # the whole suite
+    assert needed_setups(["-m", "not slow"]) == [SGLANG, VLLM, SMOLLM2, TORCHAO]  # options only: the whole suite
+    assert needed_setups(["tests/train/test_fp8.py"]) == [TORCHAO]
     assert needed_setups(["tests/algo", "tests/plan", "-m", "not slow"]) == []
     assert needed_setups(["tests/config"]) == [SMOLLM2]  # its recipe tests validate recipe=smollm2_arithmetic
     assert needed_setups(["tests/e2e/test_vllm_real.py::test_anything"]) == [VLLM]  # a node id counts as its file

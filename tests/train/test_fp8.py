@@ -4,6 +4,8 @@ and the configurations it refuses before anything starts."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from slime.plan.validate import validate
@@ -13,6 +15,7 @@ from tests.helpers.compose import typed_config
 from tests.helpers.fsdp_rank import batches_for, log_probs, make_backend, make_samples, make_setup, train_rollout
 from tests.helpers.validation import config_problems
 
+_find = importlib.util.find_spec
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -27,7 +30,7 @@ def test_a_packed_stream_is_padded_to_the_multiple_with_a_sequence_that_scores_n
     assert exact.input_ids.shape == (1, 16) and exact.cu_seqlens.tolist() == [0, 16]
 
 
-def test_the_decoder_layers_linears_train_in_float8_and_export_the_weights_of_a_plain_run(tiny_model_dir):
+def test_the_decoder_layers_linears_train_in_float8_and_export_the_weights_of_a_plain_run(tiny_model_dir, torchao_site):
     """Every projection of every decoder layer is torchao's Float8Linear (embeddings, norms and the LM head are not);
     the exported weights keep their names and dtype; the log-probs are float8's rounding away from the plain run's
     (measured on the tiny model: mean 0.056, max 0.16) and a training step on them moves the weights."""
@@ -57,7 +60,7 @@ def test_the_decoder_layers_linears_train_in_float8_and_export_the_weights_of_a_
     backend.shutdown()
 
 
-def test_fp8_is_refused_where_it_cannot_run():
+def test_fp8_is_refused_where_it_cannot_run(torchao_site):
     """Before anything starts: megatron (its FP8 is Transformer Engine's), LoRA, MoE experts; a dense fsdp run is
     valid."""
     megatron = config_problems(["parallelism=megatron", "parallelism.fp8=true"])
@@ -69,3 +72,11 @@ def test_fp8_is_refused_where_it_cannot_run():
         problems = config_problems(["parallelism.fp8=true", override])
         assert words in problems.get("parallelism.fp8", ""), (override, problems)
     assert validate(typed_config(["parallelism.fp8=true"])).dp_size == 1
+
+
+def test_fp8_without_torchao_names_the_extra(monkeypatch):
+    """Where torchao is not importable (this environment's own site-packages lacks it), validation says how to
+    install it."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else _find(name, *a))
+    problems = config_problems(["parallelism.fp8=true"])
+    assert "torchao is not installed" in problems["parallelism.fp8"] and ".[fp8]" in problems["parallelism.fp8"]
