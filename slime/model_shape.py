@@ -91,3 +91,19 @@ def moe_active_width(model) -> int:
     """FFN width one token passes through in an MoE layer: its top-k routed experts plus the shared ones."""
     routed = model.moe_router_topk * (model.moe_ffn_hidden_size or model.ffn_hidden_size)
     return routed + (model.moe_shared_expert_intermediate_size or 0)
+
+
+def vision_parameters(model) -> int:
+    """Parameters of a vision-language model's vision tower (`model.vision`; 0 for a text model), Qwen2.5-VL's:
+    the patch embedding (a bias-free 3-D convolution over in_channels x temporal x patch x patch pixels), per block
+    two RMSNorms, fused qkv and the output projection with biases, a SwiGLU MLP with biases, and the merger (an
+    RMSNorm, then two biased linears from merge² patches to the language model's hidden_size)."""
+    v = model.vision
+    if v is None:
+        return 0
+    h, f = v.hidden_size, v.ffn_hidden_size
+    patch = v.in_channels * v.temporal_patch_size * v.patch_size**2 * h
+    block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * f + f) + (f * h + h)
+    merged = h * v.spatial_merge_size**2
+    merger = h + (merged * merged + merged) + (merged * model.hidden_size + model.hidden_size)
+    return patch + v.depth * block + merger

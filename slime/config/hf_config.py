@@ -16,8 +16,10 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from slime.config.hf_vision import check_vision, nested_vision_fields, text_fields, vision_fields, vision_mismatches
 from slime.config.problems import Problem
 from slime.config.schema import ModelConfig
+from slime.config.schema_vision import VisionConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Family:
     mla: bool = False  # multi-head latent attention (q_lora_rank, kv_lora_rank, qk_{nope,rope}_head_dim, v_head_dim)
     norms_per_layer: int = 2  # RMSNorms of hidden width per decoder layer (GLM-4 also normalises both outputs)
     no_megatron: str | None = None  # why the megatron backend cannot build it; None: megatron-core's GPT layer spec
+    vision: bool = False  # a vision-language model: `model.vision` is its vision tower (slime.config.hf_vision)
 
     @property
     def megatron(self) -> bool:
@@ -59,6 +62,14 @@ FAMILIES = {
         qkv_bias=None,
         moe=True,
         grouped_moe=True,
+    ),
+    "qwen2_5_vl": Family(
+        "Qwen2_5_VLForConditionalGeneration",
+        qk_layernorm=False,
+        qkv_bias=True,
+        moe=False,
+        vision=True,
+        no_megatron="a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)",
     ),
     "deepseek_v3": Family(
         "DeepseekV3ForCausalLM",
@@ -155,6 +166,8 @@ def normalize_rope_scaling(scaling: dict | None) -> dict | None:
     plain RoPE."""
     if not scaling:
         return None
+    if "mrope_section" in scaling:  # Qwen2.5-VL's multimodal RoPE, spelled "type": "mrope" or beside rope_type default
+        return {"mrope_section": list(scaling["mrope_section"])}
     out = {("rope_type" if k == "type" else k): v for k, v in scaling.items() if k not in _ROPE_NOT_SCALING}
     if out.get("rope_type", "default") == "default" and set(out) <= {"rope_type"}:
         return None
@@ -195,6 +208,8 @@ def hf_fields(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int
     if family.mla:
         fields.update({hf: getattr(model, ours) for ours, (hf, _) in MLA_KEYS.items()})
         fields.update(num_key_value_heads=model.num_attention_heads, attention_bias=False)
+    if family.vision:
+        return nested_vision_fields(fields, model)
     return fields
 
 
@@ -216,6 +231,9 @@ def model_fields_from_hf(config: dict) -> dict[str, Any]:
     model_type = config.get("model_type")
     family = _family(model_type)
     fields: dict[str, Any] = {"architecture": model_type}
+    if family.vision:
+        fields["vision"] = VisionConfig(**vision_fields(config))
+        config = text_fields(config)
     fields.update({ours: config[hf] for ours, hf in _PLAIN.items() if hf in config})
     heads = config["num_attention_heads"]
     fields["num_query_groups"] = config.get("num_key_value_heads") or heads
@@ -284,7 +302,7 @@ def mismatches(model: ModelConfig, config: dict) -> list[tuple[str, Any, Any]]:
     if config.get("model_type") not in FAMILIES:
         return [("architecture", model.architecture, config.get("model_type"))]
     theirs = model_fields_from_hf(config)
-    out = []
+    out = vision_mismatches(model.vision, config)
     for name in CHECKED:
         if name not in theirs:
             continue  # MoE router knobs of a dense checkpoint
@@ -327,6 +345,7 @@ def check_model(model: ModelConfig) -> Iterator[Problem]:
         )
     if not 0 < model.rotary_percent <= 1:
         yield Problem("model.rotary_percent", model.rotary_percent, "must be in (0, 1]", "set model.rotary_percent=1.0")
+    yield from check_vision(model, vision_family=family.vision)
     if model.rope_scaling is not None and not isinstance(model.rope_scaling, dict):
         yield Problem(
             "model.rope_scaling",

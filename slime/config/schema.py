@@ -44,6 +44,7 @@ from slime.config.schema_run import (  # noqa: F401  (re-exported: the run's sch
     RuntimeConfig,
     WandbConfig,
 )
+from slime.config.schema_vision import VisionConfig
 
 
 def _keyword_field(name: str, annotation: str, default: Any):
@@ -122,6 +123,7 @@ class ModelConfig:
     qk_pos_emb_head_dim: Optional[int] = None
     v_head_dim: Optional[int] = None
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # adapters instead of full fine-tuning (rank 0: off)
+    vision: Optional[VisionConfig] = None  # a vision-language model's vision tower (architecture qwen2_5_vl)
 
 
 @dataclass(kw_only=True)

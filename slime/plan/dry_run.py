@@ -17,6 +17,7 @@ from slime.config.async_mode import AsyncMode, PauseMode
 from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
+from slime.model_shape import vision_parameters
 from slime.plan.check_spans import spanning_engines
 from slime.plan.memory import GIB, gpu_capacity_gib, micro_batch_tokens, parameter_count
 from slime.plan.resolve import resolve
@@ -160,7 +161,9 @@ def memory_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         return []
     gib, source = gpu_capacity_gib(cfg)
     n, _ = parameter_count(cfg)
-    lines = [f"Memory per GPU (GiB; {n / 1e9:.2f}B parameters; GPU {gib:.0f} GiB, {source}):"]
+    tower = vision_parameters(cfg.model)
+    count = f"{n / 1e9:.2f}B parameters" + (f", {tower / 1e9:.2f}B of them the vision tower" if tower else "")
+    lines = [f"Memory per GPU (GiB; {count}; GPU {gib:.0f} GiB, {source}):"]
     lines.append("  trainer: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in est.train.items()))
     lines.append(f"  trainer peak {est.train_peak / GIB:.2f}")
     bound = micro_batch_tokens(cfg, plan.derived)

@@ -61,6 +61,7 @@ from slime.model_shape import (
     routed_expert_weights,
     uses_mla,
     v_head_width,
+    vision_parameters,
 )
 from slime.registry import ENGINES, TRAIN_BACKENDS
 from slime.train.layout import pipeline_stage_layers
@@ -73,7 +74,7 @@ DEFAULT_GPU_GIB = 80.0
 
 def parameter_count(cfg: RunConfig) -> tuple[int, int]:
     """(parameters of the model, parameters of its mean decoder layer), MoE experts and routers included, by the
-    layer kinds of slime.model_shape (dense and MoE layers, GQA or MLA attention)."""
+    layer kinds of slime.model_shape (dense and MoE layers, GQA or MLA attention), a vision tower's too."""
     m = cfg.model
     h = m.hidden_size
     layers = m.num_layers * (attention_parameters(m) + layer_norm_parameters(m))
@@ -81,7 +82,7 @@ def parameter_count(cfg: RunConfig) -> tuple[int, int]:
     if m.num_experts is not None:
         layers += moe_layer_count(m) * moe_layer_other_weights(m) + _expert_parameters(cfg)
     embed = m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
-    return embed + layers + h, layers // m.num_layers
+    return embed + layers + h + vision_parameters(m), layers // m.num_layers
 
 
 def _expert_parameters(cfg: RunConfig) -> int:

@@ -16,8 +16,10 @@ from tests.helpers.validation import config_problems
 
 GPU_MODELS = (
     *("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen2_5_7b", "llama3_8b", "glm4_9b"),
-    *("glm4_5", "glm4_5_air", "deepseek_v3", "moonlight_16b_a3b"),
+    *("glm4_5", "glm4_5_air", "deepseek_v3", "moonlight_16b_a3b", "qwen2_5_vl_3b", "qwen2_5_vl_7b"),
 )
+# vision-language models: a launch is refused until training on images exists (a problem the dry run defers)
+VISION_MODELS = ("qwen2_5_vl_3b", "qwen2_5_vl_7b")
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {
     **{("model", name): "hf_model_dir+gpu_cluster+prompt_file+reward" for name in GPU_MODELS},
@@ -100,6 +102,10 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
             (dumps / f"{i}.jsonl").touch()
         overrides.append(f"debug.load_rollout_data={dumps}")
     cfg = typed_config(overrides)
+    if option in VISION_MODELS:
+        problems = config_problems(overrides)
+        assert list(problems) == ["model.vision"] and "not built yet" in problems["model.vision"], problems
+        return
     derived = validate(cfg)
     assert (
         derived.global_batch_size * cfg.train.num_steps_per_rollout

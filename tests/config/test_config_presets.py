@@ -345,7 +345,8 @@ def test_help_lists_the_registered_names():
         "rollout.function": "default, sft",
     }
     assert (
-        "model: deepseek_v3, glm4_5, glm4_5_air, glm4_9b, llama3_8b, moonlight_16b_a3b, qwen2_5_7b, qwen3_0_6b, "
+        "model: deepseek_v3, glm4_5, glm4_5_air, glm4_9b, llama3_8b, moonlight_16b_a3b, qwen2_5_7b, qwen2_5_vl_3b, "
+        "qwen2_5_vl_7b, qwen3_0_6b, "
         "qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, smollm2_135m, tiny_deepseek_v3, tiny_glm4_moe, tiny_qwen3, "
         "tiny_qwen3_moe" in proc.stdout
     )

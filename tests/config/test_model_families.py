@@ -1,6 +1,6 @@
 """The model families' shapes (slime.model_shape, slime.config.hf_config): every model option's parameter count is
-transformers' own count of the model its config.json builds, and GLM-4.5's and DeepSeek-V3's options are within 1%
-of their published totals."""
+transformers' own count of the model its config.json builds (a vision-language model's with its vision tower), and
+the options of GLM-4.5, DeepSeek-V3, Moonlight and Qwen2.5-VL are within 1% of their published totals."""
 
 from __future__ import annotations
 
@@ -21,17 +21,20 @@ PUBLISHED_TOTALS = {  # the model cards' totals (the MTP layers of GLM-4.5 and D
     "glm4_5_air": 106e9,
     "deepseek_v3": 671e9,
     "moonlight_16b_a3b": 16e9,
+    "qwen2_5_vl_3b": 3.75e9,  # the vision tower included
+    "qwen2_5_vl_7b": 8.29e9,
 }
 
 
 def _transformers_count(model: ModelConfig) -> int:
     """Parameters of the transformers model of `model`'s config.json, built on the meta device (no memory)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.for_model(**hf_fields(model, eos_token_id=0, pad_token_id=0))
+    auto = AutoModelForImageTextToText if model.vision is not None else AutoModelForCausalLM
     with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(config)
+        built = auto.from_config(config)
     return sum(p.numel() for p in built.parameters())
 
 

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from slime.config import register_configs, to_run_config
+from slime.config.schema_vision import VisionConfig
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 CONF = ROOT / "conf"
@@ -53,8 +54,12 @@ def group_options() -> list[tuple[str, str]]:
 
 
 def model_fields(option: str) -> dict:
-    """The ModelConfig fields of conf/model/<option>.yaml (a model option holds nothing else)."""
-    return yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())
+    """The ModelConfig fields of conf/model/<option>.yaml (a model option holds nothing else); a vision tower's as
+    the VisionConfig its schema holds."""
+    fields = yaml.safe_load((CONF / "model" / f"{option}.yaml").read_text())
+    if fields.get("vision"):
+        fields["vision"] = VisionConfig(**fields["vision"])
+    return fields
 
 
 def fake_hf_dir(tmp_path, model_option: str):

@@ -23,7 +23,7 @@ def apply_float8(model: nn.Module, *, device: torch.device) -> list[str]:
     """Convert the decoder layers' linears of `model` (a transformers causal LM, before FSDP wraps or compiles it)
     to torchao's Float8Linear; returns the converted modules' names. Raises RuntimeError on a GPU without float8
     tensor cores."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # the fp8 extra: only here
 
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < FLOAT8_CAPABILITY:
         raise RuntimeError(

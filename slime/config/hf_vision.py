@@ -1,0 +1,113 @@
+"""A vision-language checkpoint's `config.json` (Qwen2.5-VL) <-> `model.vision` and the language model's fields.
+
+The language model's keys sit at the top of the file in the checkpoints published for transformers 4, and in
+`text_config` in those transformers 5 writes (`text_fields` reads either). The vision tower's are in
+`vision_config` under the names VISION_KEYS maps (`in_chans` in the older files, `in_channels` in the newer).
+Torch-free."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from slime.config.problems import Problem
+from slime.config.schema_vision import VisionConfig
+
+VISION_KEYS = {
+    "depth": "depth",
+    "hidden_size": "hidden_size",
+    "ffn_hidden_size": "intermediate_size",
+    "num_heads": "num_heads",
+    "patch_size": "patch_size",
+    "temporal_patch_size": "temporal_patch_size",
+    "spatial_merge_size": "spatial_merge_size",
+    "window_size": "window_size",
+    "fullatt_block_indexes": "fullatt_block_indexes",
+    "in_channels": "in_channels",
+}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(VisionConfig) if f.name in ("patch_size", "window_size")}
+
+
+def text_fields(config: dict) -> dict:
+    """The file's keys with the language model's (`text_config`, where present) over the top level; the top
+    level's model_type stays."""
+    inner = {k: v for k, v in (config.get("text_config") or {}).items() if k != "model_type"}
+    return {**config, **inner}
+
+
+def vision_fields(config: dict) -> dict[str, Any]:
+    """`model.vision`'s field values read from the file's `vision_config`."""
+    vision = config.get("vision_config") or {}
+    fields = {ours: vision[hf] for ours, hf in VISION_KEYS.items() if hf in vision}
+    fields.setdefault("in_channels", vision.get("in_chans", 3))
+    for key, default in _DEFAULTS.items():
+        fields.setdefault(key, default)
+    return fields
+
+
+def vision_mismatches(vision: VisionConfig | None, config: dict) -> list[tuple[str, Any, Any]]:
+    """(model.vision.<field>, ours, the checkpoint's) for each field that differs; `model.vision` itself when one
+    side has a vision tower and the other has none."""
+    has_tower = "vision_config" in config
+    if vision is None or not has_tower:
+        return [] if vision is None and not has_tower else [("vision", vision, config.get("vision_config"))]
+    theirs = vision_fields(config)
+    return [
+        (f"vision.{name}", getattr(vision, name), theirs[name])
+        for name in VISION_KEYS
+        if name in theirs and list_or_value(getattr(vision, name)) != list_or_value(theirs[name])
+    ]
+
+
+def list_or_value(value: Any) -> Any:
+    """An omegaconf ListConfig compares as the list it holds."""
+    return list(value) if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig" else value
+
+
+def hf_vision_config(vision: VisionConfig, out_hidden_size: int) -> dict[str, Any]:
+    """The file's `vision_config` for `model.vision` (a model made by code)."""
+    fields = {hf: list_or_value(getattr(vision, ours)) for ours, hf in VISION_KEYS.items()}
+    return {**fields, "in_chans": vision.in_channels, "out_hidden_size": out_hidden_size, "hidden_act": "silu"}
+
+
+def nested_vision_fields(text: dict[str, Any], model) -> dict[str, Any]:
+    """A vision-language model's config.json as transformers 5 writes it, from the language model's fields `text`
+    (hf_config.hf_fields): those in `text_config`, the tower's in `vision_config`; multimodal RoPE as the
+    `"type": "mrope"` scaling transformers reads."""
+    inner = {k: v for k, v in text.items() if k not in ("architectures", "model_type")}
+    if model.rope_scaling and "mrope_section" in model.rope_scaling:
+        inner["rope_scaling"] = {"type": "mrope", "mrope_section": list(model.rope_scaling["mrope_section"])}
+    return {
+        "architectures": text["architectures"],
+        "model_type": text["model_type"],
+        "text_config": {**inner, "model_type": f"{text['model_type']}_text"},
+        "vision_config": hf_vision_config(model.vision, model.hidden_size),
+        "tie_word_embeddings": text["tie_word_embeddings"],
+    }
+
+
+def check_vision(model, *, vision_family: bool) -> Iterator[Problem]:
+    """`model.vision` against the family: a vision-language family needs its tower's shape, a text family has none.
+    A launch with a vision tower is refused (what remains to be built is named); the dry run plans it."""
+    arch = f"model.architecture={model.architecture}"
+    if vision_family and model.vision is None:
+        yield Problem(
+            "model.vision",
+            None,
+            f"{arch} is a vision-language model: its vision tower's shape is needed",
+            "set model.vision.* from the checkpoint's config.json vision_config (or use model=qwen2_5_vl_3b)",
+        )
+    elif not vision_family and model.vision is not None:
+        yield Problem(
+            "model.vision", "{...}", f"{arch} is a text model: it has no vision tower", "set model.vision=null"
+        )
+    elif model.vision is not None:
+        yield Problem(
+            "model.vision",
+            model.architecture,
+            "training and generating with a vision-language model (image prompts, the vision tower in the trainer, "
+            "the engines and the weight sync) are not built yet; the dry run plans its memory",
+            "plan it with debug=dry_run, or choose a text model",
+            machine=True,
+        )
