@@ -48,7 +48,7 @@ def header(path: Path) -> dict[str, str]:
 
 
 def test_recipes_are_found_recursively_and_counted():
-    assert (len(ALL), len(TOP), len(GPU)) == (37, 21, 16), [recipe_name(p) for p in ALL]
+    assert (len(ALL), len(TOP), len(GPU)) == (38, 21, 17), [recipe_name(p) for p in ALL]
     assert set(ALL) == set(TOP) | set(GPU)
     # test_config validates every top-level recipe: its option list is exactly these.
     assert sorted(o for g, o in group_options() if g == "recipe") == sorted(p.stem for p in TOP)
