@@ -109,7 +109,8 @@ VARIANTS: dict[str, tuple[str, dict | list[str]]] = {
             "parallelism.fsdp.compile=true",
         ],
     ),
-    # torchao's float8 training of the decoder layers' linears (parallelism.fp8), against the same variant in bf16
+    # torchao's float8 training of the decoder layers' linears (parallelism.fp8; the fp8 extra, or after .gpu/setup.sh
+    # PYTHONPATH=/tmp/torchao), against the same variant in bf16
     "fsdp_32k_ckpt_compile_fp8": (
         "fsdp",
         [

@@ -24,6 +24,7 @@ done
 rm -rf "$out"/ray/ray/{jars,rllib,data,train,tune,serve,llm}  # Ray core, its dashboard and client stay
 (cd "$out/ray" && tar cf - . | xz -T2 -6 > ../ray.tar.xz)
 (cd "$out/sglang_router" && tar cf - . | xz -T2 -6 > ../sgr.tar.xz)
+mkdir -p "$out/fp8" && mv "$out"/dl/torchao-*.whl "$out/fp8/"  # off the shared path: transformers imports torchao
 find "$out/dl" -name '*.whl' ! -name 'ray-*' ! -name 'sglang_router-*' -exec mv {} "$out/whl/" \;
 rm -rf "$out/dl" "$out/ray" "$out/sglang_router"
 cat > "$out/setup.sh" <<'SETUP'
@@ -31,6 +32,9 @@ cat > "$out/setup.sh" <<'SETUP'
 # site-packages (a .pth file), so the image's versions win.
 set -e
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl
+# torchao for FP8 runs only (PYTHONPATH=/tmp/torchao): importable everywhere, transformers would import it in every
+# process that loads a model
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/torchao .gpu/fp8/*.whl
 mkdir -p /tmp/ray /tmp/sgr
 tar xJf .gpu/ray.tar.xz -C /tmp/ray &
 tar xJf .gpu/sgr.tar.xz -C /tmp/sgr &
