@@ -37,7 +37,6 @@ import torch  # noqa: E402
 from slime.plan.derive import derive  # noqa: E402
 from slime.plan.memory import GIB, estimate_memory  # noqa: E402
 from slime.rollout.dumps import load_rollout_data  # noqa: E402
-from slime.train import batching  # noqa: E402
 from slime.train.throughput import matmul_ceiling_tflops  # noqa: E402
 from tools.bench_train_steps import (  # noqa: E402
     SHAPES,
@@ -171,7 +170,10 @@ def run_variant(args) -> dict:
     if kind != "hf_padded":  # what a run of this config logs and plans (`perf/*`, the dry run's estimate)
         row["run_tflops"] = statistics.median(perf["perf/train_tflops"] for perf in logged)
         row["run_mfu"] = statistics.median(perf.get("perf/mfu", float("nan")) for perf in logged)
-        row["plan_gib"] = planned_for(cfg, lengths).train_peak / GIB
+        # the dry run's estimate with the activations of the fullest micro-batch the step trained, as a run's end
+        # summary sets it (the dry run sizes full micro-batches, which this batch may not fill)
+        fullest = int(max(perf["perf/micro_batch_tokens"] for perf in logged))
+        row["plan_gib"] = estimate_memory(cfg, derive(cfg), micro_batch=fullest).train_peak / GIB
     return row
 
 
@@ -183,18 +185,6 @@ def batch_lengths(args) -> list[tuple[int, int]]:
     dump = Path(args.batch_from)
     samples = [s for group in load_rollout_data(dump.parent, int(dump.stem)) for s in group]
     return [(len(s.tokens) - s.response_length, s.response_length) for s in samples]
-
-
-def planned_for(cfg, lengths: list[tuple[int, int]]):
-    """The dry run's memory estimate for this batch: its activations sized by the batch's largest micro-batch (the
-    dry run's are sized by full ones, slime.plan.memory.micro_batch_tokens, which this batch may not fill)."""
-    p = cfg.parallelism
-    sizes = [prompt + response for prompt, response in lengths]
-    bins = batching.split(
-        list(range(len(sizes))), sizes, micro_batch_size=p.micro_batch_size, max_tokens=p.max_tokens_per_gpu
-    )
-    largest = max(sum(sizes[i] for i in micro) for micro in bins)
-    return estimate_memory(cfg, derive(cfg), micro_batch=largest)
 
 
 # ---- driver side ---------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ Torch-free."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +25,8 @@ VISION_KEYS = {
     "fullatt_block_indexes": "fullatt_block_indexes",
     "in_channels": "in_channels",
 }
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(VisionConfig) if f.name in ("patch_size", "window_size")}
+# transformers' Qwen2.5-VL vision defaults of the keys a file may omit (its other keys are always written)
+_HF_DEFAULTS = {"patch_size": 14, "window_size": 112, "in_channels": 3}
 
 
 def text_fields(config: dict) -> dict:
@@ -40,10 +40,9 @@ def vision_fields(config: dict) -> dict[str, Any]:
     """`model.vision`'s field values read from the file's `vision_config`."""
     vision = config.get("vision_config") or {}
     fields = {ours: vision[hf] for ours, hf in VISION_KEYS.items() if hf in vision}
-    fields.setdefault("in_channels", vision.get("in_chans", 3))
-    for key, default in _DEFAULTS.items():
-        fields.setdefault(key, default)
-    return fields
+    if "in_chans" in vision:  # the older files' name
+        fields.setdefault("in_channels", vision["in_chans"])
+    return {**_HF_DEFAULTS, **fields}
 
 
 def vision_mismatches(vision: VisionConfig | None, config: dict) -> list[tuple[str, Any, Any]]:
@@ -56,18 +55,18 @@ def vision_mismatches(vision: VisionConfig | None, config: dict) -> list[tuple[s
     return [
         (f"vision.{name}", getattr(vision, name), theirs[name])
         for name in VISION_KEYS
-        if name in theirs and list_or_value(getattr(vision, name)) != list_or_value(theirs[name])
+        if name in theirs and _plain(getattr(vision, name)) != _plain(theirs[name])
     ]
 
 
-def list_or_value(value: Any) -> Any:
-    """An omegaconf ListConfig compares as the list it holds."""
-    return list(value) if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig" else value
+def _plain(value: Any) -> Any:
+    """A sequence as the list a JSON file holds (a frozen config may hold a tuple)."""
+    return list(value) if isinstance(value, list | tuple) else value
 
 
 def hf_vision_config(vision: VisionConfig, out_hidden_size: int) -> dict[str, Any]:
     """The file's `vision_config` for `model.vision` (a model made by code)."""
-    fields = {hf: list_or_value(getattr(vision, ours)) for ours, hf in VISION_KEYS.items()}
+    fields = {hf: _plain(getattr(vision, ours)) for ours, hf in VISION_KEYS.items()}
     return {**fields, "in_chans": vision.in_channels, "out_hidden_size": out_hidden_size, "hidden_act": "silu"}
 
 
