@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,11 @@ from slime.rollout.data_source import DataSourceBase, build_data_source
 from slime.rollout.dumps import load_rollout_data, save_rollout_data
 from slime.rollout.entry_points import ROLLOUT_FN_SHAPE, function_path
 from slime.rollout.eval_metrics import eval_metrics
-from slime.rollout.postprocess import overlong_penalty, post_process_rewards, rollout_metrics, split_for_data_parallel
+from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 from slime.rollout.probe import probe_engines
 from slime.rollout.rewards import RewardHub, check_failures
 from slime.rollout.staleness import record_staleness
+from slime.rollout.step_result import checked_samples, sample_preview, step_rewards
 from slime.rollout.stream import GroupStream
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.engine_memory import engine_memory_metrics
@@ -241,19 +241,14 @@ class RolloutProducer:
         out = self._rollout(ctx, rollout_id)
         engine_memory = engine_memory_metrics(self.fleet.clients()) if self.setup.load_rollout_data is None else {}
         groups = out.groups
-        if len(groups) != self.setup.rollout.batch_size:
-            raise RuntimeError(
-                f"the rollout function returned {len(groups)} groups, expected rollout.batch_size="
-                f"{self.setup.rollout.batch_size}"
-            )
-        samples = [s for g in groups for s in g]
-        if len({s.index for s in samples}) != len(samples):  # a retried request must replace, never add
-            raise RuntimeError(f"rollout {rollout_id}: a sample index appears twice in the rollout function's groups")
+        samples = checked_samples(groups, batch_size=self.setup.rollout.batch_size, rollout_id=rollout_id)
         staleness = record_staleness(samples, trainer_version=rollout_id)
         if self.setup.save_rollout_data:
             save_rollout_data(self.setup.log_dir, rollout_id, groups)
         failures = check_failures(samples, self.setup.rollout.reward.max_failure_ratio)
-        raw, rewards, shaping = self._rewards(ctx, samples)
+        raw, rewards, shaping = step_rewards(
+            samples, hooks=self.hooks, ctx=ctx, algo=self.setup.algo, rollout=self.setup.rollout
+        )
         metrics = {
             **out.metrics,
             **failures,
@@ -266,11 +261,7 @@ class RolloutProducer:
         metrics["rollout/rewards"] = float(rewards.mean())
         metrics["rollout/num_prompts"] = float(len({s.group_index for s in samples}))
         metrics["rollout/num_aborted"] = float(sum(s.status == SampleStatus.ABORTED for s in samples))
-        # the sample log leaves the routes out (layers x top-k ids per token), as SGLang's request dumps do
-        preview = [
-            {**{k: v for k, v in s.to_dict().items() if k != "routed_experts"}, "rollout_step": rollout_id}
-            for s in samples[: max(self.setup.rollout.n_samples_per_prompt, 4)]
-        ]
+        preview = sample_preview(samples, rollout_id, max(self.setup.rollout.n_samples_per_prompt, 4))
         s = self.setup
         raw_list, reward_list, steps = raw.tolist(), rewards.tolist(), [s.global_batch_size] * s.num_steps_per_rollout
         if s.rollout.agent.samples == "turns":
@@ -322,26 +313,6 @@ class RolloutProducer:
         start = time.perf_counter()
         groups = load_rollout_data(self.setup.load_rollout_data, rollout_id)
         return RolloutOutput(groups=groups, metrics={"perf/rollout_time": time.perf_counter() - start})
-
-    def _rewards(self, ctx: RolloutContext, samples: list) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(raw rewards, post-processed rewards, metrics) as float64 tensors: the hook's, or the algorithm's."""
-        if self.hooks.reward_post_process is not None:
-            raw, rewards = self.hooks.reward_post_process(ctx, samples)
-            return torch.as_tensor(raw, dtype=torch.float64), torch.as_tensor(rewards, dtype=torch.float64), {}
-        a, r = self.setup.algo, self.setup.rollout
-        raw = torch.tensor([s.scalar_reward(r.reward_key) for s in samples], dtype=torch.float64)
-        shaped, metrics = raw, {}
-        if a.overlong_buffer_len:
-            lengths = [s.response_length for s in samples]
-            penalty = overlong_penalty(
-                lengths,
-                max_response_len=r.max_response_len,
-                buffer_len=a.overlong_buffer_len,
-                factor=a.overlong_penalty_factor,
-            )
-            shaped = raw + torch.tensor(penalty, dtype=torch.float64)
-            metrics["rollout/overlong_penalty"] = float(statistics.fmean(penalty))
-        return raw, post_process_rewards(shaped, a, r.n_samples_per_prompt), metrics
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Per eval dataset: mean reward, truncation ratio, response length, pass@k and failed rewards

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
 from slime.rollout.base import RolloutHooks
-from slime.runtime.engine_fleet import EngineFleet
-from slime.runtime.rollout_producer import RolloutProducer
+from slime.rollout.step_result import step_rewards
 from slime.runtime.rollout_setup import RolloutSetup
 from slime.types import Sample
 from tests.helpers.compose import typed_config
@@ -26,13 +23,11 @@ def doubled(args, samples):
 def test_reward_post_process_hook_or_the_algorithms(hook):
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
     setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
-    # rewards only: a producer over no engines (the fleet gets as many placements as engine specs)
-    producer = RolloutProducer(setup, EngineFleet(dataclasses.replace(setup.fleet, specs=[]), []))
-    producer.hooks = RolloutHooks(reward_post_process=hook)
     samples = [Sample(reward={"score": r}) for r in (1.0, 0.0, 1.0, 1.0)]
     args = type("Args", (), {"reward_key": "score"})()
-    producer.setup.rollout.reward_key = "score"
-    raw, rewards, _ = producer._rewards(args, samples)
+    setup.rollout.reward_key = "score"
+    hooks = RolloutHooks(reward_post_process=hook)
+    raw, rewards, _ = step_rewards(samples, hooks=hooks, ctx=args, algo=setup.algo, rollout=setup.rollout)
     assert raw.tolist() == [1.0, 0.0, 1.0, 1.0]
     if (
         hook is None
