@@ -52,6 +52,7 @@ class Sample:
     tokens: list[int] = dataclasses.field(default_factory=list)
     label: str | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    images: list[str] | None = None  # a vision-language prompt's image references, in the prompt's order
     # output
     response: str = ""
     response_length: int = 0
@@ -169,6 +170,7 @@ class TrainBatch:
     num_trajectories_per_step: list[int]  # per optimizer step: its samples over all ranks (G)
     masked_tokens_per_step: list[int]  # Σ loss_mask per optimizer step over all ranks
     routed_experts: list[str] | None = None  # per sample `Sample.routed_experts` (algo.routing_replay=rollout)
+    images: list[list[str] | None] | None = None  # per sample `Sample.images` (a vision-language model's prompts)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -185,6 +187,7 @@ class TrainBatch:
             rollout_log_probs=pick(self.rollout_log_probs),
             truncated=pick(self.truncated),
             routed_experts=pick(self.routed_experts),
+            images=pick(self.images),
             sample_indices=pick(self.sample_indices),
             step_ids=pick(self.step_ids),
             num_trajectories_per_step=self.num_trajectories_per_step,

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from slime.assets.hf_config_file import read_hf_config
-from slime.assets.tokenizer_spec import CHAT_TEMPLATE, vocabulary
+from slime.assets.tokenizer_spec import chat_template, vocabulary
 from slime.config.hf_config import mismatches
+from slime.config.hf_vision import text_fields
 from slime.config.schema import ModelConfig
 
 SOURCE_FILE = "slime_import.json"  # beside config.json: the GGUF file the directory was imported from
@@ -26,22 +27,25 @@ def is_current(model: ModelConfig, save_dir: str | Path) -> bool:
     if not (Path(save_dir) / "config.json").exists() or not (Path(save_dir) / "model.safetensors").exists():
         return False
     actual = read_hf_config(save_dir)
+    text = text_fields(actual)  # a vision-language model's are in text_config
     return (
         not mismatches(model, actual)
-        and actual.get("initializer_range") == model.init_std
-        and actual.get("slime_init_seed") == model.init_seed
-        and has_current_tokenizer(Path(save_dir))
+        and text.get("initializer_range") == model.init_std
+        and text.get("slime_init_seed") == model.init_seed
+        and has_current_tokenizer(Path(save_dir), vision=model.vision is not None)
     )
 
 
-def has_current_tokenizer(save_dir: Path) -> bool:
-    """Whether the tokenizer saved in `save_dir` has slime.assets.tokenizer_spec's vocabulary and chat template."""
+def has_current_tokenizer(save_dir: Path, *, vision: bool = False) -> bool:
+    """Whether the tokenizer saved in `save_dir` has slime.assets.tokenizer_spec's vocabulary and chat template (a
+    vision model's, with `vision`)."""
     try:
         vocab = json.loads((save_dir / "tokenizer.json").read_text())["model"]["vocab"]
         template = (save_dir / "chat_template.jinja").read_text()
     except (OSError, ValueError, KeyError):
         return False
-    return vocab == {token: i for i, token in enumerate(vocabulary())} and template == CHAT_TEMPLATE
+    expected = {token: i for i, token in enumerate(vocabulary(vision=vision))}
+    return vocab == expected and template == chat_template(vision=vision)
 
 
 def is_imported(model: ModelConfig) -> bool:

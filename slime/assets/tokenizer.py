@@ -17,6 +17,7 @@ from slime.assets.tokenizer_spec import (  # noqa: F401  (re-exported: the token
     CHAT_TEMPLATE,
     IM_END,
     IM_START,
+    IMAGE_PAD,
     PAD_TOKEN,
     SPECIAL_TOKENS,
     TOOL_CALL,
@@ -25,13 +26,19 @@ from slime.assets.tokenizer_spec import (  # noqa: F401  (re-exported: the token
     TOOL_RESPONSE_END,
     TOOL_TOKENS,
     UNK_TOKEN,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+    VISION_TOKENS,
+    chat_template,
     vocabulary,
 )
 
 
-def build_tokenizer(save_dir: str | Path | None = None):
-    """Build the word-level tokenizer; save it to `save_dir` when given. Returns the HF tokenizer."""
-    vocab = {token: i for i, token in enumerate(vocabulary())}
+def build_tokenizer(save_dir: str | Path | None = None, *, vision: bool = False):
+    """Build the word-level tokenizer (a vision model's: with its image tokens, words and template); save it to
+    `save_dir` when given. Returns the HF tokenizer."""
+    vocab = {token: i for i, token in enumerate(vocabulary(vision=vision))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -40,9 +47,9 @@ def build_tokenizer(save_dir: str | Path | None = None):
         unk_token=UNK_TOKEN,
         pad_token=PAD_TOKEN,
         eos_token=IM_END,
-        additional_special_tokens=[IM_START, *TOOL_TOKENS],
+        additional_special_tokens=[IM_START, *TOOL_TOKENS, *(VISION_TOKENS if vision else [])],
         padding_side="left",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template(vision=vision),
         model_max_length=4096,
     )
     if save_dir is not None:

@@ -17,6 +17,13 @@ SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END, UNK_TOKEN]
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
 TOOL_TOKENS = [TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END]
+# A vision-language model's tokens (Qwen2.5-VL's): an image in a prompt is `<|vision_start|><|image_pad|>
+# <|vision_end|>`, its processor repeating the pad once per image token. Only the tiny vision model's vocabulary
+# has them, after everything else, with the words of its visual task.
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
+IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+_VISION_WORDS = ["how", "many", "red", "green", "blue", "square", "squares", "shapes", "colour", "in", "image"]
 
 _WORDS = [
     "system",
@@ -74,9 +81,30 @@ CHAT_TEMPLATE = (
 )
 
 
-def vocabulary() -> list[str]:
-    """The ordered vocabulary: special tokens first, then words, digits, letters, punctuation."""
+# A message's content as a vision-language template renders it: a string as is, a list of parts in order (an image
+# part as its placeholder, a text part as its text), as Qwen2.5-VL's template does.
+_CONTENT = "{{ '<|im_start|>' + message['role'] + '\n' + opening + (message['content'] or '') }}"
+_VISION_CONTENT = (
+    "{{ '<|im_start|>' + message['role'] + '\n' + opening }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] or [] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+)
+VISION_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(_CONTENT, _VISION_CONTENT)
+
+
+def vocabulary(*, vision: bool = False) -> list[str]:
+    """The ordered vocabulary: special tokens first, then words, digits, letters, punctuation, tool markers (and,
+    for the tiny vision model, its tokens and words)."""
     seen: dict[str, None] = {}
-    for token in SPECIAL_TOKENS + _WORDS + list(string.digits) + list(string.ascii_lowercase) + _PUNCT + TOOL_TOKENS:
+    tokens = SPECIAL_TOKENS + _WORDS + list(string.digits) + list(string.ascii_lowercase) + _PUNCT + TOOL_TOKENS
+    for token in tokens + (VISION_TOKENS + _VISION_WORDS if vision else []):
         seen.setdefault(token, None)
     return list(seen)
+
+
+def chat_template(*, vision: bool = False) -> str:
+    """The tiny models' chat template; a vision model's renders image parts of a message's content."""
+    return VISION_CHAT_TEMPLATE if vision else CHAT_TEMPLATE

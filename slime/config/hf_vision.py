@@ -87,8 +87,8 @@ def nested_vision_fields(text: dict[str, Any], model) -> dict[str, Any]:
 
 
 def check_vision(model, *, vision_family: bool) -> Iterator[Problem]:
-    """`model.vision` against the family: a vision-language family needs its tower's shape, a text family has none.
-    A launch with a vision tower is refused (what remains to be built is named); the dry run plans it."""
+    """`model.vision` against the family: a vision-language family needs its tower's shape, a text family has none
+    (what a run with a vision tower needs of the other parts: slime/vision/check.py)."""
     arch = f"model.architecture={model.architecture}"
     if vision_family and model.vision is None:
         yield Problem(
@@ -100,13 +100,4 @@ def check_vision(model, *, vision_family: bool) -> Iterator[Problem]:
     elif not vision_family and model.vision is not None:
         yield Problem(
             "model.vision", "{...}", f"{arch} is a text model: it has no vision tower", "set model.vision=null"
-        )
-    elif model.vision is not None:
-        yield Problem(
-            "model.vision",
-            model.architecture,
-            "training and generating with a vision-language model (image prompts, the vision tower in the trainer, "
-            "the engines and the weight sync) are not built yet; the dry run plans its memory",
-            "plan it with debug=dry_run, or choose a text model",
-            machine=True,
         )

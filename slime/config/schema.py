@@ -239,6 +239,9 @@ class DataConfig:
     # Loading (slime.rollout.prompt_file, slime.rollout.data_source)
     tool_key: Optional[str] = "tools"  # tool specs (list or JSON string): metadata["tools"] and the chat template
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template kwargs
+    # modality -> the record's key holding it (slime's --multimodal-keys), e.g. {image: images}: each record's image
+    # references (paths, URLs or base64), for a vision-language model; {} for text
+    multimodal_keys: dict[str, str] = field(default_factory=dict)
     seed: int = 42  # per-epoch shuffle permutation seed + epoch (slime's --rollout-seed)
     source_class: Optional[str] = None  # import path of a DataSourceBase subclass; None: the built-in DataSource
     # Synthetic tasks: a `_target_` node `{_target_: module.fn, path: <file>, ...}`; `fn(path=..., **rest)` writes
@@ -297,6 +300,8 @@ class TrainConfig:
     # Keep the frozen models (reference, distillation teacher) on CPU between their forward passes (on the GPU only for them); a no-op
     # on CPU runs
     ref_offload: bool = False
+    # a vision-language model's vision tower (and its merger) stays as loaded: not trained, and not in weight syncs
+    freeze_vision: bool = False
     critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
     # train.async=full: a group whose oldest token came from weights more than this many versions older than the
     # trainer's is not trained (rollout.stale_policy); >= 1 (0 is the synchronous loop)

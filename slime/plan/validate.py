@@ -11,7 +11,7 @@ Each problem names the key, its value, what is wrong and the override that fixes
 3. the owners' checks that belong to no single record: what the chosen estimator's record needs
    (slime/train/check_estimator.py), resources (slime/plan/check_resources.py), fault
    tolerance (slime/engine/check.py), the logger's packages (slime/tracking/check.py), rewards, hooks and data
-   (slime/rollout/check_*.py), paths and generators (slime/assets/check.py).
+   (slime/rollout/check_*.py), images (slime/vision/check.py), paths and generators (slime/assets/check.py).
 
 Check modules import no torch, Ray or engine at module level, and the estimator records name their torch
 functions by import path, so a bad key fails fast (tests/plan/test_registry_walk.py holds validation torch-free).
@@ -41,6 +41,7 @@ from slime.rollout.data_identity import check_data_unchanged
 from slime.sync.check import check_adapter_sync, check_delta, check_verify
 from slime.tracking.check import check_sinks
 from slime.train.check_estimator import check_estimator
+from slime.vision.check import check_vision_run
 
 __all__ = ["ConfigError", "Problem", "collect_problems", "validate"]
 
@@ -91,6 +92,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     yield from check_addresses(cfg)
     yield from check_host_on_several_nodes(cfg)
     yield from check_data(cfg)
+    yield from check_vision_run(cfg)
     yield from check_chat_template(cfg)
     yield from check_data_unchanged(cfg)
 

@@ -131,6 +131,7 @@ class RolloutContext:
     return_routed_experts: bool = False  # ask the engine for each token's MoE experts (algo.routing_replay=rollout)
     lora_adapter: str | None = None  # the policy's LoRA adapter every request names (SGLang's lora_path); None: none
     agent: Any = None  # rollout.agent.entrypoint's AgentService (slime.rollout.agent.episode); None: no agent
+    prompt_images: Any = None  # a vision-language model's slime.vision.prompt.PromptImages; None: text prompts
     # State of the call in progress: set once the batch is full (samples not yet started are not generated, and
     # multi-turn generate functions should stop between turns), and the HTTP session of the running event loop.
     aborted: bool = False

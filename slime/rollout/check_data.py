@@ -26,7 +26,13 @@ DATA_SOURCE_METHODS = ("get_groups", "add_groups", "state_dict", "load_state_dic
 
 
 def record_keys(d: DataConfig) -> RecordKeys:
-    return RecordKeys(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key, tool_key=d.tool_key)
+    return RecordKeys(
+        input_key=d.input_key,
+        label_key=d.label_key,
+        metadata_key=d.metadata_key,
+        tool_key=d.tool_key,
+        image_key=d.multimodal_keys.get("image"),
+    )
 
 
 def check_data(cfg: RunConfig) -> Iterator[Problem]:

@@ -74,8 +74,13 @@ class PromptDataset:
         template_kwargs: Optional[dict[str, Any]] = None,
         max_prompt_len: Optional[int] = None,
         config_key: str = "data.prompt_data",
+        image_key: Optional[str] = None,
+        prompt_images=None,
     ):
-        keys = RecordKeys(input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key)
+        keys = RecordKeys(
+            input_key=input_key, label_key=label_key, metadata_key=metadata_key, tool_key=tool_key, image_key=image_key
+        )
+        self.prompt_images = prompt_images  # slime.vision.prompt.PromptImages of a vision-language model
         self.path = path
         self.samples: list[Sample] = []
         self.dropped_lengths: list[int] = []  # tokens of each prompt dropped as longer than max_prompt_len
@@ -83,10 +88,12 @@ class PromptDataset:
             prompt, messages = record.prompt, None
             if apply_chat_template:
                 messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+                if record.images:
+                    messages = with_image_parts(messages, len(record.images))
                 prompt = render_prompt(tokenizer, messages, tools=record.tools, template_kwargs=template_kwargs)
             elif not isinstance(prompt, str):
                 messages = prompt
-            if max_prompt_len is not None and self._too_long(tokenizer, prompt, max_prompt_len, record.line):
+            if max_prompt_len is not None and self._too_long(tokenizer, prompt, max_prompt_len, record):
                 continue
             metadata = dict(record.metadata)
             if record.tools is not None:
@@ -97,6 +104,7 @@ class PromptDataset:
                     messages=messages,
                     label=record.label,
                     metadata=metadata,
+                    images=record.images,
                     prompt_index=len(self.samples),
                 )
             )
@@ -112,8 +120,11 @@ class PromptDataset:
             raise PromptsTooLong(path, max_prompt_len, self.dropped_lengths)
 
     @classmethod
-    def from_data_config(cls, data, path: str, *, tokenizer, max_prompt_len: Optional[int] = None) -> PromptDataset:
-        """The prompts of `path`, read with `data`'s (a DataConfig) keys and templating."""
+    def from_data_config(
+        cls, data, path: str, *, tokenizer, max_prompt_len: Optional[int] = None, prompt_images=None
+    ) -> PromptDataset:
+        """The prompts of `path`, read with `data`'s (a DataConfig) keys and templating (`prompt_images`: a
+        vision-language model's, which counts each image's tokens)."""
         return cls(
             path,
             tokenizer=tokenizer,
@@ -124,13 +135,20 @@ class PromptDataset:
             tool_key=data.tool_key,
             template_kwargs=data.apply_chat_template_kwargs,
             max_prompt_len=max_prompt_len,
+            image_key=data.multimodal_keys.get("image"),
+            prompt_images=prompt_images,
         )
 
-    def _too_long(self, tokenizer, prompt, max_prompt_len: int, line: int) -> bool:
+    def _too_long(self, tokenizer, prompt, max_prompt_len: int, record) -> bool:
         if not isinstance(prompt, str):  # slime: only templated (string) prompts are measured
-            logger.warning("%s:%d: a message-list prompt is not length-filtered (chat template off)", self.path, line)
+            logger.warning(
+                "%s:%d: a message-list prompt is not length-filtered (chat template off)", self.path, record.line
+            )
             return False
-        length = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if record.images and self.prompt_images is not None:  # each image counts its tokens
+            length = len(self.prompt_images.prompt_ids(tokenizer, prompt, record.images))
+        else:
+            length = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if length <= max_prompt_len:
             return False
         self.dropped_lengths.append(length)
@@ -142,6 +160,21 @@ class PromptDataset:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+
+def with_image_parts(messages: list[dict], count: int) -> list[dict]:
+    """`messages` whose images are placed: as they are when a message holds image parts already (the record's
+    check counted them), else `count` image parts opening the first user message, before its text."""
+    if any(isinstance(m.get("content"), list) for m in messages):
+        return messages
+    out, placed = [], False
+    for message in messages:
+        if message["role"] == "user" and not placed:
+            text = message.get("content") or ""
+            parts = [{"type": "image"}] * count + ([{"type": "text", "text": text}] if text else [])
+            message, placed = {**message, "content": parts}, True
+        out.append(message)
+    return out
 
 
 def render_prompt(tokenizer, messages: list[dict], *, tools=None, template_kwargs=None) -> str:
@@ -300,11 +333,14 @@ def build_data_source(
     shuffle: bool,
     max_prompt_len: Optional[int] = None,
     max_groups: Optional[int] = None,
+    prompt_images=None,
 ) -> DataSourceBase:
     """The data source over the prompt file at `path`, read with `data`'s (a DataConfig) keys and templating;
     its class is `data.source_class` when set. `max_groups` (see the module docstring) is set on it after
     construction, so a custom class keeps the documented constructor and may honour the bound or not."""
-    dataset = PromptDataset.from_data_config(data, path, tokenizer=tokenizer, max_prompt_len=max_prompt_len)
+    dataset = PromptDataset.from_data_config(
+        data, path, tokenizer=tokenizer, max_prompt_len=max_prompt_len, prompt_images=prompt_images
+    )
     cls = load_callable(data.source_class, key="data.source_class") if data.source_class else DataSource
     source = cls(dataset, n_samples_per_prompt=n_samples_per_prompt, shuffle=shuffle, seed=data.seed)
     source.max_groups = max_groups

@@ -54,14 +54,20 @@ async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, tim
 
 
 def prompt_ids(args: RolloutContext, sample: Sample) -> list[int]:
-    """The sample's tokens so far; a fresh sample's prompt tokenised (the chat template added special tokens)."""
+    """The sample's tokens so far; a fresh sample's prompt tokenised (the chat template added special tokens; an
+    image's placeholder repeated once per image token)."""
     if not sample.tokens:
         if not isinstance(sample.prompt, str):
             raise ValueError(
                 f"sample {sample.index}: the prompt is a list of chat messages; generation needs text "
                 "(set data.apply_chat_template=true)"
             )
-        sample.tokens = list(args.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"])
+        if sample.images:
+            if args.prompt_images is None:
+                raise ValueError(f"sample {sample.index} has images, and the policy model reads none")
+            sample.tokens = args.prompt_images.prompt_ids(args.tokenizer, sample.prompt, sample.images)
+        else:
+            sample.tokens = list(args.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"])
     return sample.tokens
 
 
@@ -89,6 +95,8 @@ async def call_engine(args: RolloutContext, sample: Sample, sampling_params: dic
             "(slime.engine.router.DROPPED_SAMPLING_PARAMS); remove them from the generate function's sampling params"
         )
     payload = {"input_ids": prompt_ids(args, sample), "sampling_params": params, "return_logprob": True}
+    if sample.images:  # SGLang's `image_data`: the references, the ids holding each image's tokens already
+        payload["image_data"] = list(sample.images)
     if args.return_routed_experts:  # the whole sequence's (routed_experts_start_len 0): a resumed sample's too
         payload["return_routed_experts"] = True
     if args.lora_adapter is not None:  # the engines serve the policy's adapter under this name (slime.sync.adapter)

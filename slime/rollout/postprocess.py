@@ -60,6 +60,7 @@ def split_for_data_parallel(
             per_rank[rank].append((i, step))
     has_engine_log_probs = all(s.rollout_log_probs is not None for s in samples)
     has_routes = all(s.routed_experts is not None for s in samples)
+    has_images = any(s.images for s in samples)
     batches = []
     for entries in per_rank:
         pick = [samples[i] for i, _ in entries]
@@ -73,6 +74,7 @@ def split_for_data_parallel(
                 rollout_log_probs=[s.rollout_log_probs for s in pick] if has_engine_log_probs else None,
                 truncated=[s.status == SampleStatus.TRUNCATED for s in pick],
                 routed_experts=[s.routed_experts for s in pick] if has_routes else None,
+                images=[s.images for s in pick] if has_images else None,
                 sample_indices=[s.index for s in pick],
                 step_ids=[step for _, step in entries],
                 num_trajectories_per_step=list(step_sizes),

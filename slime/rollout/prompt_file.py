@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slime.config.problems import PicklableFields
+from slime.vision.images import ImageError, image_size
 
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
@@ -43,6 +44,7 @@ class RecordKeys:
     label_key: Optional[str] = "label"
     metadata_key: Optional[str] = "metadata"
     tool_key: Optional[str] = "tools"
+    image_key: Optional[str] = None  # data.multimodal_keys.image: the record's image references
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Record:
     label: Optional[str]
     metadata: dict[str, Any]
     tools: Optional[list[dict[str, Any]]]
+    images: Optional[list[str]] = None  # image references (a path relative to the file made absolute)
 
 
 def split_slice(spec: str, *, key: str = "data.prompt_data") -> tuple[str, Optional[int], Optional[int]]:
@@ -189,7 +192,44 @@ def _check(path: str, line: int, row: Any, keys: RecordKeys, key: str) -> Record
             tools = _json_field(tools, keys.tool_key, fail)
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise fail(f"{keys.tool_key!r} (data.tool_key) must be a list of tool objects (or its JSON string)")
-    return Record(line=line, prompt=prompt, label=label, metadata=dict(metadata), tools=tools)
+    images = None if keys.image_key is None else _check_images(row, keys.image_key, Path(path).parent, fail)
+    if images is not None:
+        _check_image_parts(prompt, len(images), keys, fail)
+    return Record(line=line, prompt=prompt, label=label, metadata=dict(metadata), tools=tools, images=images)
+
+
+def _check_images(row: dict, image_key: str, base: Path, fail) -> list[str]:
+    """The record's image references (a string or a list of them), each readable as an image; a relative path
+    is taken from the prompt file's directory."""
+    if image_key not in row:
+        raise fail(f"no key {image_key!r} (data.multimodal_keys.image); the record's keys are {sorted(row)}")
+    refs = row[image_key]
+    refs = [refs] if isinstance(refs, str) else refs
+    if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r for r in refs):
+        raise fail(f"{image_key!r} must be an image reference or a non-empty list of them (paths, URLs or base64)")
+    resolved = []
+    for i, ref in enumerate(refs):
+        if not ref.startswith(("data:", "http://", "https://", "file://", "/")) and (base / ref).is_file():
+            ref = str((base / ref).resolve())
+        try:
+            image_size(ref, verify=True)
+        except ImageError as exc:
+            raise fail(f"{image_key}[{i}]: {exc}") from None
+        resolved.append(ref)
+    return resolved
+
+
+def _check_image_parts(prompt: str | list[dict[str, Any]], count: int, keys: RecordKeys, fail) -> None:
+    """A message-list prompt that places its images itself holds one `{"type": "image"}` part per image."""
+    if isinstance(prompt, str):
+        return
+    parts = [p for m in prompt if isinstance(m.get("content"), list) for p in m["content"]]
+    placed = sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "image")
+    if placed and placed != count:
+        raise fail(
+            f"{keys.input_key!r} places {placed} image parts for the {count} images of {keys.image_key!r}; "
+            'give one {"type": "image"} part per image, or none (the images then open the first user message)'
+        )
 
 
 def _json_field(text: str, name: str, fail) -> Any:

@@ -53,6 +53,7 @@ from slime.sync.probe import EngineProbe
 from slime.train.checkpoint_files import save_state_files
 from slime.train.rng import rng_state, set_rng_state
 from slime.types import SampleStatus, TrainBatch
+from slime.vision.prompt import PromptImages
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
@@ -95,6 +96,7 @@ class RolloutProducer:
         self._cursor_before: tuple[int, dict[str, Any]] | None = None
         self.stream: GroupStream | None = None  # train.async=full, once started
         self.agent = None  # rollout.agent.entrypoint's AgentService (its gateway serves), built by load_data
+        self.prompt_images = None  # a vision-language model's (slime.vision.prompt), for image prompts
         self._stream_state: dict[str, Any] | None = None  # a checkpoint's stream, until the stream starts
 
     # ---- data --------------------------------------------------------------------------------
@@ -104,6 +106,8 @@ class RolloutProducer:
         s, r, d = self.setup, self.setup.rollout, self.setup.data
         if s.load_rollout_data is None:
             self.tokenizer = AutoTokenizer.from_pretrained(s.model_path)
+            if d.multimodal_keys.get("image"):  # validation checked that the model reads images
+                self.prompt_images = PromptImages.of_checkpoint(s.model_path)
             self.prompt_identity = prompt_identity(d.prompt_data)  # saved with the cursor, checked on resume
             self.data_source = self._prompt_source(
                 d.prompt_data, r.n_samples_per_prompt, shuffle=d.shuffle, max_groups=s.max_train_groups
@@ -141,6 +145,7 @@ class RolloutProducer:
             shuffle=shuffle,
             max_prompt_len=self.setup.rollout.max_prompt_len,
             max_groups=max_groups,
+            prompt_images=self.prompt_images,
         )
 
     def close(self) -> None:
@@ -186,6 +191,7 @@ class RolloutProducer:
             return_routed_experts=RoutingReplay(s.algo.routing_replay).engine_returns_routes and not evaluation,
             lora_adapter=s.fleet.lora.adapter_name if s.fleet.lora else None,
             agent=self.agent,
+            prompt_images=self.prompt_images,
             tokenizer=self.tokenizer,
             batch_size=batch,
             over_sampling_batch_size=r.over_sampling_batch_size,

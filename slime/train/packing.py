@@ -18,7 +18,7 @@ import functools
 import inspect
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,7 @@ from torch import Tensor
 from transformers import AttentionInterface
 
 from slime.algo.logprobs import chunked_log_probs_and_entropy
+from slime.vision.processor import images_at
 
 try:
     from torch.nn.attention.varlen import varlen_attn
@@ -39,7 +40,8 @@ ATTN_IMPLEMENTATION = "slime_varlen"
 class Packed:
     """One packed micro-batch.
 
-    input_ids / position_ids: Tensor[1, T] int64, T = the samples' total token count (prompt + response).
+    input_ids / position_ids: Tensor[1, T] int64, T = the samples' total token count (prompt + response);
+    a vision-language model's position_ids are Tensor[3, 1, T] (slime.train.vision_batch).
     cu_seqlens: Tensor[n+1] int32, [0, L1, L1+L2, ...]; max_length: the longest sample in tokens.
     rows: Tensor[N] int64, stream positions whose outputs score the N response tokens (sample order);
     targets: Tensor[N] int64, the response token ids they score (the alignment:
@@ -52,10 +54,13 @@ class Packed:
     max_length: int
     rows: Tensor
     targets: Tensor
+    extra: dict = field(default_factory=dict)  # further forward inputs: a vision-language model's pixels
+    image_mask: Tensor | None = None  # Tensor[T] bool: the stream positions its images fill (`images_at`)
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for a transformers model's forward (attention_mask stays None)."""
         return {
+            **self.extra,
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             "use_cache": False,
@@ -215,7 +220,8 @@ def log_probs_and_entropy(
 
     head.forward = scored  # an instance attribute shadows Linear.forward for this call only
     try:
-        out = model(**packed.model_kwargs()).logits[0]
+        with images_at(model, packed.image_mask):
+            out = model(**packed.model_kwargs()).logits[0]
     finally:
         del head.forward
     return out[:, 0], (out[:, 1] if with_entropy else None)

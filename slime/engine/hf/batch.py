@@ -8,7 +8,8 @@ The state between steps, for B live rows after the last forward whose KV cache h
 - `cache`: a DynamicCache, [B, kv heads, W, head dim] per layer. Each row's tokens end at column W - 1; a row with
   fewer than W fed tokens has zeros on its left (left padding, masked out).
 - `mask`: [B, W] long, 1 where the row has a fed token.
-- `next_pos`: [B] long, the position id of each row's next token (its own count of fed tokens).
+- `next_pos`: [B] long, the position id of each row's next token (its own count of fed tokens; a row with images
+  less the positions its image tokens share, `image_rows`).
 - `logits`: [B, V] the last forward's logits, which the next `step` samples from.
 
 A batch of one row that was prefilled alone and never joined by another is a lone request's computation: only
@@ -56,6 +57,25 @@ def left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
         return tensor
     pad = [0, 0] * (tensor.dim() - 1 - dim % tensor.dim()) + [missing, 0]
     return F.pad(tensor, pad)
+
+
+def image_rows(requests: Sequence[GenerationRequest], width: int, device) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """(position ids [3, B, width] left-padded, the rows' images as the model's keyword arguments, next position
+    [B]) of a prefill in which some rows carry images (`GenerationRequest.vision`): such a row's multimodal RoPE
+    positions, a text row's 0..L-1 on all three axes; a row's next token sits at its last position + 1."""
+    positions = torch.zeros((3, len(requests), width), dtype=torch.long)
+    next_pos = []
+    for i, req in enumerate(requests):
+        length = len(req.input_ids)
+        vision = req.vision
+        positions[:, i, width - length :] = vision.positions if vision is not None else torch.arange(length)
+        next_pos.append(length + (vision.delta if vision is not None else 0))
+    pixels = [req.vision.pixels for req in requests if req.vision is not None]
+    images = {
+        "pixel_values": torch.cat([p.pixel_values for p in pixels]).to(device),
+        "image_grid_thw": torch.cat([p.image_grid_thw for p in pixels]).to(device),
+    }
+    return positions.to(device), images, torch.tensor(next_pos, device=device)
 
 
 def joinable(cache: DynamicCache) -> bool:
@@ -133,17 +153,20 @@ class RunningBatch:
             generator=gen.generator,
             default_seed=DEFAULT_SAMPLING_SEED if gen.batch_invariant else None,
         )
-        cache, logits, hit = gen.prefill(prompts, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+        positions, images, next_pos = (mask.cumsum(-1) - 1).clamp(min=0), None, mask.sum(-1)
+        if any(row.req.vision is not None for row in rows):
+            positions, images, next_pos = image_rows([row.req for row in rows], width, gen.device)
+        cache, logits, hit = gen.prefill(prompts, ids, mask, positions, images)
         if hit:
             rows[0].cached = len(prompts[0]) - 1
         self._take_routes(rows, width, prefill=True)
-        return cache, mask, mask.sum(-1), logits, sampler
+        return cache, mask, next_pos, logits, sampler
 
     def _join(self, rows: list[Row], cache, mask, next_pos, logits, sampler: LogitsSampler) -> None:
         if not self.rows:
             self.rows, self.cache, self.mask, self.next_pos, self.logits = rows, cache, mask, next_pos, logits
             self.sampler, self.steps = sampler, 0
-            self.solo = len(rows) == 1
+            self.solo = len(rows) == 1 and rows[0].req.vision is None  # an image prompt is no prefix cache's
             self.shared = self.solo and self.gen.prefix_cache.enabled  # a lone prefill is the prefix cache's
             return
         width = max(self.mask.shape[1], mask.shape[1])

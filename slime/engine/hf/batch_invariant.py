@@ -50,6 +50,8 @@ from torch.overrides import TorchFunctionMode
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, prepare_padding_mask
 
+from slime.vision.hf_model import text_config
+
 ATTENTION = "slime_batch_invariant"  # the transformers attention (and mask) implementation registered here
 TILE_ROWS = 64  # rows per GEMM of a batch-invariant Linear: fewer calls for a prefill's thousands of rows than 16
 VECTOR_ALIGN = 64  # elements: a multiple of aten's vectorised loop step (2 vectors of 16 floats with AVX-512)
@@ -181,7 +183,7 @@ def unsupported(model) -> str | None:
         return f"batch-invariant decoding runs on one torch thread, not {torch.get_num_threads()}"
     if not getattr(model, "_supports_attention_backend", False):
         return f"{type(model).__name__} does not take transformers' attention functions"
-    config = model.config
+    config = text_config(model.config)
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(config, "use_sliding_window", False):
         return f"batch-invariant decoding handles full-attention layers only, not {sorted(types)}"
@@ -205,7 +207,7 @@ class BatchInvariantOps:
     model's attention and experts implementations are switched for the block and restored after it."""
 
     def __init__(self, model):
-        self.config = model.config
+        self.config = text_config(model.config)  # a vision tower keeps its own (bidirectional) attention
         self.mode = _Functions()
         self.saved: tuple = ()
 

@@ -36,6 +36,7 @@ from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.request import GenerationError, GenerationRequest, GenerationResult
 from slime.engine.hf.sampling import SamplingParams
 from slime.moe.hf_routers import RouterTap
+from slime.vision.hf_model import text_config
 
 # the engine's modules import the request types from here
 __all__ = ["GenerationError", "GenerationRequest", "GenerationResult", "Generator"]
@@ -66,6 +67,7 @@ class Generator:
             on its own (SGLang's deterministic mode: a row without `sampling_seed` gets `DEFAULT_SAMPLING_SEED`):
             a request's tokens and log-probs do not depend on the requests batched with it. Needs what
             `batch_invariant.unsupported` checks (a CPU model, one torch thread, full-attention layers).
+        vision: a vision-language model's `vision.EngineVision` (requests with images); None: text only.
     """
 
     def __init__(
@@ -78,11 +80,13 @@ class Generator:
         prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
         capture_routes: bool = False,
         batch_invariant: bool = False,
+        vision=None,
     ):
         reason = batch_invariant_ops.unsupported(model) if batch_invariant else None
         if reason:
             raise ValueError(reason)
         self.model = model
+        self.vision = vision
         self.batch_invariant = batch_invariant
         self.router_tap = RouterTap(model) if capture_routes else None
         self.prefix_cache = PrefixCache(0 if capture_routes else prefix_cache_tokens)
@@ -91,7 +95,7 @@ class Generator:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
-        config = model.config
+        config = text_config(model.config)
         self.vocab_size = int(config.vocab_size)
         self.context_length = int(context_length or getattr(config, "max_position_embeddings", 1 << 30))
         gen_config = getattr(model, "generation_config", None)
@@ -108,7 +112,7 @@ class Generator:
         forward_params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         # requests may join a running batch: its KV cache rows can be merged, and no forward's routes are returned
-        self.joinable = not capture_routes and joinable(DynamicCache(config=config))
+        self.joinable = not capture_routes and joinable(DynamicCache(config=model.config))
 
     # ---------------------------------------------------------------- validation
     def validate(self, req: GenerationRequest) -> None:
@@ -123,6 +127,10 @@ class Generator:
                 f"The input ({len(ids)} tokens) is longer than the model's context length "
                 f"({self.context_length} tokens)."
             )
+        if req.images and self.vision is None:
+            raise GenerationError("image_data: this model reads no images (it has no vision tower)")
+        if req.images and req.vision is None:
+            req.vision = self.vision.prompt(ids, req.images)
 
     def max_new_tokens(self, req: GenerationRequest) -> int:
         """The request's token budget, capped so that prompt + output fits the context length."""
@@ -173,11 +181,13 @@ class Generator:
         """Forget every stored prefill: call whenever the weights change or memory is released."""
         self.prefix_cache.clear()
 
-    def prefill(self, prompts, ids, mask, position_ids):
+    def prefill(self, prompts, ids, mask, position_ids, images: Optional[dict] = None):
         """(KV cache, last-position logits [B, V], whether they came from the prefix cache) of the left-padded
-        prompts `ids` [B, W] (`mask`, `position_ids` [B, W]). A lone prompt's cache is the prefix cache's (shared):
-        `decode_step` copies it before extending it."""
-        alone = len(prompts) == 1 and self.prefix_cache.enabled
+        prompts `ids` [B, W] (`mask` [B, W], `position_ids` [B, W], or [3, B, W] with `images`: the rows' pixels,
+        `pixel_values` and `image_grid_thw`). A lone text prompt's cache is the prefix cache's (shared):
+        `decode_step` copies it before extending it; a prompt with images is never cached (its ids alone do not
+        say what it holds)."""
+        alone = len(prompts) == 1 and self.prefix_cache.enabled and not images
         hit = self.prefix_cache.get(prompts[0]) if alone else None
         if hit is not None:
             return hit.cache, hit.logits, True
@@ -191,6 +201,7 @@ class Generator:
                 use_cache=True,
                 logits_to_keep=1,
                 **{self._cache_kwarg: cache},
+                **(images or {}),
             )
         logits = out.logits[:, -1, :]
         if alone:

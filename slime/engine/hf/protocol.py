@@ -2,8 +2,9 @@
 
 Request: `{input_ids: [int] | [[int]], text?: str | [str], sampling_params: {...} | [{...}],
 return_logprob?: bool | [bool], return_text_in_logprobs?: bool, rid?: str | [str], return_routed_experts?: bool,
-routed_experts_start_len?: int, lora_path?: str | [str], ...}` (`lora_path`: the name of a loaded LoRA
-adapter, `lora_routes.py`). Any other
+routed_experts_start_len?: int, lora_path?: str | [str], image_data?: str | [str] | [[str]], ...}` (`lora_path`:
+the name of a loaded LoRA adapter, `lora_routes.py`; `image_data`: a prompt's image references, one list per input
+of a batch, `vision.py`). Any other
 top-level key (the router adds model, stream, log_metrics, return_hidden_states, background, no_logs,
 return_bytes, return_entropy, ...) is ignored; `stream: true` is refused (no streaming here).
 A list input is a batch and is answered with a list, in order.
@@ -71,8 +72,9 @@ def parse_generate(body: dict, encode: Callable[[str], list[int]]) -> GenerateCa
     routed = _per_item(body.get("return_routed_experts", False), n, "return_routed_experts", batch)
     starts = _per_item(body.get("routed_experts_start_len", 0), n, "routed_experts_start_len", batch)
     adapters = _per_item(body.get("lora_path"), n, "lora_path", batch)
+    images = _images(body.get("image_data"), n, batch)
     requests = []
-    for prompt, sp, rid, adapter in zip(prompts, params, rids, adapters):
+    for prompt, sp, rid, adapter, refs in zip(prompts, params, rids, adapters, images):
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             raise GenerationError("input_ids must be a list of ints or a list of lists of ints")
         if not isinstance(sp, dict):
@@ -80,9 +82,26 @@ def parse_generate(body: dict, encode: Callable[[str], list[int]]) -> GenerateCa
         rid = rid if rid is not None else uuid.uuid4().hex
         if adapter is not None and not isinstance(adapter, str):
             raise GenerationError("lora_path must name a loaded LoRA adapter")
-        requests.append(GenerationRequest(prompt, SamplingParams.from_dict(sp), rid, lora=adapter))
+        requests.append(GenerationRequest(prompt, SamplingParams.from_dict(sp), rid, lora=adapter, images=refs))
     routes_from = [_routes_start(int(start)) if want else None for want, start in zip(routed, starts)]
     return GenerateCall(requests, [bool(x) for x in logprob], [bool(x) for x in text_lp], batch, routes_from)
+
+
+def _images(value: Any, n: int, batch: bool) -> list[list[str] | None]:
+    """Per input, its image references: SGLang's `image_data` of one input is a reference or a list of them; a
+    batch's is one such entry per input."""
+    if value is None:
+        return [None] * n
+    entries = value if batch else [value]
+    if batch and (not isinstance(value, list) or len(value) != n):
+        raise GenerationError(f"image_data needs one entry per input ({n} inputs)")
+    out = []
+    for entry in entries:
+        refs = [entry] if isinstance(entry, str) else entry
+        if refs is not None and (not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs)):
+            raise GenerationError("image_data must hold image references (paths, URLs or base64 strings)")
+        out.append(refs or None)
+    return out
 
 
 def _routes_start(start: int) -> int:

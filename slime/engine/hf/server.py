@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from aiohttp import web
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from slime.engine.hf import batch_invariant
 from slime.engine.hf.control import EngineControl
@@ -43,8 +43,10 @@ from slime.engine.hf.lora_slot import LoRASlot
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS
 from slime.engine.hf.protocol import generate_response, parse_generate
 from slime.engine.hf.scheduler import Scheduler
+from slime.engine.hf.vision import EngineVision
 from slime.engine.hf.weight_receiver import WeightReceiver
 from slime.engine.hf.weights import WeightLoadError, load_weights_strict, read_safetensors_dir
+from slime.vision.hf_model import auto_model_class
 
 logger = logging.getLogger("slime.engine.hf.server")
 
@@ -54,7 +56,7 @@ _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf1
 def load_model(model_path: str, device: str, dtype: str):
     """(model, tokenizer) from an HF dir; dtype auto = bf16 on cuda, fp32 on cpu."""
     name = _DTYPES.get(dtype) or ("bfloat16" if device.startswith("cuda") else "float32")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, name))
+    model = auto_model_class(model_path).from_pretrained(model_path, dtype=getattr(torch, name))
     model = model.to(device).eval()
     model.requires_grad_(False)
     return model, AutoTokenizer.from_pretrained(model_path)
@@ -96,6 +98,7 @@ class HFServer:
             prefix_cache_tokens=args.prefix_cache_tokens,
             capture_routes=args.enable_return_routed_experts,
             batch_invariant=self.batch_invariant,
+            vision=EngineVision.of_checkpoint(self.model, args.model_path),
         )
         self.scheduler = Scheduler(
             self.generator,

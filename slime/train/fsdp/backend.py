@@ -11,7 +11,6 @@ import contextlib
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from slime.moe.hf_routers import RouterTap
 from slime.moe.routes import stream_routes
@@ -22,6 +21,7 @@ from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
 from slime.train.throughput import begin_phase, matmul_ceiling_tflops, seconds_since
 from slime.types import TrainBatch
+from slime.vision.hf_model import attention_for, auto_model_class
 
 
 class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
@@ -59,7 +59,8 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         # fp32 master weights; bf16 compute comes from FSDP2's policy or autocast (`FSDPOptions`)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=packing.register())
+        attention = attention_for(path, packing.register())
+        model = auto_model_class(path).from_pretrained(path, dtype=dtype, attn_implementation=attention)
         return model.to(self.device)
 
     # ---- log-probs -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from slime.train.layout import RankLayout
 from slime.train.process_group import init_default_group
+from slime.vision.hf_model import decoder_layers
 
 # Per decoder layer (Llama / Qwen module names): the Megatron split.
 TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -72,7 +73,7 @@ def apply_tensor_parallel(model: nn.Module, groups: Groups) -> None:
         return
 
     plan = {name: ColwiseParallel() for name in TP_COLWISE} | {name: RowwiseParallel() for name in TP_ROWWISE}
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         parallelize_module(layer, groups.mesh["tp"], plan)
 
 
@@ -95,7 +96,7 @@ def apply_data_parallel(
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, **options)
     fully_shard(model, **options)
     return model

@@ -25,7 +25,9 @@ from slime.train.finite import NonFiniteError, check_finite_parameters, nonfinit
 from slime.train.fsdp import checkpoint, float8, lora, parallel
 from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
+from slime.train.vision_batch import VisionInputs
 from slime.types import TrainBatch
+from slime.vision.hf_model import VISION_TOWER_PREFIX, decoder_layers, is_vision_checkpoint, text_config
 from slime.wire.tensors import Bucket, in_buckets
 
 logger = logging.getLogger(__name__)
@@ -59,6 +61,9 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.groups = parallel.Groups(self.layout, s.device)
         torch.manual_seed(s.seed + self.coords.dp_rank)  # the ranks of one tp group draw alike
         self.model = self._load_model(init_path, dtype=self._base_dtype)
+        self.vision_checkpoint = init_path if is_vision_checkpoint(init_path) else None
+        if self.vision_checkpoint is not None and s.train.freeze_vision:
+            self.model.model.visual.requires_grad_(False)  # as loaded: not trained, not synced
         if self.trains_adapters:
             lora.apply_lora(self.model, s.model.lora)  # what trains in fp32, whatever the base's dtype
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -71,7 +76,7 @@ class FSDPRank(BatchColumns, TrainBackend):
             logger.info("parallelism.fp8: %d linears of the decoder layers train in float8", len(converted))
         parallel.apply_tensor_parallel(self.model, self.groups)
         if s.parallelism.fsdp.compile and s.device == "cuda":
-            for layer in self.model.model.layers:
+            for layer in decoder_layers(self.model):
                 layer.compile(dynamic=True)  # one graph for every layer and packed length
         self.model = parallel.apply_data_parallel(
             self.model,
@@ -99,7 +104,7 @@ class FSDPRank(BatchColumns, TrainBackend):
                 min_lr=s.train.min_lr,
             ),
         )
-        self.pad_id = self.model.config.pad_token_id or 0
+        self.pad_id = text_config(self.model.config).pad_token_id or 0
         self.global_step = 0
 
     @property
@@ -159,9 +164,15 @@ class FSDPRank(BatchColumns, TrainBackend):
         count = parallel.all_reduce_max(torch.tensor(len(micro), device=self.device), self.groups.dp)
         return batching.pad_to(micro, int(count))
 
+    def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
+        super().load_batch(rollout_id, batch)
+        has_images = self.vision_checkpoint is not None and batch.images is not None
+        self.vision_inputs = VisionInputs(self.vision_checkpoint, self.model, batch) if has_images else None
+
     def _pack(self, indices: list[int]) -> packing.Packed:
         batch = self.batch
-        return self._packed([batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices])
+        packed = self._packed([batch.tokens[i] for i in indices], [batch.response_lengths[i] for i in indices])
+        return packed if self.vision_inputs is None else self.vision_inputs.apply(packed, indices)
 
     def _packed(self, token_lists: list[list[int]], response_lengths: list[int]) -> packing.Packed:
         """The packed micro-batch on this rank's device; with float8 linears its tokens padded to their multiple."""
@@ -237,6 +248,8 @@ class FSDPRank(BatchColumns, TrainBackend):
             weights = lora.merged_weights(self.model, _whole)
         else:
             weights = ((name, _whole(t.detach())) for name, t in self.model.named_parameters())
+        if self.vision_checkpoint is not None and self.setup.train.freeze_vision:  # the engines hold it as loaded
+            weights = ((name, t) for name, t in weights if not name.startswith(VISION_TOWER_PREFIX))
         tensors = itertools.chain(weights, persistent_buffers(self.model))
         held = (part for name, tensor in tensors for part in to_checkpoint(self.model, name, tensor).items())
         return in_buckets(held, bucket_bytes)

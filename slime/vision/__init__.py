@@ -1,0 +1,1 @@
+"""Images for vision-language models: references loaded and checked, the processor's inputs, 3D positions."""
