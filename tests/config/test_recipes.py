@@ -48,12 +48,12 @@ def header(path: Path) -> dict[str, str]:
 
 
 def test_recipes_are_found_recursively_and_counted():
-    assert (len(ALL), len(TOP), len(GPU)) == (38, 21, 17), [recipe_name(p) for p in ALL]
+    assert (len(ALL), len(TOP), len(GPU)) == (39, 22, 17), [recipe_name(p) for p in ALL]
     assert set(ALL) == set(TOP) | set(GPU)
     # test_config validates every top-level recipe: its option list is exactly these.
     assert sorted(o for g, o in group_options() if g == "recipe") == sorted(p.stem for p in TOP)
     tiny = {p.stem.removeprefix("tiny_") for p in TOP if p.stem.startswith("tiny_")}
-    assert tiny == FAMILIES | {"optuna", "tool_use", "agent", "off_policy", "opd", "routing_replay"}
+    assert tiny == FAMILIES | {"optuna", "tool_use", "agent", "off_policy", "opd", "routing_replay", "vlm"}
 
 
 @pytest.mark.parametrize("path", ALL, ids=recipe_name)

@@ -124,6 +124,16 @@ def test_the_router_drops_exactly_these_sampling_params(router, worker):
     assert {k: received.get(k) for k in kept} == {"input_ids": [1, 2, 3], "return_logprob": True, "lora_path": "policy"}
 
 
+def test_the_router_forwards_a_prompts_images(router, worker):
+    """A vision-language prompt's `image_data` reaches the engine through sglang-router as sent."""
+    refs = ["data:image/png;base64,iVBORw0KGgo=", "/data/images/7.png"]
+    sent = {"input_ids": [1, 80, 82, 82, 81], "sampling_params": {"max_new_tokens": 1}, "image_data": refs}
+    count = len(worker.bodies("/generate"))
+    assert post_generate(router.url, sent) == 200
+    received = worker.wait_for("/generate", count + 1)[-1]
+    assert received["image_data"] == refs and received["input_ids"] == sent["input_ids"]
+
+
 def test_the_router_drops_the_routed_experts_request_and_the_rollout_goes_to_a_worker(router, worker):
     """sglang-router 0.3.2 strips return_routed_experts (routing replay's request for the routes) from /generate, so
     call_engine sends such a request to one of the router's workers itself, the body whole."""

@@ -143,6 +143,29 @@ def test_the_rollouts_generate_request_is_sglangs(probe, recorder):
     assert_sglang_accepts(probe, recorder.requests)
 
 
+def test_the_rollouts_generate_request_with_images_is_sglangs(probe, recorder):
+    """A vision-language prompt's request: the ids with each image's tokens expanded, and its references in SGLang's
+    `image_data`, a field of SGLang's GenerateReqInput that parses to the same list."""
+    rollout = typed_config(["model=tiny_qwen2_5_vl"]).rollout
+    params = sampling_params(rollout, rollout)
+    refs = ["data:image/png;base64,iVBORw0KGgo=", "/data/images/7.png"]
+    sample = Sample(prompt="x", index=3, tokens=[1, 80, 82, 82, 81, 84], images=refs)
+
+    async def send():
+        async with aiohttp.ClientSession() as session:
+            args = type("Args", (), {})()
+            args.config, args.router_url, args.session = rollout, recorder.url, session
+            args.sampling_seed, args.request_timeout_s, args.tokenizer = None, 30.0, None
+            args.return_routed_experts, args.lora_adapter, args.prompt_images = False, None, None
+            await call_engine(args, sample, params)
+
+    asyncio.run(send())
+    ((method, path, _, body),) = recorder.requests
+    assert body["image_data"] == refs and body["input_ids"] == sample.tokens
+    assert_sglang_accepts(probe, recorder.requests)
+    assert probe.check_request(method, path, body)["value"]["image_data"] == refs
+
+
 def test_a_tensor_bucket_we_stage_is_read_by_sglang_bit_exact(probe):
     """Mixed dtypes and odd sizes (each tensor aligned for its view), two TP ranks, and the empty bucket."""
     torch.manual_seed(0)
