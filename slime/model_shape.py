@@ -94,16 +94,36 @@ def moe_active_width(model) -> int:
 
 
 def vision_parameters(model) -> int:
-    """Parameters of a vision-language model's vision tower (`model.vision`; 0 for a text model), Qwen2.5-VL's:
-    the patch embedding (a bias-free 3-D convolution over in_channels x temporal x patch x patch pixels), per block
-    two RMSNorms, fused qkv and the output projection with biases, a SwiGLU MLP with biases, and the merger (an
-    RMSNorm, then two biased linears from merge² patches to the language model's hidden_size)."""
-    v = model.vision
-    if v is None:
+    """Parameters of a vision-language model's vision tower (`model.vision`; 0 for a text model)."""
+    if model.vision is None:
         return 0
+    return (_qwen3_vl_tower if model.architecture == "qwen3_vl" else _qwen2_5_vl_tower)(model)
+
+
+def _qwen2_5_vl_tower(model) -> int:
+    """Qwen2.5-VL's: the patch embedding (a bias-free 3-D convolution over in_channels x temporal x patch x patch
+    pixels), per block two RMSNorms, fused qkv and the output projection with biases, a SwiGLU MLP with biases, and
+    the merger (an RMSNorm, then two biased linears from merge² patches to the language model's hidden_size)."""
+    v = model.vision
     h, f = v.hidden_size, v.ffn_hidden_size
     patch = v.in_channels * v.temporal_patch_size * v.patch_size**2 * h
     block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * f + f) + (f * h + h)
     merged = h * v.spatial_merge_size**2
     merger = h + (merged * merged + merged) + (merged * model.hidden_size + model.hidden_size)
     return patch + v.depth * block + merger
+
+
+def _qwen3_vl_tower(model) -> int:
+    """Qwen3-VL's: the patch embedding (a 3-D convolution with bias) and a learned position table, per block two
+    LayerNorms (weight and bias), fused qkv and the output projection with biases, a two-linear GELU MLP with biases;
+    the merger (a LayerNorm over one patch, then two biased linears from merge² patches to the language model's
+    hidden_size), and one more merger per DeepStack block, whose LayerNorm spans the merge² patches."""
+    v = model.vision
+    h, f = v.hidden_size, v.ffn_hidden_size
+    patch = v.in_channels * v.temporal_patch_size * v.patch_size**2 * h + h
+    positions = (v.num_position_embeddings or 0) * h
+    block = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+    merged = h * v.spatial_merge_size**2
+    linears = (merged * merged + merged) + (merged * model.hidden_size + model.hidden_size)
+    mergers = (2 * h + linears) + len(v.deepstack_visual_indexes) * (2 * merged + linears)
+    return patch + positions + v.depth * block + mergers

@@ -62,15 +62,25 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(create_tiny_model(ModelConfig(**fields)))
 
 
-@pytest.fixture(scope="session")
-def tiny_vlm_dir(tmp_path_factory) -> str:
-    """Path of model=tiny_qwen2_5_vl (a Qwen2.5-VL model with its tokenizer and image processor), made by code."""
+def _made(option: str, tmp_path_factory) -> str:
     from slime.assets.tiny_model import create_tiny_model
     from slime.config.schema import ModelConfig
 
-    fields = model_fields("tiny_qwen2_5_vl")
-    fields["hf_checkpoint"] = str(tmp_path_factory.mktemp("models") / "tiny_qwen2_5_vl")
+    fields = model_fields(option)
+    fields["hf_checkpoint"] = str(tmp_path_factory.mktemp("models") / option)
     return str(create_tiny_model(ModelConfig(**fields)))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> str:
+    """Path of model=tiny_qwen2_5_vl (a Qwen2.5-VL model with its tokenizer and image processor), made by code."""
+    return _made("tiny_qwen2_5_vl", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_dir(tmp_path_factory) -> str:
+    """Path of model=tiny_qwen3_vl (Qwen3-VL: learned positions, DeepStack), made by code."""
+    return _made("tiny_qwen3_vl", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

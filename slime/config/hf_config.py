@@ -71,6 +71,14 @@ FAMILIES = {
         vision=True,
         no_megatron="a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)",
     ),
+    "qwen3_vl": Family(
+        "Qwen3VLForConditionalGeneration",
+        qk_layernorm=True,
+        qkv_bias=False,
+        moe=False,
+        vision=True,
+        no_megatron="a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)",
+    ),
     "deepseek_v3": Family(
         "DeepseekV3ForCausalLM",
         qk_layernorm=False,
@@ -166,7 +174,7 @@ def normalize_rope_scaling(scaling: dict | None) -> dict | None:
     plain RoPE."""
     if not scaling:
         return None
-    if "mrope_section" in scaling:  # Qwen2.5-VL's multimodal RoPE, spelled "type": "mrope" or beside rope_type default
+    if "mrope_section" in scaling:  # Qwen-VL's multimodal RoPE, spelled "type": "mrope" or beside rope_type default
         return {"mrope_section": list(scaling["mrope_section"])}
     out = {("rope_type" if k == "type" else k): v for k, v in scaling.items() if k not in _ROPE_NOT_SCALING}
     if out.get("rope_type", "default") == "default" and set(out) <= {"rope_type"}:

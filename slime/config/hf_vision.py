@@ -24,6 +24,8 @@ VISION_KEYS = {
     "window_size": "window_size",
     "fullatt_block_indexes": "fullatt_block_indexes",
     "in_channels": "in_channels",
+    "num_position_embeddings": "num_position_embeddings",
+    "deepstack_visual_indexes": "deepstack_visual_indexes",
 }
 # transformers' Qwen2.5-VL vision defaults of the keys a file may omit (its other keys are always written)
 _HF_DEFAULTS = {"patch_size": 14, "window_size": 112, "in_channels": 3}
@@ -64,24 +66,33 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, list | tuple) else value
 
 
-def hf_vision_config(vision: VisionConfig, out_hidden_size: int) -> dict[str, Any]:
+# the tower's activation (config.json's hidden_act) and the language model's multimodal RoPE beside mrope_section
+_TOWER_ACT = {"qwen2_5_vl": "silu", "qwen3_vl": "gelu_pytorch_tanh"}
+_MROPE_SPELLING = {"qwen2_5_vl": {"type": "mrope"}, "qwen3_vl": {"rope_type": "default", "mrope_interleaved": True}}
+
+
+def hf_vision_config(vision: VisionConfig, out_hidden_size: int, architecture: str = "qwen2_5_vl") -> dict[str, Any]:
     """The file's `vision_config` for `model.vision` (a model made by code)."""
-    fields = {hf: _plain(getattr(vision, ours)) for ours, hf in VISION_KEYS.items()}
-    return {**fields, "in_chans": vision.in_channels, "out_hidden_size": out_hidden_size, "hidden_act": "silu"}
+    fields = {
+        hf: _plain(getattr(vision, ours)) for ours, hf in VISION_KEYS.items() if getattr(vision, ours) is not None
+    }
+    act = _TOWER_ACT[architecture]
+    return {**fields, "in_chans": vision.in_channels, "out_hidden_size": out_hidden_size, "hidden_act": act}
 
 
 def nested_vision_fields(text: dict[str, Any], model) -> dict[str, Any]:
     """A vision-language model's config.json as transformers 5 writes it, from the language model's fields `text`
     (hf_config.hf_fields): those in `text_config`, the tower's in `vision_config`; multimodal RoPE as the
-    `"type": "mrope"` scaling transformers reads."""
+    scaling each family's published config.json spells."""
     inner = {k: v for k, v in text.items() if k not in ("architectures", "model_type")}
     if model.rope_scaling and "mrope_section" in model.rope_scaling:
-        inner["rope_scaling"] = {"type": "mrope", "mrope_section": list(model.rope_scaling["mrope_section"])}
+        section = list(model.rope_scaling["mrope_section"])
+        inner["rope_scaling"] = {**_MROPE_SPELLING[model.architecture], "mrope_section": section}
     return {
         "architectures": text["architectures"],
         "model_type": text["model_type"],
         "text_config": {**inner, "model_type": f"{text['model_type']}_text"},
-        "vision_config": hf_vision_config(model.vision, model.hidden_size),
+        "vision_config": hf_vision_config(model.vision, model.hidden_size, model.architecture),
         "tie_word_embeddings": text["tie_word_embeddings"],
     }
 

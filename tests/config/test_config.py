@@ -11,12 +11,13 @@ import yaml
 from slime.plan.derive import derive
 from slime.plan.validate import validate
 from tests.helpers.compose import ROOT, fake_hf_dir, group_options, typed_config
-from tests.helpers.recipes import recipe_overrides, recipe_selecting
+from tests.helpers.recipes import prompt_file, recipe_overrides, recipe_selecting
 from tests.helpers.validation import config_problems
 
 GPU_MODELS = (
     *("qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_30b_a3b", "qwen2_5_7b", "llama3_8b", "glm4_9b"),
     *("glm4_5", "glm4_5_air", "deepseek_v3", "moonlight_16b_a3b", "qwen2_5_vl_3b", "qwen2_5_vl_7b"),
+    *("qwen3_vl_4b", "qwen3_vl_8b"),
 )
 # Options that need resources this CPU machine lacks get exactly what they need to validate here.
 NEEDS = {
@@ -26,6 +27,7 @@ NEEDS = {
     ("preset", "quickstart_8gpu"): "hf_model_dir+gpu_cluster+prompt_file+reward",
     ("preset", "none"): "prompt_file+sizes+reward",
     ("preset", "tiny_qwen2_5_vl"): "vision_model",  # the preset follows its model (its data holds images)
+    ("preset", "tiny_qwen3_vl"): "vision_model",
     ("data", "shape_count"): "vision_model",
     ("preset", "embedded_vllm"): "vllm_cpu_model",
     ("preset", "tiny_qwen3_vllm"): "vllm_cpu_model",
@@ -36,6 +38,7 @@ NEEDS = {
     ("cluster", "four_nodes_32gpu"): "gpu_cluster",
     ("recipe", "qwen3_4b_grpo"): "hf_model_dir+gpu_cluster+prompt_file",
     ("data", "prompt_file"): "prompt_file",
+    ("data", "image_prompt_file"): "prompt_file+vision_model",
     ("debug", "train_only"): "rollout_dumps",
     ("rollout", "vllm"): "vllm_cpu_model",
     # layouts of the recipes' models and clusters: composed and validated within the recipe that chooses them
@@ -89,12 +92,10 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         overrides += ["rollout.batch_size=32", "train.num_rollout=10", "rollout.max_response_len=64"]
     if "reward" in needs:
         overrides.append("rollout.rm_type=exact_match")
-    if "prompt_file" in needs:
-        prompts = tmp_path / "prompts.jsonl"
-        prompts.write_text('{"prompt": "hi", "label": "1"}\n')
-        overrides.append(f"data.prompt_data={prompts}")
-    if "vision_model" in needs:
-        overrides.append("model=tiny_qwen2_5_vl")
+    if "prompt_file" in needs:  # records with an image too (data=image_prompt_file reads it)
+        overrides.append(f"data.prompt_data={prompt_file(tmp_path, num_prompts=1)}")
+    if "vision_model" in needs:  # a vision preset's own model, else the tiny Qwen2.5-VL
+        overrides.append(f"model={option if group == 'preset' else 'tiny_qwen2_5_vl'}")
     if "vllm_cpu_model" in needs:  # the embedded model's head size is not one vLLM's CPU attention takes
         overrides.append("model=tiny_qwen3_vllm")
     if "rollout_dumps" in needs:  # one (here empty) dump per rollout of the embedded run

@@ -315,6 +315,7 @@ def test_data_options():
     assert sorted(p.stem for p in (CONF / "data").glob("*.yaml")) == [
         "arithmetic",
         "digit_task",
+        "image_prompt_file",
         "lookup_task",
         "messages_file",
         "prompt_file",
@@ -347,9 +348,8 @@ def test_help_lists_the_registered_names():
     }
     assert (
         "model: deepseek_v3, glm4_5, glm4_5_air, glm4_9b, llama3_8b, moonlight_16b_a3b, qwen2_5_7b, qwen2_5_vl_3b, "
-        "qwen2_5_vl_7b, qwen3_0_6b, "
-        "qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, smollm2_135m, tiny_deepseek_v3, tiny_glm4_moe, tiny_qwen2_5_vl, "
-        "tiny_qwen3, tiny_qwen3_moe" in proc.stdout
+        "qwen2_5_vl_7b, qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b, qwen3_4b, qwen3_8b, qwen3_vl_4b, qwen3_vl_8b, "
+        "smollm2_135m, tiny_deepseek_v3, tiny_glm4_moe, tiny_qwen2_5_vl, tiny_qwen3, tiny_qwen3_moe" in proc.stdout
     )
     presets = next(line for line in proc.stdout.splitlines() if line.startswith("preset: "))
     assert {"none", "embedded", "quickstart_8gpu", "qwen3_4b", "tiny_qwen3"} <= set(presets[8:].split(", "))

@@ -1,6 +1,6 @@
 """The model families' shapes (slime.model_shape, slime.config.hf_config): every model option's parameter count is
 transformers' own count of the model its config.json builds (a vision-language model's with its vision tower), and
-the options of GLM-4.5, DeepSeek-V3, Moonlight and Qwen2.5-VL are within 1% of their published totals."""
+the options of GLM-4.5, DeepSeek-V3, Moonlight, Qwen2.5-VL and Qwen3-VL are within 1% of their published totals."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ PUBLISHED_TOTALS = {  # the model cards' totals (the MTP layers of GLM-4.5 and D
     "moonlight_16b_a3b": 16e9,
     "qwen2_5_vl_3b": 3.75e9,  # the vision tower included
     "qwen2_5_vl_7b": 8.29e9,
+    "qwen3_vl_4b": 4.44e9,  # the model cards' 4.44B and 8.77B
+    "qwen3_vl_8b": 8.77e9,
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from tests.helpers.compose import CONF, ROOT, fake_hf_dir
+from tests.helpers.images import png_file
 
 RECIPES = ROOT / "recipes"
 ALL = sorted(RECIPES.rglob("*.yaml"))
@@ -49,14 +50,16 @@ def recipe_selecting(group: str, option: str) -> Path:
 
 
 def prompt_file(tmp_path: Path, num_prompts: int = 256) -> str:
-    """Records carrying both the RL keys (prompt, label) and the SFT key (messages); an epoch of them
-    fills a rollout step of every recipe (128 prompts at most)."""
+    """Records carrying the RL keys (prompt, label), the SFT key (messages) and a vision recipe's (images: one
+    image file beside the records); an epoch of them fills a rollout step of every recipe (128 prompts at most)."""
     path = tmp_path / "train.jsonl"
+    png_file(tmp_path / "image.png", ["red", None, None, "green"])
     lines = []
     for i in range(num_prompts):
         chat = [{"role": "user", "content": f"What is {i} + 1?"}]
         answer = str(i + 1)
         record = {"prompt": chat, "label": answer, "messages": [*chat, {"role": "assistant", "content": answer}]}
+        record["images"] = ["image.png"]
         lines.append(json.dumps(record) + "\n")
     path.write_text("".join(lines))
     return str(path)

@@ -39,7 +39,7 @@ def image_prompts(model_dir: str, count: int) -> list[tuple[list[int], list[str]
     return out
 
 
-def request(ids, refs=None, **params) -> GenerationRequest:
+def gen_request(ids, refs=None, **params) -> GenerationRequest:
     params = {"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 1.0, "sampling_seed": 7, **params}
     return GenerationRequest(list(ids), SamplingParams.from_dict(params), images=refs)
 
@@ -59,22 +59,26 @@ def test_a_batch_mixing_image_and_text_prompts_gives_each_its_own_tokens(served,
     model, tokenizer, generator = served
     prompts = image_prompts(tiny_vlm_dir, 2)
     text = tokenizer("<|im_start|>user\nwhat comes after 3 ?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
-    requests = [request(*prompts[0]), request(text), request(*prompts[1])]
+    requests = [gen_request(*prompts[0]), gen_request(text), gen_request(*prompts[1])]
     together = generator.generate(requests)
-    alone = [generator.generate([request(r.input_ids, r.images)])[0] for r in requests]
+    alone = [generator.generate([gen_request(r.input_ids, r.images)])[0] for r in requests]
     for both, single in zip(together, alone):
         assert both.output_ids == single.output_ids
         torch.testing.assert_close(
             torch.tensor(both.output_logprobs), torch.tensor(single.output_logprobs), atol=1e-5, rtol=0
         )
-    other_image = generator.generate([request(prompts[0][0], prompts[1][1])])[0]  # same ids, the other image
+    other_image = generator.generate([gen_request(prompts[0][0], prompts[1][1])])[0]  # same ids, the other image
     assert other_image.output_logprobs != alone[0].output_logprobs  # what it sees comes from the pixels
 
 
-def test_the_trainer_reproduces_the_engines_log_probs(served, tiny_vlm_dir):
-    _, _, generator = served
-    prompts = image_prompts(tiny_vlm_dir, 4)
-    results = generator.generate([request(ids, refs) for ids, refs in prompts])
+@pytest.mark.parametrize("option", ["tiny_qwen2_5_vl", "tiny_qwen3_vl"])
+def test_the_trainer_reproduces_the_engines_log_probs(option, request):
+    """Both families (Qwen3-VL's DeepStack features too): the trainer's packed forward of the engine's samples."""
+    model_dir = request.getfixturevalue("tiny_vlm_dir" if option == "tiny_qwen2_5_vl" else "tiny_qwen3_vl_dir")
+    model, tokenizer = load_model(model_dir, "cpu", "float32")
+    generator = Generator(model, tokenizer, seed=0, vision=EngineVision.of_checkpoint(model, model_dir))
+    prompts = image_prompts(model_dir, 4)
+    results = generator.generate([gen_request(ids, refs) for ids, refs in prompts])
     samples = [
         Sample(
             index=i,
@@ -87,7 +91,7 @@ def test_the_trainer_reproduces_the_engines_log_probs(served, tiny_vlm_dir):
         )
         for i, ((ids, refs), res) in enumerate(zip(prompts, results))
     ]
-    backend = make_backend(make_setup(tiny_vlm_dir, ["model=tiny_qwen2_5_vl"]))
+    backend = make_backend(make_setup(model_dir, [f"model={option}"]))
     batch = batches_for(samples, dp=1, k=1)[0]
     backend.load_batch(0, batch)
     backend.compute_log_probs("old")
@@ -103,12 +107,12 @@ def test_a_request_whose_ids_do_not_hold_its_images_tokens_is_refused(served, ti
     with pytest.raises(
         GenerationError, match=r"input_ids hold 3 image tokens \(id 82\); the 1 images of image_data make 4"
     ):
-        generator.validate(request([t for i, t in enumerate(ids) if i != ids.index(82)], refs))
+        generator.validate(gen_request([t for i, t in enumerate(ids) if i != ids.index(82)], refs))
     with pytest.raises(GenerationError, match="image_data: no such image file: gone.png"):
-        generator.validate(request(ids, ["gone.png"]))
+        generator.validate(gen_request(ids, ["gone.png"]))
 
 
 def test_a_text_model_refuses_image_data(tiny_model):
     model, tokenizer = tiny_model
     with pytest.raises(GenerationError, match="this model reads no images"):
-        Generator(model, tokenizer).validate(request([1, 2, 3], ["a.png"]))
+        Generator(model, tokenizer).validate(gen_request([1, 2, 3], ["a.png"]))
