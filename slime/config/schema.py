@@ -300,7 +300,7 @@ class TrainConfig:
     # Keep the frozen models (reference, distillation teacher) on CPU between their forward passes (on the GPU only for them); a no-op
     # on CPU runs
     ref_offload: bool = False
-    # a vision-language model's vision tower (and its merger) stays as loaded: not trained, and not in weight syncs
+    # a vision-language model's vision tower (and its merger) stays as loaded: not trained (pushes carry it unchanged)
     freeze_vision: bool = False
     critic: CriticTrainConfig = field(default_factory=lambda: CriticTrainConfig())
     # train.async=full: a group whose oldest token came from weights more than this many versions older than the

@@ -9,8 +9,6 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-VISION_TOWER_PREFIX = "model.visual."  # the vision tower's parameter names in transformers 5's Qwen-VL models
-
 
 def is_vision_checkpoint(path: str | Path) -> bool:
     """Whether the checkpoint's config.json describes a vision tower."""

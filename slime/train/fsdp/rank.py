@@ -27,7 +27,7 @@ from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.train.vision_batch import VisionInputs
 from slime.types import TrainBatch
-from slime.vision.hf_model import VISION_TOWER_PREFIX, decoder_layers, is_vision_checkpoint, text_config
+from slime.vision.hf_model import decoder_layers, is_vision_checkpoint, text_config
 from slime.wire.tensors import Bucket, in_buckets
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.model = self._load_model(init_path, dtype=self._base_dtype)
         self.vision_checkpoint = init_path if is_vision_checkpoint(init_path) else None
         if self.vision_checkpoint is not None and s.train.freeze_vision:
-            self.model.model.visual.requires_grad_(False)  # as loaded: not trained, not synced
+            self.model.model.visual.requires_grad_(False)  # as loaded: not trained (a push still carries it whole)
         if self.trains_adapters:
             lora.apply_lora(self.model, s.model.lora)  # what trains in fp32, whatever the base's dtype
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -248,8 +248,6 @@ class FSDPRank(BatchColumns, TrainBackend):
             weights = lora.merged_weights(self.model, _whole)
         else:
             weights = ((name, _whole(t.detach())) for name, t in self.model.named_parameters())
-        if self.vision_checkpoint is not None and self.setup.train.freeze_vision:  # the engines hold it as loaded
-            weights = ((name, t) for name, t in weights if not name.startswith(VISION_TOWER_PREFIX))
         tensors = itertools.chain(weights, persistent_buffers(self.model))
         held = (part for name, tensor in tensors for part in to_checkpoint(self.model, name, tensor).items())
         return in_buckets(held, bucket_bytes)
