@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import torch
 
+from slime.assets.checkpoint_names import to_checkpoint
 from slime.engine.client import SGLANG_CPU_HASH
 from slime.engine.hf.weights import StateLayout
 from slime.wire.tensors import weight_checksum
@@ -73,10 +74,14 @@ class WeightChecker:
         self.model = model
         self.lora = lora
         self.snapshot: Optional[dict[str, torch.Tensor]] = None
+        self.names = checkpoint_names(model)
 
     def _state(self) -> dict[str, torch.Tensor]:
-        state = dict(self.model.named_parameters())
-        state.update(self.model.named_buffers())
+        """Every parameter and buffer under the name SGLang's module holds it by: the checkpoint's, where
+        transformers only files the tensor elsewhere (a vision-language model's `model.language_model.*` is
+        SGLang's `model.*`, its `model.visual.*` SGLang's `visual.*`); a fused tensor (MoE experts) keeps its name."""
+        state = {self.names.get(n, n): t for n, t in self.model.named_parameters()}
+        state.update((self.names.get(n, n), t) for n, t in self.model.named_buffers())
         return state
 
     def handle(self, action: str, skip_tensor_list: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
@@ -135,6 +140,16 @@ class WeightChecker:
             held = self.lora.held_tensors()
             info["lora_adapters"] = {self.lora.loaded: {n: tensor_checksum(t) for n, t in held.items()}} if held else {}
         return info
+
+
+def checkpoint_names(model: torch.nn.Module) -> dict[str, str]:
+    """{in-memory name: checkpoint name} of the tensors that transformers holds whole under another name."""
+    renamed = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        (part, held), *more = to_checkpoint(model, name, torch.empty(tensor.shape, device="meta")).items()
+        if not more and part != name and held.shape == tensor.shape:
+            renamed[name] = part
+    return renamed
 
 
 def digests_reply(checker: WeightChecker, layout: StateLayout) -> dict[str, Any]:
