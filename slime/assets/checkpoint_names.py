@@ -38,7 +38,9 @@ class StridedPart:
 
 
 def checkpoint_parts(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> dict[str, StridedPart | None]:
-    """Where each checkpoint tensor held in the model's tensor `name` lies in it; None: the whole tensor, unchanged.
+    """Where each checkpoint tensor held in the model's tensor `name` lies in it; None: the whole tensor, unchanged
+    (under its own name, or renamed only: transformers 5 files a vision-language model's language model under
+    `model.language_model.` where its checkpoint has `model.`).
 
     transformers' reverse conversion is run on the element indices of `tensor`: each output holds the indices it
     took, which a load writes back through as a view (`StridedPart.of`).
@@ -47,7 +49,10 @@ def checkpoint_parts(model: torch.nn.Module, name: str, tensor: torch.Tensor) ->
     if list(shapes) == [name] and tuple(shapes[name].shape) == tuple(tensor.shape):
         return {name: None}
     indices = torch.arange(tensor.numel()).view(tensor.shape)
-    return {part: _strided(indices, taken, part) for part, taken in to_checkpoint(model, name, indices).items()}
+    converted = to_checkpoint(model, name, indices)
+    if len(converted) == 1 and torch.equal(next(iter(converted.values())), indices):
+        return {next(iter(converted)): None}
+    return {part: _strided(indices, taken, part) for part, taken in converted.items()}
 
 
 def _strided(indices: torch.Tensor, taken: torch.Tensor, part: str) -> StridedPart:

@@ -43,6 +43,7 @@ class Family:
         return self.no_megatron is None
 
 
+_VISION_NO_MEGATRON = "a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)"
 FAMILIES = {
     "qwen3": Family("Qwen3ForCausalLM", qk_layernorm=True, qkv_bias=None, moe=False),
     "qwen3_moe": Family("Qwen3MoeForCausalLM", qk_layernorm=True, qkv_bias=None, moe=True),
@@ -69,7 +70,7 @@ FAMILIES = {
         qkv_bias=True,
         moe=False,
         vision=True,
-        no_megatron="a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)",
+        no_megatron=_VISION_NO_MEGATRON,
     ),
     "qwen3_vl": Family(
         "Qwen3VLForConditionalGeneration",
@@ -77,7 +78,7 @@ FAMILIES = {
         qkv_bias=False,
         moe=False,
         vision=True,
-        no_megatron="a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)",
+        no_megatron=_VISION_NO_MEGATRON,
     ),
     "deepseek_v3": Family(
         "DeepseekV3ForCausalLM",

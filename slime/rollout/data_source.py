@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from slime.config.hooks import load_callable
 from slime.config.problems import PicklableFields
-from slime.rollout.prompt_file import RecordKeys, read_records
+from slime.rollout.prompt_file import RecordKeys, image_parts, read_records
 from slime.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -164,15 +164,15 @@ class PromptDataset:
 
 def with_image_parts(messages: list[dict], count: int) -> list[dict]:
     """`messages` whose images are placed: as they are when a message holds image parts already (the record's
-    check counted them), else `count` image parts opening the first user message, before its text."""
-    if any(isinstance(m.get("content"), list) for m in messages):
+    check counted them), else `count` image parts opening the first user message, before its content."""
+    if image_parts(messages):
         return messages
     out, placed = [], False
     for message in messages:
         if message["role"] == "user" and not placed:
-            text = message.get("content") or ""
-            parts = [{"type": "image"}] * count + ([{"type": "text", "text": text}] if text else [])
-            message, placed = {**message, "content": parts}, True
+            content = message.get("content") or []
+            content = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+            message, placed = {**message, "content": [{"type": "image"}] * count + content}, True
         out.append(message)
     return out
 

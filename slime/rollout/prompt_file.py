@@ -219,12 +219,17 @@ def _check_images(row: dict, image_key: str, base: Path, fail) -> list[str]:
     return resolved
 
 
+def image_parts(messages: list[dict[str, Any]]) -> int:
+    """How many `{"type": "image"}` content parts the messages hold (where a message places an image itself)."""
+    parts = [p for m in messages if isinstance(m.get("content"), list) for p in m["content"]]
+    return sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "image")
+
+
 def _check_image_parts(prompt: str | list[dict[str, Any]], count: int, keys: RecordKeys, fail) -> None:
     """A message-list prompt that places its images itself holds one `{"type": "image"}` part per image."""
     if isinstance(prompt, str):
         return
-    parts = [p for m in prompt if isinstance(m.get("content"), list) for p in m["content"]]
-    placed = sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "image")
+    placed = image_parts(prompt)
     if placed and placed != count:
         raise fail(
             f"{keys.input_key!r} places {placed} image parts for the {count} images of {keys.image_key!r}; "

@@ -26,7 +26,7 @@ from torch import Tensor
 from transformers import AttentionInterface
 
 from slime.algo.logprobs import chunked_log_probs_and_entropy
-from slime.vision.processor import images_at
+from slime.vision.sequence import images_at
 
 try:
     from torch.nn.attention.varlen import varlen_attn

@@ -10,10 +10,8 @@ torchvision is installed).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,58 +84,3 @@ def expand_image_pads(ids: list[int], tokens_per_image: list[int], image_pad: in
     for token in ids:
         out.extend([token] * next(images) if token == image_pad else [token])
     return out
-
-
-def _owner(model, method: str):
-    """The module of `model` that has `method` (wrappers such as peft or FSDP keep the module underneath)."""
-    for module in model.modules():
-        if hasattr(module, method):
-            return module
-    raise ValueError(f"{type(model).__name__} has no {method}: not a Qwen vision-language model")
-
-
-def rope_index(model):
-    """The model's `get_rope_index` (transformers' multimodal RoPE positions)."""
-    return _owner(model, "get_rope_index").get_rope_index
-
-
-@contextlib.contextmanager
-def images_at(model, image_mask: torch.Tensor | None) -> Iterator[None]:
-    """Within the block, the model's forward puts the image features at the stream positions `image_mask`
-    (Tensor[T] bool) marks, not at every `<|image_pad|>` id: a response may hold the id as a sampled token, which
-    the engine fed as text (its decode steps carry no pixels). None: the model's own placement."""
-    if image_mask is None:
-        yield
-        return
-    owner = _owner(model, "get_placeholder_mask")
-
-    def placeholder_mask(input_ids, inputs_embeds, image_features=None, video_features=None):
-        image = image_mask.to(inputs_embeds.device).view(1, -1, 1).expand_as(inputs_embeds)
-        if image_features is not None and image_features.shape[0] != int(image_mask.sum()):
-            raise ValueError(f"{image_features.shape[0]} image features for {int(image_mask.sum())} image tokens")
-        return image, torch.zeros_like(image)
-
-    owner.get_placeholder_mask = placeholder_mask  # an instance attribute shadows the method for this block only
-    try:
-        yield
-    finally:
-        del owner.get_placeholder_mask
-
-
-def mrope_positions(get_rope_index, ids: list[int], pixels: PixelInputs | None, image_mask: torch.Tensor):
-    """(Tensor[3, L] int64 positions, delta) of one sequence: multimodal RoPE's temporal, height and width position
-    of each token (`get_rope_index` from `rope_index(model)`; `image_mask` Tensor[L] bool: the tokens the images
-    fill); delta is the next text position minus L (image tokens share positions, so delta <= 0). Text only: every
-    row is 0..L-1, delta 0."""
-    if pixels is None:
-        return torch.arange(len(ids)).expand(3, -1), 0
-    input_ids = torch.tensor([ids])
-    positions, delta = get_rope_index(input_ids, image_mask.int().unsqueeze(0), image_grid_thw=pixels.image_grid_thw)
-    return positions[:, 0].cpu(), int(delta.reshape(-1)[0])
-
-
-def prompt_image_mask(ids: list[int], prompt_length: int, image_pad: int) -> torch.Tensor:
-    """Tensor[L] bool: the image tokens of a sequence, which are the prompt's image pads (a response's are text)."""
-    mask = torch.tensor(ids) == image_pad
-    mask[prompt_length:] = False
-    return mask

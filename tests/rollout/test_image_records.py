@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from slime.rollout.data_source import PromptDataset
+from slime.rollout.data_source import PromptDataset, with_image_parts
 from slime.rollout.prompt_file import DataFileError, RecordKeys, read_records
 from slime.vision.prompt import PromptImages
 from tests.helpers.compose import ROOT
@@ -128,3 +128,10 @@ def test_main_py_exits_2_naming_the_record_with_a_bad_image(tmp_path):
     assert f"{path}:2: images[0]: no such image file: {tmp_path / 'gone.png'}" in proc.stderr
     assert not (tmp_path / "outputs").exists()
     assert json.loads(path.read_text().splitlines()[0])["label"] == records[0]["label"]  # the file as it was
+
+
+def test_images_open_a_user_turn_written_as_parts_that_places_none():
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "how"}]}]
+    placed = with_image_parts(messages, 2)
+    assert placed[1]["content"] == [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "how"}]
+    assert placed[0] == messages[0] and with_image_parts(placed, 2) == placed  # placed once

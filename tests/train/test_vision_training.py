@@ -12,7 +12,7 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from slime.algo.logprobs import log_probs_and_entropy
 from slime.types import Sample
-from slime.vision.processor import pixel_inputs, prompt_image_mask
+from slime.vision.processor import pixel_inputs
 from slime.vision.prompt import PromptImages
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_setup, train_rollout
 from tests.helpers.images import shape_records
@@ -60,7 +60,8 @@ def reference_log_probs(model, model_dir: str, sample: Sample, temperature: floa
     if sample.images:
         pixels = pixel_inputs(model_dir, sample.images)
         features = model.model.get_image_features(pixels.pixel_values, pixels.image_grid_thw).pooler_output
-        mask = prompt_image_mask(tokens, prompt, model.config.image_token_id)
+        mask = torch.tensor(tokens) == model.config.image_token_id
+        mask[prompt:] = False  # the prompt's image tokens only
         embeds = embeds.clone()
         embeds[0, mask] = torch.cat(features)
         positions, _ = model.model.get_rope_index(ids, mask.int()[None], image_grid_thw=pixels.image_grid_thw)

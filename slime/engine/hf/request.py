@@ -25,7 +25,7 @@ class GenerationRequest:
     aborted: bool = False
     lora: Optional[str] = None  # the LoRA adapter it runs with (SGLang's `lora_path`: the adapter's name)
     images: Optional[list[str]] = None  # SGLang's `image_data`: the references of the prompt's images, in order
-    vision: Any = None  # its images as the model takes them (`vision.VisionPrompt`), made by `Generator.validate`
+    vision: Any = None  # its images as the model takes them (`SequenceImages`), made by `Generator.validate`
 
 
 @dataclass

@@ -26,7 +26,6 @@ from typing import Any, Optional
 
 import torch
 
-from slime.assets.checkpoint_names import to_checkpoint
 from slime.engine.client import SGLANG_CPU_HASH
 from slime.engine.hf.weights import StateLayout
 from slime.wire.tensors import weight_checksum
@@ -70,11 +69,11 @@ class WeightChecker:
     """The check actions over `model`'s parameters and buffers (tied tensors once); checksum also reports the
     adapter its LoRA slot holds (`lora`, None without one)."""
 
-    def __init__(self, model: torch.nn.Module, lora=None):
+    def __init__(self, model: torch.nn.Module, lora=None, *, renamed: Optional[dict[str, str]] = None):
         self.model = model
         self.lora = lora
         self.snapshot: Optional[dict[str, torch.Tensor]] = None
-        self.names = checkpoint_names(model)
+        self.names = renamed or {}  # `StateLayout.renamed` of the model
 
     def _state(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer under the name SGLang's module holds it by: the checkpoint's, where
@@ -140,16 +139,6 @@ class WeightChecker:
             held = self.lora.held_tensors()
             info["lora_adapters"] = {self.lora.loaded: {n: tensor_checksum(t) for n, t in held.items()}} if held else {}
         return info
-
-
-def checkpoint_names(model: torch.nn.Module) -> dict[str, str]:
-    """{in-memory name: checkpoint name} of the tensors that transformers holds whole under another name."""
-    renamed = {}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        (part, held), *more = to_checkpoint(model, name, torch.empty(tensor.shape, device="meta")).items()
-        if not more and part != name and held.shape == tensor.shape:
-            renamed[name] = part
-    return renamed
 
 
 def digests_reply(checker: WeightChecker, layout: StateLayout) -> dict[str, Any]:

@@ -97,8 +97,8 @@ class WeightReceiver:
         self.device = device
         self.groups: dict[str, Any] = {}
         self.session_open = False
-        self.checker = WeightChecker(model, lora)
         self.layout = StateLayout(model)  # every bucket of every sync loads through it
+        self.checker = WeightChecker(model, lora, renamed=self.layout.renamed)
         self._lock = threading.Lock()
 
     def routes(self) -> list[web.RouteDef]:

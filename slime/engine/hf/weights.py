@@ -65,6 +65,7 @@ class StateLayout:
 
     def __init__(self, model: torch.nn.Module):
         self.slots: dict[str, tuple[torch.nn.Module, str, StridedPart | None]] = {}
+        self.renamed: dict[str, str] = {}  # state name -> the one checkpoint name it holds whole, where they differ
         names: dict[str, set[str]] = {}  # state name -> the checkpoint names it holds
         for name, value in model.state_dict(keep_vars=True).items():
             if _checkpoint_name(name) is None:
@@ -73,6 +74,9 @@ class StateLayout:
             module = model.get_submodule(path)
             parts = checkpoint_parts(model, name, value)
             names[name] = {_checkpoint_name(part) for part in parts}
+            (part, where), *more = parts.items()
+            if not more and where is None and _checkpoint_name(part) != name:
+                self.renamed[name] = _checkpoint_name(part)
             self.slots.update({_checkpoint_name(part): (module, attr, where) for part, where in parts.items()})
         primary = set().union(*(names[name] for name, _ in model.named_parameters() if name in names))
         all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}

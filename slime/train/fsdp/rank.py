@@ -27,7 +27,8 @@ from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.train.vision_batch import VisionInputs
 from slime.types import TrainBatch
-from slime.vision.hf_model import decoder_layers, is_vision_checkpoint, text_config
+from slime.vision.hf_model import decoder_layers, text_config
+from slime.vision.sequence import ModelImages
 from slime.wire.tensors import Bucket, in_buckets
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,8 @@ class FSDPRank(BatchColumns, TrainBackend):
         self.groups = parallel.Groups(self.layout, s.device)
         torch.manual_seed(s.seed + self.coords.dp_rank)  # the ranks of one tp group draw alike
         self.model = self._load_model(init_path, dtype=self._base_dtype)
-        self.vision_checkpoint = init_path if is_vision_checkpoint(init_path) else None
-        if self.vision_checkpoint is not None and s.train.freeze_vision:
+        self.model_images = ModelImages.of_checkpoint(self.model, init_path)  # None: a text model
+        if self.model_images is not None and s.train.freeze_vision:
             self.model.model.visual.requires_grad_(False)  # as loaded: not trained (a push still carries it whole)
         if self.trains_adapters:
             lora.apply_lora(self.model, s.model.lora)  # what trains in fp32, whatever the base's dtype
@@ -166,8 +167,8 @@ class FSDPRank(BatchColumns, TrainBackend):
 
     def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
         super().load_batch(rollout_id, batch)
-        has_images = self.vision_checkpoint is not None and batch.images is not None
-        self.vision_inputs = VisionInputs(self.vision_checkpoint, self.model, batch) if has_images else None
+        has_images = self.model_images is not None and batch.images is not None
+        self.vision_inputs = VisionInputs(self.model_images, batch) if has_images else None
 
     def _pack(self, indices: list[int]) -> packing.Packed:
         batch = self.batch
