@@ -12,6 +12,7 @@ import torch
 from slime.rollout.base import RolloutContext, RolloutHooks
 from slime.rollout.postprocess import overlong_penalty, post_process_rewards
 from slime.types import Sample
+from slime.vision.images import short_reference
 
 
 def checked_samples(groups: list[list[Sample]], *, batch_size: int, rollout_id: int) -> list[Sample]:
@@ -53,8 +54,12 @@ def step_rewards(
 
 def sample_preview(samples: list[Sample], rollout_id: int, count: int) -> list[dict[str, Any]]:
     """The first `count` samples for the sample log, without their routes (layers x top-k ids per token), as
-    SGLang's request dumps leave them out."""
-    return [
-        {**{k: v for k, v in s.to_dict().items() if k != "routed_experts"}, "rollout_step": rollout_id}
-        for s in samples[:count]
-    ]
+    SGLang's request dumps leave them out, and with each image reference shortened (`short_reference`: an embedded
+    image is megabytes of base64; the rollout dumps keep them whole)."""
+    preview = []
+    for s in samples[:count]:
+        record = {k: v for k, v in s.to_dict().items() if k != "routed_experts"}
+        if s.images:
+            record["images"] = [short_reference(ref) for ref in s.images]
+        preview.append({**record, "rollout_step": rollout_id})
+    return preview

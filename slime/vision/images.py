@@ -60,7 +60,7 @@ def load_image(ref: str) -> Image.Image:
         image = Image.open(io.BytesIO(data))
         image.load()
     except (UnidentifiedImageError, OSError) as exc:
-        raise ImageError(f"{_short(ref)} is not an image PIL can read ({exc})") from None
+        raise ImageError(f"{short_reference(ref)} is not an image PIL can read ({exc})") from None
     return image.convert("RGB")
 
 
@@ -74,11 +74,13 @@ def image_size(ref: str, *, verify: bool = False) -> tuple[int, int]:
             if verify:
                 image.verify()
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:  # PIL's verify raises SyntaxError for bad chunks
-        raise ImageError(f"{_short(ref)} is not an image PIL can read ({exc})") from None
+        raise ImageError(f"{short_reference(ref)} is not an image PIL can read ({exc})") from None
     return size
 
 
-def _short(ref: str) -> str:
+def short_reference(ref: str) -> str:
+    """`ref` as a log shows it: whole up to 80 characters, else its start and its length (an embedded image's
+    base64 can run to megabytes)."""
     return ref if len(ref) <= 80 else ref[:60] + f"... ({len(ref)} characters)"
 
 

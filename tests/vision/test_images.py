@@ -7,6 +7,8 @@ import base64
 import pytest
 from PIL import Image
 
+from slime.rollout.step_result import sample_preview
+from slime.types import Sample
 from slime.vision.images import ImageError, encode_png, image_size, load_image
 from slime.vision.processor import ImageTokens, expand_image_pads, pixel_inputs
 from slime.vision.prompt import PromptImages
@@ -71,3 +73,11 @@ def test_a_text_checkpoint_has_no_image_tokens(tiny_model_dir, tiny_vlm_dir):
     assert ImageTokens.of_checkpoint(tiny_model_dir) is None and PromptImages.of_checkpoint(tiny_model_dir) is None
     tokens = ImageTokens.of_checkpoint(tiny_vlm_dir)
     assert (tokens.image_pad, tokens.vision_start, tokens.merge) == (82, 80, 2)
+
+
+def test_the_sample_log_shortens_embedded_images_and_keeps_paths():
+    url = encode_png(Image.new("RGB", (64, 64), (1, 2, 3)))
+    sample = Sample(index=0, tokens=[1, 2], images=[url, "/data/a.png"], routed_experts="AAAA")
+    (record,) = sample_preview([sample], rollout_id=3, count=4)
+    assert record["images"] == [f"{url[:60]}... ({len(url)} characters)", "/data/a.png"]
+    assert "routed_experts" not in record and record["rollout_step"] == 3 and sample.images[0] == url
