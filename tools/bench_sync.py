@@ -6,6 +6,7 @@ code (`slime.sync.*` via `slime.registry.WEIGHT_SYNC`), for each mode, and print
     python tools/bench_sync.py --modes tensor --bucket-mb 512,1024,2048 --repeats 5
     python tools/bench_sync.py --tiny --verify  # each mode also verified (in the push; beside generation): the cost
     python tools/bench_sync.py --modes tensor --delta  # verified delta pushes after one lr-1e-6 step, against full
+    python tools/bench_sync.py --digests --modes tensor --verify  # each digest path alone, then verified pushes
 
 This process is the trainer: it holds HF-named random bf16 tensors on its device, cut into buckets of
 `--bucket-mb` MiB, and pushes them with `WeightSync.push` (pause, flush, transfer, continue), exactly as
@@ -25,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,6 +41,7 @@ from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
+from slime.wire import weight_digest  # noqa: E402
 from slime.wire.hf_dir import write_hf_dir  # noqa: E402
 from slime.wire.tensors import Bucket, bucket_nbytes  # noqa: E402
 
@@ -191,7 +194,10 @@ def bench_verification(mode: str, engine: HFEngine, buckets: list[Bucket], work_
                 wall = time.perf_counter() - start
                 waited = time.perf_counter()
                 perf.update(sync.verified())
-                timed.append({**perf, "wall": wall, "check_wait": time.perf_counter() - waited})
+                waited = time.perf_counter() - waited
+                reported = time.perf_counter()
+                engine.client.weight_digests()  # the engine's side of a check alone: digests of its whole model
+                timed.append({**perf, "wall": wall, "check_wait": waited, "report": time.perf_counter() - reported})
     finally:
         sync.close()
     return [timed[1:] for timed in pushes]
@@ -279,6 +285,9 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also measure verified delta pushes, each after one simulated lr-1e-6 Adam step (rollout.weight_sync.delta)",
     )
+    p.add_argument(
+        "--digests", action="store_true", help="also time each way of digesting the model on its device (no engine)"
+    )
     p.add_argument("--work-dir", default=None, help="model dir, disk-sync dirs and logs (default: a temp dir)")
     return p.parse_args()
 
@@ -339,9 +348,9 @@ def print_verification(rows) -> None:
         return
     print(
         "\n| mode | bucket MiB | verified | unverified ms | verified ms | added to the push ms | share of the "
-        "unverified push | the check's own ms | awaited after the push ms |"
+        "unverified push | the check's own ms | awaited after the push ms | the engine's report ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for variant, pushes in verified:
         unverified = plain[(variant.mode, variant.mb)]
         base, wall = median_ms(unverified, "wall"), median_ms(pushes, "wall")
@@ -349,8 +358,41 @@ def print_verification(rows) -> None:
         print(
             f"| {variant.mode} | {variant.mb} | {VERIFIED[variant.deferred]} | {base:.1f} | {wall:.1f} "
             f"| {added:.1f} | {added / base:.1%} | {median_ms(pushes, 'perf/update_weights_verify_time'):.1f} "
-            f"| {median_ms(pushes, 'check_wait'):.1f} |"
+            f"| {median_ms(pushes, 'check_wait'):.1f} | {median_ms(pushes, 'report'):.1f} |"
         )
+
+
+def digest_paths(named, bucket_bytes: int) -> dict[str, Callable[[], object]]:
+    """{row: one digest of every tensor by that path}: the kernel over the whole model at once (the engine's report),
+    one launch per bucket (a push's ledger), one per tensor, torch's reduction per tensor, and the fold alone."""
+    tensors = [t for _, t in named]
+    buckets = [[t for _, t in b] for b in into_buckets(named, bucket_bytes)]
+    sums = weight_digest.block_sums_of(tensors)
+    return {
+        "block sums, one launch for the model (an engine's report)": lambda: weight_digest.block_sums_of(tensors),
+        "block sums, one launch per bucket (a push)": lambda: [weight_digest.block_sums_of(b) for b in buckets],
+        "block sums, one launch per tensor": lambda: [weight_digest.block_sums_of([t]) for t in tensors],
+        "block sums, torch's reduction per tensor": lambda: [weight_digest.block_sums(t) for t in tensors],
+        "fold of the model's block sums (to the host)": lambda: weight_digest.fold(sums),
+        "digests of the model, end to end": lambda: weight_digest.digests(tensors),
+    }
+
+
+def print_digests(named, device: torch.device, bucket_bytes: int, floor: float, repeats: int) -> None:
+    """Each way of digesting the model's tensors, timed alone on the device, against the copy floor."""
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    print("\n| digest path | ms (median) | GB/s | x the device-copy floor |")
+    print("|---|---|---|---|")
+    for label, run in digest_paths(named, bucket_bytes).items():
+        times = []
+        for _ in range(repeats + 1):
+            _synchronize(device)
+            start = time.perf_counter()
+            run()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+        med = statistics.median(times[1:])
+        print(f"| {label} | {med * 1e3:.2f} | {nbytes / med / 1e9:.0f} | {med / floor:.2f} |")
 
 
 def print_deltas(rows) -> None:
@@ -383,6 +425,8 @@ def main() -> None:
     print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
     write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
     floor = sync_floor(named, device, args.repeats)
+    if args.digests:
+        print_digests(named, device, int(args.bucket_mb.split(",")[0]) << 20, floor, args.repeats)
     rows = measure(named, device, work, args)
     print_table(rows, nbytes, floor)
     print_verification(rows)

@@ -108,7 +108,8 @@ class PushLedger:
         self._jobs: ThreadPoolExecutor | None = None  # digests one bucket at a time, in order
         self._hashing: ThreadPoolExecutor | None = None  # the host hashes' threads
         self._later: list[list] = []  # host buckets' engine tensors, digested by wait()
-        self._unfolded: list[tuple] = []  # (engine tensor's entry, dtype name, its block sums on its accelerator)
+        self._unfolded: list[tuple] = []  # per bucket: ([(engine tensor's entry, dtype name)], their BlockSums)
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}  # where a CUDA bucket's block sums are launched
         self._kept_bytes = 0  # their bytes
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
@@ -155,7 +156,10 @@ class PushLedger:
         unfolded, self._unfolded = self._unfolded, []
         if unfolded:
             start = time.perf_counter()
-            for (entry, dtype, _), text in zip(unfolded, weight_digest.folded([sums for _, _, sums in unfolded])):
+            for device, stream in self._streams.items():
+                torch.cuda.current_stream(device).wait_stream(stream)
+            texts = weight_digest.folded([sums for _, sums in unfolded])
+            for (entry, dtype), text in zip((e for entries, _ in unfolded for e in entries), texts):
                 self._record(entry, dtype, text)
             self.seconds += time.perf_counter() - start
         if self._hashing is not None:
@@ -166,13 +170,31 @@ class PushLedger:
         start = time.perf_counter()
         served = [(entry, dtype, t) for entry in whole for dtype, t in as_served(entry[1], self.dtypes).items()]
         if self.hashed == weight_digest.DIGEST and all(t.device.type != "cpu" for _, _, t in served):
-            # the reductions are launched here and folded by wait(): no wait for the accelerator inside the transfer
-            self._unfolded += [(entry, dtype, weight_digest.block_sums(t)) for entry, dtype, t in served]
+            # launched here and folded by wait(): no wait for the accelerator inside the transfer
+            for device in dict.fromkeys(t.device for *_, t in served):
+                group = [(entry, dtype, t) for entry, dtype, t in served if t.device == device]
+                self._unfolded.append(([(e, d) for e, d, _ in group], self._launch([t for *_, t in group])))
         else:
             texts = digests_of([t for _, _, t in served], self.hashed, self._hashing)
             for (entry, dtype, _), text in zip(served, texts):
                 self._record(entry, dtype, text)
         self.seconds += time.perf_counter() - start
+
+    def _launch(self, tensors: list[torch.Tensor]) -> weight_digest.BlockSums:
+        """The block sums of a bucket's tensors (one device), launched on a CUDA stream of the ledger's own once the
+        transfer's work so far is queued: they read beside the next bucket's copies instead of after them."""
+        device = tensors[0].device
+        if device.type != "cuda":
+            return weight_digest.block_sums_of(tensors)
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        stream = self._streams[device]
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            sums = weight_digest.block_sums_of(tensors)
+        for t in tensors:  # the caching allocator must not hand their memory on before the stream read it
+            t.record_stream(stream)
+        return sums
 
     def _record(self, entry: tuple[str, torch.Tensor, tuple, tuple], dtype: str, text: str) -> None:
         name, _, sources, buckets_of = entry

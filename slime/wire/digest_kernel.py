@@ -1,11 +1,18 @@
-"""The block sums of slime.wire.weight_digest on a CUDA device as one Triton kernel: each program sums one block of
-DIGEST_BLOCK int16 halves into an int32 (|sum| < 2**27 fits) and writes it as an int64, reading the tensor once at
-memory speed. torch's `sum(dim=1, dtype=torch.int64)` over the same view gives the same numbers several times slower
-(a 1.7B model's 3.4 GB took ~50 ms on an H100); tests/gpu/test_sync_cuda.py pins the two equal.
+"""The block sums of slime.wire.weight_digest on a CUDA device as one Triton kernel for many tensors: each program
+sums one block of DIGEST_BLOCK int16 halves of one tensor into an int32 (|sum| < 2**27 fits) and writes it as an
+int64, so a model's tensors are read once, at memory speed, by one launch. torch's `sum(dim=1, dtype=torch.int64)`
+over the same blocks gives the same numbers many times slower (a 1.7B model's 3.4 GB took ~50 ms on an H100), and one
+launch per tensor pays Python's launch overhead per tensor (hundreds a model); tests/gpu/test_sync_cuda.py pins the
+kernel to torch's sums.
+
+Every tensor is addressed as an element offset from the first one's pointer (one address space on a device), so that
+where every tensor starts on a 16-byte boundary the kernel can be told so and read 16 bytes at a time.
 
 Imported only where a CUDA tensor is digested and Triton is installed (it comes with torch's CUDA wheels)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -13,17 +20,38 @@ import triton.language as tl
 
 
 @triton.jit
-def _block_sums_kernel(halves_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+def _block_sums_kernel(base_ptr, table_ptr, owners_ptr, out_ptr, count, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     block = tl.program_id(0)
-    offsets = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    values = tl.load(halves_ptr + offsets, mask=offsets < numel, other=0).to(tl.int32)
+    owner = tl.load(owners_ptr + block)
+    start = tl.load(table_ptr + owner)  # the table's rows: element offsets from base_ptr, sizes, first blocks
+    numel = tl.load(table_ptr + count + owner)
+    first = tl.load(table_ptr + 2 * count + owner)
+    if ALIGNED:
+        start = tl.multiple_of(start, 8)
+    offsets = (block - first) * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(base_ptr + start + offsets, mask=offsets < numel, other=0).to(tl.int32)
     tl.store(out_ptr + block, tl.sum(values, axis=0).to(tl.int64))
 
 
-def block_sums_cuda(halves: torch.Tensor, block: int) -> torch.Tensor:
-    """int64 sums of a flat contiguous int16 CUDA tensor's blocks of `block` elements (the last may be shorter)."""
-    blocks = triton.cdiv(halves.numel(), block)
-    out = torch.empty(blocks, dtype=torch.int64, device=halves.device)
-    if blocks:
-        _block_sums_kernel[(blocks,)](halves, out, halves.numel(), BLOCK=block)
+def block_sums_cuda(halves: Sequence[torch.Tensor], block: int) -> torch.Tensor:
+    """The int64 sums of blocks of `block` elements of flat contiguous int16 tensors on one CUDA device, joined in
+    order (ceil(numel / block) per tensor, the last block of each may be shorter); launched on the current stream,
+    read back by no one here."""
+    counts = [triton.cdiv(h.numel(), block) for h in halves]
+    total = sum(counts)
+    out = torch.empty(total, dtype=torch.int64, device=halves[0].device)
+    if not total:
+        return out
+    held = [h for h in halves if h.numel()]
+    base = held[0].data_ptr()
+    firsts = [0]
+    for c in counts[:-1]:
+        firsts.append(firsts[-1] + c)
+    starts = [(h.data_ptr() - base) // 2 if h.numel() else 0 for h in halves]
+    table = torch.tensor([starts, [h.numel() for h in halves], firsts, counts], dtype=torch.int64).to(out.device)
+    owners = torch.repeat_interleave(
+        torch.arange(len(halves), dtype=torch.int32, device=out.device), table[3], output_size=total
+    )
+    aligned = all(h.data_ptr() % 16 == 0 for h in held)
+    _block_sums_kernel[(total,)](held[0], table, owners, out, len(halves), BLOCK=block, ALIGNED=aligned)
     return out

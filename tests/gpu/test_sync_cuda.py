@@ -67,9 +67,10 @@ def test_a_gpu_tensor_has_the_cpu_tensors_digest():
 
 def test_the_triton_block_sums_are_torchs_reduction_at_every_size_and_extreme():
     """The Triton kernel (slime.wire.digest_kernel) against torch's int64 reduction of the same blocks: ragged last
-    blocks, one-byte dtypes widened, and blocks of the extreme halves (their sums reach -2**27 and 2**27 - 4096)."""
+    blocks, one-byte dtypes widened, blocks of the extreme halves (their sums reach -2**27 and 2**27 - 4096), empty
+    tensors, and tensors off a 16-byte boundary, each alone and all in one launch."""
     from slime.wire.digest_kernel import block_sums_cuda
-    from slime.wire.weight_digest import DIGEST_BLOCK, halves
+    from slime.wire.weight_digest import DIGEST_BLOCK, _cuda_kernel, halves
 
     gen = torch.Generator().manual_seed(0)
     tensors = [
@@ -77,13 +78,18 @@ def test_the_triton_block_sums_are_torchs_reduction_at_every_size_and_extreme():
         for n in (1, 4095, 4096, 4097, 3 * 4096 + 5)
         for dtype in (torch.bfloat16, torch.float32)
     ]
-    tensors += [torch.randint(0, 256, (9000,), generator=gen, dtype=torch.uint8)]
+    tensors += [torch.randint(0, 256, (9000,), generator=gen, dtype=torch.uint8), torch.zeros(0)]
     tensors += [torch.full((2 * DIGEST_BLOCK,), value, dtype=torch.int16) for value in (-32768, 32767)]
-    for tensor in tensors:
-        x = halves(tensor.cuda())
+    flat = [halves(t.cuda()) for t in tensors]
+    flat += [flat[2][1:], flat[4][3:-1]]  # 2 and 6 bytes past an allocation's start
+    expected = []
+    for x in flat:
         padded = torch.nn.functional.pad(x, (0, -x.numel() % DIGEST_BLOCK))
-        expected = padded.view(-1, DIGEST_BLOCK).sum(dim=1, dtype=torch.int64)
-        assert torch.equal(block_sums_cuda(x, DIGEST_BLOCK), expected), (tensor.dtype, tensor.numel())
+        expected.append(padded.view(-1, DIGEST_BLOCK).sum(dim=1, dtype=torch.int64))
+        assert torch.equal(block_sums_cuda([x], DIGEST_BLOCK), expected[-1]), (x.dtype, x.numel())
+    assert torch.equal(block_sums_cuda(flat, DIGEST_BLOCK), torch.cat(expected))
+    assert torch.equal(block_sums_cuda(flat[:-2], DIGEST_BLOCK), torch.cat(expected[:-2]))  # all on 16-byte starts
+    assert _cuda_kernel(flat[0].device) is block_sums_cuda  # the digests use it
 
 
 def test_a_verified_cuda_sync_compares_the_engines_own_digests(trained_cuda, tiny_model_dir, tmp_path):

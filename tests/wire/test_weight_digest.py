@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from slime.wire.weight_digest import DIGEST_BLOCK, block_sums, digests, fold
+from slime.wire.weight_digest import DIGEST_BLOCK, BlockSums, block_sums, block_sums_of, digests, fold, folded
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -50,23 +50,34 @@ def test_the_block_sums_are_the_exact_sums_of_the_bits_as_16_bit_halves():
     assert block_sums(tensor).tolist() == expected
     h1 = sum(expected) % (2**31 - 1)
     h2 = sum(s % (2**31 - 19) * ((c * 1_000_000_007) % (2**31 - 20) + 1) for c, s in enumerate(expected)) % (2**31 - 19)
-    short = fold([torch.from_numpy(block_sums(tensor[:7]))])[0]
+    short = fold(BlockSums(torch.from_numpy(block_sums(tensor[:7])), (1,)))[0]
     assert digests([tensor, tensor[:7]]) == [f"{h1:08x}{h2:08x}", short]
     extremes = torch.tensor([-(2**15), 2**15 - 1], dtype=torch.int16).repeat_interleave(DIGEST_BLOCK)
     assert block_sums(extremes).tolist() == [-(2**27), (2**15 - 1) * DIGEST_BLOCK]  # a block's sum is never wrapped
 
 
+def test_block_sums_launched_apart_fold_to_each_tensors_digest():
+    """`folded` over several launches (a push's buckets) gives each tensor the digest `digests` gives it alone,
+    empty tensors and a one-byte dtype included."""
+    gen = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(n, generator=gen).to(dtype) for n, dtype in [(3, torch.float32), (9000, torch.bfloat16)]]
+    tensors += [torch.zeros(0), torch.randint(0, 255, (5000,), generator=gen, dtype=torch.uint8)]
+    launches = [block_sums_of(tensors[:2]), block_sums_of(tensors[2:3]), block_sums_of(tensors[3:])]
+    assert [s.counts for s in launches] == [(1, 3), (0,), (2,)]
+    assert folded(launches) == [digests([t])[0] for t in tensors] == digests(tensors)
+
+
 @pytest.mark.parametrize("kernel", ["agrees", "differs", "fails", "missing"])
 def test_the_triton_kernel_is_used_only_once_it_gave_torchs_block_sums(kernel, monkeypatch, caplog):
     """The CUDA path's guard (`_cuda_kernel`), run on the CPU with stand-ins for slime.wire.digest_kernel's kernel: one
-    whose sums of the test tensor are torch's is used; one that differs, raises or is not installed is not (torch's
+    whose sums of the test tensors are torch's is used; one that differs, raises or is not installed is not (torch's
     reduction, and a warning that says why)."""
     from slime.wire import weight_digest
 
-    def block_sums_cuda(x, block):
+    def block_sums_cuda(xs, block):
         if kernel == "fails":
             raise RuntimeError("no such kernel here")
-        sums = weight_digest._reduced(x)
+        sums = torch.cat([weight_digest._reduced(x) for x in xs])
         return sums if kernel == "agrees" else sums + 1
 
     monkeypatch.setattr(weight_digest, "block_sums_cuda", None if kernel == "missing" else block_sums_cuda)
