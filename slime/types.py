@@ -59,7 +59,7 @@ class Sample:
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
     # the engine's MoE routes (algo.routing_replay=rollout): base64 of int32 [len(tokens) - 1, MoE layers, top-k],
-    # slime.moe.routes
+    # slime.models.moe.routes
     routed_experts: str | None = None
     reward: float | dict[str, Any] | None = None
     status: SampleStatus = SampleStatus.PENDING

@@ -11,11 +11,11 @@ memory is its own and an out-of-memory variant does not stop the others:
     python tools/bench_train.py --variants megatron_16k_compile --profile /tmp/prof   # + a profiler table
     python tools/bench_train.py --variants fsdp_16k --batch-from RUN/rollout_data/2.jsonl   # a run's batch
 
-MFU counts the model FLOPs of the real tokens only (docs/architecture.md#model-flops, `slime.model_flops`): per
+MFU counts the model FLOPs of the real tokens only (docs/architecture.md#model-flops, `slime.models.flops`): per
 token of a sequence
 of length S, 3 × [L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F) + 2·H·V + L·2·Q·S] (every matmul, the LM head on every token,
 causal attention halved), against a bf16 matmul ceiling (8192³) measured in the same run. A LoRA variant's frozen
-weights count 2 passes instead of 3 (no weight gradient; `slime.model_flops.train_flops`).
+weights count 2 passes instead of 3 (no weight gradient; `slime.models.flops.train_flops`).
 """
 
 from __future__ import annotations

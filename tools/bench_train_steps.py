@@ -9,7 +9,7 @@ import random
 import time
 from pathlib import Path
 
-from slime.model_flops import train_flops
+from slime.models.flops import train_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"qwen3_1p7b": "qwen3_1_7b", "tiny": "tiny_qwen3"}
@@ -23,7 +23,7 @@ def rl_batch_lengths(seed: int, count: int = 14) -> list[tuple[int, int]]:
 
 
 def batch_flops(model, lengths: list[tuple[int, int]]) -> float:
-    """Training FLOPs of the (prompt, response) batch, the LM head counted on every token (slime.model_flops)."""
+    """Training FLOPs of the (prompt, response) batch, the LM head counted on every token (slime.models.flops)."""
     return train_flops(model, [(p + r, p + r) for p, r in lengths])
 
 

@@ -12,11 +12,11 @@ from typing import Any
 from slime.assets.generators import GENERATOR_SHAPE, generated_file
 from slime.assets.gguf_source import INSTALL_HINT, missing_for_import
 from slime.assets.hf_config_file import read_hf_config
-from slime.config.hf_config import mismatches, unsupported_layout
 from slime.config.hooks import HookError, load_callable
 from slime.config.problems import Problem
 from slime.config.schema import ModelConfig, RunConfig
 from slime.config.validate_eval import valid_eval_datasets
+from slime.models.families import mismatches, unsupported_layout
 
 
 def generates_checkpoint(model: ModelConfig) -> bool:
@@ -154,7 +154,7 @@ def check_save_hf(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def check_model_checkpoint(cfg: RunConfig) -> Iterator[Problem]:
-    """The model option against `hf_checkpoint/config.json`: every architecture field (slime.config.hf_config)."""
+    """The model option against `hf_checkpoint/config.json`: every architecture field (slime.models.families)."""
     m = cfg.model
     if generates_checkpoint(m):
         if m.import_gguf is None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from slime.assets.hf_config_file import read_hf_config
 from slime.assets.tokenizer_spec import chat_template, vocabulary
-from slime.config.hf_config import mismatches
-from slime.config.hf_vision import text_fields
 from slime.config.schema import ModelConfig
+from slime.models.families import mismatches
+from slime.models.hf_vision import text_fields
 
 SOURCE_FILE = "slime_import.json"  # beside config.json: the GGUF file the directory was imported from
 

@@ -13,8 +13,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from slime.assets.files import creation_lock
 from slime.assets.made import is_current
 from slime.assets.tokenizer import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, build_tokenizer, vocabulary
-from slime.config.hf_config import hf_fields
 from slime.config.schema import ModelConfig
+from slime.models.families import hf_fields
 
 
 def hf_config_dict(model: ModelConfig, *, eos_token_id: int | None, pad_token_id: int | None) -> dict:

@@ -1,4 +1,4 @@
-"""The modes of `algo.routing_replay` (MoE routing replay, slime.moe): whose routes a trainer's forwards follow.
+"""The modes of `algo.routing_replay` (MoE routing replay, slime.models.moe): whose routes a trainer's forwards follow.
 
 none; the engine's (`rollout`, R3, slime's --use-rollout-routing-replay); or the policy's own log-prob forward of
 the step (`train`, slime's --use-routing-replay), replayed in its training forwards. A config value like the

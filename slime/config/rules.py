@@ -1,14 +1,13 @@
 """The rules the schema alone decides: fixed choices, ranges, batch arithmetic, debug options, and the topic
 modules' schema-level checks (`schema_problems`). Each problem names the key, its value, what is wrong and the
 override that fixes it. The checks of the chosen parts (backend, engine, weight sync, rewards, data, paths)
-live next to their code; slime/plan/validate.py runs them all and reports every problem at once.
+live next to their code (the model option against its family: slime/models/check.py); slime/plan/validate.py runs them all and reports every problem at once.
 
     validate_keys.py   keys the schema does not know
     validate_algo.py   algorithm knobs (what the estimator needs: slime/train/check_estimator.py)
     validate_async.py  the one-step-async loop and the weight-sync interval
     validate_eval.py   eval datasets and the rollout loop's options
     validate_lora.py   LoRA adapters: sizes and targets
-    hf_config.py       the model option against its family
     objective.py       the sweep objective
 """
 
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.config.hf_config import FAMILIES, check_model
 from slime.config.objective import check_objective
 from slime.config.problems import Problem, get, one_of, positive
 from slime.config.schema import PhasePoint, RunConfig
@@ -25,7 +23,6 @@ from slime.config.validate_async import check_async
 from slime.config.validate_eval import check_eval, check_rollout_loop
 from slime.config.validate_keys import check_unknown_keys
 from slime.config.validate_lora import check_lora
-from slime.config.validate_model_shape import check_model_shape
 
 DEVICES = ("cpu", "cuda")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
@@ -40,7 +37,6 @@ def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     """Fixed lists of values (the registries' names, the estimator's included, are checked by
     slime/plan/validate.py; algo.kl_loss_type and algo.tis_mode by slime/train/check_estimator.py)."""
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
-    yield from one_of("model.architecture", cfg.model.architecture, FAMILIES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.on_nonfinite", cfg.train.on_nonfinite, ON_NONFINITE)
     yield from one_of("train.precision", cfg.train.precision, PRECISIONS)
@@ -236,8 +232,6 @@ def schema_problems(cfg: RunConfig) -> list[Problem]:
         check_debug(cfg),
         check_ranges(cfg),
         check_token_limits(cfg),
-        check_model(cfg.model),
-        check_model_shape(cfg.model),
         check_lora(cfg),
         check_batch_arithmetic(cfg),
         check_options(cfg),

@@ -101,7 +101,7 @@ class ModelConfig:
     rotary_percent: float = 1.0  # fraction of head_dim rotated (GLM-4: 0.5)
     # HF config.json's rope_scaling dict (Llama-3: rope_type llama3), or None. Typed Any: omegaconf cannot merge a
     # command line's dict into a None Optional[dict] node (model.rope_scaling={...} raised AttributeError); the
-    # dict is checked in hf_config.check_model
+    # dict is checked in slime.models.families.check_model
     rope_scaling: Any = None
     num_experts: Optional[int] = None  # MoE: routed experts per layer; None = dense
     moe_router_topk: int = 2  # experts per token

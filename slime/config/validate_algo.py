@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.config.hf_config import CHECKED
 from slime.config.problems import Problem
 from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
@@ -67,8 +66,7 @@ def _check_log_probs(cfg: RunConfig) -> Iterator[Problem]:
 
 
 def _check_distillation(cfg: RunConfig) -> Iterator[Problem]:
-    """On-policy distillation and its teacher come together; the teacher has the policy's architecture (its
-    log-probs are read token for token, and the megatron backend loads it into the policy's structure)."""
+    """On-policy distillation and its teacher come together (the teacher's architecture: slime.models.check)."""
     a, teacher = cfg.algo, cfg.teacher
     if a.use_opd and teacher is None:
         yield Problem(
@@ -87,17 +85,6 @@ def _check_distillation(cfg: RunConfig) -> Iterator[Problem]:
         )
     if a.use_opd and not a.opd_kl_coef > 0:
         yield Problem("algo.opd_kl_coef", a.opd_kl_coef, "must be > 0", "set algo.opd_kl_coef=1.0 (slime's default)")
-    if teacher is None:
-        return
-    for name in CHECKED:
-        ours, theirs = getattr(cfg.model, name), getattr(teacher, name)
-        if ours != theirs:
-            yield Problem(
-                f"teacher.{name}",
-                theirs,
-                f"the teacher ({teacher.name}) must have the policy's architecture; model.{name}={ours!r}",
-                f"pick a teacher of the policy's architecture ({cfg.model.architecture}, {cfg.model.num_layers} layers)",
-            )
 
 
 def _check_routing_replay(cfg: RunConfig) -> Iterator[Problem]:

@@ -17,7 +17,7 @@ from slime.config.async_mode import AsyncMode, PauseMode
 from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError
 from slime.config.schema import RunConfig
-from slime.model_shape import vision_parameters
+from slime.models.shape import vision_parameters
 from slime.plan.check_spans import spanning_engines
 from slime.plan.memory import GIB, gpu_capacity_gib, micro_batch_tokens, parameter_count
 from slime.plan.resolve import resolve

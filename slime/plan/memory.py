@@ -3,7 +3,7 @@
 N = parameters of the policy: embedding V·H (twice when the output layer is untied) + per layer
 [attention H·Q + 2·H·KV + Q·H (MLA: its latent projections), SwiGLU MLP 3·H·F (MoE layers: the routed experts,
 router and shared experts), norms 2·H (+ q/k norms, biases)] + final norm H, with Q = heads·d and KV = kv_heads·d
-(d = kv_channels); slime.model_shape has each term. Training, per GPU of a rank (s = the rank's shard of N):
+(d = kv_channels); slime.models.shape has each term. Training, per GPU of a rank (s = the rank's shard of N):
     fsdp      s = N / (dp·tp): FSDP2 shards parameters, gradients and optimizer state over every rank;
               weights 4 B (fp32 parameters; bf16 is autocast compute), gradients 4 B, optimizer 8 B
               (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
@@ -49,8 +49,8 @@ import subprocess
 from slime.config.derived import Derived
 from slime.config.problems import get as config_value
 from slime.config.schema import RunConfig
-from slime.model_flops import active_ffn_width
-from slime.model_shape import (
+from slime.models.flops import active_ffn_width
+from slime.models.shape import (
     attention_parameters,
     dense_layer_count,
     kv_cache_width,
@@ -74,7 +74,7 @@ DEFAULT_GPU_GIB = 80.0
 
 def parameter_count(cfg: RunConfig) -> tuple[int, int]:
     """(parameters of the model, parameters of its mean decoder layer), MoE experts and routers included, by the
-    layer kinds of slime.model_shape (dense and MoE layers, GQA or MLA attention), a vision tower's too."""
+    layer kinds of slime.models.shape (dense and MoE layers, GQA or MLA attention), a vision tower's too."""
     m = cfg.model
     h = m.hidden_size
     layers = m.num_layers * (attention_parameters(m) + layer_norm_parameters(m))

@@ -3,7 +3,8 @@
 Each problem names the key, its value, what is wrong and the override that fixes it; `main.py` turns a
 `ConfigError` into exit status 2. The walk:
 
-1. the rules the schema alone decides (slime.config.rules.schema_problems);
+1. the rules the schema alone decides (slime.config.rules.schema_problems), then the model option against its
+   family (slime/models/check.py);
 2. the registries (slime.registry): a backend, engine, weight-sync mode or advantage estimator
    (slime/algo/estimators.py) names a record, and each slime.registry record's
    checks run: `check` for the chosen record, `check_unchosen` for the others (options a part owns that the
@@ -30,6 +31,7 @@ from slime.config.rules import schema_problems
 from slime.config.schema import RunConfig
 from slime.config.validate_addresses import check_addresses
 from slime.engine.check import check_fault_tolerance
+from slime.models.check import check_models
 from slime.plan.check_resources import check_cluster, check_host_on_several_nodes, check_model_parallel_split
 from slime.plan.derive import derive
 from slime.registry import ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
@@ -98,7 +100,7 @@ def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
 
 
 def problems_of(cfg: RunConfig, derived: Derived) -> list[Problem]:
-    return [*schema_problems(cfg), *registry_problems(cfg), *owner_problems(cfg, derived)]
+    return [*schema_problems(cfg), *check_models(cfg), *registry_problems(cfg), *owner_problems(cfg, derived)]
 
 
 def collect_problems(cfg: RunConfig) -> list[Problem]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from slime.config.routing_replay import RoutingReplay
-from slime.moe.routes import decode_routes
+from slime.models.moe.routes import decode_routes
 from slime.types import TrainBatch
 
 

@@ -1,4 +1,4 @@
-"""What a training step achieved: real tokens/s, model TFLOP/s per GPU and MFU (`slime.model_flops`), and the peak
+"""What a training step achieved: real tokens/s, model TFLOP/s per GPU and MFU (`slime.models.flops`), and the peak
 GPU memory of a phase, as the `perf/*` metrics of every rollout step.
 
 The FLOPs are those of the real (unpadded) tokens of the step's samples, the LM head counted on the response tokens
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from slime.model_flops import train_flops
+from slime.models.flops import train_flops
 from slime.types import TrainBatch
 
 CEILING_SIZE = 8192  # the square bf16 matmul whose speed is the MFU denominator, as tools/bench_train.py

@@ -13,7 +13,7 @@ from slime.assets.gguf_import import ensure_imported_model
 from slime.assets.gguf_source import INSTALL_HINT, installed_gguf
 from slime.assets.hf_config_file import read_hf_config
 from slime.assets.made import SOURCE_FILE
-from slime.config.hf_config import mismatches
+from slime.models.families import mismatches
 from tests.helpers.compose import ROOT, typed_config
 from tests.helpers.tools import load_tool
 from tests.helpers.validation import problems_for

@@ -1,4 +1,4 @@
-"""The model families' shapes (slime.model_shape, slime.config.hf_config): every model option's parameter count is
+"""The model families' shapes (slime.models.shape, slime.models.families): every model option's parameter count is
 transformers' own count of the model its config.json builds (a vision-language model's with its vision tower), and
 the options of GLM-4.5, DeepSeek-V3, Moonlight, Qwen2.5-VL and Qwen3-VL are within 1% of their published totals."""
 
@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from slime.config.hf_config import hf_fields, mismatches
 from slime.config.problems import ConfigError
 from slime.config.schema import ModelConfig
+from slime.models.families import hf_fields, mismatches
 from slime.plan.memory import parameter_count
 from slime.plan.validate import validate
 from tests.helpers.compose import CONF, model_fields, typed_config
@@ -99,7 +99,7 @@ def test_model_flops_count_latent_attention_and_the_dense_first_layer():
     """tiny_deepseek_v3 by hand: attention weights q 32·(64 + 4·24) + latent 64·(16 + 8) + up 16·4·(16 + 16) + o
     4·16·64 = 12800 a layer; FFN widths 192 (the dense layer) + 2·32 + 32 (the MoE layer: top-2 and the shared);
     scores and values 4 heads · (24 + 16) · S a layer."""
-    from slime.model_flops import layer_flops_per_token
+    from slime.models.flops import layer_flops_per_token
 
     model = typed_config(["model=tiny_deepseek_v3"]).model
     assert layer_flops_per_token(model, 10) == 2 * 2 * 12800 + 6 * 64 * (192 + 96) + 2 * 4 * 40 * 10

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from slime.config.hf_config import hf_fields, mismatches, model_fields_from_hf
 from slime.config.schema import ModelConfig
+from slime.models.families import hf_fields, mismatches, model_fields_from_hf
 from tests.helpers.compose import CONF, ROOT, fake_hf_dir, model_fields
 from tests.helpers.validation import config_problems
 

@@ -9,9 +9,9 @@ import dataclasses
 
 from transformers import Qwen2_5_VLConfig, Qwen3VLConfig
 
-from slime.config.hf_config import mismatches
-from slime.config.hf_vision import check_vision
 from slime.config.schema_vision import VisionConfig
+from slime.models.families import mismatches
+from slime.models.hf_vision import check_vision
 from slime.plan.dry_run import dry_run
 from tests.helpers.compose import typed_config
 from tests.helpers.validation import config_problems

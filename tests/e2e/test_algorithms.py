@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slime.moe.routes import decode_routes
+from slime.models.moe.routes import decode_routes
 from tests.helpers.algo_options import ALGO_OPTIONS, END_TO_END, IN_PROCESS
 from tests.helpers.metric_history import record
 from tests.helpers.processes import assert_no_run_processes

@@ -14,7 +14,7 @@ from slime.engine.hf.generator import Generator
 from slime.engine.hf.protocol import generate_response, parse_generate
 from slime.engine.hf.request import version_spans
 from slime.engine.hf.scheduler import Completion
-from slime.moe.routes import decode_routes
+from slime.models.moe.routes import decode_routes
 from slime.rollout.generate import append_engine_output
 from slime.types import Sample
 from tests.helpers.megatron_checkpoints import make_checkpoint

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from slime.moe.hf_routers import RouterTap
-from slime.moe.routes import decode_routes, encode_routes, stream_routes
+from slime.models.moe.hf_routers import RouterTap
+from slime.models.moe.routes import decode_routes, encode_routes, stream_routes
 from slime.net import free_port
 from slime.train.layout import RankLayout
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_setup, train_rollout

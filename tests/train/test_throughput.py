@@ -1,4 +1,4 @@
-"""Model FLOPs (slime.model_flops, the formula tools/bench_train.py shares) and the training rates every rollout
+"""Model FLOPs (slime.models.flops, the formula tools/bench_train.py shares) and the training rates every rollout
 step logs: perf/train_tokens_per_s, perf/train_tflops (per GPU) and perf/mfu against cluster.peak_tflops."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from slime.model_flops import TRAIN_PASSES, active_ffn_width, forward_flops, head_flops_per_token, train_flops
+from slime.models.flops import TRAIN_PASSES, active_ffn_width, forward_flops, head_flops_per_token, train_flops
 from slime.train.throughput import seconds_since, shard_train_flops, train_rates
 from tests.helpers.compose import typed_config
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout

@@ -50,7 +50,7 @@ from torch.overrides import TorchFunctionMode
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, prepare_padding_mask
 
-from slime.vision.hf_model import text_config
+from slime.models.hf_model import text_config
 
 ATTENTION = "slime_batch_invariant"  # the transformers attention (and mask) implementation registered here
 TILE_ROWS = 64  # rows per GEMM of a batch-invariant Linear: fewer calls for a prefill's thousands of rows than 16

@@ -35,8 +35,8 @@ from slime.engine.hf.batch import RunningBatch, joinable
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.request import GenerationError, GenerationRequest, GenerationResult
 from slime.engine.hf.sampling import SamplingParams
-from slime.moe.hf_routers import RouterTap
-from slime.vision.hf_model import text_config
+from slime.models.hf_model import text_config
+from slime.models.moe.hf_routers import RouterTap
 
 # the engine's modules import the request types from here
 __all__ = ["GenerationError", "GenerationRequest", "GenerationResult", "Generator"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from slime.engine.hf.generator import GenerationError, GenerationRequest
 from slime.engine.hf.sampling import SamplingParams
-from slime.moe.routes import encode_routes
+from slime.models.moe.routes import encode_routes
 
 
 @dataclass

@@ -46,7 +46,7 @@ from slime.engine.hf.scheduler import Scheduler
 from slime.engine.hf.vision import EngineVision
 from slime.engine.hf.weight_receiver import WeightReceiver
 from slime.engine.hf.weights import WeightLoadError, load_weights_strict, read_safetensors_dir
-from slime.vision.hf_model import auto_model_class
+from slime.models.hf_model import auto_model_class
 
 logger = logging.getLogger("slime.engine.hf.server")
 

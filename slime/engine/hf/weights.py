@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from slime.assets.checkpoint_names import StridedPart, checkpoint_parts
+from slime.models.checkpoint_names import StridedPart, checkpoint_parts
 
 _MAX_LISTED = 8  # names listed per category in an error message
 

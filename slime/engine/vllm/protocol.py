@@ -16,7 +16,7 @@ version are recorded exactly as with SGLang. `logprobs: 0` asks for the sampled 
 A server started with `--enable-return-routed-experts` adds `choices[0].routed_experts`: base64 of a `.npy` file
 (`vllm/utils/serial_utils.py:numpy2base64`) of `[prompt + output - 1, MoE layers, top-k]` expert ids in uint8,
 uint16 or int32 (`entrypoints/scale_out/token_in_token_out/protocol.py`); it becomes SGLang's
-`meta_info.routed_experts` (base64 of raw int32, `slime.moe.routes`).
+`meta_info.routed_experts` (base64 of raw int32, `slime.models.moe.routes`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from slime.moe.routes import encode_routes
+from slime.models.moe.routes import encode_routes
 
 GENERATE_PATH = "/inference/v1/generate"
 

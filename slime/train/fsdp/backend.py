@@ -12,8 +12,9 @@ import time
 
 import torch
 
-from slime.moe.hf_routers import RouterTap
-from slime.moe.routes import stream_routes
+from slime.models.hf_model import attention_for, auto_model_class
+from slime.models.moe.hf_routers import RouterTap
+from slime.models.moe.routes import stream_routes
 from slime.train import batching, packing
 from slime.train.fsdp import lora
 from slime.train.fsdp.rank import FSDPRank
@@ -21,7 +22,6 @@ from slime.train.replayed_routes import ReplayedRoutes
 from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
 from slime.train.throughput import begin_phase, matmul_ceiling_tflops, seconds_since
 from slime.types import TrainBatch
-from slime.vision.hf_model import attention_for, auto_model_class
 
 
 class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):

@@ -23,9 +23,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from slime.models.hf_model import decoder_layers
 from slime.train.layout import RankLayout
 from slime.train.process_group import init_default_group
-from slime.vision.hf_model import decoder_layers
 
 # Per decoder layer (Llama / Qwen module names): the Megatron split.
 TP_COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")

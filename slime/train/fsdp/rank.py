@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from slime.assets.checkpoint_names import to_checkpoint
+from slime.models.checkpoint_names import to_checkpoint
+from slime.models.hf_model import decoder_layers, text_config
 from slime.train import batching, packing
 from slime.train.actor_loss import reduction_mode, sum_metrics
 from slime.train.base import TrainBackend
@@ -27,7 +28,6 @@ from slime.train.schedule import lr_factor
 from slime.train.steps import BatchColumns
 from slime.train.vision_batch import VisionInputs
 from slime.types import TrainBatch
-from slime.vision.hf_model import decoder_layers, text_config
 from slime.vision.sequence import ModelImages
 from slime.wire.tensors import Bucket, in_buckets
 
@@ -40,7 +40,7 @@ MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.T
 class FSDPRank(BatchColumns, TrainBackend):
     """Model, optimizer and step loop of one fsdp rank (actor or critic)."""
 
-    router_tap = None  # the actor's MoE routing replay hooks (slime.moe.hf_routers.RouterTap), when it replays
+    router_tap = None  # the actor's MoE routing replay hooks (slime.models.moe.hf_routers.RouterTap), when it replays
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         """The role's HF model from `path` in `dtype`, on this rank's device."""

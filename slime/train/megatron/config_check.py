@@ -17,10 +17,10 @@ import importlib.util
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from slime.config.hf_config import FAMILIES
 from slime.config.problems import Problem, did_you_mean
 from slime.config.routing_replay import RoutingReplay
 from slime.config.schema import RunConfig
+from slime.models.families import FAMILIES
 from slime.train.layout import pipeline_stage_layers
 
 # The megatron-core dataclasses whose fields parallelism.megatron may set (module, class).

@@ -1,7 +1,7 @@
 """HF <-> torch_dist conversion in one CPU process (tools/convert_hf_to_torch_dist.py,
 tools/convert_torch_dist_to_hf.py): no Ray, no GPU; torch.distributed of world size 1 over gloo.
 
-The model shape comes from the HF `config.json` (slime.config.hf_config), the parameter dtype from its
+The model shape comes from the HF `config.json` (slime.models.families), the parameter dtype from its
 `torch_dtype`/`dtype` (so a bf16 checkpoint round-trips bit for bit); parameters are not randomly
 initialised first, since every one is overwritten.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from slime.config.hf_config import model_fields_from_hf
 from slime.config.schema import ModelConfig, ParallelismConfig
+from slime.models.families import model_fields_from_hf
 from slime.net import free_port
 from slime.train.layout import RankLayout
 from slime.train.megatron import checkpoint, hf_weights, parallel

@@ -25,8 +25,8 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-from slime.config.hf_config import FAMILIES
 from slime.config.schema import ModelConfig, ParallelismConfig
+from slime.models.families import FAMILIES
 from slime.train.megatron import rope
 from slime.train.megatron.attention import PackedAttention, PackedLatentAttention
 

@@ -18,7 +18,7 @@ from slime.engine import http_client
 from slime.engine.base import EngineStartupError, LoRAServing, NodeSlice, get_engine_class
 from slime.engine.router import Router
 from slime.engine.sglang.engine import SGLangEngine
-from slime.moe.routes import decode_routes
+from slime.models.moe.routes import decode_routes
 from slime.net import free_port
 from tests.fakes.fake_sglang import GENERATE_MARK
 from tests.helpers.fake_sglang_engine import make_engine, requests_logged

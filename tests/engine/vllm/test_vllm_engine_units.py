@@ -126,7 +126,7 @@ def test_vllms_routed_experts_become_sglangs(dtype, tmp_path):
     from slime.engine.base import EngineLaunch
     from slime.engine.vllm.engine import VLLMEngineConfig
     from slime.engine.vllm.protocol import as_sglang_output
-    from slime.moe.routes import decode_routes
+    from slime.models.moe.routes import decode_routes
 
     out = subprocess.run([sys.executable, "-c", VLLM_ROUTES, dtype], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from slime.config.hf_config import FAMILIES, Family
 from slime.config.schema import ModelConfig
+from slime.models.families import FAMILIES, Family
 
 _TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",

@@ -5,7 +5,7 @@ Forward FLOPs of one token of a sequence of S tokens, every matmul at 2 FLOPs pe
     layers  L·(2·(H·Q + 2·H·KV + Q·H) + 6·H·F + 2·Q·S)   (q, k, v, o projections; SwiGLU's three matrices over the
             active FFN width F; causal attention's scores and values over S/2 keys on average). MLA counts its latent
             projections and its heads' q/k and v widths, MoE models their dense layers' F apart
-            (slime.model_shape)
+            (slime.models.shape)
     head    2·H·V, on the tokens the LM head is computed for (our backends: the response tokens only)
 Training is 3x the forward (the backward computes gradients of both inputs and weights). With LoRA (`model.lora`)
 the base weights are frozen: their matmuls get no weight gradient and count twice (forward and input gradient), while
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from slime.model_shape import (
+from slime.models.shape import (
     attention_weights,
     dense_layer_count,
     moe_active_width,
@@ -37,7 +37,7 @@ def active_ffn_width(model) -> int:
 
 def layer_flops_per_token(model, seq_len: int) -> float:
     """Forward FLOPs of every decoder layer for one token of a sequence of `seq_len` tokens: attention's
-    projections, and the FFN of each dense and each MoE layer (slime.model_shape)."""
+    projections, and the FFN of each dense and each MoE layer (slime.models.shape)."""
     h = model.hidden_size
     ffn = dense_layer_count(model) * model.ffn_hidden_size
     ffn += moe_layer_count(model) * moe_active_width(model) if model.num_experts is not None else 0

@@ -16,10 +16,10 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from slime.config.hf_vision import check_vision, nested_vision_fields, text_fields, vision_fields, vision_mismatches
 from slime.config.problems import Problem
 from slime.config.schema import ModelConfig
 from slime.config.schema_vision import VisionConfig
+from slime.models.hf_vision import check_vision, nested_vision_fields, text_fields, vision_fields, vision_mismatches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Family:
     mla: bool = False  # multi-head latent attention (q_lora_rank, kv_lora_rank, qk_{nope,rope}_head_dim, v_head_dim)
     norms_per_layer: int = 2  # RMSNorms of hidden width per decoder layer (GLM-4 also normalises both outputs)
     no_megatron: str | None = None  # why the megatron backend cannot build it; None: megatron-core's GPT layer spec
-    vision: bool = False  # a vision-language model: `model.vision` is its vision tower (slime.config.hf_vision)
+    vision: bool = False  # a vision-language model: `model.vision` is its vision tower (slime.models.hf_vision)
 
     @property
     def megatron(self) -> bool:

@@ -1,14 +1,14 @@
 """The fields of GLM-4.5 / DeepSeek-V3's MoE routers and of multi-head latent attention against the family
-(`model.architecture`, slime.config.hf_config.FAMILIES): set where the family has them, consistent where it does."""
+(`model.architecture`, slime.models.families.FAMILIES): set where the family has them, consistent where it does."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
 
-from slime.config.hf_config import FAMILIES, GROUPED_MOE_KEYS, MLA_KEYS
 from slime.config.problems import Problem
 from slime.config.schema import ModelConfig
+from slime.models.families import FAMILIES, GROUPED_MOE_KEYS, MLA_KEYS
 
 # the schema's defaults of the grouped routers' fields: what a family without such a router keeps
 GROUPED_MOE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in GROUPED_MOE_KEYS}

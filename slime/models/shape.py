@@ -1,14 +1,14 @@
 """What a `ModelConfig` implies layer by layer: attention (grouped-query, or DeepSeek's multi-head latent attention)
 and FFNs (dense layers, and MoE layers of routed experts, a router and shared experts; GLM-4.5 and DeepSeek-V3 keep
 their first `moe_first_dense_layers` layers dense). Pure arithmetic, no torch: the dry run's parameter count and
-memory estimate (slime.plan.memory) and the model FLOPs (slime.model_flops) read it. Counts are elements (weights),
+memory estimate (slime.plan.memory) and the model FLOPs (slime.models.flops) read it. Counts are elements (weights),
 per layer unless a name says otherwise; transformers' parameters of the same shapes are these exactly (the router's
 expert-score bias of GLM-4.5 / DeepSeek-V3 is a buffer there, not a parameter).
 """
 
 from __future__ import annotations
 
-from slime.config.hf_config import FAMILIES
+from slime.models.families import FAMILIES
 
 
 def uses_mla(model) -> bool:

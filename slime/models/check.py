@@ -1,0 +1,36 @@
+"""Validation of the model options against their families (slime.models.families): `model.architecture` names a
+family, the option's fields are the family's (`check_model`), its routers and latent attention are set where the
+family has them (slime.models.check_shape), and a distillation teacher has the policy's architecture (its log-probs
+are read token for token, and the megatron backend loads it into the policy's structure). slime/plan/validate.py
+runs it after the schema's own rules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from slime.config.problems import Problem, one_of
+from slime.config.schema import RunConfig
+from slime.models.check_shape import check_model_shape
+from slime.models.families import CHECKED, FAMILIES, check_model
+
+
+def check_models(cfg: RunConfig) -> Iterator[Problem]:
+    yield from one_of("model.architecture", cfg.model.architecture, FAMILIES)
+    yield from check_model(cfg.model)
+    yield from check_model_shape(cfg.model)
+    yield from _check_teacher(cfg)
+
+
+def _check_teacher(cfg: RunConfig) -> Iterator[Problem]:
+    teacher = cfg.teacher
+    if teacher is None:
+        return
+    for name in CHECKED:
+        ours, theirs = getattr(cfg.model, name), getattr(teacher, name)
+        if ours != theirs:
+            yield Problem(
+                f"teacher.{name}",
+                theirs,
+                f"the teacher ({teacher.name}) must have the policy's architecture; model.{name}={ours!r}",
+                f"pick a teacher of the policy's architecture ({cfg.model.architecture}, {cfg.model.num_layers} layers)",
+            )
