@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from slime.config import register_configs
-from slime.registry import register_listing_resolver
+from slime.plan.listing import register_listing_resolver
 from slime.runtime.front_door import check_command_line
 from slime.runtime.launch import EXIT_CONFIG_ERROR, execute
 

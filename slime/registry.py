@@ -1,46 +1,66 @@
-"""One registry per seam: the names a config may choose, each mapped to an import path.
+"""One registry per seam, filled by the parts themselves: each pluggable part declares its records in a torch-free
+`spec.py` beside its code (`SPECS`: `Spec`s naming their class relative to their own package, their facts and their
+checks), and this module only finds those files and reads them. It names no part.
 
-    TRAIN_BACKENDS   parallelism.backend        "fsdp" -> {"actor": class path, "critic": class path}
-    ENGINES          rollout.engine             "hf" -> engine class path
-    WEIGHT_SYNC      rollout.weight_sync.mode   "disk" -> weight-sync class path
-    REWARD_TYPES     rollout.rm_type            "math" -> fn(response, label, metadata) path
-    ROLLOUT_FUNCTIONS rollout.function          "default" -> rollout function path
-    TOOL_PARSERS     rollout.agent.tool_parser  "qwen25" -> tool-call parser class path
+    TRAIN_BACKENDS    parallelism.backend        slime/train/{fsdp,megatron}/spec.py
+    ENGINES           rollout.engine             slime/engine/{hf,sglang,vllm}/spec.py
+    WEIGHT_SYNC       rollout.weight_sync.mode   slime/sync/spec.py
+    REWARD_TYPES      rollout.rm_type            slime/rollout/spec.py
+    ROLLOUT_FUNCTIONS rollout.function           slime/rollout/spec.py
+    TOOL_PARSERS      rollout.agent.tool_parser  slime/rollout/spec.py
 
-The advantage estimators (algo.advantage_estimator) are records holding their functions, not import paths:
-their registry is slime.algo.estimators.ESTIMATORS, listed here beside the others.
+The advantage estimators (algo.advantage_estimator) are records holding their functions: their registry is
+slime.algo.estimators.ESTIMATORS (slime/plan/listing.py lists it beside these for `--help`).
 
-Entries are import paths (`package.module.attr`), resolved on first use through the one loader of user
-code (`slime.config.hooks.load_callable`), so validation can list every name without importing Ray or an
-engine (the estimator records bring torch). Validation, `python main.py --help` and
-error messages take their names from here; a later issue adds a backend or an engine with one line.
-
-Each record may also name its checks (import paths of `fn(cfg: RunConfig) -> Iterable[Problem]`, modules
-that import no torch, Ray or engine at module level), which the validation walker (slime/plan/validate.py)
-runs: `check` when the config chooses the record, `check_unchosen` when it chooses another one (options
-this part owns that the run sets although another part was chosen).
+A spec module imports no torch, Ray or engine (its checks are torch-free functions, its classes are named by their
+path relative to its package and imported on first use), so validation, `python main.py --help` and error messages
+list every name without importing them. A part outside the project registers the same way: a config value that is
+the import path of a package with a `spec.py` (`rollout.engine=my_engines.fast`) chooses that package's record.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
-
-from slime.algo.estimators import ESTIMATORS
 from slime.config.hooks import load_callable
+
+Check = Callable[[Any], Iterable[Any]]  # fn(cfg: RunConfig) -> Iterable[Problem]
+MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Checks:
-    """Import paths of a record's checks (None: nothing to check)."""
+    """A record's checks (None: nothing to check); slime/plan/validate.py runs them."""
 
-    check: Optional[str] = None  # run when the config chooses the record
-    check_unchosen: Optional[str] = None  # run when it chooses another record of the same registry
+    check: Optional[Check] = None  # run when the config chooses the record
+    check_unchosen: Optional[Check] = None  # run when it chooses another record of the same registry
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One part's record. `seam`: the config key choosing among its registry's records; `target`: the part's
+    class or function, or {role: target} (train backends: actor, critic), each a path relative to `package` (the
+    spec module's package: `.engine.HFEngine`) or absolute; `facts`: its registry's facts record (a string fact
+    starting with "." is a path relative to `package` too); `checks`: its checks."""
+
+    seam: str
+    name: str
+    target: Any
+    facts: Any = None
+    checks: Checks = Checks()
+    package: str = ""
+
+    def absolute(self, path: str) -> str:
+        """`path` made absolute against the spec's package (absolute paths are returned as they are)."""
+        return f"{self.package}{path}" if path.startswith(".") else path
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,15 +71,15 @@ class EngineFacts:
     router: str = "sglang-router"  # the router launched in front of its servers
     abort_path: str = "/abort_request"  # POSTed to every worker to abort all requests in flight
     abort_all_flag: bool = True  # the abort's JSON body is {"abort_all": true} (else {})
-    # Import path of the module translating SGLang's /generate to the servers' own endpoint (GENERATE_PATH,
-    # generate_payload, as_sglang_output); None: the servers answer SGLang's /generate.
+    # Path of the module translating SGLang's /generate to the servers' own endpoint (GENERATE_PATH,
+    # generate_payload, as_sglang_output; relative to the spec's package in a spec); None: SGLang's /generate.
     generate_protocol: Optional[str] = None
     prefill_decode_groups: bool = False  # rollout.vllm.prefill_num_servers splits its servers into prefill/decode
     # `section.option` of rollout: the fraction of device memory a server fills (weights, then KV cache), and
     # the server's own default; None: the memory estimate counts the KV cache of its concurrent sequences.
     memory_fraction_key: Optional[str] = None
     memory_fraction_default: float = 0.0
-    # Import path of fn(cfg, engine_specs) -> str: the dry run's line on how its servers split their GPUs.
+    # Path of fn(cfg, engine_specs) -> str: the dry run's line on how its servers split their GPUs.
     plan_line: Optional[str] = None
     # The weight-sync modes in which its servers load the policy's LoRA adapter at run time and serve the requests
     # naming it (SGLang's --enable-lora: /load_lora_adapter_from_tensors in tensor mode, /load_lora_adapter in disk
@@ -102,7 +122,7 @@ class WeightSyncFacts:
     needs_tensor_handle_ranks: bool = False
     # Why a server without an accelerator cannot take this mode's syncs (None: it can).
     cpu_blocker: Optional[str] = "its weight-transfer engine needs an accelerator"
-    # Import path of the class that moves the policy's LoRA adapter alone in this mode (None: the mode moves full
+    # Path of the class that moves the policy's LoRA adapter alone in this mode (None: the mode moves full
     # weights only, and a LoRA run syncs the merged weights: model.lora.sync_merged).
     adapter_sync: Optional[str] = None
     # Its adapter sync has every engine check each adapter tensor it loaded (debug.check_weight_update_equal).
@@ -110,65 +130,59 @@ class WeightSyncFacts:
 
 
 class Registry:
-    """Names -> import paths for one seam, chosen by the config key `key`.
+    """Names -> the records (`Spec`) of one seam, chosen by the config key `key`; `what` names a record in messages,
+    `default_facts` is the facts of a record that states none. Filled on first use from every `spec.py` under
+    slime/ (`specs`), and by `register` (a test's part)."""
 
-    A value is an import path string, or a dict of role -> import path (train backends: actor, critic).
-    `facts` holds a small frozen record per name (EngineFacts, WeightSyncFacts) that code outside the
-    chosen thing's package reads instead of comparing its name; a name without one gets `default_facts`.
-    """
-
-    def __init__(
-        self,
-        key: str,
-        entries: dict[str, Any],
-        *,
-        what: str,
-        checks: Optional[dict[str, Checks]] = None,
-        facts: Optional[dict[str, Any]] = None,
-        default_facts: Any = None,
-    ):
+    def __init__(self, key: str, *, what: str, default_facts: Any = None):
         self.key = key
         self.what = what
-        self._entries = dict(entries)
-        self._checks = dict(checks or {})
-        self._facts = dict(facts or {})
         self._default_facts = default_facts
+        self._added: dict[str, Optional[Spec]] = {}  # registered (a Spec) or unregistered (None) by hand
 
-    def register(self, name: str, target: Any, *, checks: Optional[Checks] = None, facts: Any = None) -> None:
-        """Add (or replace) `name`; `target` is an import path or a role -> import path dict; `checks` its
-        checks; `facts` its record (None: the registry's default)."""
-        self._entries[name] = target
-        self._checks[name] = checks or Checks()
-        self._facts[name] = facts if facts is not None else self._default_facts
+    @property
+    def _specs(self) -> dict[str, Spec]:
+        found = {spec.name: spec for spec in specs() if spec.seam == self.key}
+        found.update(self._added)
+        return {name: spec for name, spec in found.items() if spec is not None}
+
+    def register(self, spec: Spec) -> None:
+        """Add (or replace) `spec` under its name."""
+        self._added[spec.name] = spec
 
     def unregister(self, name: str) -> None:
         """Remove `name` (a test's registration); KeyError if it is not registered."""
-        del self._entries[name]
-        self._checks.pop(name, None)
-        self._facts.pop(name, None)
+        if name not in self._specs:
+            raise KeyError(name)
+        self._added[name] = None
+
+    def spec(self, name: str) -> Spec:
+        """The record of `name`: a registered name, or the import path of a package outside slime whose spec.py
+        declares one record of this seam; ValueError naming the choices otherwise."""
+        found = self._specs.get(name) or _outside_spec(self.key, name)
+        if found is None:
+            raise ValueError(self.unknown_message(name))
+        return found
 
     def facts(self, name: str) -> Any:
         """The record of facts registered for `name`; ValueError naming the choices for an unknown name."""
-        if name not in self._entries:
-            raise ValueError(self.unknown_message(name))
-        return self._facts.get(name, self._default_facts)
+        facts = self.spec(name).facts
+        return facts if facts is not None else self._default_facts
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._specs)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return isinstance(name, str) and (name in self._specs or _outside_spec(self.key, name) is not None)
 
     def target(self, name: str, role: str | None = None) -> str:
-        """The import path registered for `name` (and `role`); ValueError naming the choices otherwise."""
-        if name not in self._entries:
-            raise ValueError(self.unknown_message(name))
-        entry = self._entries[name]
+        """The absolute import path registered for `name` (and `role`); ValueError naming the choices otherwise."""
+        spec = self.spec(name)
         if role is None:
-            return entry
-        if role not in entry:
-            raise ValueError(f"{self.key}={name!r} has no {role} {self.what}; it provides {sorted(entry)}")
-        return entry[role]
+            return spec.absolute(spec.target) if isinstance(spec.target, str) else spec.target
+        if role not in spec.target:
+            raise ValueError(f"{self.key}={name!r} has no {role} {self.what}; it provides {sorted(spec.target)}")
+        return spec.absolute(spec.target[role])
 
     def load(self, name: str, role: str | None = None) -> Any:
         """Import and return the registered object."""
@@ -176,11 +190,12 @@ class Registry:
 
     def checks(self, name: str) -> Checks:
         """The checks registered for `name` (none for a name registered without them)."""
-        return self._checks.get(name, Checks())
+        spec = self._specs.get(name)
+        return spec.checks if spec is not None else Checks()
 
     def roles(self, name: str) -> list[str]:
-        entry = self._entries.get(name)
-        return sorted(entry) if isinstance(entry, dict) else []
+        spec = self._specs.get(name)
+        return sorted(spec.target) if spec is not None and isinstance(spec.target, dict) else []
 
     def unknown_message(self, name: object) -> str:
         close = difflib.get_close_matches(str(name), self.names(), n=3, cutoff=0.5)
@@ -188,139 +203,49 @@ class Registry:
         return f"unknown {self.what} {name!r}{hint}; registered: {', '.join(self.names())}"
 
 
-TRAIN_BACKENDS = Registry(
-    "parallelism.backend",
-    {
-        "fsdp": {"actor": "slime.train.fsdp.backend.FSDPBackend", "critic": "slime.train.fsdp.critic.FSDPCritic"},
-        "megatron": {
-            "actor": "slime.train.megatron.backend.MegatronBackend",
-            "critic": "slime.train.megatron.critic.MegatronCritic",
-        },
-    },
-    what="training backend",
-    facts={
-        "fsdp": TrainBackendFacts(
-            kind="PyTorch FSDP2 over a transformers model",
-            fully_sharded_state=True,
-            frozen_models_on_gpu=True,
-            bf16_lora_base=("fsdp.mixed_precision", "fsdp2"),
-        ),
-        "megatron": TrainBackendFacts(kind="Megatron-core GPTModel", full_recompute=("recompute.granularity", "full")),
-    },
-    default_facts=TrainBackendFacts(),
-    checks={
-        "fsdp": Checks(check="slime.train.fsdp.check.check", check_unchosen="slime.train.fsdp.check.check_unchosen"),
-        "megatron": Checks(
-            check="slime.train.megatron.config_check.check",
-            check_unchosen="slime.train.megatron.config_check.check_unchosen",
-        ),
-    },
-)
-
-ENGINES = Registry(
-    "rollout.engine",
-    {
-        "hf": "slime.engine.hf.engine.HFEngine",
-        "sglang": "slime.engine.sglang.engine.SGLangEngine",
-        "vllm": "slime.engine.vllm.engine.VLLMEngine",
-    },
-    what="rollout engine",
-    checks={
-        "hf": Checks(check="slime.engine.hf.check.check"),
-        "sglang": Checks(
-            check="slime.engine.sglang.check.check", check_unchosen="slime.engine.sglang.check.check_unchosen"
-        ),
-        "vllm": Checks(check="slime.engine.vllm.check.check", check_unchosen="slime.engine.vllm.check.check_unchosen"),
-    },
-    facts={
-        "hf": EngineFacts(kind="built-in transformers server", lora_adapter_modes=("tensor", "disk")),
-        "sglang": EngineFacts(
-            kind="SGLang servers",
-            memory_fraction_key="sglang.mem_fraction_static",
-            memory_fraction_default=0.8,
-            lora_adapter_modes=("tensor", "disk"),
-            gpu_weight_checksums=True,
-            node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
-        ),
-        "vllm": EngineFacts(
-            kind="vLLM servers",
-            router="vllm-router",
-            abort_path="/abort_requests",
-            abort_all_flag=False,
-            generate_protocol="slime.engine.vllm.protocol",
-            prefill_decode_groups=True,
-            # vLLM 0.32.0 CacheConfig.gpu_memory_utilization
-            memory_fraction_key="vllm.gpu_memory_utilization",
-            memory_fraction_default=0.92,
-            plan_line="slime.engine.vllm.engine_args.plan_line",
-            lora_adapter_modes=("disk",),  # /v1/load_lora_adapter reads a peft directory; no route takes tensors
-            node_span_flags=("--nnodes", "--node-rank", "--master-addr/--master-port"),  # node ranks >= 1 --headless
-        ),
-    },
-    default_facts=EngineFacts(),
-)
-
-WEIGHT_SYNC = Registry(
-    "rollout.weight_sync.mode",
-    {
-        "disk": "slime.sync.disk.DiskWeightSync",
-        "tensor": "slime.sync.tensor.TensorWeightSync",
-        "distributed": "slime.sync.distributed.DistributedWeightSync",
-    },
-    what="weight-sync mode",
-    checks={
-        "disk": Checks(check_unchosen="slime.sync.check.check_disk_unchosen"),
-        "tensor": Checks(check="slime.sync.check.check_tensor"),
-        "distributed": Checks(check="slime.sync.check.check_distributed"),
-    },
-    facts={
-        "disk": WeightSyncFacts(cpu_blocker=None, adapter_sync="slime.sync.adapter.DiskAdapterSync"),
-        "distributed": WeightSyncFacts(),
-        "tensor": WeightSyncFacts(
-            needs_tensor_handle_ranks=True,
-            cpu_blocker="its IPC transfer and sleep mode need an accelerator",
-            adapter_sync="slime.sync.adapter.TensorAdapterSync",
-            checks_adapters=True,
-        ),
-    },
-    default_facts=WeightSyncFacts(),
-)
-
-REWARD_TYPES = Registry(
-    "rollout.rm_type",
-    {
-        "last_number": "slime.rollout.tool_use.last_number_reward",
-        "exact_match": "slime.rollout.rewards.exact_match",
-        "first_word": "slime.rollout.rewards.first_word",
-        "math": "slime.rollout.rm.math.math_reward",
-        "deepscaler": "slime.rollout.rm.math.deepscaler_reward",
-        "dapo": "slime.rollout.rm.math.dapo_reward",
-        "f1": "slime.rollout.rm.qa.f1_reward",
-        "gpqa": "slime.rollout.rm.qa.gpqa_reward",
-        "remote_rm": "slime.rollout.rm.remote.RemoteRewardModel",  # the hub builds it from rollout.rm_url
-    },
-    what="reward type",
-    checks={"remote_rm": Checks(check="slime.rollout.check_rewards.check_remote_rm")},
-)
-
-ROLLOUT_FUNCTIONS = Registry(
-    "rollout.function",
-    {
-        "default": "slime.rollout.default.generate_rollout",
-        "sft": "slime.rollout.sft.generate_rollout",
-    },
-    what="rollout function",
-)
+def spec_modules() -> list[str]:
+    """The module name of every spec.py under slime/, sorted."""
+    root = Path(__file__).parent
+    return sorted(".".join((root.name, *p.relative_to(root).with_suffix("").parts)) for p in root.rglob("spec.py"))
 
 
-TOOL_PARSERS = Registry(
-    "rollout.agent.tool_parser",
-    {
-        "qwen25": "slime.rollout.agent.tool_calls.Qwen25Calls",
-        "tiny": "slime.rollout.agent.tool_calls.TinyCalls",
-    },
-    what="tool-call parser",
-)
+@functools.cache
+def specs() -> tuple[Spec, ...]:
+    """Every record the project's parts declare (their spec modules' SPECS), each with its package set."""
+    return tuple(spec for module in spec_modules() for spec in _declared(importlib.import_module(module)))
+
+
+def _declared(module: ModuleType) -> Iterator[Spec]:
+    package = module.__name__.rpartition(".")[0]
+    for spec in module.SPECS:
+        facts = spec.facts
+        if dataclasses.is_dataclass(facts):
+            relative = {f.name: getattr(facts, f.name) for f in dataclasses.fields(facts)}
+            relative = {k: f"{package}{v}" for k, v in relative.items() if isinstance(v, str) and v.startswith(".")}
+            facts = dataclasses.replace(facts, **relative)
+        yield dataclasses.replace(spec, facts=facts, package=package)
+
+
+@functools.cache
+def _outside_spec(seam: str, path: str) -> Optional[Spec]:
+    """The record of `seam` a package outside slime declares in its spec.py, under the package's import path; None
+    when `path` is no such package."""
+    if not MODULE_PATH.match(path) or path.split(".")[0] == "slime":
+        return None
+    try:
+        module = importlib.import_module(f"{path}.spec")
+    except ImportError:
+        return None
+    found = [spec for spec in _declared(module) if spec.seam == seam]
+    return dataclasses.replace(found[0], name=path) if len(found) == 1 else None
+
+
+TRAIN_BACKENDS = Registry("parallelism.backend", what="training backend", default_facts=TrainBackendFacts())
+ENGINES = Registry("rollout.engine", what="rollout engine", default_facts=EngineFacts())
+WEIGHT_SYNC = Registry("rollout.weight_sync.mode", what="weight-sync mode", default_facts=WeightSyncFacts())
+REWARD_TYPES = Registry("rollout.rm_type", what="reward type")
+ROLLOUT_FUNCTIONS = Registry("rollout.function", what="rollout function")
+TOOL_PARSERS = Registry("rollout.agent.tool_parser", what="tool-call parser")
 
 
 def generate_protocol(engine: str) -> Optional[ModuleType]:
@@ -330,14 +255,3 @@ def generate_protocol(engine: str) -> Optional[ModuleType]:
 
 
 ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS, TOOL_PARSERS)
-
-
-def listing() -> str:
-    """One line per seam: the config key and its registered names (for `--help`)."""
-    return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in (*ALL, ESTIMATORS))
-
-
-def register_listing_resolver() -> None:
-    """Idempotent: `${slime_registry:}` in conf/ (the --help text) lists the registered names."""
-    if not OmegaConf.has_resolver("slime_registry"):
-        OmegaConf.register_new_resolver("slime_registry", listing)

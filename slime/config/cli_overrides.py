@@ -48,19 +48,27 @@ def parse(lines: list[str]) -> list[Override]:
     return OverridesParser.create().parse_overrides(lines)
 
 
-def split_groups(overrides: list[Override], loader) -> tuple[list[Override], list[Override]]:
-    """(group overrides, key overrides), as Hydra tells them apart: by whether the config repository of
-    `loader` (Hydra's ConfigLoader) has a group of that name."""
-    groups = [o for o in overrides if loader.repository.group_exists(o.key_or_group)]
+def searched_repository(loader, config_name: str, overrides: list[Override]):
+    """Hydra's config repository with the command line's `hydra.searchpath` (a folder of the user's own options)
+    among its sources, as Hydra's composition builds it (ConfigLoaderImpl._parse_overrides_and_create_caching_repo,
+    hydra/_internal/config_loader_impl.py; `loader` is Hydra's ConfigLoader)."""
+    lines = [o.input_line for o in overrides if o.get_key_element() == "hydra.searchpath"]
+    return loader._parse_overrides_and_create_caching_repo(config_name, lines)[1]
+
+
+def split_groups(overrides: list[Override], repo) -> tuple[list[Override], list[Override]]:
+    """(group overrides, key overrides), as Hydra tells them apart: by whether the config repository `repo`
+    (`searched_repository`) has a group of that name."""
+    groups = [o for o in overrides if repo.group_exists(o.key_or_group)]
     return groups, [o for o in overrides if o not in groups]
 
 
-def group_problems(groups: list[Override], keys: list[Override], loader) -> list[OverrideProblem]:
+def group_problems(groups: list[Override], keys: list[Override], repo) -> list[OverrideProblem]:
     """An unknown option of a group (every choice of a sweep checked), and a `name@package=option` whose
     group does not exist."""
     problems = []
     for override in groups:
-        options = group_options(loader, override.key_or_group)
+        options = group_options(repo, override.key_or_group)
         for choice in _choices(override):
             if choice is not None and choice not in options:
                 problems.append(
@@ -68,7 +76,7 @@ def group_problems(groups: list[Override], keys: list[Override], loader) -> list
                 )
     for override in keys:
         if override.package is not None:  # `group@package=option` of a group that does not exist
-            names = sorted(_all_groups(loader))
+            names = sorted(_all_groups(repo))
             close = difflib.get_close_matches(override.key_or_group, names, n=3, cutoff=0.6)
             fix = f"{close[0]}@{override.package}={override.get_value_string()}" if close else f"one of {names}"
             message = f"no such group{_did_you_mean(close)}"
@@ -76,11 +84,11 @@ def group_problems(groups: list[Override], keys: list[Override], loader) -> list
     return problems
 
 
-def group_options(loader, group: str) -> list[str]:
+def group_options(repo, group: str) -> list[str]:
     """Every option of `group`, those in its subfolders as `sub/option` (recipe=gpu/deepseek_v3_grpo)."""
-    options = list(loader.get_group_options(group, results_filter=ObjectType.CONFIG))
-    for sub in loader.get_group_options(group, results_filter=ObjectType.GROUP):
-        options += [f"{sub}/{option}" for option in group_options(loader, f"{group}/{sub}")]
+    options = list(repo.get_group_options(group, results_filter=ObjectType.CONFIG))
+    for sub in repo.get_group_options(group, results_filter=ObjectType.GROUP):
+        options += [f"{sub}/{option}" for option in group_options(repo, f"{group}/{sub}")]
     return sorted(options)
 
 
@@ -218,11 +226,11 @@ def _choices(override: Override) -> list[str | None]:
     return list(override.sweep_string_iterator())
 
 
-def _all_groups(loader, parent: str = "") -> Iterator[str]:
-    for group in loader.get_group_options(parent, results_filter=ObjectType.GROUP):
+def _all_groups(repo, parent: str = "") -> Iterator[str]:
+    for group in repo.get_group_options(parent, results_filter=ObjectType.GROUP):
         name = f"{parent}/{group}" if parent else group
         yield name
-        yield from _all_groups(loader, name)
+        yield from _all_groups(repo, name)
 
 
 def _shown(override: Override, line: str | None = None) -> str:

@@ -2,7 +2,7 @@
 
 ${slime_root:}       the project checkout (paths.root_dir)
 
-(`${slime_registry:}`, the --help listing of every registry, is registered by `slime.registry`:
+(`${slime_registry:}`, the --help listing of every registry, is registered by `slime.plan.listing`:
 config imports no other slime package.)
 """
 

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from slime.algo.estimators import ESTIMATORS, EstimatorRegistry
 from slime.assets.check import check_generators, check_paths
 from slime.config.derived import Derived
-from slime.config.hooks import load_callable
 from slime.config.problems import ConfigError, Problem, get
 from slime.config.rules import schema_problems
 from slime.config.schema import RunConfig
@@ -70,9 +69,9 @@ def registry_problems(cfg: RunConfig) -> Iterator[Problem]:
         chosen = get(cfg, registry.key)
         for name in registry.names():
             checks = registry.checks(name)
-            path = checks.check if name == chosen else checks.check_unchosen
-            if path is not None:
-                yield from load_callable(path, key=f"{registry.key} check")(cfg)
+            check = checks.check if name == chosen else checks.check_unchosen
+            if check is not None:
+                yield from check(cfg)
 
 
 def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:

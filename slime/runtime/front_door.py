@@ -38,6 +38,7 @@ from slime.config.cli_overrides import (
     group_problems,
     key_problems,
     parse,
+    searched_repository,
     split_groups,
 )
 from slime.plan.dry_run import dry_run
@@ -72,13 +73,14 @@ def check_command_line(argv: list[str], *, config_dir: Path, config_name: str, j
 
 def _checked_overrides(overrides: list[Override], config_name: str) -> tuple[DictConfig, list[OverrideProblem]]:
     """(the config composed from the command line's group choices, with its hydra node; each key problem)."""
-    loader = GlobalHydra.instance().config_loader()
-    groups, keys = split_groups(overrides, loader)
-    problems = group_problems(groups, keys, loader)
+    repo = searched_repository(GlobalHydra.instance().config_loader(), config_name, overrides)
+    groups, keys = split_groups(overrides, repo)
+    problems = group_problems(groups, keys, repo)
     bad = {p.line for p in problems}  # left out of the composition, which they would stop
     groups, keys = [o for o in groups if o.input_line not in bad], [o for o in keys if o.input_line not in bad]
     try:
-        tree = compose(config_name, overrides=analysis_overrides(groups), return_hydra_config=True)
+        searchpath = [o.input_line for o in keys if o.get_key_element() == "hydra.searchpath"]
+        tree = compose(config_name, overrides=[*searchpath, *analysis_overrides(groups)], return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         _refuse([*problems, _hydra_message(exc)])
     problems += key_problems(keys, tree)

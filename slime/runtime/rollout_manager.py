@@ -7,8 +7,8 @@ the log) and hands each reference to the ranks of its shard, which read it from 
 driver, slime.runtime.train_group). The driver's weight pushes (weight_push.py) run its engine control calls, and
 tell it when a push begins and ends: the engines' health checks rest in between (engine_health.py).
 
-The driver imports this module to define the actor and loads no torch: the torch side (the producer) is built
-from its import path in the actor's own process, once the engines were launched.
+The driver imports this module to define the actor and loads no torch: the torch side (the producer) is imported
+in the actor's own process, once the engines were launched.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import ray
 
-from slime.config.hooks import load_callable
 from slime.rollout.base import RolloutProgress
 from slime.runtime.deaths import EngineDied, RouterDied
 from slime.runtime.engine_fleet import EngineFleet
@@ -44,10 +43,6 @@ _CONTROL_CALLS = {
 # answers on its own thread while `generate` runs, and `probe_engines` on another (a push's probe runs beside the
 # rollout that follows it); every other method stays on the one default thread.
 ACTOR_OPTIONS = {"num_cpus": 0, "concurrency_groups": {"progress": 1, "probe": 1}}
-# generate()'s wall-clock window (time.time(), s); the driver rebases them to its loop's start
-ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
-# The producer (torch and transformers, ~2 CPU-seconds), loaded by path in the actor's process only
-PRODUCER = "slime.runtime.rollout_producer.RolloutProducer"
 
 
 class RolloutResult(NamedTuple):
@@ -94,7 +89,10 @@ class RolloutManager:
 
     def _load_producer(self) -> None:
         """The producer with its data loaded (a bad data config fails here)."""
-        self.producer = load_callable(PRODUCER, key="rollout manager")(self.setup, self.fleet)
+        # torch and transformers (~2 CPU-seconds): in the actor's process only, never in the driver's
+        from slime.runtime.rollout_producer import RolloutProducer
+
+        self.producer = RolloutProducer(self.setup, self.fleet)
         self.producer.load_data()
 
     def urls(self) -> list[str]:

@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 
 from slime.config.hooks import load_callable
 from slime.config.routing_replay import RoutingReplay
+from slime.rollout.agent.episode import generate as episode_generate
 from slime.rollout.agent.episode import start_agent
 from slime.rollout.agent.turn_samples import expand_steps
 from slime.rollout.base import (
@@ -47,8 +48,7 @@ from slime.rollout.step_result import checked_samples, sample_preview, step_rewa
 from slime.rollout.stream import GroupStream
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.engine_memory import engine_memory_metrics
-from slime.runtime.rollout_manager import ROLLOUT_CLOCK
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import ROLLOUT_CLOCK, RolloutSetup
 from slime.sync.probe import EngineProbe
 from slime.train.checkpoint_files import save_state_files
 from slime.train.rng import rng_state, set_rng_state
@@ -123,6 +123,8 @@ class RolloutProducer:
             if s.eval.function is not None:
                 self.eval_fn = load_callable(function_path(s.eval.function), key="eval.function", **ROLLOUT_FN_SHAPE)
         self.hooks = RolloutHooks.load(r, s.algo)
+        if r.agent.entrypoint is not None:  # every sample is an agent episode
+            self.hooks = dataclasses.replace(self.hooks, generate=episode_generate)
         if r.agent.entrypoint is not None and s.load_rollout_data is None:
             self.agent = start_agent(r.agent)
 

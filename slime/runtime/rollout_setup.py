@@ -15,6 +15,9 @@ from slime.plan.run_plan import RunPlan
 from slime.rollout.base import StreamLimits
 from slime.runtime.engine_fleet import FleetSetup
 
+# a rollout's wall-clock window (time.time(), s), in its metrics; the driver rebases them to its loop's start
+ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
+
 
 @dataclasses.dataclass(kw_only=True)
 class RolloutSetup:

@@ -11,7 +11,7 @@ still in flight and dropped by the dynamic filter), and the last step's figures.
 above it (rich's Live), and so does what the process and its children write to file descriptors 1 and 2 behind
 Python's back (slime/tracking/fd_capture.py). Off a terminal there is no display: the step lines alone; the phases
 that took `logger.progress_every_s` or more and the group counts of a long rollout go to the log
-(`<run dir>/main.log`) as records of the `slime.progress` logger.
+(`<run dir>/main.log`) as records of the `slime.tracking.progress` logger.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from rich.text import Text
 
 from slime.tracking.fd_capture import FdCapture
 
-logger = logging.getLogger("slime.progress")
+logger = logging.getLogger("slime.tracking.progress")
 
 PHASE_TEXT = {
     "prepare": "preparing the model and data",

@@ -17,8 +17,8 @@ import yaml
 from slime.algo.estimator_functions import AdvantageInputs, PolicyLossInputs
 from slime.algo.estimators import ESTIMATORS, FUNCTIONS, Estimator, load_function
 from slime.config.schema import AlgoConfig
+from slime.plan.listing import listing
 from slime.plan.validate import collect_problems
-from slime.registry import listing
 from slime.rollout.postprocess import post_process_rewards
 from slime.train.actor_loss import actor_loss
 from slime.train.token_advantages import compute_advantages

@@ -17,6 +17,7 @@ from slime.plan.derive import derive
 from slime.plan.validate import collect_problems, validate
 from slime.registry import ENGINES, REWARD_TYPES, TRAIN_BACKENDS
 from tests.helpers.compose import typed_config
+from tests.helpers.registry import registered
 from tests.helpers.runs import assert_stopped_in_validation, run_main
 
 HOOKS = """
@@ -247,9 +248,9 @@ def test_choices_come_from_the_registries(monkeypatch):
     assert "did you mean fsdp?" in found["parallelism.backend"]
     assert "registered: hf, sglang, vllm" in found["rollout.engine"]
     assert "did you mean exact_match?" in found["rollout.rm_type"]
-    monkeypatch.setattr(ENGINES, "_entries", {**ENGINES._entries, "trtllm": "slime.engine.sglang.engine.SGLangEngine"})
-    monkeypatch.setattr(TRAIN_BACKENDS, "_entries", {**TRAIN_BACKENDS._entries, "megatron": {}})
-    validate(typed_config(["parallelism.backend=megatron", "rollout.engine=trtllm"]))  # one line registers a part
+    registered(monkeypatch, ENGINES, "trtllm", "slime.engine.sglang.engine.SGLangEngine")
+    registered(monkeypatch, TRAIN_BACKENDS, "megatron", {})
+    validate(typed_config(["parallelism.backend=megatron", "rollout.engine=trtllm"]))  # one record registers a part
 
 
 def test_every_registered_name_resolves():

@@ -50,7 +50,10 @@ def test_two_epochs_with_over_sampling_train_each_prompt_once_per_epoch(tmp_path
     assert any("start_rollout_id" in s["metadata"] for s in dumped)  # cut groups were trained in a later step
     assert epoch_coverage(run_dir / "rollout_data") == {0: dict.fromkeys(range(16), 1), 1: dict.fromkeys(range(16), 1)}
     # off a terminal the group counts, fetched from the rollout manager, are records of main.log
-    lines = [line.partition("[slime.progress][INFO] - ")[2] for line in (run_dir / "main.log").read_text().splitlines()]
+    lines = [
+        line.partition("[slime.tracking.progress][INFO] - ")[2]
+        for line in (run_dir / "main.log").read_text().splitlines()
+    ]
     assert "rollout 0: 4/4 groups kept, 6 drawn, 2 cut, 0 filtered" in lines
     assert "rollout 7: 4/4 groups kept, 4 drawn, 0 cut, 0 filtered" in lines  # the last step: the 4 groups left
     assert main([str(run_dir / "rollout_data"), "16"]) == 0

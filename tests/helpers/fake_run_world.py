@@ -7,7 +7,7 @@ import time
 
 from slime.rollout.staleness import record_staleness
 from slime.runtime import loop
-from slime.runtime.rollout_manager import ROLLOUT_CLOCK
+from slime.runtime.rollout_setup import ROLLOUT_CLOCK
 from slime.types import Sample
 
 

@@ -16,6 +16,7 @@ from slime.rollout.base import RolloutContext, RolloutHooks
 from slime.rollout.data_source import DataSource, PromptDataset
 from slime.rollout.rewards import RewardHub
 from tests.helpers.engines import start_engine
+from tests.helpers.registry import registered
 
 
 def parity_reward(response: str, label: str, metadata=None) -> float:
@@ -26,7 +27,7 @@ def parity_reward(response: str, label: str, metadata=None) -> float:
 
 def register_parity(monkeypatch) -> None:
     """Make rm_type "parity" name `parity_reward` for the test."""
-    monkeypatch.setitem(REWARD_TYPES._entries, "parity", f"{__name__}.parity_reward")
+    registered(monkeypatch, REWARD_TYPES, "parity", f"{__name__}.parity_reward")
 
 
 @contextlib.contextmanager

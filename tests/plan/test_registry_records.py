@@ -21,6 +21,7 @@ from slime.registry import (
     TRAIN_BACKENDS,
     WEIGHT_SYNC,
     EngineFacts,
+    Spec,
     TrainBackendFacts,
     WeightSyncFacts,
     generate_protocol,
@@ -47,7 +48,7 @@ def third_engine():
         generate_protocol="slime.engine.vllm.protocol",
         prefill_decode_groups=True,
     )
-    ENGINES.register(THIRD, "tests.nowhere.ThirdEngine", facts=facts)
+    ENGINES.register(Spec(seam=ENGINES.key, name=THIRD, target="tests.nowhere.ThirdEngine", facts=facts))
     yield facts
     ENGINES.unregister(THIRD)
 
@@ -55,7 +56,7 @@ def third_engine():
 @pytest.fixture
 def third_sync():
     facts = WeightSyncFacts(needs_tensor_handle_ranks=True, cpu_blocker="its carrier pigeons need daylight")
-    WEIGHT_SYNC.register(THIRD_SYNC, "tests.nowhere.ThirdSync", facts=facts)
+    WEIGHT_SYNC.register(Spec(seam=WEIGHT_SYNC.key, name=THIRD_SYNC, target="tests.nowhere.ThirdSync", facts=facts))
     yield facts
     WEIGHT_SYNC.unregister(THIRD_SYNC)
 
@@ -139,7 +140,7 @@ def test_every_registered_name_has_a_record_and_an_unknown_one_is_named():
 
 
 def test_a_name_registered_without_facts_gets_the_registry_default():
-    ENGINES.register("plain_engine", "tests.nowhere.PlainEngine")
+    ENGINES.register(Spec(seam=ENGINES.key, name="plain_engine", target="tests.nowhere.PlainEngine"))
     try:
         assert ENGINES.facts("plain_engine") == EngineFacts()
     finally:
@@ -240,11 +241,8 @@ def test_the_push_asks_for_tensor_handle_ranks_when_the_sync_record_needs_them(m
 
 
 def test_the_memory_estimate_reads_a_third_engines_memory_fraction_from_its_record(third_engine):
-    ENGINES.register(
-        "fraction_engine",
-        "tests.nowhere.FractionEngine",
-        facts=EngineFacts(memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.25),
-    )
+    facts = EngineFacts(memory_fraction_key="sglang.mem_fraction_static", memory_fraction_default=0.25)
+    ENGINES.register(Spec(seam=ENGINES.key, name="fraction_engine", target="tests.nowhere.FractionEngine", facts=facts))
     try:
         cfg = typed_config([*MEMORY_RUN, "rollout.engine=fraction_engine"])
         est = estimate_memory(cfg, derive(cfg))

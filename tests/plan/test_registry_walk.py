@@ -8,9 +8,11 @@ import sys
 import pytest
 
 from slime.config import ConfigError
+from slime.engine.hf.check import check as hf_check
 from slime.plan.validate import collect_problems, validate
 from slime.registry import ALL, ENGINES, Checks
 from tests.helpers.compose import ROOT, typed_config
+from tests.helpers.registry import registered
 
 HEAVY = ("torch", "ray", "transformers", "sglang", "vllm", "megatron")
 
@@ -19,15 +21,15 @@ def keys_of(overrides: list[str]) -> dict[str, str]:
     return {p.key: str(p) for p in collect_problems(typed_config(overrides))}
 
 
-def test_every_records_checks_resolve_to_functions_that_import_nothing_heavy():
-    """Validation runs before anything starts: loading every check a record names pulls in no torch, Ray or engine."""
+def test_every_spec_and_its_checks_import_nothing_heavy():
+    """Validation runs before anything starts: reading every part's spec module, its checks included, pulls in no
+    torch, Ray or engine."""
     code = (
         "import sys\n"
-        "from slime.config.hooks import load_callable\n"
         "from slime.registry import ALL\n"
-        "paths = [p for r in ALL for n in r.names() for p in (r.checks(n).check, r.checks(n).check_unchosen) if p]\n"
-        "assert all(callable(load_callable(p)) for p in paths)\n"
-        f"print(len(paths), sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+        "checks = [c for r in ALL for n in r.names() for c in (r.checks(n).check, r.checks(n).check_unchosen) if c]\n"
+        "assert all(callable(c) for c in checks)\n"
+        f"print(len(checks), sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,12 +53,11 @@ def test_validating_the_default_run_imports_nothing_heavy():
 def test_the_chosen_record_runs_its_check_and_the_others_their_unchosen_check(monkeypatch):
     hf_rule = ["rollout.deterministic=true", "rollout.hf.max_batch_size=4", "rollout.hf.num_threads=2"]
     assert "batches requests (batch-invariant)" in keys_of(hf_rule)["rollout.hf.max_batch_size"]
-    # a part registered with one line, its check named by import path: chosen, it runs
-    monkeypatch.setitem(ENGINES._entries, "hf2", ENGINES.target("hf"))
-    monkeypatch.setitem(ENGINES._checks, "hf2", Checks(check="slime.engine.hf.check.check"))
+    # a part registered with its check: chosen, it runs
+    registered(monkeypatch, ENGINES, "hf2", ENGINES.target("hf"), checks=Checks(check=hf_check))
     assert "rollout.hf.max_batch_size" in keys_of([*hf_rule, "rollout.engine=hf2"])
-    # named as the unchosen check of a record the config does not choose, it runs too
-    monkeypatch.setitem(ENGINES._checks, "hf2", Checks(check_unchosen="slime.engine.hf.check.check"))
+    # its unchosen check, of a record the config does not choose, runs too
+    registered(monkeypatch, ENGINES, "hf2", ENGINES.target("hf"), checks=Checks(check_unchosen=hf_check))
     assert "rollout.hf.max_batch_size" not in keys_of([*hf_rule, "rollout.engine=hf2"])
     assert "rollout.hf.max_batch_size" in keys_of([*hf_rule, "rollout.engine=sglang"])
 

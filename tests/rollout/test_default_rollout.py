@@ -20,6 +20,7 @@ from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate import generate
 from slime.types import SampleStatus
+from tests.helpers.registry import registered
 from tests.helpers.rollout_context import context, count_prompts, parity_reward, register_parity, served_engine
 
 HERE = "tests.rollout.test_default_rollout"
@@ -59,7 +60,7 @@ def served(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def parity_reward_type(monkeypatch):
     register_parity(monkeypatch)
-    monkeypatch.setitem(REWARD_TYPES._entries, "slow_parity", f"{HERE}.slow_parity_reward")
+    registered(monkeypatch, REWARD_TYPES, "slow_parity", f"{HERE}.slow_parity_reward")
 
 
 def rollout_fn():

@@ -39,11 +39,11 @@ def test_live_display_has_a_group_bar_while_generating():
 
 
 def test_off_a_terminal_group_counts_are_logged_every_interval_and_at_the_end_of_a_slow_rollout(monkeypatch, caplog):
-    """Not on the console (one line per rollout step there): records of the slime.progress logger (main.log)."""
+    """Not on the console (one line per rollout step there): records of the slime.tracking.progress logger (main.log)."""
     out = io.StringIO()
     clock = iter([0.0, 10.0, 12.0, 20.5, 21.0, 30.0, 30.5, 31.0])
     monkeypatch.setattr("slime.tracking.progress.time.monotonic", lambda: next(clock))
-    caplog.set_level(logging.INFO, logger="slime.progress")
+    caplog.set_level(logging.INFO, logger="slime.tracking.progress")
     progress = RunProgress(total=5, live=False, console=Console(file=out, width=120), slow_phase_s=10)
     assert progress.poll_s == 10
     progress.on_phase("rollout", 0)  # t=0
@@ -55,7 +55,7 @@ def test_off_a_terminal_group_counts_are_logged_every_interval_and_at_the_end_of
     progress.rollout_groups(1, {**COUNTS, "kept": 4}, final=True)  # t=30.5: a fast rollout, no line
     progress.rollout_groups(1, dict.fromkeys(COUNTS, 0), final=True)  # no counts reported (sft): nothing shown
     progress.close()
-    assert [r.getMessage() for r in caplog.records if r.name == "slime.progress"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "slime.tracking.progress"] == [
         "rollout 0: 1/4 groups kept, 6 drawn, 5 in flight, 0 filtered",
         "rollout 0: 3/4 groups kept, 6 drawn, 5 in flight, 0 filtered",
         "rollout 0: 4/4 groups kept, 6 drawn, 2 cut, 0 filtered",

@@ -144,7 +144,7 @@ def test_off_a_terminal_one_line_per_rollout_step_and_slow_phases_in_the_log(mon
     out = io.StringIO()
     clock = iter([0.0, 12.5, 13.0, 13.5])
     monkeypatch.setattr("slime.tracking.progress.time.monotonic", lambda: next(clock))
-    caplog.set_level(logging.INFO, logger="slime.progress")
+    caplog.set_level(logging.INFO, logger="slime.tracking.progress")
     progress = RunProgress(total=5, live=False, console=Console(file=out, width=120), slow_phase_s=10)
     progress.start()  # no display off a terminal
     progress.begin(0)

@@ -1,0 +1,14 @@
+"""The built-in engine's record (slime.registry): `rollout.engine=hf`."""
+
+from slime.engine.hf.check import check
+from slime.registry import Checks, EngineFacts, Spec
+
+SPECS = (
+    Spec(
+        seam="rollout.engine",
+        name="hf",
+        target=".engine.HFEngine",
+        facts=EngineFacts(kind="built-in transformers server", lora_adapter_modes=("tensor", "disk")),
+        checks=Checks(check=check),
+    ),
+)
