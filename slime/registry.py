@@ -217,7 +217,7 @@ def specs() -> tuple[Spec, ...]:
 
 def _declared(module: ModuleType) -> Iterator[Spec]:
     package = module.__name__.rpartition(".")[0]
-    for spec in module.SPECS:
+    for spec in getattr(module, "SPECS", ()):
         facts = spec.facts
         if dataclasses.is_dataclass(facts):
             relative = {f.name: getattr(facts, f.name) for f in dataclasses.fields(facts)}
@@ -229,15 +229,23 @@ def _declared(module: ModuleType) -> Iterator[Spec]:
 @functools.cache
 def _outside_spec(seam: str, path: str) -> Optional[Spec]:
     """The record of `seam` a package outside slime declares in its spec.py, under the package's import path; None
-    when `path` is no such package."""
+    when there is no such package or it has no spec.py; ValueError saying why when its spec.py does not import or
+    declares other than one record of `seam`."""
     if not MODULE_PATH.match(path) or path.split(".")[0] == "slime":
         return None
+    module_name = f"{path}.spec"
     try:
-        module = importlib.import_module(f"{path}.spec")
-    except ImportError:
-        return None
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):  # the package, or its spec.py, is absent
+            return None
+        raise ValueError(f"{module_name} does not import: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's spec.py: whatever it raises is reported, not a traceback
+        raise ValueError(f"{module_name} does not import: {type(exc).__name__}: {exc}") from exc
     found = [spec for spec in _declared(module) if spec.seam == seam]
-    return dataclasses.replace(found[0], name=path) if len(found) == 1 else None
+    if len(found) != 1:
+        raise ValueError(f"{module_name} declares {len(found)} records of {seam} in its SPECS; it must declare one")
+    return dataclasses.replace(found[0], name=path)
 
 
 TRAIN_BACKENDS = Registry("parallelism.backend", what="training backend", default_facts=TrainBackendFacts())

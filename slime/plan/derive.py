@@ -6,9 +6,9 @@ from slime.algo.estimators import ESTIMATORS
 from slime.config.derived import Derived
 from slime.config.schema import RunConfig, resolved_precision
 from slime.engine.groups import rollout_gpu_count
-from slime.engine.hf.check import hf_batches
-from slime.rollout.check_data import rollouts_for_epochs
+from slime.engine.hf.decoding import hf_batches
 from slime.rollout.entry_points import rollout_function_path
+from slime.rollout.run_length import rollouts_for_epochs
 
 HF_DEFAULT_MAX_BATCH_SIZE = 256
 

@@ -52,7 +52,14 @@ CHOSEN_BY_NAME = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, ESTIMATORS)
 
 
 def check_registered(registry: Registry | EstimatorRegistry, value: str) -> Iterator[Problem]:
-    if value not in registry:
+    try:
+        known = value in registry
+    except ValueError as exc:  # a package of the user's named by its import path, whose spec.py is broken
+        yield Problem(
+            registry.key, value, str(exc), f"fix {value}'s spec.py, or set {registry.key} to a registered name"
+        )
+        return
+    if not known:
         yield Problem(
             registry.key,
             value,

@@ -42,7 +42,7 @@ class RolloutHooks:
         def one(key: str, spec: Any, shape: dict) -> Callable[..., Any] | None:
             return None if spec is None else load_callable(spec, key=key, **shape)
 
-        return cls(  # an agent run's generate is its episodes' (slime.runtime.rollout_producer sets it)
+        return cls(  # an agent run's generate is its episodes' (slime.rollout.producer sets it)
             generate=one("rollout.generate_function", rollout.generate_function, GENERATE_SHAPE),
             dynamic_filter=one("algo.dynamic_filter", algo.dynamic_filter, FILTER_SHAPE),
             buffer_filter=one("rollout.buffer_filter", rollout.buffer_filter, BUFFER_FILTER_SHAPE),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from slime.assets.check import generated_files
 from slime.config.hooks import HookError, load_callable
@@ -20,7 +20,8 @@ from slime.config.problems import Problem
 from slime.config.schema import DataConfig, RunConfig
 from slime.config.validate_eval import valid_eval_datasets
 from slime.rollout.data_source import PromptDataset, PromptsTooLong
-from slime.rollout.prompt_file import DataFileError, RecordKeys, count_records, read_records, split_slice
+from slime.rollout.prompt_file import DataFileError, RecordKeys, read_records, split_slice
+from slime.rollout.run_length import rollouts_for_epochs
 
 DATA_SOURCE_METHODS = ("get_groups", "add_groups", "state_dict", "load_state_dict", "__len__")
 
@@ -92,17 +93,6 @@ def check_prompt_file(key: str, path: str, keys: RecordKeys) -> Iterator[Problem
         read_records(path, keys, key=key)
     except DataFileError as exc:
         yield Problem(exc.key, path, str(exc), exc.fix)
-
-
-def rollouts_for_epochs(cfg: RunConfig) -> Optional[int]:
-    """train.num_rollout, or num_epoch × records // rollout.batch_size; None when neither can be known."""
-    t = cfg.train
-    if t.num_rollout is not None:
-        return t.num_rollout
-    if t.num_epoch is None or cfg.data.prompt_data is None or cfg.rollout.batch_size <= 0:
-        return None
-    count = count_records(cfg.data.prompt_data)
-    return None if count is None else t.num_epoch * count // cfg.rollout.batch_size
 
 
 def _check_num_rollout(cfg: RunConfig) -> Iterator[Problem]:

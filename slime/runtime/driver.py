@@ -22,7 +22,7 @@ from slime.runtime.placement import RunPlacement, create_placement
 from slime.runtime.preflight import check_prepared
 from slime.runtime.ray_session import ray_session
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
-from slime.runtime.rollout_setup import RolloutSetup, lora_serving
+from slime.runtime.rollout_setup import lora_serving, rollout_setup
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.watchdog import STACKS_ENV, PhaseLimits
@@ -88,7 +88,7 @@ class StartedRun:
         self.manager = (
             ray.remote(**ACTOR_OPTIONS)(RolloutManager)
             .options(scheduling_strategy=here)
-            .remote(RolloutSetup.from_run_config(job.cfg, job.plan), self.placement.rollout)
+            .remote(rollout_setup(job.cfg, job.plan), self.placement.rollout)
         )
         self.engines_ready = self.tracker = self.loop = None
         self.groups: list[TrainGroup] = []

@@ -34,10 +34,10 @@ from typing import Any, Optional
 
 import ray
 
-from slime.config.schema import RolloutConfig
-from slime.engine.base import EngineLaunch, LoRAServing, get_engine_class
+from slime.engine.base import EngineLaunch, get_engine_class
 from slime.engine.client import EngineClient
-from slime.engine.groups import EngineSpec, ModelSpec, policy_model
+from slime.engine.fleet_setup import FleetSetup
+from slime.engine.groups import EngineSpec, policy_model
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router
 from slime.runtime.engine_health import HealthGate, HealthMonitor
@@ -66,24 +66,6 @@ class EngineSlot:
     @property
     def actors(self) -> list:
         return [self.actor, *self.followers]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FleetSetup:
-    """What the fleet needs from the run config."""
-
-    rollout: RolloutConfig
-    models: list[ModelSpec]
-    specs: list[EngineSpec]
-    host: str
-    device: str
-    colocate: bool
-    seed: int
-    run_dir: str
-    trainer_gpus: int  # the actor's ranks; colocated, training rank i shares rollout bundle i
-    dtype: str = "auto"  # the trainer's precision as a torch dtype name (EngineLaunch.dtype)
-    return_routed_experts: bool = False  # the policy's engines return MoE routes (EngineLaunch.return_routed_experts)
-    lora: LoRAServing | None = None  # the policy's engines serve its LoRA adapter (EngineLaunch.lora)
 
 
 class EngineFleet(FleetRecovery):

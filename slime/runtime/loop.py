@@ -48,9 +48,9 @@ import ray
 
 from slime.config.async_mode import AsyncMode
 from slime.config.schema import RunConfig
+from slime.rollout.setup import ROLLOUT_CLOCK
 from slime.runtime.deaths import call_recovering
 from slime.runtime.events import Event, RunEvent
-from slime.runtime.rollout_setup import ROLLOUT_CLOCK
 from slime.runtime.run_state import RunState
 from slime.runtime.train_group import TrainGroup
 from slime.runtime.weight_push import DueChecks, WeightPush

@@ -1,7 +1,7 @@
 """The rollout manager: one CPU actor owning the router, the engines, the data sources and rewards.
 
 Each training rollout runs the configured rollout function, post-processes rewards and splits the step's samples
-into one `TrainBatch` per data-parallel rank (slime.runtime.rollout_producer), which this actor puts into Ray's
+into one `TrainBatch` per data-parallel rank (slime.rollout.producer), which this actor puts into Ray's
 object store itself: the driver receives one reference per shard (plus the step's metrics and a few samples for
 the log) and hands each reference to the ranks of its shard, which read it from the store (never through the
 driver, slime.runtime.train_group). The driver's weight pushes (weight_push.py) run its engine control calls, and
@@ -21,10 +21,10 @@ from typing import Any, NamedTuple
 import ray
 
 from slime.rollout.base import RolloutProgress
+from slime.rollout.setup import RolloutSetup
 from slime.runtime.deaths import EngineDied, RouterDied
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import EnginePlacement
-from slime.runtime.rollout_setup import RolloutSetup
 from slime.runtime.watchdog import arm_stack_dump
 from slime.runtime.worker_logging import configure_worker_logging
 
@@ -90,7 +90,7 @@ class RolloutManager:
     def _load_producer(self) -> None:
         """The producer with its data loaded (a bad data config fails here)."""
         # torch and transformers (~2 CPU-seconds): in the actor's process only, never in the driver's
-        from slime.runtime.rollout_producer import RolloutProducer
+        from slime.rollout.producer import RolloutProducer
 
         self.producer = RolloutProducer(self.setup, self.fleet)
         self.producer.load_data()

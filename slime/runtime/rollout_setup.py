@@ -1,91 +1,61 @@
-"""The rollout manager's configuration: its typed sub-config and the run-level numbers it needs, taken from the
-run's config once in the driver (the manager actor never sees the whole RunConfig)."""
+"""The rollout manager's setup (slime.rollout.setup.RolloutSetup) built from the run's config and plan, once, in the
+driver (the manager actor never sees the whole RunConfig)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from slime.config.async_mode import AsyncMode, StalePolicy
 from slime.config.routing_replay import RoutingReplay
-from slime.config.schema import AlgoConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig
+from slime.config.schema import RunConfig
 from slime.config.schema_lora import LoRAConfig
 from slime.engine.base import LoRAServing
+from slime.engine.fleet_setup import FleetSetup
 from slime.plan.run_plan import RunPlan
 from slime.rollout.base import StreamLimits
-from slime.runtime.engine_fleet import FleetSetup
-
-# a rollout's wall-clock window (time.time(), s), in its metrics; the driver rebases them to its loop's start
-ROLLOUT_CLOCK = ("perf/rollout_started_at", "perf/rollout_ended_at")
+from slime.rollout.setup import RolloutSetup
 
 
-@dataclasses.dataclass(kw_only=True)
-class RolloutSetup:
-    """The rollout manager's typed sub-config and the run-level numbers it needs."""
-
-    rollout: RolloutConfig
-    data: DataConfig
-    eval: EvalConfig
-    algo: AlgoConfig
-    model_path: str
-    host: str
-    device: str
-    colocate: bool  # engines share the trainer's GPUs (fractional actors)
-    seed: int
-    log_dir: str
-    dp_size: int
-    global_batch_size: int  # G
-    num_steps_per_rollout: int  # K
-    balance_tokens: bool  # deal samples to DP ranks by token count (micro-batches by tokens)
-    fleet: FleetSetup  # the served models, one spec per engine, external engines, fault tolerance
-    save_rollout_data: bool = False  # debug: dump each step's samples to <log_dir>/rollout_data/
-    check_weight_update_equal: bool = False  # debug: engines snapshot and randomise their weights once up
-    load_rollout_data: str | None = None  # debug: train from these dumps; no router, no engines
-    max_train_groups: int | None = None  # train.num_epoch sizes the run: fresh groups it trains (num_rollout × batch)
-    stream: StreamLimits | None = None  # train.async=full: groups generated continuously (slime.rollout.stream)
-
-    @classmethod
-    def from_run_config(cls, cfg: RunConfig, plan: RunPlan) -> RolloutSetup:
-        derived = plan.derived
-        return cls(
+def rollout_setup(cfg: RunConfig, plan: RunPlan) -> RolloutSetup:
+    """What the driver hands the rollout manager: the run config's parts it reads and the plan's engines."""
+    derived = plan.derived
+    return RolloutSetup(
+        rollout=cfg.rollout,
+        data=cfg.data,
+        eval=cfg.eval,
+        algo=cfg.algo,
+        model_path=cfg.model.hf_checkpoint,
+        host=cfg.cluster.host,
+        device=cfg.cluster.device,
+        colocate=cfg.cluster.colocate,
+        seed=cfg.seed,
+        log_dir=cfg.paths.output_dir,
+        dp_size=derived.dp_size,
+        global_batch_size=derived.global_batch_size,
+        num_steps_per_rollout=cfg.train.num_steps_per_rollout,
+        balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
+        fleet=FleetSetup(
             rollout=cfg.rollout,
-            data=cfg.data,
-            eval=cfg.eval,
-            algo=cfg.algo,
-            model_path=cfg.model.hf_checkpoint,
+            models=list(plan.models),
+            specs=list(plan.engines),
             host=cfg.cluster.host,
             device=cfg.cluster.device,
             colocate=cfg.cluster.colocate,
             seed=cfg.seed,
-            log_dir=cfg.paths.output_dir,
-            dp_size=derived.dp_size,
-            global_batch_size=derived.global_batch_size,
-            num_steps_per_rollout=cfg.train.num_steps_per_rollout,
-            balance_tokens=cfg.parallelism.max_tokens_per_gpu is not None,
-            fleet=FleetSetup(
-                rollout=cfg.rollout,
-                models=list(plan.models),
-                specs=list(plan.engines),
-                host=cfg.cluster.host,
-                device=cfg.cluster.device,
-                colocate=cfg.cluster.colocate,
-                seed=cfg.seed,
-                run_dir=cfg.paths.output_dir,
-                trainer_gpus=derived.actor_gpus,
-                dtype={"fp32": "float32", "bf16": "bfloat16"}.get(derived.precision, "auto"),
-                return_routed_experts=RoutingReplay(cfg.algo.routing_replay).engine_returns_routes,
-                lora=lora_serving(cfg.model.lora),
-            ),
-            save_rollout_data=cfg.debug.save_rollout_data,
-            # an adapter sync leaves the base as loaded: nothing to snapshot, randomise and compare (its adapters are
-            # checked tensor by tensor as they load: slime.sync.adapter)
-            check_weight_update_equal=cfg.debug.check_weight_update_equal and not cfg.model.lora.synced_alone,
-            load_rollout_data=(
-                str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None
-            ),
-            max_train_groups=max_train_groups(cfg),
-            stream=stream_limits(cfg),
-        )
+            run_dir=cfg.paths.output_dir,
+            trainer_gpus=derived.actor_gpus,
+            dtype={"fp32": "float32", "bf16": "bfloat16"}.get(derived.precision, "auto"),
+            return_routed_experts=RoutingReplay(cfg.algo.routing_replay).engine_returns_routes,
+            lora=lora_serving(cfg.model.lora),
+        ),
+        save_rollout_data=cfg.debug.save_rollout_data,
+        # an adapter sync leaves the base as loaded: nothing to snapshot, randomise and compare (its adapters are
+        # checked tensor by tensor as they load: slime.sync.adapter)
+        check_weight_update_equal=cfg.debug.check_weight_update_equal and not cfg.model.lora.synced_alone,
+        load_rollout_data=(str(Path(cfg.debug.load_rollout_data).resolve()) if cfg.debug.load_rollout_data else None),
+        max_train_groups=max_train_groups(cfg),
+        stream=stream_limits(cfg),
+    )
 
 
 def stream_limits(cfg: RunConfig) -> StreamLimits | None:

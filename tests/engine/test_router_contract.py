@@ -27,7 +27,7 @@ from slime.engine.vllm.router import VLLMRouter
 from slime.plan.validate import validate
 from slime.rollout.base import RolloutContext
 from slime.rollout.generate import call_engine
-from slime.runtime.rollout_producer import sampling_params
+from slime.rollout.producer import sampling_params
 from slime.types import Sample
 from tests.helpers.compose import typed_config
 from tests.helpers.recording_worker import RecordingWorker

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
+from slime.rollout.setup import ROLLOUT_CLOCK
 from slime.rollout.staleness import record_staleness
 from slime.runtime import loop
-from slime.runtime.rollout_setup import ROLLOUT_CLOCK
 from slime.types import Sample
 
 

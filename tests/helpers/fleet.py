@@ -16,7 +16,7 @@ from slime.plan.run_plan import plan_run
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.placement import create_placement
 from slime.runtime.ray_session import ray_session
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import rollout_setup
 from tests.helpers.compose import typed_config
 
 
@@ -30,7 +30,7 @@ def running_fleet(
     plan = plan_run(cfg, derive(cfg))
     with ray_session(cfg.cluster, num_bundles=plan.roles.num_bundles, log_to_driver=False, env=engine_env):
         placement = create_placement(plan.roles, device=cfg.cluster.device)
-        fleet = EngineFleet(RolloutSetup.from_run_config(cfg, plan).fleet, placement.rollout)
+        fleet = EngineFleet(rollout_setup(cfg, plan).fleet, placement.rollout)
         try:
             launched = fleet.launch()
             fleet.start_routers()

@@ -16,6 +16,7 @@ from slime.engine.vllm.check import check_vllm_on_cpu
 from slime.engine.vllm.engine_args import plan_line as vllm_plan_line
 from slime.plan.derive import derive
 from slime.plan.memory import GIB, estimate_memory, parameter_count
+from slime.plan.validate import collect_problems
 from slime.registry import (
     ENGINES,
     TRAIN_BACKENDS,
@@ -253,3 +254,40 @@ def test_the_memory_estimate_reads_a_third_engines_memory_fraction_from_its_reco
     assert est.engine_fix == "lower rollout.sglang.mem_fraction_static"
     cfg = typed_config([*MEMORY_RUN, f"rollout.engine={THIRD}"])  # no fraction: the hf-style sequence count
     assert "rollout.hf.max_batch_size" in estimate_memory(cfg, derive(cfg)).engine_fix
+
+
+OUTSIDE_SPEC = """
+from slime.registry import EngineFacts, Spec
+
+SPECS = (Spec(seam="rollout.engine", name="mine", target=".engine.Mine", facts=EngineFacts(kind="my engine")),)
+"""
+
+
+@pytest.mark.parametrize(
+    "name,spec_text,found",
+    [
+        ("my_engines", OUTSIDE_SPEC, "my engine"),
+        ("no_spec_engines", None, "unknown rollout engine 'no_spec_engines'"),  # a package without spec.py
+        ("bad_engines", "import no_such_library_here\n", "bad_engines.spec does not import: No module named 'no_such"),
+        (
+            "empty_engines",
+            "SPECS = ()\n",
+            "empty_engines.spec declares 0 records of rollout.engine in its SPECS; it must",
+        ),
+    ],
+)
+def test_a_package_outside_slime_is_chosen_by_its_import_path(name, spec_text, found, tmp_path, monkeypatch):
+    """`rollout.engine=my_engines`: its spec.py's record, its class path made absolute; a package without one is an
+    unknown name, and a broken one is reported by validation saying why (never a traceback)."""
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    if spec_text is not None:
+        (package / "spec.py").write_text(spec_text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    problems = {p.key: str(p) for p in collect_problems(typed_config([f"rollout.engine={name}"]))}
+    if spec_text == OUTSIDE_SPEC:
+        assert ENGINES.facts(name).kind == found and ENGINES.target(name) == f"{name}.engine.Mine"
+        assert "rollout.engine" not in problems
+    else:
+        assert found in problems["rollout.engine"]

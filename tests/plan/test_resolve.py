@@ -14,7 +14,7 @@ from slime.config.problems import ConfigError
 from slime.engine.groups import engine_specs
 from slime.plan.derive import derive
 from slime.plan.resolve import resolve
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import rollout_setup
 from tests.helpers.compose import typed_config
 
 GPU_RECIPE = [  # no data, no checkpoint on this machine; 4 trainer GPUs (tp 2) and two 2-GPU engines
@@ -47,7 +47,7 @@ def test_derive_and_the_engine_specs_run_once_per_resolve(monkeypatch, function)
     cfg, gpu = typed_config([]), typed_config(GPU_RECIPE)
     calls = count_calls(monkeypatch, function)
     _, plan = resolve(cfg)
-    RolloutSetup.from_run_config(cfg, plan)  # what the driver hands the rollout manager reads the plan's specs
+    rollout_setup(cfg, plan)  # what the driver hands the rollout manager reads the plan's specs
     assert len(calls) == 1
     calls.clear()
     resolve(gpu, defer_absent=True)  # the dry run's resolve too

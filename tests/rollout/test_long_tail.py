@@ -20,7 +20,7 @@ from tests.helpers.compose import typed_config
 from tests.helpers.engines import start_engine
 
 GROUP = 8  # the embedded default's rollout.n_samples_per_prompt
-# What the rollout sends for the embedded default (slime.runtime.rollout_producer.sampling_params)
+# What the rollout sends for the embedded default (slime.rollout.producer.sampling_params)
 EMBEDDED_PARAMS = {"temperature": 1.0, "max_new_tokens": 2, "no_stop_trim": True, "skip_special_tokens": True}
 
 

@@ -8,7 +8,7 @@ from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
 from slime.rollout.base import RolloutHooks
 from slime.rollout.step_result import step_rewards
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import rollout_setup
 from slime.types import Sample
 from tests.helpers.compose import typed_config
 
@@ -22,7 +22,7 @@ def doubled(args, samples):
 @pytest.mark.parametrize("hook", [None, doubled])
 def test_reward_post_process_hook_or_the_algorithms(hook):
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
-    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
+    setup = rollout_setup(cfg, plan_run(cfg, derive(cfg)))
     samples = [Sample(reward={"score": r}) for r in (1.0, 0.0, 1.0, 1.0)]
     args = type("Args", (), {"reward_key": "score"})()
     setup.rollout.reward_key = "score"

@@ -16,11 +16,11 @@ from slime.plan.validate import collect_problems
 from slime.rollout.base import RolloutHooks, RolloutOutput, RolloutProgress
 from slime.rollout.data_source import DataSource
 from slime.rollout.generate import append_engine_output
+from slime.rollout.producer import RolloutProducer
 from slime.rollout.staleness import group_staleness, record_staleness, sample_staleness
 from slime.runtime.engine_fleet import EngineFleet
 from slime.runtime.loop import RunLoop, RunParts
-from slime.runtime.rollout_producer import RolloutProducer
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import rollout_setup
 from slime.runtime.run_state import RunState
 from slime.types import Sample, SampleStatus
 from tests.helpers.compose import LORA_ALONE, ROOT, typed_config
@@ -138,7 +138,7 @@ def test_sync_loop_trains_on_fresh_weights(monkeypatch):
 def _producer(engine: dict[str, int]) -> RolloutProducer:
     """A rollout producer over no engines whose rollout function answers under `engine["version"]`."""
     cfg = typed_config(["rollout.batch_size=2", "rollout.n_samples_per_prompt=2", "train.global_batch_size=2"])
-    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
+    setup = rollout_setup(cfg, plan_run(cfg, derive(cfg)))
     producer = RolloutProducer(setup, EngineFleet(dataclasses.replace(setup.fleet, specs=[]), []))
     producer.data_source = DataSource(None, n_samples_per_prompt=2, shuffle=False, seed=0)
     producer.hooks = RolloutHooks()

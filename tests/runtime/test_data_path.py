@@ -16,7 +16,7 @@ from slime.plan.run_plan import plan_run
 from slime.rollout.dumps import DUMP_DIR, save_rollout_data
 from slime.rollout.postprocess import split_for_data_parallel
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager, RolloutResult
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import rollout_setup
 from slime.runtime.train_group import TrainGroup
 from slime.train.layout import RankLayout
 from slime.types import Sample, SampleStatus, TrainBatch
@@ -55,7 +55,7 @@ def manager(ray_local, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     save_rollout_data(run_dir, 0, _samples())
     cfg = typed_config([f"rollout.batch_size={GROUPS}", f"rollout.n_samples_per_prompt={PER_GROUP}"])
-    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
+    setup = rollout_setup(cfg, plan_run(cfg, derive(cfg)))
     setup = dataclasses.replace(
         setup,
         fleet=dataclasses.replace(setup.fleet, specs=[]),  # no engines

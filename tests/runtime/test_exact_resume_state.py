@@ -11,9 +11,9 @@ import torch
 
 from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
+from slime.rollout.producer import RolloutProducer
 from slime.runtime.engine_fleet import EngineFleet
-from slime.runtime.rollout_producer import RolloutProducer
-from slime.runtime.rollout_setup import RolloutSetup
+from slime.runtime.rollout_setup import rollout_setup
 from tests.helpers.compose import typed_config
 
 
@@ -36,7 +36,7 @@ def _draws() -> tuple[float, float, float]:
 
 def test_manager_checkpoint_restores_data_source_and_generators(tmp_path):
     cfg = typed_config([])
-    setup = RolloutSetup.from_run_config(cfg, plan_run(cfg, derive(cfg)))
+    setup = rollout_setup(cfg, plan_run(cfg, derive(cfg)))
     producer = RolloutProducer(setup, EngineFleet(dataclasses.replace(setup.fleet, specs=[]), []))
     producer.data_source = CursorSource()
     producer.data_source.state["sample_offset"] = 24

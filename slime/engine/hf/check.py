@@ -9,15 +9,8 @@ from slime.config.problems import Problem
 from slime.config.schema import RunConfig
 from slime.engine.check import SGLANG_ROUTER, check_generating_health_timeout, check_router_args
 from slime.engine.groups import WORKER_TYPES, group_overrides
+from slime.engine.hf.decoding import hf_batches
 from slime.engine.sglang.check import unused_server_args
-
-
-def hf_batches(cfg: RunConfig) -> bool:
-    """Whether the hf engine may decode requests together (slime/plan/derive.py sizes its batches by it): always,
-    except under rollout.deterministic, whose batch-invariant forward passes (slime/engine/hf/batch_invariant.py)
-    run on the CPU with one torch thread only; elsewhere a deterministic run decodes each request alone."""
-    r = cfg.rollout
-    return not r.deterministic or (cfg.cluster.device == "cpu" and r.hf.num_threads == 1)
 
 
 def check(cfg: RunConfig) -> Iterator[Problem]:

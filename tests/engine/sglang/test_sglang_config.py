@@ -121,8 +121,9 @@ def test_tensor_handle_ranks_follow_the_engine_bundles():
     """Colocated: engine bundles start at bundle 0, so TP rank i of an engine sits with the training rank of
     its bundle; frozen models get no syncs, bundles past the trainer's have no colocated rank (-1)."""
     from slime.config.schema import RolloutConfig, RouterConfig
+    from slime.engine.fleet_setup import FleetSetup
     from slime.engine.groups import EngineSpec, ModelSpec
-    from slime.runtime.engine_fleet import EngineFleet, EngineSlot, FleetSetup
+    from slime.runtime.engine_fleet import EngineFleet, EngineSlot
 
     def spec(model, gpus):
         return EngineSpec(model=model, worker_type="regular", num_gpus=gpus, overrides={}, key="k")

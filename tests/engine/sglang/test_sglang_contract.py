@@ -19,7 +19,7 @@ from slime.config.schema_lora import LoRAConfig
 from slime.engine.client import EngineClient
 from slime.engine.hf.request import VersionChange, version_spans
 from slime.rollout.generate import append_engine_output, call_engine
-from slime.runtime.rollout_producer import sampling_params
+from slime.rollout.producer import sampling_params
 from slime.sync.tensor import staged
 from slime.types import Sample
 from slime.wire import bucket_codec

@@ -394,6 +394,7 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
     with engines.json are what tests/e2e/test_vllm_real.py covers on the real server; here on the fixture's
     sleep-mode server (a CPU vLLM refuses --enable-sleep-mode)."""
     from slime.config.schema import FaultToleranceConfig
+    from slime.engine import fleet_setup
     from slime.engine.groups import EngineSpec, ModelSpec
     from slime.runtime import engine_fleet
 
@@ -403,7 +404,7 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
     router.remove_worker(regular.url)
     ft = FaultToleranceConfig(enabled=True, health_check_interval_s=0.1, health_check_timeout_s=2.0)
     spec = EngineSpec(model="default", worker_type="regular", num_gpus=2, overrides={}, key="cluster")
-    setup = engine_fleet.FleetSetup(
+    setup = fleet_setup.FleetSetup(
         rollout=RolloutConfig(engine="vllm", fault_tolerance=ft),
         models=[ModelSpec(name="default", model_path=tiny_model_dir, update_weights=True, router=RouterConfig())],
         specs=[spec],

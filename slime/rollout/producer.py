@@ -4,9 +4,9 @@ It owns the tokenizer, the prompt data sources (train and eval), the rollout fun
 the configured rollout function, post-processes rewards (group normalisation,
 docs/algorithms.md#reward-post-processing), splits the step's samples over the data-parallel ranks, evaluates, and
 saves or restores the data source's cursor and this process's generators with a checkpoint. Only the rollout
-manager's actor process imports it (torch and transformers, ~2 CPU-seconds): the manager builds it from its import
-path once its engines were launched (slime.runtime.rollout_manager), so the driver, which imports the manager to
-define the actor, loads no torch.
+manager's actor process imports it (torch and transformers, ~2 CPU-seconds): the manager builds it once its engines
+were launched (slime.runtime.rollout_manager), so the driver, which imports the manager to define the actor, loads no
+torch. It reaches the engines through what `Engines` names (the manager's EngineFleet).
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoTokenizer
 
 from slime.config.hooks import load_callable
 from slime.config.routing_replay import RoutingReplay
+from slime.engine.client import EngineClient
+from slime.engine.memory_report import engine_memory_metrics
 from slime.rollout.agent.episode import generate as episode_generate
 from slime.rollout.agent.episode import start_agent
 from slime.rollout.agent.turn_samples import expand_steps
@@ -43,17 +45,30 @@ from slime.rollout.eval_metrics import eval_metrics
 from slime.rollout.postprocess import rollout_metrics, split_for_data_parallel
 from slime.rollout.probe import probe_engines
 from slime.rollout.rewards import RewardHub, check_failures
+from slime.rollout.setup import ROLLOUT_CLOCK, RolloutSetup
 from slime.rollout.staleness import record_staleness
 from slime.rollout.step_result import checked_samples, sample_preview, step_rewards
 from slime.rollout.stream import GroupStream
-from slime.runtime.engine_fleet import EngineFleet
-from slime.runtime.engine_memory import engine_memory_metrics
-from slime.runtime.rollout_setup import ROLLOUT_CLOCK, RolloutSetup
 from slime.sync.probe import EngineProbe
 from slime.train.checkpoint_files import save_state_files
 from slime.train.rng import rng_state, set_rng_state
 from slime.types import SampleStatus, TrainBatch
 from slime.vision.prompt import PromptImages
+
+
+class Engines(Protocol):
+    """What the producer asks of the run's engines (slime.runtime.engine_fleet.EngineFleet)."""
+
+    def router_url(self) -> str: ...  # the policy's router
+
+    def model_routers(self) -> dict[str, str]: ...  # each served model's router, by model name
+
+    def num_generating_engines(self) -> int: ...
+
+    def clients(self) -> list[EngineClient]: ...
+
+    def abort_and_wait_idle(self) -> None: ...
+
 
 MAX_FILTER_DROPS_PER_GROUP = 10  # a filter may reject this many groups per kept group before everything is kept
 EVAL_SEED_OFFSET = 1_000_003  # eval requests draw from their own seed stream (rollout.deterministic)
@@ -80,7 +95,7 @@ def sampling_params(node, rollout) -> dict[str, Any]:
 class RolloutProducer:
     """Created empty (no data); `load_data()` reads the tokenizer, the prompt files, the functions and hooks."""
 
-    def __init__(self, setup: RolloutSetup, fleet: EngineFleet):
+    def __init__(self, setup: RolloutSetup, fleet: Engines):
         self.setup = setup
         self.fleet = fleet  # the router URLs, the engine count, the abort after each step
         self.tokenizer = None
