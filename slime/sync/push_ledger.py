@@ -16,7 +16,7 @@ import hashlib
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -107,6 +107,7 @@ class PushLedger:
         self.seconds = 0.0  # spent digesting (beside the transfer)
         self._jobs: ThreadPoolExecutor | None = None  # digests one bucket at a time, in order
         self._hashing: ThreadPoolExecutor | None = None  # the host hashes' threads
+        self._pending: list[Future] = []  # each bucket's digesting job
         self._later: list[list] = []  # host buckets' engine tensors, digested by wait()
         self._unfolded: list[tuple] = []  # per bucket: ([(engine tensor's entry, dtype name)], their BlockSums)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}  # where a CUDA bucket's block sums are launched
@@ -114,8 +115,10 @@ class PushLedger:
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
         """The same buckets, each handed on at once. A bucket on an accelerator is digested meanwhile, on a thread of
-        the ledger's (its reductions are launched beside the transfer's kernels, the next bucket is drawn once they
-        were, and `wait()` folds them: the transfer never waits for them); one on the host is kept for `wait()` to digest once the transfer is done, where its
+        the ledger's: its reductions are launched on a stream of the ledger's while the transfer moves the bucket, and
+        `wait()` folds them; the transfer waits only for the launches of the bucket before the one it hands on (at
+        most two buckets are held for their digests; an exporter hands each bucket's tensors anew, or parameters a
+        push does not change). One on the host is kept for `wait()` to digest once the transfer is done, where its
         reads would otherwise take the transfer's cores (up to HOST_KEPT_BYTES: then as an accelerator's). `wait()`
         ends the digesting."""
         self._hashing = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="push-ledger-hash")
@@ -124,14 +127,14 @@ class PushLedger:
             for index, bucket in enumerate(buckets):
                 whole = list(self._engine_tensors(bucket, index))
                 later = self._keep_for_later(whole)
-                pending = None if later else self._jobs.submit(self._digest, whole)
+                self._pending += [] if later else [self._jobs.submit(self._digest, whole)]
                 self._later += [whole] if later else []
                 self.buckets = index + 1
                 yield bucket
-                if pending is not None:
-                    pending.result()
+                if len(self._pending) > 1:
+                    self._pending[-2].result()
         finally:
-            self._jobs.shutdown(wait=True)
+            self._jobs.shutdown(wait=False)  # wait() awaits the last bucket's, beside generation where it is deferred
 
     def _keep_for_later(self, whole: list[tuple[str, torch.Tensor, tuple, tuple]]) -> bool:
         """Whether a bucket's engine tensors wait for `wait()`: on the host, while those kept stay within
@@ -146,10 +149,12 @@ class PushLedger:
         return True
 
     def wait(self) -> None:
-        """Digest what waits and block until every bucket handed on is digested (a job's error was raised to the
-        transfer, as it drew its next bucket)."""
+        """Digest what waits and block until every bucket handed on is digested (a job's error is raised here, or to
+        the transfer as it drew a later bucket)."""
         if self._jobs is not None:
             self._jobs.shutdown(wait=True)
+        for job in self._pending:
+            job.result()
         later, self._later = self._later, []
         for whole in later:
             self._digest(whole)

@@ -48,7 +48,9 @@ def block_sums_cuda(halves: Sequence[torch.Tensor], block: int) -> torch.Tensor:
     for c in counts[:-1]:
         firsts.append(firsts[-1] + c)
     starts = [(h.data_ptr() - base) // 2 if h.numel() else 0 for h in halves]
-    table = torch.tensor([starts, [h.numel() for h in halves], firsts, counts], dtype=torch.int64).to(out.device)
+    # pinned and non-blocking: a copy from pageable memory would wait for the stream's queued work (a push's copies)
+    table = torch.tensor([starts, [h.numel() for h in halves], firsts, counts], dtype=torch.int64, pin_memory=True)
+    table = table.to(out.device, non_blocking=True)
     owners = torch.repeat_interleave(
         torch.arange(len(halves), dtype=torch.int32, device=out.device), table[3], output_size=total
     )

@@ -127,10 +127,10 @@ def test_the_ledger_digests_fused_parts_whichever_bucket_brings_them():
 
 
 def test_host_buckets_past_the_kept_budget_are_digested_beside_the_transfer_alike(monkeypatch):
-    """Host buckets wait for `wait()` while their bytes stay within HOST_KEPT_BYTES; past it each is digested before
-    the next bucket is drawn (no more held): the digests are the same either way."""
+    """Host buckets wait for `wait()` while their bytes stay within HOST_KEPT_BYTES; past it each is digested beside
+    the next bucket's transfer, at most two buckets held (no more): the digests are the same either way."""
     w = weights()
-    buckets = [list(w.items())[:2], list(w.items())[2:]]
+    buckets = [list(w.items())[:2], list(w.items())[2:4], list(w.items())[4:]]
 
     def digested(budget: int) -> tuple[dict, list[int]]:
         monkeypatch.setattr(push_ledger, "HOST_KEPT_BYTES", budget)
@@ -142,4 +142,4 @@ def test_host_buckets_past_the_kept_budget_are_digested_beside_the_transfer_alik
     kept, kept_seen = digested(1 << 30)
     beside, beside_seen = digested(0)
     assert kept == beside and len(kept) == 5
-    assert kept_seen == [0, 0] and beside_seen[1] == 2  # past the budget bucket 0 is in before bucket 1 leaves
+    assert kept_seen == [0, 0, 0] and beside_seen[2] >= 2  # past the budget bucket 0 is in before bucket 2 leaves
