@@ -6,7 +6,6 @@ code (`slime.sync.*` via `slime.registry.WEIGHT_SYNC`), for each mode, and print
     python tools/bench_sync.py --modes tensor --bucket-mb 512,1024,2048 --repeats 5
     python tools/bench_sync.py --tiny --verify  # each mode also verified (in the push; beside generation): the cost
     python tools/bench_sync.py --modes tensor --delta  # verified delta pushes after one lr-1e-6 step, against full
-    python tools/bench_sync.py --digests --modes tensor --verify  # each digest path alone, then verified pushes
 
 This process is the trainer: it holds HF-named random bf16 tensors on its device, cut into buckets of
 `--bucket-mb` MiB, and pushes them with `WeightSync.push` (pause, flush, transfer, continue), exactly as
@@ -41,7 +40,6 @@ from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
-from slime.wire import weight_digest  # noqa: E402
 from slime.wire.hf_dir import write_hf_dir  # noqa: E402
 from slime.wire.tensors import Bucket, bucket_nbytes  # noqa: E402
 
@@ -103,18 +101,27 @@ def sync_floor(named, device: torch.device, repeats: int) -> float:
     """Seconds for one in-process copy of every tensor's bytes into one device buffer (median)."""
     total = sum(t.numel() * t.element_size() for _, t in named)
     dst = torch.empty(total, dtype=torch.uint8, device=device)
-    times = []
-    for _ in range(repeats + 1):
-        _synchronize(device)
-        start = time.perf_counter()
+
+    def copy_all() -> None:
         offset = 0
         for _, t in named:
             n = t.numel() * t.element_size()
             dst[offset : offset + n].copy_(t.reshape(-1).view(torch.uint8))
             offset += n
+
+    return median_seconds(copy_all, device, repeats)
+
+
+def median_seconds(run: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """The median seconds of `repeats` calls of `run`, each until the device is done, after one that warms up."""
+    times = []
+    for _ in range(repeats + 1):
+        _synchronize(device)
+        start = time.perf_counter()
+        run()
         _synchronize(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])  # the first copy warms the allocator
+    return statistics.median(times[1:])
 
 
 def _synchronize(device: torch.device) -> None:
@@ -285,9 +292,6 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="also measure verified delta pushes, each after one simulated lr-1e-6 Adam step (rollout.weight_sync.delta)",
     )
-    p.add_argument(
-        "--digests", action="store_true", help="also time each way of digesting the model on its device (no engine)"
-    )
     p.add_argument("--work-dir", default=None, help="model dir, disk-sync dirs and logs (default: a temp dir)")
     return p.parse_args()
 
@@ -362,39 +366,6 @@ def print_verification(rows) -> None:
         )
 
 
-def digest_paths(named, bucket_bytes: int) -> dict[str, Callable[[], object]]:
-    """{row: one digest of every tensor by that path}: the kernel over the whole model at once (the engine's report),
-    one launch per bucket (a push's ledger), one per tensor, torch's reduction per tensor, and the fold alone."""
-    tensors = [t for _, t in named]
-    buckets = [[t for _, t in b] for b in into_buckets(named, bucket_bytes)]
-    sums = weight_digest.block_sums_of(tensors)
-    return {
-        "block sums, one launch for the model (an engine's report)": lambda: weight_digest.block_sums_of(tensors),
-        "block sums, one launch per bucket (a push)": lambda: [weight_digest.block_sums_of(b) for b in buckets],
-        "block sums, one launch per tensor": lambda: [weight_digest.block_sums_of([t]) for t in tensors],
-        "block sums, torch's reduction per tensor": lambda: [weight_digest.block_sums(t) for t in tensors],
-        "fold of the model's block sums (to the host)": lambda: weight_digest.fold(sums),
-        "digests of the model, end to end": lambda: weight_digest.digests(tensors),
-    }
-
-
-def print_digests(named, device: torch.device, bucket_bytes: int, floor: float, repeats: int) -> None:
-    """Each way of digesting the model's tensors, timed alone on the device, against the copy floor."""
-    nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    print("\n| digest path | ms (median) | GB/s | x the device-copy floor |")
-    print("|---|---|---|---|")
-    for label, run in digest_paths(named, bucket_bytes).items():
-        times = []
-        for _ in range(repeats + 1):
-            _synchronize(device)
-            start = time.perf_counter()
-            run()
-            _synchronize(device)
-            times.append(time.perf_counter() - start)
-        med = statistics.median(times[1:])
-        print(f"| {label} | {med * 1e3:.2f} | {nbytes / med / 1e9:.0f} | {med / floor:.2f} |")
-
-
 def print_deltas(rows) -> None:
     """Each delta row against its mode's verified full row of the same call: bytes and time."""
     full = {(v.mode, v.mb): p for v, _, p in rows if v.verified and not v.deferred and not v.delta}
@@ -425,8 +396,6 @@ def main() -> None:
     print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
     write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
     floor = sync_floor(named, device, args.repeats)
-    if args.digests:
-        print_digests(named, device, int(args.bucket_mb.split(",")[0]) << 20, floor, args.repeats)
     rows = measure(named, device, work, args)
     print_table(rows, nbytes, floor)
     print_verification(rows)
