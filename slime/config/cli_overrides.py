@@ -52,8 +52,12 @@ def searched_repository(loader, config_name: str, overrides: list[Override]):
     """Hydra's config repository with the command line's `hydra.searchpath` (a folder of the user's own options)
     among its sources, as Hydra's composition builds it (ConfigLoaderImpl._parse_overrides_and_create_caching_repo,
     hydra/_internal/config_loader_impl.py; `loader` is Hydra's ConfigLoader)."""
-    lines = [o.input_line for o in overrides if o.get_key_element() == "hydra.searchpath"]
-    return loader._parse_overrides_and_create_caching_repo(config_name, lines)[1]
+    return loader._parse_overrides_and_create_caching_repo(config_name, searchpath_lines(overrides))[1]
+
+
+def searchpath_lines(overrides: list[Override]) -> list[str]:
+    """The command line's `hydra.searchpath=[...]` override, as typed (none or one)."""
+    return [o.input_line for o in overrides if o.get_key_element() == "hydra.searchpath"]
 
 
 def split_groups(overrides: list[Override], repo) -> tuple[list[Override], list[Override]]:

@@ -39,6 +39,7 @@ from slime.config.cli_overrides import (
     key_problems,
     parse,
     searched_repository,
+    searchpath_lines,
     split_groups,
 )
 from slime.plan.dry_run import dry_run
@@ -79,8 +80,8 @@ def _checked_overrides(overrides: list[Override], config_name: str) -> tuple[Dic
     bad = {p.line for p in problems}  # left out of the composition, which they would stop
     groups, keys = [o for o in groups if o.input_line not in bad], [o for o in keys if o.input_line not in bad]
     try:
-        searchpath = [o.input_line for o in keys if o.get_key_element() == "hydra.searchpath"]
-        tree = compose(config_name, overrides=[*searchpath, *analysis_overrides(groups)], return_hydra_config=True)
+        lines = [*searchpath_lines(keys), *analysis_overrides(groups)]
+        tree = compose(config_name, overrides=lines, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         _refuse([*problems, _hydra_message(exc)])
     problems += key_problems(keys, tree)
