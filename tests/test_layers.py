@@ -7,7 +7,9 @@
   other slime package at all (it is the leaf).
 - megatron, sglang, vllm and triton are optional: every module outside their homes imports without them.
 - No import cycle between slime packages (slime/<name>/ and the top-level modules slime/<name>.py), counting
-  imports at module level, under TYPE_CHECKING and inside functions; slime/train never imports slime/engine.
+  imports at module level, under TYPE_CHECKING and inside functions, and import paths written as strings;
+  slime/train never imports slime/engine.
+- slime/registry.py names no part; no class or function of the project is loaded by a string path.
 - Fewer than 10 imports inside functions in all of slime, each with a comment (on its line or the line above)
   saying why it cannot be at module level (an optional library, a module that must stay light).
 """
