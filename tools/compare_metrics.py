@@ -4,8 +4,8 @@
 
 RUN_A and RUN_B are run directories (each holding metrics.jsonl) or the files themselves. Records are compared
 in order, key by key and exactly; keys that measure time or depend on scheduling are left out (TIMING_MARKERS:
-wall-clock times and rates, and the over-sampling counters of a dynamic filter, whose in-flight requests at the
-cut depend on timing). Prints one line per differing value and a summary; exit 0 identical, 1 different,
+wall-clock times and the rates over them (tokens/s, TFLOP/s, MFU), and the over-sampling counters of a dynamic
+filter, whose in-flight requests at the cut depend on timing). Prints one line per differing value and a summary; exit 0 identical, 1 different,
 2 bad arguments. Holds a refactor to "the same first N rollouts" (e.g. each algorithm's embedded run before and
 after it).
 """
@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-TIMING_MARKERS = ("time", "per_s", "_at", "seconds", "duration", "rollout_tokens", "aborted_samples")
+# rates divide by a time (tflops, mfu) and vary as much
+TIMING_MARKERS = ("time", "per_s", "_at", "seconds", "duration", "tflops", "mfu", "rollout_tokens", "aborted_samples")
 
 
 def is_timing(key: str) -> bool:

@@ -25,6 +25,7 @@ from slime.registry import TRAIN_BACKENDS
 from slime.runtime.placement import Placement, free_address_on
 from slime.runtime.watchdog import arm_stack_dump
 from slime.runtime.worker_logging import configure_worker_logging
+from slime.train.base import BackendMethod, TrainBackend, call_backend
 from slime.train.layout import RankLayout
 from slime.train.train_setup import TrainSetup
 
@@ -37,8 +38,9 @@ class TrainRank:
         configure_worker_logging()  # its records reach logs/workers.log and the terminal (slime.runtime.worker_logging)
         self.backend = TRAIN_BACKENDS.load(setup.parallelism.backend, role)(setup, **rank_args)
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.backend, method)(*args, **kwargs)
+    def call(self, method: BackendMethod, *args: Any, **kwargs: Any) -> Any:
+        """`method` (a backend class's function, e.g. `TrainBackend.train`) on this rank's backend."""
+        return call_backend(self.backend, method, *args, **kwargs)
 
     def node_id(self) -> str:
         """The Ray node this rank's process runs on."""
@@ -52,7 +54,7 @@ class TrainRank:
         """`fn(backend)` in this rank's process (slime.runtime.fault_injection's gradient poison)."""
         return fn(self.backend)
 
-    def put_owned(self, method: str, *args: Any) -> ray.ObjectRef | None:
+    def put_owned(self, method: BackendMethod, *args: Any) -> ray.ObjectRef | None:
         """`method(*args)`; on the rank that owns the shard's results (`RankLayout.owner_of`), the result put
         into the object store, its reference returned; None from the others (their copies stay here)."""
         result = self.call(method, *args)
@@ -99,22 +101,24 @@ class TrainGroup:
         return ray.get([a.node_id.remote() for a in self.actors])
 
     # ---- dispatch ----------------------------------------------------------------------------
-    def _all(self, method: str, *args, **kwargs) -> list[Any]:
+    def _all(self, method: BackendMethod, *args, **kwargs) -> list[Any]:
         return ray.get([a.call.remote(method, *args, **kwargs) for a in self.actors])
 
-    def _per_shard(self, method: str, per_shard: Sequence[ray.ObjectRef], *args) -> list[Any]:
+    def _per_shard(self, method: BackendMethod, per_shard: Sequence[ray.ObjectRef], *args) -> list[Any]:
         """Call `method(*args, value of per_shard[dp_rank])` on every rank; return every rank's result.
 
         The reference is a top-level argument, so Ray resolves it on the rank, from the object store."""
         if len(per_shard) != self.layout.dp:
             raise RuntimeError(f"{len(per_shard)} shards for {self.layout.dp} data-parallel ranks")
         if not all(isinstance(ref, ray.ObjectRef) for ref in per_shard):
-            raise TypeError(f"{method}: per-shard data goes to the ranks by reference (ray.ObjectRef), not by value")
+            raise TypeError(
+                f"{method.__name__}: per-shard data goes to the ranks by reference (ray.ObjectRef), not by value"
+            )
         return ray.get(
             [a.call.remote(method, *args, per_shard[self.layout.shard_of(rank)]) for rank, a in enumerate(self.actors)]
         )
 
-    def _owned_refs(self, method: str, *args) -> list[ray.ObjectRef]:
+    def _owned_refs(self, method: BackendMethod, *args) -> list[ray.ObjectRef]:
         """Call `method(*args)` on every rank; per shard, the reference to its owner's result, which that rank
         put into the object store (the driver receives references only)."""
         answers = ray.get([a.put_owned.remote(method, *args) for a in self.actors])
@@ -127,7 +131,7 @@ class TrainGroup:
     # ---- the interface, group-wide -----------------------------------------------------------
     def begin_init(self) -> list[ray.ObjectRef]:
         """Start building models on every rank (two groups can build at once); then `finish_init`."""
-        return [actor.call.remote("init") for actor in self.actors]
+        return [actor.call.remote(TrainBackend.init) for actor in self.actors]
 
     def finish_init(self, pending: list[ray.ObjectRef]) -> int:
         """Wait for `begin_init`'s ranks; return the first rollout id (identical on all ranks)."""
@@ -138,52 +142,52 @@ class TrainGroup:
 
     def load_batch(self, rollout_id: int, shards: Sequence[ray.ObjectRef]) -> None:
         """Every rank loads its shard's `TrainBatch` (`shards[d]`: the rollout manager's reference to shard d)."""
-        self._per_shard("load_batch", shards, rollout_id)
+        self._per_shard(TrainBackend.load_batch, shards, rollout_id)
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
-        return self._owned(self._all("compute_log_probs", which))[0]
+        return self._owned(self._all(TrainBackend.compute_log_probs, which))[0]
 
     def compute_values(self) -> list[ray.ObjectRef]:
         """Critic: per shard, a reference to its values (per sample, the value of every response token)."""
-        return self._owned_refs("compute_values")
+        return self._owned_refs(TrainBackend.compute_values)
 
     def compute_advantages(self) -> dict[str, float]:
-        return self._owned(self._all("compute_advantages"))[0]
+        return self._owned(self._all(TrainBackend.compute_advantages))[0]
 
     def set_column(self, name: str, per_shard: Sequence[ray.ObjectRef]) -> None:
         """Every rank sets column `name` from its shard's per-sample lists (`per_shard[d]`, a reference)."""
-        self._per_shard("set_column", per_shard, name)
+        self._per_shard(TrainBackend.set_column, per_shard, name)
 
     def get_column(self, name: str) -> list[ray.ObjectRef]:
         """Per shard, a reference to column `name` as per-sample lists (e.g. the actor's returns)."""
-        return self._owned_refs("get_column", name)
+        return self._owned_refs(TrainBackend.get_column, name)
 
     def train(self, *, update: bool = True) -> dict:
         """{"steps": [...], "perf": {...}} of the first shard's owner (step metrics are reduced over ranks)."""
-        return self._owned(self._all("train", update=update))[0]
+        return self._owned(self._all(TrainBackend.train, update=update))[0]
 
     def connect_weight_sync(self, mode: str, engine_urls: list[str], context) -> None:
-        self._all("connect_weight_sync", mode, engine_urls, context)
+        self._all(TrainBackend.connect_weight_sync, mode, engine_urls, context)
 
     def update_weights(self, weight_version: int) -> dict[str, float]:
-        return self._all("update_weights", weight_version)[0]
+        return self._all(TrainBackend.update_weights, weight_version)[0]
 
     def weights_verified(self) -> dict[str, float]:
         """The last push's check, awaited where it runs beside generation (TrainBackend.weights_verified)."""
-        return self._all("weights_verified")[0]
+        return self._all(TrainBackend.weights_verified)[0]
 
     def offload(self) -> None:
         """Free accelerator memory for colocated engines (every rank)."""
-        self._all("offload")
+        self._all(TrainBackend.offload)
 
     def onload(self) -> None:
-        self._all("onload")
+        self._all(TrainBackend.onload)
 
     def save_hf(self, path: str) -> None:
-        self._all("save_hf", path)
+        self._all(TrainBackend.save_hf, path)
 
     def save_checkpoint(self, rollout_id: int, root: str) -> None:
-        self._all("save_checkpoint", rollout_id, root)
+        self._all(TrainBackend.save_checkpoint, rollout_id, root)
 
     def run_on_rank(self, rank: int, fn: Callable[[], Any]) -> Any:
         """`fn()` in rank `rank`'s process; waits for its result."""
@@ -198,7 +202,7 @@ class TrainGroup:
         for actor in self.actors:
             try:
                 if graceful:
-                    ray.get(actor.call.remote("shutdown"), timeout=30)
+                    ray.get(actor.call.remote(TrainBackend.shutdown), timeout=30)
             except Exception:  # a dead rank must not block teardown
                 pass
             ray.kill(actor)

@@ -27,8 +27,8 @@ or writes an HF directory (`save_hf`). `save_checkpoint`/`load_checkpoint` keep 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 
@@ -192,6 +192,24 @@ class TrainBackend(abc.ABC):
     def shutdown(self) -> None:
         """Release process groups and other resources."""
         self.close_weight_sync()
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+BackendMethod = Callable[Concatenate[Any, P], R]  # a function of a backend class, e.g. TrainBackend.train
+
+
+def call_backend(backend: TrainBackend, method: BackendMethod[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """`method(*args, **kwargs)` as `backend` implements it: `method` is a function of the backend's classes
+    (`TrainBackend.train`, or a subclass's own), the call runs the most derived override of it.
+
+    The runtime sends ranks such references, never method names: a call site names the interface function it
+    calls, so its parameters are checked and its callers found. Raises TypeError for a function the backend's
+    classes do not define (a plain function, another class's method)."""
+    name = getattr(method, "__name__", None)
+    if not any(vars(cls).get(name) is method for cls in type(backend).__mro__):
+        raise TypeError(f"{method!r} is not a method of {type(backend).__name__} or its bases")
+    return getattr(backend, name)(*args, **kwargs)
 
 
 def get_backend_class(name: str, role: str = "actor") -> type[TrainBackend]:

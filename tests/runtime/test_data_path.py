@@ -18,10 +18,11 @@ from slime.rollout.postprocess import split_for_data_parallel
 from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager, RolloutResult
 from slime.runtime.rollout_setup import rollout_setup
 from slime.runtime.train_group import TrainGroup
+from slime.train.base import TrainBackend
 from slime.train.layout import RankLayout
 from slime.types import Sample, SampleStatus, TrainBatch
 from tests.helpers.compose import typed_config
-from tests.helpers.train_ranks import critic_values, recording_group
+from tests.helpers.train_ranks import RecordingBackend, critic_values, recording_group
 
 LAYOUT = RankLayout(dp=2, tp=2)  # ranks 0, 1 train shard 0; ranks 2, 3 shard 1
 GROUPS, PER_GROUP, STEPS = 4, 2, 2
@@ -116,7 +117,7 @@ class _CallLog:
 
 
 def _received(group) -> list[dict]:
-    return ray.get([actor.call.remote("received") for actor in group.actors])
+    return ray.get([actor.call.remote(RecordingBackend.received) for actor in group.actors])
 
 
 def test_each_shard_reaches_its_ranks_as_one_object_the_driver_never_fetches(manager, groups, driver_gets):
@@ -130,7 +131,7 @@ def test_each_shard_reaches_its_ranks_as_one_object_the_driver_never_fetches(man
 
     # every rank got its shard's reference itself (so the ranks of one shard read one object) ...
     for rank, log in enumerate(logs):
-        assert log == [("load_batch", 0, result.shards[LAYOUT.shard_of(rank)])]
+        assert log == [(TrainBackend.load_batch, 0, result.shards[LAYOUT.shard_of(rank)])]
     assert not any(_holds_training_data(value) for value in driver_gets)
     # ... and holds that shard: the manager's split, the same samples in the same order
     samples = [s for g in _samples() for s in g]
