@@ -35,6 +35,7 @@ import torch
 from slime.registry import TRAIN_BACKENDS
 from slime.sync.base import SyncContext, connect_follower, connect_weight_sync
 from slime.train.layout import RankLayout
+from slime.train.shard import LoadedShard
 from slime.train.train_setup import TrainSetup
 from slime.types import TrainBatch
 from slime.wire.hf_dir import write_hf_dir
@@ -60,15 +61,23 @@ class TrainBackend(abc.ABC):
         self.coords = layout.coords(rank)
         self.master_addr = master_addr
         self.master_port = master_port
-        self.rollout_id: int | None = None
-        self.batch: TrainBatch | None = None
-        self.columns: dict[str, torch.Tensor] = {}  # flat per-response-token columns of the loaded batch
+        self.shard: LoadedShard | None = None  # the rollout step's data and columns, from load_batch
         self.device = torch.device("cpu")  # where columns live; a backend sets its own in init()
         self.weight_sync = None
 
     @property
     def world_size(self) -> int:
         return self.layout.world_size
+
+    @property
+    def batch(self) -> TrainBatch | None:
+        """The loaded shard's samples (None before the first `load_batch`)."""
+        return None if self.shard is None else self.shard.batch
+
+    @property
+    def columns(self) -> dict[str, torch.Tensor]:
+        """The loaded shard's flat per-response-token columns (empty before the first `load_batch`)."""
+        return {} if self.shard is None else self.shard.columns
 
     # ---- build, load, save -------------------------------------------------------------------
     @abc.abstractmethod
@@ -86,7 +95,7 @@ class TrainBackend(abc.ABC):
     # ---- one rollout step --------------------------------------------------------------------
     def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
         """Hold this rank's data-parallel shard for the calls of one rollout step."""
-        self.rollout_id, self.batch, self.columns = rollout_id, batch, {}
+        self.shard = LoadedShard(rollout_id, batch, self.device)
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Actor: forward-only log-probs of the response tokens, kept as column `<which>_log_probs`;
@@ -112,7 +121,7 @@ class TrainBackend(abc.ABC):
 
     def set_column(self, name: str, per_sample: list[list[float]]) -> None:
         """Set a per-token column of the loaded shard from per-sample lists (e.g. the critic's values)."""
-        self.columns[name] = torch.tensor(
+        self.shard.columns[name] = torch.tensor(
             [v for sample in per_sample for v in sample], dtype=torch.float32, device=self.device
         )
 

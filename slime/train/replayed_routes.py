@@ -14,20 +14,29 @@ import numpy as np
 
 from slime.config.routing_replay import RoutingReplay
 from slime.models.moe.routes import decode_routes
+from slime.train.train_setup import TrainSetup
 from slime.types import TrainBatch
 
 
-class ReplayedRoutes:
-    """A backend mixin over `TrainBackend`: `self.setup`, `self.batch`."""
+class RouteReplay:
+    """An actor's routing replay (`algo.routing_replay`) over the batch it has loaded: the engine's routes per
+    sample (rollout mode) or the routes its log-prob pass recorded per micro-batch (train mode). The actor
+    backends hold one and call `load` with each batch."""
+
+    def __init__(self, setup: TrainSetup):
+        self.mode = RoutingReplay(setup.algo.routing_replay)
+        self.model = setup.model
+        self.recorded: dict[tuple[int, ...], Any] = {}  # micro-batch -> its recorded routes (train mode)
+        self.sample_routes: list[np.ndarray] | None = None  # per sample, the engine's (rollout mode)
 
     @property
-    def routing_replay(self) -> RoutingReplay:
-        return RoutingReplay(self.setup.algo.routing_replay)
+    def replays(self) -> bool:
+        return self.mode.replays
 
-    def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
-        super().load_batch(rollout_id, batch)
-        self.recorded_routes: dict[tuple[int, ...], Any] = {}  # micro-batch -> its recorded routes (train mode)
-        self.sample_routes = self._engine_routes(batch) if self.routing_replay.engine_returns_routes else None
+    def load(self, batch: TrainBatch) -> None:
+        """A new batch: no routes recorded yet; the engine's decoded when this mode replays them."""
+        self.recorded = {}
+        self.sample_routes = self._engine_routes(batch) if self.mode.engine_returns_routes else None
 
     def _engine_routes(self, batch: TrainBatch) -> list[np.ndarray]:
         """Per sample int32 `[len(tokens) - 1, num_layers, topk]` from the engine's base64."""
@@ -37,22 +46,22 @@ class ReplayedRoutes:
                 "none (a custom generate function must keep meta_info.routed_experts: "
                 "slime.rollout.generate.append_engine_output)"
             )
-        m = self.setup.model
+        m = self.model
         return [
             decode_routes(text, num_tokens=len(tokens), num_layers=m.num_layers, topk=m.moe_router_topk)
             for text, tokens in zip(batch.routed_experts, batch.tokens)
         ]
 
-    def _records_routes(self, frozen) -> bool:
+    def records(self, frozen) -> bool:
         """Whether a log-prob pass with `frozen` (None: the policy's own) records the policy's routes (train mode)."""
-        return frozen is None and self.routing_replay.trainer_records_routes
+        return frozen is None and self.mode.trainer_records_routes
 
-    def _recorded(self, mb: list[int]):
+    def recorded_for(self, mb: list[int]):
         """The routes the log-prob pass recorded for micro-batch `mb` (train mode)."""
         key = tuple(mb)
-        if key not in self.recorded_routes:
+        if key not in self.recorded:
             raise RuntimeError(
                 f"routing replay (train): micro-batch {list(mb)} was not in the log-prob pass; the passes must "
                 "split the batch alike"
             )
-        return self.recorded_routes[key]
+        return self.recorded[key]

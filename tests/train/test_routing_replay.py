@@ -103,7 +103,7 @@ def test_fsdp_train_mode_replays_the_log_prob_pass_after_the_weights_moved(moe, 
     tap = RouterTap(backend.model)
     with tap.capture():
         train_rollout(backend, batch)
-    recorded = backend.recorded_routes
+    recorded = backend.routes.recorded
     assert len(recorded) == 2  # one micro-batch per step
     taken = tap.take()
     log_prob_pass = torch.cat([recorded[key] for key in recorded])
@@ -175,10 +175,10 @@ def test_megatron_train_mode_replays_the_log_prob_pass_after_the_weights_moved(m
         recorded = torch.cat(
             [
                 torch.stack([by_layer[n] for n in sorted(by_layer)], dim=1).cpu()
-                for by_layer in backend.recorded_routes.values()
+                for by_layer in backend.routes.recorded.values()
             ]
         )
-        assert len(backend.recorded_routes) == 2 and passes.shape[0] == 2 * recorded.shape[0]
+        assert len(backend.routes.recorded) == 2 and passes.shape[0] == 2 * recorded.shape[0]
         assert expert_sets_equal(passes[: len(recorded)], recorded).all()
         assert expert_sets_equal(passes[len(recorded) :], recorded).all()
     finally:

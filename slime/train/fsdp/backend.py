@@ -18,13 +18,13 @@ from slime.models.moe.routes import stream_routes
 from slime.train import batching, packing
 from slime.train.fsdp import lora
 from slime.train.fsdp.rank import FSDPRank
-from slime.train.replayed_routes import ReplayedRoutes
-from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+from slime.train.replayed_routes import RouteReplay
+from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps, frozen_model, log_probs_perf
 from slime.train.throughput import begin_phase, matmul_ceiling_tflops, seconds_since
 from slime.types import TrainBatch
 
 
-class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
+class FSDPBackend(FSDPRank):
     """The actor role of the fsdp backend."""
 
     role = "actor"
@@ -33,9 +33,11 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
     def init(self) -> int:
         s = self.setup
         lr = s.model.lora.lr if s.model.lora.enabled and s.model.lora.lr is not None else s.train.lr
+        self.routes = RouteReplay(s)
         self._build(init_path=s.model.hf_checkpoint, lr=lr, warmup_steps=s.train.lr_warmup_steps)
-        self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
-        self.router_tap = RouterTap(self.model) if self.routing_replay.replays else None  # the policy's only
+        peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
+        self.steps = ActorSteps(s, all_reduce=self._all_reduce, world_size=self.world_size, peak_tflops=peak_tflops)
+        self.router_tap = RouterTap(self.model) if self.routes.replays else None  # the policy's only
         # the reference model and the distillation teacher, by column; never trained. With LoRA a reference that is
         # the policy's own checkpoint is the policy with its adapters off (`lora.base_only`): no second copy
         self.base_gains = None
@@ -56,6 +58,13 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
+
+    def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
+        super().load_batch(rollout_id, batch)
+        self.routes.load(batch)
+
+    def compute_advantages(self) -> dict[str, float]:
+        return self.steps.advantages(self.shard)
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         # fp32 master weights; bf16 compute comes from FSDP2's policy or autocast (`FSDPOptions`)
@@ -84,16 +93,17 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
                 chunk_size=self.LOGITS_CHUNK_TOKENS,
             )
         if record:
-            self.recorded_routes[tuple(indices)] = tap.take()
+            self.routes.recorded[tuple(indices)] = tap.take()
         return out
 
     def _stream_routes(self, indices: list[int]) -> torch.Tensor | None:
         """int64 `[T, layers, k]` routes of the packed stream of `indices` to replay (None: route freely)."""
-        if self.sample_routes is not None:
-            routes = stream_routes([self.sample_routes[i] for i in indices], self.setup.model.num_experts)
+        replay = self.routes
+        if replay.sample_routes is not None:
+            routes = stream_routes([replay.sample_routes[i] for i in indices], self.setup.model.num_experts)
             return torch.from_numpy(routes).long().to(self.device)
-        if self.routing_replay.trainer_records_routes and self.recorded_routes:
-            return self._recorded(indices)
+        if replay.mode.trainer_records_routes and replay.recorded:
+            return replay.recorded_for(indices)
         return None
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
@@ -102,7 +112,7 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
         Uses the training pass's exact micro-batches, so at the first step the recomputed log-probs
         equal these bit for bit (ppo_kl and kl_loss are exactly 0), whatever the padding.
         """
-        frozen = self._frozen(which)
+        frozen = frozen_model(which, self.frozen)
         model = self.model if frozen is None else frozen
         start = time.perf_counter()
         begin_phase(self.device)
@@ -110,7 +120,7 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
         micro = [mb for step in batching.step_indices(batch) for mb in self._micro_batches(step)]
         parts = {}
         model.train(which == "old")  # the actor in its training mode: the first step's ratio is exactly 1
-        record = self._records_routes(frozen)
+        record = self.routes.records(frozen)
         base = lora.base_only(self.model, self.base_gains) if frozen is self.model else contextlib.nullcontext()
         with torch.no_grad(), self._on_device(model), base:
             for mb in micro:
@@ -120,7 +130,7 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
                 log_probs = self._forward(model, batch, mb, with_entropy=False, record=record)[0]
                 parts.update(zip(mb, torch.split(log_probs, [batch.response_lengths[i] for i in mb])))
         self.columns[LOG_PROB_COLUMNS[which]] = torch.cat([parts[i] for i in range(len(batch))])
-        return self._log_probs_perf(which, seconds_since(start, self.device))
+        return log_probs_perf(which, seconds_since(start, self.device), self.device)
 
     @contextlib.contextmanager
     def _on_device(self, model):
@@ -147,11 +157,12 @@ class FSDPBackend(ActorSteps, ReplayedRoutes, FSDPRank):
 
             def micro_loss(mb, weights, mb_mask, step=step):
                 log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=True)
-                return self._actor_micro_loss(mb, step, weights, mb_mask, log_probs, entropy)
+                return self.steps.micro_loss(self.shard, mb, step, weights, mb_mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step[step])
             steps.append(metrics)
         if self.router_tap is not None:
             self.router_tap.replay(None)
-        return {"steps": steps, "perf": self._train_perf(seconds_since(start, self.device), trained=bool(steps))}
+        perf = self.steps.train_perf(self.shard, seconds_since(start, self.device), trained=bool(steps))
+        return {"steps": steps, "perf": perf}

@@ -25,7 +25,6 @@ from slime.train.base import TrainBackend
 from slime.train.finite import NonFiniteError, check_finite_parameters, nonfinite_gradient
 from slime.train.fsdp import checkpoint, float8, lora, parallel
 from slime.train.schedule import lr_factor
-from slime.train.steps import BatchColumns
 from slime.train.vision_batch import VisionInputs
 from slime.types import TrainBatch
 from slime.vision.sequence import ModelImages
@@ -37,7 +36,7 @@ logger = logging.getLogger(__name__)
 MicroBatchLoss = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-class FSDPRank(BatchColumns, TrainBackend):
+class FSDPRank(TrainBackend):
     """Model, optimizer and step loop of one fsdp rank (actor or critic)."""
 
     router_tap = None  # the actor's MoE routing replay hooks (slime.models.moe.hf_routers.RouterTap), when it replays
@@ -202,8 +201,8 @@ class FSDPRank(BatchColumns, TrainBackend):
             if not mb:
                 (self._dummy_loss(self.model) * scale).backward()
                 continue
-            mask = self._flat(batch.loss_masks, mb)
-            loss, mb_metrics = micro_loss(mb, self._weights(batch, mb, step, mask, reduction_mode(s.algo)), mask)
+            mask = self.shard.flat(batch.loss_masks, mb)
+            loss, mb_metrics = micro_loss(mb, self.shard.weights(mb, step, mask, reduction_mode(s.algo)), mask)
             nonfinite_loss |= ~torch.isfinite(loss.detach())
             (loss * scale).backward()
             sum_metrics(totals, mb_metrics)

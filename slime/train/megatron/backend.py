@@ -17,12 +17,13 @@ from slime.train.megatron.batch import MicroBatch
 from slime.train.megatron.logprobs import vocab_parallel_log_probs
 from slime.train.megatron.model_config import lm_head_weight
 from slime.train.megatron.rank import MegatronRank
-from slime.train.replayed_routes import ReplayedRoutes
-from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps
+from slime.train.replayed_routes import RouteReplay
+from slime.train.steps import LOG_PROB_COLUMNS, ActorSteps, frozen_model, log_probs_perf
 from slime.train.throughput import begin_phase, matmul_ceiling_tflops, seconds_since
+from slime.types import TrainBatch
 
 
-class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
+class MegatronBackend(MegatronRank):
     """The actor role of the megatron backend."""
 
     role = "actor"
@@ -34,13 +35,22 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
 
     def init(self) -> int:
         s = self.setup
+        self.routes = RouteReplay(s)  # before the build: the model's config asks whether it replays
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
-        self.peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
+        peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
+        self.steps = ActorSteps(s, all_reduce=self._all_reduce, world_size=self.world_size, peak_tflops=peak_tflops)
         # the reference model and the distillation teacher, by column: CPU copies of this rank's parameters
         self.frozen = {which: self._load_frozen(path) for which, path in s.frozen_checkpoints.items()}
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
         return 0
+
+    def load_batch(self, rollout_id: int, batch: TrainBatch) -> None:
+        super().load_batch(rollout_id, batch)
+        self.routes.load(batch)
+
+    def compute_advantages(self) -> dict[str, float]:
+        return self.steps.advantages(self.shard)
 
     # ---- frozen weights (reference, teacher) ----------------------------------------------------
     def _load_frozen(self, path: str) -> dict[str, torch.Tensor]:
@@ -81,28 +91,28 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
 
     def compute_log_probs(self, which: str) -> dict[str, float]:
         """Flat log-probs of every response token (batch order), forward-only, as column `<which>_log_probs`."""
-        frozen = self._frozen(which)
+        frozen = frozen_model(which, self.frozen)
         start = time.perf_counter()
         begin_phase(self.device)
         live = self._param_copy() if frozen is not None else None
         if live is not None:
             self._load_params(frozen)
-        self._recording = self._records_routes(frozen)
-        self._replaying = frozen is None and self.routing_replay.replays and not self._recording
+        self._recording = self.routes.records(frozen)
+        self._replaying = frozen is None and self.routes.replays and not self._recording
         try:
             self.columns[LOG_PROB_COLUMNS[which]] = self._forward_only(batching.step_indices(self.batch))
         finally:
             self._recording = self._replaying = False
             if live is not None:
                 self._load_params(live)
-        return self._log_probs_perf(which, seconds_since(start, self.device))
+        return log_probs_perf(which, seconds_since(start, self.device), self.device)
 
-    # ---- MoE routing replay (slime.train.replayed_routes) ----------------------------------------
+    # ---- MoE routing replay (slime.train.replayed_routes.RouteReplay) ----------------------------------------
     def _megatron_fields(self) -> dict:
-        return super()._megatron_fields() | ({"moe_enable_routing_replay": True} if self.routing_replay.replays else {})
+        return super()._megatron_fields() | ({"moe_enable_routing_replay": True} if self.routes.replays else {})
 
     def _route(self, chunk, mb: list[int], packed: MicroBatch) -> None:
-        if not self.routing_replay.replays:
+        if not self.routes.replays:
             return
         routers = routes.moe_routers(chunk)
         if self._recording:
@@ -112,15 +122,15 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
 
     def _routed(self, chunk, mb: list[int]) -> None:
         if self._recording:
-            self.recorded_routes.setdefault(tuple(mb), {}).update(routes.recorded(routes.moe_routers(chunk)))
+            self.routes.recorded.setdefault(tuple(mb), {}).update(routes.recorded(routes.moe_routers(chunk)))
 
     def _replayed(self, mb: list[int], packed: MicroBatch) -> dict[int, torch.Tensor]:
         """Micro-batch `mb`'s routes by layer number: the engine's in its local layout, or the log-prob pass's."""
-        if self.sample_routes is None:
-            return self._recorded(mb)
+        if self.routes.sample_routes is None:
+            return self.routes.recorded_for(mb)
         sp = self.layout.tp if self.config.sequence_parallel else 1
         local = routes.layout_routes(
-            [self.sample_routes[i] for i in mb],
+            [self.routes.sample_routes[i] for i in mb],
             packed,
             cp=self.layout.cp,
             sp_size=sp,
@@ -135,14 +145,15 @@ class MegatronBackend(ActorSteps, ReplayedRoutes, MegatronRank):
         start = time.perf_counter()
         begin_phase(self.device)
         steps = []
-        self._replaying = self.routing_replay.replays
+        self._replaying = self.routes.replays
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def on_micro(mb, weights, mask, log_probs, entropy, step=step):
-                return self._actor_micro_loss(mb, step, weights, mask, log_probs, entropy)
+                return self.steps.micro_loss(self.shard, mb, step, weights, mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step[step])
             steps.append(metrics)
         self._replaying = False
-        return {"steps": steps, "perf": self._train_perf(seconds_since(start, self.device), trained=bool(steps))}
+        perf = self.steps.train_perf(self.shard, seconds_since(start, self.device), trained=bool(steps))
+        return {"steps": steps, "perf": perf}

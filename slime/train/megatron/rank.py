@@ -27,7 +27,6 @@ from slime.train.finite import NonFiniteError, check_finite_parameters
 from slime.train.megatron import batch as mbatch
 from slime.train.megatron import checkpoint, hf_weights, optimizer, parallel, rope
 from slime.train.megatron.model_config import build_model_chunks, compile_layers, transformer_config
-from slime.train.steps import BatchColumns
 from slime.types import TrainBatch
 from slime.wire.tensors import Bucket
 
@@ -35,7 +34,7 @@ from slime.wire.tensors import Bucket
 OnScores = Callable[[list[int], torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
-class MegatronRank(BatchColumns, TrainBackend):
+class MegatronRank(TrainBackend):
     """Model chunks, optimizer and step loop of one megatron rank (actor or critic)."""
 
     head = "lm"  # build_model_chunks head: "lm" (actor) or "value" (critic)
@@ -242,8 +241,8 @@ class MegatronRank(BatchColumns, TrainBackend):
         mode = reduction_mode(self.setup.algo)
 
         def on_scores(mb, scores, entropy):
-            mask = self._flat(batch.loss_masks, mb)
-            return on_micro(mb, self._weights(batch, mb, step, mask, mode), mask, scores, entropy)
+            mask = self.shard.flat(batch.loss_masks, mb)
+            return on_micro(mb, self.shard.weights(mb, step, mask, mode), mask, scores, entropy)
 
         outs = self._run(self._micro_batches(indices), on_scores, forward_only=False, with_entropy=self.with_entropy)
         _, grad_norm, _ = self.optimizer.step()
