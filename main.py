@@ -15,9 +15,9 @@ import hydra
 from omegaconf import DictConfig
 
 from slime.config import register_configs
+from slime.driver.front_door import check_command_line
+from slime.driver.launch import EXIT_CONFIG_ERROR, execute
 from slime.plan.listing import register_listing_resolver
-from slime.runtime.front_door import check_command_line
-from slime.runtime.launch import EXIT_CONFIG_ERROR, execute
 
 register_configs()
 register_listing_resolver()  # ${slime_registry:} in the --help text

@@ -1,14 +1,15 @@
 """The seam rules (docs/architecture.md#import-rules), checked on the source: who may import what.
 
 - slime/algo: tensors in, tensors and metrics out: torch and the standard library only.
-- Ray only in slime/runtime: backends, engines and sync classes are plain classes that Ray wraps.
+- Ray only in the two processes' packages, slime/driver and slime/rollout/manager: backends, engines and sync
+  classes are plain classes that Ray wraps.
 - megatron only in slime/train/megatron; sglang only in slime/engine/sglang; vllm only in slime/engine/vllm.
 - slime/config imports no heavy library at module level (validation runs before anything starts), and no
   other slime package at all (it is the leaf).
 - megatron, sglang, vllm and triton are optional: every module outside their homes imports without them.
 - No import cycle between slime packages (slime/<name>/ and the top-level modules slime/<name>.py), counting
   imports at module level, under TYPE_CHECKING and inside functions, and import paths written as strings;
-  slime/train never imports slime/engine.
+  slime/train never imports slime/engine; slime/rollout never imports slime/driver (the layer above it).
 - slime/registry.py names no part; no class or function of the project is loaded by a string path.
 - Fewer than 10 imports inside functions in all of slime, each with a comment (on its line or the line above)
   saying why it cannot be at module level (an optional library, a module that must stay light).
@@ -90,14 +91,18 @@ def test_algo_is_pure_torch():
 
 
 def test_the_scanner_sees_imports():
-    assert "ray" in imports(PACKAGE / "runtime" / "driver.py")
+    assert "ray" in imports(PACKAGE / "driver" / "driver.py")
+    assert "ray" in imports(PACKAGE / "rollout" / "manager" / "actor.py")
     assert "slime.engine.http_client" in imports(PACKAGE / "engine" / "client.py")
     assert "transformers" in imports(PACKAGE / "train" / "fsdp" / "critic.py", module_level_only=True)
     assert "slime.train.layout" in imports(PACKAGE / "train" / "base.py")  # a relative-free absolute import
 
 
-def test_ray_only_in_the_runtime():
-    assert offenders(lambda rel, name: top(name) == "ray" and not rel.startswith("runtime/")) == []
+RAY_HOMES = ("driver/", "rollout/manager/")  # the driver's process and the rollout manager's
+
+
+def test_ray_only_in_the_two_processes_packages():
+    assert offenders(lambda rel, name: top(name) == "ray" and not rel.startswith(RAY_HOMES)) == []
 
 
 @pytest.mark.parametrize(
@@ -291,7 +296,8 @@ def test_the_cycle_finder_finds_cycles():
     assert cycles({("a", "b"): [], ("b", "c"): [], ("c", "a"): [], ("c", "d"): []}) == [["a", "b", "c"]]
     assert cycles({("a", "b"): [], ("b", "c"): []}) == []
     edges = package_edges()
-    assert ("runtime", "train") in edges and ("sync", "engine") in edges  # the scanner sees package imports
+    assert ("driver", "train") in edges and ("sync", "engine") in edges  # the scanner sees package imports
+    assert ("driver", "rollout") in edges  # the driver imports the rollout manager's package
 
 
 def test_no_import_cycle_between_packages():
@@ -330,6 +336,12 @@ def test_no_class_or_function_of_the_project_is_loaded_by_a_string_path():
 
 def test_train_never_imports_engine():
     assert package_edges().get(("train", "engine"), []) == []
+
+
+def test_rollout_never_imports_driver():
+    """The rollout manager's process is the layer under the driver's: what both use (the bundles an actor is placed
+    on, the errors naming a dead engine, a worker's logging and stack dump) lives in slime/rollout/manager."""
+    assert package_edges().get(("rollout", "driver"), []) == []
 
 
 # ---------------------------------------------------------------------------- imports inside functions

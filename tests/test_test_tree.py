@@ -145,7 +145,7 @@ def test_every_test_of_a_tier_folder_carries_its_marker(folder, marker):
 
 def test_the_slow_files_are_those_with_a_slow_mark():
     found = slow_files()
-    assert "tests/e2e/test_end_to_end.py" in found and "tests/runtime/test_fault_tolerance.py" in found
+    assert "tests/e2e/test_end_to_end.py" in found and "tests/rollout/manager/test_fault_tolerance.py" in found
     assert all(name.startswith("tests/") and name.endswith(".py") for name in found)
     assert "tests/test_test_tree.py" not in found  # it writes the mark in strings, marks nothing
 

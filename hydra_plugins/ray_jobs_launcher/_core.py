@@ -34,7 +34,7 @@ from hydra_plugins.ray_jobs_launcher._jobs import (
 from slime.config import ConfigError
 from slime.config.problems import Problem
 from slime.config.validate_addresses import address_problem
-from slime.runtime.launch import EXIT_CONFIG_ERROR
+from slime.driver.launch import EXIT_CONFIG_ERROR
 
 log = logging.getLogger(__name__)
 

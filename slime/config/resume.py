@@ -2,7 +2,7 @@
 
 Every backend publishes an iteration whole (staged, its manifest of file sizes and checksums written, renamed:
 slime/train/checkpoint_files.py) and writes `<root>/latest_checkpointed_iteration.txt` last, atomically, once the
-whole checkpoint (data source, critic, actor) is on disk (slime/runtime/loop.py `save`), so the tracker names the
+whole checkpoint (data source, critic, actor) is on disk (slime/driver/loop.py `save`), so the tracker names the
 latest complete checkpoint and anything newer under the root is the debris of a killed save.
 
 Before a run resumes, the iteration it picks is verified against its manifest: `resume=auto` (and a

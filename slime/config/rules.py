@@ -29,7 +29,7 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine")
 ON_NONFINITE = ("stop", "skip")
 PRECISIONS = ("auto", "fp32", "bf16")
 WANDB_MODES = ("online", "offline", "disabled", "auto")
-CONSOLE_MODES = ("plain", "verbose")  # logger.console: slime/runtime/console.py
+CONSOLE_MODES = ("plain", "verbose")  # logger.console: slime/driver/console.py
 SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 

@@ -93,7 +93,7 @@ class LoggerConfig:
     """Metric sinks and what the console and run directory show."""
 
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    # What the terminal shows (slime/runtime/console.py): plain (the plan summary, one line per rollout step, on a
+    # What the terminal shows (slime/driver/console.py): plain (the plan summary, one line per rollout step, on a
     # terminal a live display below them, warnings and errors, the end summary; everything else in <run dir>/main.log
     # and logs/) or verbose (also the resolved config, every log record and the Ray workers' output)
     console: str = "plain"
@@ -193,7 +193,7 @@ class PhasePoint:
 
 @dataclass(kw_only=True)
 class RuntimeConfig:
-    """The driver's watchdog (slime.runtime.watchdog)."""
+    """The driver's watchdog (slime.driver.watchdog)."""
 
     # A phase (RUN_PHASES, teardown excepted) running longer than this many seconds: every actor's Python stacks
     # are dumped to <run dir>/stacks/<pid>.txt, result.json says status "hung" and names the phase, the run is

@@ -1,7 +1,7 @@
 """A run on a multi-node Ray cluster, written out for the two schedulers our users launch on: a KubeRay `RayJob`
 manifest and a Slurm batch script. Both start one Ray node per machine (the head on the first), each declaring the
 machine's GPUs, then run `python main.py <overrides> cluster.ray_address=...` on the head; the run's placement group
-then spans the nodes (slime.runtime.placement). Pure text: nothing here needs Kubernetes, Slurm or Ray.
+then spans the nodes (slime.driver.placement). Pure text: nothing here needs Kubernetes, Slurm or Ray.
 
 KubeRay's fields follow its `ray.io/v1` RayJob CRD (`entrypoint`, `rayClusterSpec.headGroupSpec`,
 `workerGroupSpecs[*].replicas`, `rayStartParams`); the job's entrypoint runs on the head pod, where KubeRay sets

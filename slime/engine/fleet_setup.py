@@ -1,4 +1,5 @@
-"""What the rollout manager's engines need from the run config (slime.runtime.engine_fleet builds them from it)."""
+"""What the rollout manager's engines need from the run config (slime.rollout.manager.engine_fleet builds them from
+it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The plan summary a run prints when it starts: what runs where, how long, and where its files go, in at most
 MAX_LINES lines. The whole resolved config is `<run dir>/config.yaml` (and `python main.py ... --cfg job` prints the
-composed one); `logger.console=verbose` prints it too (slime/runtime/console.py)."""
+composed one); `logger.console=verbose` prints it too (slime/driver/console.py)."""
 
 from __future__ import annotations
 

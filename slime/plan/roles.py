@@ -1,6 +1,6 @@
 """Which bundle of the run's placement group each role gets: pure arithmetic, no Ray.
 
-`create_placement` (slime.runtime.placement) applies it to the bundles Ray reserved, sorted by (node IP,
+`create_placement` (slime.driver.placement) applies it to the bundles Ray reserved, sorted by (node IP,
 GPU id); the dry run (slime.plan.dry_run) applies it to the bundles such a sort gives on empty identical
 nodes under the PACK strategy: bundle i on node i // num_gpus_per_node, GPU i % num_gpus_per_node.
 Disaggregated: actor (+ critic) bundles first, then rollout bundles; colocated: rollout engines share

@@ -68,7 +68,7 @@ def check_prompt_lengths(cfg: RunConfig, tokenizer) -> Iterator[Problem]:
     """`rollout.max_prompt_len` against every prompt file, measured as the rollout will (`PromptDataset`:
     templated, without special tokens; a custom data.source_class is not built here): a file it empties would
     stop the run after the engines started. Needs the model's tokenizer and the generated files, so it runs after
-    the prepare phase (slime.runtime.preflight)."""
+    the prepare phase (slime.driver.preflight)."""
     limit = cfg.rollout.max_prompt_len
     if limit is None or limit <= 0 or cfg.debug.load_rollout_data is not None:
         return

@@ -5,7 +5,7 @@ the configured rollout function, post-processes rewards (group normalisation,
 docs/algorithms.md#reward-post-processing), splits the step's samples over the data-parallel ranks, evaluates, and
 saves or restores the data source's cursor and this process's generators with a checkpoint. Only the rollout
 manager's actor process imports it (torch and transformers, ~2 CPU-seconds): the manager builds it once its engines
-were launched (slime.runtime.rollout_manager), so the driver, which imports the manager to define the actor, loads no
+were launched (slime.rollout.manager.actor), so the driver, which imports the manager to define the actor, loads no
 torch. It reaches the engines through what `Engines` names (the manager's EngineFleet).
 """
 
@@ -57,7 +57,7 @@ from slime.vision.prompt import PromptImages
 
 
 class Engines(Protocol):
-    """What the producer asks of the run's engines (slime.runtime.engine_fleet.EngineFleet)."""
+    """What the producer asks of the run's engines (slime.rollout.manager.engine_fleet.EngineFleet)."""
 
     def router_url(self) -> str: ...  # the policy's router
 

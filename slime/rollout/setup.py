@@ -1,5 +1,5 @@
 """The rollout manager's configuration: its typed sub-config and the run-level numbers it needs (the driver builds
-it: slime.runtime.rollout_setup), and the keys of a rollout's wall-clock window in its metrics."""
+it: slime.driver.rollout_setup), and the keys of a rollout's wall-clock window in its metrics."""
 
 from __future__ import annotations
 

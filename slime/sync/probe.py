@@ -40,7 +40,7 @@ def probe_precision(trainer_precision: str, engine_dtype: str, device: str) -> s
 def probe_tolerance(cfg) -> float:
     """`rollout.weight_sync.probe_tolerance`, or by precision: the trainer's (`train.precision`) and the engines': the
     built-in engine's `rollout.hf.dtype`; another engine's is the trainer's (its launch dtype,
-    slime.runtime.rollout_setup)."""
+    slime.driver.rollout_setup)."""
     if cfg.rollout.weight_sync.probe_tolerance is not None:
         return cfg.rollout.weight_sync.probe_tolerance
     engine_dtype = cfg.rollout.hf.dtype if cfg.rollout.engine == "hf" else cfg.train.precision

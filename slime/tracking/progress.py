@@ -1,6 +1,6 @@
 """The run's progress on the console: one line per finished rollout step, and on a terminal a live display.
 
-Every finished rollout step prints one line on the report console (stdout: slime/runtime/console.py):
+Every finished rollout step prints one line on the report console (stdout: slime/driver/console.py):
 
     rollout   12/60  reward 0.277  pg_loss -0.0104  1.26s/step
 

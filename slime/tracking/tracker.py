@@ -1,5 +1,5 @@
 """One front for every sink: metrics.jsonl (ground truth), wandb, TensorBoard, samples.jsonl, plots (the console's
-progress display follows the run's events instead: slime/runtime/console.py).
+progress display follows the run's events instead: slime/driver/console.py).
 
 Every sink gets the same record under the same names; metrics.jsonl holds every number logged anywhere.
 """

@@ -236,7 +236,7 @@ def test_root_config_holds_no_group_values():
     root = yaml.safe_load((CONF / "config.yaml").read_text())
     assert set(root) == {"defaults", "seed", "hydra"}
     entries = [next(iter(d.items())) for d in root["defaults"] if isinstance(d, dict)]
-    # Hydra's own groups overridden at the end: no log of Hydra's (slime/runtime/console.py owns the handlers)
+    # Hydra's own groups overridden at the end: no log of Hydra's (slime/driver/console.py owns the handlers)
     hydra_groups = [(key, value) for key, value in entries if key.startswith("override hydra/")]
     assert hydra_groups == [("override hydra/job_logging", "none")]
     entries = [(key, value) for key, value in entries if (key, value) not in hydra_groups]

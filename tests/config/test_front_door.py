@@ -1,4 +1,4 @@
-"""main.py's front door (slime/runtime/front_door.py): a mistyped key or option is answered with the nearest
+"""main.py's front door (slime/driver/front_door.py): a mistyped key or option is answered with the nearest
 names before Hydra's own advice, and a configuration error or a dry run leaves no directory behind.
 
 In-process cases call `check_command_line` as main.py does; the CLI cases run main.py itself."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slime.config.cli_overrides import LISTED_OPTIONS
-from slime.runtime.front_door import check_command_line
+from slime.driver.front_door import check_command_line
 from tests.helpers.compose import CONF, ROOT
 
 

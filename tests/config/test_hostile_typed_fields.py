@@ -253,7 +253,7 @@ def test_an_assistant_tool_call_may_carry_no_text(tmp_path):
 
 def test_every_prompt_longer_than_max_prompt_len_exits_2_before_ray_starts(tmp_path):
     """Only the model's tokenizer can measure the embedded task's (generated) prompts: the check runs once the
-    prepare phase made them, before the startup phase starts Ray (slime.runtime.preflight)."""
+    prepare phase made them, before the startup phase starts Ray (slime.driver.preflight)."""
     run_dir = tmp_path / "run"
     proc, _ = run_main(f"hydra.run.dir={run_dir}", "rollout.max_prompt_len=3")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -1,6 +1,6 @@
 """train.async end to end: main.py's one-step-async loop overlaps rollout k+1 with step k's training; the fully
 async loop survives a SIGKILL and trains each prompt once per epoch (the loops' unit tests:
-tests/runtime/test_async_training.py; the stream's: tests/rollout/test_stream.py)."""
+tests/driver/test_async_training.py; the stream's: tests/rollout/test_stream.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a person sees of `python main.py`: on a terminal (a real pseudo-terminal, replayed as a terminal shows it)
-and redirected to files, in the plain console and in logger.console=verbose (slime/runtime/console.py's rule)."""
+and redirected to files, in the plain console and in logger.console=verbose (slime/driver/console.py's rule)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_verbose_on_a_terminal_prints_every_record_above_the_display(runs):
     assert code == 0, "\n".join(lines[-60:])
     assert any(line.startswith("Resolved config (saved to ") for line in lines)
     assert "Derived values:" in lines
-    records = [line for line in lines if "][slime.runtime.driver][INFO] - phase " in line]
+    records = [line for line in lines if "][slime.driver.driver][INFO] - phase " in line]
     assert len(records) >= 8 * STEPS and all(line.startswith("[20") for line in records), records
     worker = [line for line in lines if line.startswith("(FSDPBackend(rank=0) pid=")]  # a worker's output, verbatim
     assert worker and "Loading weights" in (run_dir / "logs" / "workers.log").read_text()
@@ -133,7 +133,7 @@ def test_redirected_stdout_is_the_report_and_one_line_per_rollout_step(runs):
     assert all(line.startswith(("WARNING ", "ERROR ")) for line in proc.stderr.splitlines()), proc.stderr
     assert not [text for text in NOT_ON_A_PLAIN_TERMINAL if text in proc.stdout + proc.stderr]
     log = (run_dir / "main.log").read_text()
-    assert "[slime.runtime.driver][INFO] - phase startup started" in log
+    assert "[slime.driver.driver][INFO] - phase startup started" in log
     assert log.count("[INFO] - phase train (rollout ") == 2 * STEPS  # each phase's start and end
     if "RAY_AUTH_MODE" not in os.environ:  # Ray's banner of a local cluster: in the log, not on the terminal
         assert "[WARNING] - Token authentication is enabled for this Ray cluster" in log
@@ -146,7 +146,7 @@ def test_verbose_redirected_puts_the_config_on_stdout_and_the_records_on_stderr(
     assert proc.stdout.startswith(f"Resolved config (saved to {run_dir / 'config.yaml'}):\n")
     assert "\nDerived values:\n" in proc.stdout and "\nRun: grpo on tiny_qwen3" in proc.stdout
     assert re.search(r"^rollout +0/1  reward ", proc.stdout, flags=re.M) and "[INFO]" not in proc.stdout
-    assert "[slime.runtime.driver][INFO] - phase startup started" in proc.stderr
+    assert "[slime.driver.driver][INFO] - phase startup started" in proc.stderr
     # a worker's output, prefixed with its actor (its progress bars' carriage returns read as line ends here)
     assert re.search(r"^\(FSDPBackend\(rank=0\) pid=\d+\) ", proc.stderr, flags=re.M), proc.stderr
     assert "Loading weights" in proc.stderr and "Loading weights" in (run_dir / "logs" / "workers.log").read_text()

@@ -1,6 +1,6 @@
 """debug=rollout_only then debug=train_only as main.py runs, the workflow docs/troubleshooting.md#debug-modes gives: a
 rollout_only run dumps its samples, a train_only run trains from them (their validation:
-tests/runtime/test_debug_modes.py)."""
+tests/driver/test_debug_modes.py)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from slime.config.resume import tracked_iteration
-from slime.runtime.weight_push import PROBE_DIFFS
+from slime.driver.weight_push import PROBE_DIFFS
 from slime.tracking.jsonl import read_jsonl
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes

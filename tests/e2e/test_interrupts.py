@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM: real runs signalled in every phase (the handler policy in a bare process:
-tests/runtime/test_interrupt_policy.py)."""
+tests/driver/test_interrupt_policy.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from slime.runtime.watchdog import ARMED
+from slime.rollout.manager.stack_dump import ARMED
 from tests.helpers.compose import ROOT
 from tests.helpers.processes import assert_no_run_processes
 from tests.helpers.runs import main_argv, main_py_concurrently, selected_runs
@@ -93,7 +93,7 @@ def test_signal_in_each_phase_tears_down(signal_at, delay, sig, code, phase_runs
 
 @pytest.mark.slow
 def test_hung_trainer_rank_is_caught_dumped_and_torn_down(phase_runs):
-    """The phase watchdog (slime.runtime.watchdog; its units: tests/runtime/test_watchdog.py) catches a hung trainer
+    """The phase watchdog (slime.driver.watchdog; its units: tests/driver/test_watchdog.py) catches a hung trainer
     rank, dumps every process's stacks, names the phase and tears the run down."""
     run_dir, proc = phase_runs["hung"]
     assert proc.returncode == 3, proc.stderr[-3000:]

@@ -165,7 +165,7 @@ def test_colocated_hand_off_order_and_tensor_sync(tmp_path):
 
 
 def handoff_steps(run_dir: Path) -> list[tuple[int, str]]:
-    """The colocated hand-off's steps as the driver logged them (slime.runtime.weight_push), in order."""
+    """The colocated hand-off's steps as the driver logged them (slime.driver.weight_push), in order."""
     found = re.findall(r"hand-off step (\w+) \(rollout (-?\d+)\)", (run_dir / "main.log").read_text())
     return [(int(rollout_id), step) for step, rollout_id in found]
 

@@ -1,13 +1,13 @@
-"""A fake world for the run loop (slime.runtime.loop): the rollout manager, trainer, weight pusher and tracker
+"""A fake world for the run loop (slime.driver.loop): the rollout manager, trainer, weight pusher and tracker
 as one object that logs what happens, in order; `eager_ray` makes the loop's Ray calls run at once."""
 
 from __future__ import annotations
 
 import time
 
+from slime.driver import loop
 from slime.rollout.setup import ROLLOUT_CLOCK
 from slime.rollout.staleness import record_staleness
-from slime.runtime import loop
 from slime.types import Sample
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import ray
 
+from slime.driver.placement import create_placement
+from slime.driver.ray_session import ray_session
+from slime.driver.rollout_setup import rollout_setup
 from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
-from slime.runtime.engine_fleet import EngineFleet
-from slime.runtime.placement import create_placement
-from slime.runtime.ray_session import ray_session
-from slime.runtime.rollout_setup import rollout_setup
+from slime.rollout.manager.engine_fleet import EngineFleet
 from tests.helpers.compose import typed_config
 
 

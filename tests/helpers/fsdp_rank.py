@@ -56,7 +56,7 @@ def make_backend(setup: TrainSetup, *, rank: int = 0, layout: RankLayout | None 
 
 
 def train_rollout(backend, batch: TrainBatch, *, rollout_id: int = 0, update: bool = True) -> dict:
-    """One rollout step on one actor rank, in the driver's order (slime.runtime.loop.RunLoop.train)."""
+    """One rollout step on one actor rank, in the driver's order (slime.driver.loop.RunLoop.train)."""
     algo = backend.setup.algo
     backend.load_batch(rollout_id, batch)
     for which in backend.setup.frozen_checkpoints:  # the reference model, the distillation teacher

@@ -1,6 +1,6 @@
 """A run's console on a terminal while the process and a child write to file descriptors 1 and 2 behind rich's back.
 
-`python -m tests.helpers.stray_output` (run by tests/runtime/test_console.py on a pseudo-terminal): starts the live
+`python -m tests.helpers.stray_output` (run by tests/driver/test_console.py on a pseudo-terminal): starts the live
 display the run's way (`RunConsole.follow`), and at every rollout step writes a line with `os.write(2, ...)`, one with
 `os.write(1, ...)` and one from a child process (`sh -c 'echo ... >&2'`), redrawing the display after each; then a
 partial line on fd 1, the end summary, `close()`, and a line on fd 2 after it. Its last line counts the process's
@@ -14,8 +14,8 @@ import subprocess
 import threading
 
 from slime.config.schema import LoggerConfig
-from slime.runtime.console import RunConsole
-from slime.runtime.events import EventBus, RunEvent
+from slime.driver.console import RunConsole
+from slime.driver.events import EventBus, RunEvent
 
 STEPS = 3
 

@@ -1,4 +1,4 @@
-"""Training ranks without a model, for tests of the runtime's data path (slime.runtime.train_group).
+"""Training ranks without a model, for tests of the runtime's data path (slime.driver.train_group).
 
 Real `TrainRank` actors around `RecordingBackend`, a `TrainBackend` that keeps what it receives (its shard, its
 columns) and, as a critic, computes values from its shard's samples alone. A helper module, though one test
@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from slime.runtime.train_group import TrainGroup, TrainRank
+from slime.driver.train_group import TrainGroup, TrainRank
 from slime.train.base import TrainBackend
 from slime.train.layout import RankLayout
 

@@ -331,7 +331,7 @@ def test_a_reward_not_given_yet_is_still_needed_but_a_misspelt_one_is_an_error()
 # ---- the dry run prints the plan the driver executes -----------------------------------------------------------------
 DRIVER_PLAN = """\
 import runpy, sys
-import slime.runtime.driver as driver
+import slime.driver.driver as driver
 from slime.plan.dry_run import plan_text
 
 def run(job, *args, **kwargs):  # the driver's entry: print the plan it was handed instead of running it

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slime.driver.launch import _one_line
 from slime.plan.plan_summary import MAX_LINES, plan_summary
 from slime.plan.resolve import resolve
-from slime.runtime.launch import _one_line
 from tests.helpers.compose import typed_config
 
 GPU_RUN = ["model=qwen3_4b", "data.prompt_data=/nonexistent/train.jsonl", "rollout.rm_type=exact_match"]

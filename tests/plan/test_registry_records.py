@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from slime.config.hooks import load_callable
+from slime.driver import weight_push
+from slime.driver.events import EventBus
 from slime.engine import groups
 from slime.engine.vllm.check import check_vllm_on_cpu
 from slime.engine.vllm.engine_args import plan_line as vllm_plan_line
@@ -29,8 +31,6 @@ from slime.registry import (
 )
 from slime.rollout import default, generate
 from slime.rollout.base import RolloutContext
-from slime.runtime import weight_push
-from slime.runtime.events import EventBus
 from slime.sync.base import SyncContext
 from slime.types import Sample
 from tests.helpers.compose import typed_config

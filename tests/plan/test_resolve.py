@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from slime.config.problems import ConfigError
+from slime.driver.rollout_setup import rollout_setup
 from slime.engine.groups import engine_specs
 from slime.plan.derive import derive
 from slime.plan.resolve import resolve
-from slime.runtime.rollout_setup import rollout_setup
 from tests.helpers.compose import typed_config
 
 GPU_RECIPE = [  # no data, no checkpoint on this machine; 4 trainer GPUs (tp 2) and two 2-GPU engines

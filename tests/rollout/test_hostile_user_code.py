@@ -130,8 +130,8 @@ def user_generate_that_hangs(release: threading.Event) -> None:
 
 def test_generate_function_that_hangs_is_named_in_the_watchdogs_dump(tmp_path):
     """A rollout that never returns: past runtime.phase_timeout_s the stack dump shows the user's function."""
-    from slime.runtime.events import EventBus, RunEvent
-    from slime.runtime.watchdog import PhaseLimits, Watchdog
+    from slime.driver.events import EventBus, RunEvent
+    from slime.driver.watchdog import PhaseLimits, Watchdog
 
     release, fired = threading.Event(), []
     worker = threading.Thread(target=user_generate_that_hangs, args=(release,))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from slime.driver.rollout_setup import rollout_setup
 from slime.plan.derive import derive
 from slime.plan.run_plan import plan_run
 from slime.rollout.base import RolloutHooks
 from slime.rollout.step_result import step_rewards
-from slime.runtime.rollout_setup import rollout_setup
 from slime.types import Sample
 from tests.helpers.compose import typed_config
 

@@ -1,6 +1,6 @@
 """The log-prob probe's parts (slime.sync.probe, slime.rollout.probe): the comparison and its tolerance by precision,
 the request's sampling params, and the batches that give every data-parallel rank every answer. The probe against a
-real vLLM: tests/engine/vllm/test_vllm_server.py; in the push: tests/runtime/test_weight_push.py; in runs:
+real vLLM: tests/engine/vllm/test_vllm_server.py; in the push: tests/driver/test_weight_push.py; in runs:
 tests/e2e/test_vllm_engine_e2e.py and the learning runs' metric records."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_the_runs_tolerance_is_its_key_or_its_precisions():
     assert probe_tolerance(typed_config(["train.precision=bf16"])) == 0.1
     assert probe_tolerance(typed_config(["rollout.hf.dtype=bfloat16"])) == 0.1
     assert probe_tolerance(typed_config(["rollout.weight_sync.probe_tolerance=0.02"])) == 0.02
-    # SGLang and vLLM are launched in the trainer's dtype (slime.runtime.rollout_setup): fp32 on cuda is fp32
+    # SGLang and vLLM are launched in the trainer's dtype (slime.driver.rollout_setup): fp32 on cuda is fp32
     cuda_vllm = ["rollout=vllm", "cluster.device=cuda"]
     assert probe_tolerance(typed_config([*cuda_vllm, "train.precision=fp32"])) == 1e-3
     assert probe_tolerance(typed_config(cuda_vllm)) == 0.1

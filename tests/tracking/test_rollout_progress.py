@@ -9,11 +9,11 @@ import time
 import pytest
 from rich.console import Console
 
+from slime.driver.events import RunEvent
+from slime.driver.loop import RunLoop, RunParts, Step
+from slime.driver.run_state import RunState
 from slime.rollout.base import RolloutProgress
-from slime.runtime.events import RunEvent
-from slime.runtime.loop import RunLoop, RunParts, Step
-from slime.runtime.rollout_manager import ACTOR_OPTIONS, RolloutManager
-from slime.runtime.run_state import RunState
+from slime.rollout.manager.actor import ACTOR_OPTIONS, RolloutManager
 from slime.tracking.progress import RunProgress
 from tests.helpers.compose import typed_config
 

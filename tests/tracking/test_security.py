@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from slime.config.validate_keys import check_unknown_keys
-from slime.runtime.launch import redacted_yaml, scrub_hydra_records
+from slime.driver.launch import redacted_yaml, scrub_hydra_records
 from slime.tracking.secrets import REDACTED
 from tests.helpers.compose import ROOT, typed_config
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from ray.exceptions import RayTaskError
 
-from slime.runtime.deaths import failure_text
+from slime.rollout.manager.deaths import failure_text
 from slime.train.finite import NonFiniteError
 from slime.train.fsdp.checkpoint import iter_dir
 from tests.helpers.fsdp_rank import batches_for, make_backend, make_samples, make_setup, train_rollout

@@ -123,7 +123,7 @@ def test_tensor_handle_ranks_follow_the_engine_bundles():
     from slime.config.schema import RolloutConfig, RouterConfig
     from slime.engine.fleet_setup import FleetSetup
     from slime.engine.groups import EngineSpec, ModelSpec
-    from slime.runtime.engine_fleet import EngineFleet, EngineSlot
+    from slime.rollout.manager.engine_fleet import EngineFleet, EngineSlot
 
     def spec(model, gpus):
         return EngineSpec(model=model, worker_type="regular", num_gpus=gpus, overrides={}, key="k")

@@ -388,7 +388,7 @@ class LocalActor:
 def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_again(
     servers, router, tiny_model_dir, tmp_path, monkeypatch
 ):
-    """The fleet's fault tolerance (slime.runtime.engine_fleet, Ray calls run locally) with a vLLM server
+    """The fleet's fault tolerance (slime.rollout.manager.engine_fleet, Ray calls run locally) with a vLLM server
     (last: it kills the regular server): the health monitor removes it from the vllm-router, `recover()`
     restarts it on fresh ports, it gets the weights, then `register_restarted` puts it back. Kill and restart
     with engines.json are what tests/e2e/test_vllm_real.py covers on the real server; here on the fixture's
@@ -396,7 +396,7 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
     from slime.config.schema import FaultToleranceConfig
     from slime.engine import fleet_setup
     from slime.engine.groups import EngineSpec, ModelSpec
-    from slime.runtime import engine_fleet
+    from slime.rollout.manager import engine_fleet
 
     monkeypatch.setattr(engine_fleet.ray, "get", lambda refs: refs)
     monkeypatch.setattr(engine_fleet.ray, "wait", lambda refs, num_returns: (refs[:num_returns], refs[num_returns:]))

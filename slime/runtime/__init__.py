@@ -1,1 +1,0 @@
-"""The driver: Ray start-up, placement, actor groups and the training loop."""
