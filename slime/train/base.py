@@ -16,7 +16,7 @@ One rollout step, as the driver calls it (docs/architecture.md#synchronous-loop)
 Results are read from the rank that owns them (`RankLayout.owner_of`). Shards and columns arrive as
 plain objects: the runtime hands the ranks Ray references, resolved by Ray before the call (values and
 returns go from the owner rank of one group to the ranks of the other, never through the driver:
-slime.runtime.train_group); a backend never sees Ray.
+slime.driver.train_group); a backend never sees Ray.
 
 The weights leave through `export_weights(bucket_bytes)`, an iterator of buckets of HF-named tensors
 that every rank runs collectively; the source rank hands it to the weight-sync object (`update_weights`)

@@ -28,6 +28,7 @@ STEP = {"rollout/step": 0, "train/loss": 0.25, "perf/rollout_time": 1.5, "perf/t
 def test_timings_aside_two_runs_are_identical(tmp_path):
     a = write_run(tmp_path / "a", [STEP, {**STEP, "rollout/step": 1}])
     rates = {"perf/train_tflops": 0.02, "perf/mfu": 0.4, "perf/train_tokens_per_s": 99.0}
+    rates["rollout/weight_probe_logprob_diff"] = 3e-7
     b = write_run(tmp_path / "b", [{**STEP, "perf/rollout_time": 9.0, **rates}, {**STEP, "rollout/step": 1}])
     proc = compare(a, b / "metrics.jsonl")
     assert proc.returncode == 0 and "2 records: identical (timings aside)" in proc.stdout
