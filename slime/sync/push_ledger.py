@@ -112,6 +112,9 @@ class PushLedger:
         self._unfolded: list[tuple] = []  # per bucket: ([(engine tensor's entry, dtype name)], their BlockSums)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}  # where a CUDA bucket's block sums are launched
         self._kept_bytes = 0  # their bytes
+        # the built-in engine's digests of tensors it holds as they come: launched on the transfer's own thread
+        self._in_place = hashed == weight_digest.DIGEST and not self.part_of and len(self.dtypes) == 1
+        self._read: list[tuple[torch.cuda.Event, list[torch.Tensor]]] = []  # tensors held until their sums are read
 
     def watch(self, buckets: Iterable[Bucket]) -> Iterator[Bucket]:
         """The same buckets, each handed on at once. A bucket on an accelerator is digested meanwhile, on a thread of
@@ -125,6 +128,10 @@ class PushLedger:
         self._jobs = ThreadPoolExecutor(1, thread_name_prefix="push-ledger")
         try:
             for index, bucket in enumerate(buckets):
+                if self._launch_in_place(bucket, index):
+                    self.buckets = index + 1
+                    yield bucket
+                    continue
                 whole = list(self._engine_tensors(bucket, index))
                 later = self._keep_for_later(whole)
                 self._pending += [] if later else [self._jobs.submit(self._digest, whole)]
@@ -163,6 +170,7 @@ class PushLedger:
             start = time.perf_counter()
             for device, stream in self._streams.items():
                 torch.cuda.current_stream(device).wait_stream(stream)
+            self._read = []  # the current stream now follows their reads: their memory may be handed on
             texts = weight_digest.folded([sums for _, sums in unfolded])
             for (entry, dtype), text in zip((e for entries, _ in unfolded for e in entries), texts):
                 self._record(entry, dtype, text)
@@ -185,15 +193,64 @@ class PushLedger:
                 self._record(entry, dtype, text)
         self.seconds += time.perf_counter() - start
 
+    def _launch_in_place(self, bucket: Bucket, index: int) -> bool:
+        """Launch a bucket's block sums here, on the transfer's thread, where none of its tensors needs a copy or a
+        view to be digested as the engine holds it (the built-in engine's digests, one serving dtype that every
+        floating tensor already has, contiguous CUDA tensors of one device with 2-, 4- or 8-byte elements, no fused
+        module, no padded rows); False: the bucket goes the general way. The host's work is a few attribute reads a
+        tensor, and no thread of the ledger's competes with the transfer's for the interpreter meanwhile. The tensors
+        are held until their sums are read (no `record_stream` per tensor)."""
+        tensors = [t for _, t in bucket]
+        if not self._in_place or not tensors or not self._as_held(bucket):
+            return False
+        start = time.perf_counter()
+        device = tensors[0].device
+        stream = self._stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            sums = weight_digest.block_sums_in_place(tensors)
+            read = torch.cuda.Event()
+            read.record(stream)
+        if sums is None:  # no Triton kernel on this device
+            return False
+        while self._read and self._read[0][0].query():
+            self._read.pop(0)
+        self._read.append((read, tensors))
+        entries = [((name, None, (name,), (index,)), self._served_as(t)) for name, t in bucket]
+        self._unfolded.append((entries, sums))
+        self.seconds += time.perf_counter() - start
+        return True
+
+    def _as_held(self, bucket: Bucket) -> bool:
+        """Whether every tensor of the bucket is, as it is, what an engine serving in the one known dtype holds."""
+        served, device = self.dtypes[0], bucket[0][1].device
+        if device.type != "cuda":
+            return False
+        for name, t in bucket:
+            if t.device != device or not t.is_contiguous() or t.element_size() == 1:
+                return False
+            if t.is_floating_point() and t.dtype != served:
+                return False
+            if self.vocab_padding > 1 and name in (EMBEDDING, LM_HEAD):
+                return False
+        return True
+
+    def _served_as(self, tensor: torch.Tensor) -> str:
+        """The key of a tensor's digest in `Pushed.digests` (as `as_served` names it)."""
+        return str(tensor.dtype) if tensor.is_floating_point() else ""
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
+
     def _launch(self, tensors: list[torch.Tensor]) -> weight_digest.BlockSums:
         """The block sums of a bucket's tensors (one device), launched on a CUDA stream of the ledger's own once the
         transfer's work so far is queued: they read beside the next bucket's copies instead of after them."""
         device = tensors[0].device
         if device.type != "cuda":
             return weight_digest.block_sums_of(tensors)
-        if device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device)
-        stream = self._streams[device]
+        stream = self._stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             sums = weight_digest.block_sums_of(tensors)

@@ -37,23 +37,31 @@ def block_sums_cuda(halves: Sequence[torch.Tensor], block: int) -> torch.Tensor:
     """The int64 sums of blocks of `block` elements of flat contiguous int16 tensors on one CUDA device, joined in
     order (ceil(numel / block) per tensor, the last block of each may be shorter); launched on the current stream,
     read back by no one here."""
-    counts = [triton.cdiv(h.numel(), block) for h in halves]
+    held = [h for h in halves if h.numel()]
+    anchor = held[0] if held else halves[0]
+    return block_sums_at(anchor, [h.data_ptr() for h in halves], [h.numel() for h in halves], block)
+
+
+def block_sums_at(anchor: torch.Tensor, addresses: Sequence[int], sizes: Sequence[int], block: int) -> torch.Tensor:
+    """`block_sums_cuda` of the int16 runs of `sizes[i]` halves at device addresses `addresses[i]` (the bytes of
+    contiguous tensors the caller holds), read through `anchor`, an int16 tensor on their device whose address is
+    their base: the caller takes no view per tensor."""
+    counts = [triton.cdiv(n, block) for n in sizes]
     total = sum(counts)
-    out = torch.empty(total, dtype=torch.int64, device=halves[0].device)
+    out = torch.empty(total, dtype=torch.int64, device=anchor.device)
     if not total:
         return out
-    held = [h for h in halves if h.numel()]
-    base = held[0].data_ptr()
+    base = anchor.data_ptr()
     firsts = [0]
     for c in counts[:-1]:
         firsts.append(firsts[-1] + c)
-    starts = [(h.data_ptr() - base) // 2 if h.numel() else 0 for h in halves]
+    starts = [(a - base) // 2 if n else 0 for a, n in zip(addresses, sizes)]
     # pinned and non-blocking: a copy from pageable memory would wait for the stream's queued work (a push's copies)
-    table = torch.tensor([starts, [h.numel() for h in halves], firsts, counts], dtype=torch.int64, pin_memory=True)
+    table = torch.tensor([starts, list(sizes), firsts, counts], dtype=torch.int64, pin_memory=True)
     table = table.to(out.device, non_blocking=True)
     owners = torch.repeat_interleave(
-        torch.arange(len(halves), dtype=torch.int32, device=out.device), table[3], output_size=total
+        torch.arange(len(sizes), dtype=torch.int32, device=out.device), table[3], output_size=total
     )
-    aligned = all(h.data_ptr() % 16 == 0 for h in held)
-    _block_sums_kernel[(total,)](held[0], table, owners, out, len(halves), BLOCK=block, ALIGNED=aligned)
+    aligned = base % 16 == 0 and all(a % 16 == 0 for a, n in zip(addresses, sizes) if n)
+    _block_sums_kernel[(total,)](anchor, table, owners, out, len(sizes), BLOCK=block, ALIGNED=aligned)
     return out

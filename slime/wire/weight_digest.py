@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 try:  # Triton comes with torch's CUDA wheels only; a CPU machine digests with numpy
-    from slime.wire.digest_kernel import block_sums_cuda
+    from slime.wire.digest_kernel import block_sums_at, block_sums_cuda
 except ImportError:
-    block_sums_cuda = None
+    block_sums_at = block_sums_cuda = None
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,19 @@ def block_sums_of(tensors: Sequence[torch.Tensor]) -> BlockSums:
     sums = [torch.from_numpy(s) if isinstance(s, np.ndarray) else s for s in sums]
     joined = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.int64, device=device)
     return BlockSums(joined, tuple(s.numel() for s in sums))
+
+
+def block_sums_in_place(tensors: Sequence[torch.Tensor]) -> BlockSums | None:
+    """`block_sums_of` for contiguous CUDA tensors of one device with 2-, 4- or 8-byte elements, launched from their
+    addresses and sizes alone (no view per tensor: the host's work is a few attribute reads a tensor); None where the
+    Triton kernel is not in use there (the caller then takes `block_sums_of`)."""
+    device = tensors[0].device
+    if _cuda_kernel(device) is None:
+        return None
+    sizes = [t.numel() * t.element_size() // 2 for t in tensors]
+    anchor = next((t for t in tensors if t.numel()), tensors[0]).detach().reshape(-1).view(torch.int16)
+    joined = block_sums_at(anchor, [t.data_ptr() for t in tensors], sizes, DIGEST_BLOCK)
+    return BlockSums(joined, tuple(-(-n // DIGEST_BLOCK) for n in sizes))
 
 
 def _reduced(x: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,44 @@ def test_the_triton_block_sums_are_torchs_reduction_at_every_size_and_extreme():
     assert _cuda_kernel(flat[0].device) is block_sums_cuda  # the digests use it
 
 
+def test_a_push_ledger_digests_on_the_transfers_thread_what_the_general_way_digests():
+    """PushLedger launches a bucket's block sums from its tensors' addresses on the transfer's own thread where the
+    built-in engine holds them as they are (one known serving dtype): the digests equal those of the general way (a
+    thread of the ledger's, views and record_stream), for buckets that take either way and tensors whose memory is
+    freed and reused right after the bucket passed."""
+    from slime.sync.push_ledger import SERVING_DTYPES, PushLedger
+    from slime.wire import weight_digest
+
+    gen = torch.Generator().manual_seed(1)
+
+    def buckets():
+        yield [
+            (f"layer.{n}.weight", torch.randn(n, generator=gen).to(torch.bfloat16).cuda()) for n in (1, 4097, 70_001)
+        ]
+        yield [("layer.steps", torch.arange(9, device="cuda")), ("norm.weight", torch.randn(3).cuda())]  # fp32: general
+        yield [("layer.odd.weight", torch.randn(64, 64).to(torch.bfloat16).cuda().t())]  # not contiguous: general
+
+    def pushed(dtypes):
+        ledger = PushLedger(hashed=weight_digest.DIGEST, packed={}, tied=False, dtypes=dtypes)
+        for bucket in ledger.watch(buckets()):
+            del bucket
+            torch.randn(1 << 20, device="cuda")  # the freed memory taken again at once
+        ledger.wait()
+        return {name: p.digests for name, p in ledger.pushed.items()}
+
+    gen.manual_seed(1)
+    in_place = pushed((torch.bfloat16,))
+    gen.manual_seed(1)
+    general = pushed(SERVING_DTYPES)
+    assert in_place.keys() == general.keys() and len(in_place) == 6
+    for name, digests in in_place.items():
+        assert digests.items() <= general[name].items(), name
+    gen.manual_seed(1)
+    expected = [t for bucket in buckets() for _, t in bucket]
+    assert in_place["layer.70001.weight"]["torch.bfloat16"] == weight_digest.digests([expected[2]])[0]
+    assert in_place["layer.steps"][""] == weight_digest.digests([expected[3]])[0]
+
+
 def test_a_verified_cuda_sync_compares_the_engines_own_digests(trained_cuda, tiny_model_dir, tmp_path):
     """A verified tensor-mode push into a bf16 engine on the GPU: the trainer's fp32 export is digested in every serving
     dtype on the first push, matched in bf16, and later pushes digest bf16 only."""
