@@ -106,8 +106,10 @@ def test_a_push_ledger_digests_on_the_transfers_thread_what_the_general_way_dige
         yield [
             (f"layer.{n}.weight", torch.randn(n, generator=gen).to(torch.bfloat16).cuda()) for n in (1, 4097, 70_001)
         ]
-        yield [("layer.steps", torch.arange(9, device="cuda")), ("norm.weight", torch.randn(3).cuda())]  # fp32: general
-        yield [("layer.odd.weight", torch.randn(64, 64).to(torch.bfloat16).cuda().t())]  # not contiguous: general
+        fp32 = ("norm.weight", torch.randn(3, generator=gen).cuda())  # a bf16 engine's is a cast: the general way
+        yield [("layer.steps", torch.arange(9, device="cuda")), fp32]
+        odd = torch.randn(64, 64, generator=gen).to(torch.bfloat16).cuda().t()  # not contiguous: the general way
+        yield [("layer.odd.weight", odd)]
 
     def pushed(dtypes):
         ledger = PushLedger(hashed=weight_digest.DIGEST, packed={}, tied=False, dtypes=dtypes)
