@@ -36,7 +36,9 @@ class FSDPBackend(FSDPRank):
         self.routes = RouteReplay(s)
         self._build(init_path=s.model.hf_checkpoint, lr=lr, warmup_steps=s.train.lr_warmup_steps)
         peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
-        self.steps = ActorSteps(s, all_reduce=self._all_reduce, world_size=self.world_size, peak_tflops=peak_tflops)
+        self.actor_steps = ActorSteps(
+            s, all_reduce=self._all_reduce, world_size=self.world_size, peak_tflops=peak_tflops
+        )
         self.router_tap = RouterTap(self.model) if self.routes.replays else None  # the policy's only
         # the reference model and the distillation teacher, by column; never trained. With LoRA a reference that is
         # the policy's own checkpoint is the policy with its adapters off (`lora.base_only`): no second copy
@@ -64,7 +66,7 @@ class FSDPBackend(FSDPRank):
         self.routes.load(batch)
 
     def compute_advantages(self) -> dict[str, float]:
-        return self.steps.advantages(self.shard)
+        return self.actor_steps.advantages(self.shard)
 
     def _load_model(self, path: str, dtype: torch.dtype = torch.float32):
         # fp32 master weights; bf16 compute comes from FSDP2's policy or autocast (`FSDPOptions`)
@@ -157,12 +159,12 @@ class FSDPBackend(FSDPRank):
 
             def micro_loss(mb, weights, mb_mask, step=step):
                 log_probs, entropy = self._forward(self.model, batch, mb, with_entropy=True)
-                return self.steps.micro_loss(self.shard, mb, step, weights, mb_mask, log_probs, entropy)
+                return self.actor_steps.micro_loss(self.shard, mb, step, weights, mb_mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step[step])
             steps.append(metrics)
         if self.router_tap is not None:
             self.router_tap.replay(None)
-        perf = self.steps.train_perf(self.shard, seconds_since(start, self.device), trained=bool(steps))
+        perf = self.actor_steps.train_perf(self.shard, seconds_since(start, self.device), trained=bool(steps))
         return {"steps": steps, "perf": perf}

@@ -25,7 +25,7 @@ class FSDPCritic(FSDPRank):
 
     def init(self) -> int:
         s = self.setup
-        self.steps = CriticSteps(s)
+        self.critic_steps = CriticSteps(s)
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
@@ -68,14 +68,14 @@ class FSDPCritic(FSDPRank):
     def train(self, *, update: bool = True) -> dict:
         """K optimizer steps on the clipped value loss against the actor's returns (docs/algorithms.md#value-loss)."""
         batch = self.batch
-        self.steps.check_columns(self.shard)
+        self.critic_steps.check_columns(self.shard)
         self.model.train()
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def micro_loss(mb, weights, _mask):  # the weights already carry the mask
-                return self.steps.micro_loss(self.shard, mb, weights, self._values(batch, mb))
+                return self.critic_steps.micro_loss(self.shard, mb, weights, self._values(batch, mb))
 
             metrics = self._optimizer_step(batch, indices, step, micro_loss, prefix="train/critic-")
             for name in ("value_loss", "value_clipfrac"):

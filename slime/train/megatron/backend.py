@@ -38,7 +38,9 @@ class MegatronBackend(MegatronRank):
         self.routes = RouteReplay(s)  # before the build: the model's config asks whether it replays
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         peak_tflops = s.peak_tflops or matmul_ceiling_tflops(self.device)  # perf/mfu's denominator
-        self.steps = ActorSteps(s, all_reduce=self._all_reduce, world_size=self.world_size, peak_tflops=peak_tflops)
+        self.actor_steps = ActorSteps(
+            s, all_reduce=self._all_reduce, world_size=self.world_size, peak_tflops=peak_tflops
+        )
         # the reference model and the distillation teacher, by column: CPU copies of this rank's parameters
         self.frozen = {which: self._load_frozen(path) for which, path in s.frozen_checkpoints.items()}
         if s.checkpoint.load is not None:
@@ -50,7 +52,7 @@ class MegatronBackend(MegatronRank):
         self.routes.load(batch)
 
     def compute_advantages(self) -> dict[str, float]:
-        return self.steps.advantages(self.shard)
+        return self.actor_steps.advantages(self.shard)
 
     # ---- frozen weights (reference, teacher) ----------------------------------------------------
     def _load_frozen(self, path: str) -> dict[str, torch.Tensor]:
@@ -149,11 +151,11 @@ class MegatronBackend(MegatronRank):
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def on_micro(mb, weights, mask, log_probs, entropy, step=step):
-                return self.steps.micro_loss(self.shard, mb, step, weights, mask, log_probs, entropy)
+                return self.actor_steps.micro_loss(self.shard, mb, step, weights, mask, log_probs, entropy)
 
             metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/")
             metrics["train/global_batch_size"] = float(batch.num_trajectories_per_step[step])
             steps.append(metrics)
         self._replaying = False
-        perf = self.steps.train_perf(self.shard, seconds_since(start, self.device), trained=bool(steps))
+        perf = self.actor_steps.train_perf(self.shard, seconds_since(start, self.device), trained=bool(steps))
         return {"steps": steps, "perf": perf}

@@ -23,7 +23,7 @@ class MegatronCritic(MegatronRank):
 
     def init(self) -> int:
         s = self.setup
-        self.steps = CriticSteps(s)
+        self.critic_steps = CriticSteps(s)
         self._build(init_path=s.model.hf_checkpoint, lr=s.train.lr, warmup_steps=s.train.lr_warmup_steps)
         if s.checkpoint.load is not None:
             return self.load_checkpoint(s.checkpoint.load, s.checkpoint.ckpt_step)
@@ -43,13 +43,13 @@ class MegatronCritic(MegatronRank):
     def train(self, *, update: bool = True) -> dict:
         """K optimizer steps on the clipped value loss against the actor's returns (docs/algorithms.md#value-loss)."""
         batch = self.batch
-        self.steps.check_columns(self.shard)
+        self.critic_steps.check_columns(self.shard)
         start = time.perf_counter()
         steps = []
         for step, indices in enumerate(batching.step_indices(batch) if update else []):
 
             def on_micro(mb, weights, _mask, values, _entropy):  # the weights already carry the mask
-                return self.steps.micro_loss(self.shard, mb, weights, values)
+                return self.critic_steps.micro_loss(self.shard, mb, weights, values)
 
             metrics = self._optimizer_step(batch, indices, step, on_micro, prefix="train/critic-")
             for name in ("value_loss", "value_clipfrac"):
