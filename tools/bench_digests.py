@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slime.config.schema_rollout import WeightSyncConfig  # noqa: E402
 from slime.wire import weight_digest  # noqa: E402
-from tools.bench_sync import into_buckets, median_seconds, model_config, random_weights, sync_floor  # noqa: E402
+from tools.bench_sync_model import bucketed, median_seconds, model_config, random_weights, sync_floor  # noqa: E402
 
 
 def digest_paths(named, bucket_bytes: int) -> dict[str, Callable[[], object]]:
     """{row: one digest of every tensor by that path}."""
     tensors = [t for _, t in named]
-    buckets = [[t for _, t in b] for b in into_buckets(named, bucket_bytes)]
+    buckets = [[t for _, t in b] for b in bucketed(named, bucket_bytes)]
     sums = weight_digest.block_sums_of(tensors)
     return {
         "block sums, one launch for the model (an engine's report)": lambda: weight_digest.block_sums_of(tensors),

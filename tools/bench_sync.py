@@ -20,113 +20,33 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slime.assets.tiny_model import hf_config_dict  # noqa: E402
-from slime.assets.tokenizer import build_tokenizer  # noqa: E402
-from slime.config.schema import HFEngineConfig, ModelConfig  # noqa: E402
+from slime.config.schema import HFEngineConfig  # noqa: E402
 from slime.config.schema_rollout import WeightSyncConfig  # noqa: E402
 from slime.engine.base import EngineLaunch  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
-from slime.wire.hf_dir import write_hf_dir  # noqa: E402
 from slime.wire.tensors import Bucket, bucket_nbytes  # noqa: E402
+from tools.bench_sync_model import (  # noqa: E402
+    bucketed,
+    model_config,
+    random_weights,
+    sync_floor,
+    write_model_dir,
+)
 
-QWEN3_1P7B = dict(
-    num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16, num_query_groups=8, kv_channels=128
-)
-TINY = dict(
-    num_layers=4, hidden_size=256, ffn_hidden_size=768, num_attention_heads=4, num_query_groups=2, kv_channels=64
-)
 MODES = ("tensor", "distributed", "disk")
 VERIFIED = {False: "verified in the push", True: "verified beside generation"}
-
-
-def model_config(tiny: bool, out_dir: Path) -> ModelConfig:
-    shape = TINY if tiny else QWEN3_1P7B
-    return ModelConfig(
-        name="bench", hf_checkpoint=str(out_dir), vocab_size=4096 if tiny else 151936, tie_word_embeddings=True, **shape
-    )
-
-
-def random_weights(model: ModelConfig, device: torch.device, seed: int) -> list[tuple[str, torch.Tensor]]:
-    """HF-named bf16 tensors of the model's shape (names and shapes from transformers on the meta device)."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    fields = hf_config_dict(model, eos_token_id=0, pad_token_id=0)
-    fields.pop("architectures")
-    with torch.device("meta"):
-        net = AutoModelForCausalLM.from_config(Qwen3Config(**fields), dtype=torch.bfloat16)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return [
-        (name, (torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(torch.bfloat16))
-        for name, p in net.named_parameters()
-    ]
-
-
-def into_buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
-    buckets: list[Bucket] = [[]]
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if buckets[-1] and size + nbytes > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append((name, tensor))
-        size += nbytes
-    return buckets
-
-
-def write_model_dir(model: ModelConfig, named, out_dir: Path) -> None:
-    """An HF directory the engine starts from: config, tokenizer and (these) weights."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out_dir)
-    config = hf_config_dict(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    write_hf_dir(into_buckets(named, 1 << 30), out_dir, source_checkpoint=out_dir)
-
-
-def sync_floor(named, device: torch.device, repeats: int) -> float:
-    """Seconds for one in-process copy of every tensor's bytes into one device buffer (median)."""
-    total = sum(t.numel() * t.element_size() for _, t in named)
-    dst = torch.empty(total, dtype=torch.uint8, device=device)
-
-    def copy_all() -> None:
-        offset = 0
-        for _, t in named:
-            n = t.numel() * t.element_size()
-            dst[offset : offset + n].copy_(t.reshape(-1).view(torch.uint8))
-            offset += n
-
-    return median_seconds(copy_all, device, repeats)
-
-
-def median_seconds(run: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """The median seconds of `repeats` calls of `run`, each until the device is done, after one that warms up."""
-    times = []
-    for _ in range(repeats + 1):
-        _synchronize(device)
-        start = time.perf_counter()
-        run()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def start_engine(model_dir: Path, log_dir: Path, device: str, gpu: str | None) -> HFEngine:
@@ -217,7 +137,7 @@ def stepped(masters: list[tuple[str, torch.Tensor]], bucket_bytes: int, *, seed:
     for _, master in masters:
         signs = torch.randint(0, 2, master.shape, generator=gen, device=master.device, dtype=torch.int8)
         master.add_(signs.to(master.dtype) * (2 * lr) - lr)
-    return into_buckets([(name, m.to(torch.bfloat16)) for name, m in masters], bucket_bytes)
+    return bucketed([(name, m.to(torch.bfloat16)) for name, m in masters], bucket_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +234,7 @@ def measure(named, device: torch.device, work: Path, args) -> list[tuple[Variant
             key = gpu or "cpu"
             if key not in engines:
                 engines[key] = start_engine(work / "model", work / "logs", engine_device, gpu)
-            buckets = into_buckets(named, group[0].mb << 20)
+            buckets = bucketed(named, group[0].mb << 20)
             if len(group) > 1:  # unverified, verified in the push, beside generation: taking turns
                 timed = bench_verification(mode, engines[key], buckets, work / "sync", args)
             else:

@@ -1,7 +1,8 @@
 """A group of training ranks: one Ray actor per rank wrapping the configured backend class.
 
 The backend class is imported on the rank's own process (`TrainRank`), never by the driver: a
-training stack is torch and more, ~2 CPU-seconds the driver would spend before its first actor starts.
+training stack is torch and more, ~2 CPU-seconds the driver would spend before its first actor starts. The
+driver imports the interface alone (`slime.train.base.TrainBackend`), whose functions name the calls it sends.
 
 The group's `RankLayout` decides who gets what: data-parallel shard d goes to every rank whose
 `dp_rank` is d (its whole model-parallel group), and each per-shard result is read from the rank that

@@ -11,6 +11,7 @@ tensors at once, on HASH_THREADS threads).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -204,15 +205,12 @@ class PushLedger:
         if not self._in_place or not tensors or not self._as_held(bucket):
             return False
         start = time.perf_counter()
-        device = tensors[0].device
-        stream = self._stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        with self._ledger_stream(tensors[0].device) as stream:
             sums = weight_digest.block_sums_in_place(tensors)
+            if sums is None:  # no Triton kernel on this device
+                return False
             read = torch.cuda.Event()
             read.record(stream)
-        if sums is None:  # no Triton kernel on this device
-            return False
         while self._read and self._read[0][0].query():
             self._read.pop(0)
         self._read.append((read, tensors))
@@ -239,20 +237,23 @@ class PushLedger:
         """The key of a tensor's digest in `Pushed.digests` (as `as_served` names it)."""
         return str(tensor.dtype) if tensor.is_floating_point() else ""
 
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+    @contextlib.contextmanager
+    def _ledger_stream(self, device: torch.device) -> Iterator[torch.cuda.Stream]:
+        """The ledger's own CUDA stream on `device` as the current one, once the transfer's work queued so far is:
+        what is launched there reads beside the next bucket's copies instead of after them."""
         if device not in self._streams:
             self._streams[device] = torch.cuda.Stream(device)
-        return self._streams[device]
+        stream = self._streams[device]
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            yield stream
 
     def _launch(self, tensors: list[torch.Tensor]) -> weight_digest.BlockSums:
-        """The block sums of a bucket's tensors (one device), launched on a CUDA stream of the ledger's own once the
-        transfer's work so far is queued: they read beside the next bucket's copies instead of after them."""
+        """The block sums of a bucket's tensors (one device), on a CUDA device launched on the ledger's stream."""
         device = tensors[0].device
         if device.type != "cuda":
             return weight_digest.block_sums_of(tensors)
-        stream = self._stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
+        with self._ledger_stream(device) as stream:
             sums = weight_digest.block_sums_of(tensors)
         for t in tensors:  # the caching allocator must not hand their memory on before the stream read it
             t.record_stream(stream)
