@@ -30,15 +30,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slime.config.schema import HFEngineConfig  # noqa: E402
 from slime.config.schema_rollout import WeightSyncConfig  # noqa: E402
 from slime.engine.base import EngineLaunch  # noqa: E402
+from slime.engine.hf.config import HFEngineConfig  # noqa: E402
 from slime.engine.hf.engine import HFEngine  # noqa: E402
 from slime.registry import WEIGHT_SYNC  # noqa: E402
 from slime.sync.base import SyncContext  # noqa: E402
 from slime.wire.tensors import Bucket, bucket_nbytes  # noqa: E402
 from tools.bench_sync_model import (  # noqa: E402
     bucketed,
+    copies_floor,
     model_config,
     random_weights,
     sync_floor,
@@ -246,19 +247,23 @@ def measure(named, device: torch.device, work: Path, args) -> list[tuple[Variant
     return rows
 
 
-def print_table(rows, nbytes: int, floor: float) -> None:
+def print_table(rows, nbytes: int, floor: float, copies: dict[int, float]) -> None:
+    """One row per variant; `floor`: one device copy of every byte; `copies`: bucket MiB -> the two copies of a
+    tensor-mode push (pack, load) in one process, with no hand-over."""
     print(
         "\n| mode | bucket MiB | buckets | ms per full sync (median) | GB/s | min-max ms | pack ms | engines load ms "
-        "| floor: device copy ms |"
+        "| floor: device copy ms | x floor | both copies in one process ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for variant, count, pushes in rows:
         walls = [p["wall"] for p in pushes]
         med = statistics.median(walls)
+        both = f"{copies[variant.mb] * 1e3:.2f}" if variant.mode == "tensor" else "-"
         print(
             f"| {variant.label} | {variant.mb} | {count} | {med * 1e3:.1f} | {nbytes / med / 1e9:.2f} | "
             f"{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f} | {median_ms(pushes, 'perf/update_weights_pack_time'):.1f} "
-            f"| {median_ms(pushes, 'perf/update_weights_load_time'):.1f} | {floor * 1e3:.2f} |"
+            f"| {median_ms(pushes, 'perf/update_weights_load_time'):.1f} | {floor * 1e3:.2f} | {med / floor:.1f} "
+            f"| {both} |"
         )
 
 
@@ -316,8 +321,10 @@ def main() -> None:
     print(f"model: {len(named)} tensors, {nbytes / 1e9:.3f} GB bf16 on {device}")
     write_model_dir(model, [(n, t.cpu()) for n, t in random_weights(model, device, seed=0)], work / "model")
     floor = sync_floor(named, device, args.repeats)
+    mbs = [int(x) for x in args.bucket_mb.split(",")]
+    copies = {mb: copies_floor(named, mb << 20, device, args.repeats) for mb in mbs} if "tensor" in args.modes else {}
     rows = measure(named, device, work, args)
-    print_table(rows, nbytes, floor)
+    print_table(rows, nbytes, floor, copies)
     print_verification(rows)
     print_deltas(rows)
     print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per row after one warm-up; work dir {work}")

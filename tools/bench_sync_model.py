@@ -78,6 +78,25 @@ def sync_floor(named, device: torch.device, repeats: int) -> float:
     return median_seconds(copy_all, device, repeats)
 
 
+def copies_floor(named, bucket_bytes: int, device: torch.device, repeats: int) -> float:
+    """Seconds for the two copies a tensor-mode push makes, in one process with no hand-over (median): each bucket
+    packed into a fresh staging buffer as the trainer packs it (`slime.sync.tensor.packed`), then copied out of its
+    views into tensors of the model's shapes as the engine loads it (`slime.engine.hf.weights.copy_all`)."""
+    from slime.engine.hf.weights import copy_all
+    from slime.sync.tensor import packed
+    from slime.wire.bucket_codec import reconstruct
+
+    buckets = bucketed(named, bucket_bytes)
+    targets = [[torch.empty_like(t) for _, t in bucket] for bucket in buckets]
+
+    def both_copies() -> None:
+        for bucket, into in zip(buckets, targets):
+            with packed(bucket) as (flat, metadata):
+                copy_all(list(zip(into, (view for _, view in reconstruct(flat, metadata)))))
+
+    return median_seconds(both_copies, device, repeats)
+
+
 def median_seconds(run: Callable[[], object], device: torch.device, repeats: int) -> float:
     """The median seconds of `repeats` calls of `run`, each until the device is done, after one that warms up."""
     times = []

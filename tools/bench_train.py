@@ -214,13 +214,23 @@ def run_in_subprocess(name: str, args, model_dir: str) -> dict:
             cmd += ["--batch-from", args.batch_from]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
+            _keep_log(args.logs, name, exc.stdout, exc.stderr)
             return {"variant": name, "error": f"timed out after {args.timeout} s"}
+        _keep_log(args.logs, name, proc.stdout, proc.stderr)
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             error = "out of memory" if "OutOfMemoryError" in proc.stderr else " | ".join(tail)[-300:]
             return {"variant": name, "error": error}
         return json.loads(Path(out.name).read_text())
+
+
+def _keep_log(logs: str | None, name: str, stdout, stderr) -> None:
+    """The worker's output in `logs`/<variant>.log (with TORCH_LOGS=recompiles,graph_breaks: what compiled)."""
+    if logs:
+        text = "".join(x.decode() if isinstance(x, bytes) else x or "" for x in (stdout, stderr))
+        Path(logs).mkdir(parents=True, exist_ok=True)
+        (Path(logs) / f"{name}.log").write_text(text)
 
 
 def print_table(rows: list[dict], ceiling: float, baseline: str | None) -> None:
@@ -261,6 +271,7 @@ def main() -> None:
     parser.add_argument("--baseline", default="hf_padded_mb2")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--profile", help="write a torch.profiler table of one extra step per variant to this dir")
+    parser.add_argument("--logs", help="write each variant's worker output to <dir>/<variant>.log")
     parser.add_argument(
         "--batch-from",
         help="train on this rollout dump's samples (<run dir>/rollout_data/<step>.jsonl of a run with "

@@ -66,9 +66,10 @@ def bucket_metadata(bucket: Sequence[tuple[str, torch.Tensor]]) -> list[Flattene
 
 def flatten(bucket: Sequence[tuple[str, torch.Tensor]], flat: torch.Tensor, metadata) -> None:
     """Copy `bucket`'s tensors into the uint8 tensor `flat` (at least `metadata[-1].end_idx` bytes) where
-    `metadata` (`bucket_metadata(bucket)`) places them."""
-    for (_, tensor), meta in zip(bucket, metadata):
-        flat[meta.start_idx : meta.end_idx].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+    `metadata` (`bucket_metadata(bucket)`) places them, as one multi-tensor copy: a copy launched per tensor spends
+    more time launching than copying on a GPU (310 tensors of the 1.7B shape)."""
+    places = [flat[m.start_idx : m.end_idx].view(m.dtype).view(t.shape) for (_, t), m in zip(bucket, metadata)]
+    torch._foreach_copy_(places, [t.detach() for _, t in bucket])
 
 
 def reconstruct(flat: torch.Tensor, metadata: Sequence[FlattenedTensorMetadata]) -> list[tuple[str, torch.Tensor]]:
