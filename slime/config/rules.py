@@ -4,7 +4,7 @@ override that fixes it. The checks of the chosen parts (backend, engine, weight 
 live next to their code (the model option against its family: slime/models/check.py); slime/plan/validate.py runs them all and reports every problem at once.
 
     validate_keys.py   keys the schema does not know
-    validate_algo.py   algorithm knobs (what the estimator needs: slime/train/check_estimator.py)
+    validate_algo.py   algorithm knobs (what the estimator needs: slime/algo/check.py)
     validate_async.py  the one-step-async loop and the weight-sync interval
     validate_eval.py   eval datasets and the rollout loop's options
     validate_lora.py   LoRA adapters: sizes and targets
@@ -35,7 +35,7 @@ SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     """Fixed lists of values (the registries' names, the estimator's included, are checked by
-    slime/plan/validate.py; algo.kl_loss_type and algo.tis_mode by slime/train/check_estimator.py)."""
+    slime/plan/validate.py; algo.kl_loss_type, algo.tis_mode and algo.tis_level by slime/algo/check.py)."""
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.on_nonfinite", cfg.train.on_nonfinite, ON_NONFINITE)

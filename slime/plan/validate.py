@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from slime.algo.estimators import ESTIMATORS, EstimatorRegistry
+from slime.algo.check import check_names
 from slime.assets.check import check_generators, check_paths
 from slime.config.derived import Derived
 from slime.config.problems import ConfigError, Problem, get
@@ -33,7 +33,7 @@ from slime.engine.check import check_fault_tolerance
 from slime.models.check import check_models
 from slime.plan.check_resources import check_cluster, check_host_on_several_nodes, check_model_parallel_split
 from slime.plan.derive import derive
-from slime.registry import ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
+from slime.registry import ADVANTAGE_ESTIMATORS, ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
 from slime.rollout.check_data import check_data
 from slime.rollout.check_hooks import check_agent, check_full_async_hooks, check_hooks
 from slime.rollout.check_rewards import check_rewards
@@ -41,17 +41,16 @@ from slime.rollout.check_template import check_chat_template
 from slime.rollout.data_identity import check_data_unchanged
 from slime.sync.check import check_adapter_sync, check_delta, check_verify
 from slime.tracking.check import check_sinks
-from slime.train.check_estimator import check_estimator
 from slime.vision.check import check_vision_run
 
 __all__ = ["ConfigError", "Problem", "collect_problems", "validate"]
 
 # Registries whose unknown names are reported here; rewards and rollout functions are reported by their
 # owners (slime/rollout/check_rewards.py, check_hooks.py), which also accept import paths.
-CHOSEN_BY_NAME = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, ESTIMATORS)
+CHOSEN_BY_NAME = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, ADVANTAGE_ESTIMATORS)
 
 
-def check_registered(registry: Registry | EstimatorRegistry, value: str) -> Iterator[Problem]:
+def check_registered(registry: Registry, value: str) -> Iterator[Problem]:
     try:
         known = value in registry
     except ValueError as exc:  # a package of the user's named by its import path, whose spec.py is broken
@@ -79,11 +78,25 @@ def registry_problems(cfg: RunConfig) -> Iterator[Problem]:
             check = checks.check if name == chosen else checks.check_unchosen
             if check is not None:
                 yield from check(cfg)
+    for registry in CHOSEN_BY_NAME:
+        yield from outside_check(cfg, registry, get(cfg, registry.key))
+
+
+def outside_check(cfg: RunConfig, registry: Registry, chosen: str) -> Iterator[Problem]:
+    """The check of the record a package outside slime declares, where the config chooses it by its import path."""
+    if chosen in registry.names():
+        return
+    try:
+        check = registry.spec(chosen).checks.check
+    except ValueError:  # an unknown name, or a package whose spec.py is broken: check_registered says which
+        return
+    if check is not None:
+        yield from check(cfg)
 
 
 def owner_problems(cfg: RunConfig, derived: Derived) -> Iterator[Problem]:
     """The checks that belong to no single registry record."""
-    yield from check_estimator(cfg)
+    yield from check_names(cfg)
     yield from check_cluster(cfg, derived)
     yield from check_model_parallel_split(cfg, derived)
     yield from check_fault_tolerance(cfg)
