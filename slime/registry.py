@@ -9,6 +9,7 @@ checks), and this module only finds those files and reads them. It names no part
     ROLLOUT_FUNCTIONS    rollout.function          slime/rollout/spec.py
     TOOL_PARSERS         rollout.agent.tool_parser slime/rollout/spec.py
     ADVANTAGE_ESTIMATORS algo.advantage_estimator  slime/algo/spec.py (records: slime.algo.estimators)
+    MODEL_FAMILIES       model.architecture        slime/models/spec.py (records: slime.models.families)
 
 A spec module imports no torch, Ray or engine (its checks are torch-free functions, its classes are named by their
 path relative to its package and imported on first use), so validation, `python main.py --help` and error messages
@@ -280,6 +281,7 @@ REWARD_TYPES = Registry("rollout.rm_type", what="reward type")
 ROLLOUT_FUNCTIONS = Registry("rollout.function", what="rollout function")
 TOOL_PARSERS = Registry("rollout.agent.tool_parser", what="tool-call parser")
 ADVANTAGE_ESTIMATORS = Registry("algo.advantage_estimator", what="advantage estimator", default_facts=EstimatorFacts())
+MODEL_FAMILIES = Registry("model.architecture", what="model family")
 
 
 def generate_protocol(engine: str) -> Optional[ModuleType]:
@@ -288,5 +290,5 @@ def generate_protocol(engine: str) -> Optional[ModuleType]:
     return importlib.import_module(path) if path else None
 
 
-# The registries `--help` lists and validation walks
+# The registries `--help` lists and validation walks (slime/plan/validate.py walks MODEL_FAMILIES too)
 ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS, TOOL_PARSERS, ADVANTAGE_ESTIMATORS)

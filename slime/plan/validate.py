@@ -33,7 +33,7 @@ from slime.engine.check import check_fault_tolerance
 from slime.models.check import check_models
 from slime.plan.check_resources import check_cluster, check_host_on_several_nodes, check_model_parallel_split
 from slime.plan.derive import derive
-from slime.registry import ADVANTAGE_ESTIMATORS, ALL, ENGINES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
+from slime.registry import ADVANTAGE_ESTIMATORS, ALL, ENGINES, MODEL_FAMILIES, TRAIN_BACKENDS, WEIGHT_SYNC, Registry
 from slime.rollout.check_data import check_data
 from slime.rollout.check_hooks import check_agent, check_full_async_hooks, check_hooks
 from slime.rollout.check_rewards import check_rewards
@@ -71,7 +71,7 @@ def registry_problems(cfg: RunConfig) -> Iterator[Problem]:
     """Every seam's choice, then the checks its records name (slime.registry.Checks)."""
     for registry in CHOSEN_BY_NAME:
         yield from check_registered(registry, get(cfg, registry.key))
-    for registry in ALL:
+    for registry in (MODEL_FAMILIES, *ALL):
         chosen = get(cfg, registry.key)
         for name in registry.names():
             checks = registry.checks(name)
