@@ -14,10 +14,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from slime.config import register_configs
 from slime.driver.front_door import check_command_line
 from slime.driver.launch import EXIT_CONFIG_ERROR, execute
 from slime.plan.listing import register_listing_resolver
+from slime.run_schema import register_configs
 
 register_configs()
 register_listing_resolver()  # ${slime_registry:} in the --help text

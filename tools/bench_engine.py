@@ -29,8 +29,9 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from slime.config.schema_rollout import HFEngineConfig, RouterConfig
+from slime.config.schema_rollout import RouterConfig
 from slime.engine.base import EngineLaunch
+from slime.engine.hf.config import HFEngineConfig
 from slime.engine.hf.engine import HFEngine, HFServerConfig
 from slime.engine.router import Router
 

@@ -35,7 +35,7 @@ def compose(shape: str, device: str, model_dir: str, overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
 
     from slime.config.loader import to_run_config
-    from slime.config.store import register_configs
+    from slime.run_schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

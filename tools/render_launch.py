@@ -23,8 +23,8 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from slime.config.loader import to_run_config  # noqa: E402
-from slime.config.store import register_configs  # noqa: E402
 from slime.deploy.cluster_launch import ClusterLaunch, rayjob_manifest, slurm_script  # noqa: E402
+from slime.run_schema import register_configs  # noqa: E402
 
 KINDS = {
     "kuberay": lambda launch: yaml.safe_dump(rayjob_manifest(launch), sort_keys=False),

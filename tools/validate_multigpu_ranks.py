@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, TrainConfig
+from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, TrainConfig
 from slime.net import free_port
 from slime.rollout.postprocess import split_for_data_parallel
+from slime.run_schema import schema_class
 from slime.train.layout import RankLayout
 from slime.train.train_setup import TrainSetup
 from slime.types import Sample, TrainBatch
@@ -136,7 +137,9 @@ def _rank_main(rank: int, fn, job: Job, out: str, log_prefix: str) -> None:
 def train_setup(job: Job, *, num_steps: int = 1) -> TrainSetup:
     """A GRPO actor setup without KL (as `tests.helpers.megatron_standalone` builds), for `job`'s layout."""
     p = job.profile
-    parallelism = ParallelismConfig(backend=job.backend, tp=job.tp, pp=job.pp, max_tokens_per_gpu=p.max_tokens_per_gpu)
+    parallelism = schema_class("parallelism")(
+        backend=job.backend, tp=job.tp, pp=job.pp, max_tokens_per_gpu=p.max_tokens_per_gpu
+    )
     return TrainSetup(
         model=p.model,
         parallelism=parallelism,
@@ -226,8 +229,8 @@ def sync_rank(rank: int, job: Job) -> dict:
     """Trainer rank 0 (GPU 0) moves its weights by one step, then `distributed`-syncs them into an hf engine
     (GPU 1) `job.num_syncs` times; the engine's checksum per tensor (`/weights_checker`) is compared with the
     trainer's export."""
-    from slime.config.schema import HFEngineConfig
     from slime.engine.base import EngineLaunch
+    from slime.engine.hf.config import HFEngineConfig
     from slime.engine.hf.engine import HFEngine
     from slime.engine.hf.weight_checker import tensor_checksum
     from slime.sync.base import SyncContext

@@ -6,7 +6,7 @@ from slime.config.derived import Derived, fill_derived
 from slime.config.loader import to_run_config, to_yaml
 from slime.config.problems import ConfigError, Problem
 from slime.config.schema import RunConfig
-from slime.config.store import register_configs
+from slime.config.store import store_run_schema
 
 __all__ = [
     "ConfigError",
@@ -14,7 +14,7 @@ __all__ = [
     "Problem",
     "RunConfig",
     "fill_derived",
-    "register_configs",
+    "store_run_schema",
     "to_run_config",
     "to_yaml",
 ]

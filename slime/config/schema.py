@@ -1,7 +1,8 @@
 """Typed schemas for every config group (docs/configuration.md); key names mirror slime's flags.
 
 Each dataclass is registered in Hydra's ConfigStore (see `store.py`) and is the schema its YAML options
-extend, so a misspelled key or a wrongly typed value fails at compose time. `OmegaConf.to_object`
+extend, so a misspelled key or a wrongly typed value fails at compose time. A part's own options (`rollout.hf`,
+`parallelism.fsdp`, ...) are declared beside the part and joined to these by slime/run_schema.py. `OmegaConf.to_object`
 turns the composed config into these objects once, in `main.py`; nothing below reads a DictConfig.
 
 Units are stated per field: "samples" are responses, "prompts" are groups of n samples. The rollout group's
@@ -22,14 +23,11 @@ from slime.config.schema_lora import LoRAConfig
 from slime.config.schema_rollout import (  # noqa: F401  (re-exported: the run's schema in one place)
     AgentConfig,
     FaultToleranceConfig,
-    HFEngineConfig,
     RewardConfig,
     RolloutConfig,
     RouterConfig,
     ServedModelConfig,
     ServerGroupConfig,
-    SGLangLaunchConfig,
-    VLLMLaunchConfig,
     WeightSyncConfig,
 )
 from slime.config.schema_run import (  # noqa: F401  (re-exported: the run's schema in one place)
@@ -137,19 +135,10 @@ class RecomputeConfig:
 
 
 @dataclass(kw_only=True)
-class FSDPOptions:
-    """Options of the fsdp backend alone (`parallelism.fsdp.*`); CUDA runs, where FSDP2 wraps the model."""
-
-    # bf16 runs: "fsdp2" keeps fp32 parameter shards and optimizer state and computes in bf16 through
-    # FSDP2's mixed-precision policy; "autocast" computes fp32 parameters under torch.autocast.
-    mixed_precision: str = "fsdp2"
-    compile: bool = True  # torch.compile each decoder layer (fused norms, RoPE and SwiGLU); CUDA only
-    cpu_offload: bool = False  # FSDP2's CPU offload: parameter shards, gradients and optimizer state in host memory
-
-
-@dataclass(kw_only=True)
 class ParallelismConfig:
-    """How training is split. DP = world / (tp·pp·cp), derived."""
+    """How training is split. DP = world / (tp·pp·cp), derived. Each backend's own options (`parallelism.fsdp`,
+    `parallelism.megatron`) live beside the backend, named by its spec, and join this node in the run's schema
+    (slime/run_schema.py)."""
 
     backend: str = "fsdp"  # a name of slime.registry.TRAIN_BACKENDS
     tp: int = 1
@@ -167,7 +156,6 @@ class ParallelismConfig:
     # FP8 matmuls in training (fsdp: torchao's float8 training of the decoder layers' linears, CUDA compute
     # capability 8.9+; megatron: needs Transformer Engine); weights, gradients and optimizer keep their precision
     fp8: bool = False
-    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
     # megatron backend: virtual pipeline stages per pipeline rank (interleaved 1F1B; None: one) and recompute
     vpp: Optional[int] = None
     # megatron backend: decoder layers of the first / last pipeline stage (None: an equal share), the others split
@@ -177,8 +165,6 @@ class ParallelismConfig:
     pp_last_stage_layers: Optional[int] = None
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     compile_layers: bool = False  # megatron backend: torch.compile each transformer layer; CUDA only
-    # Extra megatron-core config fields (TransformerConfig, OptimizerConfig, ...), checked against megatron-core
-    megatron: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -1,6 +1,7 @@
-"""Typed schemas of the rollout side: `rollout.*` (router, engines and their launch, server groups, weight sync,
-fault tolerance, rewards). Re-exported by `slime.config.schema`, which holds the run's other groups; the same
-rules apply (registered in Hydra's ConfigStore, units stated per field).
+"""Typed schemas of the rollout side: `rollout.*` (router, server groups, weight sync, fault tolerance, rewards).
+Re-exported by `slime.config.schema`, which holds the run's other groups; the same rules apply (registered in
+Hydra's ConfigStore, units stated per field). Each engine's own options (`rollout.hf`, `rollout.sglang`, ...) live
+beside the engine, named by its spec, and join `rollout` in the run's schema (slime/run_schema.py).
 """
 
 from __future__ import annotations
@@ -25,20 +26,6 @@ class RouterConfig:
     # --cache-threshold 0.3; true: a bare flag); checked against the installed router's own parser.
     # host/port/prometheus/policy/timeout (and the worker lists) are the framework's.
     extra_args: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(kw_only=True)
-class HFEngineConfig:
-    """The built-in transformers server (`rollout.engine=hf`)."""
-
-    # sequences decoded together; None: 256, or 1 with rollout.deterministic on cuda or with num_threads > 1 (where
-    # its batch-invariant forward passes do not run)
-    max_batch_size: Optional[int] = None
-    batch_wait_ms: float = 5.0  # how long the batcher waits for more requests
-    dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
-    num_threads: int = 1  # torch threads per CPU engine
-    prefix_cache_tokens: int = 8192  # prompt tokens of one-request prefills kept for reuse; 0: no prefix cache
-    startup_timeout_s: float = 120.0
 
 
 @dataclass(kw_only=True)
@@ -83,26 +70,6 @@ class RewardConfig:
     timeout_s: float = 120.0  # remote_rm: per request
     max_retries: int = 10  # remote_rm: retries of connection errors and 5xx, backoff min(2^attempt, 30) s + jitter
     max_connections: int = 64  # remote_rm: pooled HTTP connections
-
-
-@dataclass(kw_only=True)
-class SGLangLaunchConfig:
-    """How each SGLang server starts (`rollout.engine=sglang`); its ServerArgs are `rollout.sglang`."""
-
-    module: str = "sglang.launch_server"  # run as `python -m <module>` with SGLang's CLI (CPU tests: a fake server)
-    startup_timeout_s: float = 600.0  # launch until GET /health_generate answers 200
-
-
-@dataclass(kw_only=True)
-class VLLMLaunchConfig:
-    """How each vLLM server starts (`rollout.engine=vllm`); its server arguments are `rollout.vllm`."""
-
-    # run as `python -m <module>` with vLLM's server CLI (`vllm serve`'s; CPU tests: a fake server)
-    module: str = "vllm.entrypoints.launchers.api_server.entry"
-    # node ranks >= 1 of an engine spanning nodes run `python -m <headless_module> serve ... --headless` (vLLM's CLI,
-    # cli/serve.py run_headless: workers only; the API server entry above would ignore --headless)
-    headless_module: str = "vllm.entrypoints.cli.main"
-    startup_timeout_s: float = 600.0  # launch until GET /health answers 200
 
 
 @dataclass(kw_only=True)
@@ -211,15 +178,7 @@ class RolloutConfig:
     reward_post_process: Optional[Any] = None  # fn(args, samples) -> (raw_rewards, rewards); None: the algorithm's
     sample_hooks: list[Any] = field(default_factory=list)  # fn(args, sample, rollout_id=, evaluation=) -> Sample|None
     router: RouterConfig = field(default_factory=RouterConfig)
-    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
-    # SGLang ServerArgs fields the framework does not set itself (slime.engine.sglang.server_args)
-    sglang: dict[str, Any] = field(default_factory=dict)
-    sglang_launch: SGLangLaunchConfig = field(default_factory=SGLangLaunchConfig)
-    # vLLM server arguments the framework does not set itself (slime.engine.vllm.engine_args), e.g.
-    # gpu_memory_utilization: 0.7; prefill_num_servers: N (PD) is the framework's
-    vllm: dict[str, Any] = field(default_factory=dict)
-    vllm_launch: VLLMLaunchConfig = field(default_factory=VLLMLaunchConfig)
     # Served models (empty: one model, the policy, on every rollout GPU); their GPUs add up to cluster.rollout.num_gpus
     models: list[ServedModelConfig] = field(default_factory=list)
     # URLs of SGLang servers someone else runs: registered with the policy's router, synced, never started or stopped

@@ -31,7 +31,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from slime.config import ConfigError, register_configs, to_run_config
+from slime.config import ConfigError, store_run_schema, to_run_config
 from slime.config.cli_overrides import (
     OverrideProblem,
     analysis_overrides,
@@ -44,6 +44,7 @@ from slime.config.cli_overrides import (
 )
 from slime.plan.dry_run import dry_run
 from slime.plan.resolve import resolve
+from slime.run_schema import outside_specs, register_configs, seam_keys
 
 EXIT_CONFIG_ERROR = 2
 # Flags that change where the config comes from or that compose nothing of ours: left to Hydra as given.
@@ -60,8 +61,8 @@ def check_command_line(argv: list[str], *, config_dir: Path, config_name: str, j
         overrides = parse(args.overrides)
     except HydraException as exc:  # OverrideParseException: bad syntax, Hydra's message says where
         _refuse([str(exc)])
-    register_configs()  # the run schema the defaults list names (idempotent)
     with initialize_config_dir(config_dir=str(config_dir), job_name=job_name, version_base="1.3"):
+        _register_schema(overrides, config_name)
         tree, keys = _checked_overrides(overrides, config_name)
         mode = next((o.value() for o in overrides if o.key_or_group == "hydra.mode"), tree.hydra.mode)
         multirun = args.multirun or mode in (RunMode.MULTIRUN, RunMode.MULTIRUN.name)  # flag, override or config
@@ -70,6 +71,25 @@ def check_command_line(argv: list[str], *, config_dir: Path, config_name: str, j
                 _refuse(keys)
             return
         _validate_run(config_name, args.overrides, problems=keys)
+
+
+def _register_schema(overrides: list[Override], config_name: str) -> None:
+    """Register the run schema the defaults list names, with the options of each part outside the project that the
+    config chooses (`rollout.engine=my_engines.fast`, on the command line or in an option's YAML): their keys are
+    read from the config composed without a schema, which takes the options' values as they are."""
+    repo = searched_repository(GlobalHydra.instance().config_loader(), config_name, overrides)
+    groups, keys = split_groups(overrides, repo)
+    seams = [o.input_line for o in keys if not o.is_sweep_override() and o.get_key_element() in seam_keys()]
+    store_run_schema(OmegaConf.create({}))
+    try:
+        tree = compose(config_name, overrides=[*searchpath_lines(keys), *analysis_overrides(groups), *seams])
+    except (HydraException, OmegaConfBaseException):  # the composition with the schema says why
+        tree = OmegaConf.create({})
+    try:
+        register_configs(outside_specs(tree))
+    except ValueError as exc:  # a part's options clash with another's keys
+        register_configs()
+        _refuse([str(exc)])
 
 
 def _checked_overrides(overrides: list[Override], config_name: str) -> tuple[DictConfig, list[OverrideProblem]]:

@@ -42,10 +42,9 @@ def _refuse(self, name: str, value: Any = None) -> None:
     )
 
 
-def _rebuild(cls: type, state: dict[str, Any]) -> Any:
-    """Unpickling: a read-only instance of `cls` holding `state`."""
-    node = object.__new__(_read_only_class(cls))
-    node.__dict__.update(state)
+def _frozen_again(node: Any) -> Any:
+    """Unpickling: `node`, a plain instance just rebuilt, made read-only (its fields come read-only already)."""
+    object.__setattr__(node, "__class__", _read_only_class(type(node)))
     return node
 
 
@@ -62,8 +61,10 @@ def _read_only_class(cls: type) -> type:
         fields = [f.name for f in dataclasses.fields(cls) if f.compare]
         return all(getattr(self, name) == getattr(other, name) for name in fields)
 
-    def __reduce_ex__(self, protocol: int) -> tuple:  # pickled by the plain class, which pickle can find
-        return _rebuild, (cls, dict(self.__dict__))
+    def __reduce_ex__(self, protocol: int) -> tuple:  # pickled as a plain instance, as its class pickles one
+        plain = object.__new__(cls)
+        plain.__dict__.update(self.__dict__)
+        return _frozen_again, (plain,)
 
     namespace = {
         "__init__": __init__,

@@ -16,8 +16,9 @@ from hydra_plugins.ray_jobs_launcher.ray_jobs_launcher import RayJobsLauncherCon
 from slime.assets.check import generates_checkpoint
 from slime.assets.prepare import prepare_assets
 from slime.config.input_kinds import KIND, typed_fields
-from slime.config.schema import EvalDatasetConfig, RunConfig
+from slime.config.schema import EvalDatasetConfig
 from slime.plan.validate import validate
+from slime.run_schema import run_schema
 from tests.helpers.compose import fake_hf_dir, typed_config
 from tests.helpers.processes import session_processes
 from tests.helpers.runs import run_main
@@ -129,7 +130,7 @@ PATHLIKE_NAME = re.compile(r"(path|dir|url|address|host|load|save\w*|checkpoint|
 
 
 def all_typed_fields() -> set[str]:
-    fields = {key for key, _ in typed_fields(RunConfig)}
+    fields = {key for key, _ in typed_fields(run_schema())}
     fields |= {key for key, _ in typed_fields(RayJobsLauncherConf, "hydra.launcher.")}
     return fields | {key for key, _ in typed_fields(EvalDatasetConfig, "eval.datasets.<name>.")}
 
@@ -165,7 +166,7 @@ def test_every_field_named_like_a_path_or_address_is_typed():
     untyped = [
         key
         for key, f in [
-            *string_fields(RunConfig),
+            *string_fields(run_schema()),
             *string_fields(EvalDatasetConfig, "eval.datasets.<name>."),
             *string_fields(RayJobsLauncherConf, "hydra.launcher."),
         ]

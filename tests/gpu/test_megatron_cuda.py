@@ -19,7 +19,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from slime.assets.tiny_model import create_tiny_model  # noqa: E402
-from slime.config.schema import ModelConfig, ParallelismConfig  # noqa: E402
+from slime.config.schema import ModelConfig  # noqa: E402
+from slime.run_schema import schema_class  # noqa: E402
 from slime.train.megatron.model_config import compile_layers  # noqa: E402
 from tests.helpers import megatron_standalone as standalone  # noqa: E402
 from tests.helpers.compose import model_fields  # noqa: E402
@@ -97,7 +98,7 @@ def test_log_probs_match_transformers_on_the_1p7b_shape(tmp_path):
     samples = rl_samples(6, model_cfg.vocab_size, seed=1, longest_response=2048)
     exact = hf_cuda_log_probs(model_cfg.hf_checkpoint, samples, dtype=torch.float32)
     theirs = hf_cuda_log_probs(model_cfg.hf_checkpoint, samples)
-    parallelism = ParallelismConfig(backend="megatron", max_tokens_per_gpu=8192)
+    parallelism = schema_class("parallelism")(backend="megatron", max_tokens_per_gpu=8192)
 
     backend = standalone.build(model_cfg, device="cuda", precision="fp32", parallelism=parallelism)
     fp32_diff = (standalone.forward_log_probs(backend, samples).cpu() - exact).abs().mean().item()

@@ -10,8 +10,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from slime.config import register_configs, to_run_config
+from slime.config import to_run_config
 from slime.config.schema_vision import VisionConfig
+from slime.run_schema import register_configs
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 CONF = ROOT / "conf"

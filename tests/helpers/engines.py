@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from slime.config.schema import HFEngineConfig
 from slime.engine import http_client
 from slime.engine.base import EngineLaunch, EngineServer
+from slime.engine.hf.config import HFEngineConfig
 from slime.engine.hf.engine import HFEngine, HFServerConfig
 
 

@@ -19,6 +19,7 @@ import dataclasses
 from slime.config.schema import AlgoConfig, CheckpointConfig, ModelConfig, ParallelismConfig, TrainConfig
 from slime.net import free_port
 from slime.rollout.postprocess import split_for_data_parallel
+from slime.run_schema import schema_class
 from slime.train.layout import RankLayout
 from slime.train.megatron.backend import MegatronBackend
 from slime.train.train_setup import TrainSetup
@@ -39,7 +40,7 @@ def build(
     seed: int = 1234,
 ):
     """A built single-rank MegatronBackend for `model_cfg` (weights from `model_cfg.hf_checkpoint`)."""
-    p = parallelism or ParallelismConfig(backend="megatron")
+    p = parallelism or schema_class("parallelism")(backend="megatron")
     p = dataclasses.replace(p, backend="megatron", max_tokens_per_gpu=max_tokens_per_gpu or p.max_tokens_per_gpu)
     setup = TrainSetup(
         model=model_cfg,

@@ -15,7 +15,7 @@ from hydra.types import HydraContext, RunMode
 
 from hydra_plugins.ray_jobs_launcher._cluster import gpu_count
 from hydra_plugins.ray_jobs_launcher._jobs import RayJobFailed, compose_job, entrypoint, job_return
-from slime.config import register_configs
+from slime.run_schema import register_configs
 from tests.helpers.compose import CONF
 
 

@@ -12,7 +12,7 @@ from slime.engine.base import EngineLaunch, EngineServer
 from slime.engine.hf.client import BuiltinEngineClient
 
 if TYPE_CHECKING:  # the GPU tier runs without omegaconf; any object with these attributes works
-    from slime.config.schema import HFEngineConfig
+    from slime.engine.hf.config import HFEngineConfig
 
 
 class HFServerConfig:

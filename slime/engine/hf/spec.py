@@ -1,6 +1,7 @@
 """The built-in engine's record (slime.registry): `rollout.engine=hf`."""
 
 from slime.engine.hf.check import check
+from slime.engine.hf.config import HFEngineOptions
 from slime.registry import Checks, EngineFacts, Spec
 
 SPECS = (
@@ -10,5 +11,6 @@ SPECS = (
         target=".engine.HFEngine",
         facts=EngineFacts(kind="built-in transformers server", lora_adapter_modes=("tensor", "disk")),
         checks=Checks(check=check),
+        config=HFEngineOptions,
     ),
 )

@@ -1,6 +1,7 @@
 """The SGLang engine's record (slime.registry): `rollout.engine=sglang`."""
 
 from slime.engine.sglang.check import check, check_unchosen
+from slime.engine.sglang.config import SGLangOptions
 from slime.registry import Checks, EngineFacts, Spec
 
 SPECS = (
@@ -17,5 +18,6 @@ SPECS = (
             node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
         ),
         checks=Checks(check=check, check_unchosen=check_unchosen),
+        config=SGLangOptions,
     ),
 )

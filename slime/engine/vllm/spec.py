@@ -1,6 +1,7 @@
 """The vLLM engine's record (slime.registry): `rollout.engine=vllm`."""
 
 from slime.engine.vllm.check import check, check_unchosen
+from slime.engine.vllm.config import VLLMOptions
 from slime.registry import Checks, EngineFacts, Spec
 
 SPECS = (
@@ -22,5 +23,6 @@ SPECS = (
             node_span_flags=("--nnodes", "--node-rank", "--master-addr/--master-port"),  # node ranks >= 1 --headless
         ),
         checks=Checks(check=check, check_unchosen=check_unchosen),
+        config=VLLMOptions,
     ),
 )

@@ -7,7 +7,8 @@ import importlib.util
 from collections.abc import Iterator
 
 from slime.config.problems import Problem
-from slime.config.schema import FSDPOptions, RunConfig
+from slime.config.schema import RunConfig
+from slime.train.fsdp.config import FSDPOptions
 
 MIXED_PRECISION_MODES = ("fsdp2", "autocast")
 

@@ -2,6 +2,7 @@
 
 from slime.registry import Checks, Spec, TrainBackendFacts
 from slime.train.fsdp.check import check, check_unchosen
+from slime.train.fsdp.config import FSDPBackendOptions
 
 SPECS = (
     Spec(
@@ -15,5 +16,6 @@ SPECS = (
             bf16_lora_base=("fsdp.mixed_precision", "fsdp2"),
         ),
         checks=Checks(check=check, check_unchosen=check_unchosen),
+        config=FSDPBackendOptions,
     ),
 )

@@ -26,7 +26,7 @@ TARGETS = ("q_proj", "v_proj", "down_proj")
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    from slime.config.schema import HFEngineConfig
+    from slime.engine.hf.config import HFEngineConfig
 
     launch = EngineLaunch(
         rank=0,

@@ -17,9 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from slime.config.schema import HFEngineConfig, RouterConfig
+from slime.config.schema import RouterConfig
 from slime.engine import http_client
 from slime.engine.base import EngineLaunch, get_engine_class
+from slime.engine.hf.config import HFEngineConfig
 from slime.engine.hf.weight_checker import tensor_checksum
 from slime.engine.http_client import EngineHTTPError
 from slime.engine.router import Router

@@ -33,6 +33,7 @@ from slime.engine.vllm.engine import VLLMEngine, VLLMEngineConfig
 from slime.engine.vllm.router import VLLMRouter
 from slime.rollout.base import RolloutContext
 from slime.rollout.generate import generate
+from slime.run_schema import schema_class
 from slime.sync.base import SyncContext
 from slime.types import Sample, SampleStatus
 from tests.fakes.fake_vllm import GENERATE_MARK, REQUEST_MARK
@@ -99,7 +100,7 @@ def test_registered_and_command_is_vllms_cli_with_the_framework_owned_arguments(
     assert env["CUDA_VISIBLE_DEVICES"] == "3,5" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1" and env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "15002"
     assert "PYTORCH_CUDA_ALLOC_CONF" in VLLMEngine.unset_env
-    rollout = RolloutConfig(
+    rollout = schema_class("rollout")(
         engine="vllm", vllm={"enforce_eager": True}, weight_sync=WeightSyncConfig(mode="distributed")
     )
     config = VLLMEngine.config_from(rollout, worker_type="decode", overrides={"max_num_seqs": 8})
@@ -405,7 +406,7 @@ def test_fault_tolerance_removes_a_crashed_engine_restarts_it_and_registers_it_a
     ft = FaultToleranceConfig(enabled=True, health_check_interval_s=0.1, health_check_timeout_s=2.0)
     spec = EngineSpec(model="default", worker_type="regular", num_gpus=2, overrides={}, key="cluster")
     setup = fleet_setup.FleetSetup(
-        rollout=RolloutConfig(engine="vllm", fault_tolerance=ft),
+        rollout=schema_class("rollout")(engine="vllm", fault_tolerance=ft),
         models=[ModelSpec(name="default", model_path=tiny_model_dir, update_weights=True, router=RouterConfig())],
         specs=[spec],
         host="127.0.0.1",
