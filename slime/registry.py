@@ -2,15 +2,14 @@
 `spec.py` beside its code (`SPECS`: `Spec`s naming their class relative to their own package, their facts and their
 checks), and this module only finds those files and reads them. It names no part.
 
-    TRAIN_BACKENDS    parallelism.backend        slime/train/{fsdp,megatron}/spec.py
-    ENGINES           rollout.engine             slime/engine/{hf,sglang,vllm}/spec.py
-    WEIGHT_SYNC       rollout.weight_sync.mode   slime/sync/spec.py
-    REWARD_TYPES      rollout.rm_type            slime/rollout/spec.py
-    ROLLOUT_FUNCTIONS rollout.function           slime/rollout/spec.py
-    TOOL_PARSERS      rollout.agent.tool_parser  slime/rollout/spec.py
-
-The advantage estimators (algo.advantage_estimator) are records holding their functions: their registry is
-slime.algo.estimators.ESTIMATORS (slime/plan/listing.py lists it beside these for `--help`).
+    TRAIN_BACKENDS       parallelism.backend       slime/train/{fsdp,megatron}/spec.py
+    ENGINES              rollout.engine            slime/engine/{hf,sglang,vllm}/spec.py
+    WEIGHT_SYNC          rollout.weight_sync.mode  slime/sync/spec.py
+    REWARD_TYPES         rollout.rm_type           slime/rollout/spec.py
+    ROLLOUT_FUNCTIONS    rollout.function          slime/rollout/spec.py
+    TOOL_PARSERS         rollout.agent.tool_parser slime/rollout/spec.py
+    ADVANTAGE_ESTIMATORS algo.advantage_estimator  slime/algo/spec.py (records: slime.algo.estimators)
+    MODEL_FAMILIES       model.architecture        slime/models/spec.py (records: slime.models.families)
 
 A spec module imports no torch, Ray or engine (its checks are torch-free functions, its classes are named by their
 path relative to its package and imported on first use), so validation, `python main.py --help` and error messages
@@ -130,6 +129,33 @@ class WeightSyncFacts:
     adapter_sync: Optional[str] = None
     # Its adapter sync has every engine check each adapter tensor it loaded (debug.check_weight_update_equal).
     checks_adapters: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EstimatorFacts:
+    """What differs between advantage estimators beyond their functions, read without importing torch.
+
+    needs_critic: a value model is trained alongside (its values feed the token advantages).
+    needs_old_log_probs: the loss reads ℓ_old beyond stopgrad(ℓ), so a forward-only pass computes it even
+        with one optimizer step per rollout.
+    reward_kl: KL goes in the reward (algo.kl_coef shapes the advantages); the others take KL only as a
+        loss term (algo.use_kl_loss).
+    needs_whitening: advantages are meaningful only whitened (algo.normalize_advantages must be true).
+    uses_advantages: the policy loss reads advantages (whitening them is skipped otherwise).
+    generates: the policy generates the responses it learns from; False (SFT) reads them from the data,
+        so there are no engine log-probs, no reward and nothing to evaluate.
+    min_samples_per_prompt: the smallest rollout.n_samples_per_prompt the reward transform accepts.
+    rollout_function: the `rollout.function` registry name used when rollout.function is null.
+    """
+
+    needs_critic: bool = False
+    needs_old_log_probs: bool = False
+    reward_kl: bool = False
+    needs_whitening: bool = False
+    uses_advantages: bool = True
+    generates: bool = True
+    min_samples_per_prompt: int = 1
+    rollout_function: str = "default"
 
 
 class Registry:
@@ -257,6 +283,8 @@ WEIGHT_SYNC = Registry("rollout.weight_sync.mode", what="weight-sync mode", defa
 REWARD_TYPES = Registry("rollout.rm_type", what="reward type")
 ROLLOUT_FUNCTIONS = Registry("rollout.function", what="rollout function")
 TOOL_PARSERS = Registry("rollout.agent.tool_parser", what="tool-call parser")
+ADVANTAGE_ESTIMATORS = Registry("algo.advantage_estimator", what="advantage estimator", default_facts=EstimatorFacts())
+MODEL_FAMILIES = Registry("model.architecture", what="model family")
 
 
 def generate_protocol(engine: str) -> Optional[ModuleType]:
@@ -265,4 +293,5 @@ def generate_protocol(engine: str) -> Optional[ModuleType]:
     return importlib.import_module(path) if path else None
 
 
-ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS, TOOL_PARSERS)
+# The registries `--help` lists and validation walks (slime/plan/validate.py walks MODEL_FAMILIES too)
+ALL = (TRAIN_BACKENDS, ENGINES, WEIGHT_SYNC, REWARD_TYPES, ROLLOUT_FUNCTIONS, TOOL_PARSERS, ADVANTAGE_ESTIMATORS)

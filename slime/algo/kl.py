@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from slime.algo.estimators import KL_TYPES
+from slime.algo.choices import KL_TYPES
 
 
 def approx_kl(

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from slime.algo._layout import check_flat, check_lengths, sample_ids, segment_sum
-from slime.algo.estimators import TIS_LEVELS, TIS_MODES
+from slime.algo.choices import TIS_LEVELS, TIS_MODES
 
 # |log ratio| bound before exp, as slime's examples/train_infer_mismatch_helper/mis.py (compute_mis_weights,
 # SAFETY_BOUND): a sequence-level log ratio sums a whole response and would overflow otherwise

@@ -4,10 +4,11 @@ override that fixes it. The checks of the chosen parts (backend, engine, weight 
 live next to their code (the model option against its family: slime/models/check.py); slime/plan/validate.py runs them all and reports every problem at once.
 
     validate_keys.py   keys the schema does not know
-    validate_algo.py   algorithm knobs (what the estimator needs: slime/train/check_estimator.py)
+    validate_algo.py   algorithm knobs (what the estimator needs: slime/algo/check.py)
     validate_async.py  the one-step-async loop and the weight-sync interval
     validate_eval.py   eval datasets and the rollout loop's options
     validate_lora.py   LoRA adapters: sizes and targets
+    validate_addresses.py  the form of every URL and address
     objective.py       the sweep objective
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from slime.config.objective import check_objective
 from slime.config.problems import Problem, get, one_of, positive
 from slime.config.schema import PhasePoint, RunConfig
+from slime.config.validate_addresses import check_addresses
 from slime.config.validate_algo import check_algo
 from slime.config.validate_async import check_async
 from slime.config.validate_eval import check_eval, check_rollout_loop
@@ -35,7 +37,7 @@ SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
 
 def check_choices(cfg: RunConfig) -> Iterator[Problem]:
     """Fixed lists of values (the registries' names, the estimator's included, are checked by
-    slime/plan/validate.py; algo.kl_loss_type and algo.tis_mode by slime/train/check_estimator.py)."""
+    slime/plan/validate.py; algo.kl_loss_type, algo.tis_mode and algo.tis_level by slime/algo/check.py)."""
     yield from one_of("cluster.device", cfg.cluster.device, DEVICES)
     yield from one_of("train.lr_decay_style", cfg.train.lr_decay_style, LR_DECAY_STYLES)
     yield from one_of("train.on_nonfinite", cfg.train.on_nonfinite, ON_NONFINITE)
@@ -151,6 +153,16 @@ def check_ranges(cfg: RunConfig) -> Iterator[Problem]:
         )
 
 
+def check_fault_tolerance(cfg: RunConfig) -> Iterator[Problem]:
+    """With `rollout.fault_tolerance.enabled`: positive interval and timeout, and no negative restart budget."""
+    ft, key = cfg.rollout.fault_tolerance, "rollout.fault_tolerance"
+    if not ft.enabled:
+        return
+    yield from positive(cfg, f"{key}.health_check_interval_s", f"{key}.health_check_timeout_s")
+    if ft.max_restarts < 0:
+        yield Problem(f"{key}.max_restarts", ft.max_restarts, "must be >= 0", f"set {key}.max_restarts=3")
+
+
 def check_token_limits(cfg: RunConfig) -> Iterator[Problem]:
     """Lengths and token ids against the model: prompt + response within its context, stop ids in its vocabulary."""
     r, context = cfg.rollout, cfg.model.max_position_embeddings
@@ -231,6 +243,7 @@ def schema_problems(cfg: RunConfig) -> list[Problem]:
         check_choices(cfg),
         check_debug(cfg),
         check_ranges(cfg),
+        check_fault_tolerance(cfg),
         check_token_limits(cfg),
         check_lora(cfg),
         check_batch_arithmetic(cfg),
@@ -240,5 +253,6 @@ def schema_problems(cfg: RunConfig) -> list[Problem]:
         check_eval(cfg),
         check_rollout_loop(cfg),
         check_objective(cfg),
+        check_addresses(cfg),
     ]
     return [problem for check in checks for problem in check]

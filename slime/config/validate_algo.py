@@ -1,5 +1,5 @@
 """Algorithm knobs the schema alone decides: mutually exclusive options, reference models, ranges. What the
-chosen estimator needs is checked from its record by slime/train/check_estimator.py."""
+chosen estimator needs is its record's check (slime/algo/check.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
     rollout.router.extra_args  the installed router's own argument parser (names and values): sglang-router,
                                or vllm-router with rollout.engine=vllm; its health checks and circuit breaker
                                stay off (slime.engine.router.HEALTH_SWITCHES)
-    rollout.fault_tolerance    what replaces them: a probe timeout above SGLang's own /health timeout
+    rollout.fault_tolerance    what replaces them: a probe timeout above SGLang's own /health timeout (its ranges
+                               are schema rules: slime.config.rules.check_fault_tolerance)
 
 Each engine's own check (slime/engine/<name>/check.py, named by its record in slime.registry.ENGINES) runs the
 router check with the router it launches. An unknown key is an error naming the nearest valid names.
@@ -20,7 +21,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional
 
-from slime.config.problems import Problem, did_you_mean, positive
+from slime.config.problems import Problem, did_you_mean
 from slime.config.schema import RouterConfig, RunConfig
 from slime.engine.router import HEALTH_SWITCHES, health_switch_error, router_flags
 
@@ -157,16 +158,6 @@ def _check_router(prefix: str, r: RouterConfig, kind: RouterKind) -> Iterator[Pr
 SGLANG_HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
 SGLANG_HEALTH_TIMEOUT_S = 20.0
 HEALTH_TIMEOUT_MARGIN_S = 5.0
-
-
-def check_fault_tolerance(cfg: RunConfig) -> Iterator[Problem]:
-    """With `rollout.fault_tolerance.enabled`: positive interval and timeout, and no negative restart budget."""
-    ft, key = cfg.rollout.fault_tolerance, "rollout.fault_tolerance"
-    if not ft.enabled:
-        return
-    yield from positive(cfg, f"{key}.health_check_interval_s", f"{key}.health_check_timeout_s")
-    if ft.max_restarts < 0:
-        yield Problem(f"{key}.max_restarts", ft.max_restarts, "must be >= 0", f"set {key}.max_restarts=3")
 
 
 def check_generating_health_timeout(cfg: RunConfig) -> Iterator[Problem]:

@@ -1,8 +1,8 @@
 """Validation of the model options against their families (slime.models.families): `model.architecture` names a
 family, the option's fields are the family's (`check_model`), its routers and latent attention are set where the
-family has them (slime.models.check_shape), and a distillation teacher has the policy's architecture (its log-probs
-are read token for token, and the megatron backend loads it into the policy's structure). slime/plan/validate.py
-runs it after the schema's own rules."""
+family has them (slime.models.check_shape): the family record's check, `check_family`; and a distillation teacher
+has the policy's architecture (its log-probs are read token for token, and the megatron backend loads it into the
+policy's structure). slime/plan/validate.py runs `check_models` after the schema's own rules."""
 
 from __future__ import annotations
 
@@ -15,10 +15,16 @@ from slime.models.families import CHECKED, FAMILIES, check_model
 
 
 def check_models(cfg: RunConfig) -> Iterator[Problem]:
+    """`model.architecture` names a family, and the teacher has the policy's architecture (the chosen family's
+    record runs `check_family`)."""
     yield from one_of("model.architecture", cfg.model.architecture, FAMILIES)
+    yield from _check_teacher(cfg)
+
+
+def check_family(cfg: RunConfig) -> Iterator[Problem]:
+    """The check of every family's record (slime/models/spec.py): the model option against its family."""
     yield from check_model(cfg.model)
     yield from check_model_shape(cfg.model)
-    yield from _check_teacher(cfg)
 
 
 def _check_teacher(cfg: RunConfig) -> Iterator[Problem]:

@@ -13,13 +13,14 @@ default of that family (`_HF_DEFAULTS`). Torch-free: validation imports it befor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from slime.config.problems import Problem
 from slime.config.schema import ModelConfig
 from slime.config.schema_vision import VisionConfig
 from slime.models.hf_vision import check_vision, nested_vision_fields, text_fields, vision_fields, vision_mismatches
+from slime.registry import MODEL_FAMILIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,52 +44,23 @@ class Family:
         return self.no_megatron is None
 
 
-_VISION_NO_MEGATRON = "a vision-language model: the megatron backend builds text decoders only (use parallelism=fsdp)"
-FAMILIES = {
-    "qwen3": Family("Qwen3ForCausalLM", qk_layernorm=True, qkv_bias=None, moe=False),
-    "qwen3_moe": Family("Qwen3MoeForCausalLM", qk_layernorm=True, qkv_bias=None, moe=True),
-    "qwen2": Family("Qwen2ForCausalLM", qk_layernorm=False, qkv_bias=True, moe=False),
-    "llama": Family("LlamaForCausalLM", qk_layernorm=False, qkv_bias=None, moe=False),
-    "glm4": Family(
-        "Glm4ForCausalLM",
-        qk_layernorm=False,
-        qkv_bias=None,
-        moe=False,
-        norms_per_layer=4,
-        no_megatron="GLM-4 normalises each attention and MLP output, which megatron-core's TransformerLayer cannot",
-    ),
-    "glm4_moe": Family(
-        "Glm4MoeForCausalLM",
-        qk_layernorm=None,
-        qkv_bias=None,
-        moe=True,
-        grouped_moe=True,
-    ),
-    "qwen2_5_vl": Family(
-        "Qwen2_5_VLForConditionalGeneration",
-        qk_layernorm=False,
-        qkv_bias=True,
-        moe=False,
-        vision=True,
-        no_megatron=_VISION_NO_MEGATRON,
-    ),
-    "qwen3_vl": Family(
-        "Qwen3VLForConditionalGeneration",
-        qk_layernorm=True,
-        qkv_bias=False,
-        moe=False,
-        vision=True,
-        no_megatron=_VISION_NO_MEGATRON,
-    ),
-    "deepseek_v3": Family(
-        "DeepseekV3ForCausalLM",
-        qk_layernorm=False,
-        qkv_bias=False,
-        moe=True,
-        grouped_moe=True,
-        mla=True,
-    ),
-}
+class Families(Mapping[str, Family]):
+    """The model families by name (`model.architecture`): slime.registry.MODEL_FAMILIES, whose records
+    slime/models/spec.py declares, read as their `Family` facts; sorted by name."""
+
+    def __getitem__(self, name: object) -> Family:
+        if not isinstance(name, str) or name not in MODEL_FAMILIES.names():
+            raise KeyError(name)
+        return MODEL_FAMILIES.facts(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MODEL_FAMILIES.names())
+
+    def __len__(self) -> int:
+        return len(MODEL_FAMILIES.names())
+
+
+FAMILIES = Families()
 
 # transformers' class defaults for keys a config.json may omit (per model_type where they differ)
 _HF_DEFAULTS = {

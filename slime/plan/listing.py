@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from slime.algo.estimators import ESTIMATORS
 from slime.registry import ALL
 
 
 def listing() -> str:
     """One line per seam: the config key and its registered names."""
-    return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in (*ALL, ESTIMATORS))
+    return "\n".join(f"  {r.key:<26} {', '.join(r.names())}" for r in ALL)
 
 
 def register_listing_resolver() -> None:

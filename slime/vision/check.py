@@ -57,7 +57,7 @@ def _check_parts(cfg: RunConfig) -> Iterator[Problem]:
             f"{model}: adapters would wrap the vision tower's projections too (its MLP shares their names)",
             "set model.lora.rank=0 (full training; train.freeze_vision=true keeps the tower as loaded)",
         )
-    estimator = ESTIMATORS.get(cfg.algo.advantage_estimator) if cfg.algo.advantage_estimator in ESTIMATORS else None
+    estimator = ESTIMATORS.find(cfg.algo.advantage_estimator)
     if estimator is not None and estimator.needs_critic:
         yield Problem(
             "algo.advantage_estimator",

@@ -325,7 +325,7 @@ def test_removing_an_estimator_restores_the_listing():
     try:
         assert listing() != before and "reinforce" in ESTIMATORS
     finally:
-        assert ESTIMATORS.unregister("reinforce") is REINFORCE
+        assert ESTIMATORS.unregister("reinforce") == REINFORCE
     assert listing() == before and ESTIMATORS.names() == names
     with pytest.raises(ValueError, match="unknown advantage estimator 'reinforce'"):
         ESTIMATORS.get("reinforce")
@@ -338,7 +338,6 @@ def test_no_site_compares_the_estimator_name_with_a_literal():
     hits = [
         f"{p.relative_to(root)}:{n}"
         for p in root.rglob("*.py")
-        if p.name != "estimators.py"
         for n, line in enumerate(p.read_text().splitlines(), 1)
         if pattern.search(line)
     ]

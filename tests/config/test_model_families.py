@@ -10,10 +10,13 @@ import pytest
 
 from slime.config.problems import ConfigError
 from slime.config.schema import ModelConfig
-from slime.models.families import hf_fields, mismatches
+from slime.models.check import check_family
+from slime.models.families import FAMILIES, hf_fields, mismatches
 from slime.plan.memory import parameter_count
-from slime.plan.validate import validate
+from slime.plan.validate import collect_problems, validate
+from slime.registry import MODEL_FAMILIES, Checks
 from tests.helpers.compose import CONF, model_fields, typed_config
+from tests.helpers.registry import registered
 
 MODEL_OPTIONS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 PUBLISHED_TOTALS = {  # the model cards' totals (the MTP layers of GLM-4.5 and DeepSeek-V3, not trained, left out)
@@ -175,3 +178,25 @@ def test_a_rope_scaling_dict_on_the_command_line_lands_as_given():
     cfg = typed_config(["model.rope_scaling={rope_type:yarn,factor:4.0,original_max_position_embeddings:128}"])
     assert cfg.model.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
     assert typed_config(["model=tiny_deepseek_v3", "model.rope_scaling.factor=8.0"]).model.rope_scaling["factor"] == 8.0
+
+
+def test_the_families_are_the_registrys_records(monkeypatch):
+    """FAMILIES reads slime.registry.MODEL_FAMILIES (slime/models/spec.py): each record's facts are its Family and its
+    check is the family check; a family registered there is one validation accepts and checks."""
+    assert list(FAMILIES) == MODEL_FAMILIES.names() and "qwen3_moe" in FAMILIES and None not in FAMILIES
+    assert FAMILIES["qwen3"] is MODEL_FAMILIES.facts("qwen3") and FAMILIES.get("qwen9") is None
+    assert MODEL_FAMILIES.checks("qwen3") == Checks(check=check_family)
+    registered(
+        monkeypatch,
+        MODEL_FAMILIES,
+        "qwen3_copy",
+        "transformers.Qwen3ForCausalLM",
+        facts=FAMILIES["qwen3"],
+        checks=Checks(check=check_family),
+    )
+    found = {p.key: str(p) for p in collect_problems(typed_config(["model.architecture=qwen3_copy"]))}
+    assert "model.architecture" not in found
+    found = {
+        p.key for p in collect_problems(typed_config(["model.architecture=qwen3_copy", "model.qk_layernorm=false"]))
+    }
+    assert "model.qk_layernorm" in found
