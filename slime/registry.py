@@ -94,6 +94,12 @@ class EngineFacts:
     # than a node runs one server process per node slice (SGLang's --nnodes / --node-rank / --dist-init-addr);
     # None: each server stays inside one node.
     node_span_flags: Optional[tuple[str, str, str]] = None
+    # Its servers write a delta push's changed bits into their weights (`<name>@delta.gaps` / `@delta.values` pairs in
+    # a bucket: slime.sync.delta); False: it loads whole tensors only.
+    applies_weight_deltas: bool = False
+    # `section.option` of rollout naming the dtype its servers compute in; None: the trainer's precision, which the
+    # launch hands them.
+    dtype_key: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -103,8 +103,8 @@ def check_delta(cfg: RunConfig) -> Iterator[Problem]:
     if not ws.delta:
         return
     needs = (
-        (cfg.rollout.engine == "hf", "rollout.engine", cfg.rollout.engine, "only the built-in engine applies deltas",
-         "set rollout.engine=hf, or rollout.weight_sync.delta=false"),
+        (ENGINES.facts(cfg.rollout.engine).applies_weight_deltas, "rollout.engine", cfg.rollout.engine,
+         "only the built-in engine applies deltas", "set rollout.engine=hf, or rollout.weight_sync.delta=false"),
         (ws.mode in DELTA_MODES, "rollout.weight_sync.mode", ws.mode, "a delta push is sent in tensor or distributed mode",
          "set rollout.weight_sync.mode=tensor (colocated) or distributed"),
         (ws.verify, "rollout.weight_sync.verify", False, "a delta is taken in the engines' dtype, which verification learns",

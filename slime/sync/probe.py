@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from slime.config.problems import get
 from slime.config.schema import resolved_precision
+from slime.registry import ENGINES
 from slime.sync.verify import WeightMismatchError
 
 # mean |engine - trainer| log-prob over the probe's tokens, by the coarser of the trainer's and the engines' precision
@@ -39,11 +41,12 @@ def probe_precision(trainer_precision: str, engine_dtype: str, device: str) -> s
 
 def probe_tolerance(cfg) -> float:
     """`rollout.weight_sync.probe_tolerance`, or by precision: the trainer's (`train.precision`) and the engines': the
-    built-in engine's `rollout.hf.dtype`; another engine's is the trainer's (its launch dtype,
-    slime.driver.rollout_setup)."""
+    built-in engine's `rollout.hf.dtype` (its `EngineFacts.dtype_key`); another engine's is the trainer's (its launch
+    dtype, slime.driver.rollout_setup)."""
     if cfg.rollout.weight_sync.probe_tolerance is not None:
         return cfg.rollout.weight_sync.probe_tolerance
-    engine_dtype = cfg.rollout.hf.dtype if cfg.rollout.engine == "hf" else cfg.train.precision
+    dtype_key = ENGINES.facts(cfg.rollout.engine).dtype_key
+    engine_dtype = get(cfg.rollout, dtype_key) if dtype_key else cfg.train.precision
     return TOLERANCE[probe_precision(cfg.train.precision, engine_dtype, cfg.cluster.device)]
 
 

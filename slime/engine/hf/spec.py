@@ -9,7 +9,12 @@ SPECS = (
         seam="rollout.engine",
         name="hf",
         target=".engine.HFEngine",
-        facts=EngineFacts(kind="built-in transformers server", lora_adapter_modes=("tensor", "disk")),
+        facts=EngineFacts(
+            kind="built-in transformers server",
+            lora_adapter_modes=("tensor", "disk"),
+            applies_weight_deltas=True,
+            dtype_key="hf.dtype",
+        ),
         checks=Checks(check=check),
         config=HFEngineOptions,
     ),
