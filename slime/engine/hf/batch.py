@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,26 @@ from slime.engine.hf.prefix_cache import CACHED_DECODE_STEPS
 from slime.engine.hf.request import GenerationRequest, GenerationResult
 from slime.engine.hf.sampling import DEFAULT_SAMPLING_SEED, LogitsSampler
 
-if TYPE_CHECKING:
-    from slime.engine.hf.generator import Generator
+
+class Generator(Protocol):
+    """What a batch uses of the generator that owns it (`slime.engine.hf.generator.Generator`): its model's forward
+    passes, request limits and finish rules, and its shared state."""
+
+    device: torch.device
+    vocab_size: int
+    pad_token_id: int
+    batch_invariant: bool
+    generator: torch.Generator
+    prefix_cache: Any
+    router_tap: Any
+    num_generated_tokens: int
+
+    def max_new_tokens(self, req: GenerationRequest) -> int: ...
+    def stop_ids(self, params: Any) -> set[int]: ...
+    def prefill(self, prompts, ids, mask, position_ids, images: Optional[dict] = None): ...
+    def decode_step(self, prompt, generated, tokens, mask, positions, state): ...
+    def finish_reason(self, req: GenerationRequest, ids: list[int], budget: int, stop_ids: set[int]): ...
+    def final_text(self, params: Any, ids: list[int], reason: dict) -> str: ...
 
 
 @dataclass(eq=False)
