@@ -69,7 +69,8 @@ def flatten(bucket: Sequence[tuple[str, torch.Tensor]], flat: torch.Tensor, meta
     `metadata` (`bucket_metadata(bucket)`) places them, as one multi-tensor copy: a copy launched per tensor spends
     more time launching than copying on a GPU (310 tensors of the 1.7B shape)."""
     places = [flat[m.start_idx : m.end_idx].view(m.dtype).view(t.shape) for (_, t), m in zip(bucket, metadata)]
-    torch._foreach_copy_(places, [t.detach() for _, t in bucket])
+    if places:  # an empty bucket (a TP rank with nothing to load) has nothing to copy
+        torch._foreach_copy_(places, [t.detach() for _, t in bucket])
 
 
 def reconstruct(flat: torch.Tensor, metadata: Sequence[FlattenedTensorMetadata]) -> list[tuple[str, torch.Tensor]]:
