@@ -14,6 +14,13 @@ row ends) against continuous batching (requests join the running batch), their s
 
     python tools/bench_engine.py                                  # tiny_qwen3 (made under .cache if missing)
     python tools/bench_engine.py --rounds 20 --model-path /path/to/hf/model
+
+With `--decode` it measures decode throughput instead: the engine's generator (no HTTP, no router) decoding
+`--requests` prompts of 12 tokens at once, `--new-tokens` each (ignore_eos), on `--device`; generated tokens per
+second, median of `--rounds` after a warm-up. `--shape qwen3_1p7b` writes a random-weights Qwen3-1.7B-shaped model
+first (tools/bench_sync_model.py), the GPU figure of docs/performance.md:
+
+    python tools/bench_engine.py --decode --device cuda --shape qwen3_1p7b --requests 14 --new-tokens 512 --rounds 3
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -181,14 +189,72 @@ def measure_long_tail(model: Path, rounds: int) -> dict[str, tuple[float, float]
     return asyncio.run(long_tail_steps(schedulers, rounds))
 
 
+def measure_decode(model: Path, device: str, requests: int, new_tokens: int, rounds: int) -> float:
+    """Generated tokens per second of the engine's generator decoding `requests` random 12-token prompts at once,
+    `new_tokens` each (ignore_eos), on `device` in the engine's dtype there (median of `rounds`, after a warm-up)."""
+    import torch
+
+    from slime.engine.hf.generator import GenerationRequest, Generator
+    from slime.engine.hf.sampling import SamplingParams
+    from slime.engine.hf.server import load_model
+
+    weights, tokenizer = load_model(str(model), device, HFEngineConfig().dtype)
+    generator = Generator(weights, tokenizer, seed=1, prefix_cache_tokens=0)
+    rng = random.Random(0)
+    params = {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}
+
+    def one_round() -> float:
+        batch = [
+            GenerationRequest([rng.randrange(4, 60) for _ in range(12)], SamplingParams.from_dict(params))
+            for _ in range(requests)
+        ]
+        start = time.perf_counter()
+        results = generator.generate(batch)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        assert all(len(r.output_ids) == new_tokens for r in results)
+        return time.perf_counter() - start
+
+    one_round()
+    return requests * new_tokens / statistics.median(one_round() for _ in range(rounds))
+
+
+def bench_model(args: argparse.Namespace, work: Path) -> Path:
+    """The model directory to serve: `--shape qwen3_1p7b` written into `work`, else `--model-path` (the tiny model
+    made there when missing)."""
+    if args.shape == "qwen3_1p7b":
+        import torch
+
+        from tools.bench_sync_model import model_config, random_weights, write_model_dir
+
+        config = model_config(False, work / "model")
+        write_model_dir(config, random_weights(config, torch.device("cpu"), seed=0), work / "model")
+        return work / "model"
+    if not (args.model_path / "config.json").exists():
+        return make_tiny_model("tiny_qwen3", args.model_path)
+    return args.model_path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", type=Path, default=ROOT / ".cache" / "models" / "tiny_qwen3")
     parser.add_argument("--rounds", type=int, default=8, help="rollout steps per row (after one warm-up step)")
+    parser.add_argument("--decode", action="store_true", help="decode throughput on --device instead")
+    parser.add_argument("--device", default="cpu", help="--decode: cpu | cuda")
+    parser.add_argument("--shape", choices=("qwen3_1p7b",), help="--decode: a random-weights model of this shape")
+    parser.add_argument("--requests", type=int, default=14, help="--decode: requests decoded at once")
+    parser.add_argument("--new-tokens", type=int, default=512, help="--decode: tokens generated per request")
     args = parser.parse_args()
-    model = args.model_path
-    if not (model / "config.json").exists():
-        model = make_tiny_model("tiny_qwen3", model)
+    if args.decode:
+        with tempfile.TemporaryDirectory() as work:
+            model = bench_model(args, Path(work))
+            rate = measure_decode(model, args.device, args.requests, args.new_tokens, args.rounds)
+        print(f"| model | device | requests x new tokens | generated tokens/s (median of {args.rounds}) |")
+        print(
+            f"|---|---|---|---|\n| {args.shape or model.name} | {args.device} | {args.requests} x {args.new_tokens} | {rate:.0f} |"
+        )
+        return
+    model = bench_model(args, Path("."))
     with tempfile.TemporaryDirectory() as logs:
         routes = {
             route: measure(model, route == "via router", args.rounds, Path(logs)) for route in ("direct", "via router")
