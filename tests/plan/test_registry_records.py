@@ -32,6 +32,8 @@ from slime.registry import (
 from slime.rollout import default, generate
 from slime.rollout.base import RolloutContext
 from slime.sync.base import SyncContext
+from slime.sync.check import check_delta
+from slime.sync.probe import TOLERANCE, probe_tolerance
 from slime.types import Sample
 from tests.helpers.compose import typed_config
 
@@ -69,6 +71,8 @@ def test_the_engine_records_state_their_facts():
         abort_path="/abort_request",
         abort_all_flag=True,
         lora_adapter_modes=("tensor", "disk"),
+        applies_weight_deltas=True,  # slime/engine/hf/weight_receiver.py apply_delta_to
+        dtype_key="hf.dtype",
     )
     assert ENGINES.facts("hf") == hf
     assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
@@ -79,6 +83,8 @@ def test_the_engine_records_state_their_facts():
         memory_fraction_default=0.8,
         gpu_weight_checksums=True,  # its /weights_checker hashes a GPU tensor with its triton hash
         node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
+        applies_weight_deltas=False,
+        dtype_key=None,
     )
     assert ENGINES.facts("sglang") == sglang
     assert ENGINES.facts("vllm") == EngineFacts(
@@ -239,6 +245,21 @@ def test_the_push_asks_for_tensor_handle_ranks_when_the_sync_record_needs_them(m
     weight_push.WeightPush(cfg, manager, actor, context, EventBus()).connect()
     ((got_mode, urls, got_context),) = connected
     assert (got_mode, urls, got_context.tp_trainer_ranks) == (mode, ["http://e1"], ranks)
+
+
+def test_deltas_and_the_probes_dtype_follow_the_engine_record_not_its_name(third_engine):
+    """An engine whose record applies deltas takes delta pushes; its dtype key sets the probe's tolerance."""
+    facts = EngineFacts(applies_weight_deltas=True, dtype_key="hf.dtype")
+    ENGINES.register(Spec(seam=ENGINES.key, name="delta_engine", target="tests.nowhere.DeltaEngine", facts=facts))
+    delta = ["rollout.weight_sync.delta=true", "rollout.weight_sync.mode=tensor"]
+    try:
+        ours = typed_config([*delta, "rollout.engine=delta_engine", "rollout.hf.dtype=bfloat16"])
+        assert [p.key for p in check_delta(ours)] == []
+        assert probe_tolerance(ours) == TOLERANCE["bf16"]  # the engine's own dtype, not the trainer's fp32
+    finally:
+        ENGINES.unregister("delta_engine")
+    third = typed_config([*delta, f"rollout.engine={THIRD}", "rollout.hf.dtype=bfloat16"])
+    assert [p.key for p in check_delta(third)] == ["rollout.engine"]
 
 
 def test_the_memory_estimate_reads_a_third_engines_memory_fraction_from_its_record(third_engine):
