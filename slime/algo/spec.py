@@ -1,18 +1,13 @@
 """The advantage estimators' records (slime.registry): `algo.advantage_estimator=grpo|gspo|...`, each its three
 functions (relative to this package, slime/algo/estimator_functions.py), its facts and the estimators' checks."""
 
-from slime.algo.check import ESTIMATOR_CHECKS
-from slime.registry import EstimatorFacts, Spec
+from slime.algo.estimators import Estimator
+from slime.registry import Spec
 
 
 def _estimator(name: str, reward_transform: str, token_advantages: str, policy_loss: str, **facts) -> Spec:
-    return Spec(
-        seam="algo.advantage_estimator",
-        name=name,
-        target=dict(reward_transform=reward_transform, token_advantages=token_advantages, policy_loss=policy_loss),
-        facts=EstimatorFacts(**facts),
-        checks=ESTIMATOR_CHECKS,
-    )
+    functions = dict(reward_transform=reward_transform, token_advantages=token_advantages, policy_loss=policy_loss)
+    return Estimator(name=name, **functions, **facts).spec()
 
 
 GROUP_NORMALIZED = ".estimator_functions.group_normalized_rewards"
