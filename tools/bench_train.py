@@ -10,6 +10,7 @@ memory is its own and an out-of-memory variant does not stop the others:
     python tools/bench_train.py --shape tiny --device cpu --steps 1   # a smoke run on CPU
     python tools/bench_train.py --variants megatron_16k_compile --profile /tmp/prof   # + a profiler table
     python tools/bench_train.py --variants fsdp_16k --batch-from RUN/rollout_data/2.jsonl   # a run's batch
+    python tools/bench_train.py --variants fsdp_16k_ckpt_lora --memory-history /tmp/mem   # what the peak holds
 
 MFU counts the model FLOPs of the real tokens only (docs/architecture.md#model-flops, `slime.models.flops`): per
 token of a sequence
@@ -50,6 +51,7 @@ from tools.bench_train_steps import (  # noqa: E402
     time_steps,
     write_model,
 )
+from tools.memory_at_peak import recording  # noqa: E402
 
 # the model's preset brings full recompute with parallelism=megatron; a variant says whether it recomputes
 MEGATRON_16K = [
@@ -140,6 +142,13 @@ DEFAULT_VARIANTS = [name for name, (kind, _) in VARIANTS.items() if kind != "meg
 
 # ---- worker side: one variant in its own process ---------------------------------------------
 def run_variant(args) -> dict:
+    if args.memory_history and args.device == "cuda":
+        with recording(Path(args.memory_history) / f"{args.worker}.txt"):
+            return _run_variant(args)
+    return _run_variant(args)
+
+
+def _run_variant(args) -> dict:
     kind, options = VARIANTS[args.worker]
     overrides = options if isinstance(options, list) else []
     cfg = compose(args.shape, args.device, args.model_dir, overrides)
@@ -210,6 +219,8 @@ def run_in_subprocess(name: str, args, model_dir: str) -> dict:
         ]
         if args.profile:
             cmd += ["--profile", args.profile]
+        if args.memory_history:
+            cmd += ["--memory-history", args.memory_history]
         if args.batch_from:
             cmd += ["--batch-from", args.batch_from]
         try:
@@ -272,6 +283,11 @@ def main() -> None:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--profile", help="write a torch.profiler table of one extra step per variant to this dir")
     parser.add_argument("--logs", help="write each variant's worker output to <dir>/<variant>.log")
+    parser.add_argument(
+        "--memory-history",
+        help="record each worker's CUDA allocations and write what was live at its peak, by place, to "
+        "<dir>/<variant>.txt (tools/memory_at_peak.py)",
+    )
     parser.add_argument(
         "--batch-from",
         help="train on this rollout dump's samples (<run dir>/rollout_data/<step>.jsonl of a run with "
