@@ -18,6 +18,9 @@ class HFEngineConfig:
     dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16
     num_threads: int = 1  # torch threads per CPU engine
     prefix_cache_tokens: int = 8192  # prompt tokens of one-request prefills kept for reuse; 0: no prefix cache
+    # on cuda, decode on a preallocated KV cache with each step one CUDA graph replay (docs/engines.md); false: the
+    # dynamic cache, as on cpu
+    cuda_graphs: bool = True
     startup_timeout_s: float = 120.0
 
 

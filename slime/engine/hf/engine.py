@@ -73,6 +73,7 @@ class HFEngine(EngineServer):
         ] + (
             (["--max-batch-size", str(cfg.max_batch_size)] if cfg.max_batch_size else [])
             + (["--enable-deterministic-inference"] if getattr(cfg, "deterministic", False) else [])
+            + ([] if getattr(cfg, "cuda_graphs", True) else ["--disable-cuda-graph"])
             + (["--enable-return-routed-experts"] if launch.return_routed_experts else [])
             + (self._lora_flags() if launch.lora else [])
         )

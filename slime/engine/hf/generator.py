@@ -8,6 +8,11 @@ and the decode step of its first token, from the prefix cache when a request dec
 (`prefix_cache.py`: the same computation, so the same bits); the owner clears that cache whenever the weights
 change.
 
+On a CUDA device (with `cuda_graphs`, where `static_cache.unsupported` finds nothing) batches decode on the fast
+path, `static_batch.StaticBatch`: a preallocated KV cache of slots written in place, each decode step one CUDA graph
+replay. Elsewhere, and for what it does not cover (route capture, batch-invariant mode, images, sliding-window or
+other non-plain layers), they decode on the DynamicCache as above. Both give the same output semantics.
+
 Output semantics (as SGLang):
 - `output_ids` / `output_logprobs` hold every generated token, including a matched EOS / stop token
   (slime trains on it). The text excludes the matched stop token or stop string unless `no_stop_trim`.
@@ -35,6 +40,8 @@ from slime.engine.hf.batch import RunningBatch, joinable
 from slime.engine.hf.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache
 from slime.engine.hf.request import GenerationError, GenerationRequest, GenerationResult
 from slime.engine.hf.sampling import SamplingParams
+from slime.engine.hf.static_batch import StaticBatch
+from slime.engine.hf.static_cache import SlotDecoder, unsupported
 from slime.models.hf_model import text_config
 from slime.models.moe.hf_routers import RouterTap
 
@@ -68,6 +75,10 @@ class Generator:
             a request's tokens and log-probs do not depend on the requests batched with it. Needs what
             `batch_invariant.unsupported` checks (a CPU model, one torch thread, full-attention layers).
         vision: a vision-language model's `vision.EngineVision` (requests with images); None: text only.
+        cuda_graphs: on a CUDA device, decode on the static cache with each step a CUDA graph replay (`graphs.py`),
+            where `static_cache.unsupported` allows it; False: the dynamic cache (the path of every other device).
+        static_decode: None: the static cache where `cuda_graphs` puts it; True: the static cache on any device
+            (eager off CUDA; an error where unsupported); False: never.
     """
 
     def __init__(
@@ -81,6 +92,8 @@ class Generator:
         capture_routes: bool = False,
         batch_invariant: bool = False,
         vision=None,
+        cuda_graphs: bool = True,
+        static_decode: Optional[bool] = None,
     ):
         reason = batch_invariant_ops.unsupported(model) if batch_invariant else None
         if reason:
@@ -113,6 +126,21 @@ class Generator:
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         # requests may join a running batch: its KV cache rows can be merged, and no forward's routes are returned
         self.joinable = not capture_routes and joinable(DynamicCache(config=model.config))
+        self.slots = self._slot_decoder(cuda_graphs and self.device.type == "cuda", static_decode, capture_routes)
+
+    def _slot_decoder(self, graphs: bool, static_decode: Optional[bool], capture_routes: bool):
+        """The static cache's `SlotDecoder` when the options and the model allow it, else None."""
+        if not (graphs if static_decode is None else static_decode):
+            return None
+        reason = unsupported(
+            self.model, capture_routes=capture_routes, batch_invariant=self.batch_invariant, vision=self.vision
+        )
+        if reason and static_decode:
+            raise ValueError(f"static_decode: {reason}")
+        if reason:
+            logger.info("decoding on the dynamic cache: %s", reason)
+            return None
+        return SlotDecoder(self.model, cache_kwarg=self._cache_kwarg, graphs=graphs)
 
     # ---------------------------------------------------------------- validation
     def validate(self, req: GenerationRequest) -> None:
@@ -167,7 +195,7 @@ class Generator:
 
     def new_batch(self) -> RunningBatch:
         """An empty batch on this model: `add` requests, `step` until it is empty."""
-        return RunningBatch(self)
+        return StaticBatch(self, self.slots) if self.slots is not None else RunningBatch(self)
 
     def forward_mode(self):
         """The context of every forward pass: batch-invariant ops when `batch_invariant`, else none."""
@@ -178,8 +206,11 @@ class Generator:
         return self.router_tap.capture() if self.router_tap else contextlib.nullcontext()
 
     def flush_cache(self) -> None:
-        """Forget every stored prefill: call whenever the weights change or memory is released."""
+        """Forget every stored prefill, and free the static cache and its graphs unless a batch decodes on them:
+        call whenever the weights change or memory is released."""
         self.prefix_cache.clear()
+        if self.slots is not None:
+            self.slots.reset()
 
     def prefill(self, prompts, ids, mask, position_ids, images: Optional[dict] = None):
         """(KV cache, last-position logits [B, V], whether they came from the prefix cache) of the left-padded

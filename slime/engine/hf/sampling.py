@@ -244,7 +244,7 @@ class LogitsSampler:
         logits = logits / self.temperature.unsqueeze(1)
         logprobs = torch.log_softmax(logits, dim=-1)
         tokens = torch.argmax(logits, dim=-1)
-        sample_rows = (~self.greedy).nonzero().flatten().tolist()
+        sample_rows = [i for i, p in enumerate(self.params) if not p.greedy]  # from the host: no device sync
         if sample_rows:
             tokens[sample_rows] = self._sample(logprobs[sample_rows], sample_rows)
         token_logprobs = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
@@ -255,6 +255,10 @@ class LogitsSampler:
         self.generated = [n + 1 for n in self.generated]
         return tokens, token_logprobs
 
+    def _truncates(self, params: SamplingParams) -> bool:
+        """Whether a row's top-k, top-p or min-p removes any token (the test of its `top_k`, `top_p`, `min_p`)."""
+        return 0 < params.top_k < self.vocab_size or params.top_p < 1 or params.min_p > 0
+
     def _sample(self, logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Token ids [len(rows)] drawn from the rows' `logprobs` [len(rows), V]. Rows that truncate (top-k, top-p,
         min-p) draw from their sorted, truncated distribution and the others from the plain one, decided per row: a
@@ -262,7 +266,7 @@ class LogitsSampler:
         probs = batch_invariant.aligned(torch.exp, logprobs) if self.batch_invariant else logprobs.exp()
         idx = torch.tensor(rows, device=self.device)
         top_k, top_p, min_p = self.top_k[idx], self.top_p[idx], self.min_p[idx]
-        truncated = ((top_k < self.vocab_size) | (top_p < 1) | (min_p > 0)).nonzero().flatten()
+        truncated = [j for j, r in enumerate(rows) if self._truncates(self.params[r])]  # from the host: no sync
         order = None
         if len(truncated):
             order = torch.arange(probs.shape[1], device=self.device).expand_as(probs).clone()

@@ -99,6 +99,8 @@ class HFServer:
             capture_routes=args.enable_return_routed_experts,
             batch_invariant=self.batch_invariant,
             vision=EngineVision.of_checkpoint(self.model, args.model_path),
+            # a LoRA slot switches its adapter on and off between batches, which a captured graph would not see
+            cuda_graphs=not (args.disable_cuda_graph or args.enable_lora),
         )
         self.scheduler = Scheduler(
             self.generator,
@@ -329,6 +331,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=DEFAULT_MAX_TOKENS,
         help="prompt tokens of one-request prefills kept for reuse (0: no prefix cache)",
+    )
+    p.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="decode on the dynamic KV cache, no CUDA graphs (as SGLang's flag; rollout.hf.cuda_graphs=false)",
     )
     p.add_argument(
         "--enable-return-routed-experts",
