@@ -17,7 +17,8 @@ row ends) against continuous batching (requests join the running batch), their s
 
 With `--decode` it measures decode throughput instead: the engine's generator (no HTTP, no router) decoding
 `--requests` prompts of 12 tokens at once, `--new-tokens` each (ignore_eos), on `--device`; generated tokens per
-second, median of `--rounds` after a warm-up. `--shape qwen3_1p7b` writes a random-weights Qwen3-1.7B-shaped model
+second, median of `--rounds` after a warm-up, for each decode path: the dynamic cache (`rollout.hf.cuda_graphs=false`),
+the static cache run eagerly, and (on cuda) the static cache with CUDA graphs, the engine's default there. `--shape qwen3_1p7b` writes a random-weights Qwen3-1.7B-shaped model
 first (tools/bench_sync_model.py), the GPU figure of docs/performance.md:
 
     python tools/bench_engine.py --decode --device cuda --shape qwen3_1p7b --requests 14 --new-tokens 512 --rounds 3
@@ -189,9 +190,17 @@ def measure_long_tail(model: Path, rounds: int) -> dict[str, tuple[float, float]
     return asyncio.run(long_tail_steps(schedulers, rounds))
 
 
-def measure_decode(model: Path, device: str, requests: int, new_tokens: int, rounds: int) -> float:
+DECODE_PATHS = [  # (row name, Generator's static_decode, cuda_graphs)
+    ("dynamic cache (cuda_graphs=false)", False, False),
+    ("static cache, eager", True, False),
+    ("static cache + CUDA graphs", True, True),
+]
+
+
+def measure_decode(model: Path, device: str, requests: int, new_tokens: int, rounds: int) -> dict[str, float]:
     """Generated tokens per second of the engine's generator decoding `requests` random 12-token prompts at once,
-    `new_tokens` each (ignore_eos), on `device` in the engine's dtype there (median of `rounds`, after a warm-up)."""
+    `new_tokens` each (ignore_eos), on `device` in the engine's dtype there (median of `rounds`, after a warm-up round
+    in which the graphs are captured), for each of DECODE_PATHS (the graphs' row on cuda only)."""
     import torch
 
     from slime.engine.hf.generator import GenerationRequest, Generator
@@ -199,11 +208,10 @@ def measure_decode(model: Path, device: str, requests: int, new_tokens: int, rou
     from slime.engine.hf.server import load_model
 
     weights, tokenizer = load_model(str(model), device, HFEngineConfig().dtype)
-    generator = Generator(weights, tokenizer, seed=1, prefix_cache_tokens=0)
     rng = random.Random(0)
     params = {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}
 
-    def one_round() -> float:
+    def one_round(generator) -> float:
         batch = [
             GenerationRequest([rng.randrange(4, 60) for _ in range(12)], SamplingParams.from_dict(params))
             for _ in range(requests)
@@ -215,8 +223,17 @@ def measure_decode(model: Path, device: str, requests: int, new_tokens: int, rou
         assert all(len(r.output_ids) == new_tokens for r in results)
         return time.perf_counter() - start
 
-    one_round()
-    return requests * new_tokens / statistics.median(one_round() for _ in range(rounds))
+    rates = {}
+    for name, static, graphs in DECODE_PATHS:
+        if graphs and not device.startswith("cuda"):
+            continue
+        generator = Generator(
+            weights, tokenizer, seed=1, prefix_cache_tokens=0, static_decode=static, cuda_graphs=graphs
+        )
+        one_round(generator)
+        rates[name] = requests * new_tokens / statistics.median(one_round(generator) for _ in range(rounds))
+        generator.flush_cache()
+    return rates
 
 
 def bench_model(args: argparse.Namespace, work: Path) -> Path:
@@ -248,11 +265,12 @@ def main() -> None:
     if args.decode:
         with tempfile.TemporaryDirectory() as work:
             model = bench_model(args, Path(work))
-            rate = measure_decode(model, args.device, args.requests, args.new_tokens, args.rounds)
-        print(f"| model | device | requests x new tokens | generated tokens/s (median of {args.rounds}) |")
-        print(
-            f"|---|---|---|---|\n| {args.shape or model.name} | {args.device} | {args.requests} x {args.new_tokens} | {rate:.0f} |"
-        )
+            rates = measure_decode(model, args.device, args.requests, args.new_tokens, args.rounds)
+        base = rates[DECODE_PATHS[0][0]]
+        print(f"{args.shape or model.name} on {args.device}, {args.requests} requests x {args.new_tokens} new tokens")
+        print(f"| decode path | generated tokens/s (median of {args.rounds}) | ratio |\n|---|---|---|")
+        for name, rate in rates.items():
+            print(f"| {name} | {rate:.0f} | {rate / base:.2f} |")
         return
     model = bench_model(args, Path("."))
     with tempfile.TemporaryDirectory() as logs:

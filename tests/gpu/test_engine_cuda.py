@@ -80,3 +80,54 @@ def test_server_releases_memory_and_reloads_weights_on_cuda(tiny_model_dir, tmp_
         assert after["meta_info"]["weight_version"] == "1" and after["output_ids"] != first["output_ids"]
     finally:
         engine.shutdown()
+
+
+def _graph_schedule() -> dict:
+    """Rows finishing at different lengths, and one joining (into the slot of the first to finish) after 8 steps."""
+    from tests.helpers.static_decode import request
+
+    first = [request(p, max_new_tokens=n, ignore_eos=True) for p, n in (([1, 5, 11], 6), ([4, 9], 30))]
+    first.append(request([1, 5, 11, 16, 28, 23, 29, 62, 2, 1, 7], max_new_tokens=20, ignore_eos=True))
+    return {0: first, 8: [request([1, 30, 31, 32], max_new_tokens=12, ignore_eos=True)]}
+
+
+def _graph_and_dynamic(model_dir, dtype) -> tuple:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to("cuda").eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    graphs = Generator(model, tok, seed=0, prefix_cache_tokens=0)
+    dynamic = Generator(model, tok, seed=0, prefix_cache_tokens=0, cuda_graphs=False)
+    assert graphs.slots is not None and graphs.slots.graphs is not None and dynamic.slots is None
+    return model, graphs, dynamic
+
+
+@torch.inference_mode()
+def test_cuda_graph_decoding_gives_the_dynamic_caches_tokens(tiny_model_dir):
+    """The static cache with CUDA graphs (the engine's default on cuda) against the dynamic cache, in float32 (no
+    bf16 near-ties between the two summation orders): the same greedy tokens and finish reasons, log-probs to float32
+    rounding, with rows finishing at different lengths and a row joining; a second run replays the graphs."""
+    from tests.helpers.static_decode import assert_same_results, run_schedule
+
+    _, graphs, dynamic = _graph_and_dynamic(tiny_model_dir, torch.float32)
+    want = run_schedule(dynamic, _graph_schedule())
+    for _ in range(2):
+        assert_same_results(run_schedule(graphs, _graph_schedule()), want, atol=1e-4)
+    assert len(graphs.slots.graphs) >= 2  # 4 slots, then fewer once rows leave
+
+
+@torch.inference_mode()
+def test_cuda_graph_decoding_logprobs_in_bf16(tiny_model_dir):
+    """In bf16 (the engine's dtype on cuda) the graphs' log-probs equal an uncached forward's to bf16 rounding."""
+    from tests.helpers.static_decode import run_schedule
+
+    model, graphs, _ = _graph_and_dynamic(tiny_model_dir, torch.bfloat16)
+    schedule = _graph_schedule()
+    prompts = [r.input_ids for step in sorted(schedule) for r in schedule[step]]
+    results = run_schedule(graphs, schedule)
+    for key, prompt in enumerate(prompts):
+        out = results[key].output_ids
+        logits = model(input_ids=torch.tensor([prompt + out], device="cuda")).logits[0].float()
+        ref = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+        ref = ref.gather(1, torch.tensor(out, device="cuda")[:, None]).squeeze(1).cpu()
+        assert (ref - torch.tensor(results[key].output_logprobs)).abs().max() < 0.05

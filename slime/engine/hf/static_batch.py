@@ -5,7 +5,7 @@ Rows are prefilled as in `RunningBatch` (a left-padded batch on a DynamicCache, 
 included) and move into slots at their first decode step; the batch then keeps `slots` (row i's slot) instead of
 `cache`, `mask` and `next_pos`. A row that finishes frees its slot; a row that joins is copied into a free one.
 Two cases keep the dynamic path of `RunningBatch`: the first decode step of a lone request (the prefix cache's,
-bit for bit) and a batch that finds the slots lent to another live batch (each generator has one set).
+bit for bit) and a batch that finds the slots held by another live batch (each generator has one set).
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ class SlotCache(Cache):
 
 
 class SlotDecoder:
-    """The slots of one generator, lent to one batch at a time (`acquire` / `release`), see the module docstring.
+    """The slots of one generator, held by one batch at a time (`acquire` / `release`), see the module docstring.
 
     Args:
         model: the generator's causal LM (on its device, eval mode).
@@ -136,7 +136,7 @@ class SlotDecoder:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
     def acquire(self, batch) -> bool:
-        """Lend the slots to `batch` (all free) unless another live batch holds them."""
+        """Give the slots to `batch` (all free) unless another live batch holds them."""
         holder = self._owner() if self._owner is not None else None
         if holder is batch:
             return True

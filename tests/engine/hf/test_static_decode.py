@@ -133,7 +133,7 @@ def test_lone_requests_keep_the_prefix_cache(tiny_model):
 
 
 def test_a_second_live_batch_decodes_on_the_dynamic_cache(tiny_model):
-    """The slots are lent to one batch at a time: another batch alive at once keeps the dynamic path, same outputs."""
+    """The slots are held by one batch at a time: another batch alive at once keeps the dynamic path, same outputs."""
     dynamic, static = generators(tiny_model, prefix_cache_tokens=0)
     want = run_schedule(dynamic, {0: mixed_requests()})
     holder = static.new_batch()
@@ -144,7 +144,7 @@ def test_a_second_live_batch_decodes_on_the_dynamic_cache(tiny_model):
     got = run_schedule(static, {0: mixed_requests()})
     assert_same_results(got, want, LOGPROB_ATOL)
     assert holder.slots == [0, 1] and static.slots.taken == {0, 1}
-    del holder  # a batch dropped mid-run lends the slots back
+    del holder  # a batch dropped mid-run gives the slots back
     assert run_schedule(static, {0: mixed_requests()}).keys() == want.keys() and not static.slots.taken
 
 
