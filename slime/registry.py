@@ -100,6 +100,10 @@ class EngineFacts:
     # `section.option` of rollout naming the dtype its servers compute in; None: the trainer's precision, which the
     # launch hands them.
     dtype_key: Optional[str] = None
+    # Its servers finish copying a tensor-mode bucket in before replying and keep the buffers they opened mapped
+    # (`keep_mapping`: slime.wire.kept_mappings), so a push reuses two staging buffers for every bucket
+    # (slime.sync.staging); False: a fresh buffer per bucket (SGLang copies asynchronously after its reply).
+    reuses_tensor_buffers: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -208,14 +208,19 @@ class EngineClient:
         load_format: str = "flattened_bucket",
         weight_version: Optional[str] = None,
         flush_cache: bool = False,
+        keep_mapping: bool = False,
         timeout: float = 600.0,
     ) -> dict:
-        """POST /update_weights_from_tensor with one serialised bucket per engine TP rank."""
+        """POST /update_weights_from_tensor with one serialised bucket per engine TP rank. `keep_mapping`: the
+        bucket's buffer will carry later buckets too, so the engine keeps it mapped (not SGLang's: only an engine
+        whose record says `reuses_tensor_buffers` is sent it)."""
         payload: dict[str, Any] = {
             "serialized_named_tensors": list(serialized_named_tensors),
             "load_format": load_format,
             "flush_cache": flush_cache,
         }
+        if keep_mapping:
+            payload["keep_mapping"] = True
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         return self._weights_call("/update_weights_from_tensor", payload, timeout)

@@ -4,8 +4,10 @@ Per bucket: flatten the bucket's tensors into one fresh byte buffer, shared memo
 on GPU, serialised as SGLang reads it (`slime.wire.bucket_codec`), then POST /update_weights_from_tensor
 {serialized_named_tensors: [one per engine TP rank], load_format: "flattened_bucket"} to each engine in
 turn. An engine copies into its parameters before replying; only then is the buffer freed, and a later
-bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). While the engines load
-bucket k, the source packs bucket k+1 (so two buffers exist at once); with per-TP-rank handles (below) the
+bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). Engines whose record says they
+finish the copy before replying and keep their mappings (`EngineFacts.reuses_tensor_buffers`) get two staging
+buffers instead, kept across buckets and pushes (`slime.sync.staging`), and `keep_mapping: true` in each update.
+While the engines load bucket k, the source packs bucket k+1 (so two buffers exist at once); with per-TP-rank handles (below) the
 buckets go one at a time, since every rank joins each bucket's collectives in step. Each push reports its
 packing and loading seconds (`perf/update_weights_pack_time`, `perf/update_weights_load_time`). Without
 per-TP-rank handles the engines must run on the source rank's node.
@@ -30,7 +32,9 @@ import torch
 import torch.distributed as dist
 
 from slime.engine.client import EngineClient
+from slime.registry import ENGINES
 from slime.sync.base import SyncContext, WeightSync
+from slime.sync.staging import StagingBuffers
 from slime.wire import bucket_codec
 from slime.wire.tensors import Bucket, bucket_nbytes
 
@@ -104,6 +108,8 @@ class TensorWeightSync(WeightSync):
     def __init__(self, engines, context: SyncContext):
         super().__init__(engines, context)
         self.tp_sizes = TPSizes()
+        reuse = ENGINES.facts(context.engine).reuses_tensor_buffers and not _per_rank(context)
+        self.staging = StagingBuffers(context.bucket_bytes) if reuse else None  # None: a fresh buffer per bucket
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         tp_sizes = [self.tp_sizes.of(engine) for engine in self.engines]
@@ -115,26 +121,29 @@ class TensorWeightSync(WeightSync):
         _release_cuda_ipc()
         return total
 
-    def _pack(self, bucket: Bucket, held: ExitStack) -> tuple[torch.Tensor, list]:
-        """The bucket packed, not yet shared (kept alive by `held`), its packing time counted."""
+    def _pack(self, bucket: Bucket, held: ExitStack) -> Callable[[], str]:
+        """The bucket packed (its buffer kept by `held`), its packing time counted; returns the function that
+        serialises an item of it (`bucket_codec.encode`)."""
         start = time.perf_counter()
-        out = held.enter_context(packed(bucket))
+        if self.staging is not None:
+            source = held.enter_context(self.staging.packed(bucket))
+        else:
+            source = functools.partial(bucket_codec.encode, *held.enter_context(packed(bucket)))
         self.phases["perf/update_weights_pack_time"] += time.perf_counter() - start
-        return out
+        return source
 
-    def _load(self, tp_sizes: list[int], bucket: tuple[torch.Tensor, list], weight_version: str) -> None:
-        """Share the packed (buffer, metadata) and have every engine load it (each replies once it copied), its
+    def _load(self, tp_sizes: list[int], source: Callable[[], str], weight_version: str) -> None:
+        """Have every engine load the packed bucket (each replies once it copied) from items `source()` makes, its
         loading time counted; with per-TP-rank handles the followers' are gathered first. Each reader of the source's
         buffer gets an item of its own: a shared CPU buffer counts its readers per serialisation (torch's
         file_system sharing), so one item opened by a third reader finds the buffer gone."""
         start = time.perf_counter()
-        source = functools.partial(bucket_codec.encode, *bucket)
-        del bucket
+        keep = {"keep_mapping": True} if self.staging is not None else {}
         try:
             items = _gather(source()) if _per_rank(self.context) else None
             for index, engine in enumerate(self.engines):
                 handles = self._handles(index, tp_sizes[index], source, items)
-                engine.update_weights_from_tensor(handles, weight_version=weight_version)
+                engine.update_weights_from_tensor(handles, weight_version=weight_version, **keep)
         finally:
             del source  # an engine error's traceback keeps this frame: it must not keep the shared buffer alive
         self.phases["perf/update_weights_load_time"] += time.perf_counter() - start
@@ -156,15 +165,22 @@ class TensorWeightSync(WeightSync):
         with ExitStack() as buffers, ThreadPoolExecutor(1, thread_name_prefix="tensor-sync") as loader:
             for bucket in buckets:
                 held = buffers.enter_context(ExitStack())
-                packed_bucket = self._pack(bucket, held)
+                source = self._pack(bucket, held)
                 if previous is not None:
                     previous[0].result()
                     previous[1].close()
-                previous = (loader.submit(self._load, tp_sizes, packed_bucket, weight_version), held)
+                previous = (loader.submit(self._load, tp_sizes, source, weight_version), held)
+                del source
                 total += bucket_nbytes(bucket)
             if previous is not None:
                 previous[0].result()
         return total
+
+    def close(self) -> None:
+        """Release the staging buffers (an engine that keeps their mappings gives them back with its next ones)."""
+        if self.staging is not None:
+            self.staging.release()
+            _release_cuda_ipc()
 
     def _handles(self, index: int, tp_size: int, source: Callable[[], str], items: list[str] | None) -> list[str]:
         """One item per engine TP rank (SGLang's TP rank i reads item i): a colocated trainer rank's own, else a fresh

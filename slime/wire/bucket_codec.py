@@ -17,6 +17,9 @@ torch's file_system strategy (`rebuild_storage_filename`: the only CPU form an u
 `encode` writes that pickle without importing sglang (the metadata class is written under SGLang's module
 path); `decode` reads it the way SGLang does, with the same allow-list, into this module's
 `FlattenedTensorMetadata`; `describe` reads an item without mapping its memory (what a vLLM engine is sent).
+A buffer reused for many buckets is shared once (`share_once`): every item encoded from it then names the same
+CUDA IPC handle and reference counter, which only a reader that keeps its mapping (`slime.wire.kept_mappings`)
+may be sent.
 """
 
 from __future__ import annotations
@@ -116,14 +119,21 @@ def _class_prologue() -> bytes:
 
 class _SGLangPickler(pickle.Pickler):
     """The C pickler with ForkingPickler's reductions (shared tensors), CUDA devices by UUID, and this module's
-    metadata class written as SGLang's: `dump` writes `_class_prologue` first and starts its memo from it."""
+    metadata class written as SGLang's: `dump` writes `_class_prologue` first and starts its memo from it.
+    `fixed`: (a tensor, the reduction it is written as) for a buffer shared once (`share_once`)."""
 
-    def __init__(self, file: io.BytesIO):
+    def __init__(self, file: io.BytesIO, fixed: tuple[torch.Tensor, Any] | None = None):
         super().__init__(file, protocol=4)
         self.dispatch_table = copyreg.dispatch_table.copy()
         self.dispatch_table.update(ForkingPickler._extra_reducers)
+        reduce = _reduce_tensor_by_uuid
+        if fixed is not None:
+
+            def reduce(tensor, _fixed=fixed):
+                return _fixed[1] if tensor is _fixed[0] else _reduce_tensor_by_uuid(tensor)
+
         for cls in (torch.Tensor, torch.nn.Parameter):
-            self.dispatch_table[cls] = _reduce_tensor_by_uuid
+            self.dispatch_table[cls] = reduce
         self.dispatch_table[FlattenedTensorMetadata] = _reduce_metadata
         self.file = file
 
@@ -145,17 +155,30 @@ def _file_system_sharing() -> Iterator[None]:
         torch.multiprocessing.set_sharing_strategy(before)
 
 
-def encode(flat: torch.Tensor, metadata: Sequence[FlattenedTensorMetadata]) -> str:
+def encode(flat: torch.Tensor, metadata: Sequence[FlattenedTensorMetadata], *, shared: Any = None) -> str:
     """The base64 item for one TP rank (`MultiprocessingSerializer.serialize(..., output_str=True)`). The
-    caller keeps `flat` alive until the engine has replied: the item only names its memory."""
+    caller keeps `flat` alive until the engine has replied: the item only names its memory. `shared`:
+    `share_once(flat)`, for a buffer every item of which names one share of it."""
     if flat.dtype != torch.uint8 or flat.dim() != 1:
         raise ValueError(f"a flattened bucket is a 1-D uint8 tensor, got {flat.dtype} of shape {list(flat.shape)}")
     buffer = io.BytesIO()
     with _file_system_sharing():
         if not flat.is_cuda:
             flat.share_memory_()
-        _SGLangPickler(buffer).dump({"flattened_tensor": flat, "metadata": list(metadata)})
+        fixed = (flat, shared) if shared is not None else None
+        _SGLangPickler(buffer, fixed).dump({"flattened_tensor": flat, "metadata": list(metadata)})
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def share_once(flat: torch.Tensor) -> Any:
+    """`flat` shared for every item encoded from it (`encode(..., shared=)`): on a GPU its CUDA IPC reduction,
+    made once, so every item names one handle and one reference counter (torch makes a new counter, event and
+    wrapper of the storage at each share, which a buffer reused for every bucket would pile up); None on CPU,
+    where each item is a share of its own (one reference a reader takes back, `rebuild_storage_filename`)."""
+    if not flat.is_cuda:
+        flat.share_memory_()
+        return None
+    return _reduce_tensor_by_uuid(flat)
 
 
 def empty_bucket(device: torch.device | str = "cpu") -> tuple[torch.Tensor, list[FlattenedTensorMetadata]]:
@@ -164,15 +187,21 @@ def empty_bucket(device: torch.device | str = "cpu") -> tuple[torch.Tensor, list
 
 
 # ------------------------------------------------------------------------------------------- reading
-def _rebuild_cuda_tensor(*args):
-    """torch's rebuild with the device given as a GPU UUID (or an index) mapped to this process's index."""
+def local_device_args(args: tuple) -> tuple:
+    """torch's `rebuild_cuda_tensor` arguments with the device given as a GPU UUID (or an index) mapped to this
+    process's index."""
     device = args[6]
     if isinstance(device, str):
         matches = [i for i in range(torch.cuda.device_count()) if _device_uuid(i) == device]
         if not matches:
             raise ValueError(f"no visible GPU has UUID {device} (is the engine on the trainer's GPUs?)")
         args = (*args[:6], matches[0], *args[7:])
-    return reductions.rebuild_cuda_tensor(*args)
+    return args
+
+
+def _rebuild_cuda_tensor(*args):
+    """torch's rebuild with the device given as a GPU UUID (or an index) mapped to this process's index."""
+    return reductions.rebuild_cuda_tensor(*local_device_args(args))
 
 
 _ALLOWED = {
@@ -199,27 +228,33 @@ _REPLACED = {
 
 class _Unpickler(pickle.Unpickler):
     """SGLang's SafeUnpickler allow-list, narrowed to what a flattened bucket holds; SGLang's classes and its
-    patched CUDA rebuild are read as this module's."""
+    patched CUDA rebuild are read as this module's (`rebuild_cuda`: the CUDA rebuild to call instead)."""
+
+    rebuild_cuda: Any = None
 
     def find_class(self, module: str, name: str):
         if (module, name) in _REPLACED:
-            return _REPLACED[(module, name)]
+            found = _REPLACED[(module, name)]
+            return self.rebuild_cuda if found is _rebuild_cuda_tensor and self.rebuild_cuda else found
         if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a weight bucket")
 
 
-def _payload(item: str | bytes, unpickler: type[pickle.Unpickler]) -> dict[str, Any]:
+def _payload(item: str | bytes, unpickler: type[pickle.Unpickler], rebuild_cuda=None) -> dict[str, Any]:
     raw = base64.b64decode(item, validate=True)
-    payload = unpickler(io.BytesIO(raw)).load()
+    reader = unpickler(io.BytesIO(raw))
+    reader.rebuild_cuda = rebuild_cuda
+    payload = reader.load()
     if not isinstance(payload, dict) or not {"flattened_tensor", "metadata"} <= set(payload):
         raise ValueError("a flattened bucket item holds {'flattened_tensor', 'metadata'}")
     return payload
 
 
-def decode(item: str | bytes) -> tuple[torch.Tensor, list[FlattenedTensorMetadata]]:
-    """(the producer's flat uint8 tensor mapped here, its metadata); read it before replying."""
-    payload = _payload(item, _Unpickler)
+def decode(item: str | bytes, rebuild_cuda=None) -> tuple[torch.Tensor, list[FlattenedTensorMetadata]]:
+    """(the producer's flat uint8 tensor mapped here, its metadata); read it before replying. `rebuild_cuda`:
+    called with torch's `rebuild_cuda_tensor` arguments (the device as written) in place of the plain rebuild."""
+    payload = _payload(item, _Unpickler, rebuild_cuda)
     return payload["flattened_tensor"], list(payload["metadata"])
 
 

@@ -73,6 +73,7 @@ def test_the_engine_records_state_their_facts():
         lora_adapter_modes=("tensor", "disk"),
         applies_weight_deltas=True,  # slime/engine/hf/weight_receiver.py apply_delta_to
         dtype_key="hf.dtype",
+        reuses_tensor_buffers=True,  # copies before replying, keeps mappings: slime/wire/kept_mappings.py
     )
     assert ENGINES.facts("hf") == hf
     assert hf.generate_protocol is None and not hf.prefill_decode_groups and hf.memory_fraction_key is None
@@ -85,6 +86,7 @@ def test_the_engine_records_state_their_facts():
         node_span_flags=("--nnodes", "--node-rank", "--dist-init-addr"),
         applies_weight_deltas=False,
         dtype_key=None,
+        reuses_tensor_buffers=False,  # copies after replying: a reused buffer would race with it
     )
     assert ENGINES.facts("sglang") == sglang
     assert ENGINES.facts("vllm") == EngineFacts(

@@ -14,6 +14,7 @@ SPECS = (
             lora_adapter_modes=("tensor", "disk"),
             applies_weight_deltas=True,
             dtype_key="hf.dtype",
+            reuses_tensor_buffers=True,
         ),
         checks=Checks(check=check),
         config=HFEngineOptions,

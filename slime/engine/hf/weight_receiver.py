@@ -7,7 +7,9 @@
     /update_weights_from_distributed  receive the listed tensors from rank 0 in order, then load them
     /destroy_weights_update_group     leave the group
     /update_weights_from_tensor       open TP rank 0's serialised flattened bucket (`slime.wire.bucket_codec`)
-                                      and copy it in
+                                      and copy it in, the copy finished before the reply; with `keep_mapping`
+                                      (not SGLang's) the buffer stays mapped for the trainer's next buckets
+                                      (`slime.wire.kept_mappings`)
     /weights_checker                  snapshot | reset_tensors | compare | checksum (`weight_checker.py`)
     /weight_digests                   every tensor's `slime.wire.weight_digest` digest (verified syncs; not SGLang's)
 
@@ -36,6 +38,7 @@ from aiohttp import web
 from slime.engine.hf.weight_checker import WeightChecker, checker_reply, digests_reply
 from slime.engine.hf.weights import StateLayout, WeightLoadError, load_weights_strict
 from slime.wire import bucket_codec
+from slime.wire.kept_mappings import KeptMappings
 from slime.wire.tensors import parse_dtype
 from slime.wire.weight_delta import DELTA_GAPS, DELTA_VALUES, apply_gap_delta, bits
 from slime.wire.weight_group import CustomWeightGroup
@@ -99,6 +102,7 @@ class WeightReceiver:
         self.session_open = False
         self.layout = StateLayout(model)  # every bucket of every sync loads through it
         self.checker = WeightChecker(model, lora, renamed=self.layout.renamed)
+        self.kept = KeptMappings()  # the trainer's reused staging buffers, opened once (model thread only)
         self._lock = threading.Lock()
 
     def routes(self) -> list[web.RouteDef]:
@@ -174,7 +178,9 @@ class WeightReceiver:
                 raise WeightLoadError(f"load_format={body.get('load_format')!r} is not supported (flattened_bucket)")
             if not isinstance(items, list) or not items:
                 raise WeightLoadError("serialized_named_tensors must list one serialised bucket per engine TP rank")
-            count = self.load(self.open_items(items), body.get("weight_version"))
+            opened = self.open_items(items, keep=True) if body.get("keep_mapping") else self.open_items(items)
+            count = self.load(opened, body.get("weight_version"))
+            self.finish_copies()
             return f"Succeeded to update {count} tensors from a flattened bucket."
 
         async def work() -> str:
@@ -197,15 +203,22 @@ class WeightReceiver:
         return web.json_response(await self.scheduler.run_exclusive(digests_reply, self.checker, self.layout))
 
     # ---- the parts another implementation may replace ----------------------------------------
-    def open_items(self, items: Sequence[str]) -> NamedTensors:
-        """TP rank 0's bucket (a one-rank engine reads item 0, as SGLang's TP rank 0 does), as views."""
+    def open_items(self, items: Sequence[str], keep: bool = False) -> NamedTensors:
+        """TP rank 0's bucket (a one-rank engine reads item 0, as SGLang's TP rank 0 does), as views; `keep`: its
+        buffer stays mapped (`self.kept`) for the next buckets it carries."""
         try:
-            flat, metadata = bucket_codec.decode(items[0])
+            flat, metadata = self.kept.decode(items[0]) if keep else bucket_codec.decode(items[0])
             return bucket_codec.reconstruct(flat, metadata)
         except WeightLoadError:
             raise
         except Exception as exc:  # noqa: BLE001 - a bad payload is the caller's error
             raise WeightLoadError(f"cannot open the serialised bucket: {exc}") from exc
+
+    def finish_copies(self) -> None:
+        """Wait for the copies out of a bucket's buffer (the trainer may write the next bucket into it once this
+        engine replied)."""
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            torch.cuda.current_stream(torch.device(self.device)).synchronize()
 
     def join(self, address: str, port: int, rank: int, world_size: int, name: str, backend: str):
         """This engine's rank of the trainer's group (blocks until every rank joined)."""
