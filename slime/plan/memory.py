@@ -63,6 +63,7 @@ from slime.models.shape import (
     v_head_width,
     vision_parameters,
 )
+from slime.plan.sync_memory import staging_bytes
 from slime.registry import ENGINES, TRAIN_BACKENDS
 from slime.train.layout import pipeline_stage_layers
 
@@ -205,6 +206,7 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int, tokens:
     # with LoRA the policy's own checkpoint as the reference is the policy with its adapters off: no copy
     ref_is_base = m.lora.enabled and cfg.checkpoint.ref_load == m.hf_checkpoint
     state["reference"] = frozen if (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0) and not ref_is_base else 0.0
+    state["sync_staging"] = staging_bytes(cfg, derived)  # kept between pushes on the source rank (sync_memory.py)
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
     split = max(p.tp * p.cp, 1)
     per_token_layer = 2 * (3 * m.hidden_size + 3 * q + 3 * kv + 4 * active_ffn_width(cfg.model))
