@@ -182,7 +182,9 @@ def _run_variant(args) -> dict:
         # the dry run's estimate with the activations of the fullest micro-batch the step trained, as a run's end
         # summary sets it (the dry run sizes full micro-batches, which this batch may not fill)
         fullest = int(max(perf["perf/micro_batch_tokens"] for perf in logged))
-        row["plan_gib"] = estimate_memory(cfg, derive(cfg), micro_batch=fullest).train_peak / GIB
+        several = max(perf["perf/micro_batches_per_step"] for perf in logged) > 1
+        plan = estimate_memory(cfg, derive(cfg), micro_batch=fullest, several=several)
+        row["plan_gib"] = plan.train_peak / GIB
     return row
 
 

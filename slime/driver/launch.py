@@ -133,11 +133,13 @@ def _dry_run(cfg, *, multirun: bool) -> None:
     sys.exit(code)
 
 
-def _largest_micro_batch(metrics: Path) -> int | None:
-    """The most tokens a trainer's micro-batch held over the run (`perf/micro_batch_tokens`), None before any."""
+def _largest_micro_batch(metrics: Path) -> tuple[int | None, bool | None]:
+    """The most tokens a trainer's micro-batch held over the run (`perf/micro_batch_tokens`) and whether an optimizer
+    step took several (`perf/micro_batches_per_step`); None before any."""
     records = read_jsonl(metrics, tolerant=True) if metrics.exists() else []
     sizes = [r["perf/micro_batch_tokens"] for r in records if "perf/micro_batch_tokens" in r]
-    return int(max(sizes)) if sizes else None
+    counts = [r["perf/micro_batches_per_step"] for r in records if "perf/micro_batches_per_step" in r]
+    return (int(max(sizes)) if sizes else None), (max(counts) > 1 if counts else None)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -170,8 +172,8 @@ class _ResultFile:
             "device": cfg.cluster.device,
         }
         if self.plan is not None and self.plan.memory is not None:
-            largest = _largest_micro_batch(self.run_dir / "metrics.jsonl")
-            result["memory_plan_gib"] = memory_plan_gib(cfg, self.plan.derived, largest)
+            largest, several = _largest_micro_batch(self.run_dir / "metrics.jsonl")
+            result["memory_plan_gib"] = memory_plan_gib(cfg, self.plan.derived, largest, several=several)
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
         try:
             summary = render_summary(result, checkpoint_dir=cfg.checkpoint.save)

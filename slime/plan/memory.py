@@ -6,10 +6,15 @@ router and shared experts), norms 2·H (+ q/k norms, biases)] + final norm H, wi
 (d = kv_channels); slime.models.shape has each term. Training, per GPU of a rank (s = the rank's shard of N):
     fsdp      s = N / (dp·tp): FSDP2 shards parameters, gradients and optimizer state over every rank;
               weights 4 B (fp32 parameters; bf16 is autocast compute), gradients 4 B, optimizer 8 B
-              (Adam m and v, fp32); plus one gathered layer (N_layer · 2 B) while it computes
+              (Adam m and v, fp32); plus the gathered parameters (`gathered`) while a micro-batch computes: one
+              layer's (N_layer · 2 B) with dp > 1, every layer's (N · 2 B, bf16 compute copies; 4 B under
+              autocast) with one dp rank, which keeps them from its forward to its backward (nothing to save
+              by resharding). Gradients exist only from the backward to the optimizer step, so with one
+              micro-batch a step they never meet its activations: peak = state + max(gradients, activations +
+              logits); with more, the later micro-batches' activations sit on the earlier ones' gradients
     megatron  s = N / (tp·pp) (for unequal pipeline stages N·tp⁻¹ times the fullest stage's share of the layers);
-              weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads), optimizer 12 B (fp32 master
-              copy + m + v) further divided by dp (distributed optimizer)
+              weights 2 B (bf16) or 4 B (fp32), gradients 4 B (fp32 main grads, a buffer held throughout),
+              optimizer 12 B (fp32 master copy + m + v) further divided by dp (distributed optimizer)
     reference model (KL terms), distillation teacher (algo.use_opd): fsdp each N · 2 B (bf16) or 4 B (a
               whole transformers model on every rank), 0 with train.ref_offload (on the GPU only for its
               forward); megatron 0 (host copies swapped into the policy's tensors for their forward)
@@ -33,11 +38,12 @@ Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
     (2·L·KV·2 B per token; MLA: L·(kv_lora_rank + rotary dims)·2 B).
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
-activations and logits while training: peak = state + max(engine, activations + logits). The GPU size
+activations, logits and gathered parameters while training: peak = state + max(engine, what training adds). The
+GPU size
 is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Not counted: allocator
 fragmentation, the CUDA context (~0.5-1 GiB), communication buffers. On the Qwen3-1.7B shape (one H200,
 tools/bench_train.py, the plan sized by the batch's largest micro-batch) the measured peaks were 0.91-1.03x of
-the estimate for both backends, with and without recompute.
+the estimate for both backends, with and without recompute, LoRA included (docs/performance.md has the table).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from slime.registry import ENGINES, TRAIN_BACKENDS
 from slime.train.layout import pipeline_stage_layers
 
 GIB = 1 << 30
+TRANSIENT = ("activations", "logits", "gathered")  # held only while a micro-batch computes
 ASSUMED_PROMPT_TOKENS = 1024
 LOGITS_CHUNK_TOKENS = 1024
 DEFAULT_GPU_GIB = 80.0
@@ -99,19 +106,27 @@ class MemoryEstimate:
     """Bytes per GPU, by what holds them; `capacity` is the GPU size checked against."""
 
     capacity: float
-    train: dict[str, float]  # weights, gradients, optimizer, reference, teacher, activations, logits
+    train: dict[str, float]  # weights, gradients, optimizer, reference, teacher, gathered, activations, logits
     engine: dict[str, float]  # weights, kv_cache
     colocated: bool
     kv_tokens: int  # tokens the engine's KV cache holds
     engine_fix: str  # the knob that shrinks the engine's share
+    # whether a micro-batch's activations sit on gradients: a gradient buffer held throughout (megatron), or a
+    # later micro-batch of an optimizer step (FSDP2 makes gradients in the backward and frees them at each step)
+    gradients_meet_activations: bool = True
 
     @property
     def train_state(self) -> float:
-        return sum(v for k, v in self.train.items() if k not in ("activations", "logits"))
+        """What a trainer holds between its steps (while a colocated engine generates)."""
+        return sum(v for k, v in self.train.items() if k not in TRANSIENT)
 
     @property
     def train_peak(self) -> float:
-        return sum(self.train.values())
+        t = self.train
+        if self.gradients_meet_activations:
+            return sum(t.values())
+        held = sum(v for k, v in t.items() if k not in ("activations", "logits", "gradients"))
+        return held + max(t["gradients"], t["activations"] + t["logits"])
 
     @property
     def engine_total(self) -> float:
@@ -121,7 +136,7 @@ class MemoryEstimate:
     def peak(self) -> float:
         """The fullest GPU: colocated, the shared one; else the larger of a trainer's and an engine's."""
         if self.colocated:
-            return self.train_state + max(self.engine_total, self.train["activations"] + self.train["logits"])
+            return self.train_state + max(self.engine_total, self.train_peak - self.train_state)
         return max(self.train_peak, self.engine_total)
 
     def warnings(self) -> list[str]:
@@ -189,7 +204,7 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int, tokens:
         shard = n / max(derived.dp_size * p.tp, 1)
         # with LoRA the base is frozen: gradients and optimizer state for the adapters alone (their weights too)
         trained = m.lora.parameter_count(m) / max(derived.dp_size * p.tp, 1) if m.lora.enabled else shard
-        state = {"weights": _base_bytes(cfg, derived) * shard + 4 * trained * m.lora.enabled + 2 * n_layer}
+        state = {"weights": _base_bytes(cfg, derived) * shard + 4 * trained * m.lora.enabled}
         state |= {"gradients": 4 * trained, "optimizer": 8 * trained}
     else:
         # Experts are split by ep x etp and their optimizer state over the expert-data-parallel ranks
@@ -208,6 +223,7 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int, tokens:
     state["reference"] = frozen if (cfg.algo.use_kl_loss or cfg.algo.kl_coef != 0) and not ref_is_base else 0.0
     state["sync_staging"] = staging_bytes(cfg, derived)  # kept between pushes on the source rank (sync_memory.py)
     state["teacher"] = frozen if cfg.algo.use_opd else 0.0
+    state["gathered"] = _gathered_bytes(cfg, derived, n, n_layer) if facts.fully_sharded_state else 0.0
     split = max(p.tp * p.cp, 1)
     per_token_layer = 2 * (3 * m.hidden_size + 3 * q + 3 * kv + 4 * active_ffn_width(cfg.model))
     if _recomputes_every_layer(cfg):
@@ -219,12 +235,24 @@ def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int, tokens:
     return state
 
 
+def _gathered_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> float:
+    """FSDP2's unsharded parameters while a micro-batch computes: with one dp rank every layer's stays gathered from
+    its forward to its backward (the backend does not reshard after the forward), else one layer's at a time; bf16
+    copies under FSDP2's mixed-precision policy (the option `bf16_lora_base` names), fp32 ones otherwise."""
+    held = TRAIN_BACKENDS.facts(cfg.parallelism.backend).bf16_lora_base
+    bf16 = derived.precision == "bf16" and held is not None and config_value(cfg.parallelism, held[0]) == held[1]
+    width = 2 if bf16 else 4
+    return width * (n / max(cfg.parallelism.tp, 1) if derived.dp_size == 1 else n_layer)
+
+
 @dataclasses.dataclass(frozen=True)
 class MicroBatchBound:
-    """The most tokens one micro-batch can hold (`tokens`), and how the plan arrived at it (`reason`, a phrase)."""
+    """The most tokens one micro-batch can hold (`tokens`), how the plan arrived at it (`reason`, a phrase), and
+    whether a rank's optimizer step can take more than one micro-batch (`several`)."""
 
     tokens: int
     reason: str
+    several: bool = True
 
 
 def micro_batch_tokens(cfg: RunConfig, derived: Derived) -> MicroBatchBound:
@@ -240,12 +268,13 @@ def micro_batch_tokens(cfg: RunConfig, derived: Derived) -> MicroBatchBound:
     sample_why = f"({prompt} prompt tokens, {prompt_why}, + {r.max_response_len} rollout.max_response_len)"
     if p.max_tokens_per_gpu:
         if per_rank * sample <= p.max_tokens_per_gpu:
-            return MicroBatchBound(per_rank * sample, f"a rank's {per_rank} samples a step x {sample_why}")
+            reason = f"a rank's {per_rank} samples a step x {sample_why}"
+            return MicroBatchBound(per_rank * sample, reason, several=False)
         return MicroBatchBound(max(p.max_tokens_per_gpu, sample), "parallelism.max_tokens_per_gpu")
     samples, why = p.micro_batch_size, "parallelism.micro_batch_size"
     if per_rank < samples:
         samples, why = per_rank, "a rank's samples of one optimizer step"
-    return MicroBatchBound(samples * sample, f"{samples} samples ({why}) x {sample_why}")
+    return MicroBatchBound(samples * sample, f"{samples} samples ({why}) x {sample_why}", several=per_rank > samples)
 
 
 def _fullest_stage_share(cfg: RunConfig) -> float:
@@ -258,9 +287,14 @@ def _fullest_stage_share(cfg: RunConfig) -> float:
     return max(stages) / layers
 
 
-def estimate_memory(cfg: RunConfig, derived: Derived, *, micro_batch: int | None = None) -> MemoryEstimate:
+def estimate_memory(
+    cfg: RunConfig, derived: Derived, *, micro_batch: int | None = None, several: bool | None = None
+) -> MemoryEstimate:
     """Bytes per GPU of the run: activations for full micro-batches (micro_batch_tokens), or for micro-batches of
-    `micro_batch` tokens (a run's largest, measured)."""
+    `micro_batch` tokens (a run's largest, measured); `several`: whether an optimizer step took more than one
+    micro-batch (None: whether the config lets it, micro_batch_tokens)."""
+    bound = micro_batch_tokens(cfg, derived)
+    several = bound.several if several is None else several
     capacity = gpu_capacity_gib(cfg)[0] * GIB
     n, n_layer = parameter_count(cfg)
     m, r = cfg.model, cfg.rollout
@@ -279,18 +313,22 @@ def estimate_memory(cfg: RunConfig, derived: Derived, *, micro_batch: int | None
         fix = "lower rollout.hf.max_batch_size (sequences decoded together) or rollout.max_response_len"
     return MemoryEstimate(
         capacity=capacity,
-        train=_train_bytes(cfg, derived, n, n_layer, micro_batch or micro_batch_tokens(cfg, derived).tokens),
+        train=_train_bytes(cfg, derived, n, n_layer, micro_batch or bound.tokens),
         engine={"weights": weights, "kv_cache": kv_cache},
         colocated=cfg.cluster.colocate,
         kv_tokens=int(max(kv_cache, 0) // kv_per_token),
         engine_fix=fix,
+        gradients_meet_activations=several or not TRAIN_BACKENDS.facts(cfg.parallelism.backend).fully_sharded_state,
     )
 
 
-def memory_plan_gib(cfg: RunConfig, derived: Derived, largest_micro_batch: int | None) -> dict[str, float]:
+def memory_plan_gib(
+    cfg: RunConfig, derived: Derived, largest_micro_batch: int | None, *, several: bool | None = None
+) -> dict[str, float]:
     """What result.json keeps of the plan, GiB per GPU: the trainer's peak for full micro-batches (`trainer`, the
     dry run's figure, with their tokens), the engine's, and where the run reported its fullest micro-batch
-    (`perf/micro_batch_tokens`), the trainer's peak for micro-batches of that size (`trainer_sized`)."""
+    (`perf/micro_batch_tokens`), the trainer's peak for micro-batches of that size (`trainer_sized`), `several`
+    saying whether an optimizer step took more than one (`perf/micro_batches_per_step`; None: as the config lets)."""
     full = estimate_memory(cfg, derived)
     out = {
         "trainer": full.train_peak / GIB,
@@ -298,6 +336,6 @@ def memory_plan_gib(cfg: RunConfig, derived: Derived, largest_micro_batch: int |
         "micro_batch_tokens": micro_batch_tokens(cfg, derived).tokens,
     }
     if largest_micro_batch:
-        sized = estimate_memory(cfg, derived, micro_batch=largest_micro_batch)
+        sized = estimate_memory(cfg, derived, micro_batch=largest_micro_batch, several=several)
         out |= {"trainer_sized": sized.train_peak / GIB, "largest_micro_batch_tokens": largest_micro_batch}
     return out

@@ -69,6 +69,19 @@ def largest_micro_batch(batch: TrainBatch, *, micro_batch_size: int, max_tokens:
     return max((sum(lengths[i] for i in micro) for micro in bins), default=0)
 
 
+def most_micro_batches(batch: TrainBatch, *, micro_batch_size: int, max_tokens: int | None) -> int:
+    """The most micro-batches `split` makes of one of the batch's optimizer steps: above one, a later micro-batch's
+    activations sit on the gradients of the earlier ones (slime.plan.memory)."""
+    lengths = [len(t) for t in batch.tokens]
+    return max(
+        (
+            len(split(step, lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens))
+            for step in step_indices(batch)
+        ),
+        default=0,
+    )
+
+
 def pad_to(micro: list[list[int]], count: int) -> list[list[int]]:
     """Append empty micro-batches up to `count`: every DP rank then runs the same number of forwards,
     which FSDP2's per-layer collectives need (an empty one runs a dummy forward with zero loss)."""

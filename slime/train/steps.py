@@ -124,8 +124,9 @@ class ActorSteps:
 
     def train_perf(self, shard: LoadedShard, seconds: float, *, trained: bool) -> dict[str, float]:
         """`perf/actor_train_time` (s) and, when the step trained, its rates over every rank of the group (tokens/s,
-        TFLOP/s per GPU, MFU against `peak_tflops`), this rank's peak GPU memory (slime.train.throughput) and the
-        tokens of its fullest micro-batch (`perf/micro_batch_tokens`, what that peak's activations held)."""
+        TFLOP/s per GPU, MFU against `peak_tflops`), this rank's peak GPU memory (slime.train.throughput), the
+        tokens of its fullest micro-batch (`perf/micro_batch_tokens`, what that peak's activations held) and the most
+        micro-batches one of its optimizer steps took (`perf/micro_batches_per_step`)."""
         perf = {"perf/actor_train_time": seconds}
         if not trained:
             return perf
@@ -134,6 +135,8 @@ class ActorSteps:
             batch, micro_batch_size=p.micro_batch_size, max_tokens=p.max_tokens_per_gpu
         )
         perf["perf/micro_batch_tokens"] = float(fullest)
+        sizes = {"micro_batch_size": p.micro_batch_size, "max_tokens": p.max_tokens_per_gpu}
+        perf["perf/micro_batches_per_step"] = float(batching.most_micro_batches(batch, **sizes))
         counts = [shard_train_flops(self.setup.model, batch), float(sum(len(t) for t in batch.tokens))]
         totals = self.all_reduce(torch.tensor(counts, dtype=torch.float64, device=shard.device))
         perf |= train_rates(totals, seconds=seconds, num_gpus=self.world_size, peak_tflops=self.peak_tflops)
