@@ -70,6 +70,7 @@ def sync_context(engine: HFEngine, buckets: list[Bucket], work_dir: Path, *, ver
     """The bench's sync context: the engine's model, buckets of the sizes given, verified or not."""
     return SyncContext(
         source_checkpoint=str(engine.launch_spec.model_path),
+        engine="hf",  # its record decides tensor mode's buffers (reused: EngineFacts.reuses_tensor_buffers)
         work_dir=str(work_dir),
         bucket_bytes=max(bucket_nbytes(b) for b in buckets),
         verify=verify,
@@ -79,7 +80,8 @@ def sync_context(engine: HFEngine, buckets: list[Bucket], work_dir: Path, *, ver
 def bench_mode(
     mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args, variant: Variant
 ) -> list[dict]:
-    """`perf/*` of each timed push (after one warm-up): the whole push, and the mode's own phases; `pipelined`
+    """`perf/*` of each timed push (after one warm-up, whose wall time each carries as `first_push`: it allocates
+    the staging buffers and the engine opens them): the whole push, and the mode's own phases; `pipelined`
     false runs tensor mode one bucket at a time (its baseline); `verified` checks every push
     (rollout.weight_sync.verify); `delta` pushes deltas after one optimizer step each (`stepped`)."""
     context = sync_context(engine, buckets, work_dir, verify=variant.verified)
@@ -99,7 +101,7 @@ def bench_mode(
                 check_bit_exact(engine, buckets)
     finally:
         sync.close()
-    return pushes[1:]
+    return [{**push, "first_push": pushes[0]["wall"]} for push in pushes[1:]]
 
 
 def bench_verification(mode: str, engine: HFEngine, buckets: list[Bucket], work_dir: Path, args) -> list[list[dict]]:
@@ -249,12 +251,12 @@ def measure(named, device: torch.device, work: Path, args) -> list[tuple[Variant
 
 def print_table(rows, nbytes: int, floor: float, copies: dict[int, float]) -> None:
     """One row per variant; `floor`: one device copy of every byte; `copies`: bucket MiB -> the two copies of a
-    tensor-mode push (pack, load) in one process, with no hand-over."""
+    tensor-mode push (pack, load) in one process, with no hand-over; the first push (the warm-up) apart."""
     print(
         "\n| mode | bucket MiB | buckets | ms per full sync (median) | GB/s | min-max ms | pack ms | engines load ms "
-        "| floor: device copy ms | x floor | both copies in one process ms |"
+        "| floor: device copy ms | x floor | both copies in one process ms | first push ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for variant, count, pushes in rows:
         walls = [p["wall"] for p in pushes]
         med = statistics.median(walls)
@@ -263,7 +265,7 @@ def print_table(rows, nbytes: int, floor: float, copies: dict[int, float]) -> No
             f"| {variant.label} | {variant.mb} | {count} | {med * 1e3:.1f} | {nbytes / med / 1e9:.2f} | "
             f"{min(walls) * 1e3:.1f}-{max(walls) * 1e3:.1f} | {median_ms(pushes, 'perf/update_weights_pack_time'):.1f} "
             f"| {median_ms(pushes, 'perf/update_weights_load_time'):.1f} | {floor * 1e3:.2f} | {med / floor:.1f} "
-            f"| {both} |"
+            f"| {both} | {median_ms(pushes, 'first_push'):.1f} |"
         )
 
 
@@ -330,7 +332,8 @@ def main() -> None:
     print(f"\n{nbytes / 1e9:.3f} GB per sync; {args.repeats} timed syncs per row after one warm-up; work dir {work}")
     print("pack: flattening buckets into staging buffers; load: the engines' update calls (hand-over and copy);")
     print("the rest of a sync is pause, flush, the update session and continue. Pipelined tensor mode packs the")
-    print("next bucket while the engines load one, so its pack and load overlap.")
+    print("next bucket while the engines load one, so its pack and load overlap. First push: the warm-up push, which")
+    print("allocates tensor mode's staging buffers and has the engine open them (later pushes reuse both).")
     if device.type == "cpu":
         print("(CPU: tensor mode hands buckets over as shared-memory segments; GPU: CUDA IPC handles)")
 
