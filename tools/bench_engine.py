@@ -38,14 +38,13 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from slime.config.schema_rollout import RouterConfig
-from slime.engine.base import EngineLaunch
-from slime.engine.hf.config import HFEngineConfig
-from slime.engine.hf.engine import HFEngine, HFServerConfig
-from slime.engine.router import Router
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # a checkout without the package installed (the GPU machine's copy)
+from slime.config.schema_rollout import RouterConfig  # noqa: E402
+from slime.engine.base import EngineLaunch  # noqa: E402
+from slime.engine.hf.config import HFEngineConfig  # noqa: E402
+from slime.engine.hf.engine import HFEngine, HFServerConfig  # noqa: E402
+from slime.engine.router import Router  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
 PROMPTS, SAMPLES, NEW_TOKENS = 32, 8, 2

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a main.py run needs on a GPU machine without network access whose image lacks it (Python 3.12 with torch),
 # built here into .gpu/ (git-ignored, ~54 MB, small enough to copy with the checkout): Ray without its jars and
-# libraries we do not use, and sglang-router, as xz tarballs; hydra, megatron-core, the router's and Ray's small
-# dependencies as cp312 wheels; and .gpu/setup.sh, which runs first on the GPU machine:
+# libraries we do not use, and sglang-router, as xz tarballs; hydra, megatron-core, math-verify (rm_type=math), the
+# router's and Ray's small dependencies as cp312 wheels; and .gpu/setup.sh, which runs first on the GPU machine:
 #     bash tools/gpu_carry.sh                                     # here, once
 #     bash .gpu/setup.sh && python3 -m pytest tests/gpu/... -s    # there, with .gpu/ copied beside the checkout
 set -euo pipefail
@@ -14,7 +14,7 @@ platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --p
 pins=(ray==2.60.0 torchao==0.18.0 sglang-router==0.3.2 hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.16.1 jsonschema==4.26.0
   jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 setproctitle==1.3.8 orjson==3.13.0
   fastapi==0.136.3 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
-  typing-inspection==0.4.5 uvicorn==0.54.0)
+  typing-inspection==0.4.5 uvicorn==0.54.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0)
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${platforms[@]}" -d "$out/dl" "${pins[@]}"
 .venv/bin/python -m pip wheel -q --no-deps -w "$out/dl" antlr4-python3-runtime==4.9.3  # an sdist on PyPI
