@@ -42,8 +42,8 @@ activations, logits and gathered parameters while training: peak = state + max(e
 GPU size
 is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Not counted: allocator
 fragmentation, the CUDA context (~0.5-1 GiB), communication buffers. On the Qwen3-1.7B shape (one H200,
-tools/bench_train.py, the plan sized by the batch's largest micro-batch) the measured peaks were 0.91-1.03x of
-the estimate for both backends, with and without recompute, LoRA included (docs/performance.md has the table).
+tools/bench_train.py, the plan sized by the batch's largest micro-batch) the estimate was 0.97-1.11x of the measured
+peaks for both backends, with and without recompute, LoRA included (docs/performance.md has the table).
 """
 
 from __future__ import annotations
