@@ -16,7 +16,8 @@ cache holds C x layers x 2 x kv heads x head dim x L x dtype bytes (Qwen3-1.7B i
 of 1024 columns 1.75 GiB).
 
 It applies where `unsupported` finds nothing: plain full-attention layers, an sdpa or eager attention, a model
-whose forward takes a per-layer-type mask mapping (it then builds no mask of its own), no MoE route capture, no
+whose forward takes the step's mask as it is (a per-layer-type mask mapping, as Qwen2 and Qwen3 take, or a 4-D mask,
+which transformers' `create_causal_mask` returns unchanged, as Llama's forward calls it), no MoE route capture, no
 batch-invariant mode and no vision tower.
 """
 
@@ -63,13 +64,21 @@ def unsupported(model, *, capture_routes: bool, batch_invariant: bool, vision: A
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"} or not joinable(DynamicCache(config=model.config)):
         return "only plain full-attention layers decode on slots"
+    if mask_form(model) is None:
+        return f"{type(model.base_model).__name__}'s forward takes neither a mask mapping nor a prepared 4-D mask"
+    return None
+
+
+def mask_form(model) -> Optional[str]:
+    """How the model's forward takes a step's prepared mask: "mapping" ({"full_attention": mask}, which it uses
+    as is), "4d" (a 4-D mask, which `create_causal_mask` returns unchanged), None where its source shows neither."""
     try:
         source = inspect.getsource(type(model.base_model).forward)
     except (OSError, TypeError):
-        source = ""
-    if "causal_mask_mapping := attention_mask" not in source:
-        return f"{type(model.base_model).__name__} builds its own mask (it takes no per-layer-type mask mapping)"
-    return None
+        return None
+    if "causal_mask_mapping := attention_mask" in source:
+        return "mapping"
+    return "4d" if "create_causal_mask(" in source else None
 
 
 class SlotCache(Cache):
@@ -110,6 +119,7 @@ class SlotDecoder:
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.boolean_mask = (getattr(config, "_attn_implementation", None) or "sdpa") == "sdpa"
+        self.mask_mapping = mask_form(model) == "mapping"
         self.graphs = DecodeGraphs() if graphs else None
         self._owner: Optional[Callable[[], Any]] = None
         self.reset()
@@ -251,9 +261,10 @@ class SlotDecoder:
             self.rows[:rows],
             lengths,
         )
+        mask = mask[:, None, None, :]  # [rows, 1, 1, columns]
         out = self.model(
             input_ids=self.ids[:rows].unsqueeze(1),
-            attention_mask={"full_attention": mask[:, None, None, :]},
+            attention_mask={"full_attention": mask} if self.mask_mapping else mask,
             position_ids=lengths.unsqueeze(1),
             use_cache=True,
             **{self.cache_kwarg: cache},

@@ -10,7 +10,7 @@ import torch
 from slime.engine.hf.batch import RunningBatch
 from slime.engine.hf.generator import Generator
 from slime.engine.hf.static_batch import StaticBatch
-from slime.engine.hf.static_cache import SlotDecoder, bucket, unsupported, width
+from slime.engine.hf.static_cache import SlotDecoder, bucket, mask_form, unsupported, width
 from tests.helpers.static_decode import assert_same_results, request, run_schedule
 
 # A different padding width and batch change float32 summation order (as in test_continuous_batching.py).
@@ -79,6 +79,42 @@ def test_rows_joining_take_freed_slots_with_the_dynamic_paths_outputs(tiny_model
     got = run_schedule(static, schedule())
     assert_same_results(got, want, LOGPROB_ATOL)
     assert static.slots.capacity <= 8 and not static.slots.taken  # freed slots were reused, all free at the end
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_model):
+    """(a 2-layer random Llama on the tiny model's vocabulary, its tokenizer): a forward that builds its mask with
+    `create_causal_mask`, which takes the step's 4-D mask as it is."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model, tok = tiny_model
+    config = LlamaConfig(
+        vocab_size=model.config.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=model.config.eos_token_id,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval(), tok
+
+
+def test_a_llama_decodes_on_slots_with_the_dynamic_paths_outputs(tiny_llama):
+    """Llama's forward takes a prepared 4-D mask: the static path applies and gives the dynamic path's outputs, a
+    row joining included."""
+    model, _ = tiny_llama
+    assert (
+        mask_form(model) == "4d"
+        and unsupported(model, capture_routes=False, batch_invariant=False, vision=None) is None
+    )
+    dynamic, static = generators(tiny_llama, prefix_cache_tokens=0)
+    schedule = lambda: {0: mixed_requests(), 3: [request([3, 8, 21], max_new_tokens=7, ignore_eos=True)]}  # noqa: E731
+    want = run_schedule(dynamic, schedule())
+    got = run_schedule(static, schedule())
+    assert_same_results(got, want, LOGPROB_ATOL)
+    assert len({len(r.output_ids) for r in got.values()}) >= 3 and not static.slots.taken
 
 
 def test_joiners_fill_the_lowest_free_slots(tiny_model):
@@ -158,6 +194,7 @@ def test_where_the_static_path_applies(tiny_model):
     assert "route capture" in unsupported(model, capture_routes=True, batch_invariant=False, vision=None)
     assert "route capture" in unsupported(model, capture_routes=False, batch_invariant=True, vision=None)
     assert unsupported(model, capture_routes=False, batch_invariant=False, vision=None) is None
+    assert mask_form(model) == "mapping"  # Qwen3 takes the per-layer-type mapping
     assert Generator(model, tok, static_decode=False, cuda_graphs=True).slots is None
 
 
