@@ -24,6 +24,7 @@ batch-invariant mode and no vision tower.
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any, Optional
@@ -35,6 +36,8 @@ from transformers.cache_utils import Cache
 from slime.engine.hf.batch import joinable
 from slime.engine.hf.graphs import DecodeGraphs
 from slime.models.hf_model import text_config
+
+logger = logging.getLogger(__name__)
 
 LENGTH_STEP = 256  # columns: the smallest width, and the rounding of every length bound
 
@@ -232,12 +235,25 @@ class SlotDecoder:
         index = self._slot_index(slots)
         self.ids.index_copy_(0, index, tokens)
         key = (bucket(max(slots) + 1), min(self.length, width(needed)))
-        logits = self.graphs.run(key, lambda: self._forward(*key)) if self.graphs is not None else self._forward(*key)
-        logits = logits.index_select(0, index)
+        logits = self._run(key).index_select(0, index)
         self.lengths.index_add_(0, index, torch.ones_like(index))
         for slot in slots:
             self.host_lengths[slot] += 1
         return logits
+
+    def _run(self, key: tuple[int, int]) -> torch.Tensor:
+        """The step of `key` (slot bucket, columns): its graph's replay, or run eagerly without graphs. A step that
+        cannot be captured turns the graphs off (a warning says why) and runs eagerly: a capture that fails runs
+        nothing, and the eager step writes what it would have."""
+        if self.graphs is None:
+            return self._forward(*key)
+        try:
+            return self.graphs.run(key, lambda: self._forward(*key))
+        except RuntimeError as exc:
+            logger.warning("the decode step could not be captured as a CUDA graph (%s): decoding without graphs", exc)
+            self.graphs.clear()
+            self.graphs = None
+            return self._forward(*key)
 
     def _slot_index(self, slots: list[int]) -> torch.Tensor:
         key = tuple(slots)

@@ -117,6 +117,26 @@ def test_a_llama_decodes_on_slots_with_the_dynamic_paths_outputs(tiny_llama):
     assert len({len(r.output_ids) for r in got.values()}) >= 3 and not static.slots.taken
 
 
+class UncapturableGraphs:
+    """Graphs whose capture fails as CUDA's does for a step it cannot record."""
+
+    def run(self, key, step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    def clear(self) -> None:
+        pass
+
+
+def test_a_step_that_cannot_be_captured_decodes_without_graphs(tiny_model, caplog):
+    dynamic, static = generators(tiny_model, prefix_cache_tokens=0)
+    static.slots.graphs = UncapturableGraphs()
+    want = run_schedule(dynamic, {0: mixed_requests()})
+    got = run_schedule(static, {0: mixed_requests()})
+    assert_same_results(got, want, LOGPROB_ATOL)
+    assert static.slots.graphs is None
+    assert "could not be captured as a CUDA graph (operation not permitted" in caplog.text
+
+
 def test_joiners_fill_the_lowest_free_slots(tiny_model):
     _, static = generators(tiny_model, prefix_cache_tokens=0)
     batch = static.new_batch()
