@@ -35,7 +35,8 @@ Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
     the GPU for weights + KV cache, so KV cache = fraction·GPU - weights (vllm: its gpu_memory_utilization,
     rollout.vllm, default 0.92 in vLLM 0.32.0, the same way); the hf engine holds weights +
     the KV cache of rollout.hf.max_batch_size sequences of max_prompt_len (1024 assumed) + max_response_len tokens
-    (2·L·KV·2 B per token; MLA: L·(kv_lora_rank + rotary dims)·2 B).
+    (2·L·KV·2 B per token; MLA: L·(kv_lora_rank + rotary dims)·2 B); on CUDA with rollout.hf.cuda_graphs its slots
+    (slime/engine/hf/static_cache.py) round the sequences up to a power of two and the tokens to 256.
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
 activations, logits and gathered parameters while training: peak = state + max(engine, what training adds). The
@@ -308,8 +309,10 @@ def estimate_memory(
         kv_cache = fraction * capacity - weights
         fix = f"lower rollout.{facts.memory_fraction_key}"
     else:
-        sequences = derived.hf_max_batch_size
-        kv_cache = sequences * ((r.max_prompt_len or ASSUMED_PROMPT_TOKENS) + r.max_response_len) * kv_per_token
+        sequences, tokens = derived.hf_max_batch_size, (r.max_prompt_len or ASSUMED_PROMPT_TOKENS) + r.max_response_len
+        if cfg.cluster.device == "cuda" and r.hf.cuda_graphs:  # its slots: whole graph buckets of 256-token columns
+            sequences, tokens = 1 << max(sequences - 1, 0).bit_length(), -(-tokens // 256) * 256
+        kv_cache = sequences * tokens * kv_per_token
         fix = "lower rollout.hf.max_batch_size (sequences decoded together) or rollout.max_response_len"
     return MemoryEstimate(
         capacity=capacity,

@@ -248,6 +248,12 @@ def test_memory_estimate_numbers_and_colocation_warning():
     # 8 sequences x (1024 + 8192) tokens x 2 (k, v) x 36 layers x 8 kv heads x 128 x 2 B
     assert est.engine["kv_cache"] == pytest.approx(8 * 9216 * 2 * 36 * 8 * 128 * 2)
     assert est.warnings() == []
+    # the graphs' slots: 6 sequences held as 8, 1024 + 1000 tokens as 2048 columns; without graphs as they are
+    odd = [*GPU_RUN, "cluster=one_node_8gpu", "rollout.hf.max_batch_size=6", "rollout.max_response_len=1000"]
+    slots = estimate_memory(cfg := typed_config(odd), derive(cfg)).engine["kv_cache"]
+    assert slots == pytest.approx(8 * 2048 * 2 * 36 * 8 * 128 * 2)
+    plain = estimate_memory(cfg := typed_config([*odd, "rollout.hf.cuda_graphs=false"]), derive(cfg))
+    assert plain.engine["kv_cache"] == pytest.approx(6 * 2024 * 2 * 36 * 8 * 128 * 2)
     # the preset's hf engine decodes 256 sequences of 1024 + 8192 tokens: 324 GiB of KV cache on one GPU
     wide = estimate_memory(
         cfg := typed_config([*GPU_RUN, "cluster=one_node_8gpu", "debug.gpu_memory_gib=80"]), derive(cfg)
