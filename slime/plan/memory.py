@@ -40,8 +40,7 @@ Engines, per GPU of an engine (g = cluster.rollout.num_gpus_per_engine):
 Colocated GPUs hold the trainer's state (weights, gradients, optimizer, reference, teacher) throughout, the
 engine's reservation while generating (released while training: SGLang's memory saver) and the
 activations, logits and gathered parameters while training: peak = state + max(engine, what training adds). The
-GPU size
-is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Not counted: allocator
+GPU size is debug.gpu_memory_gib, else this machine's GPU (nvidia-smi), else 80 GiB. Not counted: allocator
 fragmentation, the CUDA context (~0.5-1 GiB), communication buffers. On the Qwen3-1.7B shape (one H200,
 tools/bench_train.py, the plan sized by the batch's largest micro-batch) the estimate was 0.97-1.11x of the measured
 peaks for both backends, with and without recompute, LoRA included (docs/performance.md has the table).
