@@ -185,12 +185,17 @@ def _recomputes_every_layer(cfg: RunConfig) -> bool:
     return config_value(cfg.parallelism, key) == value
 
 
+def _bf16_params(cfg: RunConfig, derived: Derived) -> bool:
+    """Whether a fully sharded backend holds bf16 parameters where it can: its record's `bf16_lora_base` option (FSDP2's
+    mixed-precision policy) is chosen in a bf16 run."""
+    held = TRAIN_BACKENDS.facts(cfg.parallelism.backend).bf16_lora_base
+    return derived.precision == "bf16" and held is not None and config_value(cfg.parallelism, held[0]) == held[1]
+
+
 def _base_bytes(cfg: RunConfig, derived: Derived) -> int:
     """Bytes per weight of a fully sharded policy: fp32 master weights, or a LoRA policy's frozen base in bf16 where
     the backend's record says it holds it so (`bf16_lora_base`)."""
-    held = TRAIN_BACKENDS.facts(cfg.parallelism.backend).bf16_lora_base
-    bf16_base = cfg.model.lora.enabled and derived.precision == "bf16" and held is not None
-    return 2 if bf16_base and config_value(cfg.parallelism, held[0]) == held[1] else 4
+    return 2 if cfg.model.lora.enabled and _bf16_params(cfg, derived) else 4
 
 
 def _train_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int, tokens: int) -> dict[str, float]:
@@ -239,9 +244,7 @@ def _gathered_bytes(cfg: RunConfig, derived: Derived, n: int, n_layer: int) -> f
     """FSDP2's unsharded parameters while a micro-batch computes: with one dp rank every layer's stays gathered from
     its forward to its backward (the backend does not reshard after the forward), else one layer's at a time; bf16
     copies under FSDP2's mixed-precision policy (the option `bf16_lora_base` names), fp32 ones otherwise."""
-    held = TRAIN_BACKENDS.facts(cfg.parallelism.backend).bf16_lora_base
-    bf16 = derived.precision == "bf16" and held is not None and config_value(cfg.parallelism, held[0]) == held[1]
-    width = 2 if bf16 else 4
+    width = 2 if _bf16_params(cfg, derived) else 4
     return width * (n / max(cfg.parallelism.tp, 1) if derived.dp_size == 1 else n_layer)
 
 

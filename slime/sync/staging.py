@@ -31,6 +31,21 @@ from slime.wire.tensors import Bucket
 SLOTS = 2  # one bucket being loaded, the next one being packed
 
 
+def layout(bucket: Bucket) -> tuple[list, int, torch.device]:
+    """(the bucket's metadata (`bucket_codec.bucket_metadata`), the bytes it packs into, the device it packs on: a
+    tensor's CUDA device, else the CPU)."""
+    metadata = bucket_codec.bucket_metadata(bucket)
+    nbytes = metadata[-1].end_idx if metadata else 0
+    return metadata, nbytes, next((t.device for _, t in bucket if t.is_cuda), torch.device("cpu"))
+
+
+def fill(flat: torch.Tensor, bucket: Bucket, metadata: list) -> None:
+    """Pack the bucket into `flat` (uint8) and wait for the copy: an engine reads the buffer once it is sent."""
+    bucket_codec.flatten(bucket, flat, metadata)
+    if flat.is_cuda:
+        torch.cuda.current_stream(flat.device).synchronize()
+
+
 @dataclasses.dataclass
 class _Buffer:
     flat: torch.Tensor  # uint8, [capacity bytes], shared
@@ -50,15 +65,11 @@ class StagingBuffers:
     def packed(self, bucket: Bucket) -> Iterator[Callable[[], str]]:
         """The bucket written into a free buffer (its copies done); yields a function returning a fresh item naming it
         (`bucket_codec.encode`). The buffer is free again on exit: the engines must have copied it out by then."""
-        metadata = bucket_codec.bucket_metadata(bucket)
-        nbytes = metadata[-1].end_idx if metadata else 0
-        device = next((t.device for _, t in bucket if t.is_cuda), torch.device("cpu"))
+        metadata, nbytes, device = layout(bucket)
         slot = self._take()
         try:
             buffer = self._fit(slot, nbytes, device)
-            bucket_codec.flatten(bucket, buffer.flat, metadata)
-            if buffer.flat.is_cuda:
-                torch.cuda.current_stream(buffer.flat.device).synchronize()  # the copy lands before the engine reads
+            fill(buffer.flat, bucket, metadata)
             yield functools.partial(bucket_codec.encode, buffer.flat, metadata, shared=buffer.shared)
         finally:
             self.busy[slot] = False

@@ -7,8 +7,8 @@ turn. An engine copies into its parameters before replying; only then is the buf
 bucket gets a fresh one (reuse raced with the engine's asynchronous copy in SGLang). Engines whose record says they
 finish the copy before replying and keep their mappings (`EngineFacts.reuses_tensor_buffers`) get two staging
 buffers instead, kept across buckets and pushes (`slime.sync.staging`), and `keep_mapping: true` in each update.
-While the engines load bucket k, the source packs bucket k+1 (so two buffers exist at once); with per-TP-rank handles (below) the
-buckets go one at a time, since every rank joins each bucket's collectives in step. Each push reports its
+While the engines load bucket k, the source packs bucket k+1 (so two buffers exist at once); with per-TP-rank
+handles (below) the buckets go one at a time, since every rank joins each bucket's collectives in step. Each push reports its
 packing and loading seconds (`perf/update_weights_pack_time`, `perf/update_weights_load_time`). Without
 per-TP-rank handles the engines must run on the source rank's node.
 
@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 from slime.engine.client import EngineClient
 from slime.registry import ENGINES
+from slime.sync import staging
 from slime.sync.base import SyncContext, WeightSync
-from slime.sync.staging import StagingBuffers
 from slime.wire import bucket_codec
 from slime.wire.tensors import Bucket, bucket_nbytes
 
@@ -44,14 +44,10 @@ def packed(bucket: Bucket) -> Iterator[tuple[torch.Tensor, list]]:
     """The bucket flattened into a fresh uint8 buffer on its device: yields (buffer, metadata) and drops the
     buffer on exit. Not yet shared: a buffer shared and never read by an engine would outlive the sync (torch
     counts the reader's reference at sharing time)."""
-    metadata = bucket_codec.bucket_metadata(bucket)
-    nbytes = metadata[-1].end_idx if metadata else 0
-    device = next((t.device for _, t in bucket if t.is_cuda), torch.device("cpu"))
+    metadata, nbytes, device = staging.layout(bucket)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     try:
-        bucket_codec.flatten(bucket, flat, metadata)
-        if flat.is_cuda:
-            torch.cuda.current_stream(flat.device).synchronize()  # the copy lands before the engine reads
+        staging.fill(flat, bucket, metadata)
         yield flat, metadata
     finally:
         del flat
@@ -109,7 +105,9 @@ class TensorWeightSync(WeightSync):
         super().__init__(engines, context)
         self.tp_sizes = TPSizes()
         reuse = ENGINES.facts(context.engine).reuses_tensor_buffers and not _per_rank(context)
-        self.staging = StagingBuffers(context.bucket_bytes) if reuse else None  # None: a fresh buffer per bucket
+        self.staging = (
+            staging.StagingBuffers(context.bucket_bytes) if reuse else None
+        )  # None: a fresh buffer per bucket
 
     def _transfer(self, buckets: Iterable[Bucket], *, weight_version: str) -> int:
         tp_sizes = [self.tp_sizes.of(engine) for engine in self.engines]

@@ -57,29 +57,22 @@ def split(indices: list[int], lengths: list[int], *, micro_batch_size: int, max_
     return micro_batches(indices, micro_batch_size)
 
 
-def largest_micro_batch(batch: TrainBatch, *, micro_batch_size: int, max_tokens: int | None) -> int:
-    """The tokens (prompt + response) of the fullest micro-batch `split` makes of the batch's optimizer steps: what
-    a rank's activations were sized by, against the plan's full micro-batches (slime.plan.memory)."""
+def micro_batch_extent(batch: TrainBatch, *, micro_batch_size: int, max_tokens: int | None) -> tuple[int, int]:
+    """(the tokens (prompt + response) of the fullest micro-batch `split` makes of the batch's optimizer steps, the
+    most micro-batches one step takes): what a rank's activations were sized by, against the plan's full
+    micro-batches, and whether a later micro-batch's activations sat on the earlier ones' gradients
+    (slime.plan.memory)."""
     lengths = [len(t) for t in batch.tokens]
-    bins = [
-        micro
-        for step in step_indices(batch)
-        for micro in split(step, lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    steps = [
+        split(step, lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens) for step in step_indices(batch)
     ]
-    return max((sum(lengths[i] for i in micro) for micro in bins), default=0)
+    fullest = max((sum(lengths[i] for i in micro) for bins in steps for micro in bins), default=0)
+    return fullest, max((len(bins) for bins in steps), default=0)
 
 
-def most_micro_batches(batch: TrainBatch, *, micro_batch_size: int, max_tokens: int | None) -> int:
-    """The most micro-batches `split` makes of one of the batch's optimizer steps: above one, a later micro-batch's
-    activations sit on the gradients of the earlier ones (slime.plan.memory)."""
-    lengths = [len(t) for t in batch.tokens]
-    return max(
-        (
-            len(split(step, lengths, micro_batch_size=micro_batch_size, max_tokens=max_tokens))
-            for step in step_indices(batch)
-        ),
-        default=0,
-    )
+def largest_micro_batch(batch: TrainBatch, *, micro_batch_size: int, max_tokens: int | None) -> int:
+    """The tokens of the fullest micro-batch of the batch's optimizer steps (`micro_batch_extent`)."""
+    return micro_batch_extent(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens)[0]
 
 
 def pad_to(micro: list[list[int]], count: int) -> list[list[int]]:

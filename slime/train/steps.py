@@ -131,12 +131,10 @@ class ActorSteps:
         if not trained:
             return perf
         batch, p = shard.batch, self.setup.parallelism
-        fullest = batching.largest_micro_batch(
+        fullest, most = batching.micro_batch_extent(
             batch, micro_batch_size=p.micro_batch_size, max_tokens=p.max_tokens_per_gpu
         )
-        perf["perf/micro_batch_tokens"] = float(fullest)
-        sizes = {"micro_batch_size": p.micro_batch_size, "max_tokens": p.max_tokens_per_gpu}
-        perf["perf/micro_batches_per_step"] = float(batching.most_micro_batches(batch, **sizes))
+        perf["perf/micro_batch_tokens"], perf["perf/micro_batches_per_step"] = float(fullest), float(most)
         counts = [shard_train_flops(self.setup.model, batch), float(sum(len(t) for t in batch.tokens))]
         totals = self.all_reduce(torch.tensor(counts, dtype=torch.float64, device=shard.device))
         perf |= train_rates(totals, seconds=seconds, num_gpus=self.world_size, peak_tflops=self.peak_tflops)

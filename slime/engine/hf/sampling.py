@@ -158,7 +158,6 @@ class LogitsSampler:
         self.device = device
         self.generator = generator
         self.batch_invariant = default_seed is not None
-        self.greedy = torch.tensor([p.greedy for p in params], device=device)
         temps = [1.0 if p.greedy else float(p.temperature) for p in params]
         self.temperature = torch.tensor(temps, dtype=torch.float32, device=device)
         self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -217,7 +216,7 @@ class LogitsSampler:
 
     def _row_tensors(self) -> tuple[str, ...]:
         """Names of the per-row tensors (first dimension B)."""
-        names = ("greedy", "temperature", "top_p", "top_k", "min_p", "min_new", "stop_mask")
+        names = ("temperature", "top_p", "top_k", "min_p", "min_new", "stop_mask")
         return names + ("freq", "pres", "rep", "out_counts", "seen") if self.use_penalties else names
 
     def _track_penalties(self) -> None:
