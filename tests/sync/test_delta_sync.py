@@ -10,16 +10,8 @@ import torch
 
 from slime.sync.base import SyncContext, WeightMismatchError
 from slime.wire.weight_delta import DELTA_GAPS
-from tests.helpers.engines import start_engine
 from tests.helpers.planted_faults import planted
 from tests.helpers.weights import engine_checksums, trainer_checksums
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    engine = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine_logs"))
-    yield engine
-    engine.shutdown()
 
 
 def nudge(model, rows: int) -> None:

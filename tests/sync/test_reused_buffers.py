@@ -18,16 +18,8 @@ from slime.sync.base import SyncContext
 from slime.sync.tensor import TensorWeightSync
 from slime.wire import bucket_codec
 from slime.wire.tensors import in_buckets
-from tests.helpers.engines import start_engine
 from tests.helpers.processes import own_shm_segments
 from tests.helpers.weights import engine_checksums
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    engine = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine_logs"))
-    yield engine
-    engine.shutdown()
 
 
 def hf_context(model_dir, tmp_path, engine: str = "hf") -> SyncContext:

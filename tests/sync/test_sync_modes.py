@@ -27,13 +27,6 @@ PROMPT = {
 }
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    engine = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine_logs"))
-    yield engine
-    engine.shutdown()
-
-
 def context(model_dir, tmp_path, check=True) -> SyncContext:
     return SyncContext(
         source_checkpoint=model_dir, work_dir=str(tmp_path), bucket_bytes=20_000, check_weight_update_equal=check

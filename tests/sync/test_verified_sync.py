@@ -27,13 +27,6 @@ FLIPPED = "model.layers.1.mlp.up_proj.weight"
 DROPPED = "model.layers.0.self_attn.k_proj.weight"
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    engine = start_engine(tiny_model_dir, tmp_path_factory.mktemp("engine_logs"))
-    yield engine
-    engine.shutdown()
-
-
 def verified(model_dir, tmp_path, engine: str = "hf") -> SyncContext:
     """A verified sync's context: `engine` "hf" compares the built-in engine's own digests (/weight_digests),
     "sglang" its SGLang checksums (/weights_checker)."""
